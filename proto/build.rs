@@ -1,0 +1,26 @@
+//! Compiles the `.proto` files with protox (a protobuf compiler in Rust, so no `protoc` is
+//! needed) and generates tonic/prost code, plus a file descriptor set for gRPC reflection.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = [
+        "proto/signet/ca/v1/ca.proto",
+        "proto/signet/admin/v1/admin.proto",
+        "proto/istio/ca.proto",
+    ];
+    for f in files {
+        println!("cargo:rerun-if-changed={f}");
+    }
+    let fds = protox::compile(files, ["proto"])?;
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    let descriptor_path = out.join("signet_descriptor.bin");
+    std::fs::write(&descriptor_path, prost::Message::encode_to_vec(&fds))?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .file_descriptor_set_path(&descriptor_path)
+        .skip_protoc_run()
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,95 @@
+//! Who is calling. Produces an [`AuthenticatedCaller`], which only this module can construct,
+//! so a handler cannot forget to authenticate.
+//!
+//! - [`jwt`]: Kubernetes service-account tokens, validated offline against a JWKS.
+//! - [`mtls`]: a client certificate already verified by the TLS layer against our bundle.
+
+// Enabled as they land:
+// pub mod jwt;
+// pub mod mtls;
+
+use signet_types::SpiffeId;
+
+/// How the caller proved who it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CallerKind {
+    /// A Kubernetes service-account JWT.
+    KubernetesServiceAccount {
+        namespace: String,
+        service_account: String,
+        /// The pod the token was bound to, if any.
+        pod: Option<String>,
+    },
+    /// A Signet X509-SVID presented over mTLS.
+    Mtls {
+        /// DNS SANs of the presented certificate (renewal may keep them).
+        dns_names: Vec<String>,
+        /// Serial (lowercase hex) of the presented certificate.
+        serial: String,
+    },
+    /// The operator, over the admin socket.
+    Admin,
+}
+
+/// An authenticated caller. Constructed only by this module's authenticators.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthenticatedCaller {
+    spiffe_id: SpiffeId,
+    kind: CallerKind,
+}
+
+impl AuthenticatedCaller {
+    pub(crate) fn new(spiffe_id: SpiffeId, kind: CallerKind) -> Self {
+        Self { spiffe_id, kind }
+    }
+
+    /// The operator on the admin socket (its socket's file mode is the authentication).
+    pub(crate) fn admin(td: &signet_types::TrustDomain) -> Self {
+        let id = td
+            .id("/signet/admin")
+            .unwrap_or_else(|_| td.id("").expect("a trust domain ID is valid"));
+        Self::new(id, CallerKind::Admin)
+    }
+
+    pub fn spiffe_id(&self) -> &SpiffeId {
+        &self.spiffe_id
+    }
+
+    pub fn kind(&self) -> &CallerKind {
+        &self.kind
+    }
+
+    /// A short label for the ledger and audit log: `jwt:<id>`, `mtls:<id>`, `admin:<id>`.
+    pub fn label(&self) -> String {
+        let how = match self.kind {
+            CallerKind::KubernetesServiceAccount { .. } => "jwt",
+            CallerKind::Mtls { .. } => "mtls",
+            CallerKind::Admin => "admin",
+        };
+        format!("{how}:{}", self.spiffe_id)
+    }
+
+    #[cfg(test)]
+    pub fn for_tests(spiffe_id: SpiffeId, kind: CallerKind) -> Self {
+        Self::new(spiffe_id, kind)
+    }
+}
+
+/// Why a caller is not authenticated. Messages are safe to return: they never contain the token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthnError {
+    #[error(
+        "no credentials: send 'authorization: Bearer <service-account token>' or a client certificate"
+    )]
+    Missing,
+    #[error("malformed authorization header: {0}")]
+    MalformedHeader(String),
+    #[error("service-account token refused: {0}")]
+    BadToken(String),
+    #[error("client certificate refused: {0}")]
+    BadCertificate(String),
+    #[error("token authentication is not configured on this server ([auth.kubernetes])")]
+    JwtNotConfigured,
+}

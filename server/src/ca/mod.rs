@@ -1,0 +1,108 @@
+//! The CA core: sans-I/O.
+//!
+//! Functions of (CA key, verified CSR, grant, now, serial source) -> certificate. Nothing here
+//! reads the clock, the network or the database. The identity and names in a certificate come
+//! from the [`Grant`] (decided by policy from the authenticated caller), never from the CSR;
+//! the CSR contributes only its public key, and a CSR asking for anything outside the grant is
+//! refused.
+//!
+//! - [`csr`]: parse and verify PKCS#10 requests into [`csr::VerifiedCsr`].
+//! - [`authority`]: a signing CA ([`Authority`]): generated root or plugged-in Istio `cacerts`.
+//! - [`template`]: the X509-SVID leaf profile and signing.
+//! - [`validate`]: re-checks every certificate the core signed before it leaves.
+//! - [`kek`]: encryption of CA private keys kept in the database.
+//! - [`serial`]: serial number sources.
+
+// Enabled by the CA-core work as each module lands:
+// pub mod authority;
+// pub mod csr;
+// pub mod kek;
+// pub mod serial;
+// pub mod template;
+// pub mod validate;
+
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime};
+
+use signet_types::SpiffeId;
+
+// pub use authority::Authority;
+// pub use serial::{RandomSerials, SerialSource};
+
+/// How far notBefore is backdated, to tolerate clock skew between hosts.
+pub const BACKDATE: Duration = Duration::from_secs(10);
+
+/// The names a CSR asks for (its subjectAltName extension request), as parsed by
+/// `csr::VerifiedCsr`. Policy compares these with what the caller may have.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestedNames {
+    pub uris: Vec<String>,
+    pub dns_names: Vec<String>,
+    pub ip_addresses: Vec<IpAddr>,
+    pub emails: Vec<String>,
+    /// SAN types Signet never issues (otherName, directoryName, registeredID, …), by name.
+    pub other: Vec<String>,
+}
+
+/// What policy decided the caller may have. The only source of a certificate's names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub spiffe_id: SpiffeId,
+    /// DNS SANs to include (already checked against what the caller may have).
+    pub dns_names: Vec<String>,
+    /// IP SANs to include.
+    pub ip_addresses: Vec<IpAddr>,
+    /// Lifetime, already clamped to the configured maximum. The core also caps notAfter at the
+    /// issuing CA's notAfter.
+    pub ttl: Duration,
+}
+
+/// A certificate the core signed and re-validated.
+#[derive(Clone, PartialEq, Eq)]
+pub struct IssuedCert {
+    /// The leaf, DER.
+    pub der: Vec<u8>,
+    /// The full chain: leaf first, then intermediates, the root last.
+    pub chain: Vec<Vec<u8>>,
+    /// Lowercase hex of the serial's DER integer content (no leading zero byte).
+    pub serial: String,
+    pub spiffe_id: SpiffeId,
+    pub dns_names: Vec<String>,
+    pub ip_addresses: Vec<IpAddr>,
+    pub not_before: SystemTime,
+    pub not_after: SystemTime,
+    /// SHA-256 of `der`.
+    pub sha256: [u8; 32],
+    /// Which CA key signed it.
+    pub ca_key_id: String,
+}
+
+impl std::fmt::Debug for IssuedCert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IssuedCert")
+            .field("serial", &self.serial)
+            .field("spiffe_id", &self.spiffe_id)
+            .field("dns_names", &self.dns_names)
+            .field("not_after", &self.not_after)
+            .field("ca_key_id", &self.ca_key_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why the core would not issue.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IssueError {
+    /// The CSR asks for a name the grant does not contain (caller's fault: PermissionDenied).
+    #[error("{0}")]
+    NotGranted(String),
+    /// The issuing CA has expired or is not yet valid (operator's problem: Unavailable).
+    #[error("the issuing CA is not valid at this time: {0}")]
+    CaNotValid(String),
+    /// Signing failed (internal).
+    #[error("signing failed: {0}")]
+    Signing(String),
+    /// The signed certificate failed its own re-validation (internal; never returned to a caller).
+    #[error("issued certificate failed self-check: {0}")]
+    SelfCheck(String),
+}

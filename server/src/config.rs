@@ -1,0 +1,369 @@
+//! Server configuration: defaults, then a TOML file, then `SIGNET_*` environment variables,
+//! then command-line flags (layered with figment). Unknown keys are refused, by name.
+//!
+//! Nested keys use a double underscore in the environment: `SIGNET_CA__DEFAULT_TTL=30m`,
+//! `SIGNET_AUTH__KUBERNETES__ISSUER=…`; top-level ones a single prefix: `SIGNET_TRUST_DOMAIN`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+use signet_types::TrustDomain;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The SPIFFE trust domain this CA issues for.
+    pub trust_domain: String,
+    /// gRPC listener (TLS): native, Istio and health/reflection services.
+    pub listen: SocketAddr,
+    /// HTTP listener: /healthz, /readyz, /metrics.
+    pub http_listen: SocketAddr,
+    /// `sqlite://PATH` or `postgres://…`. Empty means `sqlite://<data_dir>/signet.db`.
+    pub database_url: String,
+    /// Where the bundle, admin socket, key-encryption key and (by default) the database live.
+    pub data_dir: PathBuf,
+    /// Extra DNS names for the server's own TLS certificate (besides `localhost`).
+    pub server_names: Vec<String>,
+    /// Largest gRPC message accepted, in bytes.
+    pub max_message_bytes: usize,
+    pub ca: CaConfig,
+    pub auth: AuthConfig,
+    pub policy: PolicyConfig,
+    pub ledger: LedgerConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            trust_domain: "example.org".into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
+            http_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            database_url: String::new(),
+            data_dir: PathBuf::from("signet-data"),
+            server_names: Vec::new(),
+            max_message_bytes: 256 * 1024,
+            ca: CaConfig::default(),
+            auth: AuthConfig::default(),
+            policy: PolicyConfig::default(),
+            ledger: LedgerConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeyType {
+    #[default]
+    EcdsaP256,
+    EcdsaP384,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CaConfig {
+    /// Key type of a generated root.
+    pub key_type: KeyType,
+    /// TTL of an issued certificate when the request names none.
+    #[serde(with = "humantime_serde")]
+    pub default_ttl: Duration,
+    /// Longest TTL ever issued; longer requests are clamped to it.
+    #[serde(with = "humantime_serde")]
+    pub max_ttl: Duration,
+    /// Lifetime of a generated root.
+    #[serde(with = "humantime_serde")]
+    pub root_ttl: Duration,
+    /// Plugged-in CA, in the layout of Istio's `cacerts`: `ca-cert.pem` (signing cert),
+    /// `ca-key.pem` (its key), `cert-chain.pem` (chain to the root), `root-cert.pem`.
+    /// All four or none.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub chain_file: Option<PathBuf>,
+    pub root_file: Option<PathBuf>,
+    /// Key-encryption key for CA keys stored in the database: a file holding 32 random bytes
+    /// (base64). When absent, `<data_dir>/kek` is created (mode 0600) on first start. Replicas
+    /// sharing one PostgreSQL must share this key.
+    pub kek_file: Option<PathBuf>,
+}
+
+impl Default for CaConfig {
+    fn default() -> Self {
+        Self {
+            key_type: KeyType::default(),
+            default_ttl: Duration::from_secs(3600),
+            max_ttl: Duration::from_secs(24 * 3600),
+            root_ttl: Duration::from_secs(10 * 365 * 24 * 3600),
+            cert_file: None,
+            key_file: None,
+            chain_file: None,
+            root_file: None,
+            kek_file: None,
+        }
+    }
+}
+
+/// The plugged-in CA files, when all four are configured.
+#[derive(Debug, Clone)]
+pub struct PluggedCaFiles<'a> {
+    pub cert: &'a Path,
+    pub key: &'a Path,
+    pub chain: &'a Path,
+    pub root: &'a Path,
+}
+
+impl CaConfig {
+    pub fn plugged(&self) -> Result<Option<PluggedCaFiles<'_>>, ConfigError> {
+        match (&self.cert_file, &self.key_file, &self.chain_file, &self.root_file) {
+            (None, None, None, None) => Ok(None),
+            (Some(cert), Some(key), Some(chain), Some(root)) => Ok(Some(PluggedCaFiles {
+                cert,
+                key,
+                chain,
+                root,
+            })),
+            _ => Err(ConfigError::Invalid(
+                "ca.cert_file, ca.key_file, ca.chain_file and ca.root_file go together: set all four or none".into(),
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    pub kubernetes: Option<KubernetesAuthConfig>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesAuthConfig {
+    /// Expected `iss` claim, e.g. `https://kubernetes.default.svc.cluster.local`.
+    pub issuer: String,
+    /// The issuer's JWKS (JSON), as served at its OIDC discovery `jwks_uri`.
+    pub jwks_file: PathBuf,
+    /// Accepted `aud` values; a token must carry at least one.
+    #[serde(default = "default_audiences")]
+    pub audiences: Vec<String>,
+    /// Clock skew tolerated on `exp`/`nbf`/`iat`.
+    #[serde(default = "default_leeway", with = "humantime_serde")]
+    pub leeway: Duration,
+}
+
+fn default_audiences() -> Vec<String> {
+    vec!["istio-ca".into(), "signet".into()]
+}
+
+fn default_leeway() -> Duration {
+    Duration::from_secs(30)
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// DNS names a Kubernetes service account may put in its certificate, as templates with
+    /// `{namespace}` and `{serviceaccount}`; a leading `*.` matches exactly one label.
+    /// Example: `["{serviceaccount}.{namespace}.svc", "*.{namespace}.svc.cluster.local"]`.
+    pub kubernetes_dns_templates: Vec<String>,
+    /// SPIFFE IDs allowed to ask on behalf of another identity (Istio's `ImpersonatedIdentity`).
+    pub impersonators: Vec<String>,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            kubernetes_dns_templates: Vec::new(),
+            impersonators: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LedgerConfig {
+    /// Most certificates committed in one transaction.
+    pub max_batch: usize,
+    /// Pending issuances waiting for a commit before new ones are refused (Unavailable).
+    pub queue_depth: usize,
+}
+
+impl Default for LedgerConfig {
+    fn default() -> Self {
+        Self {
+            max_batch: 512,
+            queue_depth: 16384,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Load(String),
+    #[error("configuration: {0}")]
+    Invalid(String),
+}
+
+impl From<figment::Error> for ConfigError {
+    fn from(e: figment::Error) -> Self {
+        // figment's messages name the offending key and where it came from; keep all of them.
+        let msgs: Vec<String> = e.into_iter().map(|e| e.to_string()).collect();
+        ConfigError::Load(msgs.join("; "))
+    }
+}
+
+impl Config {
+    /// Layers defaults, the optional TOML file, the environment (`SIGNET_*`) and `overrides`
+    /// (already-serialized flag values, highest priority), then validates.
+    pub fn load(file: Option<&Path>, overrides: impl Serialize) -> Result<Self, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(f) = file {
+            if !f.exists() {
+                return Err(ConfigError::Load(format!(
+                    "config file {} does not exist",
+                    f.display()
+                )));
+            }
+            fig = fig.merge(Toml::file_exact(f));
+        }
+        fig = fig
+            .merge(Env::prefixed("SIGNET_").split("__"))
+            .merge(Serialized::defaults(overrides));
+        let cfg: Config = fig.extract()?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        TrustDomain::new(&self.trust_domain).map_err(|e| {
+            ConfigError::Invalid(format!("trust_domain {:?}: {e}", self.trust_domain))
+        })?;
+        if self.ca.default_ttl.is_zero() || self.ca.max_ttl.is_zero() {
+            return Err(ConfigError::Invalid(
+                "ca.default_ttl and ca.max_ttl must be positive".into(),
+            ));
+        }
+        if self.ca.default_ttl > self.ca.max_ttl {
+            return Err(ConfigError::Invalid(format!(
+                "ca.default_ttl ({}) is longer than ca.max_ttl ({})",
+                humantime::format_duration(self.ca.default_ttl),
+                humantime::format_duration(self.ca.max_ttl)
+            )));
+        }
+        self.ca.plugged()?;
+        if self.ledger.max_batch == 0 || self.ledger.queue_depth == 0 {
+            return Err(ConfigError::Invalid(
+                "ledger.max_batch and ledger.queue_depth must be positive".into(),
+            ));
+        }
+        if !(self.database_url.is_empty()
+            || self.database_url.starts_with("sqlite:")
+            || self.database_url.starts_with("postgres://")
+            || self.database_url.starts_with("postgresql://"))
+        {
+            return Err(ConfigError::Invalid(
+                "database_url must start with sqlite:, postgres:// or postgresql://".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn trust_domain(&self) -> TrustDomain {
+        // validate() has checked it; fall back to the default rather than panic.
+        TrustDomain::new(&self.trust_domain)
+            .unwrap_or_else(|_| TrustDomain::new("example.org").expect("static trust domain"))
+    }
+
+    /// The database URL, with the embedded default filled in.
+    pub fn database_url(&self) -> String {
+        if self.database_url.is_empty() {
+            format!("sqlite://{}", self.data_dir.join("signet.db").display())
+        } else {
+            self.database_url.clone()
+        }
+    }
+
+    pub fn bundle_path(&self) -> PathBuf {
+        self.data_dir.join("bundle.pem")
+    }
+
+    pub fn admin_socket_path(&self) -> PathBuf {
+        self.data_dir.join("admin.sock")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn load_toml(s: &str) -> Result<Config, ConfigError> {
+        let mut f = tempfile::NamedTempFile::new().expect("temp file");
+        f.write_all(s.as_bytes()).expect("write");
+        Config::load(Some(f.path()), serde_json::json!({}))
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = Config::default();
+        c.validate().expect("defaults validate");
+        assert_eq!(c.ca.default_ttl, Duration::from_secs(3600));
+        assert_eq!(c.ca.max_ttl, Duration::from_secs(86400));
+        assert!(c.database_url().starts_with("sqlite://signet-data/"));
+    }
+
+    #[test]
+    fn toml_file_sets_nested_keys() {
+        let c = load_toml(
+            r#"
+            trust_domain = "corp.example"
+            [ca]
+            default_ttl = "30m"
+            max_ttl = "2h"
+            [auth.kubernetes]
+            issuer = "https://kubernetes.default.svc.cluster.local"
+            jwks_file = "/etc/jwks.json"
+            "#,
+        )
+        .expect("loads");
+        assert_eq!(c.trust_domain, "corp.example");
+        assert_eq!(c.ca.default_ttl, Duration::from_secs(1800));
+        let k = c.auth.kubernetes.expect("kubernetes auth");
+        assert_eq!(k.audiences, ["istio-ca", "signet"]);
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = load_toml("trust_domian = \"x\"\n").expect_err("refused");
+        assert!(err.to_string().contains("trust_domian"), "{err}");
+        let err = load_toml("[ca]\nmax_tll = \"1h\"\n").expect_err("refused");
+        assert!(err.to_string().contains("max_tll"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_explained() {
+        let err = load_toml("trust_domain = \"Not A Domain\"\n").expect_err("refused");
+        assert!(err.to_string().contains("trust_domain"), "{err}");
+        let err = load_toml("[ca]\ndefault_ttl = \"48h\"\n").expect_err("refused");
+        assert!(err.to_string().contains("longer than ca.max_ttl"), "{err}");
+        let err = load_toml("[ca]\ncert_file = \"/x\"\n").expect_err("refused");
+        assert!(err.to_string().contains("all four"), "{err}");
+        let err = load_toml("[ca]\ndefault_ttl = \"soon\"\n").expect_err("refused");
+        assert!(err.to_string().contains("default_ttl"), "{err}");
+    }
+
+    #[test]
+    fn flags_override_file() {
+        let mut f = tempfile::NamedTempFile::new().expect("temp file");
+        f.write_all(b"trust_domain = \"a.example\"\n")
+            .expect("write");
+        let c = Config::load(
+            Some(f.path()),
+            serde_json::json!({"trust_domain": "b.example"}),
+        )
+        .expect("loads");
+        assert_eq!(c.trust_domain, "b.example");
+    }
+}

@@ -1,0 +1,17 @@
+//! `signet-server`: the Signet certificate authority.
+//!
+//! The issuance flow (see `ARCHITECTURE.md`): the API edge ([`api`]) parses and converts
+//! protos to domain requests; [`authn`] turns credentials into an `AuthenticatedCaller`;
+//! [`policy`] decides what that caller may have (a [`ca::Grant`]) or refuses; the sans-I/O
+//! [`ca`] core signs and re-validates; the [`ledger`] writer commits the record (group
+//! commit) and only then does the reply leave.
+#![forbid(unsafe_code)]
+
+pub mod audit;
+pub mod authn;
+pub mod ca;
+pub mod clock;
+pub mod config;
+pub mod ledger;
+pub mod policy;
+pub mod store;

@@ -1,0 +1,285 @@
+//! The issuance ledger's canonical record encoding and hash chain.
+//!
+//! Each ledger row stores `hash = SHA-256(DOMAIN || prev_hash || encode(entry))`, where
+//! `prev_hash` is the hash of the row before it (all zeroes for the first row). Altering,
+//! removing or reordering any row changes every hash after it, so an auditor holding the
+//! head hash can prove the ledger intact. The encoding is length-prefixed and fixed here:
+//! the server that writes the chain and `signetctl ledger verify` both call this module.
+
+use ring::digest;
+
+/// A SHA-256 chain hash.
+pub type Hash = [u8; 32];
+
+/// The hash that precedes the first row.
+pub const GENESIS: Hash = [0u8; 32];
+
+const DOMAIN: &[u8] = b"signet-ledger-v1\0";
+
+/// Everything a ledger row commits to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerEntry {
+    /// Position in the chain, starting at 1, without gaps.
+    pub seq: u64,
+    /// Certificate serial number, lowercase hex of the DER integer's content.
+    pub serial: String,
+    pub spiffe_id: String,
+    pub dns_names: Vec<String>,
+    pub ip_addresses: Vec<String>,
+    /// Unix seconds.
+    pub not_before: i64,
+    /// Unix seconds.
+    pub not_after: i64,
+    /// SHA-256 of the certificate's DER.
+    pub cert_sha256: Hash,
+    /// Which CA key signed it.
+    pub ca_key_id: String,
+    /// Who asked for it, as authenticated (e.g. `jwt:spiffe://…`, `mtls:spiffe://…`).
+    pub caller: String,
+    /// Unix seconds when the server issued it.
+    pub issued_at: i64,
+    pub request_id: String,
+}
+
+fn put(ctx: &mut digest::Context, bytes: &[u8]) {
+    ctx.update(&(bytes.len() as u64).to_be_bytes());
+    ctx.update(bytes);
+}
+
+/// The hash of `entry` chained onto `prev`.
+pub fn chain_hash(prev: &Hash, entry: &LedgerEntry) -> Hash {
+    let mut ctx = digest::Context::new(&digest::SHA256);
+    ctx.update(DOMAIN);
+    ctx.update(prev);
+    ctx.update(&entry.seq.to_be_bytes());
+    put(&mut ctx, entry.serial.as_bytes());
+    put(&mut ctx, entry.spiffe_id.as_bytes());
+    ctx.update(&(entry.dns_names.len() as u64).to_be_bytes());
+    for n in &entry.dns_names {
+        put(&mut ctx, n.as_bytes());
+    }
+    ctx.update(&(entry.ip_addresses.len() as u64).to_be_bytes());
+    for n in &entry.ip_addresses {
+        put(&mut ctx, n.as_bytes());
+    }
+    ctx.update(&entry.not_before.to_be_bytes());
+    ctx.update(&entry.not_after.to_be_bytes());
+    ctx.update(&entry.cert_sha256);
+    put(&mut ctx, entry.ca_key_id.as_bytes());
+    put(&mut ctx, entry.caller.as_bytes());
+    ctx.update(&entry.issued_at.to_be_bytes());
+    put(&mut ctx, entry.request_id.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.finish().as_ref());
+    out
+}
+
+/// SHA-256 of arbitrary bytes (certificate DER).
+pub fn sha256(bytes: &[u8]) -> Hash {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(digest::digest(&digest::SHA256, bytes).as_ref());
+    out
+}
+
+/// Where a chain stops verifying.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChainBreak {
+    #[error("row {found} follows row {after}: rows are missing or out of order")]
+    Gap { after: u64, found: u64 },
+    #[error("row {seq}: its stored previous hash does not match the hash of the row before it")]
+    PrevMismatch { seq: u64 },
+    #[error("row {seq}: its content does not match its stored hash (altered)")]
+    HashMismatch { seq: u64 },
+    #[error(
+        "the chain ends at row {last} with hash {last_hash}, but the head says row {head} with hash {head_hash}"
+    )]
+    HeadMismatch {
+        last: u64,
+        last_hash: String,
+        head: u64,
+        head_hash: String,
+    },
+}
+
+/// Verifies rows one by one, in order. Feed it every row, then call [`Verifier::finish`].
+#[derive(Debug, Clone)]
+pub struct Verifier {
+    last_seq: u64,
+    last_hash: Hash,
+}
+
+impl Default for Verifier {
+    fn default() -> Self {
+        Self {
+            last_seq: 0,
+            last_hash: GENESIS,
+        }
+    }
+}
+
+impl Verifier {
+    /// Checks one row: its sequence, its stored `prev_hash`, and its stored `hash`.
+    pub fn push(
+        &mut self,
+        entry: &LedgerEntry,
+        prev_hash: &Hash,
+        hash: &Hash,
+    ) -> Result<(), ChainBreak> {
+        if entry.seq != self.last_seq + 1 {
+            return Err(ChainBreak::Gap {
+                after: self.last_seq,
+                found: entry.seq,
+            });
+        }
+        if prev_hash != &self.last_hash {
+            return Err(ChainBreak::PrevMismatch { seq: entry.seq });
+        }
+        if &chain_hash(prev_hash, entry) != hash {
+            return Err(ChainBreak::HashMismatch { seq: entry.seq });
+        }
+        self.last_seq = entry.seq;
+        self.last_hash = *hash;
+        Ok(())
+    }
+
+    /// Rows verified so far.
+    pub fn count(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// Checks that the chain ends where the head says it does.
+    pub fn finish(self, head_seq: u64, head_hash: &Hash) -> Result<u64, ChainBreak> {
+        if self.last_seq != head_seq || &self.last_hash != head_hash {
+            return Err(ChainBreak::HeadMismatch {
+                last: self.last_seq,
+                last_hash: hex(&self.last_hash),
+                head: head_seq,
+                head_hash: hex(head_hash),
+            });
+        }
+        Ok(self.last_seq)
+    }
+}
+
+fn hex(h: &Hash) -> String {
+    h.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(seq: u64) -> LedgerEntry {
+        LedgerEntry {
+            seq,
+            serial: format!("{seq:032x}"),
+            spiffe_id: "spiffe://example.org/ns/a/sa/b".into(),
+            dns_names: vec!["b.a.svc".into()],
+            ip_addresses: vec![],
+            not_before: 1_700_000_000,
+            not_after: 1_700_003_600,
+            cert_sha256: sha256(&seq.to_be_bytes()),
+            ca_key_id: "root-1".into(),
+            caller: "jwt:spiffe://example.org/ns/a/sa/b".into(),
+            issued_at: 1_700_000_010,
+            request_id: format!("req-{seq}"),
+        }
+    }
+
+    fn chain(n: u64) -> Vec<(LedgerEntry, Hash, Hash)> {
+        let mut prev = GENESIS;
+        (1..=n)
+            .map(|s| {
+                let e = entry(s);
+                let h = chain_hash(&prev, &e);
+                let row = (e, prev, h);
+                prev = h;
+                row
+            })
+            .collect()
+    }
+
+    fn verify(rows: &[(LedgerEntry, Hash, Hash)], head: (u64, Hash)) -> Result<u64, ChainBreak> {
+        let mut v = Verifier::default();
+        for (e, p, h) in rows {
+            v.push(e, p, h)?;
+        }
+        v.finish(head.0, &head.1)
+    }
+
+    #[test]
+    fn intact_chain_verifies() {
+        let rows = chain(5);
+        let head = (5, rows[4].2);
+        assert_eq!(verify(&rows, head), Ok(5));
+        assert_eq!(verify(&[], (0, GENESIS)), Ok(0));
+    }
+
+    #[test]
+    fn every_field_is_covered() {
+        let base = entry(1);
+        let h = chain_hash(&GENESIS, &base);
+        let mutations: Vec<Box<dyn Fn(&mut LedgerEntry)>> = vec![
+            Box::new(|e| e.serial.push('0')),
+            Box::new(|e| e.spiffe_id.push('x')),
+            Box::new(|e| e.dns_names.push("x".into())),
+            Box::new(|e| e.ip_addresses.push("127.0.0.1".into())),
+            Box::new(|e| e.not_before += 1),
+            Box::new(|e| e.not_after += 1),
+            Box::new(|e| e.cert_sha256[0] ^= 1),
+            Box::new(|e| e.ca_key_id.push('x')),
+            Box::new(|e| e.caller.push('x')),
+            Box::new(|e| e.issued_at += 1),
+            Box::new(|e| e.request_id.push('x')),
+        ];
+        for m in mutations {
+            let mut e = base.clone();
+            m(&mut e);
+            assert_ne!(chain_hash(&GENESIS, &e), h);
+        }
+        // Moving a byte between adjacent strings changes the hash too (length prefixes).
+        let mut a = base.clone();
+        a.dns_names = vec!["ab".into(), "c".into()];
+        let mut b = base;
+        b.dns_names = vec!["a".into(), "bc".into()];
+        assert_ne!(chain_hash(&GENESIS, &a), chain_hash(&GENESIS, &b));
+    }
+
+    #[test]
+    fn detects_alteration_removal_and_truncation() {
+        let rows = chain(4);
+        let head = (4, rows[3].2);
+
+        let mut altered = rows.clone();
+        altered[1].0.spiffe_id = "spiffe://example.org/evil".into();
+        assert_eq!(
+            verify(&altered, head),
+            Err(ChainBreak::HashMismatch { seq: 2 })
+        );
+
+        let mut removed = rows.clone();
+        removed.remove(2);
+        assert_eq!(
+            verify(&removed, head),
+            Err(ChainBreak::Gap { after: 2, found: 4 })
+        );
+
+        let mut rehashed = rows.clone();
+        rehashed[2].1[0] ^= 1;
+        assert_eq!(
+            verify(&rehashed, head),
+            Err(ChainBreak::PrevMismatch { seq: 3 })
+        );
+
+        let truncated = &rows[..3];
+        assert!(matches!(
+            verify(truncated, head),
+            Err(ChainBreak::HeadMismatch {
+                last: 3,
+                head: 4,
+                ..
+            })
+        ));
+    }
+}

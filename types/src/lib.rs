@@ -1,0 +1,68 @@
+//! Signet's shared vocabulary.
+//!
+//! Every other crate may depend on this one; it depends on almost nothing and does no I/O.
+//! - [`SpiffeId`] and [`TrustDomain`]: validated newtypes, only constructible valid
+//!   (the rules of the SPIFFE-ID standard).
+//! - [`pem`]: splitting and joining PEM certificate chains.
+//! - [`ledger`]: the canonical encoding and hash chain of the issuance ledger, shared by the
+//!   server that writes it and the CLI that verifies it.
+#![forbid(unsafe_code)]
+
+pub mod ledger;
+pub mod pem;
+mod spiffe_id;
+
+pub use spiffe_id::{SpiffeId, SpiffeIdError, TrustDomain};
+
+/// Lowercase hex of a certificate serial's magnitude: the DER INTEGER content without leading
+/// zero bytes (`00 8f 01` -> `8f01`). The one spelling Signet uses for serials everywhere.
+pub fn serial_hex(raw: &[u8]) -> String {
+    let start = raw
+        .iter()
+        .position(|b| *b != 0)
+        .unwrap_or(raw.len().saturating_sub(1));
+    raw[start..].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Normalises a serial typed by a person (`00:8F:01`, `8f01`) to [`serial_hex`]'s spelling.
+/// Returns `None` if it is not hex.
+pub fn normalize_serial(input: &str) -> Option<String> {
+    let cleaned: String = input
+        .trim()
+        .chars()
+        .filter(|c| *c != ':')
+        .collect::<String>()
+        .to_ascii_lowercase();
+    if cleaned.is_empty() || !cleaned.chars().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    let trimmed = cleaned.trim_start_matches('0');
+    let mut out = if trimmed.is_empty() {
+        "0".to_owned()
+    } else {
+        trimmed.to_owned()
+    };
+    if out.len() % 2 == 1 {
+        out.insert(0, '0');
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod serial_tests {
+    use super::*;
+
+    #[test]
+    fn serial_spellings_agree() {
+        assert_eq!(serial_hex(&[0x00, 0x8f, 0x01]), "8f01");
+        assert_eq!(serial_hex(&[0x01]), "01");
+        assert_eq!(serial_hex(&[0x00]), "00");
+        assert_eq!(normalize_serial("00:8F:01").as_deref(), Some("8f01"));
+        assert_eq!(normalize_serial("f01").as_deref(), Some("0f01"));
+        assert_eq!(normalize_serial("xyz"), None);
+        assert_eq!(
+            normalize_serial(&serial_hex(&[0x7f, 0x00])),
+            Some("7f00".into())
+        );
+    }
+}
