@@ -160,7 +160,7 @@ fn default_leeway() -> Duration {
     Duration::from_secs(30)
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
     /// DNS names a Kubernetes service account may put in its certificate, as templates with
@@ -169,15 +169,6 @@ pub struct PolicyConfig {
     pub kubernetes_dns_templates: Vec<String>,
     /// SPIFFE IDs allowed to ask on behalf of another identity (Istio's `ImpersonatedIdentity`).
     pub impersonators: Vec<String>,
-}
-
-impl Default for PolicyConfig {
-    fn default() -> Self {
-        Self {
-            kubernetes_dns_templates: Vec::new(),
-            impersonators: Vec::new(),
-        }
-    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -214,6 +205,21 @@ impl From<figment::Error> for ConfigError {
     }
 }
 
+/// The top-level keys of [`Config`], for the environment filter.
+const TOP_LEVEL_KEYS: &[&str] = &[
+    "trust_domain",
+    "listen",
+    "http_listen",
+    "database_url",
+    "data_dir",
+    "server_names",
+    "max_message_bytes",
+    "ca",
+    "auth",
+    "policy",
+    "ledger",
+];
+
 impl Config {
     /// Layers defaults, the optional TOML file, the environment (`SIGNET_*`) and `overrides`
     /// (already-serialized flag values, highest priority), then validates.
@@ -228,9 +234,14 @@ impl Config {
             }
             fig = fig.merge(Toml::file_exact(f));
         }
-        fig = fig
-            .merge(Env::prefixed("SIGNET_").split("__"))
-            .merge(Serialized::defaults(overrides));
+        // Only variables naming one of our top-level keys are configuration: other tools'
+        // SIGNET_* variables (SIGNET_ADMIN_SOCKET for signetctl, test settings) are not ours.
+        // Below a known key, unknown names are still refused (SIGNET_CA__MAX_TLL).
+        let env = Env::prefixed("SIGNET_").split("__").filter(|key| {
+            let top = key.as_str().split('.').next().unwrap_or_default();
+            TOP_LEVEL_KEYS.iter().any(|k| k.eq_ignore_ascii_case(top))
+        });
+        fig = fig.merge(env).merge(Serialized::defaults(overrides));
         let cfg: Config = fig.extract()?;
         cfg.validate()?;
         Ok(cfg)
@@ -352,6 +363,16 @@ mod tests {
         assert!(err.to_string().contains("all four"), "{err}");
         let err = load_toml("[ca]\ndefault_ttl = \"soon\"\n").expect_err("refused");
         assert!(err.to_string().contains("default_ttl"), "{err}");
+    }
+
+    #[test]
+    fn top_level_keys_list_is_complete() {
+        let v = serde_json::to_value(Config::default()).expect("serializes");
+        let mut keys: Vec<_> = v.as_object().expect("object").keys().cloned().collect();
+        keys.sort();
+        let mut listed: Vec<_> = TOP_LEVEL_KEYS.iter().map(|k| (*k).to_owned()).collect();
+        listed.sort();
+        assert_eq!(keys, listed);
     }
 
     #[test]

@@ -7,11 +7,18 @@
 //! commit) and only then does the reply leave.
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod audit;
 pub mod authn;
+pub mod bundle;
 pub mod ca;
 pub mod clock;
 pub mod config;
+pub mod http;
+pub mod issuer;
 pub mod ledger;
+pub mod metrics;
 pub mod policy;
+pub mod server;
 pub mod store;
+pub mod tls;

@@ -1,1 +1,1231 @@
+//! The issuance decision: may this authenticated caller have this identity, these names and
+//! this lifetime?
+//!
+//! Written as a chain of small pure checks (the cert-manager policy-chain style): each check is
+//! a function of (policy, caller, request) returning `Ok(())` or a [`Denial`], run in the order
+//! of [`CHAIN`]; the first failure is the answer. When every check passes, [`Policy::decide`]
+//! assembles the [`Grant`], the only source of a certificate's names.
+//!
+//! The rules:
+//! - **TTL**: negative or more than ten years is InvalidArgument; 0 means the default; anything
+//!   else is clamped to the maximum.
+//! - **One URI SAN at most**: an X509-SVID carries exactly one SPIFFE ID.
+//! - **SAN types**: e-mail addresses and other SAN types are never issued.
+//! - **Identity**: a token or mTLS caller gets its own SPIFFE ID (the CSR's URI SAN must be
+//!   empty or exactly that ID). A caller listed in `policy.impersonators` may ask on behalf of
+//!   another ID (Istio's `ImpersonatedIdentity`). The operator (admin) names any ID in the CSR's
+//!   URI SAN. Every granted ID is in our trust domain and has a path.
+//! - **DNS names**: admin any valid name; Kubernetes service accounts the names produced by
+//!   `policy.kubernetes_dns_templates`; mTLS callers the names of the certificate they
+//!   presented; none when asking on behalf of another identity.
+//! - **IP addresses**: admin only.
 
+use std::fmt;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use signet_types::{SpiffeId, TrustDomain};
+
+use crate::authn::{AuthenticatedCaller, CallerKind};
+use crate::ca::{Grant, RequestedNames};
+use crate::config::PolicyConfig;
+
+/// Longer requested lifetimes are not clamped but refused: they are a client bug.
+pub const ABSURD_TTL_SECONDS: i64 = 10 * 365 * 24 * 3600;
+
+/// How a refusal maps to the API: malformed request, or not allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DenialKind {
+    InvalidArgument,
+    PermissionDenied,
+}
+
+/// Why policy refused. `reason` is a short stable code for the audit log and metrics
+/// (`policy.ttl`, `policy.identity`, …); `message` tells the caller what to change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denial {
+    pub kind: DenialKind,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Denial {
+    fn invalid(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            kind: DenialKind::InvalidArgument,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    fn denied(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            kind: DenialKind::PermissionDenied,
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// The message alone: it is what the caller sees.
+impl fmt::Display for Denial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Denial {}
+
+/// What is being asked for.
+#[derive(Debug, Clone, Copy)]
+pub struct IssueRequest<'a> {
+    /// The names the CSR asks for.
+    pub names: &'a RequestedNames,
+    /// Requested lifetime in seconds; 0 means the default.
+    pub ttl_seconds: i64,
+    /// Istio's `ImpersonatedIdentity`: the SPIFFE ID a trusted node agent asks on behalf of.
+    pub impersonate: Option<&'a str>,
+}
+
+/// One check of the chain.
+type Check = fn(&Policy, &AuthenticatedCaller, &IssueRequest<'_>) -> Result<(), Denial>;
+
+/// The checks, in the order they run. The first failure is reported.
+const CHAIN: &[(&str, Check)] = &[
+    ("ttl", check_ttl),
+    ("single_uri", check_single_uri),
+    ("san_types", check_san_types),
+    ("identity", check_identity),
+    ("dns_names", check_dns_names),
+    ("ip_addresses", check_ip_addresses),
+];
+
+/// The issuance policy, built once from configuration.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    td: TrustDomain,
+    default_ttl: Duration,
+    max_ttl: Duration,
+    dns_templates: Vec<DnsTemplate>,
+    impersonators: Vec<SpiffeId>,
+}
+
+impl Policy {
+    /// Validates the configuration: TTLs, DNS templates (placeholders `{namespace}` and
+    /// `{serviceaccount}`, an optional leading `*.`), impersonator IDs (in `td`, with a path).
+    pub fn new(
+        td: TrustDomain,
+        default_ttl: Duration,
+        max_ttl: Duration,
+        cfg: &PolicyConfig,
+    ) -> Result<Self, String> {
+        if default_ttl.is_zero() || max_ttl.is_zero() {
+            return Err("ca.default_ttl and ca.max_ttl must be positive".into());
+        }
+        if default_ttl > max_ttl {
+            return Err(format!(
+                "ca.default_ttl ({}) is longer than ca.max_ttl ({})",
+                humantime::format_duration(default_ttl),
+                humantime::format_duration(max_ttl)
+            ));
+        }
+        let dns_templates = cfg
+            .kubernetes_dns_templates
+            .iter()
+            .map(|t| DnsTemplate::parse(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut impersonators = Vec::new();
+        for s in &cfg.impersonators {
+            let id: SpiffeId = s
+                .parse()
+                .map_err(|e| format!("policy.impersonators: {s:?} is not a SPIFFE ID: {e}"))?;
+            if !id.is_member_of(&td) {
+                return Err(format!(
+                    "policy.impersonators: {id} is not in trust domain {td}"
+                ));
+            }
+            if id.path().is_empty() {
+                return Err(format!(
+                    "policy.impersonators: {id} is a trust domain ID; name a workload (a path)"
+                ));
+            }
+            impersonators.push(id);
+        }
+        Ok(Self {
+            td,
+            default_ttl,
+            max_ttl,
+            dns_templates,
+            impersonators,
+        })
+    }
+
+    /// Runs the chain; on success, the grant: identity, the requested (allowed) DNS names and
+    /// IP addresses, and the lifetime.
+    pub fn decide(
+        &self,
+        caller: &AuthenticatedCaller,
+        req: &IssueRequest<'_>,
+    ) -> Result<Grant, Denial> {
+        for (_name, check) in CHAIN {
+            check(self, caller, req)?;
+        }
+        Ok(Grant {
+            spiffe_id: self.identity(caller, req)?,
+            dns_names: req.names.dns_names.clone(),
+            ip_addresses: req.names.ip_addresses.clone(),
+            ttl: self.ttl(req.ttl_seconds)?,
+        })
+    }
+
+    /// The lifetime to grant for a requested number of seconds.
+    fn ttl(&self, seconds: i64) -> Result<Duration, Denial> {
+        if seconds < 0 {
+            return Err(Denial::invalid(
+                "policy.ttl",
+                format!("requested validity {seconds} s is negative; send 0 for the default"),
+            ));
+        }
+        if seconds > ABSURD_TTL_SECONDS {
+            return Err(Denial::invalid(
+                "policy.ttl",
+                format!(
+                    "requested validity {seconds} s is more than ten years, which is absurd; the \
+                     longest this CA issues is {}",
+                    humantime::format_duration(self.max_ttl)
+                ),
+            ));
+        }
+        let Ok(seconds) = u64::try_from(seconds) else {
+            return Err(Denial::invalid(
+                "policy.ttl",
+                "requested validity is negative",
+            ));
+        };
+        if seconds == 0 {
+            return Ok(self.default_ttl);
+        }
+        Ok(Duration::from_secs(seconds).min(self.max_ttl))
+    }
+
+    /// The SPIFFE ID to grant.
+    fn identity(
+        &self,
+        caller: &AuthenticatedCaller,
+        req: &IssueRequest<'_>,
+    ) -> Result<SpiffeId, Denial> {
+        let uri = match req.names.uris.as_slice() {
+            [] => None,
+            [one] => Some(one.as_str()),
+            many => return Err(too_many_uris(many.len())),
+        };
+        let impersonate = req.impersonate.filter(|s| !s.is_empty());
+
+        let target = match impersonate {
+            Some(imp) => {
+                if !self.impersonators.contains(caller.spiffe_id()) {
+                    return Err(Denial::denied(
+                        "policy.impersonation",
+                        format!(
+                            "caller {} may not ask on behalf of another identity \
+                             (ImpersonatedIdentity {}): it is not in policy.impersonators",
+                            caller.spiffe_id(),
+                            quoted(imp)
+                        ),
+                    ));
+                }
+                let id: SpiffeId = imp.parse().map_err(|e| {
+                    Denial::invalid(
+                        "policy.impersonation",
+                        format!(
+                            "ImpersonatedIdentity {} is not a SPIFFE ID: {e}",
+                            quoted(imp)
+                        ),
+                    )
+                })?;
+                Some(id)
+            }
+            None => match caller.kind() {
+                CallerKind::Admin => None,
+                CallerKind::KubernetesServiceAccount { .. } | CallerKind::Mtls { .. } => {
+                    Some(caller.spiffe_id().clone())
+                }
+            },
+        };
+
+        let id = match target {
+            Some(id) => {
+                if let Some(uri) = uri {
+                    let same = uri.parse::<SpiffeId>().is_ok_and(|asked| asked == id);
+                    if !same {
+                        let on_behalf = if impersonate.is_some() {
+                            format!(" (asking on behalf of {id})")
+                        } else {
+                            String::new()
+                        };
+                        return Err(Denial::denied(
+                            "policy.identity",
+                            format!(
+                                "caller {}{on_behalf} may not obtain {}",
+                                caller.spiffe_id(),
+                                shown(uri)
+                            ),
+                        ));
+                    }
+                }
+                id
+            }
+            None => {
+                let Some(uri) = uri else {
+                    return Err(Denial::invalid(
+                        "policy.identity",
+                        "name the SPIFFE ID to issue in the CSR's URI SAN (exactly one)",
+                    ));
+                };
+                uri.parse().map_err(|e| {
+                    Denial::invalid(
+                        "policy.identity",
+                        format!("URI SAN {} is not a SPIFFE ID: {e}", quoted(uri)),
+                    )
+                })?
+            }
+        };
+
+        if !id.is_member_of(&self.td) {
+            return Err(Denial::denied(
+                "policy.trust_domain",
+                format!(
+                    "{id} is outside trust domain {}; this CA issues only spiffe://{}/… IDs",
+                    self.td, self.td
+                ),
+            ));
+        }
+        if id.path().is_empty() {
+            return Err(Denial::denied(
+                "policy.identity",
+                format!("{id} is the trust domain's own ID; an X509-SVID names a workload path"),
+            ));
+        }
+        Ok(id)
+    }
+
+    /// The DNS names this caller may have, spelled out for a refusal message.
+    fn allowed_dns_description(&self, caller: &AuthenticatedCaller) -> String {
+        match caller.kind() {
+            CallerKind::KubernetesServiceAccount {
+                namespace,
+                service_account,
+                ..
+            } => {
+                if self.dns_templates.is_empty() {
+                    "no DNS names are allowed for service accounts (policy.kubernetes_dns_templates is empty)".into()
+                } else {
+                    let names: Vec<String> = self
+                        .dns_templates
+                        .iter()
+                        .map(|t| t.expand(namespace, service_account))
+                        .collect();
+                    format!("allowed: {}", names.join(", "))
+                }
+            }
+            CallerKind::Mtls { dns_names, .. } => {
+                if dns_names.is_empty() {
+                    "the presented certificate has no DNS names".into()
+                } else {
+                    format!(
+                        "only the presented certificate's DNS names may be renewed: {}",
+                        dns_names.join(", ")
+                    )
+                }
+            }
+            CallerKind::Admin => String::new(),
+        }
+    }
+}
+
+// ---- the checks -------------------------------------------------------------------------
+
+fn check_ttl(p: &Policy, _: &AuthenticatedCaller, req: &IssueRequest<'_>) -> Result<(), Denial> {
+    p.ttl(req.ttl_seconds).map(|_| ())
+}
+
+fn check_single_uri(
+    _: &Policy,
+    _: &AuthenticatedCaller,
+    req: &IssueRequest<'_>,
+) -> Result<(), Denial> {
+    match req.names.uris.len() {
+        0 | 1 => Ok(()),
+        n => Err(too_many_uris(n)),
+    }
+}
+
+fn check_san_types(
+    _: &Policy,
+    _: &AuthenticatedCaller,
+    req: &IssueRequest<'_>,
+) -> Result<(), Denial> {
+    if let Some(email) = req.names.emails.first() {
+        return Err(Denial::denied(
+            "policy.san_type",
+            format!(
+                "e-mail SAN {} is never issued: an X509-SVID carries a SPIFFE ID and DNS names",
+                quoted(email)
+            ),
+        ));
+    }
+    if let Some(other) = req.names.other.first() {
+        return Err(Denial::denied(
+            "policy.san_type",
+            format!(
+                "SAN type {} is never issued: an X509-SVID carries a SPIFFE ID and DNS names",
+                shown(other)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_identity(
+    p: &Policy,
+    caller: &AuthenticatedCaller,
+    req: &IssueRequest<'_>,
+) -> Result<(), Denial> {
+    p.identity(caller, req).map(|_| ())
+}
+
+fn check_dns_names(
+    p: &Policy,
+    caller: &AuthenticatedCaller,
+    req: &IssueRequest<'_>,
+) -> Result<(), Denial> {
+    let on_behalf = req.impersonate.is_some_and(|s| !s.is_empty());
+    for name in &req.names.dns_names {
+        if !is_dns_name(name) {
+            return Err(Denial::invalid(
+                "policy.dns_name",
+                format!("{} is not a valid DNS name", quoted(name)),
+            ));
+        }
+        let allowed = match caller.kind() {
+            CallerKind::Admin => true,
+            _ if on_behalf => false,
+            CallerKind::KubernetesServiceAccount {
+                namespace,
+                service_account,
+                ..
+            } => p
+                .dns_templates
+                .iter()
+                .any(|t| t.matches(name, namespace, service_account)),
+            CallerKind::Mtls { dns_names, .. } => {
+                dns_names.iter().any(|d| d.eq_ignore_ascii_case(name))
+            }
+        };
+        if !allowed {
+            let why = if on_behalf && !matches!(caller.kind(), CallerKind::Admin) {
+                "no DNS names are granted when asking on behalf of another identity".to_owned()
+            } else {
+                p.allowed_dns_description(caller)
+            };
+            return Err(Denial::denied(
+                "policy.dns_name",
+                format!(
+                    "caller {} may not obtain DNS name {name}: {why}",
+                    caller.spiffe_id()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_ip_addresses(
+    _: &Policy,
+    caller: &AuthenticatedCaller,
+    req: &IssueRequest<'_>,
+) -> Result<(), Denial> {
+    let Some(ip) = req.names.ip_addresses.first() else {
+        return Ok(());
+    };
+    match caller.kind() {
+        CallerKind::Admin => Ok(()),
+        CallerKind::KubernetesServiceAccount { .. } | CallerKind::Mtls { .. } => {
+            Err(Denial::denied(
+                "policy.ip_address",
+                format!(
+                    "caller {} may not obtain IP address {}: only the operator issues \
+                     certificates with IP addresses",
+                    caller.spiffe_id(),
+                    ip
+                ),
+            ))
+        }
+    }
+}
+
+// ---- helpers ----------------------------------------------------------------------------
+
+fn too_many_uris(n: usize) -> Denial {
+    Denial::invalid(
+        "policy.uri_count",
+        format!("the CSR asks for {n} URI SANs; an X509-SVID carries exactly one (its SPIFFE ID)"),
+    )
+}
+
+/// Untrusted text in a message, quoted and cut short.
+fn quoted(s: &str) -> String {
+    format!("{:?}", truncate(s))
+}
+
+/// Untrusted text in a message, cut short and with control characters escaped.
+fn shown(s: &str) -> String {
+    let t = truncate(s);
+    if t.chars().any(|c| c.is_control()) {
+        format!("{t:?}")
+    } else {
+        t
+    }
+}
+
+fn truncate(s: &str) -> String {
+    const MAX: usize = 256;
+    if s.chars().count() <= MAX {
+        s.to_owned()
+    } else {
+        let mut out: String = s.chars().take(MAX).collect();
+        out.push('…');
+        out
+    }
+}
+
+/// A DNS name as it may appear in a certificate: LDH labels of 1–63 characters, at most 253
+/// in all, no trailing dot, optionally a leading `*` label; not an IP address literal.
+fn is_dns_name(name: &str) -> bool {
+    if name.is_empty() || name.len() > 253 || name.parse::<IpAddr>().is_ok() {
+        return false;
+    }
+    let rest = name.strip_prefix("*.").unwrap_or(name);
+    !rest.is_empty() && rest.split('.').all(is_ldh_label)
+}
+
+fn is_ldh_label(label: &str) -> bool {
+    !label.is_empty()
+        && label.len() <= 63
+        && !label.starts_with('-')
+        && !label.ends_with('-')
+        && label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+const NAMESPACE: &str = "{namespace}";
+const SERVICE_ACCOUNT: &str = "{serviceaccount}";
+
+/// One entry of `policy.kubernetes_dns_templates`.
+#[derive(Debug, Clone)]
+struct DnsTemplate {
+    /// `*.` prefix: matches exactly one (concrete) label.
+    wildcard: bool,
+    /// The rest, with placeholders.
+    body: String,
+}
+
+impl DnsTemplate {
+    fn parse(template: &str) -> Result<Self, String> {
+        let err = |why: &str| format!("policy.kubernetes_dns_templates: {template:?} {why}");
+        let (wildcard, body) = match template.strip_prefix("*.") {
+            Some(rest) => (true, rest),
+            None => (false, template),
+        };
+        // Placeholders: only the two known ones, nothing else in braces.
+        let stripped = body.replace(NAMESPACE, "").replace(SERVICE_ACCOUNT, "");
+        if stripped.contains('{') || stripped.contains('}') {
+            return Err(err(
+                "has an unknown placeholder; use {namespace} and {serviceaccount}",
+            ));
+        }
+        if body.contains('*') {
+            return Err(err("may use '*' only as a whole leading label (\"*.\")"));
+        }
+        let sample = body.replace(NAMESPACE, "ns").replace(SERVICE_ACCOUNT, "sa");
+        if !is_dns_name(&sample) {
+            return Err(err("does not make a valid DNS name"));
+        }
+        Ok(Self {
+            wildcard,
+            body: body.to_owned(),
+        })
+    }
+
+    fn expand_body(&self, namespace: &str, service_account: &str) -> String {
+        self.body
+            .replace(NAMESPACE, namespace)
+            .replace(SERVICE_ACCOUNT, service_account)
+    }
+
+    /// For messages: the names this template allows the service account.
+    fn expand(&self, namespace: &str, service_account: &str) -> String {
+        let body = self.expand_body(namespace, service_account);
+        if self.wildcard {
+            format!("*.{body}")
+        } else {
+            body
+        }
+    }
+
+    fn matches(&self, name: &str, namespace: &str, service_account: &str) -> bool {
+        let body = self.expand_body(namespace, service_account);
+        if self.wildcard {
+            match name.split_once('.') {
+                Some((first, rest)) => {
+                    first != "*" && is_ldh_label(first) && rest.eq_ignore_ascii_case(&body)
+                }
+                None => false,
+            }
+        } else {
+            name.eq_ignore_ascii_case(&body)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    fn td() -> TrustDomain {
+        TrustDomain::new("example.org").expect("td")
+    }
+
+    fn id(path: &str) -> SpiffeId {
+        td().id(path).expect("id")
+    }
+
+    fn policy() -> Policy {
+        Policy::new(
+            td(),
+            HOUR,
+            24 * HOUR,
+            &PolicyConfig {
+                kubernetes_dns_templates: vec![
+                    "{serviceaccount}.{namespace}.svc".into(),
+                    "*.{namespace}.svc.cluster.local".into(),
+                ],
+                impersonators: vec!["spiffe://example.org/ns/istio-system/sa/ztunnel".into()],
+            },
+        )
+        .expect("policy")
+    }
+
+    fn sa(ns: &str, name: &str) -> AuthenticatedCaller {
+        AuthenticatedCaller::for_tests(
+            id(&format!("/ns/{ns}/sa/{name}")),
+            CallerKind::KubernetesServiceAccount {
+                namespace: ns.into(),
+                service_account: name.into(),
+                pod: None,
+            },
+        )
+    }
+
+    fn mtls(path: &str, dns: &[&str]) -> AuthenticatedCaller {
+        AuthenticatedCaller::for_tests(
+            id(path),
+            CallerKind::Mtls {
+                dns_names: dns.iter().map(|s| s.to_string()).collect(),
+                serial: "01".into(),
+            },
+        )
+    }
+
+    fn admin() -> AuthenticatedCaller {
+        AuthenticatedCaller::for_tests(id("/signet/admin"), CallerKind::Admin)
+    }
+
+    fn names(uris: &[&str], dns: &[&str]) -> RequestedNames {
+        RequestedNames {
+            uris: uris.iter().map(|s| s.to_string()).collect(),
+            dns_names: dns.iter().map(|s| s.to_string()).collect(),
+            ..RequestedNames::default()
+        }
+    }
+
+    fn decide(
+        caller: &AuthenticatedCaller,
+        names: &RequestedNames,
+        ttl: i64,
+        imp: Option<&str>,
+    ) -> Result<Grant, Denial> {
+        policy().decide(
+            caller,
+            &IssueRequest {
+                names,
+                ttl_seconds: ttl,
+                impersonate: imp,
+            },
+        )
+    }
+
+    fn denied(r: Result<Grant, Denial>, kind: DenialKind, reason: &str) -> String {
+        let d = r.expect_err("denied");
+        assert_eq!(d.kind, kind, "{d:?}");
+        assert_eq!(d.reason, reason, "{d:?}");
+        assert_eq!(d.to_string(), d.message);
+        d.message
+    }
+
+    // ---- TTL ----
+
+    #[test]
+    fn ttl_zero_is_default_and_long_is_clamped() {
+        let web = sa("default", "web");
+        let n = names(&[], &[]);
+        assert_eq!(decide(&web, &n, 0, None).expect("ok").ttl, HOUR);
+        assert_eq!(
+            decide(&web, &n, 600, None).expect("ok").ttl,
+            Duration::from_secs(600)
+        );
+        assert_eq!(
+            decide(&web, &n, 7 * 86400, None).expect("ok").ttl,
+            24 * HOUR
+        );
+        assert_eq!(
+            decide(&web, &n, ABSURD_TTL_SECONDS, None).expect("ok").ttl,
+            24 * HOUR
+        );
+    }
+
+    #[test]
+    fn ttl_negative_or_absurd_is_invalid() {
+        let web = sa("default", "web");
+        let n = names(&[], &[]);
+        let m = denied(
+            decide(&web, &n, -1, None),
+            DenialKind::InvalidArgument,
+            "policy.ttl",
+        );
+        assert!(m.contains("negative"), "{m}");
+        let m = denied(
+            decide(&web, &n, ABSURD_TTL_SECONDS + 1, None),
+            DenialKind::InvalidArgument,
+            "policy.ttl",
+        );
+        assert!(m.contains("absurd"), "{m}");
+        denied(
+            decide(&web, &n, i64::MAX, None),
+            DenialKind::InvalidArgument,
+            "policy.ttl",
+        );
+        denied(
+            decide(&web, &n, i64::MIN, None),
+            DenialKind::InvalidArgument,
+            "policy.ttl",
+        );
+    }
+
+    // ---- identity ----
+
+    #[test]
+    fn caller_gets_its_own_id_with_empty_or_matching_uri() {
+        let web = sa("default", "web");
+        let g = decide(&web, &names(&[], &[]), 0, None).expect("ok");
+        assert_eq!(g.spiffe_id, id("/ns/default/sa/web"));
+        assert!(g.dns_names.is_empty() && g.ip_addresses.is_empty());
+        // Same ID; scheme and trust domain compare case-insensitively.
+        for uri in [
+            "spiffe://example.org/ns/default/sa/web",
+            "SPIFFE://EXAMPLE.org/ns/default/sa/web",
+        ] {
+            let g = decide(&web, &names(&[uri], &[]), 0, None).expect(uri);
+            assert_eq!(g.spiffe_id, id("/ns/default/sa/web"));
+        }
+        let m = mtls("/agent/node-1", &[]);
+        let g = decide(
+            &m,
+            &names(&["spiffe://example.org/agent/node-1"], &[]),
+            0,
+            None,
+        )
+        .expect("ok");
+        assert_eq!(g.spiffe_id, id("/agent/node-1"));
+    }
+
+    #[test]
+    fn caller_may_not_obtain_another_id() {
+        let web = sa("a", "b");
+        let msg = denied(
+            decide(
+                &web,
+                &names(&["spiffe://example.org/ns/x/sa/y"], &[]),
+                0,
+                None,
+            ),
+            DenialKind::PermissionDenied,
+            "policy.identity",
+        );
+        assert_eq!(
+            msg,
+            "caller spiffe://example.org/ns/a/sa/b may not obtain spiffe://example.org/ns/x/sa/y"
+        );
+        // The path compares case-sensitively.
+        denied(
+            decide(
+                &web,
+                &names(&["spiffe://example.org/ns/A/sa/b"], &[]),
+                0,
+                None,
+            ),
+            DenialKind::PermissionDenied,
+            "policy.identity",
+        );
+        // Not a SPIFFE ID at all.
+        let msg = denied(
+            decide(&web, &names(&["https://example.org/"], &[]), 0, None),
+            DenialKind::PermissionDenied,
+            "policy.identity",
+        );
+        assert!(msg.contains("https://example.org/"), "{msg}");
+        // mTLS callers too.
+        denied(
+            decide(
+                &mtls("/agent/node-1", &[]),
+                &names(&["spiffe://example.org/agent/node-2"], &[]),
+                0,
+                None,
+            ),
+            DenialKind::PermissionDenied,
+            "policy.identity",
+        );
+    }
+
+    #[test]
+    fn more_than_one_uri_is_refused() {
+        let web = sa("default", "web");
+        let own = "spiffe://example.org/ns/default/sa/web";
+        let m = denied(
+            decide(&web, &names(&[own, own], &[]), 0, None),
+            DenialKind::InvalidArgument,
+            "policy.uri_count",
+        );
+        assert!(m.contains("exactly one"), "{m}");
+        denied(
+            decide(
+                &admin(),
+                &names(&[own, "spiffe://example.org/x"], &[]),
+                0,
+                None,
+            ),
+            DenialKind::InvalidArgument,
+            "policy.uri_count",
+        );
+    }
+
+    #[test]
+    fn foreign_trust_domain_is_refused() {
+        // A caller whose own ID is outside the trust domain (cannot come from our
+        // authenticators, but policy does not rely on that).
+        let foreign = AuthenticatedCaller::for_tests(
+            "spiffe://other.org/ns/a/sa/b".parse().expect("id"),
+            CallerKind::Mtls {
+                dns_names: vec![],
+                serial: "01".into(),
+            },
+        );
+        let m = denied(
+            decide(&foreign, &names(&[], &[]), 0, None),
+            DenialKind::PermissionDenied,
+            "policy.trust_domain",
+        );
+        assert!(m.contains("outside trust domain example.org"), "{m}");
+        denied(
+            decide(&admin(), &names(&["spiffe://other.org/web"], &[]), 0, None),
+            DenialKind::PermissionDenied,
+            "policy.trust_domain",
+        );
+    }
+
+    // ---- impersonation ----
+
+    #[test]
+    fn impersonator_may_ask_on_behalf_of_an_id() {
+        let ztunnel = sa("istio-system", "ztunnel");
+        let target = "spiffe://example.org/ns/default/sa/web";
+        let g = decide(&ztunnel, &names(&[], &[]), 0, Some(target)).expect("ok");
+        assert_eq!(g.spiffe_id, id("/ns/default/sa/web"));
+        let g = decide(&ztunnel, &names(&[target], &[]), 0, Some(target)).expect("ok");
+        assert_eq!(g.spiffe_id, id("/ns/default/sa/web"));
+        // An empty ImpersonatedIdentity is no impersonation.
+        let g = decide(&ztunnel, &names(&[], &[]), 0, Some("")).expect("ok");
+        assert_eq!(g.spiffe_id, id("/ns/istio-system/sa/ztunnel"));
+    }
+
+    #[test]
+    fn impersonation_is_refused_unless_allowed() {
+        let target = "spiffe://example.org/ns/default/sa/web";
+        let m = denied(
+            decide(&sa("default", "other"), &names(&[], &[]), 0, Some(target)),
+            DenialKind::PermissionDenied,
+            "policy.impersonation",
+        );
+        assert!(m.contains("not in policy.impersonators"), "{m}");
+        let ztunnel = sa("istio-system", "ztunnel");
+        denied(
+            decide(
+                &ztunnel,
+                &names(&[], &[]),
+                0,
+                Some("spiffe://other.org/ns/a/sa/b"),
+            ),
+            DenialKind::PermissionDenied,
+            "policy.trust_domain",
+        );
+        denied(
+            decide(&ztunnel, &names(&[], &[]), 0, Some("not an id")),
+            DenialKind::InvalidArgument,
+            "policy.impersonation",
+        );
+        denied(
+            decide(&ztunnel, &names(&[], &[]), 0, Some("spiffe://example.org")),
+            DenialKind::PermissionDenied,
+            "policy.identity",
+        );
+        // The CSR's URI must be the impersonated ID.
+        let m = denied(
+            decide(
+                &ztunnel,
+                &names(&["spiffe://example.org/ns/default/sa/db"], &[]),
+                0,
+                Some(target),
+            ),
+            DenialKind::PermissionDenied,
+            "policy.identity",
+        );
+        assert!(
+            m.contains("on behalf of spiffe://example.org/ns/default/sa/web"),
+            "{m}"
+        );
+        // No DNS names on behalf of someone else.
+        denied(
+            decide(&ztunnel, &names(&[], &["web.default.svc"]), 0, Some(target)),
+            DenialKind::PermissionDenied,
+            "policy.dns_name",
+        );
+    }
+
+    // ---- admin ----
+
+    #[test]
+    fn admin_may_obtain_any_id_in_the_trust_domain() {
+        let n = RequestedNames {
+            uris: vec!["spiffe://example.org/signet/server".into()],
+            dns_names: vec!["localhost".into(), "*.signet.example.com".into()],
+            ip_addresses: vec![Ipv4Addr::LOCALHOST.into(), "::1".parse().expect("ip")],
+            ..RequestedNames::default()
+        };
+        let g = decide(&admin(), &n, 0, None).expect("ok");
+        assert_eq!(g.spiffe_id, id("/signet/server"));
+        assert_eq!(g.dns_names, n.dns_names);
+        assert_eq!(g.ip_addresses, n.ip_addresses);
+    }
+
+    #[test]
+    fn admin_must_name_one_valid_id() {
+        denied(
+            decide(&admin(), &names(&[], &[]), 0, None),
+            DenialKind::InvalidArgument,
+            "policy.identity",
+        );
+        denied(
+            decide(
+                &admin(),
+                &names(&["spiffe://example.org/a//b"], &[]),
+                0,
+                None,
+            ),
+            DenialKind::InvalidArgument,
+            "policy.identity",
+        );
+        denied(
+            decide(&admin(), &names(&["spiffe://example.org"], &[]), 0, None),
+            DenialKind::PermissionDenied,
+            "policy.identity",
+        );
+        denied(
+            decide(
+                &admin(),
+                &names(&["spiffe://example.org/x"], &["bad_name.example"]),
+                0,
+                None,
+            ),
+            DenialKind::InvalidArgument,
+            "policy.dns_name",
+        );
+    }
+
+    // ---- DNS names ----
+
+    #[test]
+    fn service_account_gets_its_template_names() {
+        let web = sa("default", "web");
+        let n = names(
+            &[],
+            &[
+                "web.default.svc",
+                "WEB.Default.SVC",
+                "api.default.svc.cluster.local",
+            ],
+        );
+        let g = decide(&web, &n, 0, None).expect("ok");
+        assert_eq!(g.dns_names, n.dns_names);
+    }
+
+    #[test]
+    fn service_account_is_refused_other_names() {
+        let web = sa("default", "web");
+        for name in [
+            "db.default.svc",                // another account's name
+            "web.kube-system.svc",           // another namespace
+            "a.b.default.svc.cluster.local", // '*.' matches exactly one label
+            "default.svc.cluster.local",     // and not zero
+            "*.default.svc.cluster.local",   // a wildcard is not a label
+            "example.com",
+        ] {
+            let m = denied(
+                decide(&web, &names(&[], &[name]), 0, None),
+                DenialKind::PermissionDenied,
+                "policy.dns_name",
+            );
+            assert!(m.contains(name), "{m}");
+            assert!(
+                m.contains("allowed: web.default.svc, *.default.svc.cluster.local"),
+                "{m}"
+            );
+        }
+        for name in [
+            "",
+            "web..default.svc",
+            "web.default.svc.",
+            "-a.default.svc",
+            "10.0.0.1",
+        ] {
+            denied(
+                decide(&web, &names(&[], &[name]), 0, None),
+                DenialKind::InvalidArgument,
+                "policy.dns_name",
+            );
+        }
+        // Without templates, no names at all.
+        let bare = Policy::new(td(), HOUR, 24 * HOUR, &PolicyConfig::default()).expect("policy");
+        let n = names(&[], &["web.default.svc"]);
+        let d = bare
+            .decide(
+                &web,
+                &IssueRequest {
+                    names: &n,
+                    ttl_seconds: 0,
+                    impersonate: None,
+                },
+            )
+            .expect_err("denied");
+        assert!(
+            d.message.contains("kubernetes_dns_templates is empty"),
+            "{d}"
+        );
+    }
+
+    #[test]
+    fn mtls_caller_renews_only_its_presented_names() {
+        let m = mtls("/agent/node-1", &["node-1.example.org", "node-1.internal"]);
+        let g = decide(&m, &names(&[], &["NODE-1.example.org"]), 0, None).expect("ok");
+        assert_eq!(g.dns_names, ["NODE-1.example.org"]);
+        let msg = denied(
+            decide(&m, &names(&[], &["node-2.example.org"]), 0, None),
+            DenialKind::PermissionDenied,
+            "policy.dns_name",
+        );
+        assert!(msg.contains("node-2.example.org"), "{msg}");
+        assert!(msg.contains("node-1.example.org, node-1.internal"), "{msg}");
+    }
+
+    // ---- IPs, e-mails, other SAN types ----
+
+    #[test]
+    fn ip_addresses_only_for_admin() {
+        let mut n = names(&[], &[]);
+        n.ip_addresses = vec![Ipv4Addr::new(10, 0, 0, 1).into()];
+        for caller in [sa("default", "web"), mtls("/agent/node-1", &[])] {
+            let m = denied(
+                decide(&caller, &n, 0, None),
+                DenialKind::PermissionDenied,
+                "policy.ip_address",
+            );
+            assert!(m.contains("10.0.0.1"), "{m}");
+        }
+        n.uris = vec!["spiffe://example.org/x".into()];
+        decide(&admin(), &n, 0, None).expect("admin");
+    }
+
+    #[test]
+    fn emails_and_other_san_types_are_never_issued() {
+        let mut n = names(&["spiffe://example.org/x"], &[]);
+        n.emails = vec!["ops@example.org".into()];
+        let m = denied(
+            decide(&admin(), &n, 0, None),
+            DenialKind::PermissionDenied,
+            "policy.san_type",
+        );
+        assert!(m.contains("ops@example.org"), "{m}");
+        let mut n = names(&[], &[]);
+        n.other = vec!["otherName".into()];
+        let m = denied(
+            decide(&sa("default", "web"), &n, 0, None),
+            DenialKind::PermissionDenied,
+            "policy.san_type",
+        );
+        assert!(m.contains("otherName"), "{m}");
+    }
+
+    // ---- the chain as a whole ----
+
+    #[test]
+    fn chain_reports_the_first_failing_check() {
+        let web = sa("a", "b");
+        let mut n = names(&["spiffe://example.org/ns/x/sa/y"], &["evil.example.com"]);
+        n.ip_addresses = vec![Ipv4Addr::new(10, 0, 0, 1).into()];
+        n.emails = vec!["x@example.org".into()];
+        // Bad TTL comes first.
+        denied(
+            decide(&web, &n, -5, None),
+            DenialKind::InvalidArgument,
+            "policy.ttl",
+        );
+        // Then the e-mail (SAN types).
+        denied(
+            decide(&web, &n, 0, None),
+            DenialKind::PermissionDenied,
+            "policy.san_type",
+        );
+        n.emails.clear();
+        // Then the foreign URI.
+        denied(
+            decide(&web, &n, 0, None),
+            DenialKind::PermissionDenied,
+            "policy.identity",
+        );
+        n.uris.clear();
+        // Then DNS, then IP.
+        denied(
+            decide(&web, &n, 0, None),
+            DenialKind::PermissionDenied,
+            "policy.dns_name",
+        );
+        n.dns_names.clear();
+        denied(
+            decide(&web, &n, 0, None),
+            DenialKind::PermissionDenied,
+            "policy.ip_address",
+        );
+        n.ip_addresses.clear();
+        decide(&web, &n, 0, None).expect("all clear");
+        // Two URIs is reported before the identity check would look at either.
+        let n = names(
+            &["spiffe://example.org/ns/a/sa/b", "spiffe://other.org/z"],
+            &[],
+        );
+        denied(
+            decide(&web, &n, 0, None),
+            DenialKind::InvalidArgument,
+            "policy.uri_count",
+        );
+        assert_eq!(
+            CHAIN.iter().map(|(name, _)| *name).collect::<Vec<_>>(),
+            [
+                "ttl",
+                "single_uri",
+                "san_types",
+                "identity",
+                "dns_names",
+                "ip_addresses"
+            ]
+        );
+    }
+
+    // ---- configuration ----
+
+    #[test]
+    fn bad_configuration_is_refused_by_name() {
+        let ok = PolicyConfig::default();
+        assert!(Policy::new(td(), Duration::ZERO, HOUR, &ok).is_err());
+        let e = Policy::new(td(), 2 * HOUR, HOUR, &ok).expect_err("refused");
+        assert!(e.contains("longer than ca.max_ttl"), "{e}");
+        for (t, want) in [
+            ("{namespace}.{pod}.svc", "unknown placeholder"),
+            ("{namespace.svc", "unknown placeholder"),
+            ("web.*.svc", "'*'"),
+            ("**.svc", "'*'"),
+            ("bad_name.{namespace}", "valid DNS name"),
+            ("", "valid DNS name"),
+        ] {
+            let cfg = PolicyConfig {
+                kubernetes_dns_templates: vec![t.into()],
+                impersonators: vec![],
+            };
+            let e = Policy::new(td(), HOUR, HOUR, &cfg).expect_err(t);
+            assert!(
+                e.contains("kubernetes_dns_templates") && e.contains(want),
+                "{t}: {e}"
+            );
+        }
+        for (imp, want) in [
+            ("ztunnel", "not a SPIFFE ID"),
+            (
+                "spiffe://other.org/ns/istio-system/sa/ztunnel",
+                "not in trust domain",
+            ),
+            ("spiffe://example.org", "trust domain ID"),
+        ] {
+            let cfg = PolicyConfig {
+                kubernetes_dns_templates: vec![],
+                impersonators: vec![imp.into()],
+            };
+            let e = Policy::new(td(), HOUR, HOUR, &cfg).expect_err(imp);
+            assert!(
+                e.contains("policy.impersonators") && e.contains(want),
+                "{imp}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn dns_name_syntax() {
+        for ok in [
+            "localhost",
+            "a.b",
+            "*.example.org",
+            "x-1.example.org",
+            &"a".repeat(63),
+        ] {
+            assert!(is_dns_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            ".",
+            "a.",
+            "*",
+            "*.",
+            "a.*.b",
+            "a_b",
+            "-a",
+            "a-",
+            "::1",
+            "1.2.3.4",
+            &"a".repeat(64),
+            &format!("{}.b", "a.".repeat(127)),
+        ] {
+            assert!(!is_dns_name(bad), "{bad}");
+        }
+    }
+}

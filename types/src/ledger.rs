@@ -220,18 +220,18 @@ mod tests {
     fn every_field_is_covered() {
         let base = entry(1);
         let h = chain_hash(&GENESIS, &base);
-        let mutations: Vec<Box<dyn Fn(&mut LedgerEntry)>> = vec![
-            Box::new(|e| e.serial.push('0')),
-            Box::new(|e| e.spiffe_id.push('x')),
-            Box::new(|e| e.dns_names.push("x".into())),
-            Box::new(|e| e.ip_addresses.push("127.0.0.1".into())),
-            Box::new(|e| e.not_before += 1),
-            Box::new(|e| e.not_after += 1),
-            Box::new(|e| e.cert_sha256[0] ^= 1),
-            Box::new(|e| e.ca_key_id.push('x')),
-            Box::new(|e| e.caller.push('x')),
-            Box::new(|e| e.issued_at += 1),
-            Box::new(|e| e.request_id.push('x')),
+        let mutations: [fn(&mut LedgerEntry); 11] = [
+            |e| e.serial.push('0'),
+            |e| e.spiffe_id.push('x'),
+            |e| e.dns_names.push("x".into()),
+            |e| e.ip_addresses.push("127.0.0.1".into()),
+            |e| e.not_before += 1,
+            |e| e.not_after += 1,
+            |e| e.cert_sha256[0] ^= 1,
+            |e| e.ca_key_id.push('x'),
+            |e| e.caller.push('x'),
+            |e| e.issued_at += 1,
+            |e| e.request_id.push('x'),
         ];
         for m in mutations {
             let mut e = base.clone();

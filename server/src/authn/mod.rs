@@ -5,8 +5,8 @@
 //! - [`mtls`]: a client certificate already verified by the TLS layer against our bundle.
 
 // Enabled as they land:
-// pub mod jwt;
-// pub mod mtls;
+pub mod jwt;
+pub mod mtls;
 
 use signet_types::SpiffeId;
 
@@ -48,6 +48,14 @@ impl AuthenticatedCaller {
     pub(crate) fn admin(td: &signet_types::TrustDomain) -> Self {
         let id = td
             .id("/signet/admin")
+            .unwrap_or_else(|_| td.id("").expect("a trust domain ID is valid"));
+        Self::new(id, CallerKind::Admin)
+    }
+
+    /// The server itself, asking for its own TLS certificate.
+    pub(crate) fn server(td: &signet_types::TrustDomain) -> Self {
+        let id = td
+            .id("/signet/server")
             .unwrap_or_else(|_| td.id("").expect("a trust domain ID is valid"));
         Self::new(id, CallerKind::Admin)
     }

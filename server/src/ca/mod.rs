@@ -13,21 +13,25 @@
 //! - [`kek`]: encryption of CA private keys kept in the database.
 //! - [`serial`]: serial number sources.
 
-// Enabled by the CA-core work as each module lands:
-// pub mod authority;
-// pub mod csr;
-// pub mod kek;
-// pub mod serial;
-// pub mod template;
-// pub mod validate;
+pub mod authority;
+pub mod csr;
+pub mod kek;
+pub mod serial;
+pub mod template;
+#[cfg(test)]
+mod testutil;
+pub mod validate;
 
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime};
 
 use signet_types::SpiffeId;
 
-// pub use authority::Authority;
-// pub use serial::{RandomSerials, SerialSource};
+pub use authority::{Authority, AuthorityError};
+pub use csr::{CsrError, KeyAlgorithm, VerifiedCsr};
+pub use kek::{Kek, KekError};
+pub use serial::{RandomSerials, SequentialSerials, SerialSource};
+pub use validate::{LeafInfo, check_ca, check_leaf};
 
 /// How far notBefore is backdated, to tolerate clock skew between hosts.
 pub const BACKDATE: Duration = Duration::from_secs(10);

@@ -6,11 +6,11 @@
 //! locks the chain head, appends the whole batch in order, and moves the head, so replicas
 //! sharing one PostgreSQL extend a single chain in a total order.
 
-// Enabled as they land:
-// mod postgres;
-// mod sqlite;
-// #[cfg(test)]
-// mod conformance;
+#[cfg(test)]
+mod conformance;
+mod postgres;
+mod rows;
+mod sqlite;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,8 +18,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use signet_types::ledger::{Hash, LedgerEntry};
 
-// pub use postgres::PgStore;
-// pub use sqlite::SqliteStore;
+pub use postgres::PgStore;
+pub use sqlite::SqliteStore;
 
 /// A certificate to append to the ledger (seq and hashes are assigned by the store).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,8 +170,15 @@ pub trait Store: Send + Sync + 'static {
 /// store. `acquire_timeout` bounds how long a request waits for a connection before the store
 /// answers Unavailable.
 pub async fn connect(url: &str, acquire_timeout: Duration) -> Result<Arc<dyn Store>, StoreError> {
-    // Replaced when the implementations land:
-    // if url.starts_with("sqlite:") { SqliteStore::connect(url, acquire_timeout) } else { PgStore::connect(..) }
-    let _ = (url, acquire_timeout);
-    Err(StoreError::Database("no store implementation yet".into()))
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::connect(url, acquire_timeout).await?))
+    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        Ok(Arc::new(PgStore::connect(url, acquire_timeout).await?))
+    } else {
+        // Never echo the URL: it may carry a password.
+        let scheme = url.split_once(':').map_or("", |(s, _)| s);
+        Err(StoreError::Database(format!(
+            "unsupported database URL scheme {scheme:?} (expected sqlite: or postgres:)"
+        )))
+    }
 }

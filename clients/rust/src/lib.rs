@@ -1,0 +1,146 @@
+//! `signet-client`: a typed client for Signet's gRPC APIs.
+//!
+//! - [`connect_tls`]: the CA listener, verified against the trust bundle, optionally with a
+//!   client certificate (mTLS renewal).
+//! - [`connect_admin`]: the operator API on the server's admin Unix socket.
+//! - [`new_key_and_csr`]: a fresh private key (it never leaves this process) and a CSR for it.
+//! - [`with_bearer`]: attach a service-account token to a request.
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity, Uri};
+
+pub use signet_proto::{admin, ca, istio_ca};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("invalid address {0:?}: {1}")]
+    Address(String, String),
+    #[error("cannot connect to {0}: {1}")]
+    Connect(String, String),
+    #[error("key generation failed: {0}")]
+    Key(String),
+    #[error("invalid token: it contains characters not allowed in a header")]
+    Token,
+}
+
+/// A client certificate chain and its key, both PEM. `Debug` hides the key.
+#[derive(Clone)]
+pub struct ClientIdentity {
+    pub cert_chain_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for ClientIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientIdentity")
+            .field("cert_chain_pem", &self.cert_chain_pem.len())
+            .field("key_pem", &"…")
+            .finish()
+    }
+}
+
+/// Connects to a Signet CA at `addr` (`https://host:port` or `host:port`) over TLS, trusting
+/// only the roots in `bundle_pem`. `server_name` overrides the name checked in the server's
+/// certificate (default: the host in `addr`).
+pub async fn connect_tls(
+    addr: &str,
+    bundle_pem: &[u8],
+    server_name: Option<&str>,
+    identity: Option<&ClientIdentity>,
+) -> Result<Channel, ClientError> {
+    let url = if addr.contains("://") {
+        addr.to_owned()
+    } else {
+        format!("https://{addr}")
+    };
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(bundle_pem));
+    if let Some(name) = server_name {
+        tls = tls.domain_name(name);
+    }
+    if let Some(id) = identity {
+        tls = tls.identity(Identity::from_pem(&id.cert_chain_pem, &id.key_pem));
+    }
+    let endpoint = Endpoint::from_shared(url.clone())
+        .map_err(|e| ClientError::Address(url.clone(), e.to_string()))?
+        .tls_config(tls)
+        .map_err(|e| ClientError::Address(url.clone(), e.to_string()))?
+        .tcp_nodelay(true);
+    endpoint
+        .connect()
+        .await
+        .map_err(|e| ClientError::Connect(url, error_chain(&e)))
+}
+
+/// Connects to the admin API on the server's Unix socket.
+pub async fn connect_admin(socket: &Path) -> Result<Channel, ClientError> {
+    let path: PathBuf = socket.to_owned();
+    let shown = socket.display().to_string();
+    // The URI is required by the API but unused: the connector always dials the socket.
+    Endpoint::from_static("http://signet-admin.invalid")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        }))
+        .await
+        .map_err(|e| ClientError::Connect(shown, error_chain(&e)))
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        src = s.source();
+    }
+    out
+}
+
+/// A private key and a CSR for it. The key stays with the caller. `Debug` hides the key.
+pub struct KeyAndCsr {
+    /// PKCS#8 DER.
+    pub key_pkcs8_der: Vec<u8>,
+    pub key_pem: String,
+    pub csr_der: Vec<u8>,
+    pub csr_pem: String,
+}
+
+impl std::fmt::Debug for KeyAndCsr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyAndCsr")
+            .field("csr_pem", &self.csr_pem)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Generates an ECDSA P-256 key and a CSR carrying no names: the server fills in the caller's
+/// identity.
+pub fn new_key_and_csr() -> Result<KeyAndCsr, ClientError> {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+        .map_err(|e| ClientError::Key(e.to_string()))?;
+    let csr = rcgen::CertificateParams::default()
+        .serialize_request(&key)
+        .map_err(|e| ClientError::Key(e.to_string()))?;
+    Ok(KeyAndCsr {
+        key_pkcs8_der: key.serialize_der(),
+        key_pem: key.serialize_pem(),
+        csr_der: csr.der().to_vec(),
+        csr_pem: csr.pem().map_err(|e| ClientError::Key(e.to_string()))?,
+    })
+}
+
+/// Attaches `authorization: Bearer <token>` to a request.
+pub fn with_bearer<T>(msg: T, token: &str) -> Result<tonic::Request<T>, ClientError> {
+    let mut req = tonic::Request::new(msg);
+    let value = format!("Bearer {token}")
+        .parse()
+        .map_err(|_| ClientError::Token)?;
+    req.metadata_mut().insert("authorization", value);
+    Ok(req)
+}

@@ -1,0 +1,253 @@
+//! `signet.admin.v1.Admin`, served only on the admin Unix socket (`<data_dir>/admin.sock`,
+//! mode 0600): whoever can open the socket is the operator.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use signet_proto::admin::{
+    AuditEvent as PbAuditEvent, BundleResponse, CertificateRecord, GetBundleRequest,
+    GetCertificateRequest, GetLedgerHeadRequest, LedgerHead as PbLedgerHead,
+    ListAuditEventsRequest, ListAuditEventsResponse, ListCertificatesRequest,
+    ListCertificatesResponse, MintX509SvidRequest, MintX509SvidResponse, StreamLedgerRequest,
+    admin_server::Admin,
+};
+use tonic::{Request, Response, Status};
+
+use super::{ApiError, request_id};
+use crate::authn::AuthenticatedCaller;
+use crate::bundle::BundleHandle;
+use crate::ca::RequestedNames;
+use crate::issuer::{IssueInput, Issuer};
+use crate::store::{CertificateRow, Store, StoreError};
+
+const DEFAULT_PAGE: u32 = 100;
+const MAX_PAGE: u32 = 1000;
+
+pub struct AdminApi {
+    issuer: Arc<Issuer>,
+    store: Arc<dyn Store>,
+    bundle: BundleHandle,
+}
+
+impl AdminApi {
+    pub fn new(issuer: Arc<Issuer>, store: Arc<dyn Store>, bundle: BundleHandle) -> Self {
+        Self {
+            issuer,
+            store,
+            bundle,
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(m) => ApiError::Unavailable(m),
+            other => {
+                tracing::error!(error = %other, "store error");
+                ApiError::Internal("store".into())
+            }
+        }
+    }
+}
+
+pub(crate) fn row_to_proto(r: CertificateRow) -> CertificateRecord {
+    let e = r.entry;
+    CertificateRecord {
+        seq: e.seq,
+        serial: e.serial,
+        spiffe_id: e.spiffe_id,
+        dns_names: e.dns_names,
+        ip_addresses: e.ip_addresses,
+        not_before: e.not_before,
+        not_after: e.not_after,
+        cert_sha256: e.cert_sha256.to_vec(),
+        ca_key_id: e.ca_key_id,
+        caller: e.caller,
+        issued_at: e.issued_at,
+        request_id: e.request_id,
+        prev_hash: r.prev_hash.to_vec(),
+        hash: r.hash.to_vec(),
+        cert_der: r.cert_der,
+    }
+}
+
+fn page(limit: u32) -> u32 {
+    match limit {
+        0 => DEFAULT_PAGE,
+        n => n.min(MAX_PAGE),
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminApi {
+    async fn list_certificates(
+        &self,
+        request: Request<ListCertificatesRequest>,
+    ) -> Result<Response<ListCertificatesResponse>, Status> {
+        let req = request.into_inner();
+        let spiffe_id = (!req.spiffe_id.is_empty()).then_some(req.spiffe_id.as_str());
+        let rows = self
+            .store
+            .list_certificates(req.after_seq, page(req.limit), spiffe_id)
+            .await
+            .map_err(ApiError::from)?;
+        Ok(Response::new(ListCertificatesResponse {
+            certificates: rows.into_iter().map(row_to_proto).collect(),
+        }))
+    }
+
+    async fn get_certificate(
+        &self,
+        request: Request<GetCertificateRequest>,
+    ) -> Result<Response<CertificateRecord>, Status> {
+        let req = request.into_inner();
+        let serial = signet_types::normalize_serial(&req.serial).ok_or_else(|| {
+            ApiError::InvalidArgument(format!(
+                "serial {:?} is not hexadecimal (e.g. 5f3a… or 5F:3A:…)",
+                req.serial
+            ))
+        })?;
+        let row = self
+            .store
+            .certificate_by_serial(&serial)
+            .await
+            .map_err(ApiError::from)?
+            .ok_or_else(|| ApiError::NotFound(format!("no certificate with serial {serial}")))?;
+        Ok(Response::new(row_to_proto(row)))
+    }
+
+    async fn get_bundle(
+        &self,
+        _request: Request<GetBundleRequest>,
+    ) -> Result<Response<BundleResponse>, Status> {
+        let b = self.bundle.current();
+        Ok(Response::new(BundleResponse {
+            trust_domain: b.trust_domain.to_string(),
+            roots: b.roots.clone(),
+            revision: b.revision,
+            path: self.bundle.path().display().to_string(),
+        }))
+    }
+
+    async fn get_ledger_head(
+        &self,
+        _request: Request<GetLedgerHeadRequest>,
+    ) -> Result<Response<PbLedgerHead>, Status> {
+        let head = self.store.ledger_head().await.map_err(ApiError::from)?;
+        Ok(Response::new(PbLedgerHead {
+            seq: head.seq,
+            hash: head.hash.to_vec(),
+        }))
+    }
+
+    type StreamLedgerStream = Pin<Box<dyn Stream<Item = Result<CertificateRecord, Status>> + Send>>;
+
+    async fn stream_ledger(
+        &self,
+        request: Request<StreamLedgerRequest>,
+    ) -> Result<Response<Self::StreamLedgerStream>, Status> {
+        let req = request.into_inner();
+        let store = self.store.clone();
+        let up_to = if req.up_to_seq == 0 {
+            u64::MAX
+        } else {
+            req.up_to_seq
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut after = req.after_seq;
+            while after < up_to {
+                let rows = match store.list_certificates(after, MAX_PAGE, None).await {
+                    Ok(rows) => rows,
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::from(ApiError::from(e)))).await;
+                        return;
+                    }
+                };
+                if rows.is_empty() {
+                    return;
+                }
+                let chunk: Vec<_> = rows.into_iter().filter(|r| r.entry.seq <= up_to).collect();
+                let Some(last) = chunk.last().map(|r| r.entry.seq) else {
+                    return;
+                };
+                for row in chunk {
+                    if tx.send(Ok(row_to_proto(row))).await.is_err() {
+                        return;
+                    }
+                }
+                after = last;
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn mint_x509_svid(
+        &self,
+        request: Request<MintX509SvidRequest>,
+    ) -> Result<Response<MintX509SvidResponse>, Status> {
+        let request_id = request_id(&request);
+        let req = request.into_inner();
+        if req.spiffe_id.is_empty() {
+            return Err(ApiError::InvalidArgument("spiffe_id is required".into()).into());
+        }
+        let caller = AuthenticatedCaller::admin(self.issuer.trust_domain());
+        let extra = RequestedNames {
+            uris: vec![req.spiffe_id.clone()],
+            dns_names: req.dns_names.clone(),
+            ..RequestedNames::default()
+        };
+        let cert = self
+            .issuer
+            .issue(
+                &caller,
+                IssueInput {
+                    csr: &req.csr,
+                    ttl_seconds: req.ttl_seconds,
+                    impersonate: None,
+                    request_id,
+                    api: "admin",
+                    extra_names: Some(extra),
+                },
+            )
+            .await?;
+        self.issuer.audit().record(
+            "admin.mint",
+            &caller.label(),
+            format!("minted {} serial {}", cert.spiffe_id, cert.serial),
+            crate::clock::unix(self.issuer.now()),
+        );
+        Ok(Response::new(MintX509SvidResponse {
+            serial: cert.serial.clone(),
+            cert_chain: cert.chain,
+        }))
+    }
+
+    async fn list_audit_events(
+        &self,
+        request: Request<ListAuditEventsRequest>,
+    ) -> Result<Response<ListAuditEventsResponse>, Status> {
+        let req = request.into_inner();
+        let events = self
+            .store
+            .audit_events(req.after_id, page(req.limit))
+            .await
+            .map_err(ApiError::from)?;
+        Ok(Response::new(ListAuditEventsResponse {
+            events: events
+                .into_iter()
+                .map(|e| PbAuditEvent {
+                    id: e.id,
+                    at: e.at,
+                    kind: e.kind,
+                    caller: e.caller,
+                    detail: e.detail,
+                })
+                .collect(),
+        }))
+    }
+}

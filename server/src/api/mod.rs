@@ -1,0 +1,94 @@
+//! The API edge: tonic services. Each handler converts its proto to a domain request, calls
+//! [`crate::issuer::Issuer`], and converts back. Errors become gRPC statuses here, in
+//! [`ApiError`]'s one `From` impl, and nowhere else.
+
+pub mod admin;
+pub mod istio;
+pub mod native;
+
+use tonic::{Code, Status};
+
+use crate::authn::AuthnError;
+
+/// Everything a request can fail with, by what the caller should do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Malformed or hostile input: fix the request.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// No or bad credentials.
+    #[error("{0}")]
+    Unauthenticated(#[from] AuthnError),
+    /// Authenticated, but not allowed.
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// Not there.
+    #[error("{0}")]
+    NotFound(String),
+    /// Retry later (database down, queue full, CA not valid now).
+    #[error("{0}")]
+    Unavailable(String),
+    /// Our bug or an operator problem; details are logged, not returned.
+    #[error("internal error (see server log, request {0})")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// Short outcome label for metrics.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            ApiError::InvalidArgument(_) => "invalid_argument",
+            ApiError::Unauthenticated(_) => "unauthenticated",
+            ApiError::PermissionDenied(_) => "permission_denied",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+}
+
+impl From<ApiError> for Status {
+    fn from(e: ApiError) -> Self {
+        let code = match &e {
+            ApiError::InvalidArgument(_) => Code::InvalidArgument,
+            ApiError::Unauthenticated(_) => Code::Unauthenticated,
+            ApiError::PermissionDenied(_) => Code::PermissionDenied,
+            ApiError::NotFound(_) => Code::NotFound,
+            ApiError::Unavailable(_) => Code::Unavailable,
+            ApiError::Internal(_) => Code::Internal,
+        };
+        Status::new(code, e.to_string())
+    }
+}
+
+/// Refuses a decoded request larger than the configured limit (tonic's own transport limit
+/// is set higher, so that the caller gets this clear InvalidArgument instead of OutOfRange).
+pub fn check_size(msg: &impl prost::Message, limit: usize) -> Result<(), ApiError> {
+    let len = msg.encoded_len();
+    if len > limit {
+        return Err(ApiError::InvalidArgument(format!(
+            "request is {len} bytes; this server accepts at most {limit} bytes (max_message_bytes)"
+        )));
+    }
+    Ok(())
+}
+
+/// The request's id: the caller's `x-request-id` if it is short and printable, else a new
+/// random one.
+pub fn request_id<T>(req: &tonic::Request<T>) -> String {
+    if let Some(v) = req
+        .metadata()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        && !v.is_empty()
+        && v.len() <= 64
+        && v.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return v.to_owned();
+    }
+    let mut b = [0u8; 12];
+    if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).is_err() {
+        return "unknown".into();
+    }
+    hex::encode(b)
+}

@@ -1,0 +1,94 @@
+//! `signet.ca.v1.CertificateAuthority`: Signet's own API.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use signet_proto::ca::{
+    Bundle as PbBundle, GetBundleRequest, SignCsrRequest, SignCsrResponse, WatchBundleRequest,
+    certificate_authority_server::CertificateAuthority,
+};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::WatchStream;
+use tonic::{Request, Response, Status};
+
+use super::{check_size, request_id};
+use crate::bundle::{Bundle, BundleHandle};
+use crate::clock::unix;
+use crate::issuer::{Credentials, IssueInput, Issuer};
+
+pub struct NativeApi {
+    issuer: Arc<Issuer>,
+    bundle: BundleHandle,
+    max_message_bytes: usize,
+}
+
+impl NativeApi {
+    pub fn new(issuer: Arc<Issuer>, bundle: BundleHandle, max_message_bytes: usize) -> Self {
+        Self {
+            issuer,
+            bundle,
+            max_message_bytes,
+        }
+    }
+}
+
+pub(crate) fn bundle_to_proto(b: &Bundle) -> PbBundle {
+    PbBundle {
+        trust_domain: b.trust_domain.to_string(),
+        roots: b.roots.clone(),
+        revision: b.revision,
+    }
+}
+
+#[tonic::async_trait]
+impl CertificateAuthority for NativeApi {
+    async fn sign_csr(
+        &self,
+        request: Request<SignCsrRequest>,
+    ) -> Result<Response<SignCsrResponse>, Status> {
+        let creds = Credentials::from_request(&request)?;
+        let request_id = request_id(&request);
+        let req = request.into_inner();
+        check_size(&req, self.max_message_bytes)?;
+        let cert = self
+            .issuer
+            .authenticate_and_issue(
+                &creds,
+                IssueInput {
+                    csr: &req.csr,
+                    ttl_seconds: req.ttl_seconds,
+                    impersonate: None,
+                    request_id,
+                    extra_names: None,
+                    api: "native",
+                },
+            )
+            .await?;
+        Ok(Response::new(SignCsrResponse {
+            spiffe_id: cert.spiffe_id.to_string(),
+            serial: cert.serial.clone(),
+            not_before: unix(cert.not_before),
+            not_after: unix(cert.not_after),
+            cert_chain: cert.chain,
+        }))
+    }
+
+    async fn get_bundle(
+        &self,
+        _request: Request<GetBundleRequest>,
+    ) -> Result<Response<PbBundle>, Status> {
+        Ok(Response::new(bundle_to_proto(&self.bundle.current())))
+    }
+
+    type WatchBundleStream = Pin<Box<dyn Stream<Item = Result<PbBundle, Status>> + Send>>;
+
+    async fn watch_bundle(
+        &self,
+        _request: Request<WatchBundleRequest>,
+    ) -> Result<Response<Self::WatchBundleStream>, Status> {
+        // WatchStream yields the current value at once, then every change.
+        let stream = WatchStream::new(self.bundle.subscribe()).map(|b| Ok(bundle_to_proto(&b)));
+        Ok(Response::new(Box::pin(stream)))
+    }
+}

@@ -1,0 +1,220 @@
+//! Callers presenting a Signet X509-SVID over mTLS.
+//!
+//! The TLS layer has already verified the chain against Signet's bundle; this module reads the
+//! identity out of the verified leaf and refuses anything that is not a proper X509-SVID leaf of
+//! our trust domain.
+
+use signet_types::{SpiffeId, TrustDomain};
+use x509_parser::extensions::GeneralName;
+
+use super::{AuthenticatedCaller, AuthnError, CallerKind};
+
+/// Reads the caller's identity from a client certificate (DER) that the TLS layer has ALREADY
+/// verified against Signet's bundle.
+///
+/// Requires exactly one URI SAN, a SPIFFE ID in `td` with a non-empty path, and no cA=true.
+pub fn authenticate_peer(
+    leaf_der: &[u8],
+    td: &TrustDomain,
+) -> Result<AuthenticatedCaller, AuthnError> {
+    let (rest, cert) = x509_parser::parse_x509_certificate(leaf_der)
+        .map_err(|e| bad(format!("not a DER X.509 certificate: {e}")))?;
+    if !rest.is_empty() {
+        return Err(bad(format!(
+            "{} unexpected bytes after the certificate",
+            rest.len()
+        )));
+    }
+
+    let bc = cert
+        .basic_constraints()
+        .map_err(|e| bad(format!("unreadable basic constraints: {e}")))?;
+    if bc.is_some_and(|bc| bc.value.ca) {
+        return Err(bad(
+            "it is a CA certificate (basicConstraints cA=true), not an X509-SVID leaf",
+        ));
+    }
+    let ku = cert
+        .key_usage()
+        .map_err(|e| bad(format!("unreadable key usage: {e}")))?;
+    if ku.is_some_and(|ku| ku.value.key_cert_sign()) {
+        return Err(bad(
+            "it may sign certificates (keyUsage keyCertSign), so it is not an X509-SVID leaf",
+        ));
+    }
+
+    let san = cert
+        .subject_alternative_name()
+        .map_err(|e| bad(format!("unreadable subjectAltName: {e}")))?
+        .ok_or_else(|| bad("it has no subjectAltName, so no SPIFFE ID"))?;
+    let mut uris = Vec::new();
+    let mut dns_names = Vec::new();
+    for name in &san.value.general_names {
+        match name {
+            GeneralName::URI(u) => uris.push(*u),
+            GeneralName::DNSName(d) => dns_names.push((*d).to_owned()),
+            _ => {}
+        }
+    }
+    let uri = match uris.as_slice() {
+        [one] => *one,
+        [] => return Err(bad("it has no URI SAN, so no SPIFFE ID")),
+        many => {
+            return Err(bad(format!(
+                "it has {} URI SANs; an X509-SVID carries exactly one",
+                many.len()
+            )));
+        }
+    };
+    let id: SpiffeId = uri
+        .parse()
+        .map_err(|e| bad(format!("its URI SAN is not a SPIFFE ID: {e}")))?;
+    if !id.is_member_of(td) {
+        return Err(bad(format!(
+            "{id} is not in trust domain {td}; this server only authenticates its own trust domain"
+        )));
+    }
+    if id.path().is_empty() {
+        return Err(bad(format!(
+            "{id} is a trust domain ID with no path; a workload's ID names a path"
+        )));
+    }
+
+    let serial = signet_types::serial_hex(cert.raw_serial());
+    Ok(AuthenticatedCaller::new(
+        id,
+        CallerKind::Mtls { dns_names, serial },
+    ))
+}
+
+fn bad(reason: impl Into<String>) -> AuthnError {
+    AuthnError::BadCertificate(reason.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{
+        BasicConstraints, CertificateParams, IsCa, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+    };
+
+    fn td() -> TrustDomain {
+        TrustDomain::new("example.org").expect("td")
+    }
+
+    fn uri(s: &str) -> SanType {
+        SanType::URI(s.try_into().expect("ia5"))
+    }
+
+    fn dns(s: &str) -> SanType {
+        SanType::DnsName(s.try_into().expect("ia5"))
+    }
+
+    fn cert(sans: Vec<SanType>, ca: bool) -> Vec<u8> {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.subject_alt_names = sans;
+        params.serial_number = Some(SerialNumber::from_slice(&[0x00, 0x8f, 0x01, 0x02]));
+        if ca {
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        } else {
+            params.is_ca = IsCa::ExplicitNoCa;
+            params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        }
+        params.self_signed(&key).expect("sign").der().to_vec()
+    }
+
+    fn refused(der: &[u8]) -> String {
+        match authenticate_peer(der, &td()) {
+            Err(AuthnError::BadCertificate(m)) => m,
+            other => panic!("expected BadCertificate, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn good_leaf_is_accepted() {
+        let der = cert(
+            vec![
+                uri("spiffe://example.org/ns/default/sa/web"),
+                dns("web.default.svc"),
+                dns("web.example.org"),
+            ],
+            false,
+        );
+        let caller = authenticate_peer(&der, &td()).expect("accepted");
+        assert_eq!(
+            caller.spiffe_id().to_string(),
+            "spiffe://example.org/ns/default/sa/web"
+        );
+        assert_eq!(
+            caller.kind(),
+            &CallerKind::Mtls {
+                dns_names: vec!["web.default.svc".into(), "web.example.org".into()],
+                serial: "8f0102".into(),
+            }
+        );
+        assert_eq!(
+            caller.label(),
+            "mtls:spiffe://example.org/ns/default/sa/web"
+        );
+    }
+
+    #[test]
+    fn leaf_without_basic_constraints_is_accepted() {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.subject_alt_names = vec![uri("spiffe://example.org/agent")];
+        params.is_ca = IsCa::NoCa;
+        let der = params.self_signed(&key).expect("sign").der().to_vec();
+        let caller = authenticate_peer(&der, &td()).expect("accepted");
+        assert_eq!(caller.spiffe_id().path(), "/agent");
+    }
+
+    #[test]
+    fn two_uri_sans_are_refused() {
+        let der = cert(
+            vec![uri("spiffe://example.org/a"), uri("spiffe://example.org/b")],
+            false,
+        );
+        assert!(refused(&der).contains("2 URI SANs"));
+    }
+
+    #[test]
+    fn other_trust_domain_is_refused() {
+        let der = cert(vec![uri("spiffe://evil.example/ns/default/sa/web")], false);
+        let msg = refused(&der);
+        assert!(msg.contains("not in trust domain example.org"), "{msg}");
+    }
+
+    #[test]
+    fn missing_or_bad_uri_is_refused() {
+        let msg = refused(&cert(vec![dns("web.example.org")], false));
+        assert!(msg.contains("no URI SAN"), "{msg}");
+        let msg = refused(&cert(vec![], false));
+        assert!(
+            msg.contains("no subjectAltName") || msg.contains("no URI"),
+            "{msg}"
+        );
+        let msg = refused(&cert(vec![uri("https://example.org/x")], false));
+        assert!(msg.contains("not a SPIFFE ID"), "{msg}");
+        let msg = refused(&cert(vec![uri("spiffe://example.org")], false));
+        assert!(msg.contains("no path"), "{msg}");
+    }
+
+    #[test]
+    fn ca_certificate_is_refused() {
+        let der = cert(vec![uri("spiffe://example.org/ns/default/sa/web")], true);
+        let msg = refused(&der);
+        assert!(msg.contains("cA=true"), "{msg}");
+    }
+
+    #[test]
+    fn garbage_is_refused() {
+        refused(b"not a certificate");
+        refused(&[]);
+        let mut der = cert(vec![uri("spiffe://example.org/x")], false);
+        der.push(0);
+        assert!(refused(&der).contains("unexpected bytes"));
+    }
+}

@@ -1,0 +1,134 @@
+//! The trust bundle: the roots relying parties trust, published on a watch channel (the
+//! native API's `WatchBundle` streams it) and written atomically to `<data_dir>/bundle.pem`
+//! on start and on every change.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use signet_types::TrustDomain;
+use tokio::sync::watch;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bundle {
+    pub trust_domain: TrustDomain,
+    /// DER roots.
+    pub roots: Vec<Vec<u8>>,
+    pub revision: u64,
+}
+
+impl Bundle {
+    pub fn to_pem(&self) -> String {
+        signet_types::pem::certs_to_pem(self.roots.iter().map(Vec::as_slice))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct BundleHandle {
+    tx: Arc<watch::Sender<Arc<Bundle>>>,
+    path: PathBuf,
+}
+
+impl BundleHandle {
+    /// Publishes the first bundle and writes its file.
+    pub fn new(bundle: Bundle, path: PathBuf) -> std::io::Result<Self> {
+        write_atomic(&path, bundle.to_pem().as_bytes(), 0o644)?;
+        let (tx, _) = watch::channel(Arc::new(bundle));
+        Ok(Self {
+            tx: Arc::new(tx),
+            path,
+        })
+    }
+
+    pub fn current(&self) -> Arc<Bundle> {
+        self.tx.borrow().clone()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Bundle>> {
+        self.tx.subscribe()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Replaces the roots if they changed: bumps the revision, rewrites the file, and wakes
+    /// every watcher.
+    pub fn update(&self, roots: Vec<Vec<u8>>) -> std::io::Result<()> {
+        let cur = self.current();
+        if cur.roots == roots {
+            return Ok(());
+        }
+        let next = Bundle {
+            trust_domain: cur.trust_domain.clone(),
+            roots,
+            revision: cur.revision + 1,
+        };
+        write_atomic(&self.path, next.to_pem().as_bytes(), 0o644)?;
+        self.tx.send_replace(Arc::new(next));
+        Ok(())
+    }
+}
+
+/// Writes `data` to `path` so that a reader sees the old or the new file, never a mix:
+/// temp file in the same directory, fsync, rename, fsync the directory.
+pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().unwrap_or_else(|| Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "file".into());
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn update_rewrites_file_and_bumps_revision() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("bundle.pem");
+        let td = TrustDomain::new("example.org").expect("td");
+        let h = BundleHandle::new(
+            Bundle {
+                trust_domain: td,
+                roots: vec![vec![0x30, 0x00]],
+                revision: 1,
+            },
+            path.clone(),
+        )
+        .expect("bundle");
+        let mut rx = h.subscribe();
+        assert!(
+            std::fs::read_to_string(&path)
+                .expect("read")
+                .contains("BEGIN CERTIFICATE")
+        );
+        h.update(vec![vec![0x30, 0x00]]).expect("same roots");
+        assert_eq!(h.current().revision, 1);
+        assert!(!rx.has_changed().expect("open"));
+        h.update(vec![vec![0x30, 0x00], vec![0x30, 0x01, 0x00]])
+            .expect("new roots");
+        assert!(rx.has_changed().expect("open"));
+        assert_eq!(rx.borrow_and_update().revision, 2);
+        let pem = std::fs::read_to_string(&path).expect("read");
+        assert_eq!(pem.matches("BEGIN CERTIFICATE").count(), 2);
+    }
+}

@@ -1,0 +1,762 @@
+//! A signing CA: its key, its certificate and the chain up to a root.
+//!
+//! Either a root Signet generated itself ([`Authority::generate_root`]) or a CA plugged in by
+//! the operator in Istio's `cacerts` layout ([`Authority::from_cacerts_pem`]). Construction
+//! checks that the key belongs to the certificate, that the certificate may sign certificates
+//! and that it chains (by signature) to one of the roots.
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, PublicKeyData, SanType, SerialNumber,
+};
+use rustls::pki_types::CertificateDer;
+use signet_types::TrustDomain;
+use time::OffsetDateTime;
+use x509_parser::certificate::X509Certificate;
+
+use super::csr::VerifiedCsr;
+use super::serial::SerialSource;
+use super::validate::{ca_basics, parse_cert, subject_key_id, to_system_time};
+use super::{BACKDATE, Grant, IssueError, IssuedCert};
+use crate::config::KeyType;
+
+const CONVERT_HINT: &str = "convert it to unencrypted PKCS#8 with `openssl pkcs8 -topk8 -nocrypt -in ca-key.pem -out ca-key.pkcs8.pem`";
+
+/// Why a CA could not be generated or loaded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthorityError {
+    #[error("cannot generate the CA: {0}")]
+    Generate(String),
+    #[error("the CA certificate is not usable: {0}")]
+    Certificate(String),
+    #[error("the CA certificate cannot sign certificates: {0}")]
+    NotACa(String),
+    #[error("the CA private key cannot be used: {0}")]
+    Key(String),
+    #[error("the CA private key does not belong to the CA certificate (their public keys differ)")]
+    KeyMismatch,
+    #[error("the CA chain does not verify: {0}")]
+    Chain(String),
+    #[error("{file}: {reason}")]
+    Pem { file: &'static str, reason: String },
+}
+
+/// A CA that signs X509-SVIDs. `Debug` never prints key material.
+pub struct Authority {
+    issuer: Issuer<'static, KeyPair>,
+    cert_der: Vec<u8>,
+    intermediates: Vec<Vec<u8>>,
+    roots: Vec<Vec<u8>>,
+    /// The full chain: signing cert, intermediates, the anchoring root last.
+    chain: Vec<Vec<u8>>,
+    key_id: String,
+    not_before: SystemTime,
+    not_after: SystemTime,
+}
+
+impl fmt::Debug for Authority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Authority")
+            .field("key_id", &self.key_id)
+            .field("not_before", &self.not_before)
+            .field("not_after", &self.not_after)
+            .field("intermediates", &self.intermediates.len())
+            .field("roots", &self.roots.len())
+            .field("key", &"[redacted]")
+            .finish()
+    }
+}
+
+/// `t` as an `OffsetDateTime`, rounded down to whole seconds (certificates hold seconds).
+pub(crate) fn to_offset(t: SystemTime) -> Option<OffsetDateTime> {
+    let secs = match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_secs()).ok()?,
+        Err(e) => {
+            let d = e.duration();
+            let whole = i64::try_from(d.as_secs()).ok()?;
+            -whole - i64::from(d.subsec_nanos() > 0)
+        }
+    };
+    OffsetDateTime::from_unix_timestamp(secs).ok()
+}
+
+/// `t` rounded down to whole seconds.
+pub(crate) fn floor_secs(t: SystemTime) -> Option<SystemTime> {
+    let odt = to_offset(t)?;
+    let secs = odt.unix_timestamp();
+    Some(if secs >= 0 {
+        UNIX_EPOCH + Duration::from_secs(secs.unsigned_abs())
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
+    })
+}
+
+fn child_of(child: &X509Certificate<'_>, parent: &X509Certificate<'_>) -> Result<(), String> {
+    if child.issuer().as_raw() != parent.subject().as_raw() {
+        return Err(format!(
+            "\"{}\" names issuer \"{}\", not \"{}\"",
+            child.subject(),
+            child.issuer(),
+            parent.subject()
+        ));
+    }
+    child
+        .verify_signature(Some(parent.public_key()))
+        .map_err(|e| {
+            format!(
+                "the signature on \"{}\" does not verify with the key of \"{}\" ({e})",
+                child.subject(),
+                parent.subject()
+            )
+        })
+}
+
+impl Authority {
+    /// Generates a self-signed root for `td`.
+    ///
+    /// Returns the authority and its private key as PKCS#8 DER, for the caller to persist
+    /// (encrypted with the KEK, or in a 0600 file).
+    pub fn generate_root(
+        td: &TrustDomain,
+        key_type: KeyType,
+        now: SystemTime,
+        ttl: Duration,
+        serials: &dyn SerialSource,
+    ) -> Result<(Authority, Vec<u8>), AuthorityError> {
+        let alg = match key_type {
+            KeyType::EcdsaP256 => &rcgen::PKCS_ECDSA_P256_SHA256,
+            KeyType::EcdsaP384 => &rcgen::PKCS_ECDSA_P384_SHA384,
+        };
+        let key =
+            KeyPair::generate_for(alg).map_err(|e| AuthorityError::Generate(e.to_string()))?;
+
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::OrganizationName, "Signet");
+        let cn = format!("Signet root CA for {td}");
+        // X.520 caps commonName at 64 characters.
+        dn.push(
+            DnType::CommonName,
+            if cn.len() <= 64 {
+                cn
+            } else {
+                "Signet root CA".to_owned()
+            },
+        );
+        params.distinguished_name = dn;
+        let uri = td
+            .id_string()
+            .try_into()
+            .map_err(|e| AuthorityError::Generate(format!("trust domain URI: {e}")))?;
+        params.subject_alt_names = vec![SanType::URI(uri)];
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let not_before = now
+            .checked_sub(BACKDATE)
+            .and_then(to_offset)
+            .ok_or_else(|| AuthorityError::Generate("the start time is out of range".into()))?;
+        let not_after = now
+            .checked_add(ttl)
+            .and_then(to_offset)
+            .ok_or_else(|| AuthorityError::Generate("the root lifetime is out of range".into()))?;
+        if not_after <= not_before {
+            return Err(AuthorityError::Generate("the root lifetime is zero".into()));
+        }
+        params.not_before = not_before;
+        params.not_after = not_after;
+        params.serial_number = Some(SerialNumber::from_slice(&serials.next_serial()));
+        let cert = params
+            .self_signed(&key)
+            .map_err(|e| AuthorityError::Generate(e.to_string()))?;
+        let der = cert.der().to_vec();
+        let pkcs8 = key.serialize_der();
+        let authority = Authority::from_parts(der.clone(), &pkcs8, Vec::new(), vec![der])?;
+        Ok((authority, pkcs8))
+    }
+
+    /// Builds an authority from DER parts: the signing certificate, its PKCS#8 private key,
+    /// the intermediates between it and a root (nearest first), and the trusted roots.
+    pub fn from_parts(
+        cert_der: Vec<u8>,
+        key_pkcs8_der: &[u8],
+        intermediates: Vec<Vec<u8>>,
+        roots: Vec<Vec<u8>>,
+    ) -> Result<Authority, AuthorityError> {
+        let cert = parse_cert(&cert_der).map_err(AuthorityError::Certificate)?;
+        ca_basics(&cert).map_err(AuthorityError::NotACa)?;
+        for rdn in cert.subject().iter() {
+            if rdn.iter().count() != 1 {
+                return Err(AuthorityError::Certificate(
+                    "the subject has a multi-valued or empty RDN, which Signet cannot copy as an issuer name".into(),
+                ));
+            }
+        }
+
+        let key = KeyPair::try_from(key_pkcs8_der).map_err(|e| {
+            AuthorityError::Key(format!(
+                "not an unencrypted PKCS#8 ECDSA P-256/P-384, Ed25519 or RSA key ({e}); {CONVERT_HINT}"
+            ))
+        })?;
+        if key.der_bytes() != cert.public_key().subject_public_key.data.as_ref() {
+            return Err(AuthorityError::KeyMismatch);
+        }
+
+        // The chain: cert <- intermediates[0] <- ... <- a root.
+        if roots.is_empty() {
+            return Err(AuthorityError::Chain("no root certificate given".into()));
+        }
+        let parsed_roots = roots
+            .iter()
+            .map(|r| parse_cert(r).map_err(|e| AuthorityError::Chain(format!("root: {e}"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let parsed_intermediates = intermediates
+            .iter()
+            .map(|c| parse_cert(c).map_err(|e| AuthorityError::Chain(format!("intermediate: {e}"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut path: Vec<&X509Certificate<'_>> = vec![&cert];
+        path.extend(parsed_intermediates.iter());
+        for pair in path.windows(2) {
+            ca_basics(pair[1]).map_err(|e| {
+                AuthorityError::Chain(format!("intermediate \"{}\": {e}", pair[1].subject()))
+            })?;
+            child_of(pair[0], pair[1]).map_err(AuthorityError::Chain)?;
+        }
+        let mut chain: Vec<Vec<u8>> = Vec::with_capacity(path.len() + 1);
+        chain.push(cert_der.clone());
+        chain.extend(intermediates.iter().cloned());
+        let last = chain
+            .last()
+            .expect("the chain starts with the signing cert");
+        if !roots.contains(last) {
+            let last_parsed = path.last().expect("the path starts with the signing cert");
+            let mut reasons = Vec::new();
+            let anchor = parsed_roots
+                .iter()
+                .position(|root| match child_of(last_parsed, root) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        reasons.push(e);
+                        false
+                    }
+                });
+            match anchor {
+                Some(i) => chain.push(roots[i].clone()),
+                None => {
+                    return Err(AuthorityError::Chain(format!(
+                        "no root signed \"{}\": {}",
+                        last_parsed.subject(),
+                        reasons.join("; ")
+                    )));
+                }
+            }
+        }
+        // Never repeat a certificate.
+        let mut seen: Vec<&Vec<u8>> = Vec::new();
+        if chain.iter().any(|c| {
+            let dup = seen.contains(&c);
+            seen.push(c);
+            dup
+        }) {
+            return Err(AuthorityError::Chain(
+                "the same certificate appears twice in the chain".into(),
+            ));
+        }
+
+        let key_id = match subject_key_id(&cert) {
+            Some(ski) => hex::encode(ski),
+            None => hex::encode(signet_types::ledger::sha256(cert.public_key().raw)),
+        };
+        let not_before = to_system_time(&cert.validity().not_before);
+        let not_after = to_system_time(&cert.validity().not_after);
+        let issuer = Issuer::from_ca_cert_der(&CertificateDer::from(cert_der.as_slice()), key)
+            .map_err(|e| AuthorityError::Certificate(format!("cannot use it as an issuer: {e}")))?;
+        Ok(Authority {
+            issuer,
+            cert_der,
+            intermediates,
+            roots,
+            chain,
+            key_id,
+            not_before,
+            not_after,
+        })
+    }
+
+    /// Loads Istio's plugged-in `cacerts` files: `ca-cert.pem` (the signing cert), `ca-key.pem`
+    /// (PKCS#8, SEC1 or PKCS#1), `cert-chain.pem` (signing cert, intermediates, usually the
+    /// root; may be empty) and `root-cert.pem` (one or more roots).
+    pub fn from_cacerts_pem(
+        cert_pem: &[u8],
+        key_pem: &[u8],
+        chain_pem: &[u8],
+        root_pem: &[u8],
+    ) -> Result<Authority, AuthorityError> {
+        let pem_err = |file: &'static str| {
+            move |e: signet_types::pem::PemError| AuthorityError::Pem {
+                file,
+                reason: e.to_string(),
+            }
+        };
+        let certs = signet_types::pem::parse_certs(cert_pem).map_err(pem_err("ca-cert.pem"))?;
+        let [cert] = <[Vec<u8>; 1]>::try_from(certs).map_err(|v| AuthorityError::Pem {
+            file: "ca-cert.pem",
+            reason: format!(
+                "holds {} certificates; it must hold only the signing certificate (put the others in cert-chain.pem)",
+                v.len()
+            ),
+        })?;
+        let roots = signet_types::pem::parse_certs(root_pem).map_err(pem_err("root-cert.pem"))?;
+        let chain = if chain_pem.iter().all(u8::is_ascii_whitespace) {
+            Vec::new()
+        } else {
+            signet_types::pem::parse_certs(chain_pem).map_err(pem_err("cert-chain.pem"))?
+        };
+        let mut intermediates: Vec<Vec<u8>> = Vec::new();
+        for c in chain {
+            if c != cert && !roots.contains(&c) && !intermediates.contains(&c) {
+                intermediates.push(c);
+            }
+        }
+        let pkcs8 = key_to_pkcs8(key_pem)?;
+        Authority::from_parts(cert, &pkcs8, intermediates, roots)
+    }
+
+    /// Signs an X509-SVID for `grant` with the key from `csr`. See [`super::template::issue`].
+    pub fn issue(
+        &self,
+        csr: &VerifiedCsr,
+        grant: &Grant,
+        now: SystemTime,
+        serials: &dyn SerialSource,
+    ) -> Result<IssuedCert, IssueError> {
+        super::template::issue(self, csr, grant, now, serials)
+    }
+
+    /// Lowercase hex of the signing certificate's subject key identifier (or of the SHA-256 of
+    /// its SubjectPublicKeyInfo if it has none).
+    pub fn key_id(&self) -> &str {
+        &self.key_id
+    }
+
+    /// The signing certificate, DER.
+    pub fn cert_der(&self) -> &[u8] {
+        &self.cert_der
+    }
+
+    /// The trusted roots (the trust bundle), DER.
+    pub fn roots(&self) -> &[Vec<u8>] {
+        &self.roots
+    }
+
+    /// The intermediates between the signing certificate and its root, DER, nearest first.
+    pub fn intermediates(&self) -> &[Vec<u8>] {
+        &self.intermediates
+    }
+
+    /// Signing certificate, intermediates, the root last; no duplicates. For a self-signed
+    /// root just `[root]`.
+    pub fn chain(&self) -> Vec<Vec<u8>> {
+        self.chain.clone()
+    }
+
+    pub fn not_before(&self) -> SystemTime {
+        self.not_before
+    }
+
+    pub fn not_after(&self) -> SystemTime {
+        self.not_after
+    }
+
+    /// The private key, PKCS#8 DER, for persisting. Handle as a secret.
+    #[allow(dead_code)] // used by the code that persists CA keys
+    pub(crate) fn key_pkcs8_der(&self) -> &[u8] {
+        self.issuer.key().serialized_der()
+    }
+
+    pub(crate) fn issuer(&self) -> &Issuer<'static, KeyPair> {
+        &self.issuer
+    }
+}
+
+// --- private key formats ---------------------------------------------------------------
+
+fn der_tlv(tag: u8, content: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    let len = content.len();
+    if len < 0x80 {
+        out.push(len as u8);
+    } else {
+        let bytes = len.to_be_bytes();
+        let skip = bytes.iter().take_while(|b| **b == 0).count();
+        out.push(0x80 | (bytes.len() - skip) as u8);
+        out.extend_from_slice(&bytes[skip..]);
+    }
+    out.extend_from_slice(content);
+    out
+}
+
+/// PrivateKeyInfo { version 0, algorithm, privateKey OCTET STRING }.
+fn wrap_pkcs8(algorithm_identifier: &[u8], private_key: &[u8]) -> Vec<u8> {
+    let mut body = vec![0x02, 0x01, 0x00];
+    body.extend_from_slice(algorithm_identifier);
+    body.extend_from_slice(&der_tlv(0x04, private_key));
+    der_tlv(0x30, &body)
+}
+
+// AlgorithmIdentifier DER for the key types ring can load.
+const ALG_RSA: &[u8] = &[
+    0x30, 0x0d, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01, 0x05, 0x00,
+];
+const ALG_EC_P256: &[u8] = &[
+    0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a, 0x86, 0x48,
+    0xce, 0x3d, 0x03, 0x01, 0x07,
+];
+const ALG_EC_P384: &[u8] = &[
+    0x30, 0x10, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x05, 0x2b, 0x81, 0x04,
+    0x00, 0x22,
+];
+
+/// Converts a PEM private key (PKCS#8, SEC1 `EC PRIVATE KEY`, PKCS#1 `RSA PRIVATE KEY`) to
+/// PKCS#8 DER that ring accepts.
+fn key_to_pkcs8(key_pem: &[u8]) -> Result<Vec<u8>, AuthorityError> {
+    let file = "ca-key.pem";
+    let blocks = pem::parse_many(key_pem).map_err(|e| AuthorityError::Pem {
+        file,
+        reason: format!("not valid PEM ({e})"),
+    })?;
+    let Some(block) = blocks.iter().find(|b| b.tag().ends_with("PRIVATE KEY")) else {
+        return Err(AuthorityError::Pem {
+            file,
+            reason: "no PRIVATE KEY block found".into(),
+        });
+    };
+    let loads = |der: &[u8]| KeyPair::try_from(der).is_ok();
+    let bad = |what: &str| AuthorityError::Key(format!("{what}; {CONVERT_HINT}"));
+    match block.tag() {
+        "PRIVATE KEY" => Ok(block.contents().to_vec()),
+        "RSA PRIVATE KEY" => {
+            let der = wrap_pkcs8(ALG_RSA, block.contents());
+            if loads(&der) {
+                Ok(der)
+            } else {
+                Err(bad("the PKCS#1 RSA key cannot be loaded"))
+            }
+        }
+        "EC PRIVATE KEY" => [ALG_EC_P256, ALG_EC_P384]
+            .iter()
+            .map(|alg| wrap_pkcs8(alg, block.contents()))
+            .find(|der| loads(der))
+            .ok_or_else(|| bad("the SEC1 EC key is not a P-256 or P-384 key Signet can load")),
+        "ENCRYPTED PRIVATE KEY" => Err(AuthorityError::Key(format!(
+            "the key is encrypted; decrypt it and {CONVERT_HINT}"
+        ))),
+        other => Err(bad(&format!("unsupported key format {other:?}"))),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::ca::testutil::{self, now, openssl, td};
+    use rcgen::{CertificateParams, Issuer};
+    use x509_parser::extensions::GeneralName;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    #[test]
+    fn generated_root_profile() {
+        for key_type in [KeyType::EcdsaP256, KeyType::EcdsaP384] {
+            let (ca, pkcs8) = testutil::root(key_type, 24 * HOUR);
+            crate::ca::check_ca(ca.cert_der()).expect("CA profile");
+            let cert = parse_cert(ca.cert_der()).expect("parses");
+            assert_eq!(
+                cert.subject().to_string(),
+                "O=Signet, CN=Signet root CA for example.org"
+            );
+            assert_eq!(cert.issuer().as_raw(), cert.subject().as_raw());
+            let san = cert.subject_alternative_name().expect("ok").expect("SAN");
+            assert_eq!(
+                san.value.general_names,
+                vec![GeneralName::URI("spiffe://example.org")]
+            );
+            let bc = cert.basic_constraints().expect("ok").expect("BC");
+            assert!(bc.critical && bc.value.ca);
+            let ku = cert.key_usage().expect("ok").expect("KU");
+            assert!(ku.critical);
+            assert!(
+                ku.value.key_cert_sign() && ku.value.crl_sign() && ku.value.digital_signature()
+            );
+            let ski = subject_key_id(&cert).expect("SKI");
+            assert_eq!(ca.key_id(), hex::encode(ski));
+            assert_eq!(ca.not_before(), now() - BACKDATE);
+            assert_eq!(ca.not_after(), now() + 24 * HOUR);
+            assert_eq!(ca.chain(), vec![ca.cert_der().to_vec()]);
+            assert_eq!(ca.roots(), &[ca.cert_der().to_vec()]);
+            assert_eq!(ca.key_pkcs8_der(), pkcs8.as_slice());
+            assert!(cert.raw_serial()[0] & 0x80 == 0);
+            cert.verify_signature(None).expect("self-signed");
+            // Reloads from its parts.
+            let again =
+                Authority::from_parts(ca.cert_der().to_vec(), &pkcs8, vec![], ca.roots().to_vec())
+                    .expect("reload");
+            assert_eq!(again.key_id(), ca.key_id());
+            // Debug shows no key material.
+            let dbg = format!("{ca:?}");
+            assert!(dbg.contains("redacted") && dbg.contains(ca.key_id()));
+            assert!(!dbg.contains(&format!("{:?}", &pkcs8[..8])));
+        }
+    }
+
+    #[test]
+    fn from_parts_refuses_mismatched_key_and_non_ca() {
+        let (ca, _) = testutil::root(KeyType::EcdsaP256, HOUR);
+        let other = KeyPair::generate().expect("key").serialize_der();
+        assert_eq!(
+            Authority::from_parts(ca.cert_der().to_vec(), &other, vec![], ca.roots().to_vec())
+                .expect_err("mismatch"),
+            AuthorityError::KeyMismatch
+        );
+        assert!(matches!(
+            Authority::from_parts(ca.cert_der().to_vec(), b"junk", vec![], ca.roots().to_vec()),
+            Err(AuthorityError::Key(_))
+        ));
+        // A leaf is not a CA.
+        let leaf_key = KeyPair::generate().expect("key");
+        let leaf = CertificateParams::new(vec!["a.example".to_owned()])
+            .expect("params")
+            .self_signed(&leaf_key)
+            .expect("leaf");
+        let err = Authority::from_parts(
+            leaf.der().to_vec(),
+            &leaf_key.serialize_der(),
+            vec![],
+            vec![leaf.der().to_vec()],
+        )
+        .expect_err("not a CA");
+        assert!(matches!(err, AuthorityError::NotACa(_)), "{err}");
+        // Roots that did not sign it.
+        let (other_root, _) = testutil::root(KeyType::EcdsaP256, HOUR);
+        let (_, key) = testutil::root(KeyType::EcdsaP256, HOUR);
+        let _ = key;
+        let (ca2, key2) = testutil::root(KeyType::EcdsaP256, HOUR);
+        let err = Authority::from_parts(
+            ca2.cert_der().to_vec(),
+            &key2,
+            vec![],
+            vec![other_root.cert_der().to_vec()],
+        )
+        .expect_err("unrelated root");
+        assert!(matches!(err, AuthorityError::Chain(_)), "{err}");
+    }
+
+    /// An operator's PKI: an RSA-2048 root made by openssl, and a CA below it.
+    pub(crate) struct PluggedPki {
+        pub root_pem: String,
+        pub root_der: Vec<u8>,
+        pub root_issuer: Issuer<'static, KeyPair>,
+    }
+
+    pub(crate) fn rsa_root() -> PluggedPki {
+        let key_pem = openssl(&[
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+        ]);
+        let key = KeyPair::from_pem(std::str::from_utf8(&key_pem).expect("utf8")).expect("RSA key");
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::OrganizationName, "Operator");
+        dn.push(DnType::CommonName, "Operator root");
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        params.not_before = to_offset(now() - 24 * HOUR).expect("time");
+        params.not_after = to_offset(now() + 365 * 24 * HOUR).expect("time");
+        params.serial_number = Some(SerialNumber::from(7u64));
+        let cert = params.self_signed(&key).expect("root");
+        PluggedPki {
+            root_pem: cert.pem(),
+            root_der: cert.der().to_vec(),
+            root_issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// A CA certificate for `key` signed by `issuer`.
+    pub(crate) fn ca_cert(
+        cn: &str,
+        key: &impl PublicKeyData,
+        issuer: &Issuer<'_, impl rcgen::SigningKey>,
+    ) -> (CertificateParams, rcgen::Certificate) {
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::OrganizationName, "Operator");
+        dn.push(DnType::CommonName, cn);
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        params.use_authority_key_identifier_extension = true;
+        params.not_before = to_offset(now() - 12 * HOUR).expect("time");
+        params.not_after = to_offset(now() + 30 * 24 * HOUR).expect("time");
+        params.serial_number = Some(SerialNumber::from(8u64));
+        let cert = params.signed_by(key, issuer).expect("sign CA");
+        (params, cert)
+    }
+
+    fn key_pem_of(args: &[&str]) -> (String, KeyPair) {
+        let pem = String::from_utf8(openssl(args)).expect("utf8");
+        // Convert to PKCS#8 with openssl to get a KeyPair for the public key.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("k.pem");
+        std::fs::write(&path, &pem).expect("write");
+        let p8 = openssl(&[
+            "pkcs8",
+            "-topk8",
+            "-nocrypt",
+            "-in",
+            path.to_str().expect("path"),
+        ]);
+        let key = KeyPair::from_pem(std::str::from_utf8(&p8).expect("utf8")).expect("pkcs8 key");
+        (pem, key)
+    }
+
+    #[test]
+    fn cacerts_with_sec1_pkcs1_and_pkcs8_keys() {
+        let pki = rsa_root();
+        let cases: Vec<(String, KeyPair, &str)> = vec![
+            {
+                let (pem, key) = key_pem_of(&["ecparam", "-name", "prime256v1", "-genkey"]);
+                (pem, key, "EC PRIVATE KEY")
+            },
+            {
+                let (pem, key) =
+                    key_pem_of(&["ecparam", "-name", "secp384r1", "-genkey", "-noout"]);
+                (pem, key, "EC PRIVATE KEY")
+            },
+            {
+                let (pem, key) = key_pem_of(&["genrsa", "-traditional", "2048"]);
+                (pem, key, "RSA PRIVATE KEY")
+            },
+            {
+                let key = KeyPair::generate().expect("key");
+                (key.serialize_pem(), key, "PRIVATE KEY")
+            },
+        ];
+        for (key_pem, key, label) in cases {
+            assert!(key_pem.contains(&format!("BEGIN {label}")), "{key_pem}");
+            let (_, cert) = ca_cert("Operator issuing CA", &key, &pki.root_issuer);
+            // cert-chain.pem: signing cert, root (and a repeated root).
+            let chain_pem = format!("{}{}{}", cert.pem(), pki.root_pem, pki.root_pem);
+            let ca = Authority::from_cacerts_pem(
+                cert.pem().as_bytes(),
+                key_pem.as_bytes(),
+                chain_pem.as_bytes(),
+                pki.root_pem.as_bytes(),
+            )
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+            assert_eq!(ca.chain(), vec![cert.der().to_vec(), pki.root_der.clone()]);
+            assert_eq!(ca.roots(), std::slice::from_ref(&pki.root_der));
+            assert!(ca.intermediates().is_empty());
+            // What it persists is PKCS#8 that loads again.
+            assert!(KeyPair::try_from(ca.key_pkcs8_der()).is_ok());
+            // An empty cert-chain.pem works too.
+            Authority::from_cacerts_pem(
+                cert.pem().as_bytes(),
+                key_pem.as_bytes(),
+                b"",
+                pki.root_pem.as_bytes(),
+            )
+            .expect("empty chain file");
+        }
+    }
+
+    #[test]
+    fn cacerts_two_intermediates_dedup_and_errors() {
+        let pki = rsa_root();
+        let mid_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).expect("key");
+        let (mid_params, mid) = ca_cert("Operator intermediate", &mid_key, &pki.root_issuer);
+        let mid_issuer = Issuer::new(mid_params, mid_key);
+        let key = KeyPair::generate().expect("key");
+        let (_, ca_c) = ca_cert("Operator issuing CA", &key, &mid_issuer);
+        let chain_pem = format!("{}{}{}{}", ca_c.pem(), mid.pem(), mid.pem(), pki.root_pem);
+        let ca = Authority::from_cacerts_pem(
+            ca_c.pem().as_bytes(),
+            key.serialize_pem().as_bytes(),
+            chain_pem.as_bytes(),
+            pki.root_pem.as_bytes(),
+        )
+        .expect("loads");
+        assert_eq!(
+            ca.chain(),
+            vec![
+                ca_c.der().to_vec(),
+                mid.der().to_vec(),
+                pki.root_der.clone()
+            ]
+        );
+        // Without the intermediate the chain does not verify.
+        let err = Authority::from_cacerts_pem(
+            ca_c.pem().as_bytes(),
+            key.serialize_pem().as_bytes(),
+            b"",
+            pki.root_pem.as_bytes(),
+        )
+        .expect_err("missing intermediate");
+        assert!(matches!(err, AuthorityError::Chain(_)), "{err}");
+        // Another operator's root.
+        let other = rsa_root();
+        let err = Authority::from_cacerts_pem(
+            ca_c.pem().as_bytes(),
+            key.serialize_pem().as_bytes(),
+            chain_pem.as_bytes(),
+            other.root_pem.as_bytes(),
+        )
+        .expect_err("wrong root");
+        assert!(matches!(err, AuthorityError::Chain(_)), "{err}");
+        // An encrypted key gets the conversion hint.
+        let enc =
+            "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMAA=\n-----END ENCRYPTED PRIVATE KEY-----\n";
+        let err = Authority::from_cacerts_pem(
+            ca_c.pem().as_bytes(),
+            enc.as_bytes(),
+            chain_pem.as_bytes(),
+            pki.root_pem.as_bytes(),
+        )
+        .expect_err("encrypted");
+        assert!(
+            err.to_string().contains("openssl pkcs8 -topk8 -nocrypt"),
+            "{err}"
+        );
+        // Garbage files.
+        assert!(matches!(
+            Authority::from_cacerts_pem(b"junk", b"junk", b"", b"junk"),
+            Err(AuthorityError::Pem {
+                file: "ca-cert.pem",
+                ..
+            })
+        ));
+        let two = format!("{}{}", ca_c.pem(), mid.pem());
+        assert!(matches!(
+            Authority::from_cacerts_pem(
+                two.as_bytes(),
+                key.serialize_pem().as_bytes(),
+                b"",
+                pki.root_pem.as_bytes()
+            ),
+            Err(AuthorityError::Pem {
+                file: "ca-cert.pem",
+                ..
+            })
+        ));
+        let _ = td();
+    }
+}

@@ -1,0 +1,449 @@
+//! Re-checks of certificates against the X509-SVID profile (spiffe/spiffe `X509-SVID.md`).
+//!
+//! The core runs [`check_leaf`] on every certificate it signs before it leaves; tests elsewhere
+//! use both functions to check what the server returns.
+
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use signet_types::SpiffeId;
+use x509_parser::certificate::X509Certificate;
+use x509_parser::extensions::{GeneralName, ParsedExtension};
+use x509_parser::oid_registry::{
+    OID_X509_EXT_AUTHORITY_KEY_IDENTIFIER, OID_X509_EXT_BASIC_CONSTRAINTS,
+    OID_X509_EXT_EXTENDED_KEY_USAGE, OID_X509_EXT_KEY_USAGE, OID_X509_EXT_NAME_CONSTRAINTS,
+    OID_X509_EXT_SUBJECT_ALT_NAME, OID_X509_EXT_SUBJECT_KEY_IDENTIFIER,
+};
+use x509_parser::prelude::FromDer;
+use x509_parser::time::ASN1Time;
+
+use super::csr::ip_from_bytes;
+
+/// What a checked leaf says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeafInfo {
+    pub spiffe_id: SpiffeId,
+    pub dns_names: Vec<String>,
+    pub ip_addresses: Vec<IpAddr>,
+    pub not_before: SystemTime,
+    pub not_after: SystemTime,
+    /// [`signet_types::serial_hex`] of the serial.
+    pub serial: String,
+}
+
+/// Parses one DER certificate, refusing trailing bytes.
+pub(crate) fn parse_cert(der: &[u8]) -> Result<X509Certificate<'_>, String> {
+    let (rest, cert) =
+        X509Certificate::from_der(der).map_err(|e| format!("not an X.509 certificate: {e}"))?;
+    if !rest.is_empty() {
+        return Err(format!(
+            "{} unexpected bytes after the certificate",
+            rest.len()
+        ));
+    }
+    Ok(cert)
+}
+
+/// An ASN.1 time as a `SystemTime`.
+pub(crate) fn to_system_time(t: &ASN1Time) -> SystemTime {
+    let secs = t.timestamp();
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::from_secs(secs.unsigned_abs())
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
+    }
+}
+
+/// The certificate's subject key identifier, if it has one.
+pub(crate) fn subject_key_id<'a>(cert: &'a X509Certificate<'_>) -> Option<&'a [u8]> {
+    cert.iter_extensions()
+        .find_map(|ext| match ext.parsed_extension() {
+            ParsedExtension::SubjectKeyIdentifier(ki) => Some(ki.0),
+            _ => None,
+        })
+}
+
+fn authority_key_id<'a>(cert: &'a X509Certificate<'_>) -> Option<&'a [u8]> {
+    cert.iter_extensions()
+        .find_map(|ext| match ext.parsed_extension() {
+            ParsedExtension::AuthorityKeyIdentifier(aki) => {
+                aki.key_identifier.as_ref().map(|k| k.0)
+            }
+            _ => None,
+        })
+}
+
+fn positive_serial(raw: &[u8]) -> Result<(), String> {
+    match raw.first() {
+        None => Err("the serial number is empty".into()),
+        Some(b) if b & 0x80 != 0 => Err("the serial number is negative".into()),
+        Some(_) if raw.iter().all(|b| *b == 0) => Err("the serial number is zero".into()),
+        Some(_) if raw.len() > 20 => Err("the serial number is longer than 20 octets".into()),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Rejects certificates with a critical extension the checks below do not understand.
+fn no_unknown_critical(cert: &X509Certificate<'_>) -> Result<(), String> {
+    let known = [
+        OID_X509_EXT_BASIC_CONSTRAINTS,
+        OID_X509_EXT_KEY_USAGE,
+        OID_X509_EXT_EXTENDED_KEY_USAGE,
+        OID_X509_EXT_SUBJECT_ALT_NAME,
+        OID_X509_EXT_SUBJECT_KEY_IDENTIFIER,
+        OID_X509_EXT_AUTHORITY_KEY_IDENTIFIER,
+        OID_X509_EXT_NAME_CONSTRAINTS,
+    ];
+    for ext in cert.extensions() {
+        if ext.critical && !known.contains(&ext.oid) {
+            return Err(format!(
+                "unknown critical extension {}",
+                ext.oid.to_id_string()
+            ));
+        }
+        if let ParsedExtension::ParseError { error } = ext.parsed_extension() {
+            return Err(format!(
+                "extension {} cannot be parsed: {error}",
+                ext.oid.to_id_string()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks `der` against the X509-SVID leaf profile, issued by `issuer_der`, valid at `now`.
+pub fn check_leaf(der: &[u8], issuer_der: &[u8], now: SystemTime) -> Result<LeafInfo, String> {
+    let leaf = parse_cert(der).map_err(|e| format!("leaf: {e}"))?;
+    let issuer = parse_cert(issuer_der).map_err(|e| format!("issuer: {e}"))?;
+
+    if leaf.version().0 != 2 {
+        return Err("not an X.509 v3 certificate".into());
+    }
+    positive_serial(leaf.raw_serial())?;
+    no_unknown_critical(&leaf)?;
+
+    // Names.
+    let san = leaf
+        .subject_alternative_name()
+        .map_err(|e| format!("subjectAltName: {e}"))?
+        .ok_or("no subjectAltName extension")?;
+    if leaf.subject().iter().next().is_none() && !san.critical {
+        return Err("the subject is empty but the subjectAltName extension is not critical".into());
+    }
+    let mut uris = Vec::new();
+    let mut dns_names = Vec::new();
+    let mut ip_addresses = Vec::new();
+    for name in &san.value.general_names {
+        match name {
+            GeneralName::URI(u) => uris.push(*u),
+            GeneralName::DNSName(d) => dns_names.push((*d).to_owned()),
+            GeneralName::IPAddress(b) => {
+                ip_addresses.push(ip_from_bytes(b).ok_or("an iPAddress SAN is malformed")?)
+            }
+            other => return Err(format!("unexpected subjectAltName entry {other:?}")),
+        }
+    }
+    let [uri] = uris.as_slice() else {
+        return Err(format!(
+            "an X509-SVID has exactly one URI SAN, this one has {}",
+            uris.len()
+        ));
+    };
+    let spiffe_id: SpiffeId = uri
+        .parse()
+        .map_err(|e| format!("the URI SAN {uri:?} is not a SPIFFE ID: {e}"))?;
+    if spiffe_id.path().is_empty() {
+        return Err(format!(
+            "the SPIFFE ID {spiffe_id} of a leaf must have a path"
+        ));
+    }
+
+    // Constraints and usages.
+    let bc = leaf
+        .basic_constraints()
+        .map_err(|e| format!("basicConstraints: {e}"))?
+        .ok_or("no basicConstraints extension")?;
+    if bc.value.ca {
+        return Err("basicConstraints says cA=true on a leaf".into());
+    }
+    let ku = leaf
+        .key_usage()
+        .map_err(|e| format!("keyUsage: {e}"))?
+        .ok_or("no keyUsage extension")?;
+    if !ku.critical {
+        return Err("the keyUsage extension is not critical".into());
+    }
+    if !ku.value.digital_signature() {
+        return Err("keyUsage lacks digitalSignature".into());
+    }
+    if ku.value.key_cert_sign() || ku.value.crl_sign() {
+        return Err("keyUsage of a leaf has keyCertSign or cRLSign".into());
+    }
+    let eku = leaf
+        .extended_key_usage()
+        .map_err(|e| format!("extendedKeyUsage: {e}"))?
+        .ok_or("no extendedKeyUsage extension")?;
+    if !(eku.value.server_auth && eku.value.client_auth) {
+        return Err("extendedKeyUsage lacks serverAuth or clientAuth".into());
+    }
+
+    // Key identifiers and issuer.
+    subject_key_id(&leaf).ok_or("no subjectKeyIdentifier")?;
+    let aki = authority_key_id(&leaf).ok_or("no authorityKeyIdentifier key id")?;
+    if let Some(issuer_ski) = subject_key_id(&issuer)
+        && aki != issuer_ski
+    {
+        return Err(
+            "authorityKeyIdentifier does not match the issuer's subjectKeyIdentifier".into(),
+        );
+    }
+    if leaf.issuer().as_raw() != issuer.subject().as_raw() {
+        return Err("the issuer name is not byte-identical to the issuer's subject".into());
+    }
+    leaf.verify_signature(Some(issuer.public_key()))
+        .map_err(|e| format!("the signature does not verify with the issuer's key: {e}"))?;
+
+    // Validity.
+    let not_before = to_system_time(&leaf.validity().not_before);
+    let not_after = to_system_time(&leaf.validity().not_after);
+    let issuer_nb = to_system_time(&issuer.validity().not_before);
+    let issuer_na = to_system_time(&issuer.validity().not_after);
+    if not_before < issuer_nb || not_after > issuer_na {
+        return Err("the validity is not inside the issuer's validity".into());
+    }
+    if now < not_before || now >= not_after {
+        return Err("not valid at the given time".into());
+    }
+
+    Ok(LeafInfo {
+        spiffe_id,
+        dns_names,
+        ip_addresses,
+        not_before,
+        not_after,
+        serial: signet_types::serial_hex(leaf.raw_serial()),
+    })
+}
+
+/// Checks that `der` is a signing (CA) certificate: cA=true, keyCertSign, a subject key
+/// identifier, and if it carries a SPIFFE ID, one without a path.
+pub fn check_ca(der: &[u8]) -> Result<(), String> {
+    let cert = parse_cert(der)?;
+    ca_profile(&cert)
+}
+
+fn ca_profile(cert: &X509Certificate<'_>) -> Result<(), String> {
+    ca_basics(cert)?;
+    subject_key_id(cert).ok_or("no subjectKeyIdentifier on the CA certificate")?;
+    if let Some(san) = cert
+        .subject_alternative_name()
+        .map_err(|e| format!("subjectAltName: {e}"))?
+    {
+        for name in &san.value.general_names {
+            if let GeneralName::URI(u) = name
+                && let Ok(id) = u.parse::<SpiffeId>()
+                && !id.path().is_empty()
+            {
+                return Err(format!(
+                    "a CA certificate's SPIFFE ID must not have a path: {id}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// cA=true and keyCertSign: the least a certificate needs to sign others.
+pub(crate) fn ca_basics(cert: &X509Certificate<'_>) -> Result<(), String> {
+    let bc = cert
+        .basic_constraints()
+        .map_err(|e| format!("basicConstraints: {e}"))?
+        .ok_or("no basicConstraints extension: not a CA certificate")?;
+    if !bc.value.ca {
+        return Err("basicConstraints cA=false: not a CA certificate".into());
+    }
+    let ku = cert
+        .key_usage()
+        .map_err(|e| format!("keyUsage: {e}"))?
+        .ok_or("no keyUsage extension: a CA certificate needs keyCertSign")?;
+    if !ku.value.key_cert_sign() {
+        return Err("keyUsage lacks keyCertSign: the certificate may not sign certificates".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use rcgen::{
+        CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+        KeyUsagePurpose, SanType, SerialNumber,
+    };
+
+    use super::*;
+    use crate::ca::authority::to_offset;
+    use crate::ca::serial::SequentialSerials;
+    use crate::ca::testutil::{self, grant, now, p256_csr};
+    use crate::config::KeyType;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    /// Leaf params as the template makes them, for tests to break one field at a time.
+    fn good_params() -> CertificateParams {
+        let mut p = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::OrganizationName, "Signet");
+        p.distinguished_name = dn;
+        p.subject_alt_names = vec![SanType::URI(
+            "spiffe://example.org/w".try_into().expect("ia5"),
+        )];
+        p.is_ca = IsCa::ExplicitNoCa;
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        p.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        p.use_authority_key_identifier_extension = true;
+        p.serial_number = Some(SerialNumber::from(42u64));
+        p.not_before = to_offset(now() - Duration::from_secs(5)).expect("time");
+        p.not_after = to_offset(now() + HOUR).expect("time");
+        p
+    }
+
+    #[test]
+    fn accepts_good_and_rejects_each_broken_field() {
+        let (ca, _) = testutil::root(KeyType::EcdsaP256, 24 * HOUR);
+        let key = KeyPair::generate().expect("key");
+        let sign =
+            |p: &CertificateParams| p.signed_by(&key, ca.issuer()).expect("sign").der().to_vec();
+        let good = sign(&good_params());
+        let info = check_leaf(&good, ca.cert_der(), now()).expect("good leaf");
+        assert_eq!(info.spiffe_id.to_string(), "spiffe://example.org/w");
+        assert_eq!(info.serial, "2a");
+
+        type Breaker = Box<dyn Fn(&mut CertificateParams)>;
+        let broken: Vec<(&str, Breaker)> = vec![
+            (
+                "two URIs",
+                Box::new(|p| {
+                    p.subject_alt_names.push(SanType::URI(
+                        "spiffe://example.org/x".try_into().expect("ia5"),
+                    ))
+                }),
+            ),
+            (
+                "no URI",
+                Box::new(|p| {
+                    p.subject_alt_names = vec![SanType::DnsName("a.b".try_into().expect("ia5"))]
+                }),
+            ),
+            (
+                "root id",
+                Box::new(|p| {
+                    p.subject_alt_names = vec![SanType::URI(
+                        "spiffe://example.org".try_into().expect("ia5"),
+                    )]
+                }),
+            ),
+            (
+                "not spiffe",
+                Box::new(|p| {
+                    p.subject_alt_names = vec![SanType::URI(
+                        "https://example.org/w".try_into().expect("ia5"),
+                    )]
+                }),
+            ),
+            (
+                "CA",
+                Box::new(|p| p.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained)),
+            ),
+            ("no BC", Box::new(|p| p.is_ca = IsCa::NoCa)),
+            ("no KU", Box::new(|p| p.key_usages.clear())),
+            (
+                "certsign",
+                Box::new(|p| p.key_usages.push(KeyUsagePurpose::KeyCertSign)),
+            ),
+            (
+                "crlsign",
+                Box::new(|p| p.key_usages.push(KeyUsagePurpose::CrlSign)),
+            ),
+            (
+                "no digitalSignature",
+                Box::new(|p| p.key_usages = vec![KeyUsagePurpose::KeyEncipherment]),
+            ),
+            (
+                "server only",
+                Box::new(|p| p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth]),
+            ),
+            ("no EKU", Box::new(|p| p.extended_key_usages.clear())),
+            (
+                "no AKI",
+                Box::new(|p| p.use_authority_key_identifier_extension = false),
+            ),
+            (
+                "zero serial",
+                Box::new(|p| p.serial_number = Some(SerialNumber::from(0u64))),
+            ),
+            (
+                "before CA",
+                Box::new(|p| p.not_before = to_offset(now() - HOUR).expect("t")),
+            ),
+            (
+                "after CA",
+                Box::new(|p| p.not_after = to_offset(now() + 48 * HOUR).expect("t")),
+            ),
+            (
+                "expired",
+                Box::new(|p| p.not_after = to_offset(now()).expect("t")),
+            ),
+            (
+                "future",
+                Box::new(|p| p.not_before = to_offset(now() + Duration::from_secs(1)).expect("t")),
+            ),
+            (
+                "empty subject, non-critical SAN is fine for rcgen (it marks it critical)",
+                Box::new(|_| {}),
+            ),
+        ];
+        for (what, f) in broken.iter().take(broken.len() - 1) {
+            let mut p = good_params();
+            f(&mut p);
+            let der = sign(&p);
+            assert!(
+                check_leaf(&der, ca.cert_der(), now()).is_err(),
+                "{what} accepted"
+            );
+        }
+        // Empty subject: rcgen marks the SAN critical, which the profile requires.
+        let mut p = good_params();
+        p.distinguished_name = DistinguishedName::new();
+        check_leaf(&sign(&p), ca.cert_der(), now()).expect("empty subject + critical SAN");
+
+        // Another issuer.
+        let (other, _) = testutil::root(KeyType::EcdsaP256, 24 * HOUR);
+        assert!(check_leaf(&good, other.cert_der(), now()).is_err());
+        // Garbage and trailing bytes.
+        assert!(check_leaf(b"junk", ca.cert_der(), now()).is_err());
+        let mut trailing = good.clone();
+        trailing.push(0);
+        assert!(check_leaf(&trailing, ca.cert_der(), now()).is_err());
+        // A flipped signature byte.
+        let mut bad = good.clone();
+        let n = bad.len();
+        bad[n - 2] ^= 1;
+        assert!(check_leaf(&bad, ca.cert_der(), now()).is_err());
+    }
+
+    #[test]
+    fn check_ca_accepts_roots_and_rejects_leaves() {
+        let (ca, _) = testutil::root(KeyType::EcdsaP384, HOUR);
+        check_ca(ca.cert_der()).expect("root is a CA");
+        let (_, csr) = p256_csr();
+        let issued = ca
+            .issue(&csr, &grant("/w", HOUR), now(), &SequentialSerials::new(1))
+            .expect("issues");
+        assert!(check_ca(&issued.der).is_err());
+        assert!(check_ca(b"").is_err());
+    }
+}

@@ -1,0 +1,334 @@
+//! The issuance flow, shared by every API: authenticate -> policy -> CA core -> ledger.
+//!
+//! Handlers convert their protos into [`IssueInput`] and call [`Issuer::issue`]; only a
+//! certificate the ledger has committed is ever returned.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use signet_types::TrustDomain;
+
+use crate::api::ApiError;
+use crate::audit::AuditLog;
+use crate::authn::jwt::{JwtAuthenticator, bearer_token};
+use crate::authn::{AuthenticatedCaller, AuthnError, mtls};
+use crate::ca::csr::VerifiedCsr;
+use crate::ca::{Authority, IssueError, IssuedCert, RequestedNames, SerialSource};
+use crate::clock::{Clock, unix};
+use crate::ledger::{LedgerError, LedgerWriter};
+use crate::metrics::Metrics;
+use crate::policy::{DenialKind, IssueRequest, Policy};
+use crate::store::NewCertificate;
+
+/// The credentials a request carried. `Debug` never shows the token.
+#[derive(Default, Clone)]
+pub struct Credentials {
+    /// The raw `authorization` metadata value.
+    pub authorization: Option<String>,
+    /// The verified client certificate chain's leaf (DER), if the TLS client sent one.
+    pub peer_leaf: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("authorization", &self.authorization.as_ref().map(|_| "…"))
+            .field("peer_leaf", &self.peer_leaf.as_ref().map(Vec::len))
+            .finish()
+    }
+}
+
+impl Credentials {
+    /// Reads credentials from a tonic request: the `authorization` header and the client
+    /// certificate the TLS layer verified.
+    pub fn from_request<T>(req: &tonic::Request<T>) -> Result<Self, ApiError> {
+        let authorization = match req.metadata().get("authorization") {
+            None => None,
+            Some(v) => Some(
+                v.to_str()
+                    .map_err(|_| {
+                        ApiError::Unauthenticated(AuthnError::MalformedHeader(
+                            "authorization header is not ASCII".into(),
+                        ))
+                    })?
+                    .to_owned(),
+            ),
+        };
+        let peer_leaf = req
+            .peer_certs()
+            .and_then(|certs| certs.first().map(|c| c.as_ref().to_vec()));
+        Ok(Self {
+            authorization,
+            peer_leaf,
+        })
+    }
+}
+
+/// One issuance request, as the API edge hands it over.
+#[derive(Debug, Clone)]
+pub struct IssueInput<'a> {
+    /// PEM or DER CSR.
+    pub csr: &'a [u8],
+    /// Requested lifetime in seconds (0: default).
+    pub ttl_seconds: i64,
+    /// Istio's `ImpersonatedIdentity` metadata, if sent.
+    pub impersonate: Option<&'a str>,
+    /// For logs and the ledger.
+    pub request_id: String,
+    /// For metrics: `native`, `istio`, `admin`, `self`.
+    pub api: &'static str,
+    /// Names asked for outside the CSR (the admin API's mint, the server's own certificate);
+    /// merged with the CSR's own before policy decides.
+    pub extra_names: Option<RequestedNames>,
+}
+
+pub struct Issuer {
+    td: TrustDomain,
+    clock: Arc<dyn Clock>,
+    serials: Arc<dyn SerialSource>,
+    authority: ArcSwap<Authority>,
+    policy: Policy,
+    jwt: Option<JwtAuthenticator>,
+    ledger: LedgerWriter,
+    audit: AuditLog,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Issuer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Issuer")
+            .field("trust_domain", &self.td)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`Issuer::new`] needs.
+pub struct IssuerParts {
+    pub td: TrustDomain,
+    pub clock: Arc<dyn Clock>,
+    pub serials: Arc<dyn SerialSource>,
+    pub authority: Arc<Authority>,
+    pub policy: Policy,
+    pub jwt: Option<JwtAuthenticator>,
+    pub ledger: LedgerWriter,
+    pub audit: AuditLog,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Issuer {
+    pub fn new(p: IssuerParts) -> Self {
+        Self {
+            td: p.td,
+            clock: p.clock,
+            serials: p.serials,
+            authority: ArcSwap::new(p.authority),
+            policy: p.policy,
+            jwt: p.jwt,
+            ledger: p.ledger,
+            audit: p.audit,
+            metrics: p.metrics,
+        }
+    }
+
+    pub fn trust_domain(&self) -> &TrustDomain {
+        &self.td
+    }
+
+    pub fn authority(&self) -> Arc<Authority> {
+        self.authority.load_full()
+    }
+
+    pub fn now(&self) -> std::time::SystemTime {
+        self.clock.now()
+    }
+
+    pub fn audit(&self) -> &AuditLog {
+        &self.audit
+    }
+
+    /// Who is calling. A bearer token, when sent, is what counts (a bad one is refused even
+    /// if a client certificate was also sent); otherwise the client certificate.
+    pub fn authenticate(&self, creds: &Credentials) -> Result<AuthenticatedCaller, ApiError> {
+        let result = if let Some(header) = &creds.authorization {
+            bearer_token(header).and_then(|token| match &self.jwt {
+                Some(jwt) => jwt.authenticate(token, self.clock.now()),
+                None => Err(AuthnError::JwtNotConfigured),
+            })
+        } else if let Some(leaf) = &creds.peer_leaf {
+            mtls::authenticate_peer(leaf, &self.td)
+        } else {
+            Err(AuthnError::Missing)
+        };
+        result.map_err(|e| {
+            self.audit.record(
+                "authn.refused",
+                "anonymous",
+                e.to_string(),
+                unix(self.clock.now()),
+            );
+            ApiError::Unauthenticated(e)
+        })
+    }
+
+    /// Authenticates and issues, recording metrics for the outcome.
+    pub async fn authenticate_and_issue(
+        &self,
+        creds: &Credentials,
+        input: IssueInput<'_>,
+    ) -> Result<IssuedCert, ApiError> {
+        let started = Instant::now();
+        let api = input.api;
+        let result = match self.authenticate(creds) {
+            Ok(caller) => self.issue_inner(&caller, input).await,
+            Err(e) => Err(e),
+        };
+        self.observe(api, &result, started);
+        result
+    }
+
+    /// Issues for an already authenticated caller (the admin socket, the server's own TLS
+    /// certificate), recording metrics.
+    pub async fn issue(
+        &self,
+        caller: &AuthenticatedCaller,
+        input: IssueInput<'_>,
+    ) -> Result<IssuedCert, ApiError> {
+        let started = Instant::now();
+        let api = input.api;
+        let result = self.issue_inner(caller, input).await;
+        self.observe(api, &result, started);
+        result
+    }
+
+    fn observe(&self, api: &'static str, result: &Result<IssuedCert, ApiError>, started: Instant) {
+        let outcome = match result {
+            Ok(_) => "issued",
+            Err(e) => e.outcome(),
+        };
+        self.metrics
+            .observe_issuance(api, outcome, started.elapsed());
+    }
+
+    async fn issue_inner(
+        &self,
+        caller: &AuthenticatedCaller,
+        input: IssueInput<'_>,
+    ) -> Result<IssuedCert, ApiError> {
+        let csr = VerifiedCsr::parse(input.csr)
+            .map_err(|e| self.deny(caller, "issue.invalid", format!("invalid CSR: {e}"), true))?;
+        let merged;
+        let names = match &input.extra_names {
+            None => csr.requested(),
+            Some(extra) => {
+                merged = merge_names(csr.requested(), extra);
+                &merged
+            }
+        };
+        let request = IssueRequest {
+            names,
+            ttl_seconds: input.ttl_seconds,
+            impersonate: input.impersonate,
+        };
+        let grant = self.policy.decide(caller, &request).map_err(|d| {
+            let invalid = matches!(d.kind, DenialKind::InvalidArgument);
+            self.deny(caller, d.reason, d.message, invalid)
+        })?;
+
+        let now = self.clock.now();
+        let authority = self.authority.load();
+        let cert = authority
+            .issue(&csr, &grant, now, self.serials.as_ref())
+            .map_err(|e| match e {
+                IssueError::NotGranted(m) => self.deny(caller, "issue.not_granted", m, false),
+                IssueError::CaNotValid(m) => {
+                    tracing::error!(error = %m, "issuing CA is not valid now");
+                    ApiError::Unavailable(format!("the CA cannot issue right now: {m}"))
+                }
+                other => {
+                    tracing::error!(error = %other, request_id = %input.request_id, "issuance failed");
+                    ApiError::Internal(input.request_id.clone())
+                }
+            })?;
+
+        let record = NewCertificate {
+            serial: cert.serial.clone(),
+            spiffe_id: cert.spiffe_id.to_string(),
+            dns_names: cert.dns_names.clone(),
+            ip_addresses: cert.ip_addresses.iter().map(ToString::to_string).collect(),
+            not_before: unix(cert.not_before),
+            not_after: unix(cert.not_after),
+            cert_sha256: cert.sha256,
+            ca_key_id: cert.ca_key_id.clone(),
+            caller: caller.label(),
+            issued_at: unix(now),
+            request_id: input.request_id.clone(),
+            cert_der: cert.der.clone(),
+        };
+        let seq = self.ledger.commit(record).await.map_err(|e| {
+            tracing::warn!(error = %e, request_id = %input.request_id, "ledger commit failed; certificate discarded");
+            match e {
+                LedgerError::Overloaded => ApiError::Unavailable(
+                    "the CA is overloaded (ledger queue full); retry with backoff".into(),
+                ),
+                other => ApiError::Unavailable(format!(
+                    "the certificate could not be recorded, so it was not issued; retry later ({other})"
+                )),
+            }
+        })?;
+        tracing::info!(
+            seq,
+            serial = %cert.serial,
+            spiffe_id = %cert.spiffe_id,
+            caller = %caller.label(),
+            request_id = %input.request_id,
+            api = input.api,
+            "issued"
+        );
+        Ok(cert)
+    }
+
+    /// Records a refusal in the audit log and turns it into the error the caller gets.
+    fn deny(
+        &self,
+        caller: &AuthenticatedCaller,
+        reason: &str,
+        message: String,
+        invalid_argument: bool,
+    ) -> ApiError {
+        self.audit.record(
+            if invalid_argument {
+                "issue.invalid"
+            } else {
+                "issue.denied"
+            },
+            &caller.label(),
+            format!("{reason}: {message}"),
+            unix(self.clock.now()),
+        );
+        if invalid_argument {
+            ApiError::InvalidArgument(message)
+        } else {
+            ApiError::PermissionDenied(message)
+        }
+    }
+}
+
+fn merge_names(a: &RequestedNames, b: &RequestedNames) -> RequestedNames {
+    fn union<T: Clone + PartialEq>(x: &[T], y: &[T]) -> Vec<T> {
+        let mut out = x.to_vec();
+        for v in y {
+            if !out.contains(v) {
+                out.push(v.clone());
+            }
+        }
+        out
+    }
+    RequestedNames {
+        uris: union(&a.uris, &b.uris),
+        dns_names: union(&a.dns_names, &b.dns_names),
+        ip_addresses: union(&a.ip_addresses, &b.ip_addresses),
+        emails: union(&a.emails, &b.emails),
+        other: union(&a.other, &b.other),
+    }
+}

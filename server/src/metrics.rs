@@ -1,0 +1,110 @@
+//! Prometheus metrics, served as text on `/metrics`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IssuanceLabels {
+    /// `native`, `istio`, `admin`, `self`.
+    pub api: &'static str,
+    /// `issued`, `invalid_argument`, `unauthenticated`, `permission_denied`, `unavailable`, `internal`.
+    pub outcome: &'static str,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub issuances: Family<IssuanceLabels, Counter>,
+    pub issuance_seconds: Histogram,
+    pub ledger_batch_size: Histogram,
+    pub ledger_commit_seconds: Histogram,
+    pub ledger_rows: Counter,
+    pub audit_dropped: Gauge,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Self> {
+        let mut registry = Registry::with_prefix("signet");
+        let issuances = Family::<IssuanceLabels, Counter>::default();
+        registry.register(
+            "issuances",
+            "Certificate requests by API and outcome",
+            issuances.clone(),
+        );
+        let issuance_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        registry.register(
+            "issuance_duration_seconds",
+            "Time from request to committed certificate",
+            issuance_seconds.clone(),
+        );
+        let ledger_batch_size = Histogram::new(exponential_buckets(1.0, 2.0, 12));
+        registry.register(
+            "ledger_batch_size",
+            "Certificates committed per ledger transaction (group commit)",
+            ledger_batch_size.clone(),
+        );
+        let ledger_commit_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        registry.register(
+            "ledger_commit_duration_seconds",
+            "Duration of one ledger transaction",
+            ledger_commit_seconds.clone(),
+        );
+        let ledger_rows = Counter::default();
+        registry.register(
+            "ledger_rows",
+            "Certificates committed to the ledger by this process",
+            ledger_rows.clone(),
+        );
+        let audit_dropped = Gauge::default();
+        registry.register(
+            "audit_events_dropped",
+            "Audit events that could not be recorded (queue full or database error)",
+            audit_dropped.clone(),
+        );
+        Arc::new(Self {
+            registry,
+            issuances,
+            issuance_seconds,
+            ledger_batch_size,
+            ledger_commit_seconds,
+            ledger_rows,
+            audit_dropped,
+        })
+    }
+
+    pub fn observe_issuance(&self, api: &'static str, outcome: &'static str, took: Duration) {
+        self.issuances
+            .get_or_create(&IssuanceLabels { api, outcome })
+            .inc();
+        if outcome == "issued" {
+            self.issuance_seconds.observe(took.as_secs_f64());
+        }
+    }
+
+    pub fn observe_batch(&self, size: usize, took: Duration) {
+        self.ledger_batch_size.observe(size as f64);
+        self.ledger_commit_seconds.observe(took.as_secs_f64());
+        self.ledger_rows.inc_by(size as u64);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

@@ -1,0 +1,502 @@
+//! Start-up and wiring: data directory, store, CA key, bundle, ledger, listeners.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, anyhow, bail};
+use signet_proto::admin::admin_server::AdminServer;
+use signet_proto::ca::certificate_authority_server::CertificateAuthorityServer;
+use signet_proto::istio_ca::istio_certificate_service_server::IstioCertificateServiceServer;
+use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+
+use crate::api::admin::AdminApi;
+use crate::api::istio::IstioApi;
+use crate::api::native::NativeApi;
+use crate::audit::AuditLog;
+use crate::authn::AuthenticatedCaller;
+use crate::authn::jwt::JwtAuthenticator;
+use crate::bundle::{Bundle, BundleHandle, write_atomic};
+use crate::ca::kek::Kek;
+use crate::ca::{Authority, RandomSerials, RequestedNames, SerialSource};
+use crate::clock::{Clock, SystemClock, unix};
+use crate::config::Config;
+use crate::issuer::{IssueInput, Issuer, IssuerParts};
+use crate::ledger::LedgerWriter;
+use crate::metrics::Metrics;
+use crate::policy::Policy;
+use crate::store::{Store, StoreError, StoredCaKey};
+use crate::tls::{self, ServerCertResolver};
+
+/// The slot of the generated root in `ca_keys`.
+const ROOT_SLOT: &str = "root";
+/// How long a request waits for a database connection before answering Unavailable.
+const DB_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// What a started server tells the operator (and tests).
+#[derive(Debug, Clone)]
+pub struct Started {
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    pub root_sha256: String,
+    pub bundle_path: std::path::PathBuf,
+    pub admin_socket: std::path::PathBuf,
+}
+
+/// Runs the server until `shutdown` resolves. `on_started` is called once every listener is
+/// bound.
+pub async fn run(
+    cfg: Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    on_started: impl FnOnce(&Started),
+) -> anyhow::Result<()> {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let serials: Arc<dyn SerialSource> = Arc::new(RandomSerials::default());
+    let td = cfg.trust_domain();
+
+    create_private_dir(&cfg.data_dir)?;
+    let db_url = cfg.database_url();
+    let store = connect_store(&db_url).await?;
+
+    let authority =
+        Arc::new(load_authority(&cfg, store.as_ref(), clock.now(), serials.as_ref()).await?);
+    let root_sha256 = authority
+        .roots()
+        .last()
+        .map(|r| fingerprint(r))
+        .unwrap_or_default();
+    let bundle = BundleHandle::new(
+        Bundle {
+            trust_domain: td.clone(),
+            roots: authority.roots().to_vec(),
+            revision: 1,
+        },
+        cfg.bundle_path(),
+    )
+    .with_context(|| format!("writing {}", cfg.bundle_path().display()))?;
+
+    let metrics = Metrics::new();
+    let batch_metrics = metrics.clone();
+    let ledger = LedgerWriter::spawn(
+        store.clone(),
+        &cfg.ledger,
+        Arc::new(move |size, took| batch_metrics.observe_batch(size, took)),
+    );
+    let audit = AuditLog::spawn(store.clone(), 4096);
+
+    let jwt = match &cfg.auth.kubernetes {
+        None => None,
+        Some(k) => {
+            let jwks = std::fs::read_to_string(&k.jwks_file).with_context(|| {
+                format!(
+                    "reading auth.kubernetes.jwks_file {}",
+                    k.jwks_file.display()
+                )
+            })?;
+            Some(
+                JwtAuthenticator::new(k, &jwks, td.clone())
+                    .map_err(|e| anyhow!("auth.kubernetes: {e}"))?,
+            )
+        }
+    };
+    let policy = Policy::new(td.clone(), cfg.ca.default_ttl, cfg.ca.max_ttl, &cfg.policy)
+        .map_err(|e| anyhow!("policy: {e}"))?;
+
+    let issuer = Arc::new(Issuer::new(IssuerParts {
+        td: td.clone(),
+        clock: clock.clone(),
+        serials,
+        authority: authority.clone(),
+        policy,
+        jwt,
+        ledger,
+        audit: audit.clone(),
+        metrics: metrics.clone(),
+    }));
+
+    // The server's own TLS certificate, issued (and recorded) like any other.
+    let (chain, key) = issue_server_cert(&issuer, &cfg).await?;
+    let resolver = ServerCertResolver::new(
+        tls::certified_key(&chain.chain, &key).map_err(|e| anyhow!("server certificate: {e}"))?,
+    );
+    tokio::spawn(renew_server_cert(
+        issuer.clone(),
+        cfg.clone(),
+        resolver.clone(),
+        chain.not_before,
+        chain.not_after,
+    ));
+    let tls_config =
+        Arc::new(tls::server_config(resolver, authority.roots()).map_err(|e| anyhow!("TLS: {e}"))?);
+
+    let grpc_listener = TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("binding listen address {}", cfg.listen))?;
+    let http_listener = TcpListener::bind(cfg.http_listen)
+        .await
+        .with_context(|| format!("binding http_listen address {}", cfg.http_listen))?;
+    let admin_path = cfg.admin_socket_path();
+    let admin_listener = bind_admin_socket(&admin_path)?;
+
+    let started = Started {
+        grpc: grpc_listener.local_addr()?,
+        http: http_listener.local_addr()?,
+        root_sha256,
+        bundle_path: cfg.bundle_path(),
+        admin_socket: admin_path.clone(),
+    };
+
+    let transport_limit = cfg.max_message_bytes.saturating_mul(4).max(4 * 1024 * 1024);
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<CertificateAuthorityServer<NativeApi>>()
+        .await;
+    health_reporter
+        .set_serving::<IstioCertificateServiceServer<IstioApi>>()
+        .await;
+    // Both reflection versions: grpcurl and many tools still speak only v1alpha.
+    let reflection_builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(signet_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = reflection_builder()
+        .build_v1()
+        .map_err(|e| anyhow!("reflection: {e}"))?;
+    let reflection_alpha = reflection_builder()
+        .build_v1alpha()
+        .map_err(|e| anyhow!("reflection: {e}"))?;
+
+    let native = CertificateAuthorityServer::new(NativeApi::new(
+        issuer.clone(),
+        bundle.clone(),
+        cfg.max_message_bytes,
+    ))
+    .max_decoding_message_size(transport_limit);
+    let istio =
+        IstioCertificateServiceServer::new(IstioApi::new(issuer.clone(), cfg.max_message_bytes))
+            .max_decoding_message_size(transport_limit);
+    let admin = AdminServer::new(AdminApi::new(issuer.clone(), store.clone(), bundle.clone()))
+        .max_decoding_message_size(transport_limit);
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+
+    let incoming = ReceiverStream::new(tls::accept_loop(
+        grpc_listener,
+        tls_config,
+        Duration::from_secs(10),
+    ));
+    let grpc = tonic::transport::Server::builder()
+        .timeout(Duration::from_secs(30))
+        .add_service(health_service.clone())
+        .add_service(reflection)
+        .add_service(reflection_alpha)
+        .add_service(native)
+        .add_service(istio)
+        .serve_with_incoming_shutdown(incoming, wait(stop_rx.clone()));
+    let admin_srv = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(admin)
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(admin_listener),
+            wait(stop_rx.clone()),
+        );
+    let http = axum::serve(
+        http_listener,
+        crate::http::router(store.clone(), metrics.clone()),
+    )
+    .with_graceful_shutdown(wait(stop_rx.clone()));
+
+    // Publish audit-drop counts to metrics.
+    {
+        let audit = audit.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            loop {
+                metrics
+                    .audit_dropped
+                    .set(i64::try_from(audit.dropped()).unwrap_or(i64::MAX));
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        });
+    }
+
+    on_started(&started);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let (g, a, h) = tokio::join!(grpc, admin_srv, http);
+    let _ = std::fs::remove_file(&admin_path);
+    g.context("gRPC server")?;
+    a.context("admin server")?;
+    h.context("HTTP server")?;
+    Ok(())
+}
+
+fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating data_dir {}", dir.display()))?;
+    }
+    Ok(())
+}
+
+async fn connect_store(url: &str) -> anyhow::Result<Arc<dyn Store>> {
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match crate::store::connect(url, DB_ACQUIRE_TIMEOUT).await {
+            Ok(s) => return Ok(s),
+            Err(StoreError::Unavailable(e)) => {
+                tracing::warn!(database = %redact_url(url), error = %e, retry_in = ?delay, "database unavailable; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+            Err(e) => bail!("database {}: {e}", redact_url(url)),
+        }
+    }
+}
+
+/// `postgres://user:secret@host/db` -> `postgres://user:…@host/db`.
+pub fn redact_url(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://")
+        && let Some((userinfo, host)) = rest.split_once('@')
+        && let Some((user, _)) = userinfo.split_once(':')
+    {
+        return format!("{scheme}://{user}:…@{host}");
+    }
+    url.to_owned()
+}
+
+fn load_kek(cfg: &Config) -> anyhow::Result<Kek> {
+    let path = cfg
+        .ca
+        .kek_file
+        .clone()
+        .unwrap_or_else(|| cfg.data_dir.join("kek"));
+    match std::fs::read_to_string(&path) {
+        Ok(s) => Kek::from_base64(s.trim())
+            .map_err(|e| anyhow!("key-encryption key {}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && cfg.ca.kek_file.is_none() => {
+            let kek = Kek::generate();
+            write_atomic(&path, format!("{}\n", kek.to_base64()).as_bytes(), 0o600)
+                .with_context(|| format!("writing {}", path.display()))?;
+            tracing::info!(path = %path.display(), "generated key-encryption key");
+            Ok(kek)
+        }
+        Err(e) => Err(anyhow!(
+            "reading key-encryption key {}: {e}",
+            path.display()
+        )),
+    }
+}
+
+async fn load_authority(
+    cfg: &Config,
+    store: &dyn Store,
+    now: SystemTime,
+    serials: &dyn SerialSource,
+) -> anyhow::Result<Authority> {
+    if let Some(files) = cfg.ca.plugged()? {
+        let read = |p: &Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+        let authority = Authority::from_cacerts_pem(
+            &read(files.cert)?,
+            &read(files.key)?,
+            &read(files.chain)?,
+            &read(files.root)?,
+        )
+        .map_err(|e| anyhow!("plugged-in CA ({}): {e}", files.cert.display()))?;
+        tracing::info!(key_id = authority.key_id(), "using plugged-in CA");
+        return Ok(authority);
+    }
+
+    let kek = load_kek(cfg)?;
+    let stored = match store.ca_key(ROOT_SLOT).await? {
+        Some(k) => k,
+        None => {
+            let (authority, key) = Authority::generate_root(
+                &cfg.trust_domain(),
+                cfg.ca.key_type,
+                now,
+                cfg.ca.root_ttl,
+                serials,
+            )
+            .map_err(|e| anyhow!("generating root: {e}"))?;
+            let id = authority.key_id().to_owned();
+            let ours = StoredCaKey {
+                encrypted_key: kek.seal(&key, id.as_bytes()),
+                id,
+                slot: ROOT_SLOT.into(),
+                algorithm: format!("{:?}", cfg.ca.key_type),
+                cert_pem: signet_types::pem::cert_to_pem(authority.cert_der()),
+                created_at: unix(now),
+            };
+            // Several replicas may race here; the first insert wins and all use its key.
+            let winner = store.insert_ca_key_if_absent(&ours).await?;
+            if winner.id == ours.id {
+                tracing::info!(key_id = %winner.id, "generated a new root CA");
+                return Ok(authority);
+            }
+            winner
+        }
+    };
+    let key = kek.open(&stored.encrypted_key, stored.id.as_bytes()).map_err(|e| {
+        anyhow!(
+            "cannot decrypt CA key {}: {e} (is this the key-encryption key it was stored with?)",
+            stored.id
+        )
+    })?;
+    let cert = signet_types::pem::parse_certs(stored.cert_pem.as_bytes())
+        .map_err(|e| anyhow!("stored CA certificate {}: {e}", stored.id))?
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow!("stored CA certificate {} is empty", stored.id))?;
+    let authority = Authority::from_parts(cert.clone(), &key, Vec::new(), vec![cert])
+        .map_err(|e| anyhow!("stored CA key {}: {e}", stored.id))?;
+    tracing::info!(key_id = %stored.id, "loaded root CA");
+    Ok(authority)
+}
+
+/// SHA-256 fingerprint in the usual `AB:CD:…` spelling.
+pub fn fingerprint(der: &[u8]) -> String {
+    signet_types::ledger::sha256(der)
+        .iter()
+        .map(|b| format!("{b:02X}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+struct ServerCert {
+    chain: Vec<Vec<u8>>,
+    not_before: SystemTime,
+    not_after: SystemTime,
+}
+
+async fn issue_server_cert(issuer: &Issuer, cfg: &Config) -> anyhow::Result<(ServerCert, Vec<u8>)> {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+        .map_err(|e| anyhow!("server key: {e}"))?;
+    let csr = rcgen::CertificateParams::default()
+        .serialize_request(&key)
+        .map_err(|e| anyhow!("server CSR: {e}"))?;
+    let td = issuer.trust_domain();
+    let id = td
+        .id("/signet/server")
+        .map_err(|e| anyhow!("server SPIFFE ID: {e}"))?;
+    let mut dns_names = vec!["localhost".to_owned()];
+    dns_names.extend(cfg.server_names.iter().cloned());
+    let mut ips: Vec<IpAddr> = vec![Ipv4Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()];
+    if !cfg.listen.ip().is_unspecified() && !ips.contains(&cfg.listen.ip()) {
+        ips.push(cfg.listen.ip());
+    }
+    let caller = AuthenticatedCaller::server(td);
+    let cert = issuer
+        .issue(
+            &caller,
+            IssueInput {
+                csr: csr.der().as_ref(),
+                ttl_seconds: i64::try_from(cfg.ca.max_ttl.as_secs()).unwrap_or(86400),
+                impersonate: None,
+                request_id: "server-tls".into(),
+                api: "self",
+                extra_names: Some(RequestedNames {
+                    uris: vec![id.to_string()],
+                    dns_names,
+                    ip_addresses: ips,
+                    ..RequestedNames::default()
+                }),
+            },
+        )
+        .await
+        .map_err(|e| anyhow!("issuing the server's TLS certificate: {e}"))?;
+    Ok((
+        ServerCert {
+            chain: cert.chain,
+            not_before: cert.not_before,
+            not_after: cert.not_after,
+        },
+        key.serialize_der(),
+    ))
+}
+
+/// Re-issues the server's TLS certificate at half its lifetime, retrying every 30 s on failure.
+async fn renew_server_cert(
+    issuer: Arc<Issuer>,
+    cfg: Config,
+    resolver: Arc<ServerCertResolver>,
+    mut not_before: SystemTime,
+    mut not_after: SystemTime,
+) {
+    loop {
+        let life = not_after.duration_since(not_before).unwrap_or_default();
+        let renew_at = not_before + life / 2;
+        let wait = renew_at
+            .duration_since(issuer.now())
+            .unwrap_or(Duration::ZERO);
+        tokio::time::sleep(wait).await;
+        match issue_server_cert(&issuer, &cfg).await {
+            Ok((cert, key)) => match tls::certified_key(&cert.chain, &key) {
+                Ok(ck) => {
+                    resolver.replace(ck);
+                    not_before = cert.not_before;
+                    not_after = cert.not_after;
+                    tracing::info!("renewed the server's TLS certificate");
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "renewed server certificate unusable");
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "renewing the server's TLS certificate failed; retrying in 30s");
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            }
+        }
+    }
+}
+
+fn bind_admin_socket(path: &Path) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    if path.exists() {
+        // A socket left by a previous run that did not shut down cleanly.
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            bail!(
+                "admin socket {} is in use: is another signet-server running with this data_dir?",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing stale admin socket {}", path.display()))?;
+    }
+    let listener = UnixListener::bind(path)
+        .with_context(|| format!("binding admin socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("chmod 0600 {}", path.display()))?;
+    Ok(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://signet:hunter2@db:5432/signet"),
+            "postgres://signet:…@db:5432/signet"
+        );
+        assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
+        assert_eq!(
+            redact_url("postgres://signet@db/signet"),
+            "postgres://signet@db/signet"
+        );
+    }
+}

@@ -1,0 +1,206 @@
+//! Row shapes and conversions shared by the two store implementations.
+
+use signet_types::ledger::{Hash, LedgerEntry, chain_hash};
+
+use super::{AuditEvent, CertificateRow, NewCertificate, StoreError, StoredCaKey};
+
+/// Columns selected for a [`CertificateRow`], in [`DbCertificate`]'s order.
+pub(super) const CERT_COLUMNS: &str = "seq, serial, spiffe_id, dns_names, ip_addresses, \
+     not_before, not_after, issued_at, cert_sha256, prev_hash, hash, cert_der, ca_key_id, \
+     caller, request_id";
+
+/// A `certificates` row as both drivers decode it.
+#[derive(sqlx::FromRow)]
+pub(super) struct DbCertificate {
+    seq: i64,
+    serial: String,
+    spiffe_id: String,
+    dns_names: String,
+    ip_addresses: String,
+    not_before: i64,
+    not_after: i64,
+    issued_at: i64,
+    cert_sha256: Vec<u8>,
+    prev_hash: Vec<u8>,
+    hash: Vec<u8>,
+    cert_der: Vec<u8>,
+    ca_key_id: String,
+    caller: String,
+    request_id: String,
+}
+
+impl TryFrom<DbCertificate> for CertificateRow {
+    type Error = StoreError;
+
+    fn try_from(r: DbCertificate) -> Result<Self, StoreError> {
+        let seq = u64::try_from(r.seq)
+            .map_err(|_| StoreError::Corrupt(format!("negative ledger seq {}", r.seq)))?;
+        Ok(CertificateRow {
+            entry: LedgerEntry {
+                seq,
+                serial: r.serial,
+                spiffe_id: r.spiffe_id,
+                dns_names: json_list(seq, "dns_names", &r.dns_names)?,
+                ip_addresses: json_list(seq, "ip_addresses", &r.ip_addresses)?,
+                not_before: r.not_before,
+                not_after: r.not_after,
+                cert_sha256: hash(seq, "cert_sha256", &r.cert_sha256)?,
+                ca_key_id: r.ca_key_id,
+                caller: r.caller,
+                issued_at: r.issued_at,
+                request_id: r.request_id,
+            },
+            prev_hash: hash(seq, "prev_hash", &r.prev_hash)?,
+            hash: hash(seq, "hash", &r.hash)?,
+            cert_der: r.cert_der,
+        })
+    }
+}
+
+fn json_list(seq: u64, column: &str, text: &str) -> Result<Vec<String>, StoreError> {
+    serde_json::from_str(text).map_err(|e| {
+        StoreError::Corrupt(format!(
+            "ledger row {seq}: {column} is not a JSON list: {e}"
+        ))
+    })
+}
+
+fn hash(seq: u64, column: &str, bytes: &[u8]) -> Result<Hash, StoreError> {
+    Hash::try_from(bytes).map_err(|_| {
+        StoreError::Corrupt(format!(
+            "ledger row {seq}: {column} has {} bytes, not 32",
+            bytes.len()
+        ))
+    })
+}
+
+/// Decodes the `ledger_head` row.
+pub(super) fn head(seq: i64, hash_bytes: &[u8]) -> Result<super::LedgerHead, StoreError> {
+    let seq = u64::try_from(seq)
+        .map_err(|_| StoreError::Corrupt(format!("negative ledger head seq {seq}")))?;
+    let hash = Hash::try_from(hash_bytes).map_err(|_| {
+        StoreError::Corrupt(format!(
+            "ledger head hash has {} bytes, not 32",
+            hash_bytes.len()
+        ))
+    })?;
+    Ok(super::LedgerHead { seq, hash })
+}
+
+/// One row ready to insert: the entry with its seq and both hashes.
+pub(super) struct Chained<'a> {
+    pub cert: &'a NewCertificate,
+    pub seq: i64,
+    pub prev_hash: Hash,
+    pub hash: Hash,
+    pub dns_json: String,
+    pub ip_json: String,
+}
+
+/// Chains `batch` onto the head `(seq, hash)`; returns the rows and the new head.
+pub(super) fn chain<'a>(
+    head_seq: u64,
+    head_hash: Hash,
+    batch: &'a [NewCertificate],
+) -> Result<(Vec<Chained<'a>>, u64, Hash), StoreError> {
+    let mut prev = head_hash;
+    let mut rows = Vec::with_capacity(batch.len());
+    let mut seq = head_seq;
+    for cert in batch {
+        seq += 1;
+        let entry = LedgerEntry {
+            seq,
+            serial: cert.serial.clone(),
+            spiffe_id: cert.spiffe_id.clone(),
+            dns_names: cert.dns_names.clone(),
+            ip_addresses: cert.ip_addresses.clone(),
+            not_before: cert.not_before,
+            not_after: cert.not_after,
+            cert_sha256: cert.cert_sha256,
+            ca_key_id: cert.ca_key_id.clone(),
+            caller: cert.caller.clone(),
+            issued_at: cert.issued_at,
+            request_id: cert.request_id.clone(),
+        };
+        let hash = chain_hash(&prev, &entry);
+        rows.push(Chained {
+            cert,
+            seq: db_seq(seq)?,
+            prev_hash: prev,
+            hash,
+            dns_json: to_json(&cert.dns_names)?,
+            ip_json: to_json(&cert.ip_addresses)?,
+        });
+        prev = hash;
+    }
+    Ok((rows, seq, prev))
+}
+
+pub(super) fn db_seq(seq: u64) -> Result<i64, StoreError> {
+    i64::try_from(seq).map_err(|_| StoreError::Database(format!("seq {seq} out of range")))
+}
+
+fn to_json(list: &[String]) -> Result<String, StoreError> {
+    serde_json::to_string(list).map_err(|e| StoreError::Database(format!("encoding a list: {e}")))
+}
+
+/// A `ca_keys` row as both drivers decode it.
+#[derive(sqlx::FromRow)]
+pub(super) struct DbCaKey {
+    id: String,
+    slot: String,
+    algorithm: String,
+    cert_pem: String,
+    encrypted_key: Vec<u8>,
+    created_at: i64,
+}
+
+pub(super) const CA_KEY_COLUMNS: &str = "id, slot, algorithm, cert_pem, encrypted_key, created_at";
+
+impl From<DbCaKey> for StoredCaKey {
+    fn from(r: DbCaKey) -> Self {
+        StoredCaKey {
+            id: r.id,
+            slot: r.slot,
+            algorithm: r.algorithm,
+            cert_pem: r.cert_pem,
+            encrypted_key: r.encrypted_key,
+            created_at: r.created_at,
+        }
+    }
+}
+
+/// An `audit_events` row as both drivers decode it.
+#[derive(sqlx::FromRow)]
+pub(super) struct DbAuditEvent {
+    id: i64,
+    at: i64,
+    kind: String,
+    caller: String,
+    detail: String,
+}
+
+impl TryFrom<DbAuditEvent> for AuditEvent {
+    type Error = StoreError;
+
+    fn try_from(r: DbAuditEvent) -> Result<Self, StoreError> {
+        Ok(AuditEvent {
+            id: u64::try_from(r.id)
+                .map_err(|_| StoreError::Corrupt(format!("negative audit event id {}", r.id)))?,
+            at: r.at,
+            kind: r.kind,
+            caller: r.caller,
+            detail: r.detail,
+        })
+    }
+}
+
+/// SQLite's `LIMIT` and PostgreSQL's both take a signed 64-bit integer.
+pub(super) fn limit(limit: u32) -> i64 {
+    i64::from(limit)
+}
+
+/// `after` as a signed key for `>` comparisons (anything beyond `i64::MAX` matches nothing).
+pub(super) fn after(after: u64) -> i64 {
+    i64::try_from(after).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,25 @@
+//! End-to-end: the real `signet-server` binary, a real PostgreSQL (started by scripts/test),
+//! real TLS, real service-account tokens, openssl and signetctl as independent checkers.
+#![allow(clippy::unwrap_used)]
+
+mod bad_input;
+mod independent;
+mod issuance;
+mod lifecycle;
+
+use signet_tests::{Server, ServerOpts, TokenIssuer};
+
+/// A server on a fresh PostgreSQL database with Kubernetes token auth; None when PostgreSQL
+/// is not available outside CI (the helper panics in CI).
+pub async fn pg_server(tokens: &TokenIssuer, extra_toml: &str) -> Option<Server> {
+    let url = signet_testutil::fresh_postgres_database().await?;
+    Some(
+        Server::start(ServerOpts {
+            database_url: Some(url),
+            tokens: Some(tokens.jwks_json()),
+            extra_toml: extra_toml.into(),
+            ..ServerOpts::default()
+        })
+        .await,
+    )
+}
