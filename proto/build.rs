@@ -8,6 +8,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/signet/ca/v1/ca.proto",
         "proto/signet/admin/v1/admin.proto",
         "proto/istio/ca.proto",
+        "proto/signet/agent/v1/agent.proto",
+        "proto/spiffe/workload.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

@@ -7,6 +7,11 @@ pub mod signet {
             tonic::include_proto!("signet.ca.v1");
         }
     }
+    pub mod agent {
+        pub mod v1 {
+            tonic::include_proto!("signet.agent.v1");
+        }
+    }
     pub mod admin {
         pub mod v1 {
             tonic::include_proto!("signet.admin.v1");
@@ -22,8 +27,14 @@ pub mod istio {
     }
 }
 
+/// The SPIFFE Workload API. Its proto has no package, so prost names the file `_`.
+pub mod workload {
+    tonic::include_proto!("_");
+}
+
 pub use istio::v1::auth as istio_ca;
 pub use signet::admin::v1 as admin;
+pub use signet::agent::v1 as agent;
 pub use signet::ca::v1 as ca;
 
 /// The encoded `FileDescriptorSet` of all of the above, for gRPC reflection.
