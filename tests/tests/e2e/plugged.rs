@@ -126,5 +126,8 @@ async fn a_plugged_in_key_that_does_not_match_is_a_clear_start_up_error() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("plugged-in CA"), "{err}");
-    assert!(err.contains("does not belong to the CA certificate"), "{err}");
+    assert!(
+        err.contains("does not belong to the CA certificate"),
+        "{err}"
+    );
 }
