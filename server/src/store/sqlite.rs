@@ -91,6 +91,8 @@ impl SqliteStore {
     }
 }
 
+super::nodes::impl_node_store!(SqliteStore, map_err);
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn ping(&self) -> Result<(), StoreError> {
