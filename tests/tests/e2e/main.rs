@@ -6,6 +6,7 @@ mod bad_input;
 mod independent;
 mod issuance;
 mod lifecycle;
+mod nodes;
 
 use signet_tests::{Server, ServerOpts, TokenIssuer};
 
