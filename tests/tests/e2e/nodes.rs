@@ -17,6 +17,8 @@ use signet_proto::ca::SignCsrRequest;
 use signet_tests::*;
 use tonic::Code;
 use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
 
 use crate::pg_server;
 
@@ -533,4 +535,43 @@ async fn signetctl_token_create_prints_only_the_token() {
     // A bad node ID is refused.
     let out = server.signetctl(&["token", "create", "--node-id", "a/b"]);
     assert!(!out.status.success());
+
+    // Both services report SERVING: Node on the TLS listener, NodeAdmin on the admin socket.
+    let mut health = HealthClient::new(server.channel().await);
+    let st = health
+        .check(HealthCheckRequest {
+            service: "signet.agent.v1.Node".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(st.status, 1, "SERVING");
+    let mut admin_health = HealthClient::new(
+        signet_client::connect_admin(&server.admin_socket())
+            .await
+            .unwrap(),
+    );
+    let st = admin_health
+        .check(HealthCheckRequest {
+            service: "signet.admin.v1.NodeAdmin".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(st.status, 1, "SERVING");
+
+    // The node API needs a node SVID: nothing, or a bearer token, is refused.
+    let mut anon = NodeClient::new(server.channel().await);
+    let err = anon
+        .sync_entries(SyncEntriesRequest { known_revision: 0 })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    let req = signet_client::with_bearer(
+        SyncEntriesRequest { known_revision: 0 },
+        &tokens.token("default", "web"),
+    )
+    .unwrap();
+    let err = anon.sync_entries(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
 }
