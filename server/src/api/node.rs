@@ -159,7 +159,8 @@ impl Node for NodeApi {
             .map_err(|e| ApiError::InvalidArgument(format!("invalid CSR: {e}")))?;
 
         let hash = token.hash();
-        let node_id = match self.store.consume_join_token(&hash, self.now()).await? {
+        let used_at = self.now();
+        let node_id = match self.store.consume_join_token(&hash, used_at).await? {
             TokenUse::Consumed { node_id } => node_id,
             refused => {
                 let why = match refused {
@@ -174,55 +175,31 @@ impl Node for NodeApi {
                 self.audit(
                     "authn.refused",
                     "anonymous",
-                    format!("{e} (token hash {}…)", &hash[..12]),
+                    format!("{e} (token hash {}…)", hash.get(..12).unwrap_or_default()),
                 );
                 return Err(ApiError::Unauthenticated(e).into());
             }
         };
-        let caller = AuthenticatedCaller::attested_node(self.issuer.trust_domain(), &node_id)
-            .map_err(ApiError::Unauthenticated)?;
-        let existing = self.store.node(&node_id).await?;
-        if existing.as_ref().is_some_and(|n| n.banned_at.is_some()) {
-            self.check_not_banned(&caller, &node_id, existing.as_ref())?;
+        match self.attest_node(&node_id, &req.csr, request_id).await {
+            Ok(cert) => Ok(Response::new(AttestResponse {
+                node_id,
+                svid: Some(svid(&cert)),
+                bundle: self.bundle.current().roots.clone(),
+            })),
+            Err(e) => {
+                // A retryable failure (ledger or database unavailable) gives the token back,
+                // so the agent can retry with it; any other refusal keeps it spent.
+                if matches!(e, ApiError::Unavailable(_)) {
+                    match self.store.release_join_token(&hash, used_at).await {
+                        Ok(_) => {}
+                        Err(re) => {
+                            tracing::warn!(error = %re, node_id = %node_id, "could not release the join token after a failed attestation");
+                        }
+                    }
+                }
+                Err(e.into())
+            }
         }
-        let cert = self
-            .issuer
-            .issue(
-                &caller,
-                IssueInput {
-                    csr: &req.csr,
-                    ttl_seconds: 0,
-                    impersonate: None,
-                    request_id,
-                    api: "node",
-                    extra_names: None,
-                    source: GrantSource::NodeRenewal,
-                },
-            )
-            .await?;
-        self.store
-            .upsert_attested_node(&NodeRow {
-                node_id: node_id.clone(),
-                spiffe_id: cert.spiffe_id.to_string(),
-                attested_at: self.now(),
-                banned_at: None,
-                last_serial: cert.serial.clone(),
-                not_after: unix(cert.not_after),
-            })
-            .await?;
-        self.audit(
-            "node.attested",
-            &caller.label(),
-            format!(
-                "node {node_id} attested with a join token; serial {}",
-                cert.serial
-            ),
-        );
-        Ok(Response::new(AttestResponse {
-            node_id,
-            svid: Some(svid(&cert)),
-            bundle: self.bundle.current().roots.clone(),
-        }))
     }
 
     async fn renew_node(
@@ -319,6 +296,56 @@ impl Node for NodeApi {
 }
 
 impl NodeApi {
+    /// After the token was consumed: refuses a banned node, issues the node identity through
+    /// the issuer (policy, CA, ledger) and records the node.
+    async fn attest_node(
+        &self,
+        node_id: &str,
+        csr: &[u8],
+        request_id: String,
+    ) -> Result<IssuedCert, ApiError> {
+        let caller = AuthenticatedCaller::attested_node(self.issuer.trust_domain(), node_id)
+            .map_err(ApiError::Unauthenticated)?;
+        let existing = self.store.node(node_id).await?;
+        if existing.as_ref().is_some_and(|n| n.banned_at.is_some()) {
+            self.check_not_banned(&caller, node_id, existing.as_ref())?;
+        }
+        let cert = self
+            .issuer
+            .issue(
+                &caller,
+                IssueInput {
+                    csr,
+                    ttl_seconds: 0,
+                    impersonate: None,
+                    request_id,
+                    api: "node",
+                    extra_names: None,
+                    source: GrantSource::NodeRenewal,
+                },
+            )
+            .await?;
+        self.store
+            .upsert_attested_node(&NodeRow {
+                node_id: node_id.to_owned(),
+                spiffe_id: cert.spiffe_id.to_string(),
+                attested_at: self.now(),
+                banned_at: None,
+                last_serial: cert.serial.clone(),
+                not_after: unix(cert.not_after),
+            })
+            .await?;
+        self.audit(
+            "node.attested",
+            &caller.label(),
+            format!(
+                "node {node_id} attested with a join token; serial {}",
+                cert.serial
+            ),
+        );
+        Ok(cert)
+    }
+
     async fn sign_one(
         &self,
         caller: &AuthenticatedCaller,

@@ -593,6 +593,21 @@ async fn join_tokens_are_single_use_and_expire(db: Db) {
     );
     // A duplicate hash is refused.
     assert!(s.create_join_token("h1", "n3", 100, 200).await.is_err());
+
+    // Released after a failed issuance: usable again, once.
+    assert!(!s.release_join_token("h1", 999).await.unwrap());
+    assert!(s.release_join_token("h1", 150).await.unwrap());
+    assert_eq!(
+        s.consume_join_token("h1", 160).await.unwrap(),
+        TokenUse::Consumed {
+            node_id: "n1".into()
+        }
+    );
+    assert_eq!(
+        s.consume_join_token("h1", 161).await.unwrap(),
+        TokenUse::AlreadyUsed
+    );
+    assert!(!s.release_join_token("nope", 160).await.unwrap());
 }
 
 async fn racing_consumers_of_one_token_have_one_winner(db: Db) {

@@ -89,6 +89,11 @@ pub trait NodeStore: Send + Sync + 'static {
     /// of concurrent callers with the same token, at most one gets `Consumed`.
     async fn consume_join_token(&self, token_hash: &str, now: i64) -> Result<TokenUse, StoreError>;
 
+    /// Undoes [`Self::consume_join_token`] at `used_at` after a retryable failure (the CA could
+    /// not issue or record), so the agent can retry with the same token. Only the consumption
+    /// that happened at exactly `used_at` is undone; returns whether one was.
+    async fn release_join_token(&self, token_hash: &str, used_at: i64) -> Result<bool, StoreError>;
+
     /// Records a node's attestation (insert, or re-attestation of a known node ID).
     async fn upsert_attested_node(&self, node: &NodeRow) -> Result<(), StoreError>;
 
@@ -259,6 +264,23 @@ macro_rules! impl_node_store {
                     Some((Some(_), _)) => TokenUse::AlreadyUsed,
                     Some((None, _)) => TokenUse::Expired,
                 })
+            }
+
+            async fn release_join_token(
+                &self,
+                token_hash: &str,
+                used_at: i64,
+            ) -> Result<bool, StoreError> {
+                let done = sqlx::query(
+                    "UPDATE join_tokens SET used_at = NULL \
+                     WHERE token_hash = $1 AND used_at = $2",
+                )
+                .bind(token_hash)
+                .bind(used_at)
+                .execute(&self.pool)
+                .await
+                .map_err($map)?;
+                Ok(done.rows_affected() > 0)
             }
 
             async fn upsert_attested_node(
@@ -521,6 +543,13 @@ macro_rules! impl_node_store_unsupported {
                 _: &str,
                 _: i64,
             ) -> Result<$crate::store::TokenUse, $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn release_join_token(
+                &self,
+                _: &str,
+                _: i64,
+            ) -> Result<bool, $crate::store::StoreError> {
                 Err($crate::store::nodes::unsupported())
             }
             async fn upsert_attested_node(
