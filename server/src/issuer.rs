@@ -18,7 +18,7 @@ use crate::ca::{Authority, IssueError, IssuedCert, RequestedNames, SerialSource}
 use crate::clock::{Clock, unix};
 use crate::ledger::{LedgerError, LedgerWriter};
 use crate::metrics::Metrics;
-use crate::policy::{DenialKind, IssueRequest, Policy};
+use crate::policy::{DenialKind, GrantSource, IssueRequest, Policy};
 use crate::store::NewCertificate;
 
 /// The credentials a request carried. `Debug` never shows the token.
@@ -81,6 +81,8 @@ pub struct IssueInput<'a> {
     /// Names asked for outside the CSR (the admin API's mint, the server's own certificate);
     /// merged with the CSR's own before policy decides.
     pub extra_names: Option<RequestedNames>,
+    /// Why the certificate is asked for (policy checks who may use which source).
+    pub source: GrantSource<'a>,
 }
 
 pub struct Issuer {
@@ -226,6 +228,7 @@ impl Issuer {
             }
         };
         let request = IssueRequest {
+            source: input.source,
             names,
             ttl_seconds: input.ttl_seconds,
             impersonate: input.impersonate,

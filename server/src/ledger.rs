@@ -180,6 +180,8 @@ mod tests {
         }
     }
 
+    crate::store::nodes::impl_node_store_unsupported!(FakeStore);
+
     #[async_trait]
     impl Store for FakeStore {
         async fn ping(&self) -> Result<(), StoreError> {
@@ -364,6 +366,7 @@ mod tests {
     async fn a_dead_writer_answers_closed() {
         /// A store whose append panics: the writer task dies with replies outstanding.
         struct Panics;
+        crate::store::nodes::impl_node_store_unsupported!(Panics);
         #[async_trait]
         impl Store for Panics {
             async fn ping(&self) -> Result<(), StoreError> {

@@ -18,6 +18,7 @@ pub mod http;
 pub mod issuer;
 pub mod ledger;
 pub mod metrics;
+pub mod nodes;
 pub mod policy;
 pub mod server;
 pub mod store;

@@ -19,6 +19,12 @@
 //!   `policy.kubernetes_dns_templates`; mTLS callers the names of the certificate they
 //!   presented; none when asking on behalf of another identity.
 //! - **IP addresses**: admin only.
+//! - **Nodes** (callers with a node SVID or a join token, `CallerKind::Node`): the grant source
+//!   says why a node asks. `NodeRenewal` (Attest, RenewNode): the node's own ID, no DNS names.
+//!   `Entry`: a registration entry's ID, DNS names and TTL, only if the entry is parented to
+//!   the calling node. A node may not use the other APIs (`Caller` source: SignCsr, Istio):
+//!   its identity is renewed only where the ban is checked, and it never impersonates.
+//!   Conversely only a node may use the `NodeRenewal` and `Entry` sources.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -76,9 +82,35 @@ impl fmt::Display for Denial {
 
 impl std::error::Error for Denial {}
 
+/// Why a certificate is asked for, beyond "for the caller itself".
+#[derive(Debug, Clone, Copy, Default)]
+pub enum GrantSource<'a> {
+    /// The ordinary APIs: the caller's own identity (or, for the operator, what it names).
+    #[default]
+    Caller,
+    /// A node attesting or renewing its own node identity.
+    NodeRenewal,
+    /// A node asking for a workload identity of one of its registration entries.
+    Entry(&'a EntryGrant),
+}
+
+/// A registration entry as policy sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryGrant {
+    pub entry_id: String,
+    pub spiffe_id: SpiffeId,
+    /// The parent node's SPIFFE ID.
+    pub parent_id: SpiffeId,
+    pub dns_names: Vec<String>,
+    /// 0: the default; clamped to the maximum like any request.
+    pub ttl_seconds: i64,
+}
+
 /// What is being asked for.
 #[derive(Debug, Clone, Copy)]
 pub struct IssueRequest<'a> {
+    /// Why: the caller's own identity, a node's renewal, or a registration entry.
+    pub source: GrantSource<'a>,
     /// The names the CSR asks for.
     pub names: &'a RequestedNames,
     /// Requested lifetime in seconds; 0 means the default.
@@ -92,6 +124,7 @@ type Check = fn(&Policy, &AuthenticatedCaller, &IssueRequest<'_>) -> Result<(), 
 
 /// The checks, in the order they run. The first failure is reported.
 const CHAIN: &[(&str, Check)] = &[
+    ("source", check_source),
     ("ttl", check_ttl),
     ("single_uri", check_single_uri),
     ("san_types", check_san_types),
@@ -174,7 +207,7 @@ impl Policy {
             spiffe_id: self.identity(caller, req)?,
             dns_names: req.names.dns_names.clone(),
             ip_addresses: req.names.ip_addresses.clone(),
-            ttl: self.ttl(req.ttl_seconds)?,
+            ttl: self.ttl(effective_ttl(req))?,
         })
     }
 
@@ -221,8 +254,9 @@ impl Policy {
         };
         let impersonate = req.impersonate.filter(|s| !s.is_empty());
 
-        let target = match impersonate {
-            Some(imp) => {
+        let target = match (req.source, impersonate) {
+            (GrantSource::Entry(e), _) => Some(e.spiffe_id.clone()),
+            (_, Some(imp)) => {
                 if !self.impersonators.contains(caller.spiffe_id()) {
                     return Err(Denial::denied(
                         "policy.impersonation",
@@ -245,11 +279,11 @@ impl Policy {
                 })?;
                 Some(id)
             }
-            None => match caller.kind() {
+            (_, None) => match caller.kind() {
                 CallerKind::Admin => None,
-                CallerKind::KubernetesServiceAccount { .. } | CallerKind::Mtls { .. } => {
-                    Some(caller.spiffe_id().clone())
-                }
+                CallerKind::KubernetesServiceAccount { .. }
+                | CallerKind::Mtls { .. }
+                | CallerKind::Node { .. } => Some(caller.spiffe_id().clone()),
             },
         };
 
@@ -338,6 +372,9 @@ impl Policy {
                     )
                 }
             }
+            CallerKind::Node { .. } => "a node's own identity carries no DNS names; a \
+                workload's are its registration entry's"
+                .into(),
             CallerKind::Admin => String::new(),
         }
     }
@@ -345,8 +382,72 @@ impl Policy {
 
 // ---- the checks -------------------------------------------------------------------------
 
+/// Who may use which grant source (see the module docs).
+fn check_source(
+    _: &Policy,
+    caller: &AuthenticatedCaller,
+    req: &IssueRequest<'_>,
+) -> Result<(), Denial> {
+    let is_node = matches!(caller.kind(), CallerKind::Node { .. });
+    match req.source {
+        GrantSource::Caller if is_node => Err(Denial::denied(
+            "policy.node",
+            format!(
+                "caller {} is a node: it renews its identity with signet.agent.v1.Node/RenewNode \
+                 and obtains workload identities with SignWorkloads, not through this API",
+                caller.spiffe_id()
+            ),
+        )),
+        GrantSource::Caller => Ok(()),
+        GrantSource::NodeRenewal | GrantSource::Entry(_) if !is_node => Err(Denial::denied(
+            "policy.node",
+            format!(
+                "caller {} is not a node; only node identities use the node API",
+                caller.spiffe_id()
+            ),
+        )),
+        _ if req.impersonate.is_some_and(|s| !s.is_empty()) => Err(Denial::denied(
+            "policy.impersonation",
+            "a node never asks on behalf of another identity",
+        )),
+        GrantSource::NodeRenewal => Ok(()),
+        GrantSource::Entry(e) => {
+            if &e.parent_id != caller.spiffe_id() {
+                return Err(Denial::denied(
+                    "policy.entry",
+                    format!(
+                        "entry {} is not parented to node {}",
+                        shown(&e.entry_id),
+                        caller.spiffe_id()
+                    ),
+                ));
+            }
+            let path = e.spiffe_id.path();
+            if path == "/signet" || path.starts_with("/signet/") {
+                return Err(Denial::denied(
+                    "policy.entry",
+                    format!(
+                        "entry {} names {}, which is reserved for Signet",
+                        shown(&e.entry_id),
+                        e.spiffe_id
+                    ),
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The requested lifetime: an entry's own TTL when issuing for an entry.
+fn effective_ttl(req: &IssueRequest<'_>) -> i64 {
+    match req.source {
+        GrantSource::Entry(e) => e.ttl_seconds,
+        _ => req.ttl_seconds,
+    }
+}
+
 fn check_ttl(p: &Policy, _: &AuthenticatedCaller, req: &IssueRequest<'_>) -> Result<(), Denial> {
-    p.ttl(req.ttl_seconds).map(|_| ())
+    p.ttl(effective_ttl(req)).map(|_| ())
 }
 
 fn check_single_uri(
@@ -421,6 +522,10 @@ fn check_dns_names(
             CallerKind::Mtls { dns_names, .. } => {
                 dns_names.iter().any(|d| d.eq_ignore_ascii_case(name))
             }
+            CallerKind::Node { .. } => match req.source {
+                GrantSource::Entry(e) => e.dns_names.iter().any(|d| d.eq_ignore_ascii_case(name)),
+                _ => false,
+            },
         };
         if !allowed {
             let why = if on_behalf && !matches!(caller.kind(), CallerKind::Admin) {
@@ -450,17 +555,17 @@ fn check_ip_addresses(
     };
     match caller.kind() {
         CallerKind::Admin => Ok(()),
-        CallerKind::KubernetesServiceAccount { .. } | CallerKind::Mtls { .. } => {
-            Err(Denial::denied(
-                "policy.ip_address",
-                format!(
-                    "caller {} may not obtain IP address {}: only the operator issues \
+        CallerKind::KubernetesServiceAccount { .. }
+        | CallerKind::Mtls { .. }
+        | CallerKind::Node { .. } => Err(Denial::denied(
+            "policy.ip_address",
+            format!(
+                "caller {} may not obtain IP address {}: only the operator issues \
                      certificates with IP addresses",
-                    caller.spiffe_id(),
-                    ip
-                ),
-            ))
-        }
+                caller.spiffe_id(),
+                ip
+            ),
+        )),
     }
 }
 
@@ -501,7 +606,7 @@ fn truncate(s: &str) -> String {
 
 /// A DNS name as it may appear in a certificate: LDH labels of 1–63 characters, at most 253
 /// in all, no trailing dot, optionally a leading `*` label; not an IP address literal.
-fn is_dns_name(name: &str) -> bool {
+pub(crate) fn is_dns_name(name: &str) -> bool {
     if name.is_empty() || name.len() > 253 || name.parse::<IpAddr>().is_ok() {
         return false;
     }
@@ -662,6 +767,7 @@ mod tests {
         policy().decide(
             caller,
             &IssueRequest {
+                source: GrantSource::Caller,
                 names,
                 ttl_seconds: ttl,
                 impersonate: imp,
@@ -675,6 +781,147 @@ mod tests {
         assert_eq!(d.reason, reason, "{d:?}");
         assert_eq!(d.to_string(), d.message);
         d.message
+    }
+
+    // ---- nodes ----
+
+    fn node(name: &str) -> AuthenticatedCaller {
+        AuthenticatedCaller::for_tests(
+            id(&format!("/signet/node/{name}")),
+            CallerKind::Node {
+                node_id: name.into(),
+                serial: Some("01".into()),
+            },
+        )
+    }
+
+    fn entry(parent: &str, ttl: i64) -> EntryGrant {
+        EntryGrant {
+            entry_id: "e1".into(),
+            spiffe_id: id("/app"),
+            parent_id: id(&format!("/signet/node/{parent}")),
+            dns_names: vec!["app.example.org".into()],
+            ttl_seconds: ttl,
+        }
+    }
+
+    fn decide_src(
+        caller: &AuthenticatedCaller,
+        names: &RequestedNames,
+        source: GrantSource<'_>,
+        imp: Option<&str>,
+    ) -> Result<Grant, Denial> {
+        policy().decide(
+            caller,
+            &IssueRequest {
+                source,
+                names,
+                ttl_seconds: 0,
+                impersonate: imp,
+            },
+        )
+    }
+
+    #[test]
+    fn a_node_renews_only_its_own_id_without_names() {
+        let n1 = node("n1");
+        let g = decide_src(&n1, &names(&[], &[]), GrantSource::NodeRenewal, None).expect("ok");
+        assert_eq!(g.spiffe_id, id("/signet/node/n1"));
+        assert!(g.dns_names.is_empty());
+        let r = decide_src(
+            &n1,
+            &names(&["spiffe://example.org/signet/node/n2"], &[]),
+            GrantSource::NodeRenewal,
+            None,
+        );
+        denied(r, DenialKind::PermissionDenied, "policy.identity");
+        let r = decide_src(
+            &n1,
+            &names(&[], &["x.example.org"]),
+            GrantSource::NodeRenewal,
+            None,
+        );
+        denied(r, DenialKind::PermissionDenied, "policy.dns_name");
+        let r = decide_src(
+            &n1,
+            &names(&[], &[]),
+            GrantSource::NodeRenewal,
+            Some("spiffe://example.org/app"),
+        );
+        denied(r, DenialKind::PermissionDenied, "policy.impersonation");
+    }
+
+    #[test]
+    fn a_node_may_not_use_the_other_apis() {
+        let r = decide_src(&node("n1"), &names(&[], &[]), GrantSource::Caller, None);
+        let msg = denied(r, DenialKind::PermissionDenied, "policy.node");
+        assert!(msg.contains("RenewNode"), "{msg}");
+    }
+
+    #[test]
+    fn only_nodes_use_node_sources() {
+        let e = entry("n1", 0);
+        for caller in [sa("default", "web"), mtls("/app", &[]), admin()] {
+            let r = decide_src(&caller, &names(&[], &[]), GrantSource::NodeRenewal, None);
+            denied(r, DenialKind::PermissionDenied, "policy.node");
+            let r = decide_src(&caller, &names(&[], &[]), GrantSource::Entry(&e), None);
+            denied(r, DenialKind::PermissionDenied, "policy.node");
+        }
+    }
+
+    #[test]
+    fn a_node_gets_its_entries_with_their_names_and_ttl() {
+        let e = entry("n1", 600);
+        let g = decide_src(
+            &node("n1"),
+            &names(&[], &["app.example.org"]),
+            GrantSource::Entry(&e),
+            None,
+        )
+        .expect("ok");
+        assert_eq!(g.spiffe_id, id("/app"));
+        assert_eq!(g.dns_names, ["app.example.org"]);
+        assert_eq!(g.ttl, Duration::from_secs(600));
+        // The entry's TTL is clamped like any other.
+        let long = entry("n1", 7 * 86400);
+        let g = decide_src(
+            &node("n1"),
+            &names(&[], &[]),
+            GrantSource::Entry(&long),
+            None,
+        )
+        .expect("ok");
+        assert_eq!(g.ttl, 24 * HOUR);
+        // Another node's entry.
+        let r = decide_src(&node("n2"), &names(&[], &[]), GrantSource::Entry(&e), None);
+        denied(r, DenialKind::PermissionDenied, "policy.entry");
+        // Names beyond the entry's, or another ID in the CSR.
+        let r = decide_src(
+            &node("n1"),
+            &names(&[], &["evil.example.org"]),
+            GrantSource::Entry(&e),
+            None,
+        );
+        denied(r, DenialKind::PermissionDenied, "policy.dns_name");
+        let r = decide_src(
+            &node("n1"),
+            &names(&["spiffe://example.org/other"], &[]),
+            GrantSource::Entry(&e),
+            None,
+        );
+        denied(r, DenialKind::PermissionDenied, "policy.identity");
+        // Never an ID under /signet/, even if such an entry existed.
+        let reserved = EntryGrant {
+            spiffe_id: id("/signet/server"),
+            ..entry("n1", 0)
+        };
+        let r = decide_src(
+            &node("n1"),
+            &names(&[], &[]),
+            GrantSource::Entry(&reserved),
+            None,
+        );
+        denied(r, DenialKind::PermissionDenied, "policy.entry");
     }
 
     // ---- TTL ----
@@ -1024,6 +1271,7 @@ mod tests {
             .decide(
                 &web,
                 &IssueRequest {
+                    source: GrantSource::Caller,
                     names: &n,
                     ttl_seconds: 0,
                     impersonate: None,
@@ -1143,6 +1391,7 @@ mod tests {
         assert_eq!(
             CHAIN.iter().map(|(name, _)| *name).collect::<Vec<_>>(),
             [
+                "source",
                 "ttl",
                 "single_uri",
                 "san_types",

@@ -7,6 +7,8 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, anyhow, bail};
 use signet_proto::admin::admin_server::AdminServer;
+use signet_proto::admin::node_admin_server::NodeAdminServer;
+use signet_proto::agent::node_server::NodeServer;
 use signet_proto::ca::certificate_authority_server::CertificateAuthorityServer;
 use signet_proto::istio_ca::istio_certificate_service_server::IstioCertificateServiceServer;
 use tokio::net::{TcpListener, UnixListener};
@@ -15,6 +17,8 @@ use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 use crate::api::admin::AdminApi;
 use crate::api::istio::IstioApi;
 use crate::api::native::NativeApi;
+use crate::api::node::NodeApi;
+use crate::api::node_admin::NodeAdminApi;
 use crate::audit::AuditLog;
 use crate::authn::AuthenticatedCaller;
 use crate::authn::jwt::JwtAuthenticator;
@@ -156,6 +160,10 @@ pub async fn run(
     health_reporter
         .set_serving::<IstioCertificateServiceServer<IstioApi>>()
         .await;
+    health_reporter.set_serving::<NodeServer<NodeApi>>().await;
+    health_reporter
+        .set_serving::<NodeAdminServer<NodeAdminApi>>()
+        .await;
     // Both reflection versions: grpcurl and many tools still speak only v1alpha.
     let reflection_builder = || {
         tonic_reflection::server::Builder::configure()
@@ -178,6 +186,15 @@ pub async fn run(
     let istio =
         IstioCertificateServiceServer::new(IstioApi::new(issuer.clone(), cfg.max_message_bytes))
             .max_decoding_message_size(transport_limit);
+    let node = NodeServer::new(NodeApi::new(
+        issuer.clone(),
+        store.clone(),
+        bundle.clone(),
+        cfg.max_message_bytes,
+    ))
+    .max_decoding_message_size(transport_limit);
+    let node_admin = NodeAdminServer::new(NodeAdminApi::new(issuer.clone(), store.clone()))
+        .max_decoding_message_size(transport_limit);
     let admin = AdminServer::new(AdminApi::new(issuer.clone(), store.clone(), bundle.clone()))
         .max_decoding_message_size(transport_limit);
 
@@ -198,10 +215,12 @@ pub async fn run(
         .add_service(reflection_alpha)
         .add_service(native)
         .add_service(istio)
+        .add_service(node)
         .serve_with_incoming_shutdown(incoming, wait(stop_rx.clone()));
     let admin_srv = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(admin)
+        .add_service(node_admin)
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(admin_listener),
             wait(stop_rx.clone()),
@@ -402,6 +421,7 @@ async fn issue_server_cert(issuer: &Issuer, cfg: &Config) -> anyhow::Result<(Ser
         .issue(
             &caller,
             IssueInput {
+                source: crate::policy::GrantSource::Caller,
                 csr: csr.der().as_ref(),
                 ttl_seconds: i64::try_from(cfg.ca.max_ttl.as_secs()).unwrap_or(86400),
                 impersonate: None,

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod nodes;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -68,6 +69,21 @@ enum Cmd {
         /// Directory to write the files to.
         #[arg(long)]
         out: PathBuf,
+    },
+    /// One-time join tokens for node agents.
+    Token {
+        #[command(subcommand)]
+        cmd: nodes::TokenCmd,
+    },
+    /// Attested nodes.
+    Node {
+        #[command(subcommand)]
+        cmd: nodes::NodeCmd,
+    },
+    /// Registration entries: the workload identities a node may obtain.
+    Entry {
+        #[command(subcommand)]
+        cmd: nodes::EntryCmd,
     },
     /// Load generator: issues through the Istio API over TLS and reports throughput and latency.
     Bench(bench::BenchArgs),
@@ -271,6 +287,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("  {}", out.join("bundle.pem").display());
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Token { cmd } => nodes::token(&cli.socket, cmd).await,
+        Cmd::Node { cmd } => nodes::node(&cli.socket, cmd).await,
+        Cmd::Entry { cmd } => nodes::entry(&cli.socket, cmd).await,
         Cmd::Bench(args) => bench::run(&cli.socket, args).await,
     }
 }

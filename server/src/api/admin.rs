@@ -206,6 +206,7 @@ impl Admin for AdminApi {
             .issue(
                 &caller,
                 IssueInput {
+                    source: crate::policy::GrantSource::Caller,
                     csr: &req.csr,
                     ttl_seconds: req.ttl_seconds,
                     impersonate: None,

@@ -57,6 +57,7 @@ impl IstioCertificateService for IstioApi {
             .authenticate_and_issue(
                 &creds,
                 IssueInput {
+                    source: crate::policy::GrantSource::Caller,
                     csr: req.csr.as_bytes(),
                     ttl_seconds: req.validity_duration,
                     impersonate,

@@ -5,6 +5,8 @@
 pub mod admin;
 pub mod istio;
 pub mod native;
+pub mod node;
+pub mod node_admin;
 
 use tonic::{Code, Status};
 
@@ -58,6 +60,13 @@ impl From<ApiError> for Status {
             ApiError::Internal(_) => Code::Internal,
         };
         Status::new(code, e.to_string())
+    }
+}
+
+/// Store failures reach the caller through [`ApiError`] too (see `admin.rs` for the mapping).
+impl From<crate::store::StoreError> for Status {
+    fn from(e: crate::store::StoreError) -> Self {
+        Status::from(ApiError::from(e))
     }
 }
 

@@ -56,6 +56,7 @@ impl CertificateAuthority for NativeApi {
             .authenticate_and_issue(
                 &creds,
                 IssueInput {
+                    source: crate::policy::GrantSource::Caller,
                     csr: &req.csr,
                     ttl_seconds: req.ttl_seconds,
                     impersonate: None,

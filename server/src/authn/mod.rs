@@ -28,6 +28,13 @@ pub enum CallerKind {
         /// Serial (lowercase hex) of the presented certificate.
         serial: String,
     },
+    /// A node agent: over mTLS with its node SVID (`spiffe://<td>/signet/node/<id>`), or
+    /// attesting with a one-time join token (then `serial` is None).
+    Node {
+        node_id: String,
+        /// Serial (lowercase hex) of the presented node SVID; None when attesting.
+        serial: Option<String>,
+    },
     /// The operator, over the admin socket.
     Admin,
 }
@@ -52,6 +59,21 @@ impl AuthenticatedCaller {
         Self::new(id, CallerKind::Admin)
     }
 
+    /// A node that has just proved itself with a join token for `node_id`.
+    pub(crate) fn attested_node(
+        td: &signet_types::TrustDomain,
+        node_id: &str,
+    ) -> Result<Self, AuthnError> {
+        let id = crate::nodes::node_spiffe_id(td, node_id).map_err(AuthnError::BadJoinToken)?;
+        Ok(Self::new(
+            id,
+            CallerKind::Node {
+                node_id: node_id.to_owned(),
+                serial: None,
+            },
+        ))
+    }
+
     /// The server itself, asking for its own TLS certificate.
     pub(crate) fn server(td: &signet_types::TrustDomain) -> Self {
         let id = td
@@ -68,11 +90,13 @@ impl AuthenticatedCaller {
         &self.kind
     }
 
-    /// A short label for the ledger and audit log: `jwt:<id>`, `mtls:<id>`, `admin:<id>`.
+    /// A short label for the ledger and audit log: `jwt:<id>`, `mtls:<id>`, `node:<id>`,
+    /// `admin:<id>`.
     pub fn label(&self) -> String {
         let how = match self.kind {
             CallerKind::KubernetesServiceAccount { .. } => "jwt",
             CallerKind::Mtls { .. } => "mtls",
+            CallerKind::Node { .. } => "node",
             CallerKind::Admin => "admin",
         };
         format!("{how}:{}", self.spiffe_id)
@@ -98,6 +122,8 @@ pub enum AuthnError {
     BadToken(String),
     #[error("client certificate refused: {0}")]
     BadCertificate(String),
+    #[error("join token refused: {0}")]
+    BadJoinToken(String),
     #[error("token authentication is not configured on this server ([auth.kubernetes])")]
     JwtNotConfigured,
 }

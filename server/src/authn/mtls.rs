@@ -81,6 +81,18 @@ pub fn authenticate_peer(
     }
 
     let serial = signet_types::serial_hex(cert.raw_serial());
+    // A node SVID makes the caller a node, whatever API it calls; policy decides what a node
+    // may do (renew itself, sign its entries' workloads, nothing else).
+    if let Some(node_id) = crate::nodes::node_id_of(&id, td) {
+        let node_id = node_id.to_owned();
+        return Ok(AuthenticatedCaller::new(
+            id,
+            CallerKind::Node {
+                node_id,
+                serial: Some(serial),
+            },
+        ));
+    }
     Ok(AuthenticatedCaller::new(
         id,
         CallerKind::Mtls { dns_names, serial },
@@ -158,6 +170,24 @@ mod tests {
             caller.label(),
             "mtls:spiffe://example.org/ns/default/sa/web"
         );
+    }
+
+    #[test]
+    fn node_svid_makes_a_node_caller() {
+        let der = cert(vec![uri("spiffe://example.org/signet/node/n1")], false);
+        let caller = authenticate_peer(&der, &td()).expect("accepted");
+        assert_eq!(
+            caller.kind(),
+            &CallerKind::Node {
+                node_id: "n1".into(),
+                serial: Some("8f0102".into()),
+            }
+        );
+        assert_eq!(caller.label(), "node:spiffe://example.org/signet/node/n1");
+        // Not a valid node ID below /signet/node/: an ordinary mTLS caller.
+        let der = cert(vec![uri("spiffe://example.org/signet/node/a/b")], false);
+        let caller = authenticate_peer(&der, &td()).expect("accepted");
+        assert!(matches!(caller.kind(), CallerKind::Mtls { .. }));
     }
 
     #[test]

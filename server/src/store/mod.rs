@@ -8,6 +8,7 @@
 
 #[cfg(test)]
 mod conformance;
+pub mod nodes;
 mod postgres;
 mod rows;
 mod sqlite;
@@ -18,6 +19,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use signet_types::ledger::{Hash, LedgerEntry};
 
+pub use nodes::{EntryRow, EntrySync, NewEntry, NodeRow, NodeStore, TokenUse};
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 
@@ -128,7 +130,7 @@ impl From<sqlx::Error> for StoreError {
 }
 
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: NodeStore + Send + Sync + 'static {
     /// Cheap reachability check for `/readyz`.
     async fn ping(&self) -> Result<(), StoreError>;
 

@@ -50,6 +50,8 @@ impl PgStore {
     }
 }
 
+super::nodes::impl_node_store!(PgStore, StoreError::from);
+
 #[async_trait]
 impl Store for PgStore {
     async fn ping(&self) -> Result<(), StoreError> {

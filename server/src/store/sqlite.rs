@@ -67,19 +67,35 @@ impl SqliteStore {
         // An in-memory database is shared-cache, where writers do not wait for each other's
         // locks: one connection serializes them.
         let in_memory = url.contains(":memory:") || url.contains("mode=memory");
-        let pool = SqlitePoolOptions::new()
-            .max_connections(if in_memory { 1 } else { MAX_CONNECTIONS })
-            .acquire_timeout(acquire_timeout)
-            .connect_with(options)
-            .await
-            .map_err(map_err)?;
+        // Opening a new file switches it to WAL, which needs an exclusive lock that SQLite
+        // does not wait for: processes opening a new file together retry.
+        let mut attempt = 0;
+        let pool = loop {
+            match SqlitePoolOptions::new()
+                .max_connections(if in_memory { 1 } else { MAX_CONNECTIONS })
+                .acquire_timeout(acquire_timeout)
+                .connect_with(options.clone())
+                .await
+                .map_err(map_err)
+            {
+                Ok(pool) => break pool,
+                Err(StoreError::Unavailable(e)) if attempt < 10 => {
+                    attempt += 1;
+                    tracing::debug!(error = %e, attempt, "retrying SQLite open");
+                    tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
         // sqlx takes no lock around SQLite migrations: a process racing us to migrate a new
-        // file makes our run fail ("table exists"); the next run finds the work done.
+        // file makes our run fail ("table exists", or "database is locked" when two runs'
+        // transactions deadlock on the upgrade to a write lock); a later run finds the work
+        // done. Several migrations mean several windows, hence several attempts.
         let mut attempt = 0;
         loop {
             match MIGRATOR.run(&pool).await {
                 Ok(()) => break,
-                Err(e) if attempt < 3 => {
+                Err(e) if attempt < 10 => {
                     attempt += 1;
                     tracing::debug!(error = %e, attempt, "retrying SQLite migrations");
                     tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
@@ -90,6 +106,8 @@ impl SqliteStore {
         Ok(Self { pool })
     }
 }
+
+super::nodes::impl_node_store!(SqliteStore, map_err);
 
 #[async_trait]
 impl Store for SqliteStore {

@@ -6,6 +6,7 @@ mod bad_input;
 mod independent;
 mod issuance;
 mod lifecycle;
+mod nodes;
 mod plugged;
 
 use signet_tests::{Server, ServerOpts, TokenIssuer};

@@ -1,0 +1,259 @@
+//! `signetctl token|node|entry`: join tokens, attested nodes and registration entries
+//! (the `signet.admin.v1.NodeAdmin` service on the admin socket).
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::anyhow;
+use clap::Subcommand;
+use signet_client::admin::node_admin_client::NodeAdminClient;
+use signet_client::admin::{
+    BanNodeRequest, CreateEntryRequest, CreateJoinTokenRequest, DeleteEntryRequest, EntryRecord,
+    ListEntriesRequest, ListNodesRequest, NodeRecord,
+};
+use tonic::transport::Channel;
+
+use crate::{rfc3339, status_err};
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCmd {
+    /// Create a one-time join token; it is printed once, the server keeps only its hash.
+    Create {
+        /// How long the token may be used.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "1h")]
+        ttl: Duration,
+        /// The node ID the token attests (default: a random one).
+        #[arg(long)]
+        node_id: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCmd {
+    /// List attested nodes.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ban a node: it can renew nothing and sign nothing from now on.
+    Ban {
+        /// Node ID (or node SPIFFE ID).
+        node: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EntryCmd {
+    /// Register a workload identity under a node.
+    Create {
+        #[arg(long)]
+        spiffe_id: String,
+        /// The parent node's ID (or SPIFFE ID).
+        #[arg(long)]
+        parent: String,
+        /// e.g. unix:uid:1000, unix:path:/usr/bin/app (repeatable; all must match).
+        #[arg(long = "selector", required = true)]
+        selectors: Vec<String>,
+        /// Certificate lifetime (clamped to the server's maximum); default: the server's.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Option<Duration>,
+        #[arg(long = "dns")]
+        dns_names: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List entries.
+    List {
+        /// Only the entries of this node (ID or SPIFFE ID).
+        #[arg(long)]
+        parent: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete an entry by ID.
+    Delete { id: String },
+}
+
+async fn client(socket: &Path) -> anyhow::Result<NodeAdminClient<Channel>> {
+    let ch = signet_client::connect_admin(socket).await.map_err(|e| {
+        anyhow!("{e}\n(is signet-server running? point --socket at <data_dir>/admin.sock)")
+    })?;
+    Ok(NodeAdminClient::new(ch))
+}
+
+fn secs(d: Duration) -> i64 {
+    i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
+}
+
+pub async fn token(socket: &Path, cmd: TokenCmd) -> anyhow::Result<ExitCode> {
+    let TokenCmd::Create { ttl, node_id, json } = cmd;
+    if ttl.as_secs() == 0 {
+        return Err(anyhow!("--ttl must be at least one second"));
+    }
+    let r = client(socket)
+        .await?
+        .create_join_token(CreateJoinTokenRequest {
+            ttl_seconds: secs(ttl),
+            node_id: node_id.unwrap_or_default(),
+        })
+        .await
+        .map_err(|s| status_err("token create", s))?
+        .into_inner();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"token": r.token, "node_id": r.node_id, "expires_at": rfc3339(r.expires_at)})
+        );
+    } else {
+        // The token alone on stdout, so `TOKEN=$(signetctl token create)` works.
+        println!("{}", r.token);
+        eprintln!(
+            "join token for node {} (one use, expires {})",
+            r.node_id,
+            rfc3339(r.expires_at)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn node_json(n: &NodeRecord) -> serde_json::Value {
+    serde_json::json!({
+        "node_id": n.node_id,
+        "spiffe_id": n.spiffe_id,
+        "attested_at": rfc3339(n.attested_at),
+        "banned": n.banned,
+        "serial": n.serial,
+        "not_after": rfc3339(n.not_after),
+    })
+}
+
+pub async fn node(socket: &Path, cmd: NodeCmd) -> anyhow::Result<ExitCode> {
+    let mut c = client(socket).await?;
+    match cmd {
+        NodeCmd::List { json } => {
+            let nodes = c
+                .list_nodes(ListNodesRequest {})
+                .await
+                .map_err(|s| status_err("node list", s))?
+                .into_inner()
+                .nodes;
+            if json {
+                for n in &nodes {
+                    println!("{}", node_json(n));
+                }
+            } else {
+                println!(
+                    "{:<24}  {:<7}  {:<20}  {:<34}  SPIFFE ID",
+                    "NODE", "BANNED", "NOT AFTER", "SERIAL"
+                );
+                for n in &nodes {
+                    println!(
+                        "{:<24}  {:<7}  {:<20}  {:<34}  {}",
+                        n.node_id,
+                        if n.banned { "yes" } else { "no" },
+                        rfc3339(n.not_after),
+                        n.serial,
+                        n.spiffe_id
+                    );
+                }
+            }
+        }
+        NodeCmd::Ban { node } => {
+            let n = c
+                .ban_node(BanNodeRequest { node_id: node })
+                .await
+                .map_err(|s| status_err("node ban", s))?
+                .into_inner();
+            println!("banned node {} ({})", n.node_id, n.spiffe_id);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn entry_json(e: &EntryRecord) -> serde_json::Value {
+    serde_json::json!({
+        "id": e.id,
+        "spiffe_id": e.spiffe_id,
+        "parent_id": e.parent_id,
+        "selectors": e.selectors,
+        "ttl_seconds": e.ttl_seconds,
+        "dns_names": e.dns_names,
+        "revision": e.revision,
+        "created_at": rfc3339(e.created_at),
+    })
+}
+
+pub async fn entry(socket: &Path, cmd: EntryCmd) -> anyhow::Result<ExitCode> {
+    let mut c = client(socket).await?;
+    match cmd {
+        EntryCmd::Create {
+            spiffe_id,
+            parent,
+            selectors,
+            ttl,
+            dns_names,
+            json,
+        } => {
+            let e = c
+                .create_entry(CreateEntryRequest {
+                    spiffe_id,
+                    parent,
+                    selectors,
+                    ttl_seconds: ttl.map_or(0, secs),
+                    dns_names,
+                })
+                .await
+                .map_err(|s| status_err("entry create", s))?
+                .into_inner();
+            if json {
+                println!("{}", entry_json(&e));
+            } else {
+                println!("{}", e.id);
+                eprintln!(
+                    "entry {} for {} under {} (revision {})",
+                    e.id, e.spiffe_id, e.parent_id, e.revision
+                );
+            }
+        }
+        EntryCmd::List { parent, json } => {
+            let entries = c
+                .list_entries(ListEntriesRequest {
+                    parent: parent.unwrap_or_default(),
+                })
+                .await
+                .map_err(|s| status_err("entry list", s))?
+                .into_inner()
+                .entries;
+            if json {
+                for e in &entries {
+                    println!("{}", entry_json(e));
+                }
+            } else {
+                println!(
+                    "{:<32}  {:<40}  {:<40}  {:>8}  SELECTORS",
+                    "ID", "SPIFFE ID", "PARENT", "TTL"
+                );
+                for e in &entries {
+                    println!(
+                        "{:<32}  {:<40}  {:<40}  {:>8}  {}",
+                        e.id,
+                        e.spiffe_id,
+                        e.parent_id,
+                        e.ttl_seconds,
+                        e.selectors.join(",")
+                    );
+                }
+            }
+        }
+        EntryCmd::Delete { id } => {
+            c.delete_entry(DeleteEntryRequest { id: id.clone() })
+                .await
+                .map_err(|s| status_err("entry delete", s))?;
+            println!("deleted entry {id}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

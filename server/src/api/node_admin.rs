@@ -1,0 +1,225 @@
+//! `signet.admin.v1.NodeAdmin`: join tokens, nodes and registration entries, served only on the
+//! admin Unix socket (whoever can open it is the operator).
+
+use std::sync::Arc;
+
+use signet_proto::admin::{
+    BanNodeRequest, CreateEntryRequest, CreateJoinTokenRequest, CreateJoinTokenResponse,
+    DeleteEntryRequest, DeleteEntryResponse, EntryRecord, ListEntriesRequest, ListEntriesResponse,
+    ListNodesRequest, ListNodesResponse, NodeRecord, node_admin_server::NodeAdmin,
+};
+use tonic::{Request, Response, Status};
+
+use super::ApiError;
+use crate::authn::AuthenticatedCaller;
+use crate::clock::unix;
+use crate::issuer::Issuer;
+use crate::nodes::{JoinToken, parse_parent, validate_entry, validate_node_id};
+use crate::store::{EntryRow, NewEntry, NodeRow, Store};
+
+/// A join token's default and longest lifetime.
+const DEFAULT_TOKEN_TTL: i64 = 3600;
+const MAX_TOKEN_TTL: i64 = 30 * 24 * 3600;
+
+pub struct NodeAdminApi {
+    issuer: Arc<Issuer>,
+    store: Arc<dyn Store>,
+}
+
+impl NodeAdminApi {
+    pub fn new(issuer: Arc<Issuer>, store: Arc<dyn Store>) -> Self {
+        Self { issuer, store }
+    }
+
+    fn now(&self) -> i64 {
+        unix(self.issuer.now())
+    }
+
+    fn audit(&self, kind: &str, detail: String) {
+        let caller = AuthenticatedCaller::admin(self.issuer.trust_domain()).label();
+        self.issuer
+            .audit()
+            .record(kind, &caller, detail, self.now());
+    }
+}
+
+fn random_hex(bytes: usize) -> Result<String, ApiError> {
+    let mut b = vec![0u8; bytes];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b)
+        .map_err(|_| ApiError::Internal("randomness".into()))?;
+    Ok(hex::encode(b))
+}
+
+fn node_to_proto(n: NodeRow) -> NodeRecord {
+    NodeRecord {
+        node_id: n.node_id,
+        spiffe_id: n.spiffe_id,
+        attested_at: n.attested_at,
+        banned: n.banned_at.is_some(),
+        serial: n.last_serial,
+        not_after: n.not_after,
+    }
+}
+
+fn entry_to_record(e: EntryRow) -> EntryRecord {
+    EntryRecord {
+        id: e.id,
+        spiffe_id: e.spiffe_id,
+        parent_id: e.parent_id,
+        selectors: e.selectors,
+        ttl_seconds: e.ttl_seconds,
+        dns_names: e.dns_names,
+        revision: e.revision,
+        created_at: e.created_at,
+    }
+}
+
+#[tonic::async_trait]
+impl NodeAdmin for NodeAdminApi {
+    async fn create_join_token(
+        &self,
+        request: Request<CreateJoinTokenRequest>,
+    ) -> Result<Response<CreateJoinTokenResponse>, Status> {
+        let req = request.into_inner();
+        let ttl = match req.ttl_seconds {
+            0 => DEFAULT_TOKEN_TTL,
+            t if (1..=MAX_TOKEN_TTL).contains(&t) => t,
+            t => {
+                return Err(ApiError::InvalidArgument(format!(
+                    "token ttl {t} s is out of range (1 s to 30 days; 0 for one hour)"
+                ))
+                .into());
+            }
+        };
+        let node_id = if req.node_id.is_empty() {
+            format!("node-{}", random_hex(8)?)
+        } else {
+            validate_node_id(&req.node_id).map_err(ApiError::InvalidArgument)?;
+            req.node_id
+        };
+        let token = JoinToken::generate().map_err(ApiError::Internal)?;
+        let now = self.now();
+        let expires_at = now.saturating_add(ttl);
+        self.store
+            .create_join_token(&token.hash(), &node_id, now, expires_at)
+            .await?;
+        self.audit(
+            "admin.join_token",
+            format!("join token created for node {node_id}, expires at {expires_at}"),
+        );
+        Ok(Response::new(CreateJoinTokenResponse {
+            token: token.expose().to_owned(),
+            node_id,
+            expires_at,
+        }))
+    }
+
+    async fn list_nodes(
+        &self,
+        _request: Request<ListNodesRequest>,
+    ) -> Result<Response<ListNodesResponse>, Status> {
+        let nodes = self.store.list_nodes().await.map_err(ApiError::from)?;
+        Ok(Response::new(ListNodesResponse {
+            nodes: nodes.into_iter().map(node_to_proto).collect(),
+        }))
+    }
+
+    async fn ban_node(
+        &self,
+        request: Request<BanNodeRequest>,
+    ) -> Result<Response<NodeRecord>, Status> {
+        let req = request.into_inner();
+        // Accept a node SPIFFE ID as well as a bare node ID.
+        let parent = parse_parent(self.issuer.trust_domain(), &req.node_id)
+            .map_err(ApiError::InvalidArgument)?;
+        let node_id = crate::nodes::node_id_of(&parent, self.issuer.trust_domain())
+            .ok_or_else(|| ApiError::InvalidArgument("not a node ID".into()))?;
+        let node = self
+            .store
+            .ban_node(node_id, self.now())
+            .await?
+            .ok_or_else(|| ApiError::NotFound(format!("no attested node {node_id}")))?;
+        self.audit(
+            "admin.node_ban",
+            format!(
+                "node {node_id} banned; its certificate serial {} stays valid until {} but \
+                 the CA refuses it everything",
+                node.last_serial, node.not_after
+            ),
+        );
+        Ok(Response::new(node_to_proto(node)))
+    }
+
+    async fn create_entry(
+        &self,
+        request: Request<CreateEntryRequest>,
+    ) -> Result<Response<EntryRecord>, Status> {
+        let req = request.into_inner();
+        let v = validate_entry(
+            self.issuer.trust_domain(),
+            &req.spiffe_id,
+            &req.parent,
+            &req.selectors,
+            req.ttl_seconds,
+            &req.dns_names,
+        )
+        .map_err(ApiError::InvalidArgument)?;
+        let entry = NewEntry {
+            id: random_hex(16)?,
+            spiffe_id: v.spiffe_id.to_string(),
+            parent_id: v.parent_id.to_string(),
+            selectors: v.selectors,
+            ttl_seconds: v.ttl_seconds,
+            dns_names: v.dns_names,
+            created_at: self.now(),
+        };
+        let row = self.store.create_entry(&entry).await?;
+        self.audit(
+            "admin.entry_create",
+            format!(
+                "entry {} for {} under {} (revision {})",
+                row.id, row.spiffe_id, row.parent_id, row.revision
+            ),
+        );
+        Ok(Response::new(entry_to_record(row)))
+    }
+
+    async fn list_entries(
+        &self,
+        request: Request<ListEntriesRequest>,
+    ) -> Result<Response<ListEntriesResponse>, Status> {
+        let req = request.into_inner();
+        let parent = if req.parent.is_empty() {
+            None
+        } else {
+            Some(
+                parse_parent(self.issuer.trust_domain(), &req.parent)
+                    .map_err(ApiError::InvalidArgument)?
+                    .to_string(),
+            )
+        };
+        let rows = self.store.list_entries(parent.as_deref()).await?;
+        Ok(Response::new(ListEntriesResponse {
+            entries: rows.into_iter().map(entry_to_record).collect(),
+        }))
+    }
+
+    async fn delete_entry(
+        &self,
+        request: Request<DeleteEntryRequest>,
+    ) -> Result<Response<DeleteEntryResponse>, Status> {
+        let req = request.into_inner();
+        if req.id.is_empty() {
+            return Err(ApiError::InvalidArgument("id is required".into()).into());
+        }
+        if !self.store.delete_entry(&req.id).await? {
+            return Err(ApiError::NotFound(format!(
+                "no entry {:?}",
+                req.id.chars().take(128).collect::<String>()
+            ))
+            .into());
+        }
+        self.audit("admin.entry_delete", format!("entry {} deleted", req.id));
+        Ok(Response::new(DeleteEntryResponse {}))
+    }
+}

@@ -1,0 +1,395 @@
+//! The agent's world, as pure functions: node IDs, join tokens, selectors and registration
+//! entries. No I/O; the API edge (`api::node`, `api::node_admin`) calls these to validate.
+
+use signet_types::{SpiffeId, TrustDomain};
+
+/// Node SPIFFE IDs live under this path: `spiffe://<td>/signet/node/<node-id>`.
+pub const NODE_PATH_PREFIX: &str = "/signet/node/";
+
+/// Longest node ID accepted.
+const MAX_NODE_ID: usize = 128;
+/// Most selectors and DNS names on one entry.
+const MAX_SELECTORS: usize = 32;
+const MAX_DNS_NAMES: usize = 32;
+
+/// A node ID: 1–128 of `[A-Za-z0-9._-]`, not `.` or `..`.
+pub fn validate_node_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_NODE_ID {
+        return Err(format!(
+            "node ID must be 1 to {MAX_NODE_ID} characters, got {}",
+            id.len()
+        ));
+    }
+    if id == "." || id == ".." {
+        return Err(format!("node ID {id:?} is not allowed"));
+    }
+    if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err(format!(
+            "node ID {:?} may contain only letters, digits, '.', '_' and '-'",
+            truncate(id)
+        ));
+    }
+    Ok(())
+}
+
+/// The node's SPIFFE ID.
+pub fn node_spiffe_id(td: &TrustDomain, node_id: &str) -> Result<SpiffeId, String> {
+    validate_node_id(node_id)?;
+    td.id(&format!("{NODE_PATH_PREFIX}{node_id}"))
+        .map_err(|e| format!("node ID {node_id:?} does not make a SPIFFE ID: {e}"))
+}
+
+/// The node ID of a node SPIFFE ID of `td`, if it is one.
+pub fn node_id_of<'a>(id: &'a SpiffeId, td: &TrustDomain) -> Option<&'a str> {
+    if !id.is_member_of(td) {
+        return None;
+    }
+    let rest = id.path().strip_prefix(NODE_PATH_PREFIX)?;
+    validate_node_id(rest).ok().map(|()| rest)
+}
+
+/// A parent as the operator names it: a node ID, or a node SPIFFE ID of `td`.
+pub fn parse_parent(td: &TrustDomain, parent: &str) -> Result<SpiffeId, String> {
+    if parent.starts_with("spiffe://") {
+        let id: SpiffeId = parent
+            .parse()
+            .map_err(|e| format!("parent {:?} is not a SPIFFE ID: {e}", truncate(parent)))?;
+        if node_id_of(&id, td).is_none() {
+            return Err(format!(
+                "parent {id} is not a node ID of this trust domain \
+                 (spiffe://{td}{NODE_PATH_PREFIX}<node-id>)"
+            ));
+        }
+        Ok(id)
+    } else {
+        node_spiffe_id(td, parent).map_err(|e| format!("parent: {e}"))
+    }
+}
+
+/// A join token as it travels: shown once to the operator, then only its hash is kept.
+/// `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JoinToken(String);
+
+impl std::fmt::Debug for JoinToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JoinToken(…)")
+    }
+}
+
+/// Join tokens are 32 random bytes, hex, with this prefix (so they are recognizable in a
+/// secret scanner and unmistakable for anything else).
+const TOKEN_PREFIX: &str = "sjt_";
+
+impl JoinToken {
+    /// A fresh random token.
+    pub fn generate() -> Result<Self, String> {
+        let mut b = [0u8; 32];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b)
+            .map_err(|_| "no randomness for a join token".to_owned())?;
+        Ok(Self(format!("{TOKEN_PREFIX}{}", hex::encode(b))))
+    }
+
+    /// Parses what a caller sent. The error never repeats the input.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let ok = s
+            .strip_prefix(TOKEN_PREFIX)
+            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+        if ok {
+            Ok(Self(s.to_ascii_lowercase()))
+        } else {
+            Err(format!(
+                "a join token is {TOKEN_PREFIX} followed by 64 hex digits (as printed by \
+                 `signetctl token create`)"
+            ))
+        }
+    }
+
+    /// The secret itself, for showing once.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// What the store keeps: SHA-256 of the token, hex.
+    pub fn hash(&self) -> String {
+        hex::encode(signet_types::ledger::sha256(self.0.as_bytes()))
+    }
+}
+
+/// Validates one selector: `unix:uid:<n>`, `unix:gid:<n>`, `unix:user:<name>`,
+/// `unix:path:<absolute path>`, `k8s:ns:<ns>`, `k8s:sa:<sa>`, `k8s:pod-label:<key>:<value>`.
+pub fn validate_selector(s: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("selector {:?}: {why}", truncate(s)));
+    if s.len() > 1024 {
+        return bad("is longer than 1024 bytes");
+    }
+    if s.chars().any(char::is_control) {
+        return bad("contains control characters");
+    }
+    let mut parts = s.splitn(3, ':');
+    let (Some(kind), Some(key), Some(value)) = (parts.next(), parts.next(), parts.next()) else {
+        return bad("expected <type>:<key>:<value>, e.g. unix:uid:1000");
+    };
+    if value.is_empty() {
+        return bad("has an empty value");
+    }
+    match (kind, key) {
+        ("unix", "uid" | "gid") => {
+            if value.parse::<u32>().is_err() {
+                return bad("the value must be a number (0 to 4294967295)");
+            }
+        }
+        ("unix", "user") => {
+            if !value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'$'))
+            {
+                return bad("a user name may contain letters, digits, '_', '-', '.', '$'");
+            }
+        }
+        ("unix", "path") => {
+            if !value.starts_with('/') {
+                return bad("the path must be absolute");
+            }
+            if value.split('/').any(|c| c == "." || c == "..") {
+                return bad("the path must not contain '.' or '..' components");
+            }
+        }
+        ("k8s", "ns" | "sa") => {
+            if !is_dns_label(value) {
+                return bad("must be a DNS label (lowercase letters, digits, '-', at most 63)");
+            }
+        }
+        ("k8s", "pod-label") => {
+            let Some((k, v)) = value.split_once(':') else {
+                return bad("expected k8s:pod-label:<key>:<value>");
+            };
+            if k.is_empty() || k.len() > 317 || v.len() > 63 {
+                return bad("label key must be 1 to 317 bytes and the value at most 63");
+            }
+            let ok_key = k
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/'));
+            let ok_val = v
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+            if !ok_key || !ok_val {
+                return bad("label key or value has characters Kubernetes does not allow");
+            }
+        }
+        ("unix", _) => return bad("unix selectors are uid, gid, user or path"),
+        ("k8s", _) => return bad("k8s selectors are ns, sa or pod-label"),
+        _ => return bad("the type must be unix or k8s"),
+    }
+    Ok(())
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// What an operator asks for when creating an entry, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidEntry {
+    pub spiffe_id: SpiffeId,
+    pub parent_id: SpiffeId,
+    pub selectors: Vec<String>,
+    pub ttl_seconds: i64,
+    pub dns_names: Vec<String>,
+}
+
+/// Validates an entry: its SPIFFE ID in `td` with a path, not under `/signet/`; a node parent;
+/// 1–32 valid selectors (deduplicated, sorted); TTL 0 (the default) to ten years; valid DNS
+/// names.
+pub fn validate_entry(
+    td: &TrustDomain,
+    spiffe_id: &str,
+    parent: &str,
+    selectors: &[String],
+    ttl_seconds: i64,
+    dns_names: &[String],
+) -> Result<ValidEntry, String> {
+    let id: SpiffeId = spiffe_id.parse().map_err(|e| {
+        format!(
+            "spiffe_id {:?} is not a SPIFFE ID: {e}",
+            truncate(spiffe_id)
+        )
+    })?;
+    if !id.is_member_of(td) {
+        return Err(format!("spiffe_id {id} is not in trust domain {td}"));
+    }
+    if id.path().is_empty() {
+        return Err(format!("spiffe_id {id} has no path; name a workload"));
+    }
+    if id.path() == "/signet" || id.path().starts_with("/signet/") {
+        return Err(format!(
+            "spiffe_id {id} is under /signet/, which is reserved for Signet's own identities"
+        ));
+    }
+    let parent_id = parse_parent(td, parent)?;
+    if selectors.is_empty() {
+        return Err("an entry needs at least one selector, e.g. unix:uid:1000".into());
+    }
+    if selectors.len() > MAX_SELECTORS {
+        return Err(format!("at most {MAX_SELECTORS} selectors per entry"));
+    }
+    for s in selectors {
+        validate_selector(s)?;
+    }
+    let mut sel = selectors.to_vec();
+    sel.sort();
+    sel.dedup();
+    if !(0..=crate::policy::ABSURD_TTL_SECONDS).contains(&ttl_seconds) {
+        return Err(format!(
+            "ttl {ttl_seconds} s is out of range (0 for the default, at most ten years; \
+             the CA clamps it to its maximum)"
+        ));
+    }
+    if dns_names.len() > MAX_DNS_NAMES {
+        return Err(format!("at most {MAX_DNS_NAMES} DNS names per entry"));
+    }
+    let mut dns = Vec::new();
+    for d in dns_names {
+        if !crate::policy::is_dns_name(d) {
+            return Err(format!("{:?} is not a valid DNS name", truncate(d)));
+        }
+        let d = d.to_ascii_lowercase();
+        if !dns.contains(&d) {
+            dns.push(d);
+        }
+    }
+    Ok(ValidEntry {
+        spiffe_id: id,
+        parent_id,
+        selectors: sel,
+        ttl_seconds,
+        dns_names: dns,
+    })
+}
+
+fn truncate(s: &str) -> String {
+    s.chars().take(128).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn td() -> TrustDomain {
+        TrustDomain::new("example.org").expect("td")
+    }
+
+    #[test]
+    fn selectors_are_validated() {
+        for ok in [
+            "unix:uid:1000",
+            "unix:gid:0",
+            "unix:user:www-data",
+            "unix:path:/usr/bin/app",
+            "k8s:ns:default",
+            "k8s:sa:web-1",
+            "k8s:pod-label:app.kubernetes.io/name:web",
+        ] {
+            assert_eq!(validate_selector(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            "unix",
+            "unix:uid",
+            "unix:uid:",
+            "unix:uid:-1",
+            "unix:uid:abc",
+            "unix:uid:99999999999",
+            "unix:path:relative/app",
+            "unix:path:/usr/../bin/sh",
+            "unix:user:bad user",
+            "unix:pid:1",
+            "k8s:ns:Default",
+            "k8s:ns:-x",
+            "k8s:pod-label:app",
+            "k8s:pod-label::v",
+            "k8s:node:x",
+            "docker:label:x",
+            "unix:path:/a\nb",
+        ] {
+            assert!(validate_selector(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn node_ids_and_parents() {
+        assert!(validate_node_id("node-1.example_A").is_ok());
+        for bad in ["", ".", "..", "a/b", "a b", "é", &"x".repeat(129)] {
+            assert!(validate_node_id(bad).is_err(), "{bad:?}");
+        }
+        let id = node_spiffe_id(&td(), "n1").expect("id");
+        assert_eq!(id.to_string(), "spiffe://example.org/signet/node/n1");
+        assert_eq!(node_id_of(&id, &td()), Some("n1"));
+        let other = TrustDomain::new("other.org").expect("td");
+        assert_eq!(node_id_of(&id, &other), None);
+        let app: SpiffeId = "spiffe://example.org/app".parse().expect("id");
+        assert_eq!(node_id_of(&app, &td()), None);
+        assert_eq!(parse_parent(&td(), "n1"), Ok(id.clone()));
+        assert_eq!(parse_parent(&td(), &id.to_string()), Ok(id));
+        assert!(parse_parent(&td(), "spiffe://example.org/app").is_err());
+        assert!(parse_parent(&td(), "spiffe://other.org/signet/node/n1").is_err());
+        assert!(parse_parent(&td(), "a/b").is_err());
+    }
+
+    #[test]
+    fn entries_are_validated() {
+        let sel = vec!["unix:uid:1000".to_owned(), "unix:uid:1000".to_owned()];
+        let e = validate_entry(
+            &td(),
+            "spiffe://example.org/app",
+            "n1",
+            &sel,
+            600,
+            &["App.example.org".into()],
+        )
+        .expect("valid");
+        assert_eq!(e.selectors, ["unix:uid:1000"]);
+        assert_eq!(e.dns_names, ["app.example.org"]);
+        assert_eq!(
+            e.parent_id.to_string(),
+            "spiffe://example.org/signet/node/n1"
+        );
+        let bad = |id: &str, sel: &[String], ttl: i64, dns: &[String]| {
+            validate_entry(&td(), id, "n1", sel, ttl, dns).expect_err("invalid")
+        };
+        let one = vec!["unix:uid:1".to_owned()];
+        assert!(bad("spiffe://other.org/app", &one, 0, &[]).contains("trust domain"));
+        assert!(bad("spiffe://example.org", &one, 0, &[]).contains("no path"));
+        assert!(bad("spiffe://example.org/signet/node/x", &one, 0, &[]).contains("reserved"));
+        assert!(bad("spiffe://example.org/signet", &one, 0, &[]).contains("reserved"));
+        assert!(bad("not an id", &one, 0, &[]).contains("not a SPIFFE ID"));
+        assert!(bad("spiffe://example.org/app", &[], 0, &[]).contains("selector"));
+        assert!(bad("spiffe://example.org/app", &one, -1, &[]).contains("ttl"));
+        assert!(bad("spiffe://example.org/app", &one, 0, &["bad name!".into()]).contains("DNS"));
+        // /signetx is not /signet/.
+        assert!(validate_entry(&td(), "spiffe://example.org/signetx", "n1", &one, 0, &[]).is_ok());
+    }
+
+    #[test]
+    fn join_tokens_hash_and_never_show() {
+        let t = JoinToken::generate().expect("token");
+        assert!(t.expose().starts_with("sjt_"));
+        assert_eq!(format!("{t:?}"), "JoinToken(…)");
+        let parsed = JoinToken::parse(t.expose()).expect("parses");
+        assert_eq!(parsed.hash(), t.hash());
+        assert_eq!(t.hash().len(), 64);
+        assert_ne!(t.hash(), t.expose());
+        let secret = "sjt_zzzz";
+        let err = JoinToken::parse(secret).expect_err("bad");
+        assert!(!err.contains("zzzz"));
+        assert!(JoinToken::parse("").is_err());
+    }
+}

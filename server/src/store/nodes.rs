@@ -1,0 +1,625 @@
+//! Join tokens, attested nodes and registration entries: the [`NodeStore`] half of the store.
+//!
+//! The SQL is the same on both databases (sqlx's SQLite driver accepts `$N` placeholders, and
+//! both speak `RETURNING` and `ON CONFLICT`), so one macro implements the trait for both.
+//!
+//! Entry revisions: one global counter (`entry_revision_seq`). Creating or deleting an entry
+//! takes the next value in the same transaction, stamps it on the entry (create) and on the
+//! parent's row in `node_revisions` (both), so a parent's revision moves on every change to its
+//! entries, deletions included, and a poll that knows the current revision costs one indexed
+//! read.
+
+use async_trait::async_trait;
+
+use super::StoreError;
+
+/// How [`NodeStore::consume_join_token`] went. Only `Consumed` attests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenUse {
+    /// The token was valid and is now used; it attests this node ID.
+    Consumed {
+        node_id: String,
+    },
+    /// Already used (by another agent, or an earlier attempt).
+    AlreadyUsed,
+    Expired,
+    Unknown,
+}
+
+/// An attested node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRow {
+    pub node_id: String,
+    pub spiffe_id: String,
+    pub attested_at: i64,
+    pub banned_at: Option<i64>,
+    /// The latest node certificate's serial and expiry.
+    pub last_serial: String,
+    pub not_after: i64,
+}
+
+/// A registration entry to create (the store assigns the revision).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewEntry {
+    pub id: String,
+    pub spiffe_id: String,
+    /// The parent node's SPIFFE ID.
+    pub parent_id: String,
+    pub selectors: Vec<String>,
+    pub ttl_seconds: i64,
+    pub dns_names: Vec<String>,
+    pub created_at: i64,
+}
+
+/// A registration entry as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryRow {
+    pub id: String,
+    pub spiffe_id: String,
+    pub parent_id: String,
+    pub selectors: Vec<String>,
+    pub ttl_seconds: i64,
+    pub dns_names: Vec<String>,
+    pub revision: u64,
+    pub created_at: i64,
+}
+
+/// The answer to a node's poll.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntrySync {
+    /// The parent's current revision (0: no entry was ever created for it).
+    pub revision: u64,
+    /// The caller already holds `revision`; `entries` is empty.
+    pub unchanged: bool,
+    pub entries: Vec<EntryRow>,
+}
+
+#[async_trait]
+pub trait NodeStore: Send + Sync + 'static {
+    /// Stores a join token by its hash. Never sees the token itself.
+    async fn create_join_token(
+        &self,
+        token_hash: &str,
+        node_id: &str,
+        created_at: i64,
+        expires_at: i64,
+    ) -> Result<(), StoreError>;
+
+    /// Atomically marks the token used if it is unused and unexpired at `now`: of any number
+    /// of concurrent callers with the same token, at most one gets `Consumed`.
+    async fn consume_join_token(&self, token_hash: &str, now: i64) -> Result<TokenUse, StoreError>;
+
+    /// Undoes [`Self::consume_join_token`] at `used_at` after a retryable failure (the CA could
+    /// not issue or record), so the agent can retry with the same token. Only the consumption
+    /// that happened at exactly `used_at` is undone; returns whether one was.
+    async fn release_join_token(&self, token_hash: &str, used_at: i64) -> Result<bool, StoreError>;
+
+    /// Records a node's attestation (insert, or re-attestation of a known node ID).
+    async fn upsert_attested_node(&self, node: &NodeRow) -> Result<(), StoreError>;
+
+    /// Records a renewed node certificate.
+    async fn update_node_certificate(
+        &self,
+        node_id: &str,
+        serial: &str,
+        not_after: i64,
+    ) -> Result<(), StoreError>;
+
+    async fn node(&self, node_id: &str) -> Result<Option<NodeRow>, StoreError>;
+
+    async fn list_nodes(&self) -> Result<Vec<NodeRow>, StoreError>;
+
+    /// Bans the node (keeping the first ban time); None if no such node.
+    async fn ban_node(&self, node_id: &str, now: i64) -> Result<Option<NodeRow>, StoreError>;
+
+    /// Creates an entry with the next revision, bumping its parent's revision.
+    async fn create_entry(&self, entry: &NewEntry) -> Result<EntryRow, StoreError>;
+
+    async fn entry(&self, id: &str) -> Result<Option<EntryRow>, StoreError>;
+
+    /// All entries, or those of one parent (a node SPIFFE ID), by id.
+    async fn list_entries(&self, parent_id: Option<&str>) -> Result<Vec<EntryRow>, StoreError>;
+
+    /// Deletes an entry, bumping its parent's revision; false if there was none.
+    async fn delete_entry(&self, id: &str) -> Result<bool, StoreError>;
+
+    /// The parent's entries, unless it already holds the current revision.
+    async fn entries_for_parent_since(
+        &self,
+        parent_id: &str,
+        known_revision: u64,
+    ) -> Result<EntrySync, StoreError>;
+}
+
+/// An `entries` row as both drivers decode it.
+#[derive(sqlx::FromRow)]
+pub(super) struct DbEntry {
+    id: String,
+    spiffe_id: String,
+    parent_id: String,
+    selectors: String,
+    ttl_seconds: i64,
+    dns_names: String,
+    revision: i64,
+    created_at: i64,
+}
+
+pub(super) const ENTRY_COLUMNS: &str =
+    "id, spiffe_id, parent_id, selectors, ttl_seconds, dns_names, revision, created_at";
+
+impl TryFrom<DbEntry> for EntryRow {
+    type Error = StoreError;
+
+    fn try_from(r: DbEntry) -> Result<Self, StoreError> {
+        let list = |column: &str, text: &str| -> Result<Vec<String>, StoreError> {
+            serde_json::from_str(text).map_err(|e| {
+                StoreError::Corrupt(format!("entry {}: {column} is not a JSON list: {e}", r.id))
+            })
+        };
+        Ok(EntryRow {
+            selectors: list("selectors", &r.selectors)?,
+            dns_names: list("dns_names", &r.dns_names)?,
+            revision: revision(r.revision)?,
+            id: r.id,
+            spiffe_id: r.spiffe_id,
+            parent_id: r.parent_id,
+            ttl_seconds: r.ttl_seconds,
+            created_at: r.created_at,
+        })
+    }
+}
+
+/// A `nodes` row as both drivers decode it.
+#[derive(sqlx::FromRow)]
+pub(super) struct DbNode {
+    node_id: String,
+    spiffe_id: String,
+    attested_at: i64,
+    banned_at: Option<i64>,
+    last_serial: String,
+    not_after: i64,
+}
+
+pub(super) const NODE_COLUMNS: &str =
+    "node_id, spiffe_id, attested_at, banned_at, last_serial, not_after";
+
+impl From<DbNode> for NodeRow {
+    fn from(r: DbNode) -> Self {
+        NodeRow {
+            node_id: r.node_id,
+            spiffe_id: r.spiffe_id,
+            attested_at: r.attested_at,
+            banned_at: r.banned_at,
+            last_serial: r.last_serial,
+            not_after: r.not_after,
+        }
+    }
+}
+
+pub(super) fn revision(v: i64) -> Result<u64, StoreError> {
+    u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("negative revision {v}")))
+}
+
+pub(super) fn json(list: &[String]) -> Result<String, StoreError> {
+    serde_json::to_string(list).map_err(|e| StoreError::Database(format!("encoding a list: {e}")))
+}
+
+/// Implements [`NodeStore`] for a store type with a `pool` field; `$map` turns a `sqlx::Error`
+/// into a [`StoreError`].
+macro_rules! impl_node_store {
+    ($store:ty, $map:path) => {
+        #[async_trait::async_trait]
+        impl $crate::store::nodes::NodeStore for $store {
+            async fn create_join_token(
+                &self,
+                token_hash: &str,
+                node_id: &str,
+                created_at: i64,
+                expires_at: i64,
+            ) -> Result<(), StoreError> {
+                sqlx::query(
+                    "INSERT INTO join_tokens (token_hash, node_id, created_at, expires_at) \
+                     VALUES ($1, $2, $3, $4)",
+                )
+                .bind(token_hash)
+                .bind(node_id)
+                .bind(created_at)
+                .bind(expires_at)
+                .execute(&self.pool)
+                .await
+                .map_err($map)?;
+                Ok(())
+            }
+
+            async fn consume_join_token(
+                &self,
+                token_hash: &str,
+                now: i64,
+            ) -> Result<$crate::store::nodes::TokenUse, StoreError> {
+                use $crate::store::nodes::TokenUse;
+                // One statement: the row lock (PostgreSQL) or the write lock (SQLite) makes
+                // a concurrent second UPDATE see used_at set and match nothing.
+                let won: Option<(String,)> = sqlx::query_as(
+                    "UPDATE join_tokens SET used_at = $2 \
+                     WHERE token_hash = $1 AND used_at IS NULL AND expires_at > $2 \
+                     RETURNING node_id",
+                )
+                .bind(token_hash)
+                .bind(now)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err($map)?;
+                if let Some((node_id,)) = won {
+                    return Ok(TokenUse::Consumed { node_id });
+                }
+                let found: Option<(Option<i64>, i64)> = sqlx::query_as(
+                    "SELECT used_at, expires_at FROM join_tokens WHERE token_hash = $1",
+                )
+                .bind(token_hash)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err($map)?;
+                Ok(match found {
+                    None => TokenUse::Unknown,
+                    Some((Some(_), _)) => TokenUse::AlreadyUsed,
+                    Some((None, _)) => TokenUse::Expired,
+                })
+            }
+
+            async fn release_join_token(
+                &self,
+                token_hash: &str,
+                used_at: i64,
+            ) -> Result<bool, StoreError> {
+                let done = sqlx::query(
+                    "UPDATE join_tokens SET used_at = NULL \
+                     WHERE token_hash = $1 AND used_at = $2",
+                )
+                .bind(token_hash)
+                .bind(used_at)
+                .execute(&self.pool)
+                .await
+                .map_err($map)?;
+                Ok(done.rows_affected() > 0)
+            }
+
+            async fn upsert_attested_node(
+                &self,
+                node: &$crate::store::nodes::NodeRow,
+            ) -> Result<(), StoreError> {
+                sqlx::query(
+                    "INSERT INTO nodes (node_id, spiffe_id, attested_at, banned_at, last_serial, \
+                     not_after) VALUES ($1, $2, $3, NULL, $4, $5) \
+                     ON CONFLICT (node_id) DO UPDATE SET attested_at = excluded.attested_at, \
+                     last_serial = excluded.last_serial, not_after = excluded.not_after",
+                )
+                .bind(&node.node_id)
+                .bind(&node.spiffe_id)
+                .bind(node.attested_at)
+                .bind(&node.last_serial)
+                .bind(node.not_after)
+                .execute(&self.pool)
+                .await
+                .map_err($map)?;
+                Ok(())
+            }
+
+            async fn update_node_certificate(
+                &self,
+                node_id: &str,
+                serial: &str,
+                not_after: i64,
+            ) -> Result<(), StoreError> {
+                sqlx::query("UPDATE nodes SET last_serial = $2, not_after = $3 WHERE node_id = $1")
+                    .bind(node_id)
+                    .bind(serial)
+                    .bind(not_after)
+                    .execute(&self.pool)
+                    .await
+                    .map_err($map)?;
+                Ok(())
+            }
+
+            async fn node(
+                &self,
+                node_id: &str,
+            ) -> Result<Option<$crate::store::nodes::NodeRow>, StoreError> {
+                let row: Option<$crate::store::nodes::DbNode> = sqlx::query_as(&format!(
+                    "SELECT {} FROM nodes WHERE node_id = $1",
+                    $crate::store::nodes::NODE_COLUMNS
+                ))
+                .bind(node_id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err($map)?;
+                Ok(row.map(Into::into))
+            }
+
+            async fn list_nodes(
+                &self,
+            ) -> Result<Vec<$crate::store::nodes::NodeRow>, StoreError> {
+                let rows: Vec<$crate::store::nodes::DbNode> = sqlx::query_as(&format!(
+                    "SELECT {} FROM nodes ORDER BY node_id",
+                    $crate::store::nodes::NODE_COLUMNS
+                ))
+                .fetch_all(&self.pool)
+                .await
+                .map_err($map)?;
+                Ok(rows.into_iter().map(Into::into).collect())
+            }
+
+            async fn ban_node(
+                &self,
+                node_id: &str,
+                now: i64,
+            ) -> Result<Option<$crate::store::nodes::NodeRow>, StoreError> {
+                let row: Option<$crate::store::nodes::DbNode> = sqlx::query_as(&format!(
+                    "UPDATE nodes SET banned_at = COALESCE(banned_at, $2) WHERE node_id = $1 \
+                     RETURNING {}",
+                    $crate::store::nodes::NODE_COLUMNS
+                ))
+                .bind(node_id)
+                .bind(now)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err($map)?;
+                Ok(row.map(Into::into))
+            }
+
+            async fn create_entry(
+                &self,
+                e: &$crate::store::nodes::NewEntry,
+            ) -> Result<$crate::store::nodes::EntryRow, StoreError> {
+                use $crate::store::nodes::{json, revision};
+                let selectors = json(&e.selectors)?;
+                let dns_names = json(&e.dns_names)?;
+                let mut tx = self.pool.begin().await.map_err($map)?;
+                // A write first, so SQLite takes the write lock at once (no upgrade deadlock).
+                let (rev,): (i64,) = sqlx::query_as(
+                    "UPDATE entry_revision_seq SET value = value + 1 WHERE id = 1 RETURNING value",
+                )
+                .fetch_one(&mut *tx)
+                .await
+                .map_err($map)?;
+                sqlx::query(
+                    "INSERT INTO entries (id, spiffe_id, parent_id, selectors, ttl_seconds, \
+                     dns_names, revision, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                )
+                .bind(&e.id)
+                .bind(&e.spiffe_id)
+                .bind(&e.parent_id)
+                .bind(&selectors)
+                .bind(e.ttl_seconds)
+                .bind(&dns_names)
+                .bind(rev)
+                .bind(e.created_at)
+                .execute(&mut *tx)
+                .await
+                .map_err($map)?;
+                sqlx::query(
+                    "INSERT INTO node_revisions (parent_id, revision) VALUES ($1, $2) \
+                     ON CONFLICT (parent_id) DO UPDATE SET revision = excluded.revision",
+                )
+                .bind(&e.parent_id)
+                .bind(rev)
+                .execute(&mut *tx)
+                .await
+                .map_err($map)?;
+                tx.commit().await.map_err($map)?;
+                Ok($crate::store::nodes::EntryRow {
+                    id: e.id.clone(),
+                    spiffe_id: e.spiffe_id.clone(),
+                    parent_id: e.parent_id.clone(),
+                    selectors: e.selectors.clone(),
+                    ttl_seconds: e.ttl_seconds,
+                    dns_names: e.dns_names.clone(),
+                    revision: revision(rev)?,
+                    created_at: e.created_at,
+                })
+            }
+
+            async fn entry(
+                &self,
+                id: &str,
+            ) -> Result<Option<$crate::store::nodes::EntryRow>, StoreError> {
+                let row: Option<$crate::store::nodes::DbEntry> = sqlx::query_as(&format!(
+                    "SELECT {} FROM entries WHERE id = $1",
+                    $crate::store::nodes::ENTRY_COLUMNS
+                ))
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err($map)?;
+                row.map(TryInto::try_into).transpose()
+            }
+
+            async fn list_entries(
+                &self,
+                parent_id: Option<&str>,
+            ) -> Result<Vec<$crate::store::nodes::EntryRow>, StoreError> {
+                let cols = $crate::store::nodes::ENTRY_COLUMNS;
+                let rows: Vec<$crate::store::nodes::DbEntry> = match parent_id {
+                    Some(p) => sqlx::query_as(&format!(
+                        "SELECT {cols} FROM entries WHERE parent_id = $1 ORDER BY id"
+                    ))
+                    .bind(p)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err($map)?,
+                    None => sqlx::query_as(&format!("SELECT {cols} FROM entries ORDER BY id"))
+                        .fetch_all(&self.pool)
+                        .await
+                        .map_err($map)?,
+                };
+                rows.into_iter().map(TryInto::try_into).collect()
+            }
+
+            async fn delete_entry(&self, id: &str) -> Result<bool, StoreError> {
+                let mut tx = self.pool.begin().await.map_err($map)?;
+                let (rev,): (i64,) = sqlx::query_as(
+                    "UPDATE entry_revision_seq SET value = value + 1 WHERE id = 1 RETURNING value",
+                )
+                .fetch_one(&mut *tx)
+                .await
+                .map_err($map)?;
+                let gone: Option<(String,)> =
+                    sqlx::query_as("DELETE FROM entries WHERE id = $1 RETURNING parent_id")
+                        .bind(id)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err($map)?;
+                let Some((parent_id,)) = gone else {
+                    // Nothing deleted: roll back, so the counter does not move either.
+                    tx.rollback().await.map_err($map)?;
+                    return Ok(false);
+                };
+                sqlx::query(
+                    "INSERT INTO node_revisions (parent_id, revision) VALUES ($1, $2) \
+                     ON CONFLICT (parent_id) DO UPDATE SET revision = excluded.revision",
+                )
+                .bind(&parent_id)
+                .bind(rev)
+                .execute(&mut *tx)
+                .await
+                .map_err($map)?;
+                tx.commit().await.map_err($map)?;
+                Ok(true)
+            }
+
+            async fn entries_for_parent_since(
+                &self,
+                parent_id: &str,
+                known_revision: u64,
+            ) -> Result<$crate::store::nodes::EntrySync, StoreError> {
+                // The revision first, then the entries: entries newer than the revision only
+                // make the next poll fetch again; the reverse order could hide a change.
+                let found: Option<(i64,)> =
+                    sqlx::query_as("SELECT revision FROM node_revisions WHERE parent_id = $1")
+                        .bind(parent_id)
+                        .fetch_optional(&self.pool)
+                        .await
+                        .map_err($map)?;
+                let rev = match found {
+                    Some((r,)) => $crate::store::nodes::revision(r)?,
+                    None => 0,
+                };
+                if rev == known_revision {
+                    return Ok($crate::store::nodes::EntrySync {
+                        revision: rev,
+                        unchanged: true,
+                        entries: Vec::new(),
+                    });
+                }
+                let entries = self.list_entries(Some(parent_id)).await?;
+                Ok($crate::store::nodes::EntrySync {
+                    revision: rev,
+                    unchanged: false,
+                    entries,
+                })
+            }
+        }
+    };
+}
+
+pub(super) use impl_node_store;
+
+/// For test doubles of [`super::Store`] that have no node tables: every method fails.
+#[cfg(test)]
+macro_rules! impl_node_store_unsupported {
+    ($store:ty) => {
+        #[async_trait::async_trait]
+        impl $crate::store::NodeStore for $store {
+            async fn create_join_token(
+                &self,
+                _: &str,
+                _: &str,
+                _: i64,
+                _: i64,
+            ) -> Result<(), $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn consume_join_token(
+                &self,
+                _: &str,
+                _: i64,
+            ) -> Result<$crate::store::TokenUse, $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn release_join_token(
+                &self,
+                _: &str,
+                _: i64,
+            ) -> Result<bool, $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn upsert_attested_node(
+                &self,
+                _: &$crate::store::NodeRow,
+            ) -> Result<(), $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn update_node_certificate(
+                &self,
+                _: &str,
+                _: &str,
+                _: i64,
+            ) -> Result<(), $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn node(
+                &self,
+                _: &str,
+            ) -> Result<Option<$crate::store::NodeRow>, $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn list_nodes(
+                &self,
+            ) -> Result<Vec<$crate::store::NodeRow>, $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn ban_node(
+                &self,
+                _: &str,
+                _: i64,
+            ) -> Result<Option<$crate::store::NodeRow>, $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn create_entry(
+                &self,
+                _: &$crate::store::NewEntry,
+            ) -> Result<$crate::store::EntryRow, $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn entry(
+                &self,
+                _: &str,
+            ) -> Result<Option<$crate::store::EntryRow>, $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn list_entries(
+                &self,
+                _: Option<&str>,
+            ) -> Result<Vec<$crate::store::EntryRow>, $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn delete_entry(&self, _: &str) -> Result<bool, $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn entries_for_parent_since(
+                &self,
+                _: &str,
+                _: u64,
+            ) -> Result<$crate::store::EntrySync, $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+        }
+    };
+}
+
+#[cfg(test)]
+pub(crate) use impl_node_store_unsupported;
+
+#[cfg(test)]
+pub(crate) fn unsupported() -> StoreError {
+    StoreError::Database("this test store has no node tables".into())
+}
