@@ -233,6 +233,16 @@ impl Config {
                     s.name, s.spiffe_id
                 ))
             })?;
+            if let SinkKind::KubernetesSecret(k) = &s.kind {
+                for (what, v) in [("namespace", &k.namespace), ("secret_name", &k.secret_name)] {
+                    if !is_dns_subdomain(v) {
+                        return Err(ConfigError::Invalid(format!(
+                            "sink {:?}: {what} {v:?} is not a valid Kubernetes name",
+                            s.name
+                        )));
+                    }
+                }
+            }
             if let SinkKind::Files(f) = &s.kind {
                 if f.reload_signal.is_some() != f.pid_file.is_some() {
                     return Err(ConfigError::Invalid(format!(
@@ -271,6 +281,16 @@ impl Config {
                 .map_err(|e| ConfigError::Load(format!("join_token_file {}: {e}", p.display()))),
         }
     }
+}
+
+/// RFC 1123 subdomain, as Kubernetes requires of object names.
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
 #[cfg(test)]
@@ -368,6 +388,11 @@ mod tests {
         )
         .expect_err("refused");
         assert!(err.to_string().contains("pid_file"), "{err}");
+        let err = load_toml(
+            "[[sinks]]\nname='a'\nkind='kubernetes-secret'\nspiffe_id='spiffe://e.org/a'\nnamespace='../x'\nsecret_name='s'\n",
+        )
+        .expect_err("refused");
+        assert!(err.to_string().contains("namespace"), "{err}");
     }
 
     #[test]

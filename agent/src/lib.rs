@@ -13,5 +13,6 @@
 pub mod attest;
 pub mod config;
 pub mod rotation;
+pub mod sinks;
 pub mod state;
 pub mod workload;
