@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod attest;
+pub mod ca;
 pub mod config;
 pub mod rotation;
 pub mod sinks;
