@@ -12,7 +12,10 @@
 
 pub mod attest;
 pub mod ca;
+pub mod clock;
 pub mod config;
+pub mod http;
+pub mod metrics;
 pub mod rotation;
 pub mod sinks;
 pub mod state;
