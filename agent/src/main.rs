@@ -12,9 +12,10 @@ use std::sync::Arc;
 use clap::Parser;
 use signet_agent::attest::Attestor;
 use signet_agent::clock::SystemClock;
-use signet_agent::config::Config;
+use signet_agent::config::{Config, SinkKind};
 use signet_agent::http::{Readiness, router};
 use signet_agent::metrics::Metrics;
+use signet_agent::sinks::apiserver::ApiServer;
 use signet_agent::sinks::{Deps, Registry};
 use signet_agent::state;
 use signet_agent::workload::{self, WorkloadApi};
@@ -89,7 +90,16 @@ fn main() -> ExitCode {
 async fn run(cfg: Config) -> Result<(), String> {
     // Sinks are built now so a bad sink fails the start, not the first rotation.
     let registry = Registry::default();
-    let deps = Deps::default();
+    let mut deps = Deps::default();
+    if cfg
+        .sinks
+        .iter()
+        .any(|s| matches!(s.kind, SinkKind::KubernetesSecret(_)))
+    {
+        let api = ApiServer::in_cluster()
+            .map_err(|e| format!("kubernetes-secret sinks need the Kubernetes API: {e}"))?;
+        deps.kube = Some(Arc::new(api));
+    }
     let sinks = cfg
         .sinks
         .iter()

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::config::{SinkConfig, SinkKind};
 
+pub mod apiserver;
 pub mod files;
 pub mod kubernetes;
 
@@ -100,10 +101,14 @@ impl Default for Registry {
                 let api = deps.kube.clone().ok_or_else(|| {
                     SinkError::new(
                         &cfg.name,
-                        "kubernetes-secret sinks need a Kubernetes API client, which this agent does not have yet",
+                        "kubernetes-secret sinks need access to the Kubernetes API",
                     )
                 })?;
-                Ok(Arc::new(kubernetes::SecretSink::new(&cfg.name, k.clone(), api)))
+                Ok(Arc::new(kubernetes::SecretSink::new(
+                    &cfg.name,
+                    k.clone(),
+                    api,
+                )))
             }
             _ => Err(SinkError::new(&cfg.name, "not a kubernetes-secret sink")),
         });
