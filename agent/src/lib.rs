@@ -2,6 +2,7 @@
 //!
 //! - [`config`]: the TOML/env configuration.
 //! - [`rotation`]: when to renew, backoff, whether to keep serving (pure functions).
+//! - [`rotator`]: workload certificate rotation against a [`ca::Ca`], publishing to the state.
 //! - [`state`]: identities and bundle, published on a `watch` channel.
 //! - [`attest`]: caller attestation from Unix peer credentials; selector matching.
 //! - [`workload`]: the SPIFFE Workload API server.
@@ -17,6 +18,7 @@ pub mod config;
 pub mod http;
 pub mod metrics;
 pub mod rotation;
+pub mod rotator;
 pub mod sinks;
 pub mod state;
 pub mod workload;
