@@ -12,8 +12,11 @@ use std::time::{Duration, SystemTime};
 
 use crate::ca::{Ca, CaError, EntrySpec, IssuedSvid, WorkloadCsr};
 use crate::clock::Clock;
+use crate::config::DeletionPolicy;
 use crate::rotation::{backoff, renew_at};
+use crate::sinks::{Delivered, Sink};
 use crate::state::{AgentState, Identity, StateSender, X509Svid};
+use signet_types::SpiffeId;
 
 /// A source of uniform numbers in `[0, 1)`.
 pub type Random = Arc<dyn Fn() -> f64 + Send + Sync>;
@@ -22,6 +25,13 @@ pub const BACKOFF_BASE: Duration = Duration::from_secs(1);
 pub const BACKOFF_CAP: Duration = Duration::from_secs(300);
 /// Longest sleep between passes, so new entries are picked up.
 pub const MAX_SLEEP: Duration = Duration::from_secs(60);
+
+/// A sink bound to the SPIFFE ID whose certificate it receives.
+pub struct SinkBinding {
+    pub spiffe_id: SpiffeId,
+    pub deletion_policy: DeletionPolicy,
+    pub sink: Arc<dyn Sink>,
+}
 
 struct Held {
     spec: EntrySpec,
@@ -39,6 +49,9 @@ pub struct Rotator {
     bundle_der: Vec<Vec<u8>>,
     trust_domain_id: String,
     failures: u32,
+    sinks: Vec<SinkBinding>,
+    /// Per sink (by index): the leaf DER last delivered.
+    delivered: HashMap<usize, Vec<u8>>,
 }
 
 /// Entries needing a certificate at `now`: none held, or held and due for renewal.
@@ -74,7 +87,14 @@ impl Rotator {
             bundle_der: Vec::new(),
             trust_domain_id: String::new(),
             failures: 0,
+            sinks: Vec::new(),
+            delivered: HashMap::new(),
         }
+    }
+
+    pub fn with_sinks(mut self, sinks: Vec<SinkBinding>) -> Self {
+        self.sinks = sinks;
+        self
     }
 
     /// The trust bundle served alongside the SVIDs.
@@ -103,6 +123,9 @@ impl Rotator {
             }
         }
         self.publish(now);
+        if !self.sync_sinks(now).await {
+            failed = true;
+        }
         // Upcoming renewals set the next pass; overdue ones (signing failed) are retried
         // with backoff, never in a tight loop.
         let mut next = self
@@ -184,6 +207,55 @@ impl Rotator {
             not_before: issued.not_before,
             not_after: issued.not_after,
         }
+    }
+
+    /// Brings every sink to the current certificate of its SPIFFE ID (delivering when the
+    /// leaf changed, removing per the deletion policy when there is none). A failed sink is
+    /// retried on the next pass. Returns false when any sink failed.
+    async fn sync_sinks(&mut self, now: SystemTime) -> bool {
+        let mut all_ok = true;
+        for (i, b) in self.sinks.iter().enumerate() {
+            let current = self
+                .held
+                .values()
+                .filter(|h| h.svid.spiffe_id == b.spiffe_id && h.svid.should_serve(now))
+                .max_by_key(|h| h.svid.not_after);
+            match current {
+                Some(h) => {
+                    let leaf = h.svid.chain_der.first().cloned().unwrap_or_default();
+                    if self.delivered.get(&i) == Some(&leaf) {
+                        continue;
+                    }
+                    let d = Delivered {
+                        spiffe_id: h.svid.spiffe_id.to_string(),
+                        chain_der: h.svid.chain_der.clone(),
+                        key_pkcs8_der: h.svid.key_pkcs8_der.clone(),
+                        bundle_der: self.bundle_der.clone(),
+                    };
+                    match b.sink.deliver(&d).await {
+                        Ok(()) => {
+                            self.delivered.insert(i, leaf);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "sink delivery failed; will retry");
+                            all_ok = false;
+                        }
+                    }
+                }
+                None if self.delivered.contains_key(&i) => {
+                    if b.deletion_policy == DeletionPolicy::Delete
+                        && let Err(e) = b.sink.remove().await
+                    {
+                        tracing::warn!(error = %e, "sink removal failed; will retry");
+                        all_ok = false;
+                        continue;
+                    }
+                    self.delivered.remove(&i);
+                }
+                None => {}
+            }
+        }
+        all_ok
     }
 
     fn publish(&self, now: SystemTime) {
@@ -365,6 +437,69 @@ mod tests {
         }
         r.tick(&entries).await;
         assert_eq!(rx.borrow().identities.len(), 1, "recovered");
+    }
+
+    /// Records deliveries and removals; can be made to fail.
+    #[derive(Default)]
+    struct RecordingSink {
+        log: Mutex<Vec<String>>,
+        fail: Mutex<bool>,
+    }
+
+    #[async_trait::async_trait]
+    impl Sink for RecordingSink {
+        fn name(&self) -> &str {
+            "rec"
+        }
+        async fn deliver(&self, svid: &Delivered) -> Result<(), crate::sinks::SinkError> {
+            if self.fail.lock().map(|f| *f).unwrap_or(true) {
+                return Err(crate::sinks::SinkError::new("rec", "disk full"));
+            }
+            if let Ok(mut l) = self.log.lock() {
+                l.push(format!("deliver {:?}", svid.chain_der));
+            }
+            Ok(())
+        }
+        async fn remove(&self) -> Result<(), crate::sinks::SinkError> {
+            if let Ok(mut l) = self.log.lock() {
+                l.push("remove".into());
+            }
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn sinks_follow_rotation_retry_and_removal() {
+        let (r, clock, _ca, _rx) = setup();
+        let t0 = clock.now();
+        let sink = Arc::new(RecordingSink::default());
+        let mut r = r.with_sinks(vec![SinkBinding {
+            spiffe_id: "spiffe://example.org/web".parse().expect("id"),
+            deletion_policy: DeletionPolicy::Delete,
+            sink: sink.clone(),
+        }]);
+        let entries = [entry("web"), entry("other")];
+        r.tick(&entries).await;
+        r.tick(&entries).await; // unchanged: not delivered again
+        if let Ok(mut f) = sink.fail.lock() {
+            *f = true;
+        }
+        advance(&clock, t0 + Duration::from_secs(500));
+        let next = r.tick(&entries).await;
+        assert!(
+            next <= t0 + Duration::from_secs(501),
+            "sink failure retried soon"
+        );
+        if let Ok(mut f) = sink.fail.lock() {
+            *f = false;
+        }
+        r.tick(&entries).await;
+        r.tick(&[entry("other")]).await;
+        let log = sink.log.lock().expect("lock").clone();
+        assert_eq!(log.len(), 3, "{log:?}");
+        assert!(log[0].starts_with("deliver"), "{log:?}");
+        assert!(log[1].starts_with("deliver") && log[1] != log[0], "{log:?}");
+        assert_eq!(log[2], "remove");
     }
 
     #[tokio::test]
