@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 use crate::ca::{Ca, CaError, EntrySpec, IssuedSvid, WorkloadCsr};
 use crate::clock::Clock;
 use crate::config::DeletionPolicy;
+use crate::metrics::Metrics;
 use crate::rotation::{backoff, renew_at};
 use crate::sinks::{Delivered, Sink};
 use crate::state::{AgentState, Identity, StateSender, X509Svid};
@@ -52,6 +53,7 @@ pub struct Rotator {
     sinks: Vec<SinkBinding>,
     /// Per sink (by index): the leaf DER last delivered.
     delivered: HashMap<usize, Vec<u8>>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// Entries needing a certificate at `now`: none held, or held and due for renewal.
@@ -89,7 +91,13 @@ impl Rotator {
             failures: 0,
             sinks: Vec::new(),
             delivered: HashMap::new(),
+            metrics: None,
         }
+    }
+
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     pub fn with_sinks(mut self, sinks: Vec<SinkBinding>) -> Self {
@@ -113,7 +121,14 @@ impl Rotator {
         let want: Vec<EntrySpec> = due(entries, &self.held, now).into_iter().cloned().collect();
         let mut failed = false;
         if !want.is_empty() {
-            match self.sign(&want).await {
+            let result = self.sign(&want).await;
+            if let Some(m) = &self.metrics {
+                let ok = *result.as_ref().unwrap_or(&0);
+                m.renewals.inc_by(ok as u64);
+                m.renewal_failures
+                    .inc_by(want.len().saturating_sub(ok) as u64);
+            }
+            match result {
                 Ok(n) if n == want.len() => self.failures = 0,
                 Ok(_) => failed = true,
                 Err(e) => {
@@ -408,8 +423,11 @@ mod tests {
 
     #[tokio::test]
     async fn failure_backs_off_and_keeps_serving_until_expiry() {
-        let (mut r, clock, ca, rx) = setup();
+        let (r, clock, ca, rx) = setup();
         let t0 = clock.now();
+        let (_tx, mrx) = channel();
+        let metrics = Arc::new(Metrics::new(mrx, clock.clone()));
+        let mut r = r.with_metrics(metrics.clone());
         let entries = [entry("web")];
         r.tick(&entries).await;
         if let Ok(mut d) = ca.down.lock() {
@@ -437,6 +455,12 @@ mod tests {
         }
         r.tick(&entries).await;
         assert_eq!(rx.borrow().identities.len(), 1, "recovered");
+        let text = metrics.encode();
+        assert!(text.contains("signet_agent_renewals_total 2"), "{text}");
+        assert!(
+            text.contains("signet_agent_renewal_failures_total 3"),
+            "{text}"
+        );
     }
 
     /// Records deliveries and removals; can be made to fail.
