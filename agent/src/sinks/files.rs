@@ -116,17 +116,8 @@ impl Inner {
         }
         sync_dir(gen_dir).map_err(|e| self.err("cannot sync", gen_dir, e))?;
 
-        // The switch: a new symlink renamed over `..data`.
-        let tmp_link = dir.join(format!("{DATA_LINK}_tmp-{gen_name}"));
-        std::os::unix::fs::symlink(gen_name, &tmp_link)
-            .map_err(|e| self.err("cannot create", &tmp_link, e))?;
-        let data = dir.join(DATA_LINK);
-        let previous = std::fs::read_link(&data).ok();
-        if let Err(e) = std::fs::rename(&tmp_link, &data) {
-            let _ = std::fs::remove_file(&tmp_link);
-            return Err(self.err("cannot switch", &data, e));
-        }
-        // Visible names point into `..data`, once and for all.
+        // Visible names point into `..data`, once and for all. Done before the switch so a
+        // failure here leaves the previous generation fully in place.
         for (name, _, _) in files {
             let visible = dir.join(name);
             let target = Path::new(DATA_LINK).join(name);
@@ -140,7 +131,21 @@ impl Inner {
                     })?;
             }
         }
-        sync_dir(dir).map_err(|e| self.err("cannot sync", dir, e))?;
+        // The switch: a new symlink renamed over `..data`.
+        let tmp_link = dir.join(format!("{DATA_LINK}_tmp-{gen_name}"));
+        std::os::unix::fs::symlink(gen_name, &tmp_link)
+            .map_err(|e| self.err("cannot create", &tmp_link, e))?;
+        let data = dir.join(DATA_LINK);
+        let previous = std::fs::read_link(&data).ok();
+        if let Err(e) = std::fs::rename(&tmp_link, &data) {
+            let _ = std::fs::remove_file(&tmp_link);
+            return Err(self.err("cannot switch", &data, e));
+        }
+        // The switch is done: from here on, never fail (the caller would remove the
+        // generation that is now current).
+        if let Err(e) = sync_dir(dir) {
+            tracing::warn!(sink = %self.name, dir = %dir.display(), error = %e, "cannot sync directory after switch");
+        }
         // Old generations go only after the switch is durable.
         if let Some(prev) = previous
             && prev.as_os_str() != gen_name
@@ -300,6 +305,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn owner_is_set_when_configured() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let me = std::fs::metadata(dir.path()).expect("meta");
+        // Only root may give files away; others can still chown to themselves.
+        let (uid, gid) = if me.uid() == 0 {
+            (65534, 65534)
+        } else {
+            (me.uid(), me.gid())
+        };
+        let mut c = cfg(dir.path(), FileLayout::Tls);
+        c.owner_uid = Some(uid);
+        c.owner_gid = Some(gid);
+        FilesSink::new("web", c)
+            .deliver(&svid(1))
+            .await
+            .expect("deliver");
+        for n in ["tls.crt", "tls.key", "ca.crt"] {
+            let m = std::fs::metadata(dir.path().join(n)).expect("meta");
+            assert_eq!((m.uid(), m.gid()), (uid, gid), "{n}");
+        }
+    }
+
+    #[tokio::test]
     async fn rotation_switches_all_files_and_drops_old_generation() {
         let dir = tempfile::tempdir().expect("tempdir");
         let sink = FilesSink::new("web", cfg(dir.path(), FileLayout::Tls));
@@ -326,12 +354,30 @@ mod tests {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
             .expect("chmod");
         // Root ignores directory modes; only check the failure where it can happen.
+        let current = if result.is_ok() { 2 } else { 1 };
         if let Err(err) = result {
             assert!(err.to_string().contains("\"web\""), "{err}");
             assert!(!err.to_string().contains("PRIVATE"), "{err}");
             assert_eq!(read_pem(&dir.path().join("key.pem")), [vec![1; 8]]);
             assert_eq!(read_pem(&dir.path().join("cert-chain.pem"))[0], vec![1, 1]);
         }
+        // A failure that root cannot override: a directory in the way of a visible name.
+        std::fs::remove_file(dir.path().join("root-cert.pem")).expect("rm");
+        std::fs::create_dir_all(dir.path().join("root-cert.pem/x")).expect("mkdir");
+        let err = sink.deliver(&svid(3)).await.expect_err("blocked");
+        assert!(err.to_string().contains("\"web\""), "{err}");
+        assert_eq!(read_pem(&dir.path().join("key.pem")), [vec![current; 8]]);
+        assert_eq!(
+            read_pem(&dir.path().join("cert-chain.pem"))[0],
+            vec![current, 1]
+        );
+        let gens = std::fs::read_dir(dir.path())
+            .expect("ls")
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(GEN_PREFIX))
+            .count();
+        assert_eq!(gens, 1, "the failed generation is cleaned up");
+
         let missing = FilesSink::new("gone", cfg(&dir.path().join("nope"), FileLayout::Istio));
         let err = missing.deliver(&svid(1)).await.expect_err("no directory");
         assert!(err.to_string().contains("\"gone\""), "{err}");
