@@ -1,0 +1,497 @@
+//! The seam to "the CA the agent talks to": node attestation, node renewal, the node's
+//! registration entries, and workload signing, as the trait [`Ca`] over domain types.
+//! [`GrpcCa`] implements it over `signet.agent.v1.Node` (mTLS via `signet_client`); tests use
+//! a fake. Protos are converted here, at the edge, and nowhere else.
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use signet_client::ClientIdentity;
+use signet_proto::agent as pb;
+use signet_proto::agent::node_client::NodeClient;
+use signet_types::SpiffeId;
+use tonic::transport::Channel;
+
+use crate::state::Selector;
+
+/// How the node proves itself on first contact. `Debug` hides the secret.
+#[derive(Clone)]
+pub enum AttestCredential {
+    JoinToken(String),
+    /// A projected service-account token, sent as `authorization: Bearer`.
+    ServiceAccountToken(String),
+}
+
+impl fmt::Debug for AttestCredential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AttestCredential::JoinToken(_) => f.write_str("JoinToken(…)"),
+            AttestCredential::ServiceAccountToken(_) => f.write_str("ServiceAccountToken(…)"),
+        }
+    }
+}
+
+/// A certificate the CA issued: chain leaf first, root last (as the server sends it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IssuedSvid {
+    pub spiffe_id: SpiffeId,
+    pub chain_der: Vec<Vec<u8>>,
+    pub serial: String,
+    pub not_before: SystemTime,
+    pub not_after: SystemTime,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attested {
+    pub node_id: String,
+    pub svid: IssuedSvid,
+    pub bundle_der: Vec<Vec<u8>>,
+}
+
+/// A registration entry parented to this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntrySpec {
+    pub id: String,
+    pub spiffe_id: SpiffeId,
+    pub parent_id: String,
+    pub selectors: Vec<Selector>,
+    pub ttl: Duration,
+    pub dns_names: Vec<String>,
+    pub revision: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntriesUpdate {
+    Unchanged,
+    Changed {
+        revision: u64,
+        entries: Vec<EntrySpec>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadCsr {
+    pub entry_id: String,
+    pub csr_der: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CaError {
+    /// The CA could not be reached or answered with a transient error: retry with backoff.
+    #[error("CA unavailable: {0}")]
+    Unavailable(String),
+    /// The CA refused (bad token, banned node, unknown entry…): retrying will not help.
+    #[error("CA refused ({code:?}): {message}")]
+    Refused { code: tonic::Code, message: String },
+    /// The CA answered something malformed.
+    #[error("invalid answer from the CA: {0}")]
+    Invalid(String),
+}
+
+impl From<tonic::Status> for CaError {
+    fn from(s: tonic::Status) -> Self {
+        use tonic::Code::*;
+        match s.code() {
+            Unavailable | DeadlineExceeded | ResourceExhausted | Aborted | Internal | Unknown => {
+                CaError::Unavailable(s.message().to_owned())
+            }
+            code => CaError::Refused {
+                code,
+                message: s.message().to_owned(),
+            },
+        }
+    }
+}
+
+impl CaError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, CaError::Unavailable(_))
+    }
+}
+
+#[async_trait::async_trait]
+pub trait Ca: Send + Sync {
+    async fn attest(&self, cred: &AttestCredential, csr_der: &[u8]) -> Result<Attested, CaError>;
+    async fn renew_node(&self, csr_der: &[u8]) -> Result<IssuedSvid, CaError>;
+    async fn sync_entries(&self, known_revision: u64) -> Result<EntriesUpdate, CaError>;
+    /// One result per CSR, in order.
+    async fn sign_workloads(
+        &self,
+        csrs: Vec<WorkloadCsr>,
+    ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError>;
+}
+
+// --- proto conversions ------------------------------------------------------------------
+
+fn unix_time(secs: i64) -> Result<SystemTime, CaError> {
+    u64::try_from(secs)
+        .ok()
+        .and_then(|s| SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(s)))
+        .ok_or_else(|| CaError::Invalid(format!("time {secs} out of range")))
+}
+
+impl TryFrom<pb::Svid> for IssuedSvid {
+    type Error = CaError;
+    fn try_from(s: pb::Svid) -> Result<Self, CaError> {
+        let spiffe_id = s
+            .spiffe_id
+            .parse()
+            .map_err(|e| CaError::Invalid(format!("SPIFFE ID {:?}: {e}", s.spiffe_id)))?;
+        if s.cert_chain.is_empty() {
+            return Err(CaError::Invalid("empty certificate chain".into()));
+        }
+        let not_before = unix_time(s.not_before)?;
+        let not_after = unix_time(s.not_after)?;
+        if not_after <= not_before {
+            return Err(CaError::Invalid("not_after is not after not_before".into()));
+        }
+        Ok(IssuedSvid {
+            spiffe_id,
+            chain_der: s.cert_chain,
+            serial: s.serial,
+            not_before,
+            not_after,
+        })
+    }
+}
+
+impl TryFrom<pb::Entry> for EntrySpec {
+    type Error = CaError;
+    fn try_from(e: pb::Entry) -> Result<Self, CaError> {
+        let spiffe_id = e
+            .spiffe_id
+            .parse()
+            .map_err(|err| CaError::Invalid(format!("entry {}: SPIFFE ID: {err}", e.id)))?;
+        let selectors = e
+            .selectors
+            .iter()
+            .map(|s| s.parse::<Selector>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|err| CaError::Invalid(format!("entry {}: {err}", e.id)))?;
+        Ok(EntrySpec {
+            id: e.id,
+            spiffe_id,
+            parent_id: e.parent_id,
+            selectors,
+            ttl: Duration::from_secs(u64::try_from(e.ttl_seconds).unwrap_or(0)),
+            dns_names: e.dns_names,
+            revision: e.revision,
+        })
+    }
+}
+
+fn convert_sign_results(
+    resp: pb::SignWorkloadsResponse,
+) -> Vec<(String, Result<IssuedSvid, CaError>)> {
+    resp.results
+        .into_iter()
+        .map(|r| {
+            let result = if r.code == 0 {
+                r.svid
+                    .ok_or_else(|| CaError::Invalid("success without a certificate".into()))
+                    .and_then(IssuedSvid::try_from)
+            } else {
+                Err(CaError::from(tonic::Status::new(
+                    tonic::Code::from_i32(r.code),
+                    r.message,
+                )))
+            };
+            (r.entry_id, result)
+        })
+        .collect()
+}
+
+// --- gRPC implementation ----------------------------------------------------------------
+
+/// [`Ca`] over the `signet.agent.v1.Node` gRPC service.
+#[derive(Clone)]
+pub struct GrpcCa {
+    client: NodeClient<Channel>,
+}
+
+impl GrpcCa {
+    /// Connects over TLS trusting `bundle_pem`; with `identity` (the node SVID) for mTLS.
+    pub async fn connect(
+        addr: &str,
+        bundle_pem: &[u8],
+        identity: Option<&ClientIdentity>,
+    ) -> Result<Self, CaError> {
+        let channel = signet_client::connect_tls(addr, bundle_pem, None, identity)
+            .await
+            .map_err(|e| CaError::Unavailable(e.to_string()))?;
+        Ok(Self::from_channel(channel))
+    }
+
+    pub fn from_channel(channel: Channel) -> Self {
+        Self {
+            client: NodeClient::new(channel),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Ca for GrpcCa {
+    async fn attest(&self, cred: &AttestCredential, csr_der: &[u8]) -> Result<Attested, CaError> {
+        let mut msg = pb::AttestRequest {
+            join_token: String::new(),
+            csr: csr_der.to_vec(),
+        };
+        let req = match cred {
+            AttestCredential::JoinToken(t) => {
+                msg.join_token = t.clone();
+                tonic::Request::new(msg)
+            }
+            AttestCredential::ServiceAccountToken(t) => {
+                signet_client::with_bearer(msg, t).map_err(|e| CaError::Invalid(e.to_string()))?
+            }
+        };
+        let resp = self.client.clone().attest(req).await?.into_inner();
+        Ok(Attested {
+            node_id: resp.node_id,
+            svid: resp
+                .svid
+                .ok_or_else(|| CaError::Invalid("attestation answer without a certificate".into()))?
+                .try_into()?,
+            bundle_der: resp.bundle,
+        })
+    }
+
+    async fn renew_node(&self, csr_der: &[u8]) -> Result<IssuedSvid, CaError> {
+        let req = pb::RenewNodeRequest {
+            csr: csr_der.to_vec(),
+        };
+        self.client
+            .clone()
+            .renew_node(req)
+            .await?
+            .into_inner()
+            .try_into()
+    }
+
+    async fn sync_entries(&self, known_revision: u64) -> Result<EntriesUpdate, CaError> {
+        let resp = self
+            .client
+            .clone()
+            .sync_entries(pb::SyncEntriesRequest { known_revision })
+            .await?
+            .into_inner();
+        if resp.unchanged {
+            return Ok(EntriesUpdate::Unchanged);
+        }
+        Ok(EntriesUpdate::Changed {
+            revision: resp.revision,
+            entries: resp
+                .entries
+                .into_iter()
+                .map(EntrySpec::try_from)
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    async fn sign_workloads(
+        &self,
+        csrs: Vec<WorkloadCsr>,
+    ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
+        let req = pb::SignWorkloadsRequest {
+            csrs: csrs
+                .into_iter()
+                .map(|c| pb::WorkloadCsr {
+                    entry_id: c.entry_id,
+                    csr: c.csr_der,
+                })
+                .collect(),
+        };
+        let resp = self.client.clone().sign_workloads(req).await?.into_inner();
+        Ok(convert_sign_results(resp))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    fn pb_svid() -> pb::Svid {
+        pb::Svid {
+            spiffe_id: "spiffe://example.org/signet/node/n1".into(),
+            cert_chain: vec![vec![1], vec![2]],
+            serial: "01".into(),
+            not_before: 1000,
+            not_after: 2000,
+        }
+    }
+
+    #[test]
+    fn svid_conversion_checks_fields() {
+        let s = IssuedSvid::try_from(pb_svid()).expect("valid");
+        assert_eq!(
+            s.not_after,
+            SystemTime::UNIX_EPOCH + Duration::from_secs(2000)
+        );
+        assert!(
+            IssuedSvid::try_from(pb::Svid {
+                cert_chain: vec![],
+                ..pb_svid()
+            })
+            .is_err()
+        );
+        assert!(
+            IssuedSvid::try_from(pb::Svid {
+                not_before: -1,
+                ..pb_svid()
+            })
+            .is_err()
+        );
+        assert!(
+            IssuedSvid::try_from(pb::Svid {
+                not_after: 1000,
+                ..pb_svid()
+            })
+            .is_err()
+        );
+        assert!(
+            IssuedSvid::try_from(pb::Svid {
+                spiffe_id: "http://x".into(),
+                ..pb_svid()
+            })
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn entry_conversion_parses_selectors() {
+        let e = pb::Entry {
+            id: "e1".into(),
+            spiffe_id: "spiffe://example.org/web".into(),
+            parent_id: "spiffe://example.org/signet/node/n1".into(),
+            selectors: vec!["unix:uid:33".into(), "unix:path:/usr/bin/web".into()],
+            ttl_seconds: 3600,
+            dns_names: vec!["web.local".into()],
+            revision: 7,
+        };
+        let spec = EntrySpec::try_from(e.clone()).expect("valid");
+        assert_eq!(spec.selectors.len(), 2);
+        assert_eq!(spec.ttl, Duration::from_secs(3600));
+        let bad = pb::Entry {
+            selectors: vec!["k8s:ns:x".into()],
+            ..e
+        };
+        let err = EntrySpec::try_from(bad).expect_err("unsupported selector");
+        assert!(err.to_string().contains("e1"), "{err}");
+    }
+
+    #[test]
+    fn sign_results_keep_order_and_errors() {
+        let out = convert_sign_results(pb::SignWorkloadsResponse {
+            results: vec![
+                pb::WorkloadResult {
+                    entry_id: "a".into(),
+                    svid: Some(pb_svid()),
+                    code: 0,
+                    message: String::new(),
+                },
+                pb::WorkloadResult {
+                    entry_id: "b".into(),
+                    svid: None,
+                    code: tonic::Code::PermissionDenied as i32,
+                    message: "not your entry".into(),
+                },
+                pb::WorkloadResult {
+                    entry_id: "c".into(),
+                    svid: None,
+                    code: 0,
+                    message: String::new(),
+                },
+            ],
+        });
+        assert_eq!(out[0].0, "a");
+        assert!(out[0].1.is_ok());
+        assert!(matches!(
+            &out[1].1,
+            Err(CaError::Refused {
+                code: tonic::Code::PermissionDenied,
+                ..
+            })
+        ));
+        assert!(matches!(&out[2].1, Err(CaError::Invalid(_))));
+    }
+
+    #[test]
+    fn status_mapping_separates_transient_from_refusal() {
+        assert!(CaError::from(tonic::Status::unavailable("down")).is_retryable());
+        assert!(!CaError::from(tonic::Status::permission_denied("banned")).is_retryable());
+        assert!(!format!("{:?}", AttestCredential::JoinToken("tok-123".into())).contains("tok"));
+    }
+
+    /// The fake the agent's loops are tested against: it records calls.
+    struct FakeCa {
+        calls: Mutex<Vec<String>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Ca for FakeCa {
+        async fn attest(&self, _: &AttestCredential, _: &[u8]) -> Result<Attested, CaError> {
+            self.calls
+                .lock()
+                .map_err(|e| CaError::Invalid(e.to_string()))?
+                .push("attest".into());
+            Ok(Attested {
+                node_id: "n1".into(),
+                svid: IssuedSvid::try_from(pb_svid())?,
+                bundle_der: vec![vec![9]],
+            })
+        }
+        async fn renew_node(&self, _: &[u8]) -> Result<IssuedSvid, CaError> {
+            Err(CaError::Unavailable("down".into()))
+        }
+        async fn sync_entries(&self, known: u64) -> Result<EntriesUpdate, CaError> {
+            Ok(if known == 0 {
+                EntriesUpdate::Changed {
+                    revision: 1,
+                    entries: vec![],
+                }
+            } else {
+                EntriesUpdate::Unchanged
+            })
+        }
+        async fn sign_workloads(
+            &self,
+            csrs: Vec<WorkloadCsr>,
+        ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
+            Ok(csrs
+                .into_iter()
+                .map(|c| (c.entry_id, IssuedSvid::try_from(pb_svid())))
+                .collect())
+        }
+    }
+
+    #[tokio::test]
+    async fn the_trait_is_object_safe_and_fakeable() {
+        let ca: std::sync::Arc<dyn Ca> = std::sync::Arc::new(FakeCa {
+            calls: Mutex::new(vec![]),
+        });
+        let a = ca
+            .attest(&AttestCredential::JoinToken("t".into()), b"csr")
+            .await
+            .expect("attest");
+        assert_eq!(a.node_id, "n1");
+        assert!(
+            ca.renew_node(b"csr")
+                .await
+                .expect_err("down")
+                .is_retryable()
+        );
+        assert_eq!(
+            ca.sync_entries(1).await.expect("sync"),
+            EntriesUpdate::Unchanged
+        );
+        let r = ca
+            .sign_workloads(vec![WorkloadCsr {
+                entry_id: "e".into(),
+                csr_der: vec![],
+            }])
+            .await
+            .expect("sign");
+        assert_eq!(r[0].0, "e");
+    }
+}

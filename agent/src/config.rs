@@ -1,0 +1,430 @@
+//! Agent configuration: defaults, then a TOML file (`--config FILE`), then `SIGNET_AGENT_*`
+//! environment variables (layered with figment). Unknown keys are refused, by name.
+//!
+//! Nested keys use a double underscore in the environment: `SIGNET_AGENT_RENEW_FRACTION=0.6`,
+//! `SIGNET_AGENT_HTTP_LISTEN=127.0.0.1:9090`. Only variables naming a known top-level key are
+//! read, so other tools' `SIGNET_AGENT_*` variables do not break the agent.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+use signet_types::SpiffeId;
+
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The Signet server's node API, `host:port` or `https://host:port`.
+    pub server_address: String,
+    /// PEM roots the agent trusts for the server (bootstrap bundle).
+    pub trust_bundle_file: Option<PathBuf>,
+    /// One-time join token for node attestation. Prefer `join_token_file`.
+    pub join_token: Option<String>,
+    pub join_token_file: Option<PathBuf>,
+    /// Where the agent keeps its node identity and state.
+    pub data_dir: PathBuf,
+    /// The SPIFFE Workload API socket. Its directory must be controlled by the operator.
+    pub workload_api_socket: PathBuf,
+    /// Renew at this fraction of a certificate's lifetime (0 < f < 0.9).
+    pub renew_fraction: f64,
+    /// `/healthz`, `/readyz`, `/metrics`.
+    pub http_listen: SocketAddr,
+    pub sinks: Vec<SinkConfig>,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("server_address", &self.server_address)
+            .field("trust_bundle_file", &self.trust_bundle_file)
+            .field("join_token", &self.join_token.as_ref().map(|_| "…"))
+            .field("join_token_file", &self.join_token_file)
+            .field("data_dir", &self.data_dir)
+            .field("workload_api_socket", &self.workload_api_socket)
+            .field("renew_fraction", &self.renew_fraction)
+            .field("http_listen", &self.http_listen)
+            .field("sinks", &self.sinks)
+            .finish()
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            server_address: String::new(),
+            trust_bundle_file: None,
+            join_token: None,
+            join_token_file: None,
+            data_dir: PathBuf::from("signet-agent-data"),
+            workload_api_socket: PathBuf::from("/run/signet/agent.sock"),
+            renew_fraction: 0.5,
+            http_listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            sinks: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DeletionPolicy {
+    /// Remove the files / Secret when the identity goes away.
+    #[default]
+    Delete,
+    /// Leave them in place.
+    Retain,
+}
+
+/// One sink: where an identity's certificate is also delivered.
+// No `deny_unknown_fields` here: serde does not support it with `flatten`. Unknown keys are
+// refused by the kind-specific structs, which see every key but these three.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SinkConfig {
+    pub name: String,
+    pub spiffe_id: String,
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+    #[serde(flatten)]
+    pub kind: SinkKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum SinkKind {
+    Files(FilesSinkConfig),
+    KubernetesSecret(KubernetesSecretSinkConfig),
+}
+
+impl SinkKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            SinkKind::Files(_) => "files",
+            SinkKind::KubernetesSecret(_) => "kubernetes-secret",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum FileLayout {
+    /// `cert-chain.pem`, `key.pem`, `root-cert.pem`.
+    #[default]
+    Istio,
+    /// `svid.pem`, `svid_key.pem`, `svid_bundle.pem`.
+    SpiffeHelper,
+    /// `tls.crt`, `tls.key`, `ca.crt`.
+    Tls,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilesSinkConfig {
+    pub directory: PathBuf,
+    #[serde(default)]
+    pub layout: FileLayout,
+    pub owner_uid: Option<u32>,
+    pub owner_gid: Option<u32>,
+    /// e.g. `HUP`: sent to the pid in `pid_file` after each rotation.
+    pub reload_signal: Option<String>,
+    pub pid_file: Option<PathBuf>,
+    /// Program and arguments run after each rotation (no shell).
+    pub reload_command: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum SecretType {
+    #[serde(rename = "istio.io/key-and-cert")]
+    IstioKeyAndCert,
+    #[default]
+    #[serde(rename = "kubernetes.io/tls")]
+    KubernetesTls,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesSecretSinkConfig {
+    pub namespace: String,
+    pub secret_name: String,
+    #[serde(default)]
+    pub secret_type: SecretType,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Load(String),
+    #[error("configuration: {0}")]
+    Invalid(String),
+}
+
+impl From<figment::Error> for ConfigError {
+    fn from(e: figment::Error) -> Self {
+        let msgs: Vec<String> = e.into_iter().map(|e| e.to_string()).collect();
+        ConfigError::Load(msgs.join("; "))
+    }
+}
+
+const TOP_LEVEL_KEYS: &[&str] = &[
+    "server_address",
+    "trust_bundle_file",
+    "join_token",
+    "join_token_file",
+    "data_dir",
+    "workload_api_socket",
+    "renew_fraction",
+    "http_listen",
+    "sinks",
+];
+
+impl Config {
+    /// Layers defaults, the optional TOML file and the environment (`SIGNET_AGENT_*`), then
+    /// validates.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_with_env(file, Env::prefixed("SIGNET_AGENT_"))
+    }
+
+    fn load_with_env(file: Option<&Path>, env: Env) -> Result<Self, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(f) = file {
+            if !f.exists() {
+                return Err(ConfigError::Load(format!(
+                    "config file {} does not exist",
+                    f.display()
+                )));
+            }
+            fig = fig.merge(Toml::file_exact(f));
+        }
+        let env = env.split("__").filter(|key| {
+            let top = key.as_str().split('.').next().unwrap_or_default();
+            TOP_LEVEL_KEYS.iter().any(|k| k.eq_ignore_ascii_case(top))
+        });
+        let cfg: Config = fig.merge(env).extract()?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(self.renew_fraction > 0.0 && self.renew_fraction < 0.9) {
+            return Err(ConfigError::Invalid(format!(
+                "renew_fraction must be in (0, 0.9), got {}",
+                self.renew_fraction
+            )));
+        }
+        if self.join_token.is_some() && self.join_token_file.is_some() {
+            return Err(ConfigError::Invalid(
+                "set join_token or join_token_file, not both".into(),
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for s in &self.sinks {
+            if s.name.is_empty() {
+                return Err(ConfigError::Invalid("a sink has an empty name".into()));
+            }
+            if !names.insert(s.name.as_str()) {
+                return Err(ConfigError::Invalid(format!(
+                    "sink name {:?} is used twice",
+                    s.name
+                )));
+            }
+            s.spiffe_id.parse::<SpiffeId>().map_err(|e| {
+                ConfigError::Invalid(format!(
+                    "sink {:?}: spiffe_id {:?}: {e}",
+                    s.name, s.spiffe_id
+                ))
+            })?;
+            if let SinkKind::KubernetesSecret(k) = &s.kind {
+                for (what, v) in [("namespace", &k.namespace), ("secret_name", &k.secret_name)] {
+                    if !is_dns_subdomain(v) {
+                        return Err(ConfigError::Invalid(format!(
+                            "sink {:?}: {what} {v:?} is not a valid Kubernetes name",
+                            s.name
+                        )));
+                    }
+                }
+            }
+            if let SinkKind::Files(f) = &s.kind {
+                if f.reload_signal.is_some() != f.pid_file.is_some() {
+                    return Err(ConfigError::Invalid(format!(
+                        "sink {:?}: reload_signal and pid_file go together",
+                        s.name
+                    )));
+                }
+                if let Some(sig) = &f.reload_signal
+                    && (sig.is_empty() || !sig.chars().all(|c| c.is_ascii_alphanumeric()))
+                {
+                    return Err(ConfigError::Invalid(format!(
+                        "sink {:?}: reload_signal {sig:?} is not a signal name",
+                        s.name
+                    )));
+                }
+                if matches!(&f.reload_command, Some(c) if c.is_empty()) {
+                    return Err(ConfigError::Invalid(format!(
+                        "sink {:?}: reload_command is empty",
+                        s.name
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The join token, from the config or its file (trimmed).
+    pub fn join_token(&self) -> Result<Option<String>, ConfigError> {
+        if let Some(t) = &self.join_token {
+            return Ok(Some(t.clone()));
+        }
+        match &self.join_token_file {
+            None => Ok(None),
+            Some(p) => std::fs::read_to_string(p)
+                .map(|s| Some(s.trim().to_owned()))
+                .map_err(|e| ConfigError::Load(format!("join_token_file {}: {e}", p.display()))),
+        }
+    }
+}
+
+/// RFC 1123 subdomain, as Kubernetes requires of object names.
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn load_toml(s: &str) -> Result<Config, ConfigError> {
+        let mut f = tempfile::NamedTempFile::new().expect("temp file");
+        f.write_all(s.as_bytes()).expect("write");
+        Config::load_with_env(Some(f.path()), Env::prefixed("SIGNET_AGENT_TEST_NONE_"))
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = Config::default();
+        c.validate().expect("valid");
+        assert_eq!(c.renew_fraction, 0.5);
+    }
+
+    #[test]
+    fn full_file_parses() {
+        let c = load_toml(
+            r#"
+            server_address = "signet.example:8443"
+            trust_bundle_file = "/etc/signet/bundle.pem"
+            join_token_file = "/etc/signet/token"
+            data_dir = "/var/lib/signet-agent"
+            workload_api_socket = "/run/signet/agent.sock"
+            renew_fraction = 0.6
+            http_listen = "127.0.0.1:9100"
+
+            [[sinks]]
+            name = "web"
+            kind = "files"
+            spiffe_id = "spiffe://example.org/web"
+            directory = "/etc/web/tls"
+            layout = "spiffe-helper"
+            reload_signal = "HUP"
+            pid_file = "/run/web.pid"
+            deletion_policy = "retain"
+
+            [[sinks]]
+            name = "k8s"
+            kind = "kubernetes-secret"
+            spiffe_id = "spiffe://example.org/ns/a/sa/b"
+            namespace = "a"
+            secret_name = "istio.b"
+            secret_type = "istio.io/key-and-cert"
+            "#,
+        )
+        .expect("loads");
+        assert_eq!(c.renew_fraction, 0.6);
+        assert_eq!(c.sinks.len(), 2);
+        assert_eq!(c.sinks[0].deletion_policy, DeletionPolicy::Retain);
+        match &c.sinks[0].kind {
+            SinkKind::Files(f) => assert_eq!(f.layout, FileLayout::SpiffeHelper),
+            other => panic!("unexpected {other:?}"),
+        }
+        match &c.sinks[1].kind {
+            SinkKind::KubernetesSecret(k) => {
+                assert_eq!(k.secret_type, SecretType::IstioKeyAndCert);
+                assert_eq!(c.sinks[1].deletion_policy, DeletionPolicy::Delete);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = load_toml("renew_fractoin = 0.3\n").expect_err("refused");
+        assert!(err.to_string().contains("renew_fractoin"), "{err}");
+        let err = load_toml(
+            "[[sinks]]\nname='a'\nkind='files'\nspiffe_id='spiffe://e.org/a'\ndirectory='/x'\ncolour='red'\n",
+        )
+        .expect_err("refused");
+        assert!(err.to_string().contains("colour"), "{err}");
+        let err = load_toml("[[sinks]]\nname='a'\nkind='ftp'\nspiffe_id='spiffe://e.org/a'\n")
+            .expect_err("refused");
+        assert!(err.to_string().contains("ftp"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_explained() {
+        let err = load_toml("renew_fraction = 0.95\n").expect_err("refused");
+        assert!(err.to_string().contains("renew_fraction"), "{err}");
+        let err = load_toml("join_token = 'a'\njoin_token_file = '/x'\n").expect_err("refused");
+        assert!(err.to_string().contains("not both"), "{err}");
+        let err =
+            load_toml("[[sinks]]\nname='a'\nkind='files'\nspiffe_id='not-an-id'\ndirectory='/x'\n")
+                .expect_err("refused");
+        assert!(err.to_string().contains("spiffe_id"), "{err}");
+        let err = load_toml(
+            "[[sinks]]\nname='a'\nkind='files'\nspiffe_id='spiffe://e.org/a'\ndirectory='/x'\nreload_signal='HUP'\n",
+        )
+        .expect_err("refused");
+        assert!(err.to_string().contains("pid_file"), "{err}");
+        let err = load_toml(
+            "[[sinks]]\nname='a'\nkind='kubernetes-secret'\nspiffe_id='spiffe://e.org/a'\nnamespace='../x'\nsecret_name='s'\n",
+        )
+        .expect_err("refused");
+        assert!(err.to_string().contains("namespace"), "{err}");
+    }
+
+    #[test]
+    fn join_token_is_not_in_debug() {
+        let c = Config {
+            join_token: Some("s3cr3t-token".into()),
+            ..Config::default()
+        };
+        assert!(!format!("{c:?}").contains("s3cr3t"));
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API
+    fn environment_overrides_file_and_ignores_foreign_keys() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("agent.toml", "renew_fraction = 0.3\n")?;
+            jail.set_env("SIGNET_AGENT_RENEW_FRACTION", "0.7");
+            jail.set_env("SIGNET_AGENT_SOMETHING_ELSE", "x");
+            let c = Config::load(Some(Path::new("agent.toml")))
+                .map_err(|e| figment::Error::from(e.to_string()))?;
+            assert_eq!(c.renew_fraction, 0.7);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn top_level_keys_list_is_complete() {
+        let v = serde_json::to_value(Config::default()).expect("serializes");
+        let mut keys: Vec<_> = v.as_object().expect("object").keys().cloned().collect();
+        keys.sort();
+        let mut listed: Vec<_> = TOP_LEVEL_KEYS.iter().map(|k| (*k).to_owned()).collect();
+        listed.sort();
+        assert_eq!(keys, listed);
+    }
+}

@@ -1,0 +1,24 @@
+//! `signet-agent`: the node agent.
+//!
+//! - [`config`]: the TOML/env configuration.
+//! - [`rotation`]: when to renew, backoff, whether to keep serving (pure functions).
+//! - [`rotator`]: workload certificate rotation against a [`ca::Ca`], publishing to the state.
+//! - [`state`]: identities and bundle, published on a `watch` channel.
+//! - [`attest`]: caller attestation from Unix peer credentials; selector matching.
+//! - [`workload`]: the SPIFFE Workload API server.
+//! - [`sinks`]: delivery of SVIDs to files and Kubernetes Secrets.
+//! - [`ca`]: the seam to the Signet server (trait [`ca::Ca`], gRPC implementation [`ca::GrpcCa`]).
+//! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
+#![forbid(unsafe_code)]
+
+pub mod attest;
+pub mod ca;
+pub mod clock;
+pub mod config;
+pub mod http;
+pub mod metrics;
+pub mod rotation;
+pub mod rotator;
+pub mod sinks;
+pub mod state;
+pub mod workload;

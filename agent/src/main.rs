@@ -1,0 +1,159 @@
+//! `signet-agent --config FILE`: the node agent. It serves the SPIFFE Workload API on a Unix
+//! socket and `/healthz`, `/readyz`, `/metrics` over HTTP.
+//!
+//! Node attestation and workload signing go through `signet.agent.v1.Node` on the server,
+//! which is not wired in yet: until it is, the agent serves an empty state.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use signet_agent::attest::Attestor;
+use signet_agent::clock::SystemClock;
+use signet_agent::config::{Config, SinkKind};
+use signet_agent::http::{Readiness, router};
+use signet_agent::metrics::Metrics;
+use signet_agent::sinks::apiserver::ApiServer;
+use signet_agent::sinks::{Deps, Registry};
+use signet_agent::state;
+use signet_agent::workload::{self, WorkloadApi};
+
+/// Signet node agent: SPIFFE Workload API, certificate rotation, file and Secret sinks.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// TOML configuration file. Every top-level key can also be set as SIGNET_AGENT_<KEY>
+    /// (nested keys with '__'); the environment wins over the file.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Log as JSON lines instead of text.
+    #[arg(long)]
+    log_json: bool,
+}
+
+fn init_tracing(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,h2=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("shutting down");
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_tracing(args.log_json);
+    let cfg = match Config::load(args.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("signet-agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("signet-agent: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cfg)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("signet-agent: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cfg: Config) -> Result<(), String> {
+    // Sinks are built now so a bad sink fails the start, not the first rotation.
+    let registry = Registry::default();
+    let mut deps = Deps::default();
+    if cfg
+        .sinks
+        .iter()
+        .any(|s| matches!(s.kind, SinkKind::KubernetesSecret(_)))
+    {
+        let api = ApiServer::in_cluster()
+            .map_err(|e| format!("kubernetes-secret sinks need the Kubernetes API: {e}"))?;
+        deps.kube = Some(Arc::new(api));
+    }
+    let sinks = cfg
+        .sinks
+        .iter()
+        .map(|s| registry.build(s, &deps))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+
+    let (state_tx, state_rx) = state::channel();
+    let metrics = Arc::new(Metrics::new(state_rx.clone(), Arc::new(SystemClock)));
+    let ready = Readiness::default();
+
+    let listener = workload::bind(&cfg.workload_api_socket).map_err(|e| e.to_string())?;
+    let http = tokio::net::TcpListener::bind(cfg.http_listen)
+        .await
+        .map_err(|e| format!("http_listen {}: {e}", cfg.http_listen))?;
+    let http_addr = http.local_addr().map_err(|e| e.to_string())?;
+
+    tracing::info!(
+        socket = %cfg.workload_api_socket.display(),
+        http = %http_addr,
+        sinks = sinks.len(),
+        "signet-agent started"
+    );
+    tracing::warn!(
+        server = %cfg.server_address,
+        "node attestation needs the server-side agent API (signet.agent.v1.Node), which this \
+         build does not call yet: the Workload API serves no identities and every caller gets \
+         PermissionDenied until that wiring lands"
+    );
+    ready.set_ready();
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let api = WorkloadApi::new(state_rx, Attestor::default());
+    let workload_task = tokio::spawn(workload::serve(listener, api, wait_stop(stop_rx.clone())));
+    let http_task = tokio::spawn(
+        axum::serve(http, router(metrics, ready))
+            .with_graceful_shutdown(wait_stop(stop_rx))
+            .into_future(),
+    );
+
+    shutdown_signal().await;
+    // Ends the open Workload API streams, then stops the listeners.
+    drop(state_tx);
+    let _ = stop_tx.send(true);
+    let w = workload_task.await;
+    let h = http_task.await;
+    let _ = std::fs::remove_file(&cfg.workload_api_socket);
+    match (w, h) {
+        (Ok(Ok(())), Ok(Ok(()))) => Ok(()),
+        (Ok(Err(e)), _) => Err(e.to_string()),
+        (_, Ok(Err(e))) => Err(format!("http listener: {e}")),
+        (Err(e), _) | (_, Err(e)) => Err(format!("task failed: {e}")),
+    }
+}

@@ -1,0 +1,132 @@
+//! The agent's Prometheus metrics. Gauges about held certificates are computed from the
+//! state at scrape time, so they can never drift from what the Workload API serves.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::clock::Clock;
+use crate::state::{AgentState, StateReceiver};
+
+pub struct Metrics {
+    registry: Registry,
+    certificates: Gauge,
+    earliest_expiry_seconds: Gauge<f64, AtomicU64>,
+    /// Successful certificate renewals (node and workloads).
+    pub renewals: Counter,
+    /// Failed renewal attempts.
+    pub renewal_failures: Counter,
+    state: StateReceiver,
+    clock: Arc<dyn Clock>,
+}
+
+impl Metrics {
+    pub fn new(state: StateReceiver, clock: Arc<dyn Clock>) -> Self {
+        let mut registry = Registry::with_prefix("signet_agent");
+        let certificates = Gauge::default();
+        registry.register(
+            "certificates",
+            "Workload certificates the agent holds",
+            certificates.clone(),
+        );
+        let earliest_expiry_seconds = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "earliest_expiry_seconds",
+            "Seconds until the earliest held certificate expires (0 when none or expired)",
+            earliest_expiry_seconds.clone(),
+        );
+        let renewals = Counter::default();
+        registry.register(
+            "renewals",
+            "Successful certificate renewals",
+            renewals.clone(),
+        );
+        let renewal_failures = Counter::default();
+        registry.register(
+            "renewal_failures",
+            "Failed renewal attempts",
+            renewal_failures.clone(),
+        );
+        Self {
+            registry,
+            certificates,
+            earliest_expiry_seconds,
+            renewals,
+            renewal_failures,
+            state,
+            clock,
+        }
+    }
+
+    fn refresh(&self) {
+        let state: Arc<AgentState> = self.state.borrow().clone();
+        let now = self.clock.now();
+        self.certificates
+            .set(i64::try_from(state.identities.len()).unwrap_or(i64::MAX));
+        let earliest = state
+            .identities
+            .iter()
+            .map(|i| i.svid.not_after)
+            .min()
+            .and_then(|t| t.duration_since(now).ok())
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        self.earliest_expiry_seconds.set(earliest);
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        self.refresh();
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::FixedClock;
+    use crate::state::{Identity, Selector, X509Svid, channel};
+    use std::time::{Duration, SystemTime};
+
+    #[test]
+    fn reports_held_certificates_and_earliest_expiry() {
+        let (tx, rx) = channel();
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let m = Metrics::new(rx, Arc::new(FixedClock(std::sync::Mutex::new(t0))));
+        assert!(m.encode().contains("signet_agent_certificates 0"));
+        let id = |secs| Identity {
+            entry_id: "e".into(),
+            selectors: vec![Selector::Uid(1)],
+            svid: X509Svid {
+                spiffe_id: "spiffe://example.org/a".parse().expect("id"),
+                chain_der: vec![],
+                key_pkcs8_der: vec![],
+                not_before: t0,
+                not_after: t0 + Duration::from_secs(secs),
+            },
+        };
+        tx.send_replace(Arc::new(AgentState {
+            identities: vec![id(300), id(120)],
+            ..AgentState::default()
+        }));
+        m.renewals.inc();
+        let text = m.encode();
+        assert!(text.contains("signet_agent_certificates 2"), "{text}");
+        assert!(
+            text.contains("signet_agent_earliest_expiry_seconds 120.0"),
+            "{text}"
+        );
+        assert!(text.contains("signet_agent_renewals_total 1"), "{text}");
+        assert!(
+            text.contains("signet_agent_renewal_failures_total 0"),
+            "{text}"
+        );
+    }
+}

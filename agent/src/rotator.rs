@@ -1,0 +1,557 @@
+//! Workload certificate rotation against a [`Ca`]: for each registration entry, hold a key
+//! (generated here; it never leaves the host) and a certificate, renew it at the configured
+//! fraction of its lifetime (jittered), back off on failure, keep serving the last good
+//! certificate until it expires, and publish the result to the Workload API state.
+//!
+//! [`Rotator::tick`] is one pass at a given `now`; the caller sleeps until the instant it
+//! returns. Time and randomness are injected.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::ca::{Ca, CaError, EntrySpec, IssuedSvid, WorkloadCsr};
+use crate::clock::Clock;
+use crate::config::DeletionPolicy;
+use crate::metrics::Metrics;
+use crate::rotation::{backoff, renew_at};
+use crate::sinks::{Delivered, Sink};
+use crate::state::{AgentState, Identity, StateSender, X509Svid};
+use signet_types::SpiffeId;
+
+/// A source of uniform numbers in `[0, 1)`.
+pub type Random = Arc<dyn Fn() -> f64 + Send + Sync>;
+
+pub const BACKOFF_BASE: Duration = Duration::from_secs(1);
+pub const BACKOFF_CAP: Duration = Duration::from_secs(300);
+/// Longest sleep between passes, so new entries are picked up.
+pub const MAX_SLEEP: Duration = Duration::from_secs(60);
+
+/// A sink bound to the SPIFFE ID whose certificate it receives.
+pub struct SinkBinding {
+    pub spiffe_id: SpiffeId,
+    pub deletion_policy: DeletionPolicy,
+    pub sink: Arc<dyn Sink>,
+}
+
+struct Held {
+    spec: EntrySpec,
+    svid: X509Svid,
+    renew_at: SystemTime,
+}
+
+pub struct Rotator {
+    ca: Arc<dyn Ca>,
+    clock: Arc<dyn Clock>,
+    random: Random,
+    fraction: f64,
+    state: StateSender,
+    held: HashMap<String, Held>,
+    bundle_der: Vec<Vec<u8>>,
+    trust_domain_id: String,
+    failures: u32,
+    sinks: Vec<SinkBinding>,
+    /// Per sink (by index): the leaf DER last delivered.
+    delivered: HashMap<usize, Vec<u8>>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+/// Entries needing a certificate at `now`: none held, or held and due for renewal.
+fn due<'a>(
+    entries: &'a [EntrySpec],
+    held: &HashMap<String, Held>,
+    now: SystemTime,
+) -> Vec<&'a EntrySpec> {
+    entries
+        .iter()
+        .filter(|e| match held.get(&e.id) {
+            None => true,
+            Some(h) => now >= h.renew_at,
+        })
+        .collect()
+}
+
+impl Rotator {
+    pub fn new(
+        ca: Arc<dyn Ca>,
+        clock: Arc<dyn Clock>,
+        random: Random,
+        fraction: f64,
+        state: StateSender,
+    ) -> Self {
+        Self {
+            ca,
+            clock,
+            random,
+            fraction,
+            state,
+            held: HashMap::new(),
+            bundle_der: Vec::new(),
+            trust_domain_id: String::new(),
+            failures: 0,
+            sinks: Vec::new(),
+            delivered: HashMap::new(),
+            metrics: None,
+        }
+    }
+
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    pub fn with_sinks(mut self, sinks: Vec<SinkBinding>) -> Self {
+        self.sinks = sinks;
+        self
+    }
+
+    /// The trust bundle served alongside the SVIDs.
+    pub fn set_bundle(&mut self, trust_domain_id: String, bundle_der: Vec<Vec<u8>>) {
+        self.trust_domain_id = trust_domain_id;
+        self.bundle_der = bundle_der;
+    }
+
+    /// One pass over `entries` (the node's complete current set). Returns when to run again.
+    pub async fn tick(&mut self, entries: &[EntrySpec]) -> SystemTime {
+        let now = self.clock.now();
+        // An entry that went away or changed (selectors, SPIFFE ID…) stops being served at
+        // once, even if its replacement cannot be signed yet.
+        self.held
+            .retain(|id, h| entries.iter().any(|e| &e.id == id && *e == h.spec));
+        let want: Vec<EntrySpec> = due(entries, &self.held, now).into_iter().cloned().collect();
+        let mut failed = false;
+        if !want.is_empty() {
+            let result = self.sign(&want).await;
+            if let Some(m) = &self.metrics {
+                let ok = *result.as_ref().unwrap_or(&0);
+                m.renewals.inc_by(ok as u64);
+                m.renewal_failures
+                    .inc_by(want.len().saturating_sub(ok) as u64);
+            }
+            match result {
+                Ok(n) if n == want.len() => self.failures = 0,
+                Ok(_) => failed = true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "workload signing failed; serving the last good certificates");
+                    failed = true;
+                }
+            }
+        }
+        self.publish(now);
+        if !self.sync_sinks(now).await {
+            failed = true;
+        }
+        // Upcoming renewals set the next pass; overdue ones (signing failed) are retried
+        // with backoff, never in a tight loop.
+        let mut next = self
+            .held
+            .values()
+            .map(|h| h.renew_at)
+            .filter(|t| *t > now)
+            .min()
+            .unwrap_or(now + MAX_SLEEP)
+            .min(now + MAX_SLEEP);
+        if failed {
+            let wait = backoff(self.failures, BACKOFF_BASE, BACKOFF_CAP, (self.random)());
+            self.failures = self.failures.saturating_add(1);
+            next = next.min(now + wait);
+        } else if self.held.values().any(|h| h.renew_at <= now) {
+            next = next.min(now + BACKOFF_BASE);
+        }
+        next
+    }
+
+    /// Signs `want`; returns how many succeeded.
+    async fn sign(&mut self, want: &[EntrySpec]) -> Result<usize, CaError> {
+        let mut keys = HashMap::new();
+        let mut csrs = Vec::new();
+        for e in want {
+            let k =
+                signet_client::new_key_and_csr().map_err(|e| CaError::Invalid(e.to_string()))?;
+            csrs.push(WorkloadCsr {
+                entry_id: e.id.clone(),
+                csr_der: k.csr_der.clone(),
+            });
+            keys.insert(e.id.clone(), k);
+        }
+        let results = self.ca.sign_workloads(csrs).await?;
+        let mut ok = 0;
+        for (entry_id, result) in results {
+            let (Some(spec), Some(key)) = (
+                want.iter().find(|e| e.id == entry_id),
+                keys.remove(&entry_id),
+            ) else {
+                continue;
+            };
+            match result {
+                Ok(issued) => {
+                    let renew = renew_at(
+                        issued.not_before,
+                        issued.not_after,
+                        self.fraction,
+                        (self.random)(),
+                    );
+                    let svid = self.to_svid(issued, key.key_pkcs8_der);
+                    self.held.insert(
+                        entry_id,
+                        Held {
+                            spec: spec.clone(),
+                            svid,
+                            renew_at: renew,
+                        },
+                    );
+                    ok += 1;
+                }
+                Err(e) => tracing::warn!(entry = %entry_id, error = %e, "entry not signed"),
+            }
+        }
+        Ok(ok)
+    }
+
+    /// The chain the Workload API serves excludes the roots (they are the bundle).
+    fn to_svid(&self, issued: IssuedSvid, key_pkcs8_der: Vec<u8>) -> X509Svid {
+        let chain_der = issued
+            .chain_der
+            .into_iter()
+            .filter(|c| !self.bundle_der.contains(c))
+            .collect();
+        X509Svid {
+            spiffe_id: issued.spiffe_id,
+            chain_der,
+            key_pkcs8_der,
+            not_before: issued.not_before,
+            not_after: issued.not_after,
+        }
+    }
+
+    /// Brings every sink to the current certificate of its SPIFFE ID (delivering when the
+    /// leaf changed, removing per the deletion policy when there is none). A failed sink is
+    /// retried on the next pass. Returns false when any sink failed.
+    async fn sync_sinks(&mut self, now: SystemTime) -> bool {
+        let mut all_ok = true;
+        for (i, b) in self.sinks.iter().enumerate() {
+            let current = self
+                .held
+                .values()
+                .filter(|h| h.svid.spiffe_id == b.spiffe_id && h.svid.should_serve(now))
+                .max_by_key(|h| h.svid.not_after);
+            match current {
+                Some(h) => {
+                    let leaf = h.svid.chain_der.first().cloned().unwrap_or_default();
+                    if self.delivered.get(&i) == Some(&leaf) {
+                        continue;
+                    }
+                    let d = Delivered {
+                        spiffe_id: h.svid.spiffe_id.to_string(),
+                        chain_der: h.svid.chain_der.clone(),
+                        key_pkcs8_der: h.svid.key_pkcs8_der.clone(),
+                        bundle_der: self.bundle_der.clone(),
+                    };
+                    match b.sink.deliver(&d).await {
+                        Ok(()) => {
+                            self.delivered.insert(i, leaf);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "sink delivery failed; will retry");
+                            all_ok = false;
+                        }
+                    }
+                }
+                None if self.delivered.contains_key(&i) => {
+                    if b.deletion_policy == DeletionPolicy::Delete
+                        && let Err(e) = b.sink.remove().await
+                    {
+                        tracing::warn!(error = %e, "sink removal failed; will retry");
+                        all_ok = false;
+                        continue;
+                    }
+                    self.delivered.remove(&i);
+                }
+                None => {}
+            }
+        }
+        all_ok
+    }
+
+    fn publish(&self, now: SystemTime) {
+        let mut identities: Vec<Identity> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.svid.should_serve(now))
+            .map(|(id, h)| Identity {
+                entry_id: id.clone(),
+                selectors: h.spec.selectors.clone(),
+                svid: h.svid.clone(),
+            })
+            .collect();
+        identities.sort_by(|a, b| a.entry_id.cmp(&b.entry_id));
+        let next = AgentState {
+            identities,
+            bundle_der: self.bundle_der.clone(),
+            trust_domain_id: self.trust_domain_id.clone(),
+        };
+        self.state.send_if_modified(|cur| {
+            if **cur == next {
+                false
+            } else {
+                *cur = Arc::new(next);
+                true
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ca::{AttestCredential, Attested, EntriesUpdate};
+    use crate::clock::FixedClock;
+    use crate::state::{Selector, channel};
+    use std::sync::Mutex;
+
+    const ROOT: &[u8] = b"root";
+
+    /// Signs with a 1000 s lifetime from the fake clock's now; can be switched off.
+    struct FakeCa {
+        clock: Arc<FixedClock>,
+        down: Mutex<bool>,
+        signed: Mutex<u32>,
+    }
+
+    #[async_trait::async_trait]
+    impl Ca for FakeCa {
+        async fn attest(&self, _: &AttestCredential, _: &[u8]) -> Result<Attested, CaError> {
+            Err(CaError::Unavailable("not in this test".into()))
+        }
+        async fn renew_node(&self, _: &[u8]) -> Result<IssuedSvid, CaError> {
+            Err(CaError::Unavailable("not in this test".into()))
+        }
+        async fn sync_entries(&self, _: u64) -> Result<EntriesUpdate, CaError> {
+            Ok(EntriesUpdate::Unchanged)
+        }
+        async fn sign_workloads(
+            &self,
+            csrs: Vec<WorkloadCsr>,
+        ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
+            if *self
+                .down
+                .lock()
+                .map_err(|e| CaError::Invalid(e.to_string()))?
+            {
+                return Err(CaError::Unavailable("down".into()));
+            }
+            let now = self.clock.now();
+            let mut n = self
+                .signed
+                .lock()
+                .map_err(|e| CaError::Invalid(e.to_string()))?;
+            Ok(csrs
+                .into_iter()
+                .map(|c| {
+                    *n += 1;
+                    let svid = IssuedSvid {
+                        spiffe_id: format!("spiffe://example.org/{}", c.entry_id)
+                            .parse()
+                            .map_err(|_| CaError::Invalid("id".into()))?,
+                        chain_der: vec![vec![*n as u8], ROOT.to_vec()],
+                        serial: n.to_string(),
+                        not_before: now,
+                        not_after: now + Duration::from_secs(1000),
+                    };
+                    Ok((c.entry_id, Ok(svid)))
+                })
+                .collect::<Result<_, CaError>>()?)
+        }
+    }
+
+    fn entry(id: &str) -> EntrySpec {
+        EntrySpec {
+            id: id.into(),
+            spiffe_id: format!("spiffe://example.org/{id}").parse().expect("id"),
+            parent_id: "spiffe://example.org/signet/node/n1".into(),
+            selectors: vec![Selector::Uid(1000)],
+            ttl: Duration::from_secs(1000),
+            dns_names: vec![],
+            revision: 1,
+        }
+    }
+
+    fn setup() -> (
+        Rotator,
+        Arc<FixedClock>,
+        Arc<FakeCa>,
+        crate::state::StateReceiver,
+    ) {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let clock = Arc::new(FixedClock(Mutex::new(t0)));
+        let ca = Arc::new(FakeCa {
+            clock: clock.clone(),
+            down: Mutex::new(false),
+            signed: Mutex::new(0),
+        });
+        let (tx, rx) = channel();
+        let mut r = Rotator::new(ca.clone(), clock.clone(), Arc::new(|| 0.5), 0.5, tx);
+        r.set_bundle("spiffe://example.org".into(), vec![ROOT.to_vec()]);
+        (r, clock, ca, rx)
+    }
+
+    fn advance(clock: &FixedClock, to: SystemTime) {
+        if let Ok(mut t) = clock.0.lock() {
+            *t = to;
+        }
+    }
+
+    #[tokio::test]
+    async fn issues_then_renews_at_half_life() {
+        let (mut r, clock, _ca, rx) = setup();
+        let t0 = clock.now();
+        let entries = [entry("web")];
+        let next = r.tick(&entries).await;
+        assert_eq!(next, t0 + Duration::from_secs(60), "capped by MAX_SLEEP");
+        let s = rx.borrow().clone();
+        assert_eq!(s.identities.len(), 1);
+        assert_eq!(s.identities[0].svid.chain_der, [vec![1u8]], "root stripped");
+        assert!(!s.identities[0].svid.key_pkcs8_der.is_empty());
+
+        advance(&clock, t0 + Duration::from_secs(499));
+        r.tick(&entries).await;
+        assert_eq!(rx.borrow().identities[0].svid.chain_der, [vec![1u8]]);
+        advance(&clock, t0 + Duration::from_secs(500));
+        r.tick(&entries).await;
+        assert_eq!(rx.borrow().identities[0].svid.chain_der, [vec![2u8]]);
+    }
+
+    #[tokio::test]
+    async fn failure_backs_off_and_keeps_serving_until_expiry() {
+        let (r, clock, ca, rx) = setup();
+        let t0 = clock.now();
+        let (_tx, mrx) = channel();
+        let metrics = Arc::new(Metrics::new(mrx, clock.clone()));
+        let mut r = r.with_metrics(metrics.clone());
+        let entries = [entry("web")];
+        r.tick(&entries).await;
+        if let Ok(mut d) = ca.down.lock() {
+            *d = true;
+        }
+        advance(&clock, t0 + Duration::from_secs(600));
+        let next = r.tick(&entries).await;
+        // attempt 0, rnd 0.5: half of 1 s.
+        assert_eq!(next, t0 + Duration::from_millis(600_500));
+        assert_eq!(rx.borrow().identities.len(), 1, "still served");
+        let next = r.tick(&entries).await;
+        assert_eq!(
+            next,
+            t0 + Duration::from_secs(601),
+            "attempt 1: half of 2 s"
+        );
+        advance(&clock, t0 + Duration::from_secs(1000));
+        r.tick(&entries).await;
+        assert!(
+            rx.borrow().identities.is_empty(),
+            "expired: no longer served"
+        );
+        if let Ok(mut d) = ca.down.lock() {
+            *d = false;
+        }
+        r.tick(&entries).await;
+        assert_eq!(rx.borrow().identities.len(), 1, "recovered");
+        let text = metrics.encode();
+        assert!(text.contains("signet_agent_renewals_total 2"), "{text}");
+        assert!(
+            text.contains("signet_agent_renewal_failures_total 3"),
+            "{text}"
+        );
+    }
+
+    /// Records deliveries and removals; can be made to fail.
+    #[derive(Default)]
+    struct RecordingSink {
+        log: Mutex<Vec<String>>,
+        fail: Mutex<bool>,
+    }
+
+    #[async_trait::async_trait]
+    impl Sink for RecordingSink {
+        fn name(&self) -> &str {
+            "rec"
+        }
+        async fn deliver(&self, svid: &Delivered) -> Result<(), crate::sinks::SinkError> {
+            if self.fail.lock().map(|f| *f).unwrap_or(true) {
+                return Err(crate::sinks::SinkError::new("rec", "disk full"));
+            }
+            if let Ok(mut l) = self.log.lock() {
+                l.push(format!("deliver {:?}", svid.chain_der));
+            }
+            Ok(())
+        }
+        async fn remove(&self) -> Result<(), crate::sinks::SinkError> {
+            if let Ok(mut l) = self.log.lock() {
+                l.push("remove".into());
+            }
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn sinks_follow_rotation_retry_and_removal() {
+        let (r, clock, _ca, _rx) = setup();
+        let t0 = clock.now();
+        let sink = Arc::new(RecordingSink::default());
+        let mut r = r.with_sinks(vec![SinkBinding {
+            spiffe_id: "spiffe://example.org/web".parse().expect("id"),
+            deletion_policy: DeletionPolicy::Delete,
+            sink: sink.clone(),
+        }]);
+        let entries = [entry("web"), entry("other")];
+        r.tick(&entries).await;
+        r.tick(&entries).await; // unchanged: not delivered again
+        if let Ok(mut f) = sink.fail.lock() {
+            *f = true;
+        }
+        advance(&clock, t0 + Duration::from_secs(500));
+        let next = r.tick(&entries).await;
+        assert!(
+            next <= t0 + Duration::from_secs(501),
+            "sink failure retried soon"
+        );
+        if let Ok(mut f) = sink.fail.lock() {
+            *f = false;
+        }
+        r.tick(&entries).await;
+        r.tick(&[entry("other")]).await;
+        let log = sink.log.lock().expect("lock").clone();
+        assert_eq!(log.len(), 3, "{log:?}");
+        assert!(log[0].starts_with("deliver"), "{log:?}");
+        assert!(log[1].starts_with("deliver") && log[1] != log[0], "{log:?}");
+        assert_eq!(log[2], "remove");
+    }
+
+    #[tokio::test]
+    async fn removed_entries_are_dropped_and_changed_ones_reissued() {
+        let (mut r, _clock, ca, rx) = setup();
+        r.tick(&[entry("a"), entry("b")]).await;
+        assert_eq!(rx.borrow().identities.len(), 2);
+        r.tick(&[entry("a")]).await;
+        let ids: Vec<_> = rx
+            .borrow()
+            .identities
+            .iter()
+            .map(|i| i.entry_id.clone())
+            .collect();
+        assert_eq!(ids, ["a"]);
+        let mut changed = entry("a");
+        changed.selectors = vec![Selector::Uid(2000)];
+        r.tick(&[changed]).await;
+        assert_eq!(rx.borrow().identities[0].selectors, [Selector::Uid(2000)]);
+        assert_eq!(*ca.signed.lock().expect("lock"), 3);
+
+        // A change the CA cannot sign right now: the old selectors stop matching anyway.
+        if let Ok(mut d) = ca.down.lock() {
+            *d = true;
+        }
+        let mut again = entry("a");
+        again.selectors = vec![Selector::Uid(3000)];
+        r.tick(&[again]).await;
+        assert!(rx.borrow().identities.is_empty());
+    }
+}

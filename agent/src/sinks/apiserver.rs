@@ -1,0 +1,281 @@
+//! A minimal [`KubeTransport`]: HTTPS to the API server with the pod's service-account
+//! credentials (hyper HTTP/1.1 over rustls with ring). One connection per request: the sink
+//! writes once per rotation. The token file is re-read on every request (projected tokens
+//! rotate).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::{CertificateDer, ServerName};
+
+use crate::sinks::kubernetes::{KubeRequest, KubeTransport};
+
+const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+pub struct ApiServer {
+    /// `host:port` to dial.
+    addr: String,
+    server_name: ServerName<'static>,
+    tls: Arc<rustls::ClientConfig>,
+    token_file: PathBuf,
+}
+
+impl ApiServer {
+    /// From `KUBERNETES_SERVICE_HOST`/`_PORT` and the mounted service-account files.
+    pub fn in_cluster() -> Result<Self, String> {
+        let host = std::env::var("KUBERNETES_SERVICE_HOST")
+            .map_err(|_| "KUBERNETES_SERVICE_HOST is not set: not running in a pod".to_owned())?;
+        let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
+        let addr = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        let ca = std::fs::read(Path::new(SA_DIR).join("ca.crt"))
+            .map_err(|e| format!("{SA_DIR}/ca.crt: {e}"))?;
+        Self::new(
+            addr,
+            "kubernetes.default.svc",
+            &ca,
+            Path::new(SA_DIR).join("token"),
+        )
+    }
+
+    pub fn new(
+        addr: String,
+        server_name: &str,
+        ca_pem: &[u8],
+        token_file: PathBuf,
+    ) -> Result<Self, String> {
+        let mut roots = rustls::RootCertStore::empty();
+        let ders = signet_types::pem::parse_certs(ca_pem).map_err(|e| format!("CA bundle: {e}"))?;
+        for der in ders {
+            roots
+                .add(CertificateDer::from(der))
+                .map_err(|e| format!("CA bundle: {e}"))?;
+        }
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let server_name = ServerName::try_from(server_name.to_owned())
+            .map_err(|e| format!("server name {server_name:?}: {e}"))?;
+        Ok(Self {
+            addr,
+            server_name,
+            tls: Arc::new(tls),
+            token_file,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl KubeTransport for ApiServer {
+    async fn send(&self, req: KubeRequest) -> Result<http::StatusCode, String> {
+        let token = tokio::fs::read_to_string(&self.token_file)
+            .await
+            .map_err(|e| format!("service-account token {}: {e}", self.token_file.display()))?;
+        let tcp = tokio::net::TcpStream::connect(&self.addr)
+            .await
+            .map_err(|e| format!("connect {}: {e}", self.addr))?;
+        let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
+            .connect(self.server_name.clone(), tcp)
+            .await
+            .map_err(|e| format!("TLS to {}: {e}", self.addr))?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| format!("HTTP to {}: {e}", self.addr))?;
+        let conn = tokio::spawn(conn);
+        let mut builder = http::Request::builder()
+            .method(req.method.clone())
+            .uri(req.path_and_query())
+            .header(http::header::HOST, self.addr.as_str())
+            .header(http::header::ACCEPT, "application/json")
+            .header(
+                http::header::AUTHORIZATION,
+                format!("Bearer {}", token.trim()),
+            );
+        if let Some(ct) = req.content_type {
+            builder = builder.header(http::header::CONTENT_TYPE, ct);
+        }
+        let request = builder
+            .body(Full::new(Bytes::from(req.body)))
+            .map_err(|e| format!("request: {e}"))?;
+        let resp = sender
+            .send_request(request)
+            .await
+            .map_err(|e| format!("{} {}: {e}", req.method, req.path))?;
+        let status = resp.status();
+        drop(resp);
+        drop(sender);
+        conn.abort();
+        Ok(status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use rcgen::{CertificateParams, KeyPair};
+    use tokio::sync::mpsc;
+
+    struct Seen {
+        method: http::Method,
+        uri: String,
+        auth: Option<String>,
+        content_type: Option<String>,
+        body: Vec<u8>,
+    }
+
+    /// A TLS API server on 127.0.0.1:0 that records one request per connection and answers
+    /// `status`.
+    async fn fake_apiserver(status: u16) -> (String, Vec<u8>, mpsc::Receiver<Seen>) {
+        let key = KeyPair::generate().expect("key");
+        let cert = CertificateParams::new(vec!["kubernetes.default.svc".to_owned()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("cert");
+        let ca_pem = cert.pem().into_bytes();
+        let server_cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).expect("key der"),
+        )
+        .expect("server config");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_cfg));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let (tx, rx) = mpsc::channel(8);
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    continue;
+                };
+                let tx = tx.clone();
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let tx = tx.clone();
+                        async move {
+                            let (parts, body) = req.into_parts();
+                            let body = body
+                                .collect()
+                                .await
+                                .map(|b| b.to_bytes().to_vec())
+                                .unwrap_or_default();
+                            let header = |h| {
+                                parts
+                                    .headers
+                                    .get(h)
+                                    .and_then(|v: &http::HeaderValue| v.to_str().ok())
+                                    .map(str::to_owned)
+                            };
+                            let _ = tx
+                                .send(Seen {
+                                    method: parts.method.clone(),
+                                    uri: parts.uri.to_string(),
+                                    auth: header(http::header::AUTHORIZATION),
+                                    content_type: header(http::header::CONTENT_TYPE),
+                                    body,
+                                })
+                                .await;
+                            http::Response::builder()
+                                .status(status)
+                                .body(Full::new(Bytes::from_static(b"{}")))
+                        }
+                    });
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tls), svc)
+                        .await;
+                });
+            }
+        });
+        (addr, ca_pem, rx)
+    }
+
+    #[tokio::test]
+    async fn sends_the_real_request_with_bearer_token() {
+        let (addr, ca, mut seen) = fake_apiserver(200).await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "sa-token-1\n").expect("token");
+        let api =
+            ApiServer::new(addr, "kubernetes.default.svc", &ca, token.clone()).expect("client");
+        let status = api
+            .send(KubeRequest {
+                method: http::Method::PATCH,
+                path: "/api/v1/namespaces/prod/secrets/web-tls".into(),
+                query: vec![
+                    ("fieldManager".into(), "signet-agent".into()),
+                    ("force".into(), "true".into()),
+                ],
+                content_type: Some("application/apply-patch+yaml"),
+                body: b"{\"kind\":\"Secret\"}".to_vec(),
+            })
+            .await
+            .expect("send");
+        assert_eq!(status, http::StatusCode::OK);
+        let s = seen.recv().await.expect("request seen");
+        assert_eq!(s.method, http::Method::PATCH);
+        assert_eq!(
+            s.uri,
+            "/api/v1/namespaces/prod/secrets/web-tls?fieldManager=signet-agent&force=true"
+        );
+        assert_eq!(s.auth.as_deref(), Some("Bearer sa-token-1"));
+        assert_eq!(
+            s.content_type.as_deref(),
+            Some("application/apply-patch+yaml")
+        );
+        assert_eq!(s.body, b"{\"kind\":\"Secret\"}");
+
+        // A rotated token is picked up on the next request.
+        std::fs::write(&token, "sa-token-2").expect("token");
+        api.send(KubeRequest {
+            method: http::Method::DELETE,
+            path: "/api/v1/namespaces/prod/secrets/web-tls".into(),
+            query: vec![],
+            content_type: None,
+            body: vec![],
+        })
+        .await
+        .expect("send");
+        let s = seen.recv().await.expect("request seen");
+        assert_eq!(s.method, http::Method::DELETE);
+        assert_eq!(s.auth.as_deref(), Some("Bearer sa-token-2"));
+    }
+
+    #[tokio::test]
+    async fn untrusted_server_is_refused() {
+        let (addr, _ca, _seen) = fake_apiserver(200).await;
+        let (_, other_ca, _) = fake_apiserver(200).await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "t").expect("token");
+        let api = ApiServer::new(addr, "kubernetes.default.svc", &other_ca, token).expect("client");
+        let err = api
+            .send(KubeRequest {
+                method: http::Method::DELETE,
+                path: "/x".into(),
+                query: vec![],
+                content_type: None,
+                body: vec![],
+            })
+            .await
+            .expect_err("untrusted");
+        assert!(err.contains("TLS"), "{err}");
+    }
+}

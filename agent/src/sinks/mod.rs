@@ -1,0 +1,201 @@
+//! Sinks: where an identity's SVID is delivered besides the Workload API. One small trait,
+//! implementations registered by name (`files`, `kubernetes-secret`) in a [`Registry`].
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::config::{SinkConfig, SinkKind};
+
+pub mod apiserver;
+pub mod files;
+pub mod kubernetes;
+
+/// What a sink delivers: a chain, its key and the trust bundle. `Debug` hides the key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Delivered {
+    pub spiffe_id: String,
+    /// DER, leaf first, root excluded.
+    pub chain_der: Vec<Vec<u8>>,
+    /// PKCS#8 DER.
+    pub key_pkcs8_der: Vec<u8>,
+    /// DER roots.
+    pub bundle_der: Vec<Vec<u8>>,
+}
+
+impl fmt::Debug for Delivered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Delivered")
+            .field("spiffe_id", &self.spiffe_id)
+            .field("chain_len", &self.chain_der.len())
+            .field("key", &"…")
+            .field("bundle_len", &self.bundle_der.len())
+            .finish()
+    }
+}
+
+impl Delivered {
+    pub fn chain_pem(&self) -> String {
+        signet_types::pem::certs_to_pem(self.chain_der.iter().map(Vec::as_slice))
+    }
+    pub fn bundle_pem(&self) -> String {
+        signet_types::pem::certs_to_pem(self.bundle_der.iter().map(Vec::as_slice))
+    }
+    /// The key as PEM `PRIVATE KEY` (PKCS#8). Never log it.
+    pub fn key_pem(&self) -> String {
+        pem::encode(&pem::Pem::new("PRIVATE KEY", self.key_pkcs8_der.clone()))
+    }
+}
+
+/// A sink failure. The message names the sink and never contains key material.
+#[derive(Debug, thiserror::Error)]
+#[error("sink {sink:?}: {reason}")]
+pub struct SinkError {
+    pub sink: String,
+    pub reason: String,
+}
+
+impl SinkError {
+    pub fn new(sink: &str, reason: impl Into<String>) -> Self {
+        Self {
+            sink: sink.to_owned(),
+            reason: reason.into(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+pub trait Sink: Send + Sync {
+    /// The configured sink name, for logs and errors.
+    fn name(&self) -> &str;
+    /// Delivers (or replaces) the SVID.
+    async fn deliver(&self, svid: &Delivered) -> Result<(), SinkError>;
+    /// Removes what was delivered (the identity went away and the policy is `delete`).
+    async fn remove(&self) -> Result<(), SinkError>;
+}
+
+/// Shared dependencies a sink factory may need.
+#[derive(Clone, Default)]
+pub struct Deps {
+    /// The Kubernetes API, when the agent has one.
+    pub kube: Option<Arc<dyn kubernetes::KubeTransport>>,
+}
+
+type Factory = Box<dyn Fn(&SinkConfig, &Deps) -> Result<Arc<dyn Sink>, SinkError> + Send + Sync>;
+
+/// Sink factories by kind name.
+pub struct Registry {
+    factories: HashMap<&'static str, Factory>,
+}
+
+impl Default for Registry {
+    /// The built-in sinks: `files` and `kubernetes-secret`.
+    fn default() -> Self {
+        let mut r = Registry::empty();
+        r.register("files", |cfg, _| match &cfg.kind {
+            SinkKind::Files(f) => Ok(Arc::new(files::FilesSink::new(&cfg.name, f.clone()))),
+            _ => Err(SinkError::new(&cfg.name, "not a files sink")),
+        });
+        r.register("kubernetes-secret", |cfg, deps| match &cfg.kind {
+            SinkKind::KubernetesSecret(k) => {
+                let api = deps.kube.clone().ok_or_else(|| {
+                    SinkError::new(
+                        &cfg.name,
+                        "kubernetes-secret sinks need access to the Kubernetes API",
+                    )
+                })?;
+                Ok(Arc::new(kubernetes::SecretSink::new(
+                    &cfg.name,
+                    k.clone(),
+                    api,
+                )))
+            }
+            _ => Err(SinkError::new(&cfg.name, "not a kubernetes-secret sink")),
+        });
+        r
+    }
+}
+
+impl Registry {
+    pub fn empty() -> Self {
+        Self {
+            factories: HashMap::new(),
+        }
+    }
+
+    pub fn register(
+        &mut self,
+        kind: &'static str,
+        factory: impl Fn(&SinkConfig, &Deps) -> Result<Arc<dyn Sink>, SinkError> + Send + Sync + 'static,
+    ) {
+        self.factories.insert(kind, Box::new(factory));
+    }
+
+    pub fn build(&self, cfg: &SinkConfig, deps: &Deps) -> Result<Arc<dyn Sink>, SinkError> {
+        let kind = cfg.kind.name();
+        let factory = self
+            .factories
+            .get(kind)
+            .ok_or_else(|| SinkError::new(&cfg.name, format!("no sink kind {kind:?}")))?;
+        factory(cfg, deps)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{DeletionPolicy, FilesSinkConfig, KubernetesSecretSinkConfig};
+
+    fn files_cfg() -> SinkConfig {
+        SinkConfig {
+            name: "web".into(),
+            spiffe_id: "spiffe://example.org/web".into(),
+            deletion_policy: DeletionPolicy::Delete,
+            kind: SinkKind::Files(FilesSinkConfig {
+                directory: "/tmp/x".into(),
+                layout: Default::default(),
+                owner_uid: None,
+                owner_gid: None,
+                reload_signal: None,
+                pid_file: None,
+                reload_command: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn registry_builds_by_name() {
+        let r = Registry::default();
+        let s = r.build(&files_cfg(), &Deps::default()).expect("files");
+        assert_eq!(s.name(), "web");
+
+        let k8s = SinkConfig {
+            kind: SinkKind::KubernetesSecret(KubernetesSecretSinkConfig {
+                namespace: "a".into(),
+                secret_name: "b".into(),
+                secret_type: Default::default(),
+            }),
+            ..files_cfg()
+        };
+        let err = r.build(&k8s, &Deps::default()).err().expect("no client");
+        assert!(err.to_string().contains("\"web\""), "{err}");
+        assert!(
+            Registry::empty()
+                .build(&files_cfg(), &Deps::default())
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn delivered_debug_hides_key() {
+        let d = Delivered {
+            spiffe_id: "spiffe://example.org/a".into(),
+            chain_der: vec![],
+            key_pkcs8_der: vec![0xAB; 4],
+            bundle_der: vec![],
+        };
+        let s = format!("{d:?}");
+        assert!(!s.contains("171"), "{s}");
+        assert!(d.key_pem().starts_with("-----BEGIN PRIVATE KEY-----"));
+    }
+}

@@ -1,0 +1,167 @@
+//! The agent's state as the Workload API and the sinks see it: the identities it holds (entry,
+//! selectors, current SVID) and the trust bundle. Published through a `tokio::sync::watch`.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use signet_types::SpiffeId;
+
+/// A workload selector. All of an entry's selectors must match a caller.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Selector {
+    Uid(u32),
+    Gid(u32),
+    /// A user name, resolved to a uid through `/etc/passwd` at match time.
+    User(String),
+    /// The caller's executable, an absolute path.
+    Path(PathBuf),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid selector {0:?}: {1}")]
+pub struct SelectorError(pub String, pub &'static str);
+
+impl FromStr for Selector {
+    type Err = SelectorError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = |why| SelectorError(s.to_owned(), why);
+        let rest = s
+            .strip_prefix("unix:")
+            .ok_or_else(|| err("only unix: selectors are supported"))?;
+        let (kind, value) = rest
+            .split_once(':')
+            .ok_or_else(|| err("expected unix:<kind>:<value>"))?;
+        match kind {
+            "uid" => value.parse().map(Selector::Uid).map_err(|_| err("bad uid")),
+            "gid" => value.parse().map(Selector::Gid).map_err(|_| err("bad gid")),
+            "user" if !value.is_empty() && !value.contains(':') => {
+                Ok(Selector::User(value.to_owned()))
+            }
+            "user" => Err(err("bad user name")),
+            "path" if value.starts_with('/') => Ok(Selector::Path(PathBuf::from(value))),
+            "path" => Err(err("path must be absolute")),
+            _ => Err(err("unknown unix selector kind")),
+        }
+    }
+}
+
+impl fmt::Display for Selector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Selector::Uid(u) => write!(f, "unix:uid:{u}"),
+            Selector::Gid(g) => write!(f, "unix:gid:{g}"),
+            Selector::User(n) => write!(f, "unix:user:{n}"),
+            Selector::Path(p) => write!(f, "unix:path:{}", p.display()),
+        }
+    }
+}
+
+/// An X509-SVID the agent holds: the chain (leaf first, without the root) and its private key.
+/// `Debug` never shows the key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct X509Svid {
+    pub spiffe_id: SpiffeId,
+    /// DER certificates, leaf first, root excluded.
+    pub chain_der: Vec<Vec<u8>>,
+    /// PKCS#8 DER.
+    pub key_pkcs8_der: Vec<u8>,
+    pub not_before: SystemTime,
+    pub not_after: SystemTime,
+}
+
+impl fmt::Debug for X509Svid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("X509Svid")
+            .field("spiffe_id", &self.spiffe_id)
+            .field("chain_len", &self.chain_der.len())
+            .field("key", &"…")
+            .field("not_before", &self.not_before)
+            .field("not_after", &self.not_after)
+            .finish()
+    }
+}
+
+impl X509Svid {
+    /// Whether this certificate may be served at `now` (see [`crate::rotation::should_serve`]).
+    pub fn should_serve(&self, now: SystemTime) -> bool {
+        crate::rotation::should_serve(self.not_before, self.not_after, now)
+    }
+}
+
+/// One registration entry the agent serves, with its current SVID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub entry_id: String,
+    pub selectors: Vec<Selector>,
+    pub svid: X509Svid,
+}
+
+/// Everything the Workload API serves. Cheap to clone (shared behind `Arc`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentState {
+    pub identities: Vec<Identity>,
+    /// The trust domain's roots, DER.
+    pub bundle_der: Vec<Vec<u8>>,
+    /// The trust domain, `spiffe://example.org`, for `X509BundlesResponse` keys. Empty when
+    /// no bundle is known yet.
+    pub trust_domain_id: String,
+}
+
+pub type SharedState = Arc<AgentState>;
+pub type StateSender = tokio::sync::watch::Sender<SharedState>;
+pub type StateReceiver = tokio::sync::watch::Receiver<SharedState>;
+
+/// A fresh, empty state channel.
+pub fn channel() -> (StateSender, StateReceiver) {
+    tokio::sync::watch::channel(Arc::new(AgentState::default()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors_round_trip() {
+        for s in [
+            "unix:uid:1000",
+            "unix:gid:0",
+            "unix:user:www-data",
+            "unix:path:/usr/bin/app",
+        ] {
+            let sel: Selector = s.parse().expect(s);
+            assert_eq!(sel.to_string(), s);
+        }
+    }
+
+    #[test]
+    fn bad_selectors_are_refused() {
+        for s in [
+            "k8s:ns:default",
+            "unix:uid:-1",
+            "unix:uid:x",
+            "unix:path:relative",
+            "unix:user:",
+            "unix:shell:/bin/sh",
+            "unix:uid",
+        ] {
+            assert!(s.parse::<Selector>().is_err(), "{s}");
+        }
+    }
+
+    #[test]
+    fn svid_debug_hides_key() {
+        let svid = X509Svid {
+            spiffe_id: "spiffe://example.org/a".parse().expect("id"),
+            chain_der: vec![vec![1]],
+            key_pkcs8_der: b"PRIVATE-KEY-BYTES".to_vec(),
+            not_before: SystemTime::UNIX_EPOCH,
+            not_after: SystemTime::UNIX_EPOCH,
+        };
+        let shown = format!("{svid:?}");
+        assert!(!shown.contains("80, 82, 73"), "{shown}");
+        assert!(!shown.contains("PRIVATE"), "{shown}");
+    }
+}

@@ -1,0 +1,259 @@
+//! End to end: the Workload API served on a real Unix socket, fetched by an independent client
+//! (the `spiffe` crate) and by the raw generated tonic client.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType};
+use signet_agent::attest::Attestor;
+use signet_agent::state::{AgentState, Identity, Selector, StateSender, X509Svid, channel};
+use signet_agent::workload::{self, WorkloadApi};
+use signet_proto::workload as pb;
+use signet_proto::workload::spiffe_workload_api_client::SpiffeWorkloadApiClient;
+use spiffe::{TrustDomain, WorkloadApiClient};
+
+const ID: &str = "spiffe://example.org/e2e/app";
+
+struct Pki {
+    root_der: Vec<u8>,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let key = KeyPair::generate().expect("root key");
+        let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        p.subject_alt_names = vec![SanType::URI(
+            "spiffe://example.org".try_into().expect("uri"),
+        )];
+        let root = p.self_signed(&key).expect("root");
+        Pki {
+            root_der: root.der().to_vec(),
+            issuer: Issuer::new(p, key),
+        }
+    }
+
+    fn leaf(&self) -> X509Svid {
+        let key = KeyPair::generate().expect("leaf key");
+        let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
+        p.is_ca = IsCa::ExplicitNoCa;
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        p.subject_alt_names = vec![SanType::URI(ID.try_into().expect("uri"))];
+        let cert = p.signed_by(&key, &self.issuer).expect("leaf");
+        let now = SystemTime::now();
+        X509Svid {
+            spiffe_id: ID.parse().expect("id"),
+            chain_der: vec![cert.der().to_vec()],
+            key_pkcs8_der: key.serialize_der(),
+            not_before: now,
+            not_after: now + Duration::from_secs(3600),
+        }
+    }
+}
+
+fn my_uid() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .expect("uid")
+}
+
+fn state(pki: &Pki, svid: X509Svid, uid: u32) -> Arc<AgentState> {
+    Arc::new(AgentState {
+        identities: vec![Identity {
+            entry_id: "entry-1".into(),
+            selectors: vec![Selector::Uid(uid)],
+            svid,
+        }],
+        bundle_der: vec![pki.root_der.clone()],
+        trust_domain_id: "spiffe://example.org".into(),
+    })
+}
+
+struct Running {
+    tx: StateSender,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+    socket: std::path::PathBuf,
+}
+
+impl Running {
+    async fn start(initial: Arc<AgentState>) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("agent.sock");
+        let (tx, rx) = channel();
+        tx.send_replace(initial);
+        let listener = workload::bind(&socket).expect("bind");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let api = WorkloadApi::new(rx, Attestor::default());
+        let task = tokio::spawn(async move {
+            workload::serve(listener, api, async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("serve");
+        });
+        Running {
+            tx,
+            stop: Some(stop),
+            task,
+            _dir: dir,
+            socket,
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    /// Ends open streams (the state sender goes away), then stops the server gracefully.
+    async fn stop(self) {
+        let Running { tx, stop, task, .. } = self;
+        drop(tx);
+        if let Some(s) = stop {
+            let _ = s.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("server stops")
+            .expect("server task");
+    }
+}
+
+async fn raw_client(socket: &Path) -> SpiffeWorkloadApiClient<tonic::transport::Channel> {
+    let channel = signet_client::connect_admin(socket).await.expect("connect");
+    SpiffeWorkloadApiClient::new(channel)
+}
+
+#[tokio::test]
+async fn spiffe_client_fetches_svid_and_bundle_and_sees_rotation() {
+    let pki = Pki::new();
+    let first = pki.leaf();
+    let server = Running::start(state(&pki, first.clone(), my_uid())).await;
+
+    let client = WorkloadApiClient::connect_to(server.endpoint())
+        .await
+        .expect("spiffe client connects");
+    let svid = client.fetch_x509_svid().await.expect("fetch svid");
+    assert_eq!(svid.spiffe_id().to_string(), ID);
+    assert_eq!(svid.cert_chain().len(), 1);
+    assert_eq!(
+        svid.cert_chain()[0].as_bytes(),
+        first.chain_der[0].as_slice()
+    );
+    assert_eq!(
+        svid.private_key().as_bytes(),
+        first.key_pkcs8_der.as_slice()
+    );
+
+    let bundles = client.fetch_x509_bundles().await.expect("fetch bundles");
+    let td = TrustDomain::new("example.org").expect("td");
+    let bundle = bundles.get(&td).expect("bundle for example.org");
+    assert_eq!(bundle.authorities().len(), 1);
+    assert_eq!(bundle.authorities()[0].as_bytes(), pki.root_der.as_slice());
+
+    // A stream delivers the current SVID, then the rotated one.
+    let mut stream = client.stream_x509_svids().await.expect("stream");
+    let now = stream.next().await.expect("item").expect("svid");
+    assert_eq!(
+        now.cert_chain()[0].as_bytes(),
+        first.chain_der[0].as_slice()
+    );
+
+    // A second client that disconnects mid-stream disturbs nobody.
+    let other = WorkloadApiClient::connect_to(server.endpoint())
+        .await
+        .expect("second client");
+    let mut dropped = other.stream_x509_svids().await.expect("stream");
+    dropped.next().await.expect("item").expect("svid");
+    drop(dropped);
+    drop(other);
+
+    let second = pki.leaf();
+    server
+        .tx
+        .send_replace(state(&pki, second.clone(), my_uid()));
+    let rotated = tokio::time::timeout(Duration::from_secs(10), stream.next())
+        .await
+        .expect("rotation arrives")
+        .expect("item")
+        .expect("svid");
+    assert_eq!(
+        rotated.cert_chain()[0].as_bytes(),
+        second.chain_der[0].as_slice()
+    );
+    assert_eq!(
+        rotated.private_key().as_bytes(),
+        second.key_pkcs8_der.as_slice()
+    );
+    drop(stream);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn request_without_security_header_is_invalid_argument() {
+    let pki = Pki::new();
+    let server = Running::start(state(&pki, pki.leaf(), my_uid())).await;
+    let mut raw = raw_client(&server.socket).await;
+    let err = raw
+        .fetch_x509svid(pb::X509svidRequest {})
+        .await
+        .expect_err("refused");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+
+    // With the header, the raw client gets the SVID and its chain.
+    let mut req = tonic::Request::new(pb::X509svidRequest {});
+    req.metadata_mut()
+        .insert("workload.spiffe.io", "true".parse().expect("value"));
+    let mut s = raw.fetch_x509svid(req).await.expect("stream").into_inner();
+    let resp = s.message().await.expect("message").expect("some");
+    assert_eq!(resp.svids.len(), 1);
+    assert_eq!(resp.svids[0].spiffe_id, ID);
+    assert_eq!(resp.svids[0].bundle, pki.root_der);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn caller_without_matching_entry_is_permission_denied() {
+    let pki = Pki::new();
+    let server = Running::start(state(&pki, pki.leaf(), my_uid().wrapping_add(1))).await;
+    let mut raw = raw_client(&server.socket).await;
+    let mut req = tonic::Request::new(pb::X509svidRequest {});
+    req.metadata_mut()
+        .insert("workload.spiffe.io", "true".parse().expect("value"));
+    let err = raw.fetch_x509svid(req).await.expect_err("denied");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
+
+    let client = WorkloadApiClient::connect_to(server.endpoint())
+        .await
+        .expect("connects");
+    assert!(client.fetch_x509_svid().await.is_err());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn stream_ends_with_permission_denied_when_identity_is_removed() {
+    let pki = Pki::new();
+    let server = Running::start(state(&pki, pki.leaf(), my_uid())).await;
+    let mut raw = raw_client(&server.socket).await;
+    let mut req = tonic::Request::new(pb::X509svidRequest {});
+    req.metadata_mut()
+        .insert("workload.spiffe.io", "true".parse().expect("value"));
+    let mut s = raw.fetch_x509svid(req).await.expect("stream").into_inner();
+    s.message().await.expect("first").expect("some");
+    server.tx.send_replace(Arc::new(AgentState::default()));
+    let err = tokio::time::timeout(Duration::from_secs(10), s.message())
+        .await
+        .expect("ends")
+        .expect_err("denied");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    server.stop().await;
+}
