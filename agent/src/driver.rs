@@ -438,3 +438,270 @@ pub fn std_random() -> f64 {
     );
     (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::state::{Selector, StateReceiver, channel};
+    use std::sync::Mutex;
+
+    /// A CA that really signs (so node identities pass their key check), counts calls and
+    /// can refuse connections.
+    struct Fake {
+        issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+        root_der: Vec<u8>,
+        node_ttl: Duration,
+        failing_connects: Mutex<u32>,
+        /// The leaf presented on each mTLS connection.
+        connects: Mutex<Vec<Vec<u8>>>,
+        attests: Mutex<u32>,
+    }
+
+    impl Fake {
+        fn new(node_ttl: Duration, failing_connects: u32) -> Arc<Self> {
+            let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+            let mut p = rcgen::CertificateParams::default();
+            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            let root = p.self_signed(&key).expect("root");
+            Arc::new(Self {
+                issuer: rcgen::Issuer::new(p, key),
+                root_der: root.der().to_vec(),
+                node_ttl,
+                failing_connects: Mutex::new(failing_connects),
+                connects: Mutex::new(Vec::new()),
+                attests: Mutex::new(0),
+            })
+        }
+
+        fn issue(&self, csr: &[u8], path: &str, ttl: Duration) -> Result<IssuedSvid, CaError> {
+            let bad = |e: rcgen::Error| CaError::Invalid(e.to_string());
+            let csr_pem = pem::encode(&pem::Pem::new("CERTIFICATE REQUEST", csr.to_vec()));
+            let csr = rcgen::CertificateSigningRequestParams::from_pem(&csr_pem).map_err(bad)?;
+            let id = format!("spiffe://example.org{path}");
+            let mut p = rcgen::CertificateParams::default();
+            p.subject_alt_names = vec![rcgen::SanType::URI(id.as_str().try_into().map_err(bad)?)];
+            let now = SystemTime::now();
+            let nb = now - Duration::from_secs(1);
+            let na = now + ttl;
+            p.not_before = nb.into();
+            p.not_after = na.into();
+            let cert = p.signed_by(&csr.public_key, &self.issuer).map_err(bad)?;
+            Ok(IssuedSvid {
+                spiffe_id: id.parse().map_err(|_| CaError::Invalid("id".into()))?,
+                chain_der: vec![cert.der().to_vec(), self.root_der.clone()],
+                serial: String::new(),
+                // Whole seconds, as in the certificate.
+                not_before: SystemTime::UNIX_EPOCH
+                    + Duration::from_secs(
+                        nb.duration_since(SystemTime::UNIX_EPOCH)
+                            .map(|d| d.as_secs())
+                            .unwrap_or(0),
+                    ),
+                not_after: SystemTime::UNIX_EPOCH
+                    + Duration::from_secs(
+                        na.duration_since(SystemTime::UNIX_EPOCH)
+                            .map(|d| d.as_secs())
+                            .unwrap_or(0),
+                    ),
+            })
+        }
+
+        fn count(m: &Mutex<u32>) -> u32 {
+            m.lock().map(|g| *g).unwrap_or(0)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Ca for Fake {
+        async fn attest(&self, _: &AttestCredential, csr: &[u8]) -> Result<Attested, CaError> {
+            if let Ok(mut n) = self.attests.lock() {
+                *n += 1;
+            }
+            Ok(Attested {
+                node_id: "n1".into(),
+                svid: self.issue(csr, "/signet/node/n1", self.node_ttl)?,
+                bundle_der: vec![self.root_der.clone()],
+            })
+        }
+        async fn renew_node(&self, csr: &[u8]) -> Result<IssuedSvid, CaError> {
+            self.issue(csr, "/signet/node/n1", self.node_ttl)
+        }
+        async fn sync_entries(&self, known: u64) -> Result<EntriesUpdate, CaError> {
+            Ok(if known == 0 {
+                EntriesUpdate::Changed {
+                    revision: 1,
+                    entries: vec![EntrySpec {
+                        id: "e1".into(),
+                        spiffe_id: "spiffe://example.org/app"
+                            .parse()
+                            .map_err(|_| CaError::Invalid("id".into()))?,
+                        parent_id: "spiffe://example.org/signet/node/n1".into(),
+                        selectors: vec![Selector::Uid(1000)],
+                        ttl: Duration::from_secs(3600),
+                        dns_names: vec![],
+                        revision: 1,
+                    }],
+                }
+            } else {
+                EntriesUpdate::Unchanged
+            })
+        }
+        async fn sign_workloads(
+            &self,
+            csrs: Vec<WorkloadCsr>,
+        ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
+            Ok(csrs
+                .into_iter()
+                .map(|c| {
+                    let r = self.issue(&c.csr_der, "/app", Duration::from_secs(3600));
+                    (c.entry_id, r)
+                })
+                .collect())
+        }
+    }
+
+    struct FakeConnector(Arc<Fake>);
+
+    #[async_trait::async_trait]
+    impl Connector for FakeConnector {
+        async fn connect(
+            &self,
+            _: &[u8],
+            identity: Option<&NodeIdentity>,
+        ) -> Result<Arc<dyn Ca>, CaError> {
+            if let Ok(mut n) = self.0.failing_connects.lock()
+                && *n > 0
+            {
+                *n -= 1;
+                return Err(CaError::Unavailable("connection refused".into()));
+            }
+            if let (Some(id), Ok(mut c)) = (identity, self.0.connects.lock()) {
+                c.push(id.chain_der[0].clone());
+            }
+            Ok(self.0.clone())
+        }
+    }
+
+    struct Running {
+        stop: tokio::sync::watch::Sender<bool>,
+        task: tokio::task::JoinHandle<()>,
+        state: StateReceiver,
+        _bundle: tempfile::NamedTempFile,
+    }
+
+    fn start(fake: &Arc<Fake>, data_dir: &std::path::Path, token: Option<&str>) -> Running {
+        let bundle = tempfile::NamedTempFile::new().expect("tmp");
+        std::fs::write(
+            bundle.path(),
+            signet_types::pem::cert_to_pem(&fake.root_der),
+        )
+        .expect("write");
+        let token = token.map(str::to_owned);
+        let settings = Settings {
+            data_dir: data_dir.to_owned(),
+            trust_bundle_file: Some(bundle.path().to_owned()),
+            renew_fraction: 0.5,
+            sync_interval: Duration::from_millis(100),
+            join_token: Arc::new(move || Ok(token.clone())),
+        };
+        let (tx, state) = channel();
+        let ca = Arc::new(SwapCa::default());
+        let random: Random = Arc::new(|| 0.0);
+        let rotator = Rotator::new(ca.clone(), Arc::new(SystemClock), random.clone(), 0.5, tx);
+        let driver = Driver::new(
+            settings,
+            Arc::new(FakeConnector(fake.clone())),
+            Arc::new(SystemClock),
+            random,
+            ca,
+            rotator,
+        );
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(driver.run(stop_rx));
+        Running {
+            stop,
+            task,
+            state,
+            _bundle: bundle,
+        }
+    }
+
+    async fn wait_for(secs: u64, mut f: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        while !f() {
+            assert!(tokio::time::Instant::now() < deadline, "timed out");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn stop(r: Running) {
+        let _ = r.stop.send(true);
+        tokio::time::timeout(Duration::from_secs(5), r.task)
+            .await
+            .expect("stops promptly")
+            .expect("no panic");
+    }
+
+    #[tokio::test]
+    async fn unreachable_server_is_retried_then_attests_persists_and_serves() {
+        let fake = Fake::new(Duration::from_secs(3600), 2);
+        let dir = tempfile::tempdir().expect("tmp");
+        let r = start(&fake, dir.path(), Some("tok"));
+        let state = r.state.clone();
+        wait_for(10, || state.borrow().identities.len() == 1).await;
+        let s = state.borrow().clone();
+        assert_eq!(s.trust_domain_id, "spiffe://example.org");
+        assert_eq!(s.bundle_der, std::slice::from_ref(&fake.root_der));
+        assert_eq!(s.identities[0].svid.chain_der.len(), 1, "root not in chain");
+        assert!(matches!(node::load(dir.path()), Stored::Found(_)));
+        assert_eq!(Fake::count(&fake.attests), 1);
+        stop(r).await;
+
+        // A restart reuses the stored identity: no second attestation.
+        let r = start(&fake, dir.path(), None);
+        let state = r.state.clone();
+        wait_for(10, || state.borrow().identities.len() == 1).await;
+        assert_eq!(Fake::count(&fake.attests), 1);
+        stop(r).await;
+    }
+
+    #[tokio::test]
+    async fn corrupt_identity_without_a_token_is_retried_not_fatal() {
+        let fake = Fake::new(Duration::from_secs(3600), 0);
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::write(dir.path().join(node::KEY_FILE), "garbage").expect("w");
+        std::fs::write(dir.path().join(node::CERT_FILE), "garbage").expect("w");
+        let r = start(&fake, dir.path(), None);
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert!(!r.task.is_finished(), "keeps trying");
+        assert_eq!(Fake::count(&fake.attests), 0);
+        assert!(r.state.borrow().identities.is_empty());
+        stop(r).await;
+
+        // With a token, the corrupt files are replaced by a fresh attestation.
+        let r = start(&fake, dir.path(), Some("tok"));
+        let state = r.state.clone();
+        wait_for(10, || state.borrow().identities.len() == 1).await;
+        assert!(matches!(node::load(dir.path()), Stored::Found(_)));
+        stop(r).await;
+    }
+
+    #[tokio::test]
+    async fn node_renewal_is_persisted_and_used_for_new_connections() {
+        // Four seconds of life (backdated by one): renewed within about a second.
+        let fake = Fake::new(Duration::from_secs(3), 0);
+        let dir = tempfile::tempdir().expect("tmp");
+        let r = start(&fake, dir.path(), Some("tok"));
+        let connects = || fake.connects.lock().map(|c| c.clone()).unwrap_or_default();
+        wait_for(10, || connects().len() >= 2).await;
+        let c = connects();
+        assert_ne!(c[0], c[1], "reconnected with the renewed certificate");
+        match node::load(dir.path()) {
+            Stored::Found(n) => assert!(c.contains(&n.chain_der[0])),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(Fake::count(&fake.attests), 1);
+        stop(r).await;
+    }
+}
