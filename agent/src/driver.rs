@@ -122,6 +122,7 @@ pub struct Driver {
     random: Random,
     ca: Arc<SwapCa>,
     rotator: Rotator,
+    ready: Option<crate::http::Readiness>,
 }
 
 /// Why the loop returned.
@@ -149,7 +150,15 @@ impl Driver {
             random,
             ca,
             rotator,
+            ready: None,
         }
+    }
+
+    /// Marks `ready` once the node is connected and its entries have been synced and signed
+    /// for the first time.
+    pub fn with_readiness(mut self, ready: crate::http::Readiness) -> Self {
+        self.ready = Some(ready);
+        self
     }
 
     /// Runs until `stop` turns true.
@@ -327,6 +336,7 @@ impl Driver {
         let mut node_failures = 0u32;
         let mut next_sync = now;
         let mut next_tick = now;
+        let mut synced = false;
         loop {
             let now = self.clock.now();
             if !node.is_valid_at(now) {
@@ -377,7 +387,7 @@ impl Driver {
             }
             if connected && now >= next_sync {
                 match self.ca.sync_entries(*revision).await {
-                    Ok(EntriesUpdate::Unchanged) => {}
+                    Ok(EntriesUpdate::Unchanged) => synced = true,
                     Ok(EntriesUpdate::Changed {
                         revision: r,
                         entries: e,
@@ -390,6 +400,7 @@ impl Driver {
                         *revision = r;
                         *entries = e;
                         next_tick = now;
+                        synced = true;
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "entry sync failed; keeping the known entries")
@@ -407,6 +418,9 @@ impl Driver {
             }
             if now >= next_tick {
                 next_tick = self.rotator.tick(entries).await;
+                if synced && let Some(r) = &self.ready {
+                    r.set_ready();
+                }
             }
             let mut wake = next_tick.min(node.not_after);
             if connected {
@@ -584,6 +598,7 @@ mod tests {
     }
 
     struct Running {
+        ready: crate::http::Readiness,
         stop: tokio::sync::watch::Sender<bool>,
         task: tokio::task::JoinHandle<()>,
         state: StateReceiver,
@@ -609,6 +624,7 @@ mod tests {
         let ca = Arc::new(SwapCa::default());
         let random: Random = Arc::new(|| 0.0);
         let rotator = Rotator::new(ca.clone(), Arc::new(SystemClock), random.clone(), 0.5, tx);
+        let ready = crate::http::Readiness::default();
         let driver = Driver::new(
             settings,
             Arc::new(FakeConnector(fake.clone())),
@@ -616,10 +632,12 @@ mod tests {
             random,
             ca,
             rotator,
-        );
+        )
+        .with_readiness(ready.clone());
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(driver.run(stop_rx));
         Running {
+            ready,
             stop,
             task,
             state,
@@ -650,6 +668,7 @@ mod tests {
         let r = start(&fake, dir.path(), Some("tok"));
         let state = r.state.clone();
         wait_for(10, || state.borrow().identities.len() == 1).await;
+        wait_for(10, || r.ready.is_ready()).await;
         let s = state.borrow().clone();
         assert_eq!(s.trust_domain_id, "spiffe://example.org");
         assert_eq!(s.bundle_der, std::slice::from_ref(&fake.root_der));
@@ -675,6 +694,7 @@ mod tests {
         let r = start(&fake, dir.path(), None);
         tokio::time::sleep(Duration::from_millis(700)).await;
         assert!(!r.task.is_finished(), "keeps trying");
+        assert!(!r.ready.is_ready());
         assert_eq!(Fake::count(&fake.attests), 0);
         assert!(r.state.borrow().identities.is_empty());
         stop(r).await;

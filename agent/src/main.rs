@@ -139,7 +139,6 @@ async fn run(cfg: Config) -> Result<(), String> {
         sinks = sinks.len(),
         "signet-agent started"
     );
-    ready.set_ready();
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -174,7 +173,8 @@ async fn run(cfg: Config) -> Result<(), String> {
         Arc::new(std_random),
         ca,
         rotator,
-    );
+    )
+    .with_readiness(ready.clone());
     let mut driver_task = tokio::spawn(driver.run(stop_rx.clone()));
 
     let api = WorkloadApi::new(state_rx, Attestor::default());
