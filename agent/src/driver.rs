@@ -21,6 +21,8 @@ use crate::rotator::{Random, Rotator};
 
 pub const RETRY_BASE: Duration = Duration::from_secs(1);
 pub const RETRY_CAP: Duration = Duration::from_secs(30);
+/// Longest wait for one call to the server.
+pub const RPC_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Opens a connection to the server: without an identity (attestation) or with the node SVID.
 #[async_trait::async_trait]
@@ -75,6 +77,23 @@ impl SwapCa {
         }
     }
 
+    /// Runs `call` on the current connection, bounded by [`RPC_TIMEOUT`] so a server that
+    /// hangs cannot stall the loop.
+    async fn with_current<T, F, Fut>(&self, call: F) -> Result<T, CaError>
+    where
+        F: FnOnce(Arc<dyn Ca>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, CaError>>,
+    {
+        let ca = self.current()?;
+        tokio::time::timeout(RPC_TIMEOUT, call(ca))
+            .await
+            .unwrap_or_else(|_| {
+                Err(CaError::Unavailable(
+                    "the server did not answer in time".into(),
+                ))
+            })
+    }
+
     fn current(&self) -> Result<Arc<dyn Ca>, CaError> {
         let g = match self.0.read() {
             Ok(g) => g.clone(),
@@ -87,19 +106,23 @@ impl SwapCa {
 #[async_trait::async_trait]
 impl Ca for SwapCa {
     async fn attest(&self, cred: &AttestCredential, csr_der: &[u8]) -> Result<Attested, CaError> {
-        self.current()?.attest(cred, csr_der).await
+        self.with_current(|ca| async move { ca.attest(cred, csr_der).await })
+            .await
     }
     async fn renew_node(&self, csr_der: &[u8]) -> Result<IssuedSvid, CaError> {
-        self.current()?.renew_node(csr_der).await
+        self.with_current(|ca| async move { ca.renew_node(csr_der).await })
+            .await
     }
     async fn sync_entries(&self, known_revision: u64) -> Result<EntriesUpdate, CaError> {
-        self.current()?.sync_entries(known_revision).await
+        self.with_current(|ca| async move { ca.sync_entries(known_revision).await })
+            .await
     }
     async fn sign_workloads(
         &self,
         csrs: Vec<WorkloadCsr>,
     ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
-        self.current()?.sign_workloads(csrs).await
+        self.with_current(|ca| async move { ca.sign_workloads(csrs).await })
+            .await
     }
 }
 
@@ -270,9 +293,10 @@ impl Driver {
             .await
             .map_err(|e| format!("attestation: {e}"))?;
         let kc = signet_client::new_key_and_csr().map_err(|e| e.to_string())?;
-        let attested = ca
-            .attest(&AttestCredential::JoinToken(token), &kc.csr_der)
+        let cred = AttestCredential::JoinToken(token);
+        let attested = tokio::time::timeout(RPC_TIMEOUT, ca.attest(&cred, &kc.csr_der))
             .await
+            .map_err(|_| "attestation: the server did not answer in time".to_owned())?
             .map_err(|e| format!("attestation: {e}"))?;
         let n = NodeIdentity::from_parts(attested.svid.chain_der, kc.key_pkcs8_der)
             .map_err(|e| format!("attestation answer: {e}"))?;
