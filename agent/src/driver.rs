@@ -361,6 +361,7 @@ impl Driver {
         let mut next_sync = now;
         let mut next_tick = now;
         let mut synced = false;
+        let mut sync_failures = 0u32;
         loop {
             let now = self.clock.now();
             if !node.is_valid_at(now) {
@@ -410,8 +411,9 @@ impl Driver {
                 }
             }
             if connected && now >= next_sync {
+                let mut synced_now = false;
                 match self.ca.sync_entries(*revision).await {
-                    Ok(EntriesUpdate::Unchanged) => synced = true,
+                    Ok(EntriesUpdate::Unchanged) => synced_now = true,
                     Ok(EntriesUpdate::Changed {
                         revision: r,
                         entries: e,
@@ -424,13 +426,26 @@ impl Driver {
                         *revision = r;
                         *entries = e;
                         next_tick = now;
-                        synced = true;
+                        synced_now = true;
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "entry sync failed; keeping the known entries")
+                        sync_failures = sync_failures.saturating_add(1);
+                        tracing::warn!(error = %e, failures = sync_failures, "entry sync failed; keeping the known entries");
                     }
                 }
-                next_sync = now + self.settings.sync_interval;
+                if synced_now {
+                    sync_failures = 0;
+                    synced = true;
+                }
+                // While the server fails, poll less often (up to RETRY_CAP) and log less.
+                let pause = if sync_failures == 0 {
+                    self.settings.sync_interval
+                } else {
+                    self.settings
+                        .sync_interval
+                        .max(RETRY_CAP.min(self.settings.sync_interval * sync_failures.min(64)))
+                };
+                next_sync = now + pause;
                 // The trust bundle file may have been updated.
                 if let Ok((b, _)) = self.server_roots()
                     && b != bundle
