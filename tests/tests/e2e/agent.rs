@@ -61,6 +61,10 @@ fn my_uid() -> u32 {
 }
 
 fn write_config(server: &Server, token: &str, spiffe_id: &str) -> Layout {
+    write_config_at(server.grpc.port(), server, token, spiffe_id)
+}
+
+fn write_config_at(port: u16, server: &Server, token: &str, spiffe_id: &str) -> Layout {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("agent.sock");
     let sink_dir = dir.path().join("sink");
@@ -83,7 +87,7 @@ spiffe_id = "{spiffe_id}"
 directory = "{sink}"
 layout = "spiffe-helper"
 "#,
-        port = server.grpc.port(),
+        port = port,
         bundle = server.bundle_path().display(),
         data = data_dir.display(),
         socket = socket.display(),
@@ -270,4 +274,56 @@ async fn short_lived_certificates_rotate_and_outlive_the_server() {
     assert_eq!(id, app);
     assert!(!chain.is_empty());
     agent.stop().await;
+}
+
+/// Forwards TCP connections from `listener` to `to`.
+async fn proxy(listener: tokio::net::TcpListener, to: std::net::SocketAddr) {
+    while let Ok((mut inbound, _)) = listener.accept().await {
+        tokio::spawn(async move {
+            if let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await {
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+            }
+        });
+    }
+}
+
+#[tokio::test]
+async fn agent_started_before_the_server_is_reachable_retries_then_serves() {
+    let tokens = TokenIssuer::new("k1");
+    let Some(server) = pg_server(&tokens, "").await else {
+        return;
+    };
+    let app = "spiffe://example.org/late";
+    let token = create_token(&server, "vm3");
+    create_entry(&server, app, "vm3", &[]);
+    // A port nothing listens on yet.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let l = write_config_at(port, &server, &token, app);
+    let mut agent = Agent::start(&l.config);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        agent.child.try_wait().unwrap().is_none(),
+        "the agent keeps retrying instead of exiting"
+    );
+    assert!(fetch_svid(&l.socket).await.is_none());
+
+    // The server becomes reachable on that port.
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let forward = tokio::spawn(proxy(listener, server.grpc));
+    let (id, chain) = eventually(40, "an SVID once the server is reachable", || {
+        fetch_svid(&l.socket)
+    })
+    .await;
+    assert_eq!(id, app);
+    let mut full = chain.clone();
+    full.push(String::from_utf8(server.bundle_pem.clone()).unwrap());
+    openssl_verify(&full, &server.bundle_pem).unwrap();
+    agent.stop().await;
+    forward.abort();
 }
