@@ -327,3 +327,55 @@ async fn agent_started_before_the_server_is_reachable_retries_then_serves() {
     agent.stop().await;
     forward.abort();
 }
+
+#[tokio::test]
+async fn node_certificate_is_renewed_persisted_and_still_signs() {
+    let tokens = TokenIssuer::new("k1");
+    let Some(server) = pg_server(&tokens, "[ca]\ndefault_ttl = \"6s\"\n").await else {
+        return;
+    };
+    let app = "spiffe://example.org/renewing";
+    let token = create_token(&server, "vm4");
+    create_entry(&server, app, "vm4", &[]);
+    let l = write_config(&server, &token, app);
+    let agent = Agent::start(&l.config);
+    eventually(30, "the first SVID", || fetch_svid(&l.socket)).await;
+    // The first node certificate was issued before this, for six seconds.
+    let first_expired = Instant::now() + Duration::from_secs(7);
+    let node_serial = || {
+        std::fs::read_to_string(l.data_dir.join("node.pem"))
+            .ok()
+            .map(|p| serial_of(&p))
+    };
+    let first = node_serial().unwrap();
+    let second = eventually(20, "a renewed node certificate", || async {
+        node_serial().filter(|s| *s != first)
+    })
+    .await;
+    eventually(20, "a second node renewal", || async {
+        node_serial().filter(|s| *s != first && *s != second)
+    })
+    .await;
+    // The renewed node identity still gets workload certificates signed: a new entry is
+    // served after the first node certificate has expired.
+    tokio::time::sleep(first_expired.saturating_duration_since(Instant::now())).await;
+    let late = "spiffe://example.org/renewing-late";
+    create_entry(&server, late, "vm4", &[]);
+    // Both entries match this process; the ledger shows the new one signed for the node.
+    let row = eventually(20, "a certificate for the new entry", || async {
+        let rows = server
+            .admin()
+            .await
+            .list_certificates(signet_proto::admin::ListCertificatesRequest {
+                spiffe_id: late.into(),
+                ..Default::default()
+            })
+            .await
+            .ok()?
+            .into_inner();
+        rows.certificates.into_iter().next()
+    })
+    .await;
+    assert!(row.caller.ends_with("/signet/node/vm4"), "{row:?}");
+    agent.stop().await;
+}
