@@ -180,6 +180,21 @@ impl TryFrom<pb::Entry> for EntrySpec {
     }
 }
 
+/// The entries this agent can serve. One it cannot (a selector kind it does not implement,
+/// such as `k8s:`) is logged and skipped, so it does not keep the others from being served.
+fn convert_entries(entries: Vec<pb::Entry>) -> Vec<EntrySpec> {
+    entries
+        .into_iter()
+        .filter_map(|e| match EntrySpec::try_from(e) {
+            Ok(spec) => Some(spec),
+            Err(err) => {
+                tracing::warn!(error = %err, "skipping a registration entry this agent cannot serve");
+                None
+            }
+        })
+        .collect()
+}
+
 fn convert_sign_results(
     resp: pb::SignWorkloadsResponse,
 ) -> Vec<(String, Result<IssuedSvid, CaError>)> {
@@ -280,11 +295,7 @@ impl Ca for GrpcCa {
         }
         Ok(EntriesUpdate::Changed {
             revision: resp.revision,
-            entries: resp
-                .entries
-                .into_iter()
-                .map(EntrySpec::try_from)
-                .collect::<Result<_, _>>()?,
+            entries: convert_entries(resp.entries),
         })
     }
 
@@ -376,8 +387,17 @@ mod tests {
             selectors: vec!["k8s:ns:x".into()],
             ..e
         };
-        let err = EntrySpec::try_from(bad).expect_err("unsupported selector");
+        let err = EntrySpec::try_from(bad.clone()).expect_err("unsupported selector");
         assert!(err.to_string().contains("e1"), "{err}");
+        // In a sync, the entry the agent cannot serve is skipped, not fatal.
+        let good = pb::Entry {
+            id: "e2".into(),
+            selectors: vec!["unix:uid:1".into()],
+            ..bad.clone()
+        };
+        let kept = convert_entries(vec![bad, good]);
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].id, "e2");
     }
 
     #[test]

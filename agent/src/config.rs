@@ -7,6 +7,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -31,6 +32,9 @@ pub struct Config {
     pub renew_fraction: f64,
     /// `/healthz`, `/readyz`, `/metrics`.
     pub http_listen: SocketAddr,
+    /// How often the agent asks the server for changes to its registration entries.
+    #[serde(with = "humantime_serde")]
+    pub sync_interval: Duration,
     pub sinks: Vec<SinkConfig>,
 }
 
@@ -45,6 +49,7 @@ impl std::fmt::Debug for Config {
             .field("workload_api_socket", &self.workload_api_socket)
             .field("renew_fraction", &self.renew_fraction)
             .field("http_listen", &self.http_listen)
+            .field("sync_interval", &self.sync_interval)
             .field("sinks", &self.sinks)
             .finish()
     }
@@ -61,6 +66,7 @@ impl Default for Config {
             workload_api_socket: PathBuf::from("/run/signet/agent.sock"),
             renew_fraction: 0.5,
             http_listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            sync_interval: Duration::from_secs(5),
             sinks: Vec::new(),
         }
     }
@@ -174,6 +180,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "workload_api_socket",
     "renew_fraction",
     "http_listen",
+    "sync_interval",
     "sinks",
 ];
 
@@ -210,6 +217,11 @@ impl Config {
                 "renew_fraction must be in (0, 0.9), got {}",
                 self.renew_fraction
             )));
+        }
+        if self.sync_interval.is_zero() {
+            return Err(ConfigError::Invalid(
+                "sync_interval must be more than zero".into(),
+            ));
         }
         if self.join_token.is_some() && self.join_token_file.is_some() {
             return Err(ConfigError::Invalid(
@@ -322,6 +334,7 @@ mod tests {
             workload_api_socket = "/run/signet/agent.sock"
             renew_fraction = 0.6
             http_listen = "127.0.0.1:9100"
+            sync_interval = "2s"
 
             [[sinks]]
             name = "web"
@@ -344,6 +357,7 @@ mod tests {
         )
         .expect("loads");
         assert_eq!(c.renew_fraction, 0.6);
+        assert_eq!(c.sync_interval, Duration::from_secs(2));
         assert_eq!(c.sinks.len(), 2);
         assert_eq!(c.sinks[0].deletion_policy, DeletionPolicy::Retain);
         match &c.sinks[0].kind {

@@ -1,5 +1,5 @@
-//! The HTTP listener: `/healthz` (the process is up), `/readyz` (the Workload API is
-//! serving), `/metrics` (Prometheus text).
+//! The HTTP listener: `/healthz` (the process is up), `/readyz` (the node is attested and its
+//! entries synced: the Workload API serves what it should), `/metrics` (Prometheus text).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,7 +45,7 @@ async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the Workload API is not listening yet\n",
+            "not ready: no node identity or no entries synced yet\n",
         )
     }
 }

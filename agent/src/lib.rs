@@ -8,6 +8,8 @@
 //! - [`workload`]: the SPIFFE Workload API server.
 //! - [`sinks`]: delivery of SVIDs to files and Kubernetes Secrets.
 //! - [`ca`]: the seam to the Signet server (trait [`ca::Ca`], gRPC implementation [`ca::GrpcCa`]).
+//! - [`node`]: the node identity and bundle persisted in `data_dir`.
+//! - [`driver`]: the main loop: attestation, node renewal, entry sync, rotation.
 //! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
 #![forbid(unsafe_code)]
 
@@ -15,8 +17,10 @@ pub mod attest;
 pub mod ca;
 pub mod clock;
 pub mod config;
+pub mod driver;
 pub mod http;
 pub mod metrics;
+pub mod node;
 pub mod rotation;
 pub mod rotator;
 pub mod sinks;

@@ -1,8 +1,9 @@
 //! `signet-agent --config FILE`: the node agent. It serves the SPIFFE Workload API on a Unix
 //! socket and `/healthz`, `/readyz`, `/metrics` over HTTP.
 //!
-//! Node attestation and workload signing go through `signet.agent.v1.Node` on the server,
-//! which is not wired in yet: until it is, the agent serves an empty state.
+//! The node attests with its join token (or reuses the identity kept in `data_dir`), then
+//! syncs its registration entries and has their certificates signed through
+//! `signet.agent.v1.Node` over mTLS (see [`signet_agent::driver`]).
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -13,8 +14,10 @@ use clap::Parser;
 use signet_agent::attest::Attestor;
 use signet_agent::clock::SystemClock;
 use signet_agent::config::{Config, SinkKind};
+use signet_agent::driver::{Driver, GrpcConnector, Settings, SwapCa, std_random};
 use signet_agent::http::{Readiness, router};
 use signet_agent::metrics::Metrics;
+use signet_agent::rotator::{Rotator, SinkBinding};
 use signet_agent::sinks::apiserver::ApiServer;
 use signet_agent::sinks::{Deps, Registry};
 use signet_agent::state;
@@ -88,6 +91,9 @@ fn main() -> ExitCode {
 }
 
 async fn run(cfg: Config) -> Result<(), String> {
+    if cfg.server_address.is_empty() {
+        return Err("configuration: server_address is required".into());
+    }
     // Sinks are built now so a bad sink fails the start, not the first rotation.
     let registry = Registry::default();
     let mut deps = Deps::default();
@@ -103,9 +109,19 @@ async fn run(cfg: Config) -> Result<(), String> {
     let sinks = cfg
         .sinks
         .iter()
-        .map(|s| registry.build(s, &deps))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
+        .map(|s| {
+            let sink = registry.build(s, &deps).map_err(|e| e.to_string())?;
+            let spiffe_id = s
+                .spiffe_id
+                .parse()
+                .map_err(|e| format!("sink {:?}: {e}", s.name))?;
+            Ok(SinkBinding {
+                spiffe_id,
+                deletion_policy: s.deletion_policy,
+                sink,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
 
     let (state_tx, state_rx) = state::channel();
     let metrics = Arc::new(Metrics::new(state_rx.clone(), Arc::new(SystemClock)));
@@ -123,18 +139,44 @@ async fn run(cfg: Config) -> Result<(), String> {
         sinks = sinks.len(),
         "signet-agent started"
     );
-    tracing::warn!(
-        server = %cfg.server_address,
-        "node attestation needs the server-side agent API (signet.agent.v1.Node), which this \
-         build does not call yet: the Workload API serves no identities and every caller gets \
-         PermissionDenied until that wiring lands"
-    );
-    ready.set_ready();
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    let clock = Arc::new(SystemClock);
+    let ca = Arc::new(SwapCa::default());
+    let rotator = Rotator::new(
+        ca.clone(),
+        clock.clone(),
+        Arc::new(std_random),
+        cfg.renew_fraction,
+        state_tx,
+    )
+    .with_sinks(sinks)
+    .with_metrics(metrics.clone());
+    let token_cfg = cfg.clone();
+    let settings = Settings {
+        data_dir: cfg.data_dir.clone(),
+        trust_bundle_file: cfg.trust_bundle_file.clone(),
+        renew_fraction: cfg.renew_fraction,
+        sync_interval: cfg.sync_interval,
+        join_token: Arc::new(move || token_cfg.join_token().map_err(|e| e.to_string())),
+    };
+    let connector = Arc::new(GrpcConnector {
+        address: cfg.server_address.clone(),
+    });
+    let driver = Driver::new(
+        settings,
+        connector,
+        clock,
+        Arc::new(std_random),
+        ca,
+        rotator,
+    )
+    .with_readiness(ready.clone());
+    let mut driver_task = tokio::spawn(driver.run(stop_rx.clone()));
+
     let api = WorkloadApi::new(state_rx, Attestor::default());
     let workload_task = tokio::spawn(workload::serve(listener, api, wait_stop(stop_rx.clone())));
     let http_task = tokio::spawn(
@@ -144,9 +186,16 @@ async fn run(cfg: Config) -> Result<(), String> {
     );
 
     shutdown_signal().await;
-    // Ends the open Workload API streams, then stops the listeners.
-    drop(state_tx);
+    // Stops the main loop, which drops the state sender and so ends the open Workload API
+    // streams; then the listeners stop.
     let _ = stop_tx.send(true);
+    if tokio::time::timeout(std::time::Duration::from_secs(5), &mut driver_task)
+        .await
+        .is_err()
+    {
+        driver_task.abort();
+        let _ = driver_task.await;
+    }
     let w = workload_task.await;
     let h = http_task.await;
     let _ = std::fs::remove_file(&cfg.workload_api_socket);

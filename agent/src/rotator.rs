@@ -185,8 +185,10 @@ impl Rotator {
             };
             match result {
                 Ok(issued) => {
+                    // The server backdates not_before; the lifetime that counts is the one
+                    // left from now, or a short-lived certificate would be due at once.
                     let renew = renew_at(
-                        issued.not_before,
+                        issued.not_before.max(self.clock.now()),
                         issued.not_after,
                         self.fraction,
                         (self.random)(),

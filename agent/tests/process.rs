@@ -1,5 +1,6 @@
 //! The `signet-agent` binary as a process: starts from a config file, serves the Workload API
-//! (no identities yet: PermissionDenied) and HTTP health, stops cleanly on SIGTERM.
+//! (no identities yet: PermissionDenied) and HTTP health, stays up (not ready) without a node
+//! identity, a join token or a reachable server, and stops cleanly on SIGTERM.
 
 use std::time::Duration;
 
@@ -63,7 +64,8 @@ async fn agent_process_serves_and_stops() {
     assert!(up, "agent did not start");
 
     assert!(http_get(port, "/healthz").await.starts_with("HTTP/1.1 200"));
-    assert!(http_get(port, "/readyz").await.starts_with("HTTP/1.1 200"));
+    // No node identity, no join token, no server: alive, retrying, not ready.
+    assert!(http_get(port, "/readyz").await.starts_with("HTTP/1.1 503"));
     assert!(
         http_get(port, "/metrics")
             .await

@@ -2,6 +2,7 @@
 //! real TLS, real service-account tokens, openssl and signetctl as independent checkers.
 #![allow(clippy::unwrap_used)]
 
+mod agent;
 mod bad_input;
 mod independent;
 mod issuance;

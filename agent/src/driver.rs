@@ -1,0 +1,766 @@
+//! The agent's main loop: obtain the node identity (reuse the one in `data_dir`, or attest
+//! with the join token), connect to the server over mTLS with it, renew it at the configured
+//! fraction of its lifetime, poll `SyncEntries`, and drive the [`Rotator`] that signs the
+//! workloads' certificates and publishes them to the Workload API state and the sinks.
+//!
+//! Nothing here exits on a server error: every failure is logged and retried with backoff
+//! until the stop signal.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use crate::ca::{
+    AttestCredential, Attested, Ca, CaError, EntriesUpdate, EntrySpec, GrpcCa, IssuedSvid,
+    WorkloadCsr,
+};
+use crate::clock::Clock;
+use crate::node::{self, NodeIdentity, Stored};
+use crate::rotation::{backoff, renew_at};
+use crate::rotator::{Random, Rotator};
+
+pub const RETRY_BASE: Duration = Duration::from_secs(1);
+pub const RETRY_CAP: Duration = Duration::from_secs(30);
+/// Longest wait for one call to the server.
+pub const RPC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Opens a connection to the server: without an identity (attestation) or with the node SVID.
+#[async_trait::async_trait]
+pub trait Connector: Send + Sync {
+    async fn connect(
+        &self,
+        roots_pem: &[u8],
+        identity: Option<&NodeIdentity>,
+    ) -> Result<Arc<dyn Ca>, CaError>;
+}
+
+/// [`Connector`] over gRPC/TLS to `address`.
+pub struct GrpcConnector {
+    pub address: String,
+}
+
+#[async_trait::async_trait]
+impl Connector for GrpcConnector {
+    async fn connect(
+        &self,
+        roots_pem: &[u8],
+        identity: Option<&NodeIdentity>,
+    ) -> Result<Arc<dyn Ca>, CaError> {
+        let id = identity.map(NodeIdentity::client_identity);
+        let connect = GrpcCa::connect(&self.address, roots_pem, id.as_ref());
+        match tokio::time::timeout(Duration::from_secs(10), connect).await {
+            Ok(Ok(ca)) => Ok(Arc::new(ca)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(CaError::Unavailable(format!(
+                "{}: connection timed out",
+                self.address
+            ))),
+        }
+    }
+}
+
+/// A [`Ca`] whose connection can be replaced (after the node SVID is renewed) while the
+/// rotator holds it.
+pub struct SwapCa(RwLock<Option<Arc<dyn Ca>>>);
+
+impl Default for SwapCa {
+    fn default() -> Self {
+        Self(RwLock::new(None))
+    }
+}
+
+impl SwapCa {
+    pub fn set(&self, ca: Option<Arc<dyn Ca>>) {
+        match self.0.write() {
+            Ok(mut g) => *g = ca,
+            Err(p) => *p.into_inner() = ca,
+        }
+    }
+
+    /// Runs `call` on the current connection, bounded by [`RPC_TIMEOUT`] so a server that
+    /// hangs cannot stall the loop.
+    async fn with_current<T, F, Fut>(&self, call: F) -> Result<T, CaError>
+    where
+        F: FnOnce(Arc<dyn Ca>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, CaError>>,
+    {
+        let ca = self.current()?;
+        tokio::time::timeout(RPC_TIMEOUT, call(ca))
+            .await
+            .unwrap_or_else(|_| {
+                Err(CaError::Unavailable(
+                    "the server did not answer in time".into(),
+                ))
+            })
+    }
+
+    fn current(&self) -> Result<Arc<dyn Ca>, CaError> {
+        let g = match self.0.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        g.ok_or_else(|| CaError::Unavailable("not connected to the server".into()))
+    }
+}
+
+#[async_trait::async_trait]
+impl Ca for SwapCa {
+    async fn attest(&self, cred: &AttestCredential, csr_der: &[u8]) -> Result<Attested, CaError> {
+        self.with_current(|ca| async move { ca.attest(cred, csr_der).await })
+            .await
+    }
+    async fn renew_node(&self, csr_der: &[u8]) -> Result<IssuedSvid, CaError> {
+        self.with_current(|ca| async move { ca.renew_node(csr_der).await })
+            .await
+    }
+    async fn sync_entries(&self, known_revision: u64) -> Result<EntriesUpdate, CaError> {
+        self.with_current(|ca| async move { ca.sync_entries(known_revision).await })
+            .await
+    }
+    async fn sign_workloads(
+        &self,
+        csrs: Vec<WorkloadCsr>,
+    ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
+        self.with_current(|ca| async move { ca.sign_workloads(csrs).await })
+            .await
+    }
+}
+
+/// What the loop needs from the configuration.
+#[derive(Clone)]
+pub struct Settings {
+    pub data_dir: PathBuf,
+    pub trust_bundle_file: Option<PathBuf>,
+    pub renew_fraction: f64,
+    pub sync_interval: Duration,
+    /// Reads the join token (called at each attestation attempt, so a token file written
+    /// later is picked up). Never logged.
+    pub join_token: Arc<dyn Fn() -> Result<Option<String>, String> + Send + Sync>,
+}
+
+pub struct Driver {
+    settings: Settings,
+    connector: Arc<dyn Connector>,
+    clock: Arc<dyn Clock>,
+    random: Random,
+    ca: Arc<SwapCa>,
+    rotator: Rotator,
+    ready: Option<crate::http::Readiness>,
+}
+
+/// Why the loop returned.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Stopped,
+    /// The node SVID expired: obtain a new one.
+    NodeExpired,
+}
+
+impl Driver {
+    /// `rotator` must have been built over `ca`.
+    pub fn new(
+        settings: Settings,
+        connector: Arc<dyn Connector>,
+        clock: Arc<dyn Clock>,
+        random: Random,
+        ca: Arc<SwapCa>,
+        rotator: Rotator,
+    ) -> Self {
+        Self {
+            settings,
+            connector,
+            clock,
+            random,
+            ca,
+            rotator,
+            ready: None,
+        }
+    }
+
+    /// Marks `ready` once the node is connected and its entries have been synced and signed
+    /// for the first time.
+    pub fn with_readiness(mut self, ready: crate::http::Readiness) -> Self {
+        self.ready = Some(ready);
+        self
+    }
+
+    /// Runs until `stop` turns true.
+    pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut entries: Vec<EntrySpec> = Vec::new();
+        let mut revision = 0u64;
+        loop {
+            let Some(node) = self.obtain_node(&mut stop).await else {
+                return;
+            };
+            match self
+                .serve(node, &mut entries, &mut revision, &mut stop)
+                .await
+            {
+                Outcome::Stopped => return,
+                Outcome::NodeExpired => {
+                    self.ca.set(None);
+                    tracing::error!(
+                        "the node certificate expired before it could be renewed; \
+                         attesting again (this needs a new join token)"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Sleeps for `d` or until stopped; returns false when stopped.
+    async fn sleep(d: Duration, stop: &mut tokio::sync::watch::Receiver<bool>) -> bool {
+        if *stop.borrow() {
+            return false;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(d) => true,
+            _ = stop.wait_for(|s| *s) => false,
+        }
+    }
+
+    /// The PEM roots trusted for the server's TLS certificate: the configured file and the
+    /// bundle received at attestation.
+    fn server_roots(&self) -> Result<(Vec<Vec<u8>>, String), String> {
+        let mut roots = node::load_bundle(&self.settings.data_dir);
+        if let Some(f) = &self.settings.trust_bundle_file {
+            let pem =
+                std::fs::read(f).map_err(|e| format!("trust_bundle_file {}: {e}", f.display()))?;
+            let certs = signet_types::pem::parse_certs(&pem)
+                .map_err(|e| format!("trust_bundle_file {}: {e}", f.display()))?;
+            for c in certs {
+                if !roots.contains(&c) {
+                    roots.push(c);
+                }
+            }
+        }
+        if roots.is_empty() {
+            return Err("no trust bundle for the server: set trust_bundle_file (PEM roots)".into());
+        }
+        let pem = signet_types::pem::certs_to_pem(roots.iter().map(Vec::as_slice));
+        Ok((roots, pem))
+    }
+
+    /// Retries [`Self::try_obtain_node`] with backoff until it succeeds or the agent stops.
+    async fn obtain_node(
+        &self,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Option<NodeIdentity> {
+        let mut attempt = 0u32;
+        loop {
+            match self.try_obtain_node().await {
+                Ok(n) => return Some(n),
+                Err(e) => {
+                    let wait = backoff(attempt, RETRY_BASE, RETRY_CAP, (self.random)())
+                        .max(RETRY_BASE / 2);
+                    attempt = attempt.saturating_add(1);
+                    tracing::warn!(error = %e, retry_in = ?wait, "no node identity yet");
+                    if !Self::sleep(wait, stop).await {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn try_obtain_node(&self) -> Result<NodeIdentity, String> {
+        let dir = &self.settings.data_dir;
+        let now = self.clock.now();
+        match node::load(dir) {
+            Stored::Found(n) if n.is_valid_at(now) => {
+                tracing::info!(node = %n.spiffe_id, "reusing the node identity in data_dir");
+                return Ok(n);
+            }
+            Stored::Found(n) => {
+                tracing::warn!(node = %n.spiffe_id, "the stored node certificate is no longer valid")
+            }
+            Stored::Corrupt(why) => {
+                tracing::warn!(reason = %why, "ignoring a corrupt node identity in data_dir")
+            }
+            Stored::Absent => {}
+        }
+        let token = (self.settings.join_token)()?.ok_or_else(|| {
+            format!(
+                "no valid node identity in {} and no join token configured (join_token or \
+                 join_token_file)",
+                dir.display()
+            )
+        })?;
+        let (_, roots_pem) = self.server_roots()?;
+        let ca = self
+            .connector
+            .connect(roots_pem.as_bytes(), None)
+            .await
+            .map_err(|e| format!("attestation: {e}"))?;
+        let kc = signet_client::new_key_and_csr().map_err(|e| e.to_string())?;
+        let cred = AttestCredential::JoinToken(token);
+        let attested = tokio::time::timeout(RPC_TIMEOUT, ca.attest(&cred, &kc.csr_der))
+            .await
+            .map_err(|_| "attestation: the server did not answer in time".to_owned())?
+            .map_err(|e| format!("attestation: {e}"))?;
+        let n = NodeIdentity::from_parts(attested.svid.chain_der, kc.key_pkcs8_der)
+            .map_err(|e| format!("attestation answer: {e}"))?;
+        // The token is spent: keep the identity in memory even if it cannot be persisted.
+        if let Err(e) = node::save_bundle(dir, &attested.bundle_der) {
+            tracing::error!(error = %e, dir = %dir.display(), "cannot persist the trust bundle");
+        }
+        if let Err(e) = node::save(dir, &n) {
+            tracing::error!(error = %e, dir = %dir.display(), "cannot persist the node identity; a restart will need a new join token");
+        }
+        tracing::info!(node = %n.spiffe_id, node_id = %attested.node_id, "node attested");
+        Ok(n)
+    }
+
+    /// Connects with `node`, installing the connection in the shared [`SwapCa`].
+    async fn connect(&self, node: &NodeIdentity) -> Result<(), String> {
+        let (_, roots_pem) = self.server_roots()?;
+        let ca = self
+            .connector
+            .connect(roots_pem.as_bytes(), Some(node))
+            .await
+            .map_err(|e| e.to_string())?;
+        self.ca.set(Some(ca));
+        Ok(())
+    }
+
+    /// Renews the node SVID over the current connection and persists it.
+    async fn renew_node(&self) -> Result<NodeIdentity, String> {
+        let kc = signet_client::new_key_and_csr().map_err(|e| e.to_string())?;
+        let svid = self
+            .ca
+            .renew_node(&kc.csr_der)
+            .await
+            .map_err(|e| e.to_string())?;
+        let n = NodeIdentity::from_parts(svid.chain_der, kc.key_pkcs8_der)?;
+        if let Err(e) = node::save(&self.settings.data_dir, &n) {
+            tracing::error!(error = %e, "cannot persist the renewed node identity");
+        }
+        Ok(n)
+    }
+
+    /// The loop for one node identity.
+    async fn serve(
+        &mut self,
+        mut node: NodeIdentity,
+        entries: &mut Vec<EntrySpec>,
+        revision: &mut u64,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Outcome {
+        let fraction = self.settings.renew_fraction;
+        let mut bundle = self.server_roots().map(|(r, _)| r).unwrap_or_default();
+        let td = node.spiffe_id.trust_domain().id_string();
+        self.rotator.set_bundle(td.clone(), bundle.clone());
+
+        let now = self.clock.now();
+        let mut connected = false;
+        let mut connect_failures = 0u32;
+        let mut next_connect = now;
+        let mut node_renew_at =
+            renew_at(node.not_before, node.not_after, fraction, (self.random)());
+        let mut node_failures = 0u32;
+        let mut next_sync = now;
+        let mut next_tick = now;
+        let mut synced = false;
+        let mut sync_failures = 0u32;
+        loop {
+            let now = self.clock.now();
+            if !node.is_valid_at(now) {
+                return Outcome::NodeExpired;
+            }
+            if !connected && now >= next_connect {
+                match self.connect(&node).await {
+                    Ok(()) => {
+                        connected = true;
+                        connect_failures = 0;
+                        tracing::info!(node = %node.spiffe_id, "connected to the server");
+                    }
+                    Err(e) => {
+                        let wait =
+                            backoff(connect_failures, RETRY_BASE, RETRY_CAP, (self.random)())
+                                .max(RETRY_BASE / 2);
+                        connect_failures = connect_failures.saturating_add(1);
+                        tracing::warn!(error = %e, retry_in = ?wait, "cannot reach the server");
+                        next_connect = now + wait;
+                    }
+                }
+            }
+            if connected && now >= node_renew_at {
+                match self.renew_node().await {
+                    Ok(n) => {
+                        tracing::info!(node = %n.spiffe_id, not_after = ?n.not_after, "node certificate renewed");
+                        node = n;
+                        node_failures = 0;
+                        node_renew_at = renew_at(
+                            node.not_before.max(now),
+                            node.not_after,
+                            fraction,
+                            (self.random)(),
+                        );
+                        // New connections present the new certificate.
+                        connected = false;
+                        next_connect = now;
+                        continue;
+                    }
+                    Err(e) => {
+                        let wait = backoff(node_failures, RETRY_BASE, RETRY_CAP, (self.random)())
+                            .max(RETRY_BASE / 2);
+                        node_failures = node_failures.saturating_add(1);
+                        tracing::warn!(error = %e, retry_in = ?wait, "node renewal failed");
+                        node_renew_at = now + wait;
+                    }
+                }
+            }
+            if connected && now >= next_sync {
+                let mut synced_now = false;
+                match self.ca.sync_entries(*revision).await {
+                    Ok(EntriesUpdate::Unchanged) => synced_now = true,
+                    Ok(EntriesUpdate::Changed {
+                        revision: r,
+                        entries: e,
+                    }) => {
+                        tracing::info!(
+                            revision = r,
+                            entries = e.len(),
+                            "registration entries changed"
+                        );
+                        *revision = r;
+                        *entries = e;
+                        next_tick = now;
+                        synced_now = true;
+                    }
+                    Err(e) => {
+                        sync_failures = sync_failures.saturating_add(1);
+                        tracing::warn!(error = %e, failures = sync_failures, "entry sync failed; keeping the known entries");
+                    }
+                }
+                if synced_now {
+                    sync_failures = 0;
+                    synced = true;
+                }
+                // While the server fails, poll less often (up to RETRY_CAP) and log less.
+                let pause = if sync_failures == 0 {
+                    self.settings.sync_interval
+                } else {
+                    self.settings
+                        .sync_interval
+                        .max(RETRY_CAP.min(self.settings.sync_interval * sync_failures.min(64)))
+                };
+                next_sync = now + pause;
+                // The trust bundle file may have been updated.
+                if let Ok((b, _)) = self.server_roots()
+                    && b != bundle
+                {
+                    bundle = b;
+                    self.rotator.set_bundle(td.clone(), bundle.clone());
+                    next_tick = now;
+                }
+            }
+            if now >= next_tick {
+                next_tick = self.rotator.tick(entries).await;
+                if synced && let Some(r) = &self.ready {
+                    r.set_ready();
+                }
+            }
+            let mut wake = next_tick.min(node.not_after);
+            if connected {
+                wake = wake.min(next_sync).min(node_renew_at);
+            } else {
+                wake = wake.min(next_connect);
+            }
+            let wait = wake
+                .duration_since(self.clock.now())
+                .unwrap_or(Duration::ZERO)
+                .min(self.settings.sync_interval)
+                .max(Duration::from_millis(10));
+            if !Self::sleep(wait, stop).await {
+                return Outcome::Stopped;
+            }
+        }
+    }
+}
+
+/// Uniform in `[0, 1)`, from the standard library's randomly keyed hasher: enough for jitter.
+pub fn std_random() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::state::{Selector, StateReceiver, channel};
+    use std::sync::Mutex;
+
+    /// A CA that really signs (so node identities pass their key check), counts calls and
+    /// can refuse connections.
+    struct Fake {
+        issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+        root_der: Vec<u8>,
+        node_ttl: Duration,
+        failing_connects: Mutex<u32>,
+        /// The leaf presented on each mTLS connection.
+        connects: Mutex<Vec<Vec<u8>>>,
+        attests: Mutex<u32>,
+    }
+
+    impl Fake {
+        fn new(node_ttl: Duration, failing_connects: u32) -> Arc<Self> {
+            let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+            let mut p = rcgen::CertificateParams::default();
+            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            let root = p.self_signed(&key).expect("root");
+            Arc::new(Self {
+                issuer: rcgen::Issuer::new(p, key),
+                root_der: root.der().to_vec(),
+                node_ttl,
+                failing_connects: Mutex::new(failing_connects),
+                connects: Mutex::new(Vec::new()),
+                attests: Mutex::new(0),
+            })
+        }
+
+        fn issue(&self, csr: &[u8], path: &str, ttl: Duration) -> Result<IssuedSvid, CaError> {
+            let bad = |e: rcgen::Error| CaError::Invalid(e.to_string());
+            let csr_pem = pem::encode(&pem::Pem::new("CERTIFICATE REQUEST", csr.to_vec()));
+            let csr = rcgen::CertificateSigningRequestParams::from_pem(&csr_pem).map_err(bad)?;
+            let id = format!("spiffe://example.org{path}");
+            let mut p = rcgen::CertificateParams::default();
+            p.subject_alt_names = vec![rcgen::SanType::URI(id.as_str().try_into().map_err(bad)?)];
+            let now = SystemTime::now();
+            let nb = now - Duration::from_secs(1);
+            let na = now + ttl;
+            p.not_before = nb.into();
+            p.not_after = na.into();
+            let cert = p.signed_by(&csr.public_key, &self.issuer).map_err(bad)?;
+            Ok(IssuedSvid {
+                spiffe_id: id.parse().map_err(|_| CaError::Invalid("id".into()))?,
+                chain_der: vec![cert.der().to_vec(), self.root_der.clone()],
+                serial: String::new(),
+                // Whole seconds, as in the certificate.
+                not_before: SystemTime::UNIX_EPOCH
+                    + Duration::from_secs(
+                        nb.duration_since(SystemTime::UNIX_EPOCH)
+                            .map(|d| d.as_secs())
+                            .unwrap_or(0),
+                    ),
+                not_after: SystemTime::UNIX_EPOCH
+                    + Duration::from_secs(
+                        na.duration_since(SystemTime::UNIX_EPOCH)
+                            .map(|d| d.as_secs())
+                            .unwrap_or(0),
+                    ),
+            })
+        }
+
+        fn count(m: &Mutex<u32>) -> u32 {
+            m.lock().map(|g| *g).unwrap_or(0)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Ca for Fake {
+        async fn attest(&self, _: &AttestCredential, csr: &[u8]) -> Result<Attested, CaError> {
+            if let Ok(mut n) = self.attests.lock() {
+                *n += 1;
+            }
+            Ok(Attested {
+                node_id: "n1".into(),
+                svid: self.issue(csr, "/signet/node/n1", self.node_ttl)?,
+                bundle_der: vec![self.root_der.clone()],
+            })
+        }
+        async fn renew_node(&self, csr: &[u8]) -> Result<IssuedSvid, CaError> {
+            self.issue(csr, "/signet/node/n1", self.node_ttl)
+        }
+        async fn sync_entries(&self, known: u64) -> Result<EntriesUpdate, CaError> {
+            Ok(if known == 0 {
+                EntriesUpdate::Changed {
+                    revision: 1,
+                    entries: vec![EntrySpec {
+                        id: "e1".into(),
+                        spiffe_id: "spiffe://example.org/app"
+                            .parse()
+                            .map_err(|_| CaError::Invalid("id".into()))?,
+                        parent_id: "spiffe://example.org/signet/node/n1".into(),
+                        selectors: vec![Selector::Uid(1000)],
+                        ttl: Duration::from_secs(3600),
+                        dns_names: vec![],
+                        revision: 1,
+                    }],
+                }
+            } else {
+                EntriesUpdate::Unchanged
+            })
+        }
+        async fn sign_workloads(
+            &self,
+            csrs: Vec<WorkloadCsr>,
+        ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
+            Ok(csrs
+                .into_iter()
+                .map(|c| {
+                    let r = self.issue(&c.csr_der, "/app", Duration::from_secs(3600));
+                    (c.entry_id, r)
+                })
+                .collect())
+        }
+    }
+
+    struct FakeConnector(Arc<Fake>);
+
+    #[async_trait::async_trait]
+    impl Connector for FakeConnector {
+        async fn connect(
+            &self,
+            _: &[u8],
+            identity: Option<&NodeIdentity>,
+        ) -> Result<Arc<dyn Ca>, CaError> {
+            if let Ok(mut n) = self.0.failing_connects.lock()
+                && *n > 0
+            {
+                *n -= 1;
+                return Err(CaError::Unavailable("connection refused".into()));
+            }
+            if let (Some(id), Ok(mut c)) = (identity, self.0.connects.lock()) {
+                c.push(id.chain_der[0].clone());
+            }
+            Ok(self.0.clone())
+        }
+    }
+
+    struct Running {
+        ready: crate::http::Readiness,
+        stop: tokio::sync::watch::Sender<bool>,
+        task: tokio::task::JoinHandle<()>,
+        state: StateReceiver,
+        _bundle: tempfile::NamedTempFile,
+    }
+
+    fn start(fake: &Arc<Fake>, data_dir: &std::path::Path, token: Option<&str>) -> Running {
+        let bundle = tempfile::NamedTempFile::new().expect("tmp");
+        std::fs::write(
+            bundle.path(),
+            signet_types::pem::cert_to_pem(&fake.root_der),
+        )
+        .expect("write");
+        let token = token.map(str::to_owned);
+        let settings = Settings {
+            data_dir: data_dir.to_owned(),
+            trust_bundle_file: Some(bundle.path().to_owned()),
+            renew_fraction: 0.5,
+            sync_interval: Duration::from_millis(100),
+            join_token: Arc::new(move || Ok(token.clone())),
+        };
+        let (tx, state) = channel();
+        let ca = Arc::new(SwapCa::default());
+        let random: Random = Arc::new(|| 0.0);
+        let rotator = Rotator::new(ca.clone(), Arc::new(SystemClock), random.clone(), 0.5, tx);
+        let ready = crate::http::Readiness::default();
+        let driver = Driver::new(
+            settings,
+            Arc::new(FakeConnector(fake.clone())),
+            Arc::new(SystemClock),
+            random,
+            ca,
+            rotator,
+        )
+        .with_readiness(ready.clone());
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(driver.run(stop_rx));
+        Running {
+            ready,
+            stop,
+            task,
+            state,
+            _bundle: bundle,
+        }
+    }
+
+    async fn wait_for(secs: u64, mut f: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        while !f() {
+            assert!(tokio::time::Instant::now() < deadline, "timed out");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn stop(r: Running) {
+        let _ = r.stop.send(true);
+        tokio::time::timeout(Duration::from_secs(5), r.task)
+            .await
+            .expect("stops promptly")
+            .expect("no panic");
+    }
+
+    #[tokio::test]
+    async fn unreachable_server_is_retried_then_attests_persists_and_serves() {
+        let fake = Fake::new(Duration::from_secs(3600), 2);
+        let dir = tempfile::tempdir().expect("tmp");
+        let r = start(&fake, dir.path(), Some("tok"));
+        let state = r.state.clone();
+        wait_for(10, || state.borrow().identities.len() == 1).await;
+        wait_for(10, || r.ready.is_ready()).await;
+        let s = state.borrow().clone();
+        assert_eq!(s.trust_domain_id, "spiffe://example.org");
+        assert_eq!(s.bundle_der, std::slice::from_ref(&fake.root_der));
+        assert_eq!(s.identities[0].svid.chain_der.len(), 1, "root not in chain");
+        assert!(matches!(node::load(dir.path()), Stored::Found(_)));
+        assert_eq!(Fake::count(&fake.attests), 1);
+        stop(r).await;
+
+        // A restart reuses the stored identity: no second attestation.
+        let r = start(&fake, dir.path(), None);
+        let state = r.state.clone();
+        wait_for(10, || state.borrow().identities.len() == 1).await;
+        assert_eq!(Fake::count(&fake.attests), 1);
+        stop(r).await;
+    }
+
+    #[tokio::test]
+    async fn corrupt_identity_without_a_token_is_retried_not_fatal() {
+        let fake = Fake::new(Duration::from_secs(3600), 0);
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::write(dir.path().join(node::KEY_FILE), "garbage").expect("w");
+        std::fs::write(dir.path().join(node::CERT_FILE), "garbage").expect("w");
+        let r = start(&fake, dir.path(), None);
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert!(!r.task.is_finished(), "keeps trying");
+        assert!(!r.ready.is_ready());
+        assert_eq!(Fake::count(&fake.attests), 0);
+        assert!(r.state.borrow().identities.is_empty());
+        stop(r).await;
+
+        // With a token, the corrupt files are replaced by a fresh attestation.
+        let r = start(&fake, dir.path(), Some("tok"));
+        let state = r.state.clone();
+        wait_for(10, || state.borrow().identities.len() == 1).await;
+        assert!(matches!(node::load(dir.path()), Stored::Found(_)));
+        stop(r).await;
+    }
+
+    #[tokio::test]
+    async fn node_renewal_is_persisted_and_used_for_new_connections() {
+        // Four seconds of life (backdated by one): renewed within about a second.
+        let fake = Fake::new(Duration::from_secs(3), 0);
+        let dir = tempfile::tempdir().expect("tmp");
+        let r = start(&fake, dir.path(), Some("tok"));
+        let connects = || fake.connects.lock().map(|c| c.clone()).unwrap_or_default();
+        wait_for(10, || connects().len() >= 2).await;
+        let c = connects();
+        assert_ne!(c[0], c[1], "reconnected with the renewed certificate");
+        match node::load(dir.path()) {
+            Stored::Found(n) => assert!(c.contains(&n.chain_der[0])),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(Fake::count(&fake.attests), 1);
+        stop(r).await;
+    }
+}
