@@ -32,6 +32,7 @@ use crate::clock::unix;
 use crate::issuer::{Credentials, IssueInput, Issuer};
 use crate::nodes::JoinToken;
 use crate::policy::{EntryGrant, GrantSource};
+use crate::store::nodes::{ATTESTATION_JOIN_TOKEN, ATTESTATION_K8S_PSAT};
 use crate::store::{EntryRow, NodeRow, Store, TokenUse};
 
 /// Most CSRs in one `SignWorkloads` call.
@@ -212,7 +213,13 @@ impl Node for NodeApi {
             }
         };
         match self
-            .attest_node(&node_id, &req.csr, request_id, "a join token")
+            .attest_node(
+                &node_id,
+                &req.csr,
+                request_id,
+                "a join token",
+                ATTESTATION_JOIN_TOKEN,
+            )
             .await
         {
             Ok(cert) => Ok(Response::new(AttestResponse {
@@ -371,7 +378,7 @@ impl NodeApi {
             node.node_name
         );
         let cert = self
-            .attest_node(&node.node_id, csr, request_id, &how)
+            .attest_node(&node.node_id, csr, request_id, &how, ATTESTATION_K8S_PSAT)
             .await?;
         Ok((node.node_id, cert))
     }
@@ -384,6 +391,7 @@ impl NodeApi {
         csr: &[u8],
         request_id: String,
         how: &str,
+        attestation: &str,
     ) -> Result<IssuedCert, ApiError> {
         let caller = AuthenticatedCaller::attested_node(self.issuer.trust_domain(), node_id)
             .map_err(ApiError::Unauthenticated)?;
@@ -414,6 +422,7 @@ impl NodeApi {
                 banned_at: None,
                 last_serial: cert.serial.clone(),
                 not_after: unix(cert.not_after),
+                attestation: attestation.to_owned(),
             })
             .await?;
         self.audit(

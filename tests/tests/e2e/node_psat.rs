@@ -155,6 +155,18 @@ sync_interval = "300ms"
     full.push(String::from_utf8(server.bundle_pem.clone()).unwrap());
     openssl_verify(&full, &server.bundle_pem).unwrap();
     assert!(node_ids(&server).contains(&"k8s-worker-1".to_owned()));
+    // signetctl shows how it attested.
+    let out = server.signetctl(&["node", "list", "--json"]);
+    let n: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(n["attestation"], "k8s_psat", "{n}");
+    let out = server.signetctl(&["node", "list"]);
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("k8s-worker-1") && l.contains("k8s_psat")),
+        "{table}"
+    );
     let node_pem = std::fs::read_to_string(dir.path().join("data").join("node.pem")).unwrap();
     assert_eq!(
         uri_sans(&node_pem),
