@@ -4,9 +4,11 @@
 
 mod agent;
 mod bad_input;
+mod bridge;
 mod independent;
 mod issuance;
 mod lifecycle;
+mod node_psat;
 mod nodes;
 mod plugged;
 
