@@ -44,8 +44,16 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("Role", "signet-system", "signet-k8s-leader-election"),
     ("RoleBinding", "signet-system", "signet-k8s-leader-election"),
     ("Deployment", "signet-system", "signet-k8s"),
-    ("ClusterRole", "", "cert-manager-controller-approve:signet-dev"),
-    ("ClusterRoleBinding", "", "cert-manager-controller-approve:signet-dev"),
+    (
+        "ClusterRole",
+        "",
+        "cert-manager-controller-approve:signet-dev",
+    ),
+    (
+        "ClusterRoleBinding",
+        "",
+        "cert-manager-controller-approve:signet-dev",
+    ),
 ];
 
 /// Objects the operator creates (deploy/README.md, step 2): referenced, never shipped.
@@ -84,7 +92,10 @@ fn tool(env: &str, default: &str, install_hint: &str) -> Option<PathBuf> {
         "{} not found (set {env}): CI requires it; {install_hint}",
         candidate.display()
     );
-    eprintln!("SKIPPED: {} not found (set {env}); {install_hint}", candidate.display());
+    eprintln!(
+        "SKIPPED: {} not found (set {env}); {install_hint}",
+        candidate.display()
+    );
     None
 }
 
@@ -101,14 +112,14 @@ fn kubernetes_validate() -> Option<PathBuf> {
 }
 
 fn parse_yaml_stream(text: &str, what: &str) -> Vec<Value> {
-    let docs: Vec<Value> = serde_saphyr::from_multiple(text)
-        .unwrap_or_else(|e| panic!("{what}: not YAML: {e}"));
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(text).unwrap_or_else(|e| panic!("{what}: not YAML: {e}"));
     docs.into_iter().filter(|d| !d.is_null()).collect()
 }
 
 fn read_yaml_file(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     parse_yaml_stream(&text, &path.display().to_string())
 }
 
@@ -144,7 +155,11 @@ fn s<'a>(v: &'a Value, pointer: &str) -> &'a str {
 
 fn id(o: &Value) -> String {
     let ns = s(o, "/metadata/namespace");
-    let ns = if ns.is_empty() { String::new() } else { format!("{ns}/") };
+    let ns = if ns.is_empty() {
+        String::new()
+    } else {
+        format!("{ns}/")
+    };
     format!("{} {ns}{}", s(o, "/kind"), s(o, "/metadata/name"))
 }
 
@@ -182,7 +197,10 @@ fn validate_builtin(tool: &Path, objs: &[&Value]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "kubernetes-validate --strict:\n{text}");
+    assert!(
+        out.status.success(),
+        "kubernetes-validate --strict:\n{text}"
+    );
     for (o, f) in objs.iter().zip(&files) {
         let passed = text
             .lines()
@@ -198,19 +216,29 @@ fn kustomization_builds_and_every_object_passes_the_kubernetes_schemas() {
     let want: BTreeSet<String> = EXPECTED
         .iter()
         .map(|(k, ns, n)| {
-            let ns = if ns.is_empty() { String::new() } else { format!("{ns}/") };
+            let ns = if ns.is_empty() {
+                String::new()
+            } else {
+                format!("{ns}/")
+            };
             format!("{k} {ns}{n}")
         })
         .collect();
     assert_eq!(got, want, "objects of kubectl kustomize deploy/");
     assert_eq!(got.len(), objs.len(), "an object appears twice");
     for o in &objs {
-        assert!(!is_custom(o), "{}: custom resources belong in examples/", id(o));
+        assert!(
+            !is_custom(o),
+            "{}: custom resources belong in examples/",
+            id(o)
+        );
         if let Some(ns) = o.pointer("/metadata/namespace").and_then(Value::as_str) {
             assert_eq!(ns, "signet-system", "{}", id(o));
         }
     }
-    let Some(tool) = kubernetes_validate() else { return };
+    let Some(tool) = kubernetes_validate() else {
+        return;
+    };
     validate_builtin(&tool, &objs.iter().collect::<Vec<_>>());
 }
 
@@ -239,7 +267,10 @@ fn examples_and_optional_manifests_pass_their_schemas() {
         assert!(errors.is_empty(), "{}:\n  {}", id(o), errors.join("\n  "));
         custom += 1;
     }
-    assert!(custom >= 3, "the examples hold an Issuer, a ClusterIssuer and a Certificate");
+    assert!(
+        custom >= 3,
+        "the examples hold an Issuer, a ClusterIssuer and a Certificate"
+    );
     for (kind, name) in [
         ("Issuer", "signet"),
         ("ClusterIssuer", "signet"),
@@ -249,11 +280,16 @@ fn examples_and_optional_manifests_pass_their_schemas() {
     }
     let cert = find(&objs, "Certificate", "web");
     assert_eq!(s(cert, "/spec/issuerRef/group"), "signet.dev");
-    assert_eq!(s(cert, "/spec/uris/0"), "spiffe://example.org/ns/demo/sa/web");
+    assert_eq!(
+        s(cert, "/spec/uris/0"),
+        "spiffe://example.org/ns/demo/sa/web"
+    );
     assert_eq!(s(cert, "/spec/dnsNames/0"), "web.demo.svc");
 
     let builtin: Vec<&Value> = objs.iter().filter(|o| !is_custom(o)).collect();
-    let Some(tool) = kubernetes_validate() else { return };
+    let Some(tool) = kubernetes_validate() else {
+        return;
+    };
     validate_builtin(&tool, &builtin);
 }
 
@@ -325,7 +361,10 @@ fn check(v: &Value, schema: &Value, path: &str, errors: &mut Vec<String>) {
     if let Some(en) = schema.get("enum").and_then(Value::as_array)
         && !en.contains(v)
     {
-        errors.push(format!("{at}: {v} is not one of {}", Value::Array(en.clone())));
+        errors.push(format!(
+            "{at}: {v} is not one of {}",
+            Value::Array(en.clone())
+        ));
     }
     let preserve = schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
     match schema.get("type").and_then(Value::as_str) {
@@ -348,7 +387,11 @@ fn check(v: &Value, schema: &Value, path: &str, errors: &mut Vec<String>) {
                 }
             }
             for (k, child) in m {
-                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
                 if let Some(ps) = props.and_then(|ps| ps.get(k)) {
                     check(child, ps, &p, errors);
                 } else if let Some(a) = additional.filter(|a| a.is_object()) {
@@ -369,25 +412,17 @@ fn check(v: &Value, schema: &Value, path: &str, errors: &mut Vec<String>) {
                 }
             }
         }
-        Some("string") => {
-            if !v.is_string() {
-                errors.push(format!("{at}: want a string, got {v}"));
-            }
+        Some("string") if !v.is_string() => {
+            errors.push(format!("{at}: want a string, got {v}"));
         }
-        Some("integer") => {
-            if !(v.is_i64() || v.is_u64()) {
-                errors.push(format!("{at}: want an integer, got {v}"));
-            }
+        Some("integer") if !(v.is_i64() || v.is_u64()) => {
+            errors.push(format!("{at}: want an integer, got {v}"));
         }
-        Some("number") => {
-            if !v.is_number() {
-                errors.push(format!("{at}: want a number, got {v}"));
-            }
+        Some("number") if !v.is_number() => {
+            errors.push(format!("{at}: want a number, got {v}"));
         }
-        Some("boolean") => {
-            if !v.is_boolean() {
-                errors.push(format!("{at}: want true or false, got {v}"));
-            }
+        Some("boolean") if !v.is_boolean() => {
+            errors.push(format!("{at}: want true or false, got {v}"));
         }
         _ => {}
     }
@@ -407,8 +442,14 @@ fn the_custom_resource_check_catches_mistakes() {
     bad["spec"]["secretNmae"] = "x".into();
     bad["spec"]["privateKey"]["algorithm"] = "DSA".into();
     bad["spec"]["privateKey"]["size"] = "256".into();
-    bad["spec"].as_object_mut().expect("spec").remove("issuerRef");
-    bad["metadata"].as_object_mut().expect("metadata").remove("namespace");
+    bad["spec"]
+        .as_object_mut()
+        .expect("spec")
+        .remove("issuerRef");
+    bad["metadata"]
+        .as_object_mut()
+        .expect("metadata")
+        .remove("namespace");
     let errors = validate_custom(&bad, &crds).join("\n");
     for want in [
         "spec.secretNmae: unknown field",
@@ -459,7 +500,10 @@ fn volume_for_file<'a>(pod: &'a Value, file: &str) -> &'a Value {
 }
 
 fn file_name(p: &str) -> &str {
-    Path::new(p).file_name().and_then(|f| f.to_str()).unwrap_or("")
+    Path::new(p)
+        .file_name()
+        .and_then(|f| f.to_str())
+        .unwrap_or("")
 }
 
 fn token_audience(pod: &Value, token_file: &str) -> String {
@@ -492,21 +536,38 @@ fn configs_load_and_the_pieces_agree() {
     std::fs::write(&path, &server_toml).expect("write");
     let server = signet_server::config::Config::load(Some(&path), serde_json::json!({}))
         .unwrap_or_else(|e| panic!("deploy/server.yaml server.toml: {e}"));
-    assert!(server.listen.ip().is_unspecified(), "gRPC must listen on the pod IP");
-    assert!(server.http_listen.ip().is_unspecified(), "probes reach the pod IP");
+    assert!(
+        server.listen.ip().is_unspecified(),
+        "gRPC must listen on the pod IP"
+    );
+    assert!(
+        server.http_listen.ip().is_unspecified(),
+        "probes reach the pod IP"
+    );
 
     let agent_toml = config_map_file(&objs, "signet-agent-config", "agent.toml");
     let path = dir.path().join("agent.toml");
     std::fs::write(&path, &agent_toml).expect("write");
     let agent = signet_agent::config::Config::load(Some(&path))
         .unwrap_or_else(|e| panic!("deploy/agent.yaml agent.toml: {e}"));
-    assert!(agent.http_listen.ip().is_unspecified(), "probes reach the pod IP");
+    assert!(
+        agent.http_listen.ip().is_unspecified(),
+        "probes reach the pod IP"
+    );
 
     // Cross-checks on the raw TOML (keys of config sections that may be newer than this test).
     let st: toml::Value = toml::from_str(&server_toml).expect("server TOML");
     let td = st["trust_domain"].as_str().expect("trust_domain");
-    let auth_aud = strs(st.get("auth").and_then(|a| a.get("kubernetes")).and_then(|k| k.get("audiences")));
-    let node_aud = strs(st.get("nodes").and_then(|a| a.get("kubernetes")).and_then(|k| k.get("audiences")));
+    let auth_aud = strs(
+        st.get("auth")
+            .and_then(|a| a.get("kubernetes"))
+            .and_then(|k| k.get("audiences")),
+    );
+    let node_aud = strs(
+        st.get("nodes")
+            .and_then(|a| a.get("kubernetes"))
+            .and_then(|k| k.get("audiences")),
+    );
     let node_sas = strs(
         st.get("nodes")
             .and_then(|a| a.get("kubernetes"))
@@ -522,54 +583,124 @@ fn configs_load_and_the_pieces_agree() {
     // database URL comes from its Secret.
     let pod = pod_spec(&objs, "Deployment", "signet-server");
     let c = &pod["containers"][0];
-    let args: Vec<&str> = c["args"].as_array().expect("args").iter().filter_map(Value::as_str).collect();
-    let cfg_arg = args[args.iter().position(|a| *a == "--config").expect("--config") + 1];
-    assert_eq!(s(volume_for_file(pod, cfg_arg), "/configMap/name"), "signet-server-config");
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let cfg_arg = args[args
+        .iter()
+        .position(|a| *a == "--config")
+        .expect("--config")
+        + 1];
+    assert_eq!(
+        s(volume_for_file(pod, cfg_arg), "/configMap/name"),
+        "signet-server-config"
+    );
     assert_eq!(file_name(cfg_arg), "server.toml");
     let env = c["env"].as_array().expect("env");
-    let db = env.iter().find(|e| e["name"] == "SIGNET_DATABASE_URL").expect("SIGNET_DATABASE_URL");
+    let db = env
+        .iter()
+        .find(|e| e["name"] == "SIGNET_DATABASE_URL")
+        .expect("SIGNET_DATABASE_URL");
     assert_eq!(s(db, "/valueFrom/secretKeyRef/name"), "signet-database");
-    let jwks = &server.auth.kubernetes.as_ref().expect("[auth.kubernetes]").jwks_file;
+    let jwks = &server
+        .auth
+        .kubernetes
+        .as_ref()
+        .expect("[auth.kubernetes]")
+        .jwks_file;
     let jwks = jwks.to_str().expect("path");
-    assert_eq!(s(volume_for_file(pod, jwks), "/configMap/name"), "signet-jwks");
-    let kek = server.ca.kek_file.as_ref().expect("ca.kek_file: replicas must share the KEK");
-    assert_eq!(s(volume_for_file(pod, kek.to_str().expect("path")), "/secret/secretName"), "signet-kek");
+    assert_eq!(
+        s(volume_for_file(pod, jwks), "/configMap/name"),
+        "signet-jwks"
+    );
+    let kek = server
+        .ca
+        .kek_file
+        .as_ref()
+        .expect("ca.kek_file: replicas must share the KEK");
+    assert_eq!(
+        s(
+            volume_for_file(pod, kek.to_str().expect("path")),
+            "/secret/secretName"
+        ),
+        "signet-kek"
+    );
     assert!(find(&objs, "Deployment", "signet-server")["spec"]["replicas"].as_i64() >= Some(2));
 
     // The Service and the PodDisruptionBudget select the server's pods.
-    let labels = &find(&objs, "Deployment", "signet-server")["spec"]["template"]["metadata"]["labels"];
+    let labels =
+        &find(&objs, "Deployment", "signet-server")["spec"]["template"]["metadata"]["labels"];
     let selects = |sel: &Value| {
-        sel.as_object().expect("selector").iter().all(|(k, v)| labels.get(k) == Some(v))
+        sel.as_object()
+            .expect("selector")
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
     };
-    assert!(selects(&find(&objs, "Service", "signet-server")["spec"]["selector"]));
-    assert!(selects(&find(&objs, "PodDisruptionBudget", "signet-server")["spec"]["selector"]["matchLabels"]));
+    assert!(selects(
+        &find(&objs, "Service", "signet-server")["spec"]["selector"]
+    ));
+    assert!(selects(
+        &find(&objs, "PodDisruptionBudget", "signet-server")["spec"]["selector"]["matchLabels"]
+    ));
 
     // signet-agent: node token audience is a node audience, never a workload one; its
     // service account is the one the server admits; the bundle comes from signet-bundle.
     let pod = pod_spec(&objs, "DaemonSet", "signet-agent");
     let aud = token_audience(pod, "/var/run/secrets/signet/token");
-    assert!(node_aud.contains(&aud), "agent token audience {aud} not in nodes.kubernetes.audiences {node_aud:?}");
-    assert!(!auth_aud.contains(&aud), "a node audience must not be a workload audience");
+    assert!(
+        node_aud.contains(&aud),
+        "agent token audience {aud} not in nodes.kubernetes.audiences {node_aud:?}"
+    );
+    assert!(
+        !auth_aud.contains(&aud),
+        "a node audience must not be a workload audience"
+    );
     assert!(node_sas.contains(&format!("signet-system:{}", s(pod, "/serviceAccountName"))));
     let bundle = agent.trust_bundle_file.as_ref().expect("trust_bundle_file");
     let bundle = bundle.to_str().expect("path");
     let vol = volume_for_file(pod, bundle);
     assert_eq!(s(vol, "/configMap/name"), "signet-bundle");
     let socket_dir = agent.workload_api_socket.parent().expect("socket dir");
-    assert_eq!(s(volume_for_file(pod, agent.workload_api_socket.to_str().expect("path")), "/hostPath/path"), socket_dir.to_str().expect("path"));
-    assert!(s(volume_for_file(pod, agent.data_dir.join("x").to_str().expect("path")), "/hostPath/path").starts_with('/'));
+    assert_eq!(
+        s(
+            volume_for_file(pod, agent.workload_api_socket.to_str().expect("path")),
+            "/hostPath/path"
+        ),
+        socket_dir.to_str().expect("path")
+    );
+    assert!(
+        s(
+            volume_for_file(pod, agent.data_dir.join("x").to_str().expect("path")),
+            "/hostPath/path"
+        )
+        .starts_with('/')
+    );
 
     // signet-k8s: its token is for a workload audience, and its SPIFFE ID is a bridge caller.
     let pod = pod_spec(&objs, "Deployment", "signet-k8s");
     let aud = token_audience(pod, "/var/run/secrets/signet/token");
-    assert!(auth_aud.contains(&aud), "bridge token audience {aud} not in auth.kubernetes.audiences {auth_aud:?}");
-    let me = format!("spiffe://{td}/ns/signet-system/sa/{}", s(pod, "/serviceAccountName"));
-    assert!(bridge_callers.contains(&me), "{me} not in policy.kubernetes_bridge.callers {bridge_callers:?}");
+    assert!(
+        auth_aud.contains(&aud),
+        "bridge token audience {aud} not in auth.kubernetes.audiences {auth_aud:?}"
+    );
+    let me = format!(
+        "spiffe://{td}/ns/signet-system/sa/{}",
+        s(pod, "/serviceAccountName")
+    );
+    assert!(
+        bridge_callers.contains(&me),
+        "{me} not in policy.kubernetes_bridge.callers {bridge_callers:?}"
+    );
 
     // Every serviceAccountName exists; every ConfigMap/Secret a pod uses is shipped or listed
     // for the operator to create.
     for o in &objs {
-        let Some(pod) = o.pointer("/spec/template/spec") else { continue };
+        let Some(pod) = o.pointer("/spec/template/spec") else {
+            continue;
+        };
         let sa = s(pod, "/serviceAccountName");
         find(&objs, "ServiceAccount", sa);
         let mut refs: Vec<(&str, &str)> = Vec::new();
@@ -583,13 +714,18 @@ fn configs_load_and_the_pieces_agree() {
         }
         for c in pod["containers"].as_array().into_iter().flatten() {
             for e in c["env"].as_array().into_iter().flatten() {
-                if let Some(n) = e.pointer("/valueFrom/secretKeyRef/name").and_then(Value::as_str) {
+                if let Some(n) = e
+                    .pointer("/valueFrom/secretKeyRef/name")
+                    .and_then(Value::as_str)
+                {
                     refs.push(("Secret", n));
                 }
             }
         }
         for (kind, name) in refs {
-            let shipped = objs.iter().any(|x| s(x, "/kind") == kind && s(x, "/metadata/name") == name);
+            let shipped = objs
+                .iter()
+                .any(|x| s(x, "/kind") == kind && s(x, "/metadata/name") == name);
             assert!(
                 shipped || OPERATOR_PROVIDED.contains(&(kind, name)),
                 "{}: {kind} {name} is neither shipped nor in OPERATOR_PROVIDED (deploy/README.md)",
@@ -597,8 +733,12 @@ fn configs_load_and_the_pieces_agree() {
             );
         }
     }
-    let readme = std::fs::read_to_string(repo().join("deploy/README.md")).expect("deploy/README.md");
+    let readme =
+        std::fs::read_to_string(repo().join("deploy/README.md")).expect("deploy/README.md");
     for (kind, name) in OPERATOR_PROVIDED {
-        assert!(readme.contains(name), "deploy/README.md does not say how to create {kind} {name}");
+        assert!(
+            readme.contains(name),
+            "deploy/README.md does not say how to create {kind} {name}"
+        );
     }
 }
