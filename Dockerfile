@@ -1,3 +1,4 @@
+# syntax=docker/dockerfile:1
 # One image with all four binaries: signet-server, signet-agent, signet-k8s, signetctl.
 # The manifests in deploy/ pick the binary with `command:`.
 #

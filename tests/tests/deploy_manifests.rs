@@ -742,3 +742,55 @@ fn configs_load_and_the_pieces_agree() {
         );
     }
 }
+
+/// The Dockerfile builds every binary a manifest runs, and those are the workspace's binaries.
+#[test]
+fn the_image_holds_every_binary_the_manifests_run() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
+    assert!(
+        dockerfile.contains("cargo build --locked --release"),
+        "Dockerfile"
+    );
+    let built: BTreeSet<&str> = dockerfile
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter(|w| w[0] == "--bin")
+        .map(|w| w[1])
+        .collect();
+    let want: BTreeSet<&str> = ["signet-server", "signet-agent", "signet-k8s", "signetctl"].into();
+    assert_eq!(built, want, "binaries built by the Dockerfile");
+    for (dir, bin) in [
+        ("server", "signet-server"),
+        ("agent", "signet-agent"),
+        ("clients/k8s", "signet-k8s"),
+        ("clients/cli", "signetctl"),
+    ] {
+        let manifest =
+            std::fs::read_to_string(repo().join(dir).join("Cargo.toml")).expect("Cargo.toml");
+        assert!(
+            manifest.contains(&format!("name = \"{bin}\"")),
+            "{dir}/Cargo.toml builds no {bin}"
+        );
+    }
+    let mut objs = Vec::new();
+    for f in ["server.yaml", "agent.yaml", "bridge.yaml"] {
+        objs.extend(read_yaml_file(&repo().join("deploy").join(f)));
+    }
+    let mut ran = BTreeSet::new();
+    for o in &objs {
+        let Some(pod) = o.pointer("/spec/template/spec") else {
+            continue;
+        };
+        for c in pod["containers"].as_array().into_iter().flatten() {
+            let cmd = s(c, "/command/0");
+            let bin = cmd
+                .strip_prefix("/usr/local/bin/")
+                .unwrap_or_else(|| panic!("{}: command {cmd:?}", id(o)));
+            assert!(built.contains(bin), "{}: {bin} is not in the image", id(o));
+            ran.insert(bin);
+        }
+    }
+    assert_eq!(ran.len(), 3, "server, agent and bridge each run: {ran:?}");
+    assert!(dockerfile.contains("COPY --from=build /out/ /usr/local/bin/"));
+}
