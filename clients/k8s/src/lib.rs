@@ -15,8 +15,12 @@ pub mod backoff;
 pub mod certmanager;
 pub mod clock;
 pub mod conditions;
+pub mod context;
 pub mod crd;
+pub mod csr;
+pub mod issuer_status;
 pub mod issuers;
+pub mod request;
 pub mod signer;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
