@@ -174,8 +174,12 @@ impl std::fmt::Debug for Signer {
     }
 }
 
+/// PEM with `\n` line endings, as Kubernetes users expect in Secrets and status.
 fn pem_of(der: &[u8]) -> String {
-    pem::encode(&pem::Pem::new("CERTIFICATE", der.to_vec()))
+    pem::encode_config(
+        &pem::Pem::new("CERTIFICATE", der.to_vec()),
+        pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
+    )
 }
 
 fn unix(secs: i64) -> SystemTime {
@@ -422,6 +426,12 @@ mod tests {
             classify(&Status::unavailable("")).message(),
             "The service is currently unavailable"
         );
+    }
+
+    #[test]
+    fn pem_uses_lf() {
+        let p = pem_of(b"abc");
+        assert_eq!(p, "-----BEGIN CERTIFICATE-----\nYWJj\n-----END CERTIFICATE-----\n");
     }
 
     #[test]
