@@ -311,11 +311,14 @@ impl Signer {
     }
 }
 
+/// A signer and the fingerprint of the config it was built from.
+type CachedSigner = (Vec<u8>, Signer);
+
 /// Connected [`Signer`]s by issuer key (e.g. `Issuer/ns/name`, `ClusterIssuer/name`); a
 /// signer is rebuilt when its issuer's resolved config changes.
 #[derive(Default, Clone)]
 pub struct SignerCache {
-    inner: Arc<Mutex<HashMap<String, (Vec<u8>, Signer)>>>,
+    inner: Arc<Mutex<HashMap<String, CachedSigner>>>,
 }
 
 impl SignerCache {
@@ -431,7 +434,10 @@ mod tests {
     #[test]
     fn pem_uses_lf() {
         let p = pem_of(b"abc");
-        assert_eq!(p, "-----BEGIN CERTIFICATE-----\nYWJj\n-----END CERTIFICATE-----\n");
+        assert_eq!(
+            p,
+            "-----BEGIN CERTIFICATE-----\nYWJj\n-----END CERTIFICATE-----\n"
+        );
     }
 
     #[test]
