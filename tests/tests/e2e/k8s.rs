@@ -286,6 +286,45 @@ async fn k8s_bridge_signs_approved_request_and_enforces_namespace() {
     assert!(got[1].body["status"]["failureTime"].is_string());
     assert!(got[1].body["status"].get("certificate").is_none());
 
+    // A duration beyond the server's maximum: issued, and the message says it was shortened.
+    let (csr, _key) = csr_with(&["spiffe://example.org/ns/a/sa/web"], &[]);
+    let mut cr = approved_request("long-1", &csr, vec![]);
+    cr["spec"]["duration"] = json!("1000h");
+    let (_, got) = b
+        .reconcile_request(
+            cr.clone(),
+            vec![
+                Expect::get(ISSUER_PATH).respond(ready.clone()),
+                Expect::patch(&status_path("long-1")).respond(cr),
+            ],
+        )
+        .await;
+    let r = ready_of(&got[1]);
+    assert_eq!(r["reason"], "Issued", "{r}");
+    assert!(
+        r["message"]
+            .as_str()
+            .unwrap()
+            .contains("the server shortened the requested duration 1000h to 24h"),
+        "{r}"
+    );
+
+    // A DNS name outside the namespace's allowed patterns: Failed, naming the patterns.
+    let (csr, _key) = csr_with(&["spiffe://example.org/ns/a/sa/web"], &["web.b.svc"]);
+    let cr = approved_request("dns-b", &csr, vec![]);
+    let (_, got) = b
+        .reconcile_request(
+            cr.clone(),
+            vec![
+                Expect::get(ISSUER_PATH).respond(ready.clone()),
+                Expect::patch(&status_path("dns-b")).respond(cr),
+            ],
+        )
+        .await;
+    let r = ready_of(&got[1]);
+    assert_eq!(r["reason"], "Failed", "{r}");
+    assert!(r["message"].as_str().unwrap().contains("web.b.svc"), "{r}");
+
     // The server goes away (and the bridge restarts, so no connection is cached): Pending
     // with growing backoff, the status written once, no crash.
     server.stop().await;
