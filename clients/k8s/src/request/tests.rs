@@ -648,3 +648,29 @@ async fn retryable_error_is_pending_then_backs_off_without_rewriting() {
     );
     assert_eq!(backend.calls().len(), 3);
 }
+
+#[tokio::test]
+async fn conflicting_status_write_is_an_error_retried_with_backoff() {
+    // An approver changed the request after we read it: the resourceVersion precondition
+    // fails, nothing is overwritten, and the controller retries after a backoff.
+    let backend = FakeBackend::answering(Ok(signed()));
+    let Fixture { ctx, api, _token } = fixture(backend.clone());
+    let server = api.run(vec![
+        Expect::get(ISSUER_PATH).respond(issuer(Some(("True", "Connected")))),
+        Expect::patch(&format!("{CR_PATH}/status"))
+            .body_with(|b| assert_eq!(b["metadata"]["resourceVersion"], "42"))
+            .conflict("Operation cannot be fulfilled on certificaterequests.cert-manager.io \"web-1\": the object has been modified; please apply your changes to the latest version and try again"),
+    ]);
+    let cr = cr(json!({}), vec![approved()]);
+    let err = reconcile(cr.clone(), ctx.clone()).await.unwrap_err();
+    assert!(
+        err.to_string().contains("the object has been modified"),
+        "{err}"
+    );
+    assert_eq!(
+        error_policy(cr, &err, ctx.clone()),
+        Action::requeue(Duration::from_secs(1))
+    );
+    drop(ctx);
+    server.finish().await;
+}
