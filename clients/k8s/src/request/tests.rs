@@ -674,3 +674,31 @@ async fn conflicting_status_write_is_an_error_retried_with_backoff() {
     drop(ctx);
     server.finish().await;
 }
+
+#[test]
+fn issuer_changes_wake_only_waiting_requests_naming_it() {
+    let key = IssuerKey {
+        kind: issuers::IssuerKind::Issuer,
+        namespace: Some("a".into()),
+        name: "signet".into(),
+    };
+    let waiting = cr(
+        json!({}),
+        vec![approved(), ready("False", "Pending", "issuer not ready")],
+    );
+    let fresh = cr(json!({}), vec![approved()]);
+    let done = cr(json!({}), vec![approved(), ready("True", "Issued", "ok")]);
+    let unapproved = cr(json!({}), vec![]);
+    let other = cr(
+        json!({"issuerRef": {"name": "other", "kind": "Issuer", "group": "signet.dev"}}),
+        vec![approved()],
+    );
+    let all = [&waiting, &fresh, &done, &unapproved, &other];
+    let woken = waiting_on(all.iter().map(|a| a.as_ref()), &key);
+    assert_eq!(woken.len(), 2);
+    assert!(
+        woken
+            .iter()
+            .all(|r| r.name == "web-1" && r.namespace.as_deref() == Some("a"))
+    );
+}
