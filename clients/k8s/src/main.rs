@@ -14,7 +14,6 @@ use futures::StreamExt;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client};
 
-use signet_k8s::certmanager::CertificateRequest;
 use signet_k8s::context::Context;
 use signet_k8s::crd::{ClusterIssuer, Issuer};
 use signet_k8s::{issuer_status, request};
