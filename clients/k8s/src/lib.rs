@@ -1,2 +1,33 @@
 //! The Kubernetes bridge: maps cert-manager `Certificate` and `CertificateRequest` objects onto
-//! Signet's gRPC calls. Built on kube-rs.
+//! Signet's gRPC calls. Built on kube-rs. See `README.md` for the module map.
+//!
+//! - [`crd`]: our `signet.dev/v1` `Issuer` and `ClusterIssuer`.
+//! - [`certmanager`]: typed `cert-manager.io/v1` `CertificateRequest` and `Certificate`.
+//! - [`conditions`]: set/get status conditions (`lastTransitionTime` moves only on change).
+//! - [`issuers`]: `issuerRef` -> issuer -> resolved [`signer::SignerConfig`].
+//! - [`signer`]: one connected client per issuer; errors classified Permanent / Retryable.
+//! - [`backoff`]: capped exponential backoff with jitter, per-object attempt counters.
+//! - [`clock`]: injected time.
+//! - `testing` (feature `testing`): a mock API server for controller tests.
+#![forbid(unsafe_code)]
+
+pub mod backoff;
+pub mod certmanager;
+pub mod clock;
+pub mod conditions;
+pub mod context;
+pub mod crd;
+pub mod csr;
+pub mod issuer_status;
+pub mod issuers;
+pub mod request;
+pub mod signer;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+pub mod yaml;
+
+/// What a reconciler returns (re-exported for tests outside this crate).
+pub use kube::runtime::controller::Action;
+
+/// The field manager name of every write the bridge makes.
+pub const FIELD_MANAGER: &str = "signet-k8s";

@@ -7,6 +7,7 @@ mod bad_input;
 mod bridge;
 mod independent;
 mod issuance;
+mod k8s;
 mod lifecycle;
 mod node_psat;
 mod nodes;

@@ -1,0 +1,477 @@
+//! A mock Kubernetes API server for controller tests, in the way kube-rs documents: a
+//! `tower-test` mock service behind a real [`kube::Client`]. A test lists the exact requests
+//! it expects (method, path, query, content type, JSON body) and the real-shaped objects the
+//! "API server" answers with; any other request fails the test.
+//!
+//! ```ignore
+//! let (client, api) = mock_client();
+//! let server = api.run(vec![
+//!     Expect::get("/apis/signet.dev/v1/namespaces/a/issuers/signet").respond(issuer_json),
+//!     Expect::patch("/apis/cert-manager.io/v1/namespaces/a/certificaterequests/r/status")
+//!         .content_type("application/merge-patch+json")
+//!         .body(json!({...}))
+//!         .respond(updated_json),
+//! ]);
+//! reconcile(obj, ctx).await;   // drop every clone of `client` afterwards
+//! server.finish().await;       // panics if a request was missing or unexpected
+//! ```
+
+use std::fmt;
+
+use http::{Method, Request, Response, StatusCode};
+use kube::Client;
+use kube::client::Body;
+use serde_json::{Value, json};
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+/// A `kube::Client` whose requests go to the returned [`MockApi`].
+pub fn mock_client() -> (Client, MockApi) {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    (Client::new(svc, "default"), MockApi { handle })
+}
+
+/// The API server's side of [`mock_client`].
+pub struct MockApi {
+    handle: Handle,
+}
+
+type BodyCheck = Box<dyn Fn(&Value) + Send>;
+
+/// One expected request and its answer.
+pub struct Expect {
+    method: Method,
+    path: String,
+    query: Option<String>,
+    content_type: Option<String>,
+    body: Option<BodyCheck>,
+    status: StatusCode,
+    response: Value,
+}
+
+impl fmt::Debug for Expect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.method, self.path)?;
+        if let Some(q) = &self.query {
+            write!(f, "?{q}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A request as received, for assertions after the fact.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub method: Method,
+    pub path: String,
+    pub query: Option<String>,
+    pub content_type: Option<String>,
+    /// `Value::Null` when the body was empty.
+    pub body: Value,
+}
+
+impl Expect {
+    pub fn new(method: Method, path: &str) -> Self {
+        Self {
+            method,
+            path: path.to_owned(),
+            query: None,
+            content_type: None,
+            body: None,
+            status: StatusCode::OK,
+            response: json!({}),
+        }
+    }
+    pub fn get(path: &str) -> Self {
+        Self::new(Method::GET, path)
+    }
+    pub fn patch(path: &str) -> Self {
+        Self::new(Method::PATCH, path)
+    }
+    pub fn post(path: &str) -> Self {
+        Self::new(Method::POST, path)
+    }
+    pub fn put(path: &str) -> Self {
+        Self::new(Method::PUT, path)
+    }
+    pub fn delete(path: &str) -> Self {
+        Self::new(Method::DELETE, path)
+    }
+    /// The exact query string (compared as a set of `k=v` pairs; order does not matter).
+    /// Without this call the query is not checked.
+    pub fn query(mut self, q: &str) -> Self {
+        self.query = Some(q.to_owned());
+        self
+    }
+    /// The request's `content-type`, e.g. `application/merge-patch+json` or
+    /// `application/apply-patch+yaml`.
+    pub fn content_type(mut self, ct: &str) -> Self {
+        self.content_type = Some(ct.to_owned());
+        self
+    }
+    /// The request body must equal this JSON exactly.
+    pub fn body(mut self, expected: Value) -> Self {
+        self.body = Some(Box::new(move |got: &Value| {
+            assert_eq!(
+                got,
+                &expected,
+                "request body differs:\n got: {}\nwant: {}",
+                serde_json::to_string_pretty(got).unwrap_or_default(),
+                serde_json::to_string_pretty(&expected).unwrap_or_default()
+            );
+        }));
+        self
+    }
+    /// Any check of the request body (assert inside).
+    pub fn body_with(mut self, check: impl Fn(&Value) + Send + 'static) -> Self {
+        self.body = Some(Box::new(check));
+        self
+    }
+    /// Answer 200 with this object.
+    pub fn respond(mut self, obj: Value) -> Self {
+        self.status = StatusCode::OK;
+        self.response = obj;
+        self
+    }
+    /// Answer with this status code and body.
+    pub fn respond_status(mut self, code: u16, obj: Value) -> Self {
+        self.status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        self.response = obj;
+        self
+    }
+    /// Answer 404 with a real `Status` object.
+    pub fn not_found(self, resource: &str, name: &str) -> Self {
+        self.respond_status(
+            404,
+            status_failure(404, "NotFound", &format!("{resource} \"{name}\" not found")),
+        )
+    }
+    /// Answer 409 Conflict (e.g. a stale `resourceVersion`).
+    pub fn conflict(self, message: &str) -> Self {
+        self.respond_status(409, status_failure(409, "Conflict", message))
+    }
+}
+
+/// A `metav1.Status` failure, as the API server writes it.
+pub fn status_failure(code: u16, reason: &str, message: &str) -> Value {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code
+    })
+}
+
+fn pairs(q: &str) -> Vec<&str> {
+    let mut v: Vec<&str> = q.split('&').filter(|s| !s.is_empty()).collect();
+    v.sort_unstable();
+    v
+}
+
+impl MockApi {
+    /// Waits for the next request, asserts it matches `e`, answers it; returns what came.
+    pub async fn expect(&mut self, e: Expect) -> Received {
+        let Some((req, send)) = self.handle.next_request().await else {
+            panic!("expected {e:?}, but the client was dropped without sending it");
+        };
+        let (parts, body) = req.into_parts();
+        let got = Received {
+            method: parts.method.clone(),
+            path: parts.uri.path().to_owned(),
+            query: parts.uri.query().map(str::to_owned),
+            content_type: parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            body: {
+                let bytes = body.collect_bytes().await.unwrap_or_default();
+                if bytes.is_empty() {
+                    Value::Null
+                } else {
+                    serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+                        Value::String(String::from_utf8_lossy(&bytes).into_owned())
+                    })
+                }
+            },
+        };
+        assert_eq!(
+            (&got.method, got.path.as_str()),
+            (&e.method, e.path.as_str()),
+            "unexpected request {} {}?{} (body {}); expected {e:?}",
+            got.method,
+            got.path,
+            got.query.as_deref().unwrap_or(""),
+            got.body
+        );
+        if let Some(q) = &e.query {
+            assert_eq!(
+                pairs(got.query.as_deref().unwrap_or("")),
+                pairs(q),
+                "query of {e:?}"
+            );
+        }
+        if let Some(ct) = &e.content_type {
+            assert_eq!(
+                got.content_type.as_deref(),
+                Some(ct.as_str()),
+                "content-type of {e:?}"
+            );
+        }
+        if let Some(check) = &e.body {
+            check(&got.body);
+        }
+        let bytes = serde_json::to_vec(&e.response).unwrap_or_default();
+        send.send_response(
+            Response::builder()
+                .status(e.status)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(Body::from(bytes))
+                .unwrap_or_else(|_| Response::new(Body::empty())),
+        );
+        got
+    }
+
+    /// Serves `scenario` in order on a task; [`Scenario::finish`] then checks that it ran to
+    /// the end and nothing more was asked.
+    pub fn run(mut self, scenario: Vec<Expect>) -> Scenario {
+        let task = tokio::spawn(async move {
+            let mut received = Vec::new();
+            for e in scenario {
+                received.push(self.expect(e).await);
+            }
+            (self, received)
+        });
+        Scenario { task }
+    }
+
+    /// Panics if a request is waiting (call once the code under test has returned).
+    pub fn assert_idle(&mut self) {
+        use futures::FutureExt;
+        if let Some(Some((req, _))) = self.handle.next_request().now_or_never() {
+            panic!("unexpected request {} {}", req.method(), req.uri());
+        }
+    }
+}
+
+impl Scenario {
+    /// Like [`Scenario::finish`], but hands the mock API back for the next scenario.
+    pub async fn finish_keep(self) -> (MockApi, Vec<Received>) {
+        match tokio::time::timeout(std::time::Duration::from_secs(60), self.task).await {
+            Ok(Ok((mut api, received))) => {
+                api.assert_idle();
+                (api, received)
+            }
+            Ok(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Ok(Err(e)) => panic!("mock API server task failed: {e}"),
+            Err(_) => panic!("the code under test did not send every expected request"),
+        }
+    }
+}
+
+/// A running scenario.
+pub struct Scenario {
+    task: tokio::task::JoinHandle<(MockApi, Vec<Received>)>,
+}
+
+impl Scenario {
+    /// Waits (at most 10 s) for every expected request, checks none more is pending, and
+    /// returns the requests received. Panics of the scenario are re-raised here.
+    pub async fn finish(self) -> Vec<Received> {
+        match tokio::time::timeout(std::time::Duration::from_secs(10), self.task).await {
+            Ok(Ok((mut api, received))) => {
+                api.assert_idle();
+                received
+            }
+            Ok(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Ok(Err(e)) => panic!("mock API server task failed: {e}"),
+            Err(_) => panic!("the code under test did not send every expected request"),
+        }
+    }
+}
+
+/// A minimal real-shaped object: `apiVersion`, `kind`, `metadata` (name, namespace when
+/// given, uid, resourceVersion, generation, creationTimestamp) merged with `rest`.
+pub fn object(
+    api_version: &str,
+    kind: &str,
+    namespace: Option<&str>,
+    name: &str,
+    resource_version: &str,
+    rest: Value,
+) -> Value {
+    let mut meta = json!({
+        "name": name,
+        "uid": format!("00000000-0000-4000-8000-{:012x}", fnv(name)),
+        "resourceVersion": resource_version,
+        "generation": 1,
+        "creationTimestamp": "2026-01-01T00:00:00Z",
+    });
+    if let Some(ns) = namespace {
+        meta["namespace"] = json!(ns);
+    }
+    let mut v = json!({"apiVersion": api_version, "kind": kind, "metadata": meta});
+    if let (Value::Object(dst), Value::Object(src)) = (&mut v, rest) {
+        for (k, val) in src {
+            if k == "metadata" {
+                if let (Some(Value::Object(m)), Value::Object(extra)) =
+                    (dst.get_mut("metadata"), val)
+                {
+                    m.extend(extra);
+                }
+            } else {
+                dst.insert(k, val);
+            }
+        }
+    }
+    v
+}
+
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    }) & 0xffff_ffff_ffff
+}
+
+/// A [`SignBackend`](crate::signer::SignBackend) with canned answers that records each
+/// call, for controller tests that need no gRPC server.
+#[derive(Default)]
+pub struct FakeBackend {
+    sign: std::sync::Mutex<Option<Result<crate::signer::Signed, crate::signer::SignError>>>,
+    bundle: std::sync::Mutex<Option<Result<crate::signer::BundleInfo, crate::signer::SignError>>>,
+    calls: std::sync::Mutex<Vec<(String, String, Option<std::time::Duration>)>>,
+}
+
+impl FakeBackend {
+    /// `sign` answers `r` (every time); `bundle` is not expected.
+    pub fn answering(
+        r: Result<crate::signer::Signed, crate::signer::SignError>,
+    ) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            sign: std::sync::Mutex::new(Some(r)),
+            ..Default::default()
+        })
+    }
+    /// `bundle` answers `r`; `sign` is not expected.
+    pub fn with_bundle(
+        r: Result<crate::signer::BundleInfo, crate::signer::SignError>,
+    ) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            bundle: std::sync::Mutex::new(Some(r)),
+            ..Default::default()
+        })
+    }
+    /// `(issuer key, namespace, ttl)` of each `sign` call.
+    pub fn calls(&self) -> Vec<(String, String, Option<std::time::Duration>)> {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl crate::signer::SignBackend for FakeBackend {
+    fn sign<'a>(
+        &'a self,
+        key: &'a str,
+        _cfg: &'a crate::signer::SignerConfig,
+        _csr: &'a [u8],
+        namespace: &'a str,
+        ttl: Option<std::time::Duration>,
+    ) -> futures::future::BoxFuture<'a, Result<crate::signer::Signed, crate::signer::SignError>>
+    {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).push((
+            key.into(),
+            namespace.into(),
+            ttl,
+        ));
+        let r = self.sign.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Box::pin(async move {
+            r.unwrap_or_else(|| {
+                Err(crate::signer::SignError::permanent(
+                    "Unexpected",
+                    "FakeBackend: sign was not expected",
+                ))
+            })
+        })
+    }
+    fn bundle<'a>(
+        &'a self,
+        _key: &'a str,
+        _cfg: &'a crate::signer::SignerConfig,
+    ) -> futures::future::BoxFuture<'a, Result<crate::signer::BundleInfo, crate::signer::SignError>>
+    {
+        let r = self
+            .bundle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        Box::pin(async move {
+            r.unwrap_or_else(|| {
+                Err(crate::signer::SignError::permanent(
+                    "Unexpected",
+                    "FakeBackend: bundle was not expected",
+                ))
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::Api;
+    use kube::api::{Patch, PatchParams};
+
+    #[tokio::test]
+    async fn serves_a_scenario_and_checks_bodies() {
+        let (client, api) = mock_client();
+        let cm = object(
+            "v1",
+            "ConfigMap",
+            Some("a"),
+            "b",
+            "5",
+            json!({"data": {"k": "v"}}),
+        );
+        let server = api.run(vec![
+            Expect::get("/api/v1/namespaces/a/configmaps/b").respond(cm.clone()),
+            Expect::patch("/api/v1/namespaces/a/configmaps/b")
+                .query("fieldManager=t")
+                .content_type("application/merge-patch+json")
+                .body(json!({"data": {"k": "w"}}))
+                .respond(cm),
+            Expect::get("/api/v1/namespaces/a/configmaps/c").not_found("configmaps", "c"),
+        ]);
+        let cms: Api<ConfigMap> = Api::namespaced(client, "a");
+        let got = cms.get("b").await.unwrap();
+        assert_eq!(got.data.unwrap()["k"], "v");
+        cms.patch(
+            "b",
+            &PatchParams {
+                field_manager: Some("t".into()),
+                ..Default::default()
+            },
+            &Patch::Merge(json!({"data": {"k": "w"}})),
+        )
+        .await
+        .unwrap();
+        assert!(cms.get_opt("c").await.unwrap().is_none());
+        drop(cms);
+        let received = server.finish().await;
+        assert_eq!(received.len(), 3);
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "request body differs")]
+    async fn wrong_body_fails() {
+        let (client, api) = mock_client();
+        let server = api.run(vec![
+            Expect::patch("/api/v1/namespaces/a/configmaps/b")
+                .body(json!({"x": 1}))
+                .respond(json!({})),
+        ]);
+        let cms: Api<ConfigMap> = Api::namespaced(client, "a");
+        let _ = cms
+            .patch("b", &PatchParams::default(), &Patch::Merge(json!({"x": 2})))
+            .await;
+        drop(cms);
+        server.finish().await;
+    }
+}
