@@ -12,12 +12,17 @@
 #![forbid(unsafe_code)]
 
 pub mod backoff;
+pub mod certificate;
 pub mod certmanager;
+pub mod citadel;
 pub mod clock;
 pub mod conditions;
 pub mod crd;
 pub mod issuers;
+pub mod keys;
 pub mod signer;
+#[cfg(any(test, feature = "testing"))]
+pub mod test_api;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod yaml;
