@@ -228,6 +228,19 @@ mod tests {
     }
 
     #[test]
+    fn checked_in_crds_match_the_types() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds");
+        for (name, yaml) in crd_files() {
+            let got = std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+            assert!(
+                got == yaml,
+                "deploy/crds/{name} does not match the Rust types: regenerate it with \
+                 `cargo run -p signet-k8s -- crds --out-dir deploy/crds`"
+            );
+        }
+    }
+
+    #[test]
     fn parses_a_manifest() {
         let i: Issuer = serde_json::from_value(serde_json::json!({
             "apiVersion": "signet.dev/v1", "kind": "Issuer",

@@ -1,5 +1,263 @@
 //! `signet-k8s`: the Kubernetes bridge binary.
+//!
+//! - `signet-k8s run`: the controllers (Issuer/ClusterIssuer status, CertificateRequest
+//!   external issuer; with `--standalone-certificates` the Certificate reconcilers, with
+//!   `--citadel` the Citadel-compatible Secrets and root ConfigMaps).
+//! - `signet-k8s crds [--out-dir DIR]`: the CRDs of `signet.dev`, as YAML.
 
-fn main() {
-    println!("signet-k8s: under construction");
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use futures::StreamExt;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client};
+
+use signet_k8s::certmanager::CertificateRequest;
+use signet_k8s::context::Context;
+use signet_k8s::crd::{ClusterIssuer, Issuer};
+use signet_k8s::{issuer_status, request};
+
+#[derive(Parser)]
+#[command(
+    name = "signet-k8s",
+    version,
+    about = "Kubernetes bridge: cert-manager objects signed by Signet"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the controllers.
+    Run(RunArgs),
+    /// Print the CRDs of signet.dev (Issuer, ClusterIssuer) as YAML, or write one file each.
+    Crds {
+        /// Write `signet.dev_issuers.yaml` and `signet.dev_clusterissuers.yaml` here.
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The bridge's own namespace: ClusterIssuer refs are read from it.
+    #[arg(long, env = "SIGNET_K8S_NAMESPACE", default_value = "signet-system")]
+    namespace: String,
+    /// Default signet-server URL (Citadel mode), `https://host:port`.
+    #[arg(long, env = "SIGNET_K8S_SERVER")]
+    server: Option<String>,
+    /// Default trust bundle file (PEM) for `--server`.
+    #[arg(long, env = "SIGNET_K8S_BUNDLE")]
+    bundle: Option<PathBuf>,
+    /// Default service-account token file for `--server`.
+    #[arg(long, env = "SIGNET_K8S_TOKEN", default_value = signet_k8s::crd::DEFAULT_TOKEN_PATH)]
+    token: PathBuf,
+    /// Standalone mode: reconcile `cert-manager.io/v1` Certificates whose issuerRef names a
+    /// signet.dev issuer (only where cert-manager itself is not installed).
+    #[arg(long, env = "SIGNET_K8S_STANDALONE_CERTIFICATES")]
+    standalone_certificates: bool,
+    /// Standalone mode: put an ownerReference to the Certificate on its Secret (as
+    /// cert-manager's --enable-certificate-owner-ref).
+    #[arg(long, env = "SIGNET_K8S_CERTIFICATE_OWNER_REF")]
+    certificate_owner_ref: bool,
+    /// Citadel compatibility in namespaces labelled signet.dev/citadel=enabled (needs
+    /// --server and --bundle).
+    #[arg(long, env = "SIGNET_K8S_CITADEL")]
+    citadel: bool,
+    /// Serve `/healthz` and `/readyz` here (e.g. `0.0.0.0:8081`).
+    #[arg(long, env = "SIGNET_K8S_HEALTH_ADDR")]
+    health_addr: Option<SocketAddr>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Crds { out_dir } => {
+            let files = signet_k8s::crd::crd_files();
+            match out_dir {
+                Some(dir) => {
+                    for (name, yaml) in files {
+                        let p = dir.join(name);
+                        std::fs::write(&p, yaml)
+                            .with_context(|| format!("writing {}", p.display()))?;
+                    }
+                }
+                None => {
+                    let docs: Vec<String> = files.into_iter().map(|(_, y)| y).collect();
+                    print!("---\n{}", docs.join("---\n"));
+                }
+            }
+            Ok(())
+        }
+        Cmd::Run(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(run(args)),
+    }
+}
+
+async fn health(addr: SocketAddr) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "health endpoint");
+    loop {
+        let (mut s, _) = l.accept().await?;
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).await;
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\nok\n")
+                .await;
+        });
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn".into()),
+        )
+        .init();
+    if let Some(server) = &args.server {
+        tracing::info!(
+            %server,
+            bundle = ?args.bundle,
+            token = %args.token.display(),
+            "default server configured (Citadel mode)"
+        );
+    }
+    let client = Client::try_default()
+        .await
+        .context("no Kubernetes client configuration (in-cluster or kubeconfig)")?;
+    let ctx = Arc::new(Context::new(client.clone(), &args.namespace));
+    if let Some(addr) = args.health_addr {
+        tokio::spawn(async move {
+            if let Err(e) = health(addr).await {
+                tracing::error!(error = %e, "health endpoint stopped");
+            }
+        });
+    }
+
+    let requests = Controller::new(
+        Api::<CertificateRequest>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .shutdown_on_signal()
+    .run(request::reconcile, request::error_policy, ctx.clone())
+    .for_each(|r| async move {
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "CertificateRequest controller");
+        }
+    });
+    let issuers = Controller::new(
+        Api::<Issuer>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .shutdown_on_signal()
+    .run(
+        issuer_status::reconcile_issuer,
+        issuer_status::error_policy_issuer,
+        ctx.clone(),
+    )
+    .for_each(|r| async move {
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "Issuer controller");
+        }
+    });
+    let cluster_issuers = Controller::new(
+        Api::<ClusterIssuer>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .shutdown_on_signal()
+    .run(
+        issuer_status::reconcile_cluster_issuer,
+        issuer_status::error_policy_cluster_issuer,
+        ctx.clone(),
+    )
+    .for_each(|r| async move {
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "ClusterIssuer controller");
+        }
+    });
+    let standalone = {
+        let enabled = args.standalone_certificates;
+        let client = client.clone();
+        let backend = ctx.backend.clone();
+        let namespace = args.namespace.clone();
+        let owner_ref = args.certificate_owner_ref;
+        async move {
+            if !enabled {
+                return;
+            }
+            let signer = Arc::new(signet_k8s::certificate::IssuerSigners {
+                client: client.clone(),
+                backend,
+                bridge_namespace: namespace,
+            });
+            signet_k8s::certificate::run(
+                client,
+                signer,
+                Arc::new(signet_k8s::clock::SystemClock),
+                Arc::new(signet_k8s::backoff::SystemRandom::default()),
+                owner_ref,
+            )
+            .await;
+        }
+    };
+    let citadel = citadel(&args, client.clone());
+    tracing::info!(namespace = %args.namespace, "signet-k8s running");
+    let (_, _, _, _, citadel) =
+        tokio::join!(requests, issuers, cluster_issuers, standalone, citadel);
+    citadel
+}
+
+/// Citadel mode on the default server connection (`--server`, `--bundle`, `--token`).
+async fn citadel(args: &RunArgs, client: Client) -> anyhow::Result<()> {
+    use signet_k8s::signer::{Credentials, Signer, SignerConfig};
+    if !args.citadel {
+        return Ok(());
+    }
+    let (Some(server), Some(bundle)) = (&args.server, &args.bundle) else {
+        anyhow::bail!("--citadel needs --server and --bundle");
+    };
+    let bundle_pem =
+        std::fs::read(bundle).with_context(|| format!("reading {}", bundle.display()))?;
+    let cfg = SignerConfig {
+        server: server.clone(),
+        server_name: None,
+        bundle_pem: bundle_pem.clone(),
+        credentials: Credentials::TokenFile(args.token.clone()),
+    };
+    // Keep trying: the server may start after the bridge.
+    let signer = loop {
+        match Signer::connect(&cfg).await {
+            Ok(s) => break s,
+            Err(e) => {
+                tracing::warn!(error = %e, "citadel: cannot reach the server yet");
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            }
+        }
+    };
+    let channel = signet_client::connect_tls(server, &bundle_pem, None, None)
+        .await
+        .context("citadel: connecting for WatchBundle")?;
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let token = Some(args.token.clone());
+    tokio::spawn(signet_k8s::citadel::watch_bundle(channel, token, tx));
+    let ctx = Arc::new(signet_k8s::citadel::Context {
+        client,
+        signer: Arc::new(signet_k8s::certificate::FixedSigner(signer)),
+        clock: Arc::new(signet_k8s::clock::SystemClock),
+        random: Arc::new(signet_k8s::backoff::SystemRandom::default()),
+        bundle: rx,
+    });
+    signet_k8s::citadel::run(ctx).await;
+    Ok(())
 }

@@ -343,6 +343,48 @@ impl SignerCache {
     }
 }
 
+/// What the reconcilers need from a server, behind a trait so controller tests can fake it:
+/// [`SignerCache`] is the real one.
+pub trait SignBackend: Send + Sync {
+    /// Signs `csr` for an object in `namespace` with the issuer `key` configured as `cfg`.
+    fn sign<'a>(
+        &'a self,
+        key: &'a str,
+        cfg: &'a SignerConfig,
+        csr: &'a [u8],
+        namespace: &'a str,
+        ttl: Option<Duration>,
+    ) -> futures::future::BoxFuture<'a, Result<Signed, SignError>>;
+
+    /// The trust bundle of the issuer `key`'s server.
+    fn bundle<'a>(
+        &'a self,
+        key: &'a str,
+        cfg: &'a SignerConfig,
+    ) -> futures::future::BoxFuture<'a, Result<BundleInfo, SignError>>;
+}
+
+impl SignBackend for SignerCache {
+    fn sign<'a>(
+        &'a self,
+        key: &'a str,
+        cfg: &'a SignerConfig,
+        csr: &'a [u8],
+        namespace: &'a str,
+        ttl: Option<Duration>,
+    ) -> futures::future::BoxFuture<'a, Result<Signed, SignError>> {
+        Box::pin(async move { self.get(key, cfg).await?.sign(csr, namespace, ttl).await })
+    }
+
+    fn bundle<'a>(
+        &'a self,
+        key: &'a str,
+        cfg: &'a SignerConfig,
+    ) -> futures::future::BoxFuture<'a, Result<BundleInfo, SignError>> {
+        Box::pin(async move { self.get(key, cfg).await?.bundle().await })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

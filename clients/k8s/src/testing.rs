@@ -316,6 +316,87 @@ fn fnv(s: &str) -> u64 {
     }) & 0xffff_ffff_ffff
 }
 
+/// A [`SignBackend`](crate::signer::SignBackend) with canned answers that records each
+/// call, for controller tests that need no gRPC server.
+#[derive(Default)]
+pub struct FakeBackend {
+    sign: std::sync::Mutex<Option<Result<crate::signer::Signed, crate::signer::SignError>>>,
+    bundle: std::sync::Mutex<Option<Result<crate::signer::BundleInfo, crate::signer::SignError>>>,
+    calls: std::sync::Mutex<Vec<(String, String, Option<std::time::Duration>)>>,
+}
+
+impl FakeBackend {
+    /// `sign` answers `r` (every time); `bundle` is not expected.
+    pub fn answering(
+        r: Result<crate::signer::Signed, crate::signer::SignError>,
+    ) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            sign: std::sync::Mutex::new(Some(r)),
+            ..Default::default()
+        })
+    }
+    /// `bundle` answers `r`; `sign` is not expected.
+    pub fn with_bundle(
+        r: Result<crate::signer::BundleInfo, crate::signer::SignError>,
+    ) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            bundle: std::sync::Mutex::new(Some(r)),
+            ..Default::default()
+        })
+    }
+    /// `(issuer key, namespace, ttl)` of each `sign` call.
+    pub fn calls(&self) -> Vec<(String, String, Option<std::time::Duration>)> {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl crate::signer::SignBackend for FakeBackend {
+    fn sign<'a>(
+        &'a self,
+        key: &'a str,
+        _cfg: &'a crate::signer::SignerConfig,
+        _csr: &'a [u8],
+        namespace: &'a str,
+        ttl: Option<std::time::Duration>,
+    ) -> futures::future::BoxFuture<'a, Result<crate::signer::Signed, crate::signer::SignError>>
+    {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).push((
+            key.into(),
+            namespace.into(),
+            ttl,
+        ));
+        let r = self.sign.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Box::pin(async move {
+            r.unwrap_or_else(|| {
+                Err(crate::signer::SignError::permanent(
+                    "Unexpected",
+                    "FakeBackend: sign was not expected",
+                ))
+            })
+        })
+    }
+    fn bundle<'a>(
+        &'a self,
+        _key: &'a str,
+        _cfg: &'a crate::signer::SignerConfig,
+    ) -> futures::future::BoxFuture<'a, Result<crate::signer::BundleInfo, crate::signer::SignError>>
+    {
+        let r = self
+            .bundle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        Box::pin(async move {
+            r.unwrap_or_else(|| {
+                Err(crate::signer::SignError::permanent(
+                    "Unexpected",
+                    "FakeBackend: bundle was not expected",
+                ))
+            })
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,7 +35,11 @@ fn certificate(name: &str, uri: &str) -> Value {
     })
 }
 
-async fn bridge_signer(server: &Server, tokens: &TokenIssuer, dir: &std::path::Path) -> Arc<FixedSigner> {
+async fn bridge_signer(
+    server: &Server,
+    tokens: &TokenIssuer,
+    dir: &std::path::Path,
+) -> Arc<FixedSigner> {
     let token = dir.join("token");
     std::fs::write(&token, tokens.token("signet-system", "signet-k8s")).unwrap();
     let signer = Signer::connect(&SignerConfig {
@@ -50,17 +54,30 @@ async fn bridge_signer(server: &Server, tokens: &TokenIssuer, dir: &std::path::P
 }
 
 /// One reconcile of `obj` with a scripted API: Secret GET (404), then `patches` requests.
-async fn reconcile(obj: &Value, signer: Arc<FixedSigner>, with_apply: bool) -> Vec<signet_k8s::test_api::Recorded> {
+async fn reconcile(
+    obj: &Value,
+    signer: Arc<FixedSigner>,
+    with_apply: bool,
+) -> Vec<signet_k8s::test_api::Recorded> {
     let name = obj["metadata"]["name"].as_str().unwrap();
     let secret = format!("/api/v1/namespaces/a/secrets/{name}-tls");
     let status = format!("/apis/cert-manager.io/v1/namespaces/a/certificates/{name}/status?");
     let stored = Stored::new(obj.clone());
     let mut script = vec![
-        Exchange::reply("GET", secret.clone(), 404, not_found("secrets", &format!("{name}-tls"))),
+        Exchange::reply(
+            "GET",
+            secret.clone(),
+            404,
+            not_found("secrets", &format!("{name}-tls")),
+        ),
         Exchange::new("PATCH", status.clone(), stored.merge_patch()),
     ];
     if with_apply {
-        script.push(Exchange::new("PATCH", format!("{secret}?&fieldManager=signet-k8s"), applied("s1")));
+        script.push(Exchange::new(
+            "PATCH",
+            format!("{secret}?&fieldManager=signet-k8s"),
+            applied("s1"),
+        ));
     }
     script.push(Exchange::new("PATCH", status.clone(), stored.merge_patch()));
     script.push(Exchange::new("PATCH", status, stored.merge_patch()));
@@ -87,9 +104,16 @@ async fn k8s_certificate_in_namespace_a_gets_a_verifiable_secret() {
     let dir = tempfile::tempdir().unwrap();
     let signer = bridge_signer(&server, &tokens, dir.path()).await;
 
-    let seen = reconcile(&certificate("web", "spiffe://example.org/ns/a/sa/web"), signer.clone(), true).await;
+    let seen = reconcile(
+        &certificate("web", "spiffe://example.org/ns/a/sa/web"),
+        signer.clone(),
+        true,
+    )
+    .await;
     let body = &seen[2].body;
-    let data = |k: &str| String::from_utf8(STANDARD.decode(body["data"][k].as_str().unwrap()).unwrap()).unwrap();
+    let data = |k: &str| {
+        String::from_utf8(STANDARD.decode(body["data"][k].as_str().unwrap()).unwrap()).unwrap()
+    };
     assert_eq!(body["type"], "kubernetes.io/tls");
     let chain: Vec<String> = signet_types::pem::parse_certs(data("tls.crt").as_bytes())
         .unwrap()
@@ -120,7 +144,12 @@ async fn k8s_certificate_for_another_namespace_fails_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let signer = bridge_signer(&server, &tokens, dir.path()).await;
 
-    let seen = reconcile(&certificate("evil", "spiffe://example.org/ns/b/sa/web"), signer, false).await;
+    let seen = reconcile(
+        &certificate("evil", "spiffe://example.org/ns/b/sa/web"),
+        signer,
+        false,
+    )
+    .await;
     let issuing = &seen[2].body["status"];
     assert_eq!(issuing["failedIssuanceAttempts"], 1);
     assert_eq!(issuing["conditions"][0]["type"], "Issuing");
@@ -131,5 +160,8 @@ async fn k8s_certificate_for_another_namespace_fails_with_the_reason() {
     assert_eq!(ready["reason"], "Failed");
     let msg = ready["message"].as_str().unwrap();
     assert!(msg.contains("PermissionDenied"), "{msg}");
-    assert!(msg.contains("spiffe://example.org/ns/b/sa/web") || msg.contains("namespace"), "{msg}");
+    assert!(
+        msg.contains("spiffe://example.org/ns/b/sa/web") || msg.contains("namespace"),
+        "{msg}"
+    );
 }

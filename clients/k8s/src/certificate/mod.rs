@@ -38,7 +38,7 @@ use crate::certmanager::{Certificate, CertificateStatus};
 use crate::clock::Clock;
 use crate::issuers::IssuerKey;
 use crate::keys::{self, CsrNames};
-use crate::signer::{SignError, Signed, Signer, SignerCache};
+use crate::signer::{SignBackend, SignError, Signed, Signer};
 use policy::{Blocked, Desired, MANAGER, SecretView};
 
 /// Signs a CSR for the issuer a Certificate names. Production resolves the issuer
@@ -68,10 +68,11 @@ impl CertSigner for FixedSigner {
     }
 }
 
-/// Resolves the `Issuer`/`ClusterIssuer` and signs with its server (connections cached).
+/// Resolves the `Issuer`/`ClusterIssuer` and signs with its server (the foundation's
+/// [`SignBackend`], a connection cache in production).
 pub struct IssuerSigners {
     pub client: Client,
-    pub cache: SignerCache,
+    pub backend: Arc<dyn SignBackend>,
     /// Where a ClusterIssuer's references are read.
     pub bridge_namespace: String,
 }
@@ -104,8 +105,9 @@ impl CertSigner for IssuerSigners {
             )
             .await
             .map_err(|e| SignError::retryable(e.reason(), e.to_string()))?;
-            let signer = self.cache.get(&issuer.to_string(), &cfg).await?;
-            signer.sign(csr, namespace, ttl).await
+            self.backend
+                .sign(&issuer.to_string(), &cfg, csr, namespace, ttl)
+                .await
         })
     }
 }

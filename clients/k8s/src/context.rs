@@ -1,0 +1,45 @@
+//! What every reconciler gets: the kube client, the bridge's namespace, the signing backend,
+//! the clock, and per-object backoff counters.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+
+use crate::backoff::{Backoffs, Policy};
+use crate::clock::{Clock, SystemClock};
+use crate::signer::{SignBackend, SignerCache};
+
+pub struct Context {
+    pub client: Client,
+    /// Where `ClusterIssuer` refs are read from (the bridge's own namespace).
+    pub bridge_namespace: String,
+    pub backend: Arc<dyn SignBackend>,
+    pub clock: Arc<dyn Clock>,
+    /// Consecutive failures per object key (`Kind/ns/name`).
+    pub backoffs: Backoffs<String>,
+    /// How often a Ready issuer is checked again.
+    pub issuer_recheck: Duration,
+}
+
+impl Context {
+    /// The production context: a real [`SignerCache`], the system clock, default backoff.
+    pub fn new(client: Client, bridge_namespace: &str) -> Self {
+        Self {
+            client,
+            bridge_namespace: bridge_namespace.to_owned(),
+            backend: Arc::new(SignerCache::new()),
+            clock: Arc::new(SystemClock),
+            backoffs: Backoffs::new(Policy::default()),
+            issuer_recheck: Duration::from_secs(300),
+        }
+    }
+}
+
+/// A reconciler failure that the controller retries with backoff (API errors; everything
+/// about the object itself is reported in its status instead).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}

@@ -1,0 +1,261 @@
+//! Checks on a CertificateRequest's CSR made before any call to the server: it parses, its
+//! signature holds, it does not ask for a CA, and its key usages agree with `spec.usages`
+//! and `spec.isCA`. Pure functions; the message of each refusal says what to fix.
+
+use std::collections::BTreeSet;
+
+use x509_parser::certification_request::X509CertificationRequest;
+use x509_parser::extensions::ParsedExtension;
+use x509_parser::prelude::FromDer;
+
+/// cert-manager's default `usages` when a request lists none.
+pub const DEFAULT_USAGES: &[&str] = &["digital signature", "key encipherment"];
+
+/// The usages a Signet SVID may carry.
+pub const ALLOWED_USAGES: &[&str] = &[
+    "digital signature",
+    "key encipherment",
+    "key agreement",
+    "content commitment",
+    "data encipherment",
+    "server auth",
+    "client auth",
+];
+
+/// A CSR that passed [`check`]: DER, ready to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedCsr {
+    pub der: Vec<u8>,
+}
+
+fn normalize(u: &str) -> String {
+    match u.trim().to_ascii_lowercase().as_str() {
+        "signing" => "digital signature".into(),
+        other => other.to_owned(),
+    }
+}
+
+/// Checks `request` (the PEM CSR of `spec.request`) against `is_ca` and `usages`.
+pub fn check(request: &[u8], is_ca: bool, usages: &[String]) -> Result<CheckedCsr, String> {
+    if is_ca {
+        return Err(
+            "spec.isCA is true, but Signet issues workload (leaf) certificates only: set isCA to false"
+                .into(),
+        );
+    }
+    let der = match pem::parse(request) {
+        Ok(p) if p.tag() == "CERTIFICATE REQUEST" || p.tag() == "NEW CERTIFICATE REQUEST" => {
+            p.into_contents()
+        }
+        Ok(p) => {
+            return Err(format!(
+                "spec.request holds a PEM {:?} block, not a CERTIFICATE REQUEST",
+                p.tag()
+            ));
+        }
+        Err(e) => {
+            return Err(format!(
+                "spec.request is not a PEM certificate request: {e}"
+            ));
+        }
+    };
+    let csr = match X509CertificationRequest::from_der(&der) {
+        Ok((rest, csr)) if rest.is_empty() => csr,
+        Ok(_) => return Err("spec.request has trailing bytes after the CSR".into()),
+        Err(e) => return Err(format!("spec.request does not parse as a PKCS#10 CSR: {e}")),
+    };
+    if csr.verify_signature().is_err() {
+        return Err("the CSR's signature does not verify with its own public key".into());
+    }
+
+    let mut csr_usages: BTreeSet<String> = BTreeSet::new();
+    let mut has_usage_ext = false;
+    if let Some(exts) = csr.requested_extensions() {
+        for ext in exts {
+            match ext {
+                ParsedExtension::BasicConstraints(bc) if bc.ca => {
+                    return Err(
+                        "the CSR asks for a CA certificate (basicConstraints CA:TRUE) while \
+                         spec.isCA is false: Signet issues leaf certificates only"
+                            .into(),
+                    );
+                }
+                ParsedExtension::KeyUsage(ku) => {
+                    has_usage_ext = true;
+                    for (on, name) in [
+                        (ku.digital_signature(), "digital signature"),
+                        (ku.non_repudiation(), "content commitment"),
+                        (ku.key_encipherment(), "key encipherment"),
+                        (ku.data_encipherment(), "data encipherment"),
+                        (ku.key_agreement(), "key agreement"),
+                        (ku.key_cert_sign(), "cert sign"),
+                        (ku.crl_sign(), "crl sign"),
+                        (ku.encipher_only(), "encipher only"),
+                        (ku.decipher_only(), "decipher only"),
+                    ] {
+                        if on {
+                            csr_usages.insert(name.into());
+                        }
+                    }
+                }
+                ParsedExtension::ExtendedKeyUsage(eku) => {
+                    has_usage_ext = true;
+                    for (on, name) in [
+                        (eku.any, "any"),
+                        (eku.server_auth, "server auth"),
+                        (eku.client_auth, "client auth"),
+                        (eku.code_signing, "code signing"),
+                        (eku.email_protection, "email protection"),
+                        (eku.time_stamping, "timestamping"),
+                        (eku.ocsp_signing, "ocsp signing"),
+                    ] {
+                        if on {
+                            csr_usages.insert(name.into());
+                        }
+                    }
+                    for oid in &eku.other {
+                        csr_usages.insert(format!("oid {oid}"));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    let spec_usages: BTreeSet<String> = if usages.is_empty() {
+        DEFAULT_USAGES.iter().map(|s| (*s).to_owned()).collect()
+    } else {
+        usages.iter().map(|u| normalize(u)).collect()
+    };
+    if let Some(bad) = spec_usages
+        .iter()
+        .find(|u| !ALLOWED_USAGES.contains(&u.as_str()))
+    {
+        let hint = if bad == "cert sign" || bad == "crl sign" {
+            " (it needs a CA certificate, which Signet does not issue)"
+        } else {
+            ""
+        };
+        return Err(format!(
+            "spec.usages asks for {bad:?}{hint}; Signet issues only {}",
+            ALLOWED_USAGES.join(", ")
+        ));
+    }
+    if has_usage_ext && csr_usages != spec_usages {
+        let fmt = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>().join(", ");
+        return Err(format!(
+            "the CSR's key usages [{}] disagree with spec.usages [{}]: encode the same usages \
+             in both, or none in the CSR",
+            fmt(&csr_usages),
+            fmt(&spec_usages)
+        ));
+    }
+    Ok(CheckedCsr { der })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose};
+
+    fn csr(f: impl FnOnce(&mut CertificateParams)) -> Vec<u8> {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(vec![]).unwrap();
+        f(&mut p);
+        p.serialize_request(&key)
+            .unwrap()
+            .pem()
+            .unwrap()
+            .into_bytes()
+    }
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| (*x).to_owned()).collect()
+    }
+
+    #[test]
+    fn plain_csr_passes_with_default_usages() {
+        assert!(check(&csr(|_| {}), false, &[]).is_ok());
+        assert!(check(&csr(|_| {}), false, &s(&["server auth", "client auth"])).is_ok());
+    }
+
+    #[test]
+    fn is_ca_refused() {
+        let e = check(&csr(|_| {}), true, &[]).unwrap_err();
+        assert!(e.contains("spec.isCA"), "{e}");
+    }
+
+    #[test]
+    fn ca_csr_refused() {
+        let e = check(
+            &csr(|p| p.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained)),
+            false,
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.contains("CA:TRUE"), "{e}");
+    }
+
+    #[test]
+    fn garbage_refused() {
+        assert!(
+            check(b"hello", false, &[])
+                .unwrap_err()
+                .contains("not a PEM")
+        );
+        let cert = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        assert!(
+            check(cert.as_bytes(), false, &[])
+                .unwrap_err()
+                .contains("CERTIFICATE\"")
+        );
+        let junk = "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n";
+        assert!(
+            check(junk.as_bytes(), false, &[])
+                .unwrap_err()
+                .contains("PKCS#10")
+        );
+    }
+
+    #[test]
+    fn usages_must_agree() {
+        let with = csr(|p| {
+            p.key_usages = vec![
+                KeyUsagePurpose::DigitalSignature,
+                KeyUsagePurpose::KeyEncipherment,
+            ];
+            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        });
+        assert!(
+            check(
+                &with,
+                false,
+                &s(&["digital signature", "key encipherment", "server auth"])
+            )
+            .is_ok()
+        );
+        assert!(
+            check(
+                &with,
+                false,
+                &s(&["signing", "key encipherment", "server auth"])
+            )
+            .is_ok()
+        );
+        let e = check(
+            &with,
+            false,
+            &s(&["digital signature", "key encipherment", "client auth"]),
+        )
+        .unwrap_err();
+        assert!(e.contains("disagree with spec.usages"), "{e}");
+        assert!(e.contains("server auth"), "{e}");
+    }
+
+    #[test]
+    fn usages_signet_cannot_issue() {
+        let e = check(&csr(|_| {}), false, &s(&["cert sign"])).unwrap_err();
+        assert!(e.contains("CA certificate"), "{e}");
+        assert!(check(&csr(|_| {}), false, &s(&["code signing"])).is_err());
+    }
+}

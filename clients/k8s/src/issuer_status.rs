@@ -1,0 +1,371 @@
+//! The `Issuer` / `ClusterIssuer` reconciler: resolves the trust bundle and credentials,
+//! calls `GetBundle` on the server, and reports the result in the Ready condition. Ready
+//! issuers are checked again every `issuer_recheck`; failing ones back off.
+
+use std::sync::Arc;
+
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+
+use crate::conditions::{self, Condition, ConditionStatus};
+use crate::context::{Context, Error};
+use crate::crd::{ClusterIssuer, Issuer, IssuerStatus};
+use crate::issuers::{self, IssuerObj};
+use crate::signer::{BundleInfo, SignError};
+
+pub const REASON_CONNECTED: &str = "Connected";
+
+/// The Ready condition for an issuer whose check ended with `res`.
+pub fn ready_condition(obj: &IssuerObj, res: Result<BundleInfo, CheckError>) -> Condition {
+    let server = &obj.spec.server;
+    let c = match res {
+        Ok(b) => Condition::new(
+            "Ready",
+            ConditionStatus::True,
+            REASON_CONNECTED,
+            format!(
+                "Connected to {server}: trust domain {} (bundle revision {})",
+                b.trust_domain, b.revision
+            ),
+        ),
+        Err(CheckError::Resolve(reason, msg)) => {
+            Condition::new("Ready", ConditionStatus::False, reason, msg)
+        }
+        Err(CheckError::Server(SignError::Retryable { reason, message }))
+            if reason == "Unreachable" =>
+        {
+            Condition::new(
+                "Ready",
+                ConditionStatus::False,
+                "Unreachable",
+                format!(
+                    "Cannot reach {server}: {message}. Check spec.server, spec.serverName and \
+                     spec.trustBundle, and that signet-server is running"
+                ),
+            )
+        }
+        Err(CheckError::Server(e)) => Condition::new(
+            "Ready",
+            ConditionStatus::False,
+            "ServerError",
+            format!(
+                "{server} answered GetBundle with {}: {}",
+                e.reason(),
+                e.message()
+            ),
+        ),
+    };
+    c.with_generation(obj.generation)
+}
+
+/// Why a check failed: the issuer's spec could not be resolved, or the server said no.
+#[derive(Debug)]
+pub enum CheckError {
+    Resolve(&'static str, String),
+    Server(SignError),
+}
+
+/// The status after a check, or `None` when unchanged.
+pub fn next_status(
+    old: Option<&IssuerStatus>,
+    ready: Condition,
+    generation: Option<i64>,
+    now: std::time::SystemTime,
+) -> Option<IssuerStatus> {
+    let mut st = old.cloned().unwrap_or_default();
+    let mut changed = conditions::set(&mut st.conditions, ready, &conditions::time(now));
+    if st.observed_generation != generation {
+        st.observed_generation = generation;
+        changed = true;
+    }
+    changed.then_some(st)
+}
+
+pub fn status_patch(st: &IssuerStatus) -> Value {
+    json!({ "status": st })
+}
+
+async fn check(obj: &IssuerObj, ctx: &Context) -> Result<BundleInfo, CheckError> {
+    let cfg = issuers::resolve(
+        &ctx.client,
+        &obj.spec,
+        obj.refs_namespace(&ctx.bridge_namespace),
+    )
+    .await
+    .map_err(|e| CheckError::Resolve(e.reason(), e.to_string()))?;
+    ctx.backend
+        .bundle(&obj.key.to_string(), &cfg)
+        .await
+        .map_err(CheckError::Server)
+}
+
+async fn reconcile_obj(obj: IssuerObj, ctx: &Context) -> Result<(Action, Option<Value>), Error> {
+    let okey = obj.key.to_string();
+    let res = check(&obj, ctx).await;
+    let ok = res.is_ok();
+    let cond = ready_condition(&obj, res);
+    tracing::info!(issuer = %okey, reason = ?cond.reason, message = ?cond.message, "issuer checked");
+    let patch = next_status(obj.status.as_ref(), cond, obj.generation, ctx.clock.now())
+        .map(|st| status_patch(&st));
+    let action = if ok {
+        ctx.backoffs.reset(&okey);
+        Action::requeue(ctx.issuer_recheck)
+    } else {
+        Action::requeue(ctx.backoffs.next(&okey))
+    };
+    Ok((action, patch))
+}
+
+pub async fn reconcile_issuer(i: Arc<Issuer>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let (name, ns) = (i.name_any(), i.namespace().unwrap_or_default());
+    let (action, patch) = reconcile_obj(IssuerObj::from((*i).clone()), &ctx).await?;
+    if let Some(p) = patch {
+        Api::<Issuer>::namespaced(ctx.client.clone(), &ns)
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&p))
+            .await?;
+    }
+    Ok(action)
+}
+
+pub async fn reconcile_cluster_issuer(
+    i: Arc<ClusterIssuer>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let name = i.name_any();
+    let (action, patch) = reconcile_obj(IssuerObj::from((*i).clone()), &ctx).await?;
+    if let Some(p) = patch {
+        Api::<ClusterIssuer>::all(ctx.client.clone())
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&p))
+            .await?;
+    }
+    Ok(action)
+}
+
+pub fn error_policy_issuer(i: Arc<Issuer>, err: &Error, ctx: Arc<Context>) -> Action {
+    let key = IssuerObj::from((*i).clone()).key.to_string();
+    tracing::warn!(issuer = %key, error = %err, "Issuer reconcile failed");
+    Action::requeue(ctx.backoffs.next(&key))
+}
+
+pub fn error_policy_cluster_issuer(
+    i: Arc<ClusterIssuer>,
+    err: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    let key = IssuerObj::from((*i).clone()).key.to_string();
+    tracing::warn!(issuer = %key, error = %err, "ClusterIssuer reconcile failed");
+    Action::requeue(ctx.backoffs.next(&key))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use base64::Engine;
+    use serde_json::json;
+
+    use super::*;
+    use crate::backoff::{Backoffs, FixedRandom, Policy};
+    use crate::clock::FakeClock;
+    use crate::signer::SignBackend;
+    use crate::testing::{Expect, FakeBackend, mock_client, object};
+
+    const NOW_STR: &str = "2027-01-15T08:00:00Z";
+
+    fn root_pem() -> String {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(vec![]).unwrap();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        p.self_signed(&key).unwrap().pem()
+    }
+
+    fn ctx(backend: Arc<dyn SignBackend>) -> (Arc<Context>, crate::testing::MockApi) {
+        let (client, api) = mock_client();
+        let ctx = Arc::new(Context {
+            client,
+            bridge_namespace: "signet-system".into(),
+            backend,
+            clock: Arc::new(FakeClock::at_unix(1_800_000_000)),
+            backoffs: Backoffs::with_random(
+                Policy {
+                    base: Duration::from_secs(2),
+                    cap: Duration::from_secs(60),
+                },
+                Box::new(FixedRandom(0.0)),
+            ),
+            issuer_recheck: Duration::from_secs(300),
+        });
+        (ctx, api)
+    }
+
+    /// A token file that exists for the test's duration.
+    fn token_file(tag: &str) -> std::path::PathBuf {
+        let p = std::env::temp_dir().join(format!(
+            "signet-k8s-issuer-test-{tag}-{}",
+            std::process::id()
+        ));
+        std::fs::write(&p, "t").unwrap();
+        p
+    }
+
+    /// What the API server answers a status patch with: the object.
+    fn echo(kind: &str, ns: Option<&str>) -> serde_json::Value {
+        object(
+            "signet.dev/v1",
+            kind,
+            ns,
+            "signet",
+            "10",
+            json!({"spec": {"server": "https://signet:8443", "trustBundle": {"pem": "x"}}}),
+        )
+    }
+
+    fn ready(status: &str, reason: &str, message: &str) -> serde_json::Value {
+        json!({"status": {"conditions": [{"type": "Ready", "status": status, "reason": reason,
+            "message": message, "lastTransitionTime": NOW_STR, "observedGeneration": 1}],
+            "observedGeneration": 1}})
+    }
+
+    #[tokio::test]
+    async fn connected_issuer_is_ready_with_trust_domain() {
+        let token = token_file("ok");
+        let backend = FakeBackend::with_bundle(Ok(BundleInfo {
+            trust_domain: "example.org".into(),
+            roots_pem: root_pem(),
+            revision: 3,
+        }));
+        let (ctx, api) = ctx(backend);
+        let issuer: Issuer = serde_json::from_value(object(
+            "signet.dev/v1",
+            "Issuer",
+            Some("a"),
+            "signet",
+            "9",
+            json!({
+                "spec": {"server": "https://signet:8443", "trustBundle": {"pem": root_pem()},
+                    "auth": {"serviceAccountToken": {"path": token}}}
+            }),
+        ))
+        .unwrap();
+        let server = api.run(vec![
+            Expect::patch("/apis/signet.dev/v1/namespaces/a/issuers/signet/status")
+                .content_type("application/merge-patch+json")
+                .body(ready("True", "Connected",
+                    "Connected to https://signet:8443: trust domain example.org (bundle revision 3)"))
+                .respond(echo("Issuer", Some("a"))),
+        ]);
+        let action = reconcile_issuer(Arc::new(issuer), ctx.clone())
+            .await
+            .unwrap();
+        drop(ctx);
+        server.finish().await;
+        assert_eq!(action, Action::requeue(Duration::from_secs(300)));
+        let _ = std::fs::remove_file(token);
+    }
+
+    #[tokio::test]
+    async fn missing_bundle_config_map_is_reported() {
+        let (ctx, api) = ctx(FakeBackend::with_bundle(Err(SignError::retryable(
+            "Unreachable",
+            "x",
+        ))));
+        let issuer: Issuer = serde_json::from_value(object("signet.dev/v1", "Issuer", Some("a"), "signet", "9", json!({
+            "spec": {"server": "https://signet:8443", "trustBundle": {"configMapRef": {"name": "signet-bundle"}}}
+        })))
+        .unwrap();
+        let server = api.run(vec![
+            Expect::get("/api/v1/namespaces/a/configmaps/signet-bundle")
+                .not_found("configmaps", "signet-bundle"),
+            Expect::patch("/apis/signet.dev/v1/namespaces/a/issuers/signet/status")
+                .body(ready(
+                    "False",
+                    "BundleNotFound",
+                    "ConfigMap a/signet-bundle key \"ca.crt\": ConfigMap not found",
+                ))
+                .respond(echo("Issuer", Some("a"))),
+        ]);
+        let action = reconcile_issuer(Arc::new(issuer), ctx.clone())
+            .await
+            .unwrap();
+        drop(ctx);
+        server.finish().await;
+        assert_eq!(action, Action::requeue(Duration::from_secs(1)));
+    }
+
+    #[tokio::test]
+    async fn cluster_issuer_reads_refs_from_bridge_namespace_and_reports_unreachable() {
+        let root = root_pem();
+        let (ctx, api) = ctx(FakeBackend::with_bundle(Err(SignError::retryable(
+            "Unreachable",
+            "connection refused",
+        ))));
+        let ci: ClusterIssuer = serde_json::from_value(object("signet.dev/v1", "ClusterIssuer", None, "signet", "9", json!({
+            "spec": {"server": "https://signet:8443", "trustBundle": {"secretRef": {"name": "signet-ca", "key": "root.pem"}},
+                "auth": {"tlsSecretRef": {"name": "bridge-svid"}}}
+        })))
+        .unwrap();
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let server = api.run(vec![
+            Expect::get("/api/v1/namespaces/signet-system/secrets/signet-ca").respond(object("v1", "Secret",
+                Some("signet-system"), "signet-ca", "1", json!({"type": "Opaque", "data": {"root.pem": b64(&root)}}))),
+            Expect::get("/api/v1/namespaces/signet-system/secrets/bridge-svid").respond(object("v1", "Secret",
+                Some("signet-system"), "bridge-svid", "1",
+                json!({"type": "kubernetes.io/tls", "data": {"tls.crt": b64(&root), "tls.key": b64("k")}}))),
+            Expect::patch("/apis/signet.dev/v1/clusterissuers/signet/status")
+                .body_with(|b| {
+                    let c = &b["status"]["conditions"][0];
+                    assert_eq!((c["status"].as_str(), c["reason"].as_str()), (Some("False"), Some("Unreachable")));
+                    assert!(c["message"].as_str().unwrap().starts_with(
+                        "Cannot reach https://signet:8443: connection refused. Check spec.server"));
+                })
+                .respond(echo("ClusterIssuer", None)),
+        ]);
+        let action = reconcile_cluster_issuer(Arc::new(ci), ctx.clone())
+            .await
+            .unwrap();
+        drop(ctx);
+        server.finish().await;
+        assert_eq!(action, Action::requeue(Duration::from_secs(1)));
+    }
+
+    #[tokio::test]
+    async fn missing_token_file_and_unchanged_status_is_not_rewritten() {
+        let (ctx, api) = ctx(FakeBackend::with_bundle(Err(SignError::retryable(
+            "Unreachable",
+            "x",
+        ))));
+        let mut v = object(
+            "signet.dev/v1",
+            "Issuer",
+            Some("a"),
+            "signet",
+            "9",
+            json!({
+                "spec": {"server": "https://signet:8443", "trustBundle": {"pem": root_pem()},
+                    "auth": {"serviceAccountToken": {"path": "/nonexistent/token"}}}
+            }),
+        );
+        let msg = "the service-account token file /nonexistent/token does not exist in the bridge's pod: \
+                   project a token with the server's audience there";
+        v["status"] = ready("False", "CredentialsNotFound", msg)["status"].clone();
+        let issuer: Issuer = serde_json::from_value(v).unwrap();
+        let server = api.run(vec![]);
+        let a1 = reconcile_issuer(Arc::new(issuer.clone()), ctx.clone())
+            .await
+            .unwrap();
+        let a2 = reconcile_issuer(Arc::new(issuer), ctx.clone())
+            .await
+            .unwrap();
+        drop(ctx);
+        server.finish().await;
+        assert_eq!(
+            [a1, a2],
+            [
+                Action::requeue(Duration::from_secs(1)),
+                Action::requeue(Duration::from_secs(2))
+            ]
+        );
+    }
+}
