@@ -274,9 +274,12 @@ async fn clamped_lifetime_is_reported_in_ready() {
         Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
         Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
     ]);
-    reconcile(parse(&obj), context(client, signer, clock, &[obj.clone()]))
-        .await
-        .unwrap();
+    reconcile(
+        parse(&obj),
+        context(client, signer, clock, std::slice::from_ref(&obj)),
+    )
+    .await
+    .unwrap();
     let seen = server.await.unwrap();
     assert_eq!(
         seen[4].body["status"]["conditions"][0]["message"],
@@ -406,7 +409,12 @@ async fn server_unreachable_backs_off_without_a_hot_loop() {
     ]);
     let action = reconcile(
         parse(&obj),
-        context(client, signer.clone(), clock.clone(), &[obj.clone()]),
+        context(
+            client,
+            signer.clone(),
+            clock.clone(),
+            std::slice::from_ref(&obj),
+        ),
     )
     .await
     .unwrap();
@@ -439,7 +447,12 @@ async fn server_unreachable_backs_off_without_a_hot_loop() {
     )]);
     let action = reconcile(
         parse(&obj),
-        context(client, signer.clone(), clock.clone(), &[obj.clone()]),
+        context(
+            client,
+            signer.clone(),
+            clock.clone(),
+            std::slice::from_ref(&obj),
+        ),
     )
     .await
     .unwrap();
@@ -456,7 +469,7 @@ async fn server_unreachable_backs_off_without_a_hot_loop() {
     ]);
     let action = reconcile(
         parse(&obj),
-        context(client, signer.clone(), clock, &[obj.clone()]),
+        context(client, signer.clone(), clock, std::slice::from_ref(&obj)),
     )
     .await
     .unwrap();
@@ -483,7 +496,7 @@ async fn permanent_refusal_fails_the_attempt_with_the_servers_reason() {
     ]);
     reconcile(
         parse(&obj),
-        context(client, Arc::new(signer), clock, &[obj.clone()]),
+        context(client, Arc::new(signer), clock, std::slice::from_ref(&obj)),
     )
     .await
     .unwrap();

@@ -329,13 +329,10 @@ pub async fn run(ctx: Arc<Context>) {
             .default_backoff();
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {
-                match ev {
-                    Ok(watcher::Event::Delete(sa)) => {
-                        if let Err(e) = service_account_deleted(&client, &sa).await {
-                            tracing::warn!(error = %e, "removing an istio secret");
-                        }
-                    }
-                    _ => {}
+                if let Ok(watcher::Event::Delete(sa)) = ev
+                    && let Err(e) = service_account_deleted(&client, &sa).await
+                {
+                    tracing::warn!(error = %e, "removing an istio secret");
                 }
             }
         }
