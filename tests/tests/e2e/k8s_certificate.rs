@@ -123,7 +123,10 @@ async fn k8s_certificate_in_namespace_a_gets_a_verifiable_secret() {
         .collect();
     assert_eq!(uri_sans(&chain[0]), ["spiffe://example.org/ns/a/sa/web"]);
     openssl_verify(&chain, &server.bundle_pem).unwrap();
-    assert_eq!(data("ca.crt").as_bytes(), server.bundle_pem.as_slice());
+    assert_eq!(
+        signet_types::pem::parse_certs(data("ca.crt").as_bytes()).unwrap(),
+        signet_types::pem::parse_certs(&server.bundle_pem).unwrap()
+    );
     assert!(data("tls.key").starts_with("-----BEGIN EC PRIVATE KEY-----"));
 
     let ready = &seen[4].body["status"];

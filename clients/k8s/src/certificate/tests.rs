@@ -530,3 +530,35 @@ fn status_patch_sends_only_changes() {
     );
     let _ = SystemTime::now;
 }
+
+#[test]
+fn secret_body_has_an_owner_reference_only_when_asked() {
+    let cert: Certificate = serde_json::from_value(certificate("web", json!({}))).unwrap();
+    let d = policy::validate(&cert).unwrap().unwrap();
+    let data = secret::SecretData {
+        chain_pem: "chain".into(),
+        key_pem: "key".into(),
+        ca_pem: "ca".into(),
+    };
+    assert!(format!("{data:?}").contains("key_pem: \"…\""));
+    let without = secret::apply_body(&cert, &d, &data, false);
+    assert!(without["metadata"].get("ownerReferences").is_none());
+    let with = secret::apply_body(&cert, &d, &data, true);
+    assert_eq!(
+        with["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "cert-manager.io/v1", "kind": "Certificate", "name": "web",
+            "uid": "uid-web", "controller": true, "blockOwnerDeletion": true}])
+    );
+    assert_eq!(with["data"]["tls.key"], STANDARD.encode("key"));
+    // secretTemplate cannot take over our annotations.
+    let cert: Certificate = serde_json::from_value(certificate(
+        "web",
+        json!({"secretTemplate": {"annotations": {"cert-manager.io/certificate-name": "other"}}}),
+    ))
+    .unwrap();
+    let body = secret::apply_body(&cert, &d, &data, false);
+    assert_eq!(
+        body["metadata"]["annotations"]["cert-manager.io/certificate-name"],
+        "web"
+    );
+}

@@ -263,7 +263,11 @@ impl PrivateKey {
                 ("EC PRIVATE KEY", self.sec1()?)
             }
         };
-        Ok(pem::encode(&pem::Pem::new(label, der)))
+        // LF line endings, as OpenSSL and Kubernetes tooling write PEM.
+        Ok(pem::encode_config(
+            &pem::Pem::new(label, der),
+            pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
+        ))
     }
 
     /// Reads a PEM private key (`PRIVATE KEY`, `EC PRIVATE KEY` or `RSA PRIVATE KEY`) and

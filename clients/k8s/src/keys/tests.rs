@@ -54,7 +54,11 @@ fn ecdsa_keys_round_trip_through_both_encodings() {
     for alg in [KeyAlgorithm::EcdsaP256, KeyAlgorithm::EcdsaP384] {
         let key = generate(alg).unwrap();
         let sec1 = key.to_pem(KeyEncoding::Pkcs1).unwrap();
-        assert!(sec1.starts_with("-----BEGIN EC PRIVATE KEY-----"), "{sec1}");
+        assert!(
+            sec1.starts_with("-----BEGIN EC PRIVATE KEY-----\n"),
+            "{sec1}"
+        );
+        assert!(!sec1.contains('\r'));
         let pkcs8 = key.to_pem(KeyEncoding::Pkcs8).unwrap();
         assert!(pkcs8.starts_with("-----BEGIN PRIVATE KEY-----"));
         let back = PrivateKey::from_pem(sec1.as_bytes()).unwrap();
