@@ -168,3 +168,101 @@ async fn k8s_certificate_for_another_namespace_fails_with_the_reason() {
         "{msg}"
     );
 }
+
+#[tokio::test]
+async fn k8s_citadel_secret_and_root_configmap_from_the_real_server() {
+    use signet_k8s::citadel;
+    let tokens = TokenIssuer::new("k1");
+    let Some(server) = pg_server(&tokens, BRIDGE).await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let signer = bridge_signer(&server, &tokens, dir.path()).await;
+
+    // The bundle, from the server's WatchBundle stream.
+    let (tx, mut rx) = tokio::sync::watch::channel(None);
+    let channel = server.channel().await;
+    let watcher = tokio::spawn(citadel::watch_bundle(
+        channel,
+        Some(dir.path().join("token")),
+        tx,
+    ));
+    tokio::time::timeout(Duration::from_secs(30), rx.wait_for(Option::is_some))
+        .await
+        .unwrap()
+        .unwrap();
+    let bundle = rx.borrow().clone().unwrap();
+    assert_eq!(bundle.trust_domain, "example.org");
+
+    // istio-ca-root-cert in a labelled namespace.
+    let cm = "/api/v1/namespaces/mesh/configmaps/istio-ca-root-cert";
+    let (client, api) = scripted(vec![
+        Exchange::reply(
+            "GET",
+            cm,
+            404,
+            not_found("configmaps", "istio-ca-root-cert"),
+        ),
+        Exchange::new(
+            "PATCH",
+            format!("{cm}?&fieldManager=signet-k8s"),
+            applied("cm1"),
+        ),
+    ]);
+    citadel::reconcile_root_configmap(&client, "mesh", &bundle)
+        .await
+        .unwrap();
+    let seen = api.await.unwrap();
+    let root = seen[1].body["data"]["root-cert.pem"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        signet_types::pem::parse_certs(root.as_bytes()).unwrap(),
+        signet_types::pem::parse_certs(&server.bundle_pem).unwrap()
+    );
+
+    // istio.<sa> for a ServiceAccount.
+    let sa: k8s_openapi::api::core::v1::ServiceAccount = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "web", "namespace": "mesh", "uid": "sa-1", "resourceVersion": "5"}
+    }))
+    .unwrap();
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "mesh", "labels": {"signet.dev/citadel": "enabled"}}});
+    let secret = "/api/v1/namespaces/mesh/secrets/istio.web";
+    let (client, api) = scripted(vec![
+        Exchange::reply("GET", "/api/v1/namespaces/mesh", 200, ns),
+        Exchange::reply("GET", secret, 404, not_found("secrets", "istio.web")),
+        Exchange::new(
+            "PATCH",
+            format!("{secret}?&fieldManager=signet-k8s"),
+            applied("s1"),
+        ),
+    ]);
+    let ctx = Arc::new(citadel::Context {
+        client,
+        signer,
+        clock: Arc::new(SystemClock),
+        random: Arc::new(SystemRandom::default()),
+        bundle: rx.clone(),
+    });
+    citadel::reconcile_service_account(Arc::new(sa), ctx)
+        .await
+        .unwrap();
+    let seen = api.await.unwrap();
+    let body = &seen[2].body;
+    assert_eq!(body["type"], "istio.io/key-and-cert");
+    let data = |k: &str| {
+        String::from_utf8(STANDARD.decode(body["data"][k].as_str().unwrap()).unwrap()).unwrap()
+    };
+    let chain: Vec<String> = signet_types::pem::parse_certs(data("cert-chain.pem").as_bytes())
+        .unwrap()
+        .iter()
+        .map(|d| signet_types::pem::cert_to_pem(d))
+        .chain([data("root-cert.pem")])
+        .collect();
+    assert_eq!(uri_sans(&chain[0]), ["spiffe://example.org/ns/mesh/sa/web"]);
+    openssl_verify(&chain, &server.bundle_pem).unwrap();
+    watcher.abort();
+}
