@@ -14,6 +14,8 @@ pub const VERSION: &str = "v1";
 pub const DEFAULT_TOKEN_PATH: &str = "/var/run/secrets/signet/token";
 
 /// How to reach one Signet server.
+// The printcolumn(...) arguments repeat `type_ = "string"`; that is not a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "signet.dev",
@@ -57,6 +59,7 @@ pub struct IssuerSpec {
 
 /// A cluster-wide issuer: the spec of [`Issuer`]; its `configMapRef`/`secretRef`s are read from
 /// the bridge's own namespace (like cert-manager's cluster resource namespace).
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "signet.dev",

@@ -60,7 +60,7 @@ pub fn check(request: &[u8], is_ca: bool, usages: &[String]) -> Result<CheckedCs
         }
     };
     let csr = match X509CertificationRequest::from_der(&der) {
-        Ok((rest, csr)) if rest.is_empty() => csr,
+        Ok(([], csr)) => csr,
         Ok(_) => return Err("spec.request has trailing bytes after the CSR".into()),
         Err(e) => return Err(format!("spec.request does not parse as a PKCS#10 CSR: {e}")),
     };

@@ -35,5 +35,8 @@ pub mod test_api;
 pub mod testing;
 pub mod yaml;
 
+/// What a reconciler returns (re-exported for tests outside this crate).
+pub use kube::runtime::controller::Action;
+
 /// The field manager name of every write the bridge makes.
 pub const FIELD_MANAGER: &str = "signet-k8s";

@@ -174,8 +174,12 @@ impl std::fmt::Debug for Signer {
     }
 }
 
+/// PEM with `\n` line endings, as Kubernetes users expect in Secrets and status.
 fn pem_of(der: &[u8]) -> String {
-    pem::encode(&pem::Pem::new("CERTIFICATE", der.to_vec()))
+    pem::encode_config(
+        &pem::Pem::new("CERTIFICATE", der.to_vec()),
+        pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
+    )
 }
 
 fn unix(secs: i64) -> SystemTime {
@@ -307,11 +311,14 @@ impl Signer {
     }
 }
 
+/// A signer and the fingerprint of the config it was built from.
+type CachedSigner = (Vec<u8>, Signer);
+
 /// Connected [`Signer`]s by issuer key (e.g. `Issuer/ns/name`, `ClusterIssuer/name`); a
 /// signer is rebuilt when its issuer's resolved config changes.
 #[derive(Default, Clone)]
 pub struct SignerCache {
-    inner: Arc<Mutex<HashMap<String, (Vec<u8>, Signer)>>>,
+    inner: Arc<Mutex<HashMap<String, CachedSigner>>>,
 }
 
 impl SignerCache {
@@ -421,6 +428,15 @@ mod tests {
         assert_eq!(
             classify(&Status::unavailable("")).message(),
             "The service is currently unavailable"
+        );
+    }
+
+    #[test]
+    fn pem_uses_lf() {
+        let p = pem_of(b"abc");
+        assert_eq!(
+            p,
+            "-----BEGIN CERTIFICATE-----\nYWJj\n-----END CERTIFICATE-----\n"
         );
     }
 

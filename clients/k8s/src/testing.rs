@@ -252,6 +252,21 @@ impl MockApi {
     }
 }
 
+impl Scenario {
+    /// Like [`Scenario::finish`], but hands the mock API back for the next scenario.
+    pub async fn finish_keep(self) -> (MockApi, Vec<Received>) {
+        match tokio::time::timeout(std::time::Duration::from_secs(60), self.task).await {
+            Ok(Ok((mut api, received))) => {
+                api.assert_idle();
+                (api, received)
+            }
+            Ok(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Ok(Err(e)) => panic!("mock API server task failed: {e}"),
+            Err(_) => panic!("the code under test did not send every expected request"),
+        }
+    }
+}
+
 /// A running scenario.
 pub struct Scenario {
     task: tokio::task::JoinHandle<(MockApi, Vec<Received>)>,

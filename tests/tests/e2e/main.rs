@@ -6,6 +6,7 @@ mod agent;
 mod bad_input;
 mod independent;
 mod issuance;
+mod k8s;
 mod k8s_certificate;
 mod lifecycle;
 mod nodes;

@@ -1,5 +1,3 @@
-use std::sync::Mutex;
-
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::json;
