@@ -299,9 +299,18 @@ async fn issue(
     if ours {
         pp = pp.force();
     }
-    let applied = Api::<Secret>::namespaced(ctx.client.clone(), &d.namespace)
+    // A refused write (e.g. a field another manager owns) is a failure with backoff like any
+    // other, not an error retried at once with a fresh key and certificate.
+    let applied = match Api::<Secret>::namespaced(ctx.client.clone(), &d.namespace)
         .patch(&d.secret_name, &pp, &Patch::Apply(&body))
-        .await?;
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            let msg = format!("writing Secret {:?}: {e}", d.secret_name);
+            return fail(false, "SecretWriteFailed", &msg);
+        }
+    };
     tracing::info!(
         certificate = %format!("{}/{}", d.namespace, d.name),
         secret = %d.secret_name,

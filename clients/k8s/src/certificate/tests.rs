@@ -562,3 +562,47 @@ fn secret_body_has_an_owner_reference_only_when_asked() {
         "web"
     );
 }
+
+#[tokio::test]
+async fn a_refused_secret_write_backs_off_like_a_failure() {
+    let clock = FakeClock::at_unix(T0);
+    let signer = Arc::new(FakeSigner::new(clock.clone(), Duration::from_secs(3600)));
+    let obj = certificate("web", json!({}));
+    let stored = Stored::new(obj.clone());
+    let conflict = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "Apply failed with 1 conflict: conflict with \"helm\": .data.tls.crt",
+        "reason": "Conflict", "code": 409});
+    let (client, server) = scripted(vec![
+        Exchange::reply("GET", SECRET_URI, 404, not_found("secrets", "web-tls")),
+        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
+        Exchange::reply("PATCH", format!("{SECRET_URI}{APPLY_QUERY}"), 409, conflict),
+        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
+        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
+    ]);
+    let action = reconcile(
+        parse(&obj),
+        context(client, signer, clock, std::slice::from_ref(&obj)),
+    )
+    .await
+    .unwrap();
+    let seen = server.await.unwrap();
+    let st = &seen[3].body["status"];
+    assert_eq!(st["failedIssuanceAttempts"], 1);
+    assert_eq!(st["conditions"][0]["reason"], "SecretWriteFailed");
+    assert!(
+        st["conditions"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("conflict with \\\"helm\\\"")
+            || st["conditions"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("conflict with \"helm\""),
+        "{st}"
+    );
+    assert_eq!(
+        seen[4].body["status"]["conditions"][1]["reason"],
+        "SecretWriteFailed"
+    );
+    assert_eq!(action, Action::requeue(Duration::from_secs(60)));
+}
