@@ -34,6 +34,9 @@ use crate::keys::{self, CsrNames, KeyAlgorithm, KeyEncoding};
 use crate::signer::BundleInfo;
 use plan::{CONFIGMAP_NAME, Renew};
 
+/// How often namespaces are looked at again for the label.
+pub const NAMESPACE_RECHECK: Duration = Duration::from_secs(300);
+
 /// The issuer key Citadel signs under: the bridge's default server connection.
 pub fn default_issuer() -> IssuerKey {
     IssuerKey {
@@ -77,8 +80,12 @@ pub async fn reconcile_service_account(
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
     let ns = sa.namespace().unwrap_or_default();
-    if sa.metadata.deletion_timestamp.is_some() || !namespace_enabled(&ctx.client, &ns).await? {
+    if sa.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
+    }
+    if !namespace_enabled(&ctx.client, &ns).await? {
+        // Look again later: the namespace may be labelled meanwhile.
+        return Ok(Action::requeue(NAMESPACE_RECHECK));
     }
     let Some(bundle) = ctx.bundle.borrow().clone() else {
         return Ok(Action::requeue(Duration::from_secs(5)));
@@ -313,7 +320,11 @@ pub async fn run(ctx: Arc<Context>) {
                     }
                 }
                 // Look again on a bundle change, or every five minutes for new namespaces.
-                let _ = tokio::time::timeout(Duration::from_secs(300), bundle.changed()).await;
+                if let Ok(Err(_)) = tokio::time::timeout(NAMESPACE_RECHECK, bundle.changed()).await
+                {
+                    // The bundle watcher is gone: no busy loop, just the periodic pass.
+                    tokio::time::sleep(NAMESPACE_RECHECK).await;
+                }
             }
         }
     };

@@ -186,7 +186,7 @@ async fn namespaces_without_the_label_are_left_alone() {
     .await
     .unwrap();
     assert_eq!(server.await.unwrap().len(), 1);
-    assert_eq!(action, Action::await_change());
+    assert_eq!(action, Action::requeue(NAMESPACE_RECHECK));
     assert!(signer.calls.lock().unwrap().is_empty());
 }
 
