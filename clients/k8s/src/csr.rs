@@ -258,4 +258,33 @@ mod tests {
         assert!(e.contains("CA certificate"), "{e}");
         assert!(check(&csr(|_| {}), false, &s(&["code signing"])).is_err());
     }
+
+    /// Hostile input never panics: random bytes, random bytes in a PEM wrapper, and a valid
+    /// CSR with single bytes flipped are all answered with `Err` (or `Ok` for a harmless flip).
+    #[test]
+    fn hostile_input_never_panics() {
+        use base64::Engine;
+        use ring::rand::SecureRandom;
+        let rng = ring::rand::SystemRandom::new();
+        let good = pem::parse(csr(|p| {
+            p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        }))
+        .unwrap()
+        .into_contents();
+        for i in 0..500usize {
+            let mut b = vec![0u8; 1 + i % 300];
+            rng.fill(&mut b).unwrap();
+            let _ = check(&b, false, &[]);
+            let wrapped = format!(
+                "-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n",
+                base64::engine::general_purpose::STANDARD.encode(&b)
+            );
+            assert!(check(wrapped.as_bytes(), false, &[]).is_err());
+            let mut flipped = good.clone();
+            let at = i % flipped.len();
+            flipped[at] ^= b[0] | 1;
+            let p = pem::encode(&pem::Pem::new("CERTIFICATE REQUEST", flipped));
+            let _ = check(p.as_bytes(), false, &s(&["digital signature"]));
+        }
+    }
 }

@@ -15,7 +15,6 @@ use futures::StreamExt;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client};
 
-use signet_k8s::certmanager::CertificateRequest;
 use signet_k8s::context::Context;
 use signet_k8s::crd::{ClusterIssuer, Issuer};
 use signet_k8s::{issuer_status, request};
@@ -145,17 +144,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         });
     }
 
-    let requests = Controller::new(
-        Api::<CertificateRequest>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .shutdown_on_signal()
-    .run(request::reconcile, request::error_policy, ctx.clone())
-    .for_each(|r| async move {
-        if let Err(e) = r {
-            tracing::debug!(error = %e, "CertificateRequest controller");
-        }
-    });
+    // Woken by its requests and by issuer changes (a request waiting for its issuer goes on
+    // as soon as the issuer is Ready).
+    let requests = request::run_controller(client.clone(), ctx.clone());
     let issuers = Controller::new(
         Api::<Issuer>::all(client.clone()),
         watcher::Config::default(),

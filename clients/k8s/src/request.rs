@@ -353,6 +353,61 @@ pub async fn reconcile(cr: Arc<CertificateRequest>, ctx: Arc<Context>) -> Result
     }
 }
 
+/// Which CertificateRequests to look at again when the issuer `key` changes (e.g. becomes
+/// Ready): those naming it that are still waiting (triage `Proceed`).
+pub fn waiting_on<'a>(
+    requests: impl IntoIterator<Item = &'a CertificateRequest>,
+    key: &IssuerKey,
+) -> Vec<kube::runtime::reflector::ObjectRef<CertificateRequest>> {
+    requests
+        .into_iter()
+        .filter(|cr| matches!(triage(cr), Triage::Proceed(k) if k == *key))
+        .map(kube::runtime::reflector::ObjectRef::from_obj)
+        .collect()
+}
+
+/// The CertificateRequest controller, woken also when an Issuer or ClusterIssuer changes, so
+/// a request waiting for its issuer is signed as soon as the issuer is Ready rather than at
+/// its next backoff. Runs until a termination signal.
+pub async fn run_controller(client: kube::Client, ctx: Arc<Context>) {
+    use futures::StreamExt;
+    use kube::runtime::{Controller, watcher};
+
+    use crate::crd::{ClusterIssuer, Issuer};
+
+    let ctl = Controller::new(
+        Api::<CertificateRequest>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let (s1, s2) = (ctl.store(), ctl.store());
+    ctl.watches(
+        Api::<Issuer>::all(client.clone()),
+        watcher::Config::default(),
+        move |i: Issuer| {
+            let key = IssuerObj::from(i).key;
+            let state = s1.state();
+            waiting_on(state.iter().map(|a| a.as_ref()), &key)
+        },
+    )
+    .watches(
+        Api::<ClusterIssuer>::all(client),
+        watcher::Config::default(),
+        move |i: ClusterIssuer| {
+            let key = IssuerObj::from(i).key;
+            let state = s2.state();
+            waiting_on(state.iter().map(|a| a.as_ref()), &key)
+        },
+    )
+    .shutdown_on_signal()
+    .run(reconcile, error_policy, ctx)
+    .for_each(|r| async move {
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "CertificateRequest controller");
+        }
+    })
+    .await;
+}
+
 /// Retries API failures with the object's backoff.
 pub fn error_policy(cr: Arc<CertificateRequest>, err: &Error, ctx: Arc<Context>) -> Action {
     let okey = object_key(&cr);

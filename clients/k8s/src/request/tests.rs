@@ -648,3 +648,57 @@ async fn retryable_error_is_pending_then_backs_off_without_rewriting() {
     );
     assert_eq!(backend.calls().len(), 3);
 }
+
+#[tokio::test]
+async fn conflicting_status_write_is_an_error_retried_with_backoff() {
+    // An approver changed the request after we read it: the resourceVersion precondition
+    // fails, nothing is overwritten, and the controller retries after a backoff.
+    let backend = FakeBackend::answering(Ok(signed()));
+    let Fixture { ctx, api, _token } = fixture(backend.clone());
+    let server = api.run(vec![
+        Expect::get(ISSUER_PATH).respond(issuer(Some(("True", "Connected")))),
+        Expect::patch(&format!("{CR_PATH}/status"))
+            .body_with(|b| assert_eq!(b["metadata"]["resourceVersion"], "42"))
+            .conflict("Operation cannot be fulfilled on certificaterequests.cert-manager.io \"web-1\": the object has been modified; please apply your changes to the latest version and try again"),
+    ]);
+    let cr = cr(json!({}), vec![approved()]);
+    let err = reconcile(cr.clone(), ctx.clone()).await.unwrap_err();
+    assert!(
+        err.to_string().contains("the object has been modified"),
+        "{err}"
+    );
+    assert_eq!(
+        error_policy(cr, &err, ctx.clone()),
+        Action::requeue(Duration::from_secs(1))
+    );
+    drop(ctx);
+    server.finish().await;
+}
+
+#[test]
+fn issuer_changes_wake_only_waiting_requests_naming_it() {
+    let key = IssuerKey {
+        kind: issuers::IssuerKind::Issuer,
+        namespace: Some("a".into()),
+        name: "signet".into(),
+    };
+    let waiting = cr(
+        json!({}),
+        vec![approved(), ready("False", "Pending", "issuer not ready")],
+    );
+    let fresh = cr(json!({}), vec![approved()]);
+    let done = cr(json!({}), vec![approved(), ready("True", "Issued", "ok")]);
+    let unapproved = cr(json!({}), vec![]);
+    let other = cr(
+        json!({"issuerRef": {"name": "other", "kind": "Issuer", "group": "signet.dev"}}),
+        vec![approved()],
+    );
+    let all = [&waiting, &fresh, &done, &unapproved, &other];
+    let woken = waiting_on(all.iter().map(|a| a.as_ref()), &key);
+    assert_eq!(woken.len(), 2);
+    assert!(
+        woken
+            .iter()
+            .all(|r| r.name == "web-1" && r.namespace.as_deref() == Some("a"))
+    );
+}
