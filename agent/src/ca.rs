@@ -109,6 +109,9 @@ impl CaError {
     }
 }
 
+/// Most CSRs the server accepts in one `SignWorkloads` call (its `MAX_WORKLOADS_PER_CALL`).
+pub const MAX_CSRS_PER_CALL: usize = 256;
+
 #[async_trait::async_trait]
 pub trait Ca: Send + Sync {
     async fn attest(&self, cred: &AttestCredential, csr_der: &[u8]) -> Result<Attested, CaError>;
@@ -303,17 +306,25 @@ impl Ca for GrpcCa {
         &self,
         csrs: Vec<WorkloadCsr>,
     ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
-        let req = pb::SignWorkloadsRequest {
-            csrs: csrs
-                .into_iter()
-                .map(|c| pb::WorkloadCsr {
-                    entry_id: c.entry_id,
-                    csr: c.csr_der,
-                })
-                .collect(),
-        };
-        let resp = self.client.clone().sign_workloads(req).await?.into_inner();
-        Ok(convert_sign_results(resp))
+        // The server takes at most MAX_CSRS_PER_CALL CSRs per call; a node with more entries
+        // due at once (a fresh start with a thousand entries) sends several calls.
+        let mut results = Vec::with_capacity(csrs.len());
+        let mut csrs = csrs.into_iter().peekable();
+        while csrs.peek().is_some() {
+            let req = pb::SignWorkloadsRequest {
+                csrs: csrs
+                    .by_ref()
+                    .take(MAX_CSRS_PER_CALL)
+                    .map(|c| pb::WorkloadCsr {
+                        entry_id: c.entry_id,
+                        csr: c.csr_der,
+                    })
+                    .collect(),
+            };
+            let resp = self.client.clone().sign_workloads(req).await?.into_inner();
+            results.extend(convert_sign_results(resp));
+        }
+        Ok(results)
     }
 }
 

@@ -14,6 +14,8 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 use signet_types::SpiffeId;
 
+use crate::ca::AttestCredential;
+
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -21,9 +23,16 @@ pub struct Config {
     pub server_address: String,
     /// PEM roots the agent trusts for the server (bootstrap bundle).
     pub trust_bundle_file: Option<PathBuf>,
+    /// How the node attests: `join-token` (default) or `kubernetes` (the projected
+    /// service-account token in `kubernetes_token_file`, for an agent running as a DaemonSet).
+    pub attestation: Attestation,
     /// One-time join token for node attestation. Prefer `join_token_file`.
     pub join_token: Option<String>,
     pub join_token_file: Option<PathBuf>,
+    /// With `attestation = "kubernetes"`: the projected service-account token (audience as the
+    /// server's `nodes.kubernetes.audiences`, default `signet-node`). Read again at every
+    /// attestation attempt, since the kubelet rotates it.
+    pub kubernetes_token_file: PathBuf,
     /// Where the agent keeps its node identity and state.
     pub data_dir: PathBuf,
     /// The SPIFFE Workload API socket. Its directory must be controlled by the operator.
@@ -45,6 +54,8 @@ impl std::fmt::Debug for Config {
             .field("trust_bundle_file", &self.trust_bundle_file)
             .field("join_token", &self.join_token.as_ref().map(|_| "…"))
             .field("join_token_file", &self.join_token_file)
+            .field("attestation", &self.attestation)
+            .field("kubernetes_token_file", &self.kubernetes_token_file)
             .field("data_dir", &self.data_dir)
             .field("workload_api_socket", &self.workload_api_socket)
             .field("renew_fraction", &self.renew_fraction)
@@ -60,8 +71,10 @@ impl Default for Config {
         Self {
             server_address: String::new(),
             trust_bundle_file: None,
+            attestation: Attestation::default(),
             join_token: None,
             join_token_file: None,
+            kubernetes_token_file: PathBuf::from(DEFAULT_KUBERNETES_TOKEN_FILE),
             data_dir: PathBuf::from("signet-agent-data"),
             workload_api_socket: PathBuf::from("/run/signet/agent.sock"),
             renew_fraction: 0.5,
@@ -70,6 +83,20 @@ impl Default for Config {
             sinks: Vec::new(),
         }
     }
+}
+
+/// Where the projected service-account token is mounted by default.
+pub const DEFAULT_KUBERNETES_TOKEN_FILE: &str = "/var/run/secrets/signet/token";
+
+/// How the node proves itself on first contact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Attestation {
+    /// A one-time join token (`join_token` or `join_token_file`).
+    #[default]
+    JoinToken,
+    /// The pod's projected Kubernetes service-account token (`kubernetes_token_file`).
+    Kubernetes,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -174,8 +201,10 @@ impl From<figment::Error> for ConfigError {
 const TOP_LEVEL_KEYS: &[&str] = &[
     "server_address",
     "trust_bundle_file",
+    "attestation",
     "join_token",
     "join_token_file",
+    "kubernetes_token_file",
     "data_dir",
     "workload_api_socket",
     "renew_fraction",
@@ -226,6 +255,15 @@ impl Config {
         if self.join_token.is_some() && self.join_token_file.is_some() {
             return Err(ConfigError::Invalid(
                 "set join_token or join_token_file, not both".into(),
+            ));
+        }
+        if self.attestation == Attestation::Kubernetes
+            && (self.join_token.is_some() || self.join_token_file.is_some())
+        {
+            return Err(ConfigError::Invalid(
+                "attestation = \"kubernetes\" uses kubernetes_token_file; remove join_token \
+                 and join_token_file"
+                    .into(),
             ));
         }
         let mut names = std::collections::HashSet::new();
@@ -279,6 +317,30 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// What the node attests with, read now (a token file may have been rotated or written
+    /// since start-up). None: no join token configured.
+    pub fn attest_credential(&self) -> Result<Option<AttestCredential>, ConfigError> {
+        match self.attestation {
+            Attestation::JoinToken => Ok(self.join_token()?.map(AttestCredential::JoinToken)),
+            Attestation::Kubernetes => {
+                let p = &self.kubernetes_token_file;
+                let token = std::fs::read_to_string(p)
+                    .map_err(|e| {
+                        ConfigError::Load(format!("kubernetes_token_file {}: {e}", p.display()))
+                    })?
+                    .trim()
+                    .to_owned();
+                if token.is_empty() {
+                    return Err(ConfigError::Load(format!(
+                        "kubernetes_token_file {} is empty",
+                        p.display()
+                    )));
+                }
+                Ok(Some(AttestCredential::ServiceAccountToken(token)))
+            }
+        }
     }
 
     /// The join token, from the config or its file (trimmed).
@@ -407,6 +469,43 @@ mod tests {
         )
         .expect_err("refused");
         assert!(err.to_string().contains("namespace"), "{err}");
+    }
+
+    #[test]
+    fn kubernetes_attestation_reads_the_token_file_each_time() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = dir.path().join("token");
+        let c = load_toml(&format!(
+            "attestation = 'kubernetes'\nkubernetes_token_file = '{}'\n",
+            token.display()
+        ))
+        .expect("loads");
+        assert_eq!(c.attestation, Attestation::Kubernetes);
+        let err = c.attest_credential().expect_err("no file yet");
+        assert!(err.to_string().contains("kubernetes_token_file"), "{err}");
+        std::fs::write(&token, "first.token.x\n").expect("write");
+        assert!(matches!(
+            c.attest_credential().expect("read"),
+            Some(AttestCredential::ServiceAccountToken(t)) if t == "first.token.x"
+        ));
+        std::fs::write(&token, "second.token.y").expect("write");
+        assert!(matches!(
+            c.attest_credential().expect("read"),
+            Some(AttestCredential::ServiceAccountToken(t)) if t == "second.token.y"
+        ));
+        std::fs::write(&token, "  \n").expect("write");
+        assert!(c.attest_credential().is_err());
+        let d = load_toml("").expect("defaults");
+        assert_eq!(d.attestation, Attestation::JoinToken);
+        assert_eq!(
+            d.kubernetes_token_file,
+            PathBuf::from("/var/run/secrets/signet/token")
+        );
+        assert!(d.attest_credential().expect("none").is_none());
+        let err = load_toml("attestation = 'kubernetes'\njoin_token = 'a'\n").expect_err("both");
+        assert!(err.to_string().contains("kubernetes_token_file"), "{err}");
+        let err = load_toml("attestation = 'psat'\n").expect_err("unknown");
+        assert!(err.to_string().contains("psat"), "{err}");
     }
 
     #[test]

@@ -133,9 +133,10 @@ pub struct Settings {
     pub trust_bundle_file: Option<PathBuf>,
     pub renew_fraction: f64,
     pub sync_interval: Duration,
-    /// Reads the join token (called at each attestation attempt, so a token file written
-    /// later is picked up). Never logged.
-    pub join_token: Arc<dyn Fn() -> Result<Option<String>, String> + Send + Sync>,
+    /// Reads the attestation credential: the join token, or the Kubernetes service-account
+    /// token (called at each attestation attempt, so a token file written or rotated later is
+    /// picked up). Never logged.
+    pub credential: Arc<dyn Fn() -> Result<Option<AttestCredential>, String> + Send + Sync>,
 }
 
 pub struct Driver {
@@ -201,7 +202,7 @@ impl Driver {
                     self.ca.set(None);
                     tracing::error!(
                         "the node certificate expired before it could be renewed; \
-                         attesting again (this needs a new join token)"
+                         attesting again (with a join token, this needs a new one)"
                     );
                 }
             }
@@ -279,10 +280,10 @@ impl Driver {
             }
             Stored::Absent => {}
         }
-        let token = (self.settings.join_token)()?.ok_or_else(|| {
+        let cred = (self.settings.credential)()?.ok_or_else(|| {
             format!(
                 "no valid node identity in {} and no join token configured (join_token or \
-                 join_token_file)",
+                 join_token_file, or attestation = \"kubernetes\")",
                 dir.display()
             )
         })?;
@@ -293,7 +294,6 @@ impl Driver {
             .await
             .map_err(|e| format!("attestation: {e}"))?;
         let kc = signet_client::new_key_and_csr().map_err(|e| e.to_string())?;
-        let cred = AttestCredential::JoinToken(token);
         let attested = tokio::time::timeout(RPC_TIMEOUT, ca.attest(&cred, &kc.csr_der))
             .await
             .map_err(|_| "attestation: the server did not answer in time".to_owned())?
@@ -657,7 +657,7 @@ mod tests {
             trust_bundle_file: Some(bundle.path().to_owned()),
             renew_fraction: 0.5,
             sync_interval: Duration::from_millis(100),
-            join_token: Arc::new(move || Ok(token.clone())),
+            credential: Arc::new(move || Ok(token.clone().map(AttestCredential::JoinToken))),
         };
         let (tx, state) = channel();
         let ca = Arc::new(SwapCa::default());

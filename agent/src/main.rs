@@ -161,7 +161,7 @@ async fn run(cfg: Config) -> Result<(), String> {
         trust_bundle_file: cfg.trust_bundle_file.clone(),
         renew_fraction: cfg.renew_fraction,
         sync_interval: cfg.sync_interval,
-        join_token: Arc::new(move || token_cfg.join_token().map_err(|e| e.to_string())),
+        credential: Arc::new(move || token_cfg.attest_credential().map_err(|e| e.to_string())),
     };
     let connector = Arc::new(GrpcConnector {
         address: cfg.server_address.clone(),

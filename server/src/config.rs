@@ -34,6 +34,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub policy: PolicyConfig,
     pub ledger: LedgerConfig,
+    pub nodes: NodesConfig,
 }
 
 impl Default for Config {
@@ -50,6 +51,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             policy: PolicyConfig::default(),
             ledger: LedgerConfig::default(),
+            nodes: NodesConfig::default(),
         }
     }
 }
@@ -169,6 +171,60 @@ pub struct PolicyConfig {
     pub kubernetes_dns_templates: Vec<String>,
     /// SPIFFE IDs allowed to ask on behalf of another identity (Istio's `ImpersonatedIdentity`).
     pub impersonators: Vec<String>,
+    /// Callers allowed to act as the Kubernetes bridge (`SignCsrRequest.kubernetes_namespace`).
+    pub kubernetes_bridge: KubernetesBridgeConfig,
+}
+
+/// `[policy.kubernetes_bridge]`: who may ask for certificates on behalf of Kubernetes objects,
+/// namespace by namespace (the `signet-k8s` bridge).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesBridgeConfig {
+    /// SPIFFE IDs allowed to act as the bridge (its service account's ID, or the ID of the
+    /// Signet certificate it presents over mTLS). Empty: the feature is off.
+    pub callers: Vec<String>,
+    /// DNS names a bridge may put in a certificate for an object in a namespace, as templates
+    /// with `{namespace}`; a leading `*.` matches one or more labels in front of the rest, a
+    /// template without `*` is one exact name.
+    pub dns_templates: Vec<String>,
+}
+
+impl Default for KubernetesBridgeConfig {
+    fn default() -> Self {
+        Self {
+            callers: Vec::new(),
+            dns_templates: vec![
+                "*.{namespace}.svc".into(),
+                "*.{namespace}.svc.cluster.local".into(),
+            ],
+        }
+    }
+}
+
+/// `[nodes]`: how node agents may attest besides one-time join tokens.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodesConfig {
+    /// Kubernetes projected service-account token (PSAT) attestation; off when absent.
+    pub kubernetes: Option<NodesKubernetesConfig>,
+}
+
+/// `[nodes.kubernetes]`: an agent running as a DaemonSet attests with its projected
+/// service-account token, validated with `[auth.kubernetes]`'s issuer and JWKS. The node ID is
+/// `k8s-<node name>` from the token's `kubernetes.io.node.name` claim.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodesKubernetesConfig {
+    /// `<namespace>:<serviceaccount>` pairs whose tokens may attest a node.
+    pub allowed_service_accounts: Vec<String>,
+    /// Accepted `aud` values for node tokens; must not overlap `auth.kubernetes.audiences`,
+    /// so that a workload's token can never attest a node.
+    #[serde(default = "default_node_audiences")]
+    pub audiences: Vec<String>,
+}
+
+fn default_node_audiences() -> Vec<String> {
+    vec!["signet-node".into()]
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -218,6 +274,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "auth",
     "policy",
     "ledger",
+    "nodes",
 ];
 
 impl Config {
@@ -264,6 +321,7 @@ impl Config {
             )));
         }
         self.ca.plugged()?;
+        self.validate_nodes()?;
         if self.ledger.max_batch == 0 || self.ledger.queue_depth == 0 {
             return Err(ConfigError::Invalid(
                 "ledger.max_batch and ledger.queue_depth must be positive".into(),
@@ -277,6 +335,53 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "database_url must start with sqlite:, postgres:// or postgresql://".into(),
             ));
+        }
+        Ok(())
+    }
+
+    /// `[nodes.kubernetes]` needs `[auth.kubernetes]` (the issuer and its keys), names
+    /// service accounts as `<namespace>:<name>`, and keeps its audiences apart from the
+    /// workload audiences.
+    fn validate_nodes(&self) -> Result<(), ConfigError> {
+        let Some(n) = &self.nodes.kubernetes else {
+            return Ok(());
+        };
+        let Some(auth) = &self.auth.kubernetes else {
+            return Err(ConfigError::Invalid(
+                "nodes.kubernetes needs [auth.kubernetes] (issuer and jwks_file) to validate \
+                 node tokens"
+                    .into(),
+            ));
+        };
+        if n.allowed_service_accounts.is_empty() {
+            return Err(ConfigError::Invalid(
+                "nodes.kubernetes.allowed_service_accounts is empty; list the agent's \
+                 service account, e.g. [\"signet-system:signet-agent\"]"
+                    .into(),
+            ));
+        }
+        for sa in &n.allowed_service_accounts {
+            let ok = sa.split_once(':').is_some_and(|(ns, name)| {
+                is_k8s_name(ns) && is_k8s_name(name) && !name.contains(':')
+            });
+            if !ok {
+                return Err(ConfigError::Invalid(format!(
+                    "nodes.kubernetes.allowed_service_accounts: {sa:?} is not \
+                     <namespace>:<serviceaccount>"
+                )));
+            }
+        }
+        if n.audiences.is_empty() || n.audiences.iter().any(String::is_empty) {
+            return Err(ConfigError::Invalid(
+                "nodes.kubernetes.audiences must list at least one non-empty audience".into(),
+            ));
+        }
+        if let Some(a) = n.audiences.iter().find(|a| auth.audiences.contains(a)) {
+            return Err(ConfigError::Invalid(format!(
+                "nodes.kubernetes.audiences and auth.kubernetes.audiences share {a:?}: a \
+                 workload's token must not be able to attest a node; use a distinct audience \
+                 such as \"signet-node\""
+            )));
         }
         Ok(())
     }
@@ -303,6 +408,19 @@ impl Config {
     pub fn admin_socket_path(&self) -> PathBuf {
         self.data_dir.join("admin.sock")
     }
+}
+
+/// A Kubernetes object name (RFC 1123 subdomain: lowercase letters, digits, '-', '.').
+fn is_k8s_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
 }
 
 #[cfg(test)]
@@ -363,6 +481,74 @@ mod tests {
         assert!(err.to_string().contains("all four"), "{err}");
         let err = load_toml("[ca]\ndefault_ttl = \"soon\"\n").expect_err("refused");
         assert!(err.to_string().contains("default_ttl"), "{err}");
+    }
+
+    #[test]
+    fn kubernetes_bridge_keys() {
+        let c = load_toml("").expect("defaults");
+        assert!(c.policy.kubernetes_bridge.callers.is_empty());
+        assert_eq!(
+            c.policy.kubernetes_bridge.dns_templates,
+            ["*.{namespace}.svc", "*.{namespace}.svc.cluster.local"]
+        );
+        let c = load_toml(
+            r#"
+            [policy.kubernetes_bridge]
+            callers = ["spiffe://example.org/ns/signet-system/sa/signet-k8s"]
+            "#,
+        )
+        .expect("loads");
+        assert_eq!(c.policy.kubernetes_bridge.callers.len(), 1);
+        assert_eq!(c.policy.kubernetes_bridge.dns_templates.len(), 2);
+        let err = load_toml("[policy.kubernetes_bridge]\ncaller = []\n").expect_err("refused");
+        assert!(err.to_string().contains("caller"), "{err}");
+    }
+
+    const AUTH: &str = r#"
+        [auth.kubernetes]
+        issuer = "https://kubernetes.default.svc.cluster.local"
+        jwks_file = "/etc/jwks.json"
+    "#;
+
+    #[test]
+    fn kubernetes_node_attestation_keys() {
+        let c = load_toml(&format!(
+            "{AUTH}\n[nodes.kubernetes]\nallowed_service_accounts = [\"signet-system:signet-agent\"]\n"
+        ))
+        .expect("loads");
+        let n = c.nodes.kubernetes.expect("nodes.kubernetes");
+        assert_eq!(n.audiences, ["signet-node"]);
+        assert_eq!(n.allowed_service_accounts, ["signet-system:signet-agent"]);
+        assert!(load_toml("").expect("defaults").nodes.kubernetes.is_none());
+        for (toml, want) in [
+            (
+                "[nodes.kubernetes]\nallowed_service_accounts = [\"a:b\"]\n".to_owned(),
+                "needs [auth.kubernetes]",
+            ),
+            (
+                format!("{AUTH}\n[nodes.kubernetes]\nallowed_service_accounts = []\n"),
+                "is empty",
+            ),
+            (
+                format!(
+                    "{AUTH}\n[nodes.kubernetes]\nallowed_service_accounts = [\"signet-agent\"]\n"
+                ),
+                "<namespace>:<serviceaccount>",
+            ),
+            (
+                format!(
+                    "{AUTH}\n[nodes.kubernetes]\nallowed_service_accounts = [\"a:b\"]\naudiences = [\"istio-ca\"]\n"
+                ),
+                "share \"istio-ca\"",
+            ),
+            (
+                format!("{AUTH}\n[nodes.kubernetes]\nallowed_service_account = [\"a:b\"]\n"),
+                "allowed_service_account",
+            ),
+        ] {
+            let err = load_toml(&toml).expect_err(&toml);
+            assert!(err.to_string().contains(want), "{toml}: {err}");
+        }
     }
 
     #[test]

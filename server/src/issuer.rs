@@ -145,6 +145,11 @@ impl Issuer {
         self.clock.now()
     }
 
+    /// The Kubernetes token validator, when `[auth.kubernetes]` is configured.
+    pub fn jwt(&self) -> Option<&JwtAuthenticator> {
+        self.jwt.as_ref()
+    }
+
     pub fn audit(&self) -> &AuditLog {
         &self.audit
     }

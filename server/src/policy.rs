@@ -25,6 +25,12 @@
 //!   the calling node. A node may not use the other APIs (`Caller` source: SignCsr, Istio):
 //!   its identity is renewed only where the ban is checked, and it never impersonates.
 //!   Conversely only a node may use the `NodeRenewal` and `Entry` sources.
+//! - **Kubernetes bridge** (`Bridge` source: SignCsr with `kubernetes_namespace`): only a
+//!   caller listed in `policy.kubernetes_bridge.callers`, for a namespace that is a DNS-1123
+//!   label. The CSR names exactly one SPIFFE ID, in our trust domain, under
+//!   `/ns/<namespace>/` with at least one more segment; its DNS names each match one of
+//!   `policy.kubernetes_bridge.dns_templates` for that namespace. So a bridge serves every
+//!   namespace, but one object's certificate never names another namespace's identity.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -92,6 +98,8 @@ pub enum GrantSource<'a> {
     NodeRenewal,
     /// A node asking for a workload identity of one of its registration entries.
     Entry(&'a EntryGrant),
+    /// The Kubernetes bridge, for an object in `namespace` (SignCsr's `kubernetes_namespace`).
+    Bridge { namespace: &'a str },
 }
 
 /// A registration entry as policy sees it.
@@ -141,6 +149,8 @@ pub struct Policy {
     max_ttl: Duration,
     dns_templates: Vec<DnsTemplate>,
     impersonators: Vec<SpiffeId>,
+    bridge_callers: Vec<SpiffeId>,
+    bridge_dns_templates: Vec<BridgeDnsTemplate>,
 }
 
 impl Policy {
@@ -184,12 +194,38 @@ impl Policy {
             }
             impersonators.push(id);
         }
+        let mut bridge_callers = Vec::new();
+        for s in &cfg.kubernetes_bridge.callers {
+            let key = "policy.kubernetes_bridge.callers";
+            let id: SpiffeId = s
+                .parse()
+                .map_err(|e| format!("{key}: {s:?} is not a SPIFFE ID: {e}"))?;
+            if !id.is_member_of(&td) {
+                return Err(format!("{key}: {id} is not in trust domain {td}"));
+            }
+            let path = id.path();
+            if path.is_empty() || path == "/signet" || path.starts_with("/signet/") {
+                return Err(format!(
+                    "{key}: {id} is not a workload ID (name the bridge's own identity, e.g. \
+                     spiffe://{td}/ns/signet-system/sa/signet-k8s)"
+                ));
+            }
+            bridge_callers.push(id);
+        }
+        let bridge_dns_templates = cfg
+            .kubernetes_bridge
+            .dns_templates
+            .iter()
+            .map(|t| BridgeDnsTemplate::parse(t))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             td,
             default_ttl,
             max_ttl,
             dns_templates,
             impersonators,
+            bridge_callers,
+            bridge_dns_templates,
         })
     }
 
@@ -256,6 +292,9 @@ impl Policy {
 
         let target = match (req.source, impersonate) {
             (GrantSource::Entry(e), _) => Some(e.spiffe_id.clone()),
+            (GrantSource::Bridge { namespace }, _) => {
+                return self.bridge_identity(uri, namespace);
+            }
             (_, Some(imp)) => {
                 if !self.impersonators.contains(caller.spiffe_id()) {
                     return Err(Denial::denied(
@@ -343,6 +382,52 @@ impl Policy {
         Ok(id)
     }
 
+    /// The SPIFFE ID the bridge asks for, for an object in `namespace`: the CSR's one URI SAN,
+    /// in our trust domain, under `/ns/<namespace>/` and naming something below it.
+    fn bridge_identity(&self, uri: Option<&str>, namespace: &str) -> Result<SpiffeId, Denial> {
+        let prefix = format!("spiffe://{}/ns/{namespace}/", self.td);
+        let Some(uri) = uri else {
+            return Err(Denial::invalid(
+                "policy.identity",
+                format!(
+                    "a certificate for an object in namespace {namespace} names its SPIFFE ID in \
+                     the CSR's URI SAN (exactly one, under {prefix})"
+                ),
+            ));
+        };
+        let id: SpiffeId = uri.parse().map_err(|e| {
+            Denial::invalid(
+                "policy.identity",
+                format!("URI SAN {} is not a SPIFFE ID: {e}", quoted(uri)),
+            )
+        })?;
+        if !id.is_member_of(&self.td) {
+            return Err(Denial::denied(
+                "policy.trust_domain",
+                format!(
+                    "{id} is outside trust domain {}; this CA issues only spiffe://{}/… IDs",
+                    self.td, self.td
+                ),
+            ));
+        }
+        let below = id
+            .path()
+            .strip_prefix("/ns/")
+            .and_then(|rest| rest.strip_prefix(namespace))
+            .and_then(|rest| rest.strip_prefix('/'))
+            .is_some_and(|rest| !rest.is_empty());
+        if !below {
+            return Err(Denial::denied(
+                "policy.bridge_namespace",
+                format!(
+                    "a certificate for an object in namespace {namespace} may only carry a \
+                     SPIFFE ID under {prefix}; the CSR asks for {id}"
+                ),
+            ));
+        }
+        Ok(id)
+    }
+
     /// The DNS names this caller may have, spelled out for a refusal message.
     fn allowed_dns_description(&self, caller: &AuthenticatedCaller) -> String {
         match caller.kind() {
@@ -384,11 +469,14 @@ impl Policy {
 
 /// Who may use which grant source (see the module docs).
 fn check_source(
-    _: &Policy,
+    p: &Policy,
     caller: &AuthenticatedCaller,
     req: &IssueRequest<'_>,
 ) -> Result<(), Denial> {
     let is_node = matches!(caller.kind(), CallerKind::Node { .. });
+    if let GrantSource::Bridge { namespace } = req.source {
+        return check_bridge(p, caller, req, namespace);
+    }
     match req.source {
         GrantSource::Caller if is_node => Err(Denial::denied(
             "policy.node",
@@ -410,7 +498,7 @@ fn check_source(
             "policy.impersonation",
             "a node never asks on behalf of another identity",
         )),
-        GrantSource::NodeRenewal => Ok(()),
+        GrantSource::NodeRenewal | GrantSource::Bridge { .. } => Ok(()),
         GrantSource::Entry(e) => {
             if &e.parent_id != caller.spiffe_id() {
                 return Err(Denial::denied(
@@ -436,6 +524,47 @@ fn check_source(
             Ok(())
         }
     }
+}
+
+/// The bridge source: a listed caller (never a node), no impersonation, a namespace that is
+/// a DNS-1123 label.
+fn check_bridge(
+    p: &Policy,
+    caller: &AuthenticatedCaller,
+    req: &IssueRequest<'_>,
+    namespace: &str,
+) -> Result<(), Denial> {
+    let listed = !matches!(caller.kind(), CallerKind::Node { .. } | CallerKind::Admin)
+        && p.bridge_callers.contains(caller.spiffe_id());
+    if !listed {
+        return Err(Denial::denied(
+            "policy.bridge",
+            format!(
+                "caller {} is not a Kubernetes bridge; only the callers in \
+                 policy.kubernetes_bridge.callers may set kubernetes_namespace (leave it empty \
+                 to ask for your own identity)",
+                caller.spiffe_id()
+            ),
+        ));
+    }
+    if req.impersonate.is_some_and(|s| !s.is_empty()) {
+        return Err(Denial::denied(
+            "policy.impersonation",
+            "the Kubernetes bridge never asks on behalf of another identity",
+        ));
+    }
+    if !is_dns1123_label(namespace) {
+        return Err(Denial::invalid(
+            "policy.bridge_namespace",
+            format!(
+                "kubernetes_namespace {} is not a Kubernetes namespace name (a DNS-1123 label: \
+                 1 to 63 lowercase letters, digits and '-', starting and ending with a letter or \
+                 digit)",
+                quoted(namespace)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The requested lifetime: an entry's own TTL when issuing for an entry.
@@ -506,6 +635,32 @@ fn check_dns_names(
             return Err(Denial::invalid(
                 "policy.dns_name",
                 format!("{} is not a valid DNS name", quoted(name)),
+            ));
+        }
+        if let GrantSource::Bridge { namespace } = req.source {
+            if p.bridge_dns_templates
+                .iter()
+                .any(|t| t.matches(name, namespace))
+            {
+                continue;
+            }
+            let why = if p.bridge_dns_templates.is_empty() {
+                "no DNS names are allowed (policy.kubernetes_bridge.dns_templates is empty)"
+                    .to_owned()
+            } else {
+                let allowed: Vec<String> = p
+                    .bridge_dns_templates
+                    .iter()
+                    .map(|t| t.expand(namespace))
+                    .collect();
+                format!("allowed patterns: {}", allowed.join(", "))
+            };
+            return Err(Denial::denied(
+                "policy.dns_name",
+                format!(
+                    "a certificate for an object in namespace {namespace} may not carry DNS \
+                     name {name}: {why}"
+                ),
             ));
         }
         let allowed = match caller.kind() {
@@ -624,6 +779,79 @@ fn is_ldh_label(label: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
+/// A Kubernetes namespace name: a DNS-1123 label (lowercase).
+fn is_dns1123_label(s: &str) -> bool {
+    is_ldh_label(s) && !s.bytes().any(|b| b.is_ascii_uppercase())
+}
+
+/// One entry of `policy.kubernetes_bridge.dns_templates`: `{namespace}` is the only
+/// placeholder; a leading `*.` matches one or more concrete labels.
+#[derive(Debug, Clone)]
+struct BridgeDnsTemplate {
+    wildcard: bool,
+    body: String,
+}
+
+impl BridgeDnsTemplate {
+    fn parse(template: &str) -> Result<Self, String> {
+        let err = |why: &str| format!("policy.kubernetes_bridge.dns_templates: {template:?} {why}");
+        let (wildcard, body) = match template.strip_prefix("*.") {
+            Some(rest) => (true, rest),
+            None => (false, template),
+        };
+        let stripped = body.replace(NAMESPACE, "");
+        if stripped.contains('{') || stripped.contains('}') {
+            return Err(err("has an unknown placeholder; use {namespace}"));
+        }
+        if body.contains('*') {
+            return Err(err("may use '*' only as a whole leading label (\"*.\")"));
+        }
+        if !body.contains(NAMESPACE) {
+            return Err(err(
+                "does not contain {namespace}: it would give every namespace the same names",
+            ));
+        }
+        if !is_dns_name(&body.replace(NAMESPACE, "ns")) {
+            return Err(err("does not make a valid DNS name"));
+        }
+        Ok(Self {
+            wildcard,
+            body: body.to_owned(),
+        })
+    }
+
+    /// For messages.
+    fn expand(&self, namespace: &str) -> String {
+        let body = self.body.replace(NAMESPACE, namespace);
+        if self.wildcard {
+            format!("*.{body}")
+        } else {
+            body
+        }
+    }
+
+    /// `name` has already passed [`is_dns_name`]. A wildcard matches one or more concrete
+    /// labels in front of the body, on a label boundary (so `x.ab.svc` is not under `b.svc`).
+    fn matches(&self, name: &str, namespace: &str) -> bool {
+        let body = self.body.replace(NAMESPACE, namespace);
+        if !self.wildcard {
+            return name.eq_ignore_ascii_case(&body);
+        }
+        let Some(split) = name.len().checked_sub(body.len()) else {
+            return false;
+        };
+        let (Some(front), Some(tail)) = (name.get(..split), name.get(split..)) else {
+            return false;
+        };
+        let Some(front) = front.strip_suffix('.') else {
+            return false;
+        };
+        !front.is_empty()
+            && tail.eq_ignore_ascii_case(&body)
+            && front.split('.').all(|l| l != "*" && is_ldh_label(l))
+    }
+}
+
 const NAMESPACE: &str = "{namespace}";
 const SERVICE_ACCOUNT: &str = "{serviceaccount}";
 
@@ -697,6 +925,7 @@ impl DnsTemplate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::KubernetesBridgeConfig;
     use std::net::Ipv4Addr;
 
     const HOUR: Duration = Duration::from_secs(3600);
@@ -720,6 +949,13 @@ mod tests {
                     "*.{namespace}.svc.cluster.local".into(),
                 ],
                 impersonators: vec!["spiffe://example.org/ns/istio-system/sa/ztunnel".into()],
+                kubernetes_bridge: KubernetesBridgeConfig {
+                    callers: vec![
+                        "spiffe://example.org/ns/signet-system/sa/signet-k8s".into(),
+                        "spiffe://example.org/bridge".into(),
+                    ],
+                    ..KubernetesBridgeConfig::default()
+                },
             },
         )
         .expect("policy")
@@ -1402,6 +1638,328 @@ mod tests {
         );
     }
 
+    // ---- the Kubernetes bridge ----
+
+    fn bridge() -> AuthenticatedCaller {
+        sa("signet-system", "signet-k8s")
+    }
+
+    fn decide_bridge(
+        caller: &AuthenticatedCaller,
+        ns: &str,
+        uris: &[&str],
+        dns: &[&str],
+    ) -> Result<Grant, Denial> {
+        decide_src(
+            caller,
+            &names(uris, dns),
+            GrantSource::Bridge { namespace: ns },
+            None,
+        )
+    }
+
+    #[test]
+    fn bridge_gets_ids_and_names_of_the_objects_namespace() {
+        let g = decide_bridge(
+            &bridge(),
+            "a",
+            &["spiffe://example.org/ns/a/sa/web"],
+            &[
+                "web.a.svc",
+                "x.y.a.svc",
+                "web.a.svc.cluster.local",
+                "WEB.A.SVC.Cluster.Local",
+            ],
+        )
+        .expect("ok");
+        assert_eq!(g.spiffe_id, id("/ns/a/sa/web"));
+        assert_eq!(g.dns_names.len(), 4);
+        // Any path below the namespace, not only service accounts.
+        let g =
+            decide_bridge(&bridge(), "a", &["spiffe://example.org/ns/a/x/y/z"], &[]).expect("ok");
+        assert_eq!(g.spiffe_id, id("/ns/a/x/y/z"));
+        // A bridge presenting a Signet certificate over mTLS works the same way.
+        let g = decide_bridge(
+            &mtls("/bridge", &[]),
+            "kube-system",
+            &["spiffe://example.org/ns/kube-system/sa/dns"],
+            &["dns.kube-system.svc"],
+        )
+        .expect("ok");
+        assert_eq!(g.spiffe_id, id("/ns/kube-system/sa/dns"));
+        // TTL is clamped as for anyone.
+        let n = names(&["spiffe://example.org/ns/a/sa/web"], &[]);
+        let g = policy()
+            .decide(
+                &bridge(),
+                &IssueRequest {
+                    source: GrantSource::Bridge { namespace: "a" },
+                    names: &n,
+                    ttl_seconds: 7 * 86400,
+                    impersonate: None,
+                },
+            )
+            .expect("ok");
+        assert_eq!(g.ttl, 24 * HOUR);
+    }
+
+    #[test]
+    fn bridge_is_refused_other_namespaces_ids() {
+        let m = denied(
+            decide_bridge(&bridge(), "a", &["spiffe://example.org/ns/b/sa/x"], &[]),
+            DenialKind::PermissionDenied,
+            "policy.bridge_namespace",
+        );
+        assert_eq!(
+            m,
+            "a certificate for an object in namespace a may only carry a SPIFFE ID under \
+             spiffe://example.org/ns/a/; the CSR asks for spiffe://example.org/ns/b/sa/x"
+        );
+        for uri in [
+            "spiffe://example.org/ns/a",       // the namespace itself, nothing below
+            "spiffe://example.org/ns/ab/sa/x", // a namespace that merely starts with "a"
+            "spiffe://example.org/ns/A/sa/x",  // paths compare case-sensitively
+            "spiffe://example.org/a/sa/x",     // not under /ns/
+            "spiffe://example.org/signet/node/n", // Signet's own IDs
+            "spiffe://example.org/ns/signet-system/sa/signet-k8s", // the bridge's own ID
+        ] {
+            let m = denied(
+                decide_bridge(&bridge(), "a", &[uri], &[]),
+                DenialKind::PermissionDenied,
+                "policy.bridge_namespace",
+            );
+            assert!(m.contains(uri), "{m}");
+        }
+        let m = denied(
+            decide_bridge(&bridge(), "a", &["spiffe://other.org/ns/a/sa/x"], &[]),
+            DenialKind::PermissionDenied,
+            "policy.trust_domain",
+        );
+        assert!(m.contains("outside trust domain example.org"), "{m}");
+        // The CSR must name exactly one ID.
+        denied(
+            decide_bridge(&bridge(), "a", &[], &["web.a.svc"]),
+            DenialKind::InvalidArgument,
+            "policy.identity",
+        );
+        denied(
+            decide_bridge(
+                &bridge(),
+                "a",
+                &[
+                    "spiffe://example.org/ns/a/sa/x",
+                    "spiffe://example.org/ns/a/sa/y",
+                ],
+                &[],
+            ),
+            DenialKind::InvalidArgument,
+            "policy.uri_count",
+        );
+        denied(
+            decide_bridge(&bridge(), "a", &["https://example.org/ns/a/sa/x"], &[]),
+            DenialKind::InvalidArgument,
+            "policy.identity",
+        );
+    }
+
+    #[test]
+    fn bridge_is_refused_other_namespaces_names() {
+        let own = "spiffe://example.org/ns/b/sa/x";
+        for name in [
+            "web.a.svc",              // another namespace
+            "x.ab.svc",               // "ab.svc" is not under "b.svc"
+            "x.ab.svc.cluster.local", // nor here
+            "b.svc",                  // the wildcard needs at least one label
+            "b.svc.cluster.local",
+            "*.b.svc", // a wildcard is not a concrete label
+            "web.b.svc.example.com",
+            "example.com",
+        ] {
+            let m = denied(
+                decide_bridge(&bridge(), "b", &[own], &[name]),
+                DenialKind::PermissionDenied,
+                "policy.dns_name",
+            );
+            assert!(m.contains(name), "{m}");
+            assert!(
+                m.contains("allowed patterns: *.b.svc, *.b.svc.cluster.local"),
+                "{m}"
+            );
+        }
+        denied(
+            decide_bridge(&bridge(), "b", &[own], &["bad_name.b.svc"]),
+            DenialKind::InvalidArgument,
+            "policy.dns_name",
+        );
+        // IPs and e-mails as for anyone but the operator.
+        let mut n = names(&[own], &[]);
+        n.ip_addresses = vec![Ipv4Addr::new(10, 0, 0, 1).into()];
+        let r = decide_src(&bridge(), &n, GrantSource::Bridge { namespace: "b" }, None);
+        denied(r, DenialKind::PermissionDenied, "policy.ip_address");
+        let mut n = names(&[own], &[]);
+        n.emails = vec!["x@example.org".into()];
+        let r = decide_src(&bridge(), &n, GrantSource::Bridge { namespace: "b" }, None);
+        denied(r, DenialKind::PermissionDenied, "policy.san_type");
+    }
+
+    #[test]
+    fn only_listed_callers_act_as_the_bridge() {
+        let uri = "spiffe://example.org/ns/a/sa/web";
+        for caller in [
+            sa("a", "web"),
+            sa("signet-system", "other"),
+            mtls("/bridge/x", &[]),
+            node("n1"),
+            admin(),
+        ] {
+            let m = denied(
+                decide_bridge(&caller, "a", &[uri], &[]),
+                DenialKind::PermissionDenied,
+                "policy.bridge",
+            );
+            assert!(
+                m.starts_with(&format!(
+                    "caller {} is not a Kubernetes bridge;",
+                    caller.spiffe_id()
+                )),
+                "{m}"
+            );
+        }
+        // Even with a malformed namespace, a stranger learns only that it is no bridge.
+        denied(
+            decide_bridge(&sa("a", "web"), "Not_A_Namespace", &[uri], &[]),
+            DenialKind::PermissionDenied,
+            "policy.bridge",
+        );
+        // A bridge asking without a namespace is an ordinary caller: its own identity.
+        let g = decide(&bridge(), &names(&[], &[]), 0, None).expect("ok");
+        assert_eq!(g.spiffe_id, id("/ns/signet-system/sa/signet-k8s"));
+        denied(
+            decide(&bridge(), &names(&[uri], &[]), 0, None),
+            DenialKind::PermissionDenied,
+            "policy.identity",
+        );
+        // No impersonation through the bridge.
+        let r = decide_src(
+            &bridge(),
+            &names(&[uri], &[]),
+            GrantSource::Bridge { namespace: "a" },
+            Some(uri),
+        );
+        denied(r, DenialKind::PermissionDenied, "policy.impersonation");
+    }
+
+    #[test]
+    fn bridge_namespace_must_be_a_dns_label() {
+        for ns in [
+            "A",
+            "a_b",
+            "-a",
+            "a-",
+            "a.b",
+            "a/b",
+            &"a".repeat(64),
+            "a\nb",
+            " a",
+        ] {
+            let m = denied(
+                decide_bridge(&bridge(), ns, &["spiffe://example.org/ns/a/sa/x"], &[]),
+                DenialKind::InvalidArgument,
+                "policy.bridge_namespace",
+            );
+            assert!(m.contains("DNS-1123 label"), "{m}");
+        }
+        decide_bridge(
+            &bridge(),
+            &"a".repeat(63),
+            &[&format!("spiffe://example.org/ns/{}/sa/x", "a".repeat(63))],
+            &[],
+        )
+        .expect("63 characters is fine");
+    }
+
+    #[test]
+    fn bridge_feature_is_off_by_default_and_templates_are_checked() {
+        let bare = Policy::new(td(), HOUR, 24 * HOUR, &PolicyConfig::default()).expect("policy");
+        let n = names(&["spiffe://example.org/ns/a/sa/x"], &[]);
+        let d = bare
+            .decide(
+                &bridge(),
+                &IssueRequest {
+                    source: GrantSource::Bridge { namespace: "a" },
+                    names: &n,
+                    ttl_seconds: 0,
+                    impersonate: None,
+                },
+            )
+            .expect_err("off");
+        assert_eq!(d.reason, "policy.bridge");
+        // An exact template is an exact name.
+        let cfg = PolicyConfig {
+            kubernetes_bridge: KubernetesBridgeConfig {
+                callers: vec!["spiffe://example.org/ns/signet-system/sa/signet-k8s".into()],
+                dns_templates: vec!["gw.{namespace}.example.com".into()],
+            },
+            ..PolicyConfig::default()
+        };
+        let p = Policy::new(td(), HOUR, 24 * HOUR, &cfg).expect("policy");
+        let ask = |dns: &str| {
+            let n = names(&["spiffe://example.org/ns/a/sa/x"], &[dns]);
+            p.decide(
+                &bridge(),
+                &IssueRequest {
+                    source: GrantSource::Bridge { namespace: "a" },
+                    names: &n,
+                    ttl_seconds: 0,
+                    impersonate: None,
+                },
+            )
+        };
+        ask("gw.a.example.com").expect("exact");
+        assert_eq!(
+            ask("x.gw.a.example.com").expect_err("exact only").reason,
+            "policy.dns_name"
+        );
+        for (t, want) in [
+            ("*.{serviceaccount}.svc", "unknown placeholder"),
+            ("web.*.svc", "'*'"),
+            ("*.svc", "{namespace}"),
+            ("bad_name.{namespace}", "valid DNS name"),
+        ] {
+            let cfg = PolicyConfig {
+                kubernetes_bridge: KubernetesBridgeConfig {
+                    callers: vec![],
+                    dns_templates: vec![t.into()],
+                },
+                ..PolicyConfig::default()
+            };
+            let e = Policy::new(td(), HOUR, HOUR, &cfg).expect_err(t);
+            assert!(
+                e.contains("policy.kubernetes_bridge.dns_templates") && e.contains(want),
+                "{t}: {e}"
+            );
+        }
+        for (c, want) in [
+            ("signet-k8s", "not a SPIFFE ID"),
+            ("spiffe://other.org/ns/a/sa/b", "not in trust domain"),
+            ("spiffe://example.org", "not a workload ID"),
+            ("spiffe://example.org/signet/node/n1", "not a workload ID"),
+        ] {
+            let cfg = PolicyConfig {
+                kubernetes_bridge: KubernetesBridgeConfig {
+                    callers: vec![c.into()],
+                    ..KubernetesBridgeConfig::default()
+                },
+                ..PolicyConfig::default()
+            };
+            let e = Policy::new(td(), HOUR, HOUR, &cfg).expect_err(c);
+            assert!(
+                e.contains("policy.kubernetes_bridge.callers") && e.contains(want),
+                "{c}: {e}"
+            );
+        }
+    }
+
     // ---- configuration ----
 
     #[test]
@@ -1420,7 +1978,7 @@ mod tests {
         ] {
             let cfg = PolicyConfig {
                 kubernetes_dns_templates: vec![t.into()],
-                impersonators: vec![],
+                ..PolicyConfig::default()
             };
             let e = Policy::new(td(), HOUR, HOUR, &cfg).expect_err(t);
             assert!(
@@ -1437,8 +1995,8 @@ mod tests {
             ("spiffe://example.org", "trust domain ID"),
         ] {
             let cfg = PolicyConfig {
-                kubernetes_dns_templates: vec![],
                 impersonators: vec![imp.into()],
+                ..PolicyConfig::default()
             };
             let e = Policy::new(td(), HOUR, HOUR, &cfg).expect_err(imp);
             assert!(

@@ -22,6 +22,7 @@ use crate::api::node_admin::NodeAdminApi;
 use crate::audit::AuditLog;
 use crate::authn::AuthenticatedCaller;
 use crate::authn::jwt::JwtAuthenticator;
+use crate::authn::psat::PsatAttestor;
 use crate::bundle::{Bundle, BundleHandle, write_atomic};
 use crate::ca::kek::Kek;
 use crate::ca::{Authority, RandomSerials, RequestedNames, SerialSource};
@@ -186,13 +187,16 @@ pub async fn run(
     let istio =
         IstioCertificateServiceServer::new(IstioApi::new(issuer.clone(), cfg.max_message_bytes))
             .max_decoding_message_size(transport_limit);
-    let node = NodeServer::new(NodeApi::new(
+    let mut node_api = NodeApi::new(
         issuer.clone(),
         store.clone(),
         bundle.clone(),
         cfg.max_message_bytes,
-    ))
-    .max_decoding_message_size(transport_limit);
+    );
+    if let Some(k) = &cfg.nodes.kubernetes {
+        node_api = node_api.with_kubernetes_attestation(PsatAttestor::new(k));
+    }
+    let node = NodeServer::new(node_api).max_decoding_message_size(transport_limit);
     let node_admin = NodeAdminServer::new(NodeAdminApi::new(issuer.clone(), store.clone()))
         .max_decoding_message_size(transport_limit);
     let admin = AdminServer::new(AdminApi::new(issuer.clone(), store.clone(), bundle.clone()))

@@ -127,6 +127,7 @@ fn node_json(n: &NodeRecord) -> serde_json::Value {
         "banned": n.banned,
         "serial": n.serial,
         "not_after": rfc3339(n.not_after),
+        "attestation": n.attestation,
     })
 }
 
@@ -146,13 +147,14 @@ pub async fn node(socket: &Path, cmd: NodeCmd) -> anyhow::Result<ExitCode> {
                 }
             } else {
                 println!(
-                    "{:<24}  {:<7}  {:<20}  {:<34}  SPIFFE ID",
-                    "NODE", "BANNED", "NOT AFTER", "SERIAL"
+                    "{:<24}  {:<10}  {:<7}  {:<20}  {:<34}  SPIFFE ID",
+                    "NODE", "ATTESTED", "BANNED", "NOT AFTER", "SERIAL"
                 );
                 for n in &nodes {
                     println!(
-                        "{:<24}  {:<7}  {:<20}  {:<34}  {}",
+                        "{:<24}  {:<10}  {:<7}  {:<20}  {:<34}  {}",
                         n.node_id,
+                        n.attestation,
                         if n.banned { "yes" } else { "no" },
                         rfc3339(n.not_after),
                         n.serial,

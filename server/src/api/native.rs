@@ -16,6 +16,7 @@ use super::{check_size, request_id};
 use crate::bundle::{Bundle, BundleHandle};
 use crate::clock::unix;
 use crate::issuer::{Credentials, IssueInput, Issuer};
+use crate::policy::GrantSource;
 
 pub struct NativeApi {
     issuer: Arc<Issuer>,
@@ -56,7 +57,15 @@ impl CertificateAuthority for NativeApi {
             .authenticate_and_issue(
                 &creds,
                 IssueInput {
-                    source: crate::policy::GrantSource::Caller,
+                    // Only SignCsr carries a namespace: the Kubernetes bridge's request for an
+                    // object in that namespace. Empty: the caller's own identity.
+                    source: if req.kubernetes_namespace.is_empty() {
+                        GrantSource::Caller
+                    } else {
+                        GrantSource::Bridge {
+                            namespace: &req.kubernetes_namespace,
+                        }
+                    },
                     csr: &req.csr,
                     ttl_seconds: req.ttl_seconds,
                     impersonate: None,

@@ -2,7 +2,9 @@
 //!
 //! - `Attest`: the join token is the credential (no bearer, no client certificate needed); it is
 //!   consumed atomically before anything is issued, so two agents racing with one token cannot
-//!   both attest. The node ID comes from the token.
+//!   both attest. The node ID comes from the token. Or, in Kubernetes (`[nodes.kubernetes]`),
+//!   the agent's projected service-account token in `authorization: Bearer` (see
+//!   [`crate::authn::psat`]): the node ID is `k8s-<node name>` from the token's node claim.
 //! - `RenewNode`, `SyncEntries`, `SignWorkloads`: mTLS with the node SVID only. A banned node is
 //!   refused (PermissionDenied, audit event) before anything else happens.
 //!
@@ -19,6 +21,8 @@ use signet_proto::agent::{
 use tonic::{Request, Response, Status};
 
 use super::{ApiError, check_size, request_id};
+use crate::authn::jwt::bearer_token;
+use crate::authn::psat::{PsatAttestor, PsatRefusal};
 use crate::authn::{AuthenticatedCaller, AuthnError, CallerKind};
 use crate::bundle::BundleHandle;
 use crate::ca::IssuedCert;
@@ -28,6 +32,7 @@ use crate::clock::unix;
 use crate::issuer::{Credentials, IssueInput, Issuer};
 use crate::nodes::JoinToken;
 use crate::policy::{EntryGrant, GrantSource};
+use crate::store::nodes::{ATTESTATION_JOIN_TOKEN, ATTESTATION_K8S_PSAT};
 use crate::store::{EntryRow, NodeRow, Store, TokenUse};
 
 /// Most CSRs in one `SignWorkloads` call.
@@ -38,6 +43,7 @@ pub struct NodeApi {
     store: Arc<dyn Store>,
     bundle: BundleHandle,
     max_message_bytes: usize,
+    psat: Option<PsatAttestor>,
 }
 
 impl NodeApi {
@@ -52,7 +58,14 @@ impl NodeApi {
             store,
             bundle,
             max_message_bytes,
+            psat: None,
         }
+    }
+
+    /// Accepts Kubernetes projected service-account tokens for attestation.
+    pub fn with_kubernetes_attestation(mut self, psat: PsatAttestor) -> Self {
+        self.psat = Some(psat);
+        self
     }
 
     fn now(&self) -> i64 {
@@ -138,12 +151,31 @@ impl Node for NodeApi {
         &self,
         request: Request<AttestRequest>,
     ) -> Result<Response<AttestResponse>, Status> {
+        let creds = Credentials::from_request(&request)?;
         let request_id = request_id(&request);
         let req = request.into_inner();
         check_size(&req, self.max_message_bytes)?;
+        if let Some(header) = &creds.authorization {
+            if !req.join_token.is_empty() {
+                return Err(ApiError::InvalidArgument(
+                    "send a join token or a service-account token (authorization: Bearer), \
+                     not both"
+                        .into(),
+                )
+                .into());
+            }
+            let (node_id, cert) = self.attest_with_token(header, &req.csr, request_id).await?;
+            return Ok(Response::new(AttestResponse {
+                node_id,
+                svid: Some(svid(&cert)),
+                bundle: self.bundle.current().roots.clone(),
+            }));
+        }
         if req.join_token.is_empty() {
             let e = AuthnError::BadJoinToken(
-                "no join token: create one with `signetctl token create`".into(),
+                "no join token: create one with `signetctl token create` (or, in Kubernetes, \
+                 send the agent's projected service-account token as authorization: Bearer)"
+                    .into(),
             );
             self.audit("authn.refused", "anonymous", e.to_string());
             return Err(ApiError::Unauthenticated(e).into());
@@ -180,7 +212,16 @@ impl Node for NodeApi {
                 return Err(ApiError::Unauthenticated(e).into());
             }
         };
-        match self.attest_node(&node_id, &req.csr, request_id).await {
+        match self
+            .attest_node(
+                &node_id,
+                &req.csr,
+                request_id,
+                "a join token",
+                ATTESTATION_JOIN_TOKEN,
+            )
+            .await
+        {
             Ok(cert) => Ok(Response::new(AttestResponse {
                 node_id,
                 svid: Some(svid(&cert)),
@@ -268,41 +309,95 @@ impl Node for NodeApi {
             .into());
         }
         let caller = self.node_caller(&creds).await?;
-        let mut results = Vec::with_capacity(req.csrs.len());
-        for (i, w) in req.csrs.iter().enumerate() {
-            let outcome = self
-                .sign_one(&caller, &w.entry_id, &w.csr, format!("{request_id}-{i}"))
-                .await;
-            results.push(match outcome {
-                Ok(cert) => WorkloadResult {
-                    entry_id: w.entry_id.clone(),
-                    svid: Some(svid(&cert)),
-                    code: 0,
-                    message: String::new(),
-                },
-                Err(e) => {
-                    let status = Status::from(e);
-                    WorkloadResult {
+        // Signed concurrently, so the ledger's group commit records the whole call in one or a
+        // few transactions instead of one per CSR; results keep the request's order.
+        let signings = req.csrs.iter().enumerate().map(|(i, w)| {
+            let caller = &caller;
+            let request_id = &request_id;
+            async move {
+                let outcome = self
+                    .sign_one(caller, &w.entry_id, &w.csr, format!("{request_id}-{i}"))
+                    .await;
+                match outcome {
+                    Ok(cert) => WorkloadResult {
                         entry_id: w.entry_id.clone(),
-                        svid: None,
-                        code: status.code() as i32,
-                        message: status.message().to_owned(),
+                        svid: Some(svid(&cert)),
+                        code: 0,
+                        message: String::new(),
+                    },
+                    Err(e) => {
+                        let status = Status::from(e);
+                        WorkloadResult {
+                            entry_id: w.entry_id.clone(),
+                            svid: None,
+                            code: status.code() as i32,
+                            message: status.message().to_owned(),
+                        }
                     }
                 }
-            });
-        }
+            }
+        });
+        let results = futures::future::join_all(signings).await;
         Ok(Response::new(SignWorkloadsResponse { results }))
     }
 }
 
 impl NodeApi {
-    /// After the token was consumed: refuses a banned node, issues the node identity through
-    /// the issuer (policy, CA, ledger) and records the node.
+    /// Attestation with a Kubernetes projected service-account token: validated offline, an
+    /// allowed service account, bound to a node; the node ID comes from the node's name.
+    async fn attest_with_token(
+        &self,
+        header: &str,
+        csr: &[u8],
+        request_id: String,
+    ) -> Result<(String, IssuedCert), ApiError> {
+        let refuse = |e: AuthnError| {
+            self.audit(
+                "authn.refused",
+                "anonymous",
+                format!("node attestation: {e}"),
+            );
+            ApiError::Unauthenticated(e)
+        };
+        let Some(psat) = &self.psat else {
+            return Err(refuse(AuthnError::BadToken(
+                "Kubernetes node attestation is not configured on this server \
+                 ([nodes.kubernetes]); attest with a join token"
+                    .into(),
+            )));
+        };
+        let token = bearer_token(header).map_err(refuse)?;
+        VerifiedCsr::parse(csr)
+            .map_err(|e| ApiError::InvalidArgument(format!("invalid CSR: {e}")))?;
+        let node = match psat.attest(self.issuer.jwt(), token, self.issuer.now()) {
+            Ok(node) => node,
+            Err(PsatRefusal::Unauthenticated(e)) => return Err(refuse(e)),
+            Err(PsatRefusal::Denied { caller, message }) => {
+                self.audit("node.denied", &caller, message.clone());
+                return Err(ApiError::PermissionDenied(message));
+            }
+        };
+        let how = format!(
+            "the Kubernetes service-account token of {} (pod {}, node {})",
+            node.service_account,
+            node.pod.as_deref().unwrap_or("?"),
+            node.node_name
+        );
+        let cert = self
+            .attest_node(&node.node_id, csr, request_id, &how, ATTESTATION_K8S_PSAT)
+            .await?;
+        Ok((node.node_id, cert))
+    }
+
+    /// After the credential was checked (a join token consumed): refuses a banned node,
+    /// issues the node identity through the issuer (policy, CA, ledger) and records the node.
     async fn attest_node(
         &self,
         node_id: &str,
         csr: &[u8],
         request_id: String,
+        how: &str,
+        attestation: &str,
     ) -> Result<IssuedCert, ApiError> {
         let caller = AuthenticatedCaller::attested_node(self.issuer.trust_domain(), node_id)
             .map_err(ApiError::Unauthenticated)?;
@@ -333,15 +428,13 @@ impl NodeApi {
                 banned_at: None,
                 last_serial: cert.serial.clone(),
                 not_after: unix(cert.not_after),
+                attestation: attestation.to_owned(),
             })
             .await?;
         self.audit(
             "node.attested",
             &caller.label(),
-            format!(
-                "node {node_id} attested with a join token; serial {}",
-                cert.serial
-            ),
+            format!("node {node_id} attested with {how}; serial {}", cert.serial),
         );
         Ok(cert)
     }

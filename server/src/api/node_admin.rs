@@ -58,6 +58,7 @@ fn node_to_proto(n: NodeRow) -> NodeRecord {
         banned: n.banned_at.is_some(),
         serial: n.last_serial,
         not_after: n.not_after,
+        attestation: n.attestation,
     }
 }
 

@@ -159,6 +159,27 @@ impl JwtAuthenticator {
         token: &str,
         now: SystemTime,
     ) -> Result<AuthenticatedCaller, AuthnError> {
+        self.verify(token, now, &self.audiences).map(|t| t.caller)
+    }
+
+    /// Validates a node agent's token: the same checks as [`Self::authenticate`], but against
+    /// `audiences` (the node audiences, kept apart from the workload ones), and returns the
+    /// node the token is bound to as well.
+    pub fn authenticate_node_token(
+        &self,
+        token: &str,
+        now: SystemTime,
+        audiences: &[String],
+    ) -> Result<VerifiedToken, AuthnError> {
+        self.verify(token, now, audiences)
+    }
+
+    fn verify(
+        &self,
+        token: &str,
+        now: SystemTime,
+        audiences: &[String],
+    ) -> Result<VerifiedToken, AuthnError> {
         if token.len() > MAX_TOKEN_BYTES {
             return Err(bad(format!(
                 "token is {} bytes, more than the {MAX_TOKEN_BYTES}-byte limit",
@@ -195,7 +216,7 @@ impl JwtAuthenticator {
         self.verify_signature(header.kid.as_deref(), alg, header_b64, payload_b64, sig_b64)?;
 
         let claims: Claims = decode_part(payload_b64, "payload")?;
-        self.check_claims(&claims, now)
+        self.check_claims(&claims, now, audiences)
     }
 
     fn verify_signature(
@@ -269,7 +290,8 @@ impl JwtAuthenticator {
         &self,
         claims: &Claims,
         now: SystemTime,
-    ) -> Result<AuthenticatedCaller, AuthnError> {
+        accepted: &[String],
+    ) -> Result<VerifiedToken, AuthnError> {
         // Legacy Secret-based tokens: never expire, must not be accepted.
         if claims.iss.as_deref() == Some(LEGACY_ISSUER) || claims.legacy_namespace.is_some() {
             return Err(bad(
@@ -333,14 +355,14 @@ impl JwtAuthenticator {
         }
 
         let auds = audiences(claims.aud.as_ref())?;
-        if !auds.iter().any(|a| self.audiences.iter().any(|c| c == a)) {
+        if !auds.iter().any(|a| accepted.iter().any(|c| c == a)) {
             return Err(bad(format!(
                 "audience [{}] is not one of [{}]; request the token with one of those audiences",
                 auds.iter()
                     .map(|a| truncate(a))
                     .collect::<Vec<_>>()
                     .join(", "),
-                self.audiences.join(", ")
+                accepted.join(", ")
             )));
         }
 
@@ -363,6 +385,7 @@ impl JwtAuthenticator {
         check_segment(service_account, "service account name")?;
 
         let mut pod = None;
+        let mut node = None;
         if let Some(k8s) = &claims.kubernetes {
             if let Some(ns) = k8s.namespace.as_deref()
                 && ns != namespace
@@ -383,21 +406,33 @@ impl JwtAuthenticator {
                 )));
             }
             pod = k8s.pod.as_ref().and_then(|p| p.name.clone());
+            node = k8s.node.as_ref().and_then(|n| n.name.clone());
         }
 
         let id = self
             .td
             .id(&format!("/ns/{namespace}/sa/{service_account}"))
             .map_err(|e| bad(format!("service account does not make a SPIFFE ID: {e}")))?;
-        Ok(AuthenticatedCaller::new(
-            id,
-            CallerKind::KubernetesServiceAccount {
-                namespace: namespace.to_owned(),
-                service_account: service_account.to_owned(),
-                pod,
-            },
-        ))
+        Ok(VerifiedToken {
+            caller: AuthenticatedCaller::new(
+                id,
+                CallerKind::KubernetesServiceAccount {
+                    namespace: namespace.to_owned(),
+                    service_account: service_account.to_owned(),
+                    pod,
+                },
+            ),
+            node_name: node,
+        })
     }
+}
+
+/// A token that passed every check: the service account it names and, for a bound token, the
+/// node its pod runs on (`kubernetes.io.node.name`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifiedToken {
+    pub caller: AuthenticatedCaller,
+    pub node_name: Option<String>,
 }
 
 /// Extracts the token from an `authorization` header value: `Bearer <token>`, the scheme
@@ -496,6 +531,7 @@ struct KubernetesClaims {
     namespace: Option<String>,
     serviceaccount: Option<ObjectRef>,
     pod: Option<ObjectRef>,
+    node: Option<ObjectRef>,
 }
 
 #[derive(Deserialize)]
@@ -882,6 +918,47 @@ mod tests {
         let key = ec_key("ec-1");
         let auth = JwtAuthenticator::new(&cfg(), &jwks(&[&key.jwk]), td()).expect("authn");
         Fixture { key, auth }
+    }
+
+    #[test]
+    fn node_tokens_use_their_own_audiences_and_carry_the_node() {
+        let f = fixture();
+        let node_aud = vec!["signet-node".to_owned()];
+        let mut c = with(claims(), "aud", json!(["signet-node"]));
+        c["kubernetes.io"]["node"] = json!({ "name": "worker-1", "uid": "9f8e" });
+        let token = sign_es(&f.key, Some("ec-1"), &c);
+        let t = f
+            .auth
+            .authenticate_node_token(&token, now(), &node_aud)
+            .expect("node token");
+        assert_eq!(t.node_name.as_deref(), Some("worker-1"));
+        assert_eq!(
+            t.caller.spiffe_id().to_string(),
+            "spiffe://cluster.local/ns/default/sa/web"
+        );
+        // A node token is no workload token, and a workload token is no node token.
+        let m = refused(&f.auth, &token);
+        assert!(m.contains("audience [signet-node]"), "{m}");
+        let workload = sign_es(&f.key, Some("ec-1"), &claims());
+        let e = f
+            .auth
+            .authenticate_node_token(&workload, now(), &node_aud)
+            .expect_err("workload audience");
+        assert!(e.to_string().contains("is not one of [signet-node]"), "{e}");
+        // Every other check still applies: expiry, signature.
+        let expired = with(c.clone(), "exp", json!(NOW - 3600));
+        let e = f
+            .auth
+            .authenticate_node_token(&sign_es(&f.key, Some("ec-1"), &expired), now(), &node_aud)
+            .expect_err("expired");
+        assert!(e.to_string().contains("expired"), "{e}");
+        // Without a node claim, no node.
+        let plain = with(claims(), "aud", json!("signet-node"));
+        let t = f
+            .auth
+            .authenticate_node_token(&sign_es(&f.key, Some("ec-1"), &plain), now(), &node_aud)
+            .expect("valid");
+        assert_eq!(t.node_name, None);
     }
 
     /// Runs `authenticate` expecting a refusal; checks the message never contains the token.

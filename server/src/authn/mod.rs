@@ -7,6 +7,7 @@
 // Enabled as they land:
 pub mod jwt;
 pub mod mtls;
+pub mod psat;
 
 use signet_types::SpiffeId;
 
@@ -59,7 +60,8 @@ impl AuthenticatedCaller {
         Self::new(id, CallerKind::Admin)
     }
 
-    /// A node that has just proved itself with a join token for `node_id`.
+    /// A node that has just proved itself (join token, or Kubernetes service-account token)
+    /// for `node_id`.
     pub(crate) fn attested_node(
         td: &signet_types::TrustDomain,
         node_id: &str,

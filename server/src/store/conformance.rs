@@ -654,6 +654,7 @@ async fn nodes_are_upserted_renewed_and_banned(db: Db) {
         banned_at: None,
         last_serial: "aa".into(),
         not_after: 100,
+        attestation: super::nodes::ATTESTATION_JOIN_TOKEN.into(),
     };
     s.upsert_attested_node(&n1).await.unwrap();
     assert_eq!(s.node("n1").await.unwrap(), Some(n1.clone()));
@@ -661,10 +662,12 @@ async fn nodes_are_upserted_renewed_and_banned(db: Db) {
     let got = s.node("n1").await.unwrap().unwrap();
     assert_eq!((got.last_serial.as_str(), got.not_after), ("bb", 200));
     // Re-attestation updates the times.
+    // Re-attestation records how the node attested this time.
     let again = NodeRow {
         attested_at: 20,
         last_serial: "cc".into(),
         not_after: 300,
+        attestation: super::nodes::ATTESTATION_K8S_PSAT.into(),
         ..n1.clone()
     };
     s.upsert_attested_node(&again).await.unwrap();

@@ -36,7 +36,14 @@ pub struct NodeRow {
     /// The latest node certificate's serial and expiry.
     pub last_serial: String,
     pub not_after: i64,
+    /// How it (last) attested: [`ATTESTATION_JOIN_TOKEN`] or [`ATTESTATION_K8S_PSAT`].
+    pub attestation: String,
 }
+
+/// `nodes.attestation`: a one-time join token.
+pub const ATTESTATION_JOIN_TOKEN: &str = "join_token";
+/// `nodes.attestation`: a Kubernetes projected service-account token.
+pub const ATTESTATION_K8S_PSAT: &str = "k8s_psat";
 
 /// A registration entry to create (the store assigns the revision).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,10 +185,11 @@ pub(super) struct DbNode {
     banned_at: Option<i64>,
     last_serial: String,
     not_after: i64,
+    attestation: String,
 }
 
 pub(super) const NODE_COLUMNS: &str =
-    "node_id, spiffe_id, attested_at, banned_at, last_serial, not_after";
+    "node_id, spiffe_id, attested_at, banned_at, last_serial, not_after, attestation";
 
 impl From<DbNode> for NodeRow {
     fn from(r: DbNode) -> Self {
@@ -192,6 +200,7 @@ impl From<DbNode> for NodeRow {
             banned_at: r.banned_at,
             last_serial: r.last_serial,
             not_after: r.not_after,
+            attestation: r.attestation,
         }
     }
 }
@@ -289,15 +298,17 @@ macro_rules! impl_node_store {
             ) -> Result<(), StoreError> {
                 sqlx::query(
                     "INSERT INTO nodes (node_id, spiffe_id, attested_at, banned_at, last_serial, \
-                     not_after) VALUES ($1, $2, $3, NULL, $4, $5) \
+                     not_after, attestation) VALUES ($1, $2, $3, NULL, $4, $5, $6) \
                      ON CONFLICT (node_id) DO UPDATE SET attested_at = excluded.attested_at, \
-                     last_serial = excluded.last_serial, not_after = excluded.not_after",
+                     last_serial = excluded.last_serial, not_after = excluded.not_after, \
+                     attestation = excluded.attestation",
                 )
                 .bind(&node.node_id)
                 .bind(&node.spiffe_id)
                 .bind(node.attested_at)
                 .bind(&node.last_serial)
                 .bind(node.not_after)
+                .bind(&node.attestation)
                 .execute(&self.pool)
                 .await
                 .map_err($map)?;

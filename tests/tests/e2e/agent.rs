@@ -379,3 +379,54 @@ async fn node_certificate_is_renewed_persisted_and_still_signs() {
     assert!(row.caller.ends_with("/signet/node/vm4"), "{row:?}");
     agent.stop().await;
 }
+
+/// More entries than one `SignWorkloads` call carries (the server takes 256): the agent
+/// splits them into several calls and every one is signed and delivered. Found by the
+/// 1,000-entry footprint benchmark (tests/src/bin/bench-agent.rs), where the agent sent them
+/// all in one refused call.
+#[tokio::test]
+async fn agent_signs_more_entries_than_one_call_carries() {
+    use signet_proto::admin::CreateEntryRequest;
+    use signet_proto::admin::node_admin_client::NodeAdminClient;
+
+    let tokens = TokenIssuer::new("k1");
+    let Some(server) = pg_server(&tokens, "").await else {
+        return;
+    };
+    let token = create_token(&server, "big");
+    let n = 300;
+    let id = |i: usize| format!("spiffe://example.org/many/app-{i}");
+    let mut admin = NodeAdminClient::new(
+        signet_client::connect_admin(&server.admin_socket())
+            .await
+            .unwrap(),
+    );
+    for i in 0..n {
+        admin
+            .create_entry(CreateEntryRequest {
+                spiffe_id: id(i),
+                parent: "big".into(),
+                selectors: vec![format!("unix:uid:{}", 60000 + i)],
+                ttl_seconds: 3600,
+                dns_names: vec![],
+            })
+            .await
+            .unwrap();
+    }
+    // The files sink follows the last entry created; the agent signs all due entries in one
+    // pass, so the last one on disk means the pass went through every call.
+    let l = write_config(&server, &token, &id(n - 1));
+    let agent = Agent::start(&l.config);
+    let leaf = eventually(60, "the last entry's certificate on disk", || async {
+        sink_leaf(&l.sink_dir)
+    })
+    .await;
+    assert_eq!(uri_sans(&leaf), [id(n - 1)]);
+    // Every entry was issued: at least one certificate per entry, plus the server's own and
+    // the node's.
+    eventually(30, "all entries issued", || async {
+        (server.cert_count().await >= n as u64 + 2).then_some(())
+    })
+    .await;
+    agent.stop().await;
+}

@@ -4,11 +4,13 @@
 
 mod agent;
 mod bad_input;
+mod bridge;
 mod independent;
 mod issuance;
 mod k8s;
 mod k8s_certificate;
 mod lifecycle;
+mod node_psat;
 mod nodes;
 mod plugged;
 

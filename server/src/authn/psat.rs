@@ -1,0 +1,228 @@
+//! Node attestation with a Kubernetes projected service-account token (PSAT).
+//!
+//! The agent runs as a DaemonSet and presents its projected token (`authorization: Bearer`).
+//! The token is validated offline by [`JwtAuthenticator`] (same issuer and JWKS as workload
+//! tokens) against the *node* audiences, which configuration keeps apart from the workload
+//! audiences, so a workload's token can never attest a node. Then the checks here, pure:
+//! the token's service account is one of `nodes.kubernetes.allowed_service_accounts`, and the
+//! token is bound to a pod on a node (`kubernetes.io.node.name`). The node ID is derived from
+//! that node name, so one DaemonSet pod can only ever become the node it runs on.
+
+use std::time::SystemTime;
+
+use super::jwt::{JwtAuthenticator, VerifiedToken};
+use super::{AuthnError, CallerKind};
+use crate::config::NodesKubernetesConfig;
+
+/// Node IDs of PSAT-attested nodes: `k8s-<node name>`.
+pub const NODE_ID_PREFIX: &str = "k8s-";
+
+/// Why a node token was refused: not a valid token at all (Unauthenticated), or a valid token
+/// that may not attest a node (PermissionDenied). Messages never contain the token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PsatRefusal {
+    Unauthenticated(AuthnError),
+    /// `caller` is the token's label (`jwt:<id>`) for the audit log.
+    Denied {
+        caller: String,
+        message: String,
+    },
+}
+
+/// A node proved by its token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PsatNode {
+    pub node_id: String,
+    pub node_name: String,
+    /// `<namespace>:<serviceaccount>` of the token.
+    pub service_account: String,
+    pub pod: Option<String>,
+}
+
+/// `[nodes.kubernetes]`, ready to check tokens.
+#[derive(Debug, Clone)]
+pub struct PsatAttestor {
+    allowed: Vec<String>,
+    audiences: Vec<String>,
+}
+
+impl PsatAttestor {
+    pub fn new(cfg: &NodesKubernetesConfig) -> Self {
+        Self {
+            allowed: cfg.allowed_service_accounts.clone(),
+            audiences: cfg.audiences.clone(),
+        }
+    }
+
+    /// Validates `token` at `now` and derives the node it may attest as.
+    pub fn attest(
+        &self,
+        jwt: Option<&JwtAuthenticator>,
+        token: &str,
+        now: SystemTime,
+    ) -> Result<PsatNode, PsatRefusal> {
+        let Some(jwt) = jwt else {
+            return Err(PsatRefusal::Unauthenticated(AuthnError::JwtNotConfigured));
+        };
+        let verified = jwt
+            .authenticate_node_token(token, now, &self.audiences)
+            .map_err(PsatRefusal::Unauthenticated)?;
+        self.node_for(&verified)
+            .map_err(|message| PsatRefusal::Denied {
+                caller: verified.caller.label(),
+                message,
+            })
+    }
+
+    /// The claim checks on an already verified token: an allowed service account, bound to a
+    /// node whose name makes a valid node ID.
+    pub fn node_for(&self, t: &VerifiedToken) -> Result<PsatNode, String> {
+        let CallerKind::KubernetesServiceAccount {
+            namespace,
+            service_account,
+            pod,
+        } = t.caller.kind()
+        else {
+            return Err("not a service-account token".into());
+        };
+        let sa = format!("{namespace}:{service_account}");
+        if !self.allowed.contains(&sa) {
+            return Err(format!(
+                "service account {sa} may not attest a node; nodes.kubernetes.\
+                 allowed_service_accounts lists {}",
+                self.allowed.join(", ")
+            ));
+        }
+        let Some(node_name) = t.node_name.as_deref().filter(|n| !n.is_empty()) else {
+            return Err(format!(
+                "the token of {sa} is not bound to a node (no kubernetes.io.node.name claim): \
+                 mount a projected service-account token in the agent's pod (Kubernetes 1.30 \
+                 or later binds it to the node)"
+            ));
+        };
+        if !is_node_name(node_name) {
+            return Err(format!(
+                "node name {:?} from the token does not make a node ID: a Kubernetes node name \
+                 is lowercase letters, digits, '-' and '.'",
+                node_name.chars().take(64).collect::<String>()
+            ));
+        }
+        let node_id = format!("{NODE_ID_PREFIX}{node_name}");
+        crate::nodes::validate_node_id(&node_id)
+            .map_err(|e| format!("node name from the token does not make a node ID: {e}"))?;
+        Ok(PsatNode {
+            node_id,
+            node_name: node_name.to_owned(),
+            service_account: sa,
+            pod: pod.clone(),
+        })
+    }
+}
+
+/// A Kubernetes node name: an RFC 1123 subdomain (the length is checked as a node ID).
+fn is_node_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::authn::AuthenticatedCaller;
+
+    fn attestor() -> PsatAttestor {
+        PsatAttestor::new(&NodesKubernetesConfig {
+            allowed_service_accounts: vec!["signet-system:signet-agent".into()],
+            audiences: vec!["signet-node".into()],
+        })
+    }
+
+    fn token(ns: &str, sa: &str, node: Option<&str>) -> VerifiedToken {
+        VerifiedToken {
+            caller: AuthenticatedCaller::for_tests(
+                format!("spiffe://example.org/ns/{ns}/sa/{sa}")
+                    .parse()
+                    .expect("id"),
+                CallerKind::KubernetesServiceAccount {
+                    namespace: ns.into(),
+                    service_account: sa.into(),
+                    pod: Some("signet-agent-x2k4q".into()),
+                },
+            ),
+            node_name: node.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn allowed_agent_on_a_node_gets_that_nodes_id() {
+        let n = attestor()
+            .node_for(&token("signet-system", "signet-agent", Some("worker-1")))
+            .expect("ok");
+        assert_eq!(n.node_id, "k8s-worker-1");
+        assert_eq!(n.node_name, "worker-1");
+        assert_eq!(n.service_account, "signet-system:signet-agent");
+        assert_eq!(n.pod.as_deref(), Some("signet-agent-x2k4q"));
+        // Dotted node names (FQDNs) are fine.
+        let n = attestor()
+            .node_for(&token(
+                "signet-system",
+                "signet-agent",
+                Some("ip-10-0-0-1.ec2.internal"),
+            ))
+            .expect("ok");
+        assert_eq!(n.node_id, "k8s-ip-10-0-0-1.ec2.internal");
+    }
+
+    #[test]
+    fn other_service_accounts_are_refused() {
+        for (ns, sa) in [
+            ("default", "signet-agent"),
+            ("signet-system", "default"),
+            ("signet-system", "signet-k8s"),
+        ] {
+            let e = attestor()
+                .node_for(&token(ns, sa, Some("worker-1")))
+                .expect_err("refused");
+            assert!(
+                e.contains(&format!("service account {ns}:{sa} may not attest")),
+                "{e}"
+            );
+            assert!(e.contains("signet-system:signet-agent"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_token_not_bound_to_a_node_is_refused() {
+        for node in [None, Some("")] {
+            let e = attestor()
+                .node_for(&token("signet-system", "signet-agent", node))
+                .expect_err("refused");
+            assert!(e.contains("not bound to a node"), "{e}");
+        }
+    }
+
+    #[test]
+    fn node_names_that_make_no_node_id_are_refused() {
+        for bad in ["a/b", "..", "x y", "Worker", "-a", &"n".repeat(130)] {
+            let e = attestor()
+                .node_for(&token("signet-system", "signet-agent", Some(bad)))
+                .expect_err(bad);
+            assert!(e.contains("does not make a node ID"), "{e}");
+        }
+    }
+
+    #[test]
+    fn without_token_authentication_nothing_attests() {
+        let r = attestor().attest(None, "x.y.z", SystemTime::UNIX_EPOCH);
+        assert_eq!(
+            r,
+            Err(PsatRefusal::Unauthenticated(AuthnError::JwtNotConfigured))
+        );
+    }
+}

@@ -1,0 +1,282 @@
+//! Agent footprint benchmark: prints figures, asserts nothing about time.
+//!
+//! Starts the real `signet-server` (embedded SQLite, or `--database-url`) and the real
+//! `signet-agent` with one `files` sink per entry, then measures
+//! - the agent's resident memory (VmRSS, and the peak VmHWM) holding 1 entry, then N entries;
+//! - the time from creating entries 2..=N on the admin socket to every entry's certificate,
+//!   key and bundle being on disk in its sink directory;
+//! - the agent's CPU while idle (user + system time over a quiet window).
+//!
+//! ```sh
+//! cargo build --release --bins
+//! target/release/bench-agent --entries 1000
+//! ```
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use signet_proto::admin::CreateEntryRequest;
+use signet_proto::admin::CreateJoinTokenRequest;
+use signet_proto::admin::node_admin_client::NodeAdminClient;
+use signet_tests::{Server, ServerOpts, bin};
+use tokio::process::Command;
+
+struct Args {
+    entries: usize,
+    database_url: Option<String>,
+    idle_secs: u64,
+    sync_interval: String,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        entries: 1000,
+        database_url: None,
+        idle_secs: 30,
+        sync_interval: "5s".into(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || {
+            it.next()
+                .unwrap_or_else(|| usage(&format!("{flag} needs a value")))
+        };
+        match flag.as_str() {
+            "--entries" => a.entries = val().parse().unwrap_or_else(|_| usage("bad --entries")),
+            "--database-url" => a.database_url = Some(val()),
+            "--idle-secs" => {
+                a.idle_secs = val().parse().unwrap_or_else(|_| usage("bad --idle-secs"))
+            }
+            "--sync-interval" => a.sync_interval = val(),
+            "-h" | "--help" => usage(""),
+            other => usage(&format!("unknown argument {other}")),
+        }
+    }
+    if a.entries == 0 {
+        usage("--entries must be at least 1");
+    }
+    a
+}
+
+fn usage(msg: &str) -> ! {
+    if !msg.is_empty() {
+        eprintln!("bench-agent: {msg}");
+    }
+    eprintln!(
+        "usage: bench-agent [--entries N (1000)] [--database-url URL (embedded SQLite)] \
+         [--idle-secs S (30)] [--sync-interval D (5s, the agent's default)]"
+    );
+    std::process::exit(2)
+}
+
+/// A field of /proc/<pid>/status in kB.
+fn status_kb(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// utime + stime of a process, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The command name may contain spaces; fields after it start after the last ')'.
+    let rest = &s[s.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest[0] is field 3 (state); utime is field 14, stime field 15.
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+fn clock_ticks_per_sec() -> u64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100)
+}
+
+fn spiffe_id(i: usize) -> String {
+    format!("spiffe://example.org/bench/app-{i}")
+}
+
+fn sink_complete(dir: &Path) -> bool {
+    ["svid.pem", "svid_key.pem", "svid_bundle.pem"]
+        .iter()
+        .all(|f| dir.join(f).exists())
+}
+
+async fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !done() {
+        if start.elapsed() > Duration::from_secs(secs) {
+            eprintln!("bench-agent: timed out after {secs}s waiting for {what}");
+            std::process::exit(1);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    start.elapsed()
+}
+
+#[tokio::main]
+async fn main() {
+    let args = parse_args();
+    let n = args.entries;
+
+    let server = Server::start(ServerOpts {
+        database_url: args.database_url.clone(),
+        extra_toml: String::new(),
+        env: vec![],
+        data_dir: None,
+        tokens: None,
+    })
+    .await;
+    let channel = signet_client::connect_admin(&server.admin_socket())
+        .await
+        .expect("admin socket");
+    let mut admin = NodeAdminClient::new(channel);
+    let token = admin
+        .create_join_token(CreateJoinTokenRequest {
+            ttl_seconds: 600,
+            node_id: "bench".into(),
+        })
+        .await
+        .expect("join token")
+        .into_inner()
+        .token;
+
+    let dir = tempfile::tempdir().unwrap();
+    let sinks: Vec<PathBuf> = (0..n)
+        .map(|i| dir.path().join(format!("sink-{i}")))
+        .collect();
+    let mut toml = format!(
+        "server_address = \"https://127.0.0.1:{port}\"\n\
+         trust_bundle_file = \"{bundle}\"\n\
+         join_token = \"{token}\"\n\
+         data_dir = \"{data}\"\n\
+         workload_api_socket = \"{socket}\"\n\
+         sync_interval = \"{sync}\"\n",
+        port = server.grpc.port(),
+        bundle = server.bundle_path().display(),
+        data = dir.path().join("data").display(),
+        socket = dir.path().join("agent.sock").display(),
+        sync = args.sync_interval,
+    );
+    for (i, sink) in sinks.iter().enumerate() {
+        std::fs::create_dir(sink).unwrap();
+        toml.push_str(&format!(
+            "\n[[sinks]]\nname = \"app-{i}\"\nkind = \"files\"\nspiffe_id = \"{}\"\n\
+             directory = \"{}\"\nlayout = \"spiffe-helper\"\n",
+            spiffe_id(i),
+            sink.display()
+        ));
+    }
+    let config = dir.path().join("agent.toml");
+    std::fs::write(&config, toml).unwrap();
+
+    let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
+    eprintln!(
+        "bench-agent: agent log at {}",
+        dir.path().join("agent.log").display()
+    );
+    let mut agent = Command::new(bin("signet-agent"))
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::from(log.try_clone().unwrap()))
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start signet-agent");
+    let pid = agent.id().unwrap();
+
+    let create = |i: usize| CreateEntryRequest {
+        spiffe_id: spiffe_id(i),
+        parent: "bench".into(),
+        selectors: vec![format!("unix:uid:{}", 60000 + i)],
+        ttl_seconds: 3600,
+        dns_names: vec![],
+    };
+
+    // One entry.
+    admin.create_entry(create(0)).await.expect("create entry");
+    let first = wait_for("the first certificate on disk", 120, || {
+        sink_complete(&sinks[0])
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rss_1 = status_kb(pid, "VmRSS:");
+
+    // The other n-1, created as fast as the admin API takes them.
+    let t0 = Instant::now();
+    for i in 1..n {
+        admin.create_entry(create(i)).await.expect("create entry");
+    }
+    let created = t0.elapsed();
+    wait_for("every certificate on disk", 600, || {
+        sinks.iter().all(|s| sink_complete(s))
+    })
+    .await;
+    let on_disk = t0.elapsed();
+
+    // Settle, then measure memory and idle CPU.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let rss_n = status_kb(pid, "VmRSS:");
+    let hwm = status_kb(pid, "VmHWM:");
+    let ticks0 = cpu_ticks(pid);
+    let w0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
+    let ticks = cpu_ticks(pid) - ticks0;
+    let wall = w0.elapsed().as_secs_f64();
+    let idle_cpu_pct = ticks as f64 / clock_ticks_per_sec() as f64 / wall * 100.0;
+    let rss_idle = status_kb(pid, "VmRSS:");
+
+    let store = if args.database_url.is_some() {
+        "PostgreSQL"
+    } else {
+        "embedded SQLite"
+    };
+    println!(
+        "signet-agent footprint ({store} server on the same machine, sync_interval {})",
+        args.sync_interval
+    );
+    println!(
+        "  first entry: certificate on disk after      {:>8.2} s",
+        first.as_secs_f64()
+    );
+    println!(
+        "  RSS holding 1 entry                          {:>8.1} MB",
+        rss_1 as f64 / 1024.0
+    );
+    println!(
+        "  creating entries 2..={n} (admin API)        {:>8.2} s",
+        created.as_secs_f64()
+    );
+    println!(
+        "  creation of 2..={n} -> all {n} on disk      {:>8.2} s",
+        on_disk.as_secs_f64()
+    );
+    println!(
+        "  RSS holding {n} entries                      {:>8.1} MB",
+        rss_n as f64 / 1024.0
+    );
+    println!(
+        "  peak RSS (VmHWM)                             {:>8.1} MB",
+        hwm as f64 / 1024.0
+    );
+    println!(
+        "  idle CPU over {wall:.0} s                          {idle_cpu_pct:>8.3} % of one core"
+    );
+    println!(
+        "  RSS after the idle window                    {:>8.1} MB",
+        rss_idle as f64 / 1024.0
+    );
+
+    agent.kill().await.ok();
+    drop(server);
+}

@@ -1,0 +1,796 @@
+//! Every manifest an operator applies from `deploy/` is checked offline, with real tools where
+//! one runs without an API server:
+//!
+//! - `kubectl kustomize deploy/` must build (every file the kustomization names exists and
+//!   parses); it yields exactly the objects listed in [`EXPECTED`].
+//! - Each built-in object, of the kustomization and of `deploy/examples/` and `deploy/optional/`,
+//!   passes `kubernetes-validate --strict` (the Kubernetes OpenAPI schemas, shipped in the
+//!   package; strict refuses unknown fields). `scripts/test` installs it from PyPI and sets
+//!   `SIGNET_KUBERNETES_VALIDATE`. (`kubectl apply --dry-run=client` needs an API server for
+//!   discovery and the OpenAPI document, even with `--validate=false`, so it cannot run here.)
+//! - Each custom resource in `deploy/examples/` is checked against its CRD's
+//!   `openAPIV3Schema` (ours from `deploy/crds/`, cert-manager's `Certificate` from
+//!   `tests/fixtures/`): unknown fields, types, enums, required fields, as the API server's
+//!   structural-schema validation would.
+//! - The TOML in the ConfigMaps loads with the server's and the agent's own config types.
+//! - The pieces agree: token audiences, service-account names in the server's policy, mount
+//!   paths of the files the configs name, Service and PodDisruptionBudget selectors.
+//!
+//! With CI=true a missing kubectl or kubernetes-validate fails the test; elsewhere it is
+//! skipped with a message.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+/// `(kind, namespace, name)` of every object `kubectl kustomize deploy/` must yield.
+const EXPECTED: &[(&str, &str, &str)] = &[
+    ("Namespace", "", "signet-system"),
+    ("CustomResourceDefinition", "", "issuers.signet.dev"),
+    ("CustomResourceDefinition", "", "clusterissuers.signet.dev"),
+    ("ServiceAccount", "signet-system", "signet-server"),
+    ("ConfigMap", "signet-system", "signet-server-config"),
+    ("Deployment", "signet-system", "signet-server"),
+    ("Service", "signet-system", "signet-server"),
+    ("PodDisruptionBudget", "signet-system", "signet-server"),
+    ("ServiceAccount", "signet-system", "signet-agent"),
+    ("ConfigMap", "signet-system", "signet-agent-config"),
+    ("DaemonSet", "signet-system", "signet-agent"),
+    ("ServiceAccount", "signet-system", "signet-k8s"),
+    ("ClusterRole", "", "signet-k8s"),
+    ("ClusterRoleBinding", "", "signet-k8s"),
+    ("Role", "signet-system", "signet-k8s-leader-election"),
+    ("RoleBinding", "signet-system", "signet-k8s-leader-election"),
+    ("Deployment", "signet-system", "signet-k8s"),
+    (
+        "ClusterRole",
+        "",
+        "cert-manager-controller-approve:signet-dev",
+    ),
+    (
+        "ClusterRoleBinding",
+        "",
+        "cert-manager-controller-approve:signet-dev",
+    ),
+];
+
+/// Objects the operator creates (deploy/README.md, step 2): referenced, never shipped.
+const OPERATOR_PROVIDED: &[(&str, &str)] = &[
+    ("Secret", "signet-database"),
+    ("Secret", "signet-kek"),
+    ("ConfigMap", "signet-jwks"),
+    ("ConfigMap", "signet-bundle"),
+];
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+fn ci() -> bool {
+    std::env::var("CI").as_deref() == Ok("true")
+}
+
+/// A required tool: its path, or `None` (skip) outside CI.
+fn tool(env: &str, default: &str, install_hint: &str) -> Option<PathBuf> {
+    let candidate = std::env::var_os(env)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(default));
+    let found = Command::new(&candidate)
+        .arg("--help")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if found {
+        return Some(candidate);
+    }
+    assert!(
+        !ci(),
+        "{} not found (set {env}): CI requires it; {install_hint}",
+        candidate.display()
+    );
+    eprintln!(
+        "SKIPPED: {} not found (set {env}); {install_hint}",
+        candidate.display()
+    );
+    None
+}
+
+fn kubectl() -> Option<PathBuf> {
+    tool("SIGNET_KUBECTL", "kubectl", "install kubectl")
+}
+
+fn kubernetes_validate() -> Option<PathBuf> {
+    tool(
+        "SIGNET_KUBERNETES_VALIDATE",
+        "kubernetes-validate",
+        "scripts/test installs it (PyPI: kubernetes-validate)",
+    )
+}
+
+fn parse_yaml_stream(text: &str, what: &str) -> Vec<Value> {
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(text).unwrap_or_else(|e| panic!("{what}: not YAML: {e}"));
+    docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+fn read_yaml_file(path: &Path) -> Vec<Value> {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    parse_yaml_stream(&text, &path.display().to_string())
+}
+
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn kustomize() -> Option<Vec<Value>> {
+    let kubectl = kubectl()?;
+    let out = Command::new(kubectl)
+        .arg("kustomize")
+        .arg(repo().join("deploy"))
+        .output()
+        .expect("running kubectl kustomize");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize deploy/ failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("UTF-8");
+    Some(parse_yaml_stream(&text, "kubectl kustomize deploy/"))
+}
+
+fn s<'a>(v: &'a Value, pointer: &str) -> &'a str {
+    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
+fn id(o: &Value) -> String {
+    let ns = s(o, "/metadata/namespace");
+    let ns = if ns.is_empty() {
+        String::new()
+    } else {
+        format!("{ns}/")
+    };
+    format!("{} {ns}{}", s(o, "/kind"), s(o, "/metadata/name"))
+}
+
+fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objs.iter()
+        .find(|o| s(o, "/kind") == kind && s(o, "/metadata/name") == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+fn is_custom(o: &Value) -> bool {
+    let group = s(o, "/apiVersion").rsplit_once('/').map_or("", |(g, _)| g);
+    group == "signet.dev" || group == "cert-manager.io"
+}
+
+// ---------------------------------------------------------------------------------------------
+// kubernetes-validate over built-in objects
+
+/// Runs `kubernetes-validate --strict` over `objs` (one JSON document each: JSON is YAML) and
+/// insists that every one of them is reported as passed, so none is silently skipped.
+fn validate_builtin(tool: &Path, objs: &[&Value]) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut files = Vec::new();
+    for (i, o) in objs.iter().enumerate() {
+        let f = dir.path().join(format!("{i:03}.yaml"));
+        std::fs::write(&f, serde_json::to_string_pretty(o).expect("json")).expect("write");
+        files.push(f);
+    }
+    let out = Command::new(tool)
+        .arg("--strict")
+        .args(&files)
+        .output()
+        .expect("running kubernetes-validate");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "kubernetes-validate --strict:\n{text}"
+    );
+    for (o, f) in objs.iter().zip(&files) {
+        let passed = text
+            .lines()
+            .any(|l| l.contains(&*f.to_string_lossy()) && l.contains(" passed for resource "));
+        assert!(passed, "{} was not validated:\n{text}", id(o));
+    }
+}
+
+#[test]
+fn kustomization_builds_and_every_object_passes_the_kubernetes_schemas() {
+    let Some(objs) = kustomize() else { return };
+    let got: BTreeSet<String> = objs.iter().map(id).collect();
+    let want: BTreeSet<String> = EXPECTED
+        .iter()
+        .map(|(k, ns, n)| {
+            let ns = if ns.is_empty() {
+                String::new()
+            } else {
+                format!("{ns}/")
+            };
+            format!("{k} {ns}{n}")
+        })
+        .collect();
+    assert_eq!(got, want, "objects of kubectl kustomize deploy/");
+    assert_eq!(got.len(), objs.len(), "an object appears twice");
+    for o in &objs {
+        assert!(
+            !is_custom(o),
+            "{}: custom resources belong in examples/",
+            id(o)
+        );
+        if let Some(ns) = o.pointer("/metadata/namespace").and_then(Value::as_str) {
+            assert_eq!(ns, "signet-system", "{}", id(o));
+        }
+    }
+    let Some(tool) = kubernetes_validate() else {
+        return;
+    };
+    validate_builtin(&tool, &objs.iter().collect::<Vec<_>>());
+}
+
+#[test]
+fn examples_and_optional_manifests_pass_their_schemas() {
+    let deploy = repo().join("deploy");
+    let mut objs = Vec::new();
+    for dir in ["examples", "optional"] {
+        for f in yaml_files(&deploy.join(dir)) {
+            let docs = read_yaml_file(&f);
+            assert!(!docs.is_empty(), "{}: no object", f.display());
+            objs.extend(docs);
+        }
+    }
+    // Custom resources: against their CRDs' schemas.
+    let mut crds = Vec::new();
+    for f in yaml_files(&deploy.join("crds")) {
+        crds.extend(read_yaml_file(&f));
+    }
+    crds.extend(read_yaml_file(
+        &repo().join("tests/fixtures/cert-manager.io_certificates.yaml"),
+    ));
+    let mut custom = 0;
+    for o in objs.iter().filter(|o| is_custom(o)) {
+        let errors = validate_custom(o, &crds);
+        assert!(errors.is_empty(), "{}:\n  {}", id(o), errors.join("\n  "));
+        custom += 1;
+    }
+    assert!(
+        custom >= 3,
+        "the examples hold an Issuer, a ClusterIssuer and a Certificate"
+    );
+    for (kind, name) in [
+        ("Issuer", "signet"),
+        ("ClusterIssuer", "signet"),
+        ("Certificate", "web"),
+    ] {
+        find(&objs, kind, name);
+    }
+    let cert = find(&objs, "Certificate", "web");
+    assert_eq!(s(cert, "/spec/issuerRef/group"), "signet.dev");
+    assert_eq!(
+        s(cert, "/spec/uris/0"),
+        "spiffe://example.org/ns/demo/sa/web"
+    );
+    assert_eq!(s(cert, "/spec/dnsNames/0"), "web.demo.svc");
+
+    let builtin: Vec<&Value> = objs.iter().filter(|o| !is_custom(o)).collect();
+    let Some(tool) = kubernetes_validate() else {
+        return;
+    };
+    validate_builtin(&tool, &builtin);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Structural-schema check of custom resources
+
+fn validate_custom(obj: &Value, crds: &[Value]) -> Vec<String> {
+    let api_version = s(obj, "/apiVersion");
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let kind = s(obj, "/kind");
+    let Some(crd) = crds.iter().find(|c| {
+        s(c, "/kind") == "CustomResourceDefinition"
+            && s(c, "/spec/group") == group
+            && s(c, "/spec/names/kind") == kind
+    }) else {
+        return vec![format!("no CRD for {kind}.{group}")];
+    };
+    let Some(v) = crd
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .and_then(|vs| vs.iter().find(|v| s(v, "/name") == version))
+    else {
+        return vec![format!("{kind}.{group} has no version {version}")];
+    };
+    if v.pointer("/served") != Some(&Value::Bool(true)) {
+        return vec![format!("{kind}.{group}/{version} is not served")];
+    }
+    let namespaced = s(crd, "/spec/scope") == "Namespaced";
+    let has_ns = obj.pointer("/metadata/namespace").is_some();
+    let mut errors = Vec::new();
+    if namespaced != has_ns {
+        errors.push(format!(
+            "metadata.namespace: {kind} is {} but the object {} one",
+            s(crd, "/spec/scope"),
+            if has_ns { "has" } else { "has not" }
+        ));
+    }
+    if s(obj, "/metadata/name").is_empty() {
+        errors.push("metadata.name: missing".into());
+    }
+    let schema = v
+        .pointer("/schema/openAPIV3Schema")
+        .expect("CRD version without openAPIV3Schema");
+    // apiVersion, kind and metadata are the API server's, not the schema's.
+    let mut body = obj.clone();
+    if let Some(m) = body.as_object_mut() {
+        m.remove("apiVersion");
+        m.remove("kind");
+        m.remove("metadata");
+    }
+    check(&body, schema, "", &mut errors);
+    errors
+}
+
+fn check(v: &Value, schema: &Value, path: &str, errors: &mut Vec<String>) {
+    let at = if path.is_empty() { "<root>" } else { path };
+    if v.is_null() {
+        if schema.get("nullable") != Some(&Value::Bool(true)) {
+            errors.push(format!("{at}: null is not allowed"));
+        }
+        return;
+    }
+    if schema.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) {
+        if !(v.is_string() || v.is_i64() || v.is_u64()) {
+            errors.push(format!("{at}: want an integer or a string, got {v}"));
+        }
+        return;
+    }
+    if let Some(en) = schema.get("enum").and_then(Value::as_array)
+        && !en.contains(v)
+    {
+        errors.push(format!(
+            "{at}: {v} is not one of {}",
+            Value::Array(en.clone())
+        ));
+    }
+    let preserve = schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
+    match schema.get("type").and_then(Value::as_str) {
+        Some("object") => {
+            let Some(m) = v.as_object() else {
+                errors.push(format!("{at}: want an object, got {v}"));
+                return;
+            };
+            let props = schema.get("properties").and_then(Value::as_object);
+            let additional = schema.get("additionalProperties");
+            for req in schema
+                .get("required")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+            {
+                if !m.contains_key(req) {
+                    errors.push(format!("{at}: required field {req} is missing"));
+                }
+            }
+            for (k, child) in m {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                if let Some(ps) = props.and_then(|ps| ps.get(k)) {
+                    check(child, ps, &p, errors);
+                } else if let Some(a) = additional.filter(|a| a.is_object()) {
+                    check(child, a, &p, errors);
+                } else if !(preserve || additional == Some(&Value::Bool(true))) {
+                    errors.push(format!("{p}: unknown field"));
+                }
+            }
+        }
+        Some("array") => {
+            let Some(a) = v.as_array() else {
+                errors.push(format!("{at}: want a list, got {v}"));
+                return;
+            };
+            if let Some(items) = schema.get("items") {
+                for (i, item) in a.iter().enumerate() {
+                    check(item, items, &format!("{path}[{i}]"), errors);
+                }
+            }
+        }
+        Some("string") if !v.is_string() => {
+            errors.push(format!("{at}: want a string, got {v}"));
+        }
+        Some("integer") if !(v.is_i64() || v.is_u64()) => {
+            errors.push(format!("{at}: want an integer, got {v}"));
+        }
+        Some("number") if !v.is_number() => {
+            errors.push(format!("{at}: want a number, got {v}"));
+        }
+        Some("boolean") if !v.is_boolean() => {
+            errors.push(format!("{at}: want true or false, got {v}"));
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn the_custom_resource_check_catches_mistakes() {
+    let crds = read_yaml_file(&repo().join("tests/fixtures/cert-manager.io_certificates.yaml"));
+    let good = serde_json::json!({
+        "apiVersion": "cert-manager.io/v1", "kind": "Certificate",
+        "metadata": {"name": "a", "namespace": "n"},
+        "spec": {"secretName": "a", "issuerRef": {"name": "i", "group": "signet.dev", "kind": "Issuer"},
+                 "privateKey": {"algorithm": "ECDSA", "size": 256}, "duration": "1h"}
+    });
+    assert_eq!(validate_custom(&good, &crds), Vec::<String>::new());
+    let mut bad = good.clone();
+    bad["spec"]["secretNmae"] = "x".into();
+    bad["spec"]["privateKey"]["algorithm"] = "DSA".into();
+    bad["spec"]["privateKey"]["size"] = "256".into();
+    bad["spec"]
+        .as_object_mut()
+        .expect("spec")
+        .remove("issuerRef");
+    bad["metadata"]
+        .as_object_mut()
+        .expect("metadata")
+        .remove("namespace");
+    let errors = validate_custom(&bad, &crds).join("\n");
+    for want in [
+        "spec.secretNmae: unknown field",
+        "spec.privateKey.algorithm: \"DSA\" is not one of",
+        "spec.privateKey.size: want an integer",
+        "required field issuerRef is missing",
+        "metadata.namespace",
+    ] {
+        assert!(errors.contains(want), "{want:?} not in:\n{errors}");
+    }
+    let mut wrong_version = good;
+    wrong_version["apiVersion"] = "cert-manager.io/v2".into();
+    assert!(validate_custom(&wrong_version, &crds)[0].contains("no version v2"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The configs in the ConfigMaps, and how the pieces fit
+
+fn config_map_file(objs: &[Value], name: &str, key: &str) -> String {
+    let cm = find(objs, "ConfigMap", name);
+    cm.pointer(&format!("/data/{key}"))
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("ConfigMap {name} has no key {key}"))
+        .to_owned()
+}
+
+fn pod_spec<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    find(objs, kind, name)
+        .pointer("/spec/template/spec")
+        .unwrap_or_else(|| panic!("{kind} {name}: no pod template"))
+}
+
+/// The volume mounted at the directory holding `file`, in the pod's first container.
+fn volume_for_file<'a>(pod: &'a Value, file: &str) -> &'a Value {
+    let dir = Path::new(file).parent().expect("a file path");
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .expect("volumeMounts")
+        .iter()
+        .find(|m| Path::new(s(m, "/mountPath")) == dir)
+        .unwrap_or_else(|| panic!("no volume mounted at {}", dir.display()));
+    pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap_or_else(|| panic!("no volume {}", mount["name"]))
+}
+
+fn file_name(p: &str) -> &str {
+    Path::new(p)
+        .file_name()
+        .and_then(|f| f.to_str())
+        .unwrap_or("")
+}
+
+fn token_audience(pod: &Value, token_file: &str) -> String {
+    let vol = volume_for_file(pod, token_file);
+    let src = vol
+        .pointer("/projected/sources")
+        .and_then(Value::as_array)
+        .and_then(|srcs| srcs.iter().find(|x| x.get("serviceAccountToken").is_some()))
+        .unwrap_or_else(|| panic!("{token_file}: not a projected service-account token"));
+    assert_eq!(s(src, "/serviceAccountToken/path"), file_name(token_file));
+    s(src, "/serviceAccountToken/audience").to_owned()
+}
+
+fn strs(v: Option<&toml::Value>) -> Vec<String> {
+    v.and_then(toml::Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|x| x.as_str().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn configs_load_and_the_pieces_agree() {
+    let Some(objs) = kustomize() else { return };
+    let dir = tempfile::tempdir().expect("temp dir");
+
+    // The server's config, loaded by the server's own loader (unknown keys are refused).
+    let server_toml = config_map_file(&objs, "signet-server-config", "server.toml");
+    let path = dir.path().join("server.toml");
+    std::fs::write(&path, &server_toml).expect("write");
+    let server = signet_server::config::Config::load(Some(&path), serde_json::json!({}))
+        .unwrap_or_else(|e| panic!("deploy/server.yaml server.toml: {e}"));
+    assert!(
+        server.listen.ip().is_unspecified(),
+        "gRPC must listen on the pod IP"
+    );
+    assert!(
+        server.http_listen.ip().is_unspecified(),
+        "probes reach the pod IP"
+    );
+
+    let agent_toml = config_map_file(&objs, "signet-agent-config", "agent.toml");
+    let path = dir.path().join("agent.toml");
+    std::fs::write(&path, &agent_toml).expect("write");
+    let agent = signet_agent::config::Config::load(Some(&path))
+        .unwrap_or_else(|e| panic!("deploy/agent.yaml agent.toml: {e}"));
+    assert!(
+        agent.http_listen.ip().is_unspecified(),
+        "probes reach the pod IP"
+    );
+
+    // Cross-checks on the raw TOML (keys of config sections that may be newer than this test).
+    let st: toml::Value = toml::from_str(&server_toml).expect("server TOML");
+    let td = st["trust_domain"].as_str().expect("trust_domain");
+    let auth_aud = strs(
+        st.get("auth")
+            .and_then(|a| a.get("kubernetes"))
+            .and_then(|k| k.get("audiences")),
+    );
+    let node_aud = strs(
+        st.get("nodes")
+            .and_then(|a| a.get("kubernetes"))
+            .and_then(|k| k.get("audiences")),
+    );
+    let node_sas = strs(
+        st.get("nodes")
+            .and_then(|a| a.get("kubernetes"))
+            .and_then(|k| k.get("allowed_service_accounts")),
+    );
+    let bridge_callers = strs(
+        st.get("policy")
+            .and_then(|p| p.get("kubernetes_bridge"))
+            .and_then(|b| b.get("callers")),
+    );
+
+    // signet-server: files named by the config are mounted from the right objects; the
+    // database URL comes from its Secret.
+    let pod = pod_spec(&objs, "Deployment", "signet-server");
+    let c = &pod["containers"][0];
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let cfg_arg = args[args
+        .iter()
+        .position(|a| *a == "--config")
+        .expect("--config")
+        + 1];
+    assert_eq!(
+        s(volume_for_file(pod, cfg_arg), "/configMap/name"),
+        "signet-server-config"
+    );
+    assert_eq!(file_name(cfg_arg), "server.toml");
+    let env = c["env"].as_array().expect("env");
+    let db = env
+        .iter()
+        .find(|e| e["name"] == "SIGNET_DATABASE_URL")
+        .expect("SIGNET_DATABASE_URL");
+    assert_eq!(s(db, "/valueFrom/secretKeyRef/name"), "signet-database");
+    let jwks = &server
+        .auth
+        .kubernetes
+        .as_ref()
+        .expect("[auth.kubernetes]")
+        .jwks_file;
+    let jwks = jwks.to_str().expect("path");
+    assert_eq!(
+        s(volume_for_file(pod, jwks), "/configMap/name"),
+        "signet-jwks"
+    );
+    let kek = server
+        .ca
+        .kek_file
+        .as_ref()
+        .expect("ca.kek_file: replicas must share the KEK");
+    assert_eq!(
+        s(
+            volume_for_file(pod, kek.to_str().expect("path")),
+            "/secret/secretName"
+        ),
+        "signet-kek"
+    );
+    assert!(find(&objs, "Deployment", "signet-server")["spec"]["replicas"].as_i64() >= Some(2));
+
+    // The Service and the PodDisruptionBudget select the server's pods.
+    let labels =
+        &find(&objs, "Deployment", "signet-server")["spec"]["template"]["metadata"]["labels"];
+    let selects = |sel: &Value| {
+        sel.as_object()
+            .expect("selector")
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+    };
+    assert!(selects(
+        &find(&objs, "Service", "signet-server")["spec"]["selector"]
+    ));
+    assert!(selects(
+        &find(&objs, "PodDisruptionBudget", "signet-server")["spec"]["selector"]["matchLabels"]
+    ));
+
+    // signet-agent: node token audience is a node audience, never a workload one; its
+    // service account is the one the server admits; the bundle comes from signet-bundle.
+    let pod = pod_spec(&objs, "DaemonSet", "signet-agent");
+    let aud = token_audience(pod, "/var/run/secrets/signet/token");
+    assert!(
+        node_aud.contains(&aud),
+        "agent token audience {aud} not in nodes.kubernetes.audiences {node_aud:?}"
+    );
+    assert!(
+        !auth_aud.contains(&aud),
+        "a node audience must not be a workload audience"
+    );
+    assert!(node_sas.contains(&format!("signet-system:{}", s(pod, "/serviceAccountName"))));
+    let bundle = agent.trust_bundle_file.as_ref().expect("trust_bundle_file");
+    let bundle = bundle.to_str().expect("path");
+    let vol = volume_for_file(pod, bundle);
+    assert_eq!(s(vol, "/configMap/name"), "signet-bundle");
+    let socket_dir = agent.workload_api_socket.parent().expect("socket dir");
+    assert_eq!(
+        s(
+            volume_for_file(pod, agent.workload_api_socket.to_str().expect("path")),
+            "/hostPath/path"
+        ),
+        socket_dir.to_str().expect("path")
+    );
+    assert!(
+        s(
+            volume_for_file(pod, agent.data_dir.join("x").to_str().expect("path")),
+            "/hostPath/path"
+        )
+        .starts_with('/')
+    );
+
+    // signet-k8s: its token is for a workload audience, and its SPIFFE ID is a bridge caller.
+    let pod = pod_spec(&objs, "Deployment", "signet-k8s");
+    let aud = token_audience(pod, "/var/run/secrets/signet/token");
+    assert!(
+        auth_aud.contains(&aud),
+        "bridge token audience {aud} not in auth.kubernetes.audiences {auth_aud:?}"
+    );
+    let me = format!(
+        "spiffe://{td}/ns/signet-system/sa/{}",
+        s(pod, "/serviceAccountName")
+    );
+    assert!(
+        bridge_callers.contains(&me),
+        "{me} not in policy.kubernetes_bridge.callers {bridge_callers:?}"
+    );
+
+    // Every serviceAccountName exists; every ConfigMap/Secret a pod uses is shipped or listed
+    // for the operator to create.
+    for o in &objs {
+        let Some(pod) = o.pointer("/spec/template/spec") else {
+            continue;
+        };
+        let sa = s(pod, "/serviceAccountName");
+        find(&objs, "ServiceAccount", sa);
+        let mut refs: Vec<(&str, &str)> = Vec::new();
+        for v in pod["volumes"].as_array().into_iter().flatten() {
+            if let Some(n) = v.pointer("/configMap/name").and_then(Value::as_str) {
+                refs.push(("ConfigMap", n));
+            }
+            if let Some(n) = v.pointer("/secret/secretName").and_then(Value::as_str) {
+                refs.push(("Secret", n));
+            }
+        }
+        for c in pod["containers"].as_array().into_iter().flatten() {
+            for e in c["env"].as_array().into_iter().flatten() {
+                if let Some(n) = e
+                    .pointer("/valueFrom/secretKeyRef/name")
+                    .and_then(Value::as_str)
+                {
+                    refs.push(("Secret", n));
+                }
+            }
+        }
+        for (kind, name) in refs {
+            let shipped = objs
+                .iter()
+                .any(|x| s(x, "/kind") == kind && s(x, "/metadata/name") == name);
+            assert!(
+                shipped || OPERATOR_PROVIDED.contains(&(kind, name)),
+                "{}: {kind} {name} is neither shipped nor in OPERATOR_PROVIDED (deploy/README.md)",
+                id(o)
+            );
+        }
+    }
+    let readme =
+        std::fs::read_to_string(repo().join("deploy/README.md")).expect("deploy/README.md");
+    for (kind, name) in OPERATOR_PROVIDED {
+        assert!(
+            readme.contains(name),
+            "deploy/README.md does not say how to create {kind} {name}"
+        );
+    }
+}
+
+/// The Dockerfile builds every binary a manifest runs, and those are the workspace's binaries.
+#[test]
+fn the_image_holds_every_binary_the_manifests_run() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
+    assert!(
+        dockerfile.contains("cargo build --locked --release"),
+        "Dockerfile"
+    );
+    let built: BTreeSet<&str> = dockerfile
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter(|w| w[0] == "--bin")
+        .map(|w| w[1])
+        .collect();
+    let want: BTreeSet<&str> = ["signet-server", "signet-agent", "signet-k8s", "signetctl"].into();
+    assert_eq!(built, want, "binaries built by the Dockerfile");
+    for (dir, bin) in [
+        ("server", "signet-server"),
+        ("agent", "signet-agent"),
+        ("clients/k8s", "signet-k8s"),
+        ("clients/cli", "signetctl"),
+    ] {
+        let manifest =
+            std::fs::read_to_string(repo().join(dir).join("Cargo.toml")).expect("Cargo.toml");
+        assert!(
+            manifest.contains(&format!("name = \"{bin}\"")),
+            "{dir}/Cargo.toml builds no {bin}"
+        );
+    }
+    let mut objs = Vec::new();
+    for f in ["server.yaml", "agent.yaml", "bridge.yaml"] {
+        objs.extend(read_yaml_file(&repo().join("deploy").join(f)));
+    }
+    let mut ran = BTreeSet::new();
+    for o in &objs {
+        let Some(pod) = o.pointer("/spec/template/spec") else {
+            continue;
+        };
+        for c in pod["containers"].as_array().into_iter().flatten() {
+            let cmd = s(c, "/command/0");
+            let bin = cmd
+                .strip_prefix("/usr/local/bin/")
+                .unwrap_or_else(|| panic!("{}: command {cmd:?}", id(o)));
+            assert!(built.contains(bin), "{}: {bin} is not in the image", id(o));
+            ran.insert(bin);
+        }
+    }
+    assert_eq!(ran.len(), 3, "server, agent and bridge each run: {ran:?}");
+    assert!(dockerfile.contains("COPY --from=build /out/ /usr/local/bin/"));
+}
