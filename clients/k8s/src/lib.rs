@@ -9,10 +9,16 @@
 //! - [`backoff`]: capped exponential backoff with jitter, per-object attempt counters.
 //! - [`clock`]: injected time.
 //! - `testing` (feature `testing`): a mock API server for controller tests.
+//! - [`certificate`]: standalone mode, `Certificate` reconcilers (trigger, issuing, readiness).
+//! - [`keys`]: private keys for Certificates (ECDSA, Ed25519, RSA; PKCS#1/SEC1/PKCS#8) and CSRs.
+//! - [`citadel`]: Citadel compatibility (`istio.<sa>` Secrets, `istio-ca-root-cert`).
+//! - `test_api` (feature `testing`): a scripted API server answering with merged state.
 #![forbid(unsafe_code)]
 
 pub mod backoff;
+pub mod certificate;
 pub mod certmanager;
+pub mod citadel;
 pub mod clock;
 pub mod conditions;
 pub mod context;
@@ -20,8 +26,11 @@ pub mod crd;
 pub mod csr;
 pub mod issuer_status;
 pub mod issuers;
+pub mod keys;
 pub mod request;
 pub mod signer;
+#[cfg(any(test, feature = "testing"))]
+pub mod test_api;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod yaml;

@@ -1,7 +1,8 @@
 //! `signet-k8s`: the Kubernetes bridge binary.
 //!
 //! - `signet-k8s run`: the controllers (Issuer/ClusterIssuer status, CertificateRequest
-//!   external issuer).
+//!   external issuer; with `--standalone-certificates` the Certificate reconcilers, with
+//!   `--citadel` the Citadel-compatible Secrets and root ConfigMaps).
 //! - `signet-k8s crds [--out-dir DIR]`: the CRDs of `signet.dev`, as YAML.
 
 use std::net::SocketAddr;
@@ -55,6 +56,18 @@ struct RunArgs {
     /// Default service-account token file for `--server`.
     #[arg(long, env = "SIGNET_K8S_TOKEN", default_value = signet_k8s::crd::DEFAULT_TOKEN_PATH)]
     token: PathBuf,
+    /// Standalone mode: reconcile `cert-manager.io/v1` Certificates whose issuerRef names a
+    /// signet.dev issuer (only where cert-manager itself is not installed).
+    #[arg(long, env = "SIGNET_K8S_STANDALONE_CERTIFICATES")]
+    standalone_certificates: bool,
+    /// Standalone mode: put an ownerReference to the Certificate on its Secret (as
+    /// cert-manager's --enable-certificate-owner-ref).
+    #[arg(long, env = "SIGNET_K8S_CERTIFICATE_OWNER_REF")]
+    certificate_owner_ref: bool,
+    /// Citadel compatibility in namespaces labelled signet.dev/citadel=enabled (needs
+    /// --server and --bundle).
+    #[arg(long, env = "SIGNET_K8S_CITADEL")]
+    citadel: bool,
     /// Serve `/healthz` and `/readyz` here (e.g. `0.0.0.0:8081`).
     #[arg(long, env = "SIGNET_K8S_HEALTH_ADDR")]
     health_addr: Option<SocketAddr>,
@@ -164,7 +177,78 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             tracing::debug!(error = %e, "ClusterIssuer controller");
         }
     });
+    let standalone = {
+        let enabled = args.standalone_certificates;
+        let client = client.clone();
+        let backend = ctx.backend.clone();
+        let namespace = args.namespace.clone();
+        let owner_ref = args.certificate_owner_ref;
+        async move {
+            if !enabled {
+                return;
+            }
+            let signer = Arc::new(signet_k8s::certificate::IssuerSigners {
+                client: client.clone(),
+                backend,
+                bridge_namespace: namespace,
+            });
+            signet_k8s::certificate::run(
+                client,
+                signer,
+                Arc::new(signet_k8s::clock::SystemClock),
+                Arc::new(signet_k8s::backoff::SystemRandom::default()),
+                owner_ref,
+            )
+            .await;
+        }
+    };
+    let citadel = citadel(&args, client.clone());
     tracing::info!(namespace = %args.namespace, "signet-k8s running");
-    tokio::join!(requests, issuers, cluster_issuers);
+    let (_, _, _, _, citadel) =
+        tokio::join!(requests, issuers, cluster_issuers, standalone, citadel);
+    citadel
+}
+
+/// Citadel mode on the default server connection (`--server`, `--bundle`, `--token`).
+async fn citadel(args: &RunArgs, client: Client) -> anyhow::Result<()> {
+    use signet_k8s::signer::{Credentials, Signer, SignerConfig};
+    if !args.citadel {
+        return Ok(());
+    }
+    let (Some(server), Some(bundle)) = (&args.server, &args.bundle) else {
+        anyhow::bail!("--citadel needs --server and --bundle");
+    };
+    let bundle_pem =
+        std::fs::read(bundle).with_context(|| format!("reading {}", bundle.display()))?;
+    let cfg = SignerConfig {
+        server: server.clone(),
+        server_name: None,
+        bundle_pem: bundle_pem.clone(),
+        credentials: Credentials::TokenFile(args.token.clone()),
+    };
+    // Keep trying: the server may start after the bridge.
+    let signer = loop {
+        match Signer::connect(&cfg).await {
+            Ok(s) => break s,
+            Err(e) => {
+                tracing::warn!(error = %e, "citadel: cannot reach the server yet");
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            }
+        }
+    };
+    let channel = signet_client::connect_tls(server, &bundle_pem, None, None)
+        .await
+        .context("citadel: connecting for WatchBundle")?;
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let token = Some(args.token.clone());
+    tokio::spawn(signet_k8s::citadel::watch_bundle(channel, token, tx));
+    let ctx = Arc::new(signet_k8s::citadel::Context {
+        client,
+        signer: Arc::new(signet_k8s::certificate::FixedSigner(signer)),
+        clock: Arc::new(signet_k8s::clock::SystemClock),
+        random: Arc::new(signet_k8s::backoff::SystemRandom::default()),
+        bundle: rx,
+    });
+    signet_k8s::citadel::run(ctx).await;
     Ok(())
 }

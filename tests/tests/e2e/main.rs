@@ -8,6 +8,7 @@ mod bridge;
 mod independent;
 mod issuance;
 mod k8s;
+mod k8s_certificate;
 mod lifecycle;
 mod node_psat;
 mod nodes;

@@ -1,0 +1,699 @@
+//! The pure decisions of the Certificate reconcilers: what the spec asks for ([`validate`]),
+//! whether the Secret is ours to write ([`secret_owner_problem`], [`conflicts`]), whether a
+//! (re)issuance is due ([`issuance_reason`], an ordered chain of small checks in the manner of
+//! cert-manager's `policies`), when to renew ([`renewal_time`]) and how long to back off after
+//! a failure ([`failure_backoff`]). No I/O; `now` and randomness come in as arguments.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+
+use crate::certmanager::{Certificate, parse_go_duration};
+use crate::issuers::{IssuerKey, RefMatch};
+use crate::keys::{KeyEncoding, KeySpec, PrivateKey, RotationPolicy};
+
+pub const ANN_CERTIFICATE_NAME: &str = "cert-manager.io/certificate-name";
+pub const ANN_ISSUER_NAME: &str = "cert-manager.io/issuer-name";
+pub const ANN_ISSUER_KIND: &str = "cert-manager.io/issuer-kind";
+pub const ANN_ISSUER_GROUP: &str = "cert-manager.io/issuer-group";
+pub const ANN_URI_SANS: &str = "cert-manager.io/uri-sans";
+pub const ANN_ALT_NAMES: &str = "cert-manager.io/alt-names";
+pub const ANN_COMMON_NAME: &str = "cert-manager.io/common-name";
+/// The `spec.duration` the Secret's certificate was requested with (the server may clamp the
+/// certificate's lifetime, so the certificate alone cannot tell whether the spec changed).
+pub const ANN_REQUESTED_DURATION: &str = "signet.dev/requested-duration";
+pub const LABEL_MANAGED_BY: &str = "signet.dev/managed-by";
+pub const MANAGER: &str = "signet-k8s";
+
+/// cert-manager's default `spec.duration`.
+pub const DEFAULT_DURATION: Duration = Duration::from_secs(90 * 24 * 3600);
+/// Renewal jitter: up to this fraction of the lifetime earlier than the nominal renewal time.
+pub const JITTER_FRACTION: f64 = 0.1;
+
+/// Why the reconcilers will not issue: the reason is a condition reason, the message tells a
+/// person what to fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocked {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Blocked {
+    fn new(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// A Certificate spec that Signet can issue, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Desired {
+    pub namespace: String,
+    pub name: String,
+    pub secret_name: String,
+    pub issuer: IssuerKey,
+    pub spiffe_id: String,
+    pub dns_names: Vec<String>,
+    pub common_name: Option<String>,
+    /// `spec.duration` as written (for the Secret's annotation), and parsed.
+    pub duration_text: Option<String>,
+    pub duration: Duration,
+    pub renew_before: Option<Duration>,
+    pub renew_before_percentage: Option<i32>,
+    pub key: KeySpec,
+}
+
+/// Validates what a Certificate asks for, in order; the first problem is the answer.
+/// `Ok(None)`: not ours (another issuer's group) — leave it alone.
+pub fn validate(cert: &Certificate) -> Result<Option<Desired>, Blocked> {
+    let namespace = cert.namespace().unwrap_or_default();
+    let spec = &cert.spec;
+    let issuer = match IssuerKey::from_ref(&spec.issuer_ref, &namespace) {
+        RefMatch::NotOurs => return Ok(None),
+        RefMatch::UnknownKind(k) => {
+            return Err(Blocked::new(
+                "InvalidIssuerRef",
+                format!(
+                    "issuerRef.kind {k:?} is not served by signet-k8s; use Issuer or ClusterIssuer"
+                ),
+            ));
+        }
+        RefMatch::Ours(k) => k,
+    };
+    if spec.secret_name.trim().is_empty() {
+        return Err(Blocked::new(
+            "MissingSecretName",
+            "spec.secretName is empty: name the Secret the certificate and key are written to",
+        ));
+    }
+    let spiffe_id = match spec.uris.as_slice() {
+        [] => {
+            return Err(Blocked::new(
+                "MissingSPIFFEID",
+                "spec.uris has no SPIFFE ID: Signet issues X509-SVIDs only; add exactly one URI of \
+                 the form spiffe://<trust-domain>/ns/<namespace>/...",
+            ));
+        }
+        [one] => match one.parse::<signet_types::SpiffeId>() {
+            Ok(id) if !id.path().is_empty() => one.clone(),
+            Ok(_) => {
+                return Err(Blocked::new(
+                    "InvalidSPIFFEID",
+                    format!(
+                        "spec.uris: {one:?} is a trust domain ID; name a workload (add a path)"
+                    ),
+                ));
+            }
+            Err(e) => {
+                return Err(Blocked::new(
+                    "InvalidSPIFFEID",
+                    format!("spec.uris: {one:?} is not a SPIFFE ID: {e}"),
+                ));
+            }
+        },
+        more => {
+            return Err(Blocked::new(
+                "MultipleURIs",
+                format!(
+                    "spec.uris has {} URIs: an X509-SVID carries exactly one SPIFFE ID",
+                    more.len()
+                ),
+            ));
+        }
+    };
+    let mut unsupported = Vec::new();
+    if !spec.ip_addresses.is_empty() {
+        unsupported.push("ipAddresses");
+    }
+    if !spec.email_addresses.is_empty() {
+        unsupported.push("emailAddresses");
+    }
+    if !unsupported.is_empty() {
+        return Err(Blocked::new(
+            "UnsupportedSANs",
+            format!(
+                "spec.{} cannot be issued by Signet (X509-SVIDs carry a SPIFFE ID and DNS names only); remove {}",
+                unsupported.join(" and spec."),
+                if unsupported.len() == 1 { "it" } else { "them" }
+            ),
+        ));
+    }
+    if spec.is_ca == Some(true) {
+        return Err(Blocked::new(
+            "CANotSupported",
+            "spec.isCA is true: Signet issues workload certificates only, never CA certificates",
+        ));
+    }
+    let pk = spec.private_key.clone().unwrap_or_default();
+    let key = KeySpec::parse(
+        pk.algorithm.as_deref(),
+        pk.size.map(i64::from),
+        pk.encoding.as_deref(),
+        pk.rotation_policy.as_deref(),
+    )
+    .map_err(|e| Blocked::new("UnsupportedPrivateKey", e.0))?;
+    let duration = match spec.duration.as_deref() {
+        None | Some("") => DEFAULT_DURATION,
+        Some(d) => match parse_go_duration(d) {
+            Ok(v) if v >= Duration::from_secs(60) => v,
+            Ok(_) => {
+                return Err(Blocked::new(
+                    "InvalidDuration",
+                    format!("spec.duration {d:?} is shorter than one minute"),
+                ));
+            }
+            Err(e) => {
+                return Err(Blocked::new(
+                    "InvalidDuration",
+                    format!("spec.duration: {e}"),
+                ));
+            }
+        },
+    };
+    let renew_before = match spec.renew_before.as_deref() {
+        None | Some("") => None,
+        Some(d) => Some(
+            parse_go_duration(d)
+                .map_err(|e| Blocked::new("InvalidDuration", format!("spec.renewBefore: {e}")))?,
+        ),
+    };
+    Ok(Some(Desired {
+        namespace,
+        name: cert.name_any(),
+        secret_name: spec.secret_name.clone(),
+        issuer,
+        spiffe_id,
+        dns_names: spec.dns_names.clone(),
+        common_name: spec.common_name.clone().filter(|s| !s.is_empty()),
+        duration_text: spec.duration.clone().filter(|s| !s.is_empty()),
+        duration,
+        renew_before,
+        renew_before_percentage: spec.renew_before_percentage,
+        key,
+    }))
+}
+
+/// Other Certificates in the same namespace naming the same Secret, sorted by name. Both sides
+/// of a conflict compute the same set, so both stop: never a fight over the Secret.
+pub fn conflicts(cert: &Certificate, peers: &[Arc<Certificate>]) -> Vec<String> {
+    let ns = cert.namespace();
+    let name = cert.name_any();
+    let secret = cert.spec.secret_name.as_str();
+    if secret.is_empty() {
+        return Vec::new();
+    }
+    let mut out: Vec<String> = peers
+        .iter()
+        .filter(|p| p.namespace() == ns && p.name_any() != name && p.spec.secret_name == secret)
+        .map(|p| p.name_any())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+pub fn conflict_blocked(secret_name: &str, others: &[String]) -> Blocked {
+    Blocked::new(
+        "SecretConflict",
+        format!(
+            "Secret {secret_name:?} is also named by Certificate{} {}: neither is issued until only one names it",
+            if others.len() == 1 { "" } else { "s" },
+            others.join(", ")
+        ),
+    )
+}
+
+/// A Secret that exists but is not this Certificate's (no `cert-manager.io/certificate-name`
+/// naming it) is never written.
+pub fn secret_owner_problem(secret: &Secret, cert_name: &str) -> Option<Blocked> {
+    let owner = secret.annotations().get(ANN_CERTIFICATE_NAME);
+    match owner {
+        Some(o) if o == cert_name => None,
+        Some(o) => Some(Blocked::new(
+            "SecretOwnedByOther",
+            format!(
+                "Secret {:?} belongs to Certificate {o:?} ({ANN_CERTIFICATE_NAME}); it is left untouched: choose another spec.secretName",
+                secret.name_any()
+            ),
+        )),
+        None => Some(Blocked::new(
+            "SecretOwnedByOther",
+            format!(
+                "Secret {:?} exists and is not managed by a Certificate (no {ANN_CERTIFICATE_NAME} annotation); it is left untouched: delete it or choose another spec.secretName",
+                secret.name_any()
+            ),
+        )),
+    }
+}
+
+/// The certificate found in a Secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IssuedCert {
+    pub not_before: SystemTime,
+    pub not_after: SystemTime,
+    pub uris: Vec<String>,
+    pub dns_names: Vec<String>,
+    pub common_name: Option<String>,
+    pub spki: Vec<u8>,
+}
+
+impl IssuedCert {
+    /// The first certificate of a PEM chain.
+    pub fn parse(chain_pem: &[u8]) -> Result<Self, String> {
+        use x509_parser::prelude::*;
+        let ders = signet_types::pem::parse_certs(chain_pem).map_err(|e| e.to_string())?;
+        let der = ders.first().ok_or("no certificate")?;
+        let (_, cert) = X509Certificate::from_der(der).map_err(|e| e.to_string())?;
+        let mut uris = Vec::new();
+        let mut dns_names = Vec::new();
+        if let Ok(Some(san)) = cert.subject_alternative_name() {
+            for n in &san.value.general_names {
+                match n {
+                    GeneralName::URI(u) => uris.push(u.to_string()),
+                    GeneralName::DNSName(d) => dns_names.push(d.to_string()),
+                    _ => {}
+                }
+            }
+        }
+        let common_name = cert
+            .subject()
+            .iter_common_name()
+            .next()
+            .and_then(|c| c.as_str().ok())
+            .map(str::to_owned);
+        let t = |x: ASN1Time| {
+            let s = x.timestamp();
+            if s >= 0 {
+                SystemTime::UNIX_EPOCH + Duration::from_secs(s as u64)
+            } else {
+                SystemTime::UNIX_EPOCH
+            }
+        };
+        Ok(Self {
+            not_before: t(cert.validity().not_before),
+            not_after: t(cert.validity().not_after),
+            uris,
+            dns_names,
+            common_name,
+            spki: cert.tbs_certificate.subject_pki.raw.to_vec(),
+        })
+    }
+
+    pub fn lifetime(&self) -> Duration {
+        self.not_after
+            .duration_since(self.not_before)
+            .unwrap_or_default()
+    }
+}
+
+/// The parts of a Secret the decisions read.
+#[derive(Debug, Clone)]
+pub struct SecretView {
+    pub annotations: BTreeMap<String, String>,
+    pub cert: Option<Result<IssuedCert, String>>,
+    pub key: Option<Result<PrivateKey, String>>,
+    /// `RSA PRIVATE KEY`, `EC PRIVATE KEY` or `PRIVATE KEY`.
+    pub key_label: Option<String>,
+}
+
+impl SecretView {
+    pub fn of(secret: &Secret) -> Self {
+        let get = |k: &str| {
+            secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(k))
+                .map(|b| b.0.clone())
+                .filter(|b| !b.is_empty())
+        };
+        let cert = get("tls.crt").map(|c| IssuedCert::parse(&c));
+        let key_bytes = get("tls.key");
+        let key_label = key_bytes
+            .as_ref()
+            .and_then(|k| pem::parse(k).ok())
+            .map(|p| p.tag().to_owned());
+        let key = key_bytes.map(|k| PrivateKey::from_pem(&k).map_err(|e| e.to_string()));
+        Self {
+            annotations: secret.annotations().clone(),
+            cert,
+            key,
+            key_label,
+        }
+    }
+
+    /// The key, if it is valid and matches the certificate.
+    pub fn usable_key(&self) -> Option<&PrivateKey> {
+        match (&self.key, &self.cert) {
+            (Some(Ok(k)), Some(Ok(c))) if k.public_key_der().ok().as_deref() == Some(&c.spki) => {
+                Some(k)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Why a (re)issuance is due, as cert-manager's trigger reasons.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trigger {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+type Check = fn(&Desired, &SecretView, Option<SystemTime>, SystemTime) -> Option<Trigger>;
+
+/// The trigger checks, in order; the first that fires is the reason.
+const TRIGGER_CHAIN: &[Check] = &[
+    check_missing_data,
+    check_invalid_certificate,
+    check_key_pair,
+    check_key_spec,
+    check_names,
+    check_duration,
+    check_issuer,
+    check_expired,
+    check_renewal_due,
+];
+
+/// Whether the Certificate needs a (new) certificate, and why. `secret` None: it does not exist.
+pub fn issuance_reason(
+    d: &Desired,
+    secret: Option<&SecretView>,
+    renewal_time: Option<SystemTime>,
+    now: SystemTime,
+) -> Option<Trigger> {
+    let Some(s) = secret else {
+        return Some(Trigger {
+            reason: "DoesNotExist",
+            message: format!(
+                "Issuing certificate as Secret {:?} does not exist",
+                d.secret_name
+            ),
+        });
+    };
+    TRIGGER_CHAIN
+        .iter()
+        .find_map(|c| c(d, s, renewal_time, now))
+}
+
+fn trig(reason: &'static str, message: impl Into<String>) -> Option<Trigger> {
+    Some(Trigger {
+        reason,
+        message: message.into(),
+    })
+}
+
+fn check_missing_data(
+    _: &Desired,
+    s: &SecretView,
+    _: Option<SystemTime>,
+    _: SystemTime,
+) -> Option<Trigger> {
+    if s.cert.is_none() || s.key.is_none() {
+        return trig(
+            "MissingData",
+            "Issuing certificate as Secret does not contain a certificate and a private key",
+        );
+    }
+    None
+}
+
+fn check_invalid_certificate(
+    _: &Desired,
+    s: &SecretView,
+    _: Option<SystemTime>,
+    _: SystemTime,
+) -> Option<Trigger> {
+    if let Some(Err(e)) = &s.cert {
+        return trig(
+            "InvalidCertificate",
+            format!("Issuing certificate as Secret contains an invalid certificate: {e}"),
+        );
+    }
+    None
+}
+
+fn check_key_pair(
+    _: &Desired,
+    s: &SecretView,
+    _: Option<SystemTime>,
+    _: SystemTime,
+) -> Option<Trigger> {
+    if let Some(Err(e)) = &s.key {
+        return trig(
+            "InvalidKeyPair",
+            format!("Issuing certificate as Secret contains an invalid private key: {e}"),
+        );
+    }
+    if s.usable_key().is_none() {
+        return trig(
+            "InvalidKeyPair",
+            "Issuing certificate as Secret's private key does not match its certificate",
+        );
+    }
+    None
+}
+
+fn check_key_spec(
+    d: &Desired,
+    s: &SecretView,
+    _: Option<SystemTime>,
+    _: SystemTime,
+) -> Option<Trigger> {
+    let key = s.usable_key()?;
+    if key.algorithm() != d.key.algorithm {
+        return trig(
+            "SecretMismatch",
+            format!(
+                "Issuing certificate as Secret's private key is {} but spec.privateKey asks for {}",
+                key.algorithm(),
+                d.key.algorithm
+            ),
+        );
+    }
+    let want = match (d.key.encoding, key.algorithm()) {
+        (_, crate::keys::KeyAlgorithm::Ed25519) | (KeyEncoding::Pkcs8, _) => "PRIVATE KEY",
+        (KeyEncoding::Pkcs1, crate::keys::KeyAlgorithm::Rsa(_)) => "RSA PRIVATE KEY",
+        (KeyEncoding::Pkcs1, _) => "EC PRIVATE KEY",
+    };
+    if s.key_label.as_deref() != Some(want) {
+        return trig(
+            "SecretMismatch",
+            format!("Issuing certificate as Secret's private key is not encoded as {want}"),
+        );
+    }
+    None
+}
+
+fn check_names(
+    d: &Desired,
+    s: &SecretView,
+    _: Option<SystemTime>,
+    _: SystemTime,
+) -> Option<Trigger> {
+    let Some(Ok(c)) = &s.cert else { return None };
+    if c.uris != [d.spiffe_id.clone()] {
+        return trig(
+            "SecretMismatch",
+            format!(
+                "Issuing certificate as Secret was issued for URIs {:?}, spec.uris asks for {:?}",
+                c.uris, d.spiffe_id
+            ),
+        );
+    }
+    let mut have = c.dns_names.clone();
+    have.sort();
+    let mut want = d.dns_names.clone();
+    want.sort();
+    if have != want {
+        return trig(
+            "SecretMismatch",
+            format!(
+                "Issuing certificate as Secret was issued for DNS names {have:?}, spec.dnsNames asks for {want:?}"
+            ),
+        );
+    }
+    if d.common_name.is_some() && c.common_name != d.common_name {
+        return trig(
+            "SecretMismatch",
+            format!(
+                "Issuing certificate as Secret was issued for common name {:?}, spec.commonName asks for {:?}",
+                c.common_name, d.common_name
+            ),
+        );
+    }
+    None
+}
+
+fn check_duration(
+    d: &Desired,
+    s: &SecretView,
+    _: Option<SystemTime>,
+    _: SystemTime,
+) -> Option<Trigger> {
+    let had = s.annotations.get(ANN_REQUESTED_DURATION).cloned();
+    if had != d.duration_text {
+        return trig(
+            "SecretMismatch",
+            format!(
+                "Issuing certificate as spec.duration changed from {} to {}",
+                had.as_deref().unwrap_or("the default"),
+                d.duration_text.as_deref().unwrap_or("the default")
+            ),
+        );
+    }
+    None
+}
+
+fn check_issuer(
+    d: &Desired,
+    s: &SecretView,
+    _: Option<SystemTime>,
+    _: SystemTime,
+) -> Option<Trigger> {
+    let name = s.annotations.get(ANN_ISSUER_NAME).map(String::as_str);
+    let kind = s.annotations.get(ANN_ISSUER_KIND).map(String::as_str);
+    let want_kind = match d.issuer.kind {
+        crate::issuers::IssuerKind::Issuer => "Issuer",
+        crate::issuers::IssuerKind::ClusterIssuer => "ClusterIssuer",
+    };
+    if name != Some(d.issuer.name.as_str()) || kind != Some(want_kind) {
+        return trig(
+            "IncorrectIssuer",
+            format!(
+                "Issuing certificate as Secret was issued by {} {}, spec.issuerRef names {want_kind} {}",
+                kind.unwrap_or("an unknown kind"),
+                name.unwrap_or("an unknown issuer"),
+                d.issuer.name
+            ),
+        );
+    }
+    None
+}
+
+fn check_expired(
+    _: &Desired,
+    s: &SecretView,
+    _: Option<SystemTime>,
+    now: SystemTime,
+) -> Option<Trigger> {
+    let Some(Ok(c)) = &s.cert else { return None };
+    if c.not_after <= now {
+        return trig(
+            "Expired",
+            format!(
+                "Issuing certificate as it expired at {}",
+                humantime::format_rfc3339_seconds(c.not_after)
+            ),
+        );
+    }
+    None
+}
+
+fn check_renewal_due(
+    d: &Desired,
+    s: &SecretView,
+    renewal: Option<SystemTime>,
+    now: SystemTime,
+) -> Option<Trigger> {
+    let Some(Ok(c)) = &s.cert else { return None };
+    // Without a recorded renewal time (e.g. status lost), the nominal one, without jitter.
+    let at = renewal.unwrap_or_else(|| {
+        renewal_time(
+            c.not_before,
+            c.not_after,
+            d.renew_before,
+            d.renew_before_percentage,
+            0.0,
+        )
+    });
+    if at <= now {
+        return trig(
+            "Renewing",
+            format!(
+                "Renewing certificate as renewal was scheduled at {}",
+                humantime::format_rfc3339_seconds(at)
+            ),
+        );
+    }
+    None
+}
+
+/// When to renew a certificate valid from `not_before` to `not_after`: `renewBefore` (or
+/// `renewBeforePercentage` of the lifetime, else a third of it) before `not_after`, then
+/// earlier by `jitter` (in `[0, 1)`) times [`JITTER_FRACTION`] of the lifetime, never before
+/// `not_before`. A `renewBefore` not shorter than the lifetime falls back to the third, as
+/// cert-manager does.
+pub fn renewal_time(
+    not_before: SystemTime,
+    not_after: SystemTime,
+    renew_before: Option<Duration>,
+    renew_before_percentage: Option<i32>,
+    jitter: f64,
+) -> SystemTime {
+    let lifetime = not_after.duration_since(not_before).unwrap_or_default();
+    let third = lifetime / 3;
+    let before = match (renew_before, renew_before_percentage) {
+        (Some(rb), _) if rb < lifetime && !rb.is_zero() => rb,
+        (None, Some(p)) if (1..100).contains(&p) => lifetime.mul_f64(f64::from(p) / 100.0),
+        _ => third,
+    };
+    let jitter = if jitter.is_finite() {
+        jitter.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let nominal = not_after - before;
+    let room = nominal.duration_since(not_before).unwrap_or_default();
+    let early = lifetime.mul_f64(JITTER_FRACTION * jitter).min(room);
+    // Whole seconds: status times are stored to the second.
+    let t = nominal - early;
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+}
+
+/// How long to wait after the `attempts`-th consecutive failure before trying again: one
+/// minute, doubling, at most an hour (cert-manager waits an hour; a shorter first retry helps
+/// a server that was briefly down, the cap keeps a broken request from hot-looping).
+pub fn failure_backoff(attempts: i32) -> Duration {
+    let n = attempts.clamp(1, 16) as u32 - 1;
+    Duration::from_secs(60u64 << n).min(Duration::from_secs(3600))
+}
+
+/// Whether the key in the Secret may be reused for the next issuance.
+pub fn reusable_key<'a>(d: &Desired, secret: Option<&'a SecretView>) -> Option<&'a PrivateKey> {
+    if d.key.rotation != RotationPolicy::Never {
+        return None;
+    }
+    let s = secret?;
+    match &s.key {
+        Some(Ok(k)) if k.algorithm() == d.key.algorithm => Some(k),
+        _ => None,
+    }
+}
+
+/// A note for the Ready message when the server issued a shorter lifetime than requested.
+pub fn clamp_note(d: &Desired, issued: &IssuedCert) -> Option<String> {
+    let got = issued.lifetime();
+    // A few seconds of backdating are not a clamp.
+    if got + Duration::from_secs(120) < d.duration {
+        Some(format!(
+            "the server limited its lifetime to {} (spec.duration asks for {})",
+            humantime::format_duration(got),
+            humantime::format_duration(d.duration)
+        ))
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+#[path = "policy_tests.rs"]
+mod tests;

@@ -1,0 +1,371 @@
+//! Citadel compatibility, opt-in per namespace (label `signet.dev/citadel: enabled`): what
+//! Istio's old Citadel wrote, so meshes that read it keep working.
+//!
+//! - Per ServiceAccount, a Secret `istio.<sa>` of type `istio.io/key-and-cert` (`cert-chain.pem`,
+//!   `key.pem`, `root-cert.pem`), annotated `istio.io/service-account.name`, owned by the
+//!   ServiceAccount (so garbage collection removes it too) and deleted explicitly when the
+//!   ServiceAccount goes away. Its identity is `spiffe://<td>/ns/<ns>/sa/<sa>`; it is renewed
+//!   at the Certificate rule (a third of the lifetime before expiry, minus jitter), the
+//!   renewal time being drawn once per certificate and kept in an annotation.
+//! - Per namespace, the ConfigMap `istio-ca-root-cert` (`root-cert.pem`), rewritten when the
+//!   server's bundle changes (`WatchBundle`).
+//!
+//! Pure decisions in [`plan`]; the reconcilers here do the I/O.
+
+pub mod plan;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::watch;
+
+use crate::backoff::Random;
+use crate::certificate::CertSigner;
+use crate::certificate::policy::MANAGER;
+use crate::clock::Clock;
+use crate::issuers::{IssuerKey, IssuerKind};
+use crate::keys::{self, CsrNames, KeyAlgorithm, KeyEncoding};
+use crate::signer::BundleInfo;
+use plan::{CONFIGMAP_NAME, Renew};
+
+/// How often namespaces are looked at again for the label.
+pub const NAMESPACE_RECHECK: Duration = Duration::from_secs(300);
+
+/// The issuer key Citadel signs under: the bridge's default server connection.
+pub fn default_issuer() -> IssuerKey {
+    IssuerKey {
+        kind: IssuerKind::ClusterIssuer,
+        namespace: None,
+        name: "signet-k8s-default".into(),
+    }
+}
+
+pub struct Context {
+    pub client: Client,
+    pub signer: Arc<dyn CertSigner>,
+    pub clock: Arc<dyn Clock>,
+    pub random: Arc<dyn Random>,
+    /// The server's current bundle (None until the first one arrives).
+    pub bundle: watch::Receiver<Option<BundleInfo>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Sign(#[from] crate::signer::SignError),
+    #[error("{0}")]
+    Key(#[from] keys::KeyError),
+    #[error("{0}")]
+    Internal(String),
+}
+
+async fn namespace_enabled(client: &Client, ns: &str) -> Result<bool, kube::Error> {
+    Ok(Api::<Namespace>::all(client.clone())
+        .get_opt(ns)
+        .await?
+        .is_some_and(|n| plan::citadel_enabled(&n)))
+}
+
+/// Makes `istio.<sa>` current for one ServiceAccount.
+pub async fn reconcile_service_account(
+    sa: Arc<ServiceAccount>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let ns = sa.namespace().unwrap_or_default();
+    if sa.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    if !namespace_enabled(&ctx.client, &ns).await? {
+        // Look again later: the namespace may be labelled meanwhile.
+        return Ok(Action::requeue(NAMESPACE_RECHECK));
+    }
+    let Some(bundle) = ctx.bundle.borrow().clone() else {
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    };
+    let name = plan::secret_name(&sa.name_any());
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let existing = secrets.get_opt(&name).await?;
+    let now = ctx.clock.now();
+    let spiffe_id = plan::spiffe_id(&bundle.trust_domain, &ns, &sa.name_any());
+    let ours = match plan::decide(existing.as_ref(), &sa, &spiffe_id, &bundle.roots_pem, now) {
+        Renew::NotOurs(why) => {
+            tracing::warn!(secret = %format!("{ns}/{name}"), "{why}; left untouched");
+            return Ok(Action::requeue(Duration::from_secs(3600)));
+        }
+        Renew::At(t) => {
+            return Ok(Action::requeue(
+                t.duration_since(now)
+                    .unwrap_or_default()
+                    .clamp(Duration::from_secs(1), Duration::from_secs(3600)),
+            ));
+        }
+        Renew::RootOnly {
+            chain_pem,
+            key_pem,
+            renewal,
+        } => {
+            let body = plan::secret_body(&sa, &chain_pem, &key_pem, &bundle.roots_pem, renewal);
+            apply_secret(&secrets, &name, &body, true).await?;
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+        Renew::Now(why) => {
+            tracing::debug!(secret = %format!("{ns}/{name}"), "{why}");
+            existing.is_some()
+        }
+    };
+    let key = tokio::task::spawn_blocking(|| keys::generate(KeyAlgorithm::EcdsaP256))
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))??;
+    let csr = keys::build_csr(
+        &key,
+        &CsrNames {
+            spiffe_id: spiffe_id.clone(),
+            dns_names: Vec::new(),
+            common_name: None,
+        },
+    )?;
+    let signed = ctx
+        .signer
+        .sign(&default_issuer(), csr.as_bytes(), &ns, None)
+        .await?;
+    let issued = crate::certificate::policy::IssuedCert::parse(signed.chain_pem.as_bytes())
+        .map_err(Error::Internal)?;
+    let renewal = crate::certificate::policy::renewal_time(
+        issued.not_before,
+        issued.not_after,
+        None,
+        None,
+        ctx.random.unit(),
+    );
+    let body = plan::secret_body(
+        &sa,
+        &signed.chain_pem,
+        &key.to_pem(KeyEncoding::Pkcs8)?,
+        &bundle.roots_pem,
+        renewal,
+    );
+    apply_secret(&secrets, &name, &body, ours).await?;
+    tracing::info!(secret = %format!("{ns}/{name}"), %spiffe_id, "citadel secret issued");
+    Ok(Action::requeue(
+        renewal
+            .duration_since(now)
+            .unwrap_or_default()
+            .clamp(Duration::from_secs(1), Duration::from_secs(3600)),
+    ))
+}
+
+async fn apply_secret(
+    api: &Api<Secret>,
+    name: &str,
+    body: &serde_json::Value,
+    force: bool,
+) -> Result<(), kube::Error> {
+    let mut pp = PatchParams::apply(MANAGER);
+    if force {
+        pp = pp.force();
+    }
+    api.patch(name, &pp, &Patch::Apply(body)).await?;
+    Ok(())
+}
+
+/// A ServiceAccount went away: remove its `istio.<sa>` Secret if it is ours (garbage
+/// collection would too, through the ownerReference; this does not wait for it).
+pub async fn service_account_deleted(client: &Client, sa: &ServiceAccount) -> Result<(), Error> {
+    let ns = sa.namespace().unwrap_or_default();
+    let name = plan::secret_name(&sa.name_any());
+    let api: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let Some(s) = api.get_opt(&name).await? else {
+        return Ok(());
+    };
+    if !plan::is_ours(&s, &sa.name_any()) {
+        return Ok(());
+    }
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: s.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&name, &dp).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Writes `istio-ca-root-cert` in `ns` if its root differs from the bundle's.
+pub async fn reconcile_root_configmap(
+    client: &Client,
+    ns: &str,
+    bundle: &BundleInfo,
+) -> Result<(), Error> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let current = api.get_opt(CONFIGMAP_NAME).await?;
+    if current
+        .as_ref()
+        .and_then(|c| c.data.as_ref())
+        .and_then(|d| d.get(plan::ROOT_KEY))
+        == Some(&bundle.roots_pem)
+    {
+        return Ok(());
+    }
+    // No force: a field someone else manages is a conflict reported, not overwritten.
+    api.patch(
+        CONFIGMAP_NAME,
+        &PatchParams::apply(MANAGER),
+        &Patch::Apply(plan::configmap_body(ns, &bundle.roots_pem)),
+    )
+    .await?;
+    tracing::info!(
+        namespace = ns,
+        revision = bundle.revision,
+        "istio-ca-root-cert written"
+    );
+    Ok(())
+}
+
+fn error_policy(_sa: Arc<ServiceAccount>, err: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(error = %err, "citadel reconcile failed");
+    Action::requeue(Duration::from_secs(30))
+}
+
+/// Keeps the bundle receiver current from the server's `WatchBundle` stream (reconnecting
+/// with backoff).
+pub async fn watch_bundle(
+    channel: tonic::transport::Channel,
+    token_file: Option<std::path::PathBuf>,
+    tx: watch::Sender<Option<BundleInfo>>,
+) {
+    use signet_client::ca::WatchBundleRequest;
+    use signet_client::ca::certificate_authority_client::CertificateAuthorityClient;
+    let mut attempt = 0u32;
+    loop {
+        let mut req = tonic::Request::new(WatchBundleRequest {});
+        if let Some(path) = &token_file
+            && let Ok(token) = tokio::fs::read_to_string(path).await
+            && let Ok(r) = signet_client::with_bearer(WatchBundleRequest {}, token.trim())
+        {
+            req = r;
+        }
+        let mut client = CertificateAuthorityClient::new(channel.clone());
+        match client.watch_bundle(req).await {
+            Ok(resp) => {
+                let mut stream = resp.into_inner();
+                while let Some(Ok(b)) = stream.next().await {
+                    attempt = 0;
+                    let info = BundleInfo {
+                        trust_domain: b.trust_domain,
+                        roots_pem: signet_types::pem::certs_to_pem(
+                            b.roots.iter().map(Vec::as_slice),
+                        ),
+                        revision: b.revision,
+                    };
+                    tx.send_replace(Some(info));
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "WatchBundle failed"),
+        }
+        if tx.is_closed() {
+            return;
+        }
+        let wait = crate::backoff::backoff(
+            attempt,
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            0.5,
+        );
+        attempt = attempt.saturating_add(1);
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// Runs Citadel mode: the ServiceAccount controller, the deletion watcher and the
+/// per-namespace root ConfigMaps, until the process stops.
+pub async fn run(ctx: Arc<Context>) {
+    let client = ctx.client.clone();
+    let label = format!("{}={}", plan::NAMESPACE_LABEL, plan::NAMESPACE_LABEL_VALUE);
+
+    // Root ConfigMaps: on every bundle change and every namespace change.
+    let roots = {
+        let client = client.clone();
+        let mut bundle = ctx.bundle.clone();
+        let label = label.clone();
+        async move {
+            loop {
+                let b = bundle.borrow_and_update().clone();
+                if let Some(b) = b {
+                    match Api::<Namespace>::all(client.clone())
+                        .list(&ListParams::default().labels(&label))
+                        .await
+                    {
+                        Ok(list) => {
+                            for ns in list.items {
+                                if let Err(e) =
+                                    reconcile_root_configmap(&client, &ns.name_any(), &b).await
+                                {
+                                    tracing::warn!(namespace = %ns.name_any(), error = %e, "istio-ca-root-cert");
+                                }
+                            }
+                        }
+                        Err(e) => tracing::warn!(error = %e, "listing namespaces"),
+                    }
+                }
+                // Look again on a bundle change, or every five minutes for new namespaces.
+                if let Ok(Err(_)) = tokio::time::timeout(NAMESPACE_RECHECK, bundle.changed()).await
+                {
+                    // The bundle watcher is gone: no busy loop, just the periodic pass.
+                    tokio::time::sleep(NAMESPACE_RECHECK).await;
+                }
+            }
+        }
+    };
+
+    // Deleted ServiceAccounts.
+    let deletions = {
+        let client = client.clone();
+        async move {
+            let stream = watcher(
+                Api::<ServiceAccount>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff();
+            futures::pin_mut!(stream);
+            while let Some(ev) = stream.next().await {
+                if let Ok(watcher::Event::Delete(sa)) = ev
+                    && let Err(e) = service_account_deleted(&client, &sa).await
+                {
+                    tracing::warn!(error = %e, "removing an istio secret");
+                }
+            }
+        }
+    };
+
+    let controller = Controller::new(
+        Api::<ServiceAccount>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(
+        Api::<Secret>::all(client.clone()),
+        watcher::Config::default().fields("type=istio.io/key-and-cert"),
+    )
+    .shutdown_on_signal()
+    .run(reconcile_service_account, error_policy, ctx)
+    .for_each(|r| async move {
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "citadel controller");
+        }
+    });
+    tokio::join!(roots, deletions, controller);
+}
+
+#[cfg(test)]
+mod tests;
