@@ -75,6 +75,7 @@ async fn native_api_signs_and_mtls_renews_the_same_identity() {
         SignCsrRequest {
             csr: kc.csr_der.clone(),
             ttl_seconds: 0,
+            kubernetes_namespace: String::new(),
         },
         &tokens.token("web", "frontend"),
     )
@@ -110,6 +111,7 @@ async fn native_api_signs_and_mtls_renews_the_same_identity() {
         .sign_csr(SignCsrRequest {
             csr: kc2.csr_pem.clone().into_bytes(),
             ttl_seconds: 120,
+            kubernetes_namespace: String::new(),
         })
         .await
         .unwrap()
@@ -123,6 +125,7 @@ async fn native_api_signs_and_mtls_renews_the_same_identity() {
         .sign_csr(SignCsrRequest {
             csr: other.into_bytes(),
             ttl_seconds: 0,
+            kubernetes_namespace: String::new(),
         })
         .await
         .unwrap_err();

@@ -268,6 +268,7 @@ async fn node_renews_syncs_entries_signs_workloads_and_is_banned() {
     .sign_csr(SignCsrRequest {
         csr: kc.csr_der.clone(),
         ttl_seconds: 0,
+        kubernetes_namespace: String::new(),
     })
     .await
     .unwrap_err();
