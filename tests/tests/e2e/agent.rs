@@ -14,12 +14,12 @@ use tokio::process::{Child, Command};
 
 use crate::pg_server;
 
-struct Agent {
-    child: Child,
+pub(crate) struct Agent {
+    pub(crate) child: Child,
 }
 
 impl Agent {
-    fn start(config: &Path) -> Self {
+    pub(crate) fn start(config: &Path) -> Self {
         let child = Command::new(bin("signet-agent"))
             .arg("--config")
             .arg(config)
@@ -33,7 +33,7 @@ impl Agent {
     }
 
     /// SIGTERM, then waits for a clean exit.
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let pid = self.child.id().unwrap();
         let st = std::process::Command::new("kill")
             .args(["-TERM", &pid.to_string()])
@@ -48,23 +48,23 @@ impl Agent {
     }
 }
 
-struct Layout {
-    _dir: tempfile::TempDir,
-    config: PathBuf,
-    socket: PathBuf,
-    sink_dir: PathBuf,
-    data_dir: PathBuf,
+pub(crate) struct Layout {
+    pub(crate) _dir: tempfile::TempDir,
+    pub(crate) config: PathBuf,
+    pub(crate) socket: PathBuf,
+    pub(crate) sink_dir: PathBuf,
+    pub(crate) data_dir: PathBuf,
 }
 
-fn my_uid() -> u32 {
+pub(crate) fn my_uid() -> u32 {
     std::fs::metadata("/proc/self").unwrap().uid()
 }
 
-fn write_config(server: &Server, token: &str, spiffe_id: &str) -> Layout {
+pub(crate) fn write_config(server: &Server, token: &str, spiffe_id: &str) -> Layout {
     write_config_at(server.grpc.port(), server, token, spiffe_id)
 }
 
-fn write_config_at(port: u16, server: &Server, token: &str, spiffe_id: &str) -> Layout {
+pub(crate) fn write_config_at(port: u16, server: &Server, token: &str, spiffe_id: &str) -> Layout {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("agent.sock");
     let sink_dir = dir.path().join("sink");
@@ -104,7 +104,7 @@ layout = "spiffe-helper"
 }
 
 /// Polls `f` every 100 ms until it returns Some, or panics after `secs`.
-async fn eventually<T, F, Fut>(secs: u64, what: &str, mut f: F) -> T
+pub(crate) async fn eventually<T, F, Fut>(secs: u64, what: &str, mut f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -120,7 +120,7 @@ where
 }
 
 /// The SVID from the Workload API, as PEM (leaf first), once one is served.
-async fn fetch_svid(socket: &Path) -> Option<(String, Vec<String>)> {
+pub(crate) async fn fetch_svid(socket: &Path) -> Option<(String, Vec<String>)> {
     let client = spiffe::WorkloadApiClient::connect_to(format!("unix:{}", socket.display()))
         .await
         .ok()?;
@@ -139,13 +139,18 @@ fn sink_leaf(dir: &Path) -> Option<String> {
     Some(pem[..first_end + "-----END CERTIFICATE-----\n".len()].to_owned())
 }
 
-fn create_token(server: &Server, node_id: &str) -> String {
+pub(crate) fn create_token(server: &Server, node_id: &str) -> String {
     let out = server.signetctl(&["token", "create", "--node-id", node_id]);
     assert!(out.status.success(), "{out:?}");
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
-fn create_entry(server: &Server, spiffe_id: &str, parent: &str, extra: &[&str]) -> String {
+pub(crate) fn create_entry(
+    server: &Server,
+    spiffe_id: &str,
+    parent: &str,
+    extra: &[&str],
+) -> String {
     let uid = format!("unix:uid:{}", my_uid());
     let mut args = vec![
         "entry",

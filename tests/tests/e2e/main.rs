@@ -9,6 +9,7 @@ mod issuance;
 mod lifecycle;
 mod nodes;
 mod plugged;
+mod workload_clients;
 
 use signet_tests::{Server, ServerOpts, TokenIssuer};
 
