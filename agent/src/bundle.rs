@@ -83,7 +83,7 @@ impl BundleWatch {
         }
         match ca.watch_bundle().await {
             Ok(s) => {
-                tracing::debug!("watching the server's trust bundle");
+                tracing::info!("watching the server's trust bundle");
                 self.stream = Some(s);
             }
             Err(e) => self.failed(now, rnd, &e),

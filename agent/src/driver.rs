@@ -521,6 +521,7 @@ impl Driver {
             let now = self.clock.now();
             match received {
                 Some(Ok(b)) => {
+                    tracing::debug!(revision = b.revision, "trust bundle from the server");
                     watch.succeeded();
                     match crate::bundle::decide(&trust_domain, &bundle, &b) {
                         Decision::Unchanged => {}
