@@ -384,3 +384,70 @@ async fn node_certificate_is_renewed_persisted_and_still_signs() {
     assert!(row.caller.ends_with("/signet/node/vm4"), "{row:?}");
     agent.stop().await;
 }
+
+/// The roots of `example.org` the Workload API serves (FetchX509Bundles), sorted.
+async fn served_roots(socket: &Path) -> Option<Vec<Vec<u8>>> {
+    let client = spiffe::WorkloadApiClient::connect_to(format!("unix:{}", socket.display()))
+        .await
+        .ok()?;
+    let bundles = client.fetch_x509_bundles().await.ok()?;
+    let td = spiffe::TrustDomain::new("example.org").ok()?;
+    let mut roots: Vec<Vec<u8>> = bundles
+        .get(&td)?
+        .authorities()
+        .iter()
+        .map(|a| a.as_ref().to_vec())
+        .collect();
+    roots.sort();
+    Some(roots)
+}
+
+fn sorted_certs(pem: &[u8]) -> Vec<Vec<u8>> {
+    let mut v = signet_types::pem::parse_certs(pem).unwrap();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn a_stale_persisted_bundle_is_replaced_from_the_servers_bundle_stream() {
+    let tokens = TokenIssuer::new("k1");
+    let Some(server) = pg_server(&tokens, "").await else {
+        return;
+    };
+    let app = "spiffe://example.org/bundled";
+    let token = create_token(&server, "vm5");
+    create_entry(&server, app, "vm5", &[]);
+    let l = write_config(&server, &token, app);
+    let agent = Agent::start(&l.config);
+    eventually(30, "the first SVID", || fetch_svid(&l.socket)).await;
+    agent.stop().await;
+
+    // While the agent is down, its persisted bundle goes stale: it holds a root the server no
+    // longer publishes. Neither the bootstrap file nor the persisted bundle can correct that;
+    // only the server's WatchBundle stream can.
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut p = rcgen::CertificateParams::default();
+    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let retired = p.self_signed(&key).unwrap().pem();
+    let mut stale = server.bundle_pem.clone();
+    stale.extend_from_slice(retired.as_bytes());
+    std::fs::write(l.data_dir.join("bundle.pem"), &stale).unwrap();
+
+    let want = sorted_certs(&server.bundle_pem);
+    let agent = Agent::start(&l.config);
+    eventually(30, "the server's roots on the Workload API", || async {
+        served_roots(&l.socket).await.filter(|r| *r == want)
+    })
+    .await;
+    eventually(
+        10,
+        "the server's roots in the sink and data_dir",
+        || async {
+            let sink = std::fs::read(l.sink_dir.join("svid_bundle.pem")).ok()?;
+            let kept = std::fs::read(l.data_dir.join("bundle.pem")).ok()?;
+            (sorted_certs(&sink) == want && sorted_certs(&kept) == want).then_some(())
+        },
+    )
+    .await;
+    agent.stop().await;
+}
