@@ -196,7 +196,7 @@ impl TryFrom<pb_ca::Bundle> for TrustBundle {
         }
         for (i, r) in b.roots.iter().enumerate() {
             match x509_parser::parse_x509_certificate(r) {
-                Ok((rest, _)) if rest.is_empty() => {}
+                Ok(([], _)) => {}
                 Ok(_) => {
                     return Err(CaError::Invalid(format!(
                         "bundle root {i}: trailing data after the certificate"
