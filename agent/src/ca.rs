@@ -1,15 +1,20 @@
 //! The seam to "the CA the agent talks to": node attestation, node renewal, the node's
-//! registration entries, and workload signing, as the trait [`Ca`] over domain types.
-//! [`GrpcCa`] implements it over `signet.agent.v1.Node` (mTLS via `signet_client`); tests use
-//! a fake. Protos are converted here, at the edge, and nowhere else.
+//! registration entries, workload signing and the trust bundle stream, as the trait [`Ca`]
+//! over domain types. [`GrpcCa`] implements it over `signet.agent.v1.Node` and
+//! `signet.ca.v1.CertificateAuthority/WatchBundle` (mTLS via `signet_client`); tests use a
+//! fake. Protos are converted here, at the edge, and nowhere else.
 
 use std::fmt;
+use std::pin::Pin;
 use std::time::{Duration, SystemTime};
 
+use futures::{Stream, StreamExt};
 use signet_client::ClientIdentity;
 use signet_proto::agent as pb;
 use signet_proto::agent::node_client::NodeClient;
-use signet_types::SpiffeId;
+use signet_proto::ca as pb_ca;
+use signet_proto::ca::certificate_authority_client::CertificateAuthorityClient;
+use signet_types::{SpiffeId, TrustDomain};
 use tonic::transport::Channel;
 
 use crate::state::Selector;
@@ -69,6 +74,21 @@ pub enum EntriesUpdate {
     },
 }
 
+/// The trust bundle as the server publishes it: the roots of one trust domain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrustBundle {
+    pub trust_domain: TrustDomain,
+    /// DER root certificates; never empty, each one parses as X.509.
+    pub roots_der: Vec<Vec<u8>>,
+    /// Increases on every change, per server replica (replicas count separately, so it is
+    /// for logs, not for ordering).
+    pub revision: u64,
+}
+
+/// The server's bundle at once, then again on every change; ends or fails when the
+/// connection does.
+pub type BundleStream = Pin<Box<dyn Stream<Item = Result<TrustBundle, CaError>> + Send>>;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkloadCsr {
     pub entry_id: String,
@@ -122,6 +142,13 @@ pub trait Ca: Send + Sync {
         &self,
         csrs: Vec<WorkloadCsr>,
     ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError>;
+    /// Opens the server's trust bundle stream. The default: a CA without one.
+    async fn watch_bundle(&self) -> Result<BundleStream, CaError> {
+        Err(CaError::Refused {
+            code: tonic::Code::Unimplemented,
+            message: "this CA has no trust bundle stream".into(),
+        })
+    }
 }
 
 // --- proto conversions ------------------------------------------------------------------
@@ -154,6 +181,37 @@ impl TryFrom<pb::Svid> for IssuedSvid {
             serial: s.serial,
             not_before,
             not_after,
+        })
+    }
+}
+
+impl TryFrom<pb_ca::Bundle> for TrustBundle {
+    type Error = CaError;
+    fn try_from(b: pb_ca::Bundle) -> Result<Self, CaError> {
+        let trust_domain = b.trust_domain.parse().map_err(|e| {
+            CaError::Invalid(format!("bundle trust domain {:?}: {e}", b.trust_domain))
+        })?;
+        if b.roots.is_empty() {
+            return Err(CaError::Invalid(format!(
+                "bundle revision {} has no roots",
+                b.revision
+            )));
+        }
+        for (i, r) in b.roots.iter().enumerate() {
+            match x509_parser::parse_x509_certificate(r) {
+                Ok(([], _)) => {}
+                Ok(_) => {
+                    return Err(CaError::Invalid(format!(
+                        "bundle root {i}: trailing data after the certificate"
+                    )));
+                }
+                Err(e) => return Err(CaError::Invalid(format!("bundle root {i}: {e}"))),
+            }
+        }
+        Ok(TrustBundle {
+            trust_domain,
+            roots_der: b.roots,
+            revision: b.revision,
         })
     }
 }
@@ -221,10 +279,12 @@ fn convert_sign_results(
 
 // --- gRPC implementation ----------------------------------------------------------------
 
-/// [`Ca`] over the `signet.agent.v1.Node` gRPC service.
+/// [`Ca`] over the `signet.agent.v1.Node` gRPC service, and the bundle stream of
+/// `signet.ca.v1.CertificateAuthority` on the same connection.
 #[derive(Clone)]
 pub struct GrpcCa {
     client: NodeClient<Channel>,
+    authority: CertificateAuthorityClient<Channel>,
 }
 
 impl GrpcCa {
@@ -242,7 +302,8 @@ impl GrpcCa {
 
     pub fn from_channel(channel: Channel) -> Self {
         Self {
-            client: NodeClient::new(channel),
+            client: NodeClient::new(channel.clone()),
+            authority: CertificateAuthorityClient::new(channel),
         }
     }
 }
@@ -326,6 +387,18 @@ impl Ca for GrpcCa {
         }
         Ok(results)
     }
+
+    async fn watch_bundle(&self) -> Result<BundleStream, CaError> {
+        let stream = self
+            .authority
+            .clone()
+            .watch_bundle(pb_ca::WatchBundleRequest {})
+            .await?
+            .into_inner();
+        Ok(Box::pin(stream.map(|item| {
+            item.map_err(CaError::from).and_then(TrustBundle::try_from)
+        })))
+    }
 }
 
 #[cfg(test)]
@@ -378,6 +451,47 @@ mod tests {
             })
             .is_err()
         );
+    }
+
+    #[test]
+    fn bundle_conversion_checks_domain_and_roots() {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+        let root = rcgen::CertificateParams::default()
+            .self_signed(&key)
+            .expect("cert")
+            .der()
+            .to_vec();
+        let good = pb_ca::Bundle {
+            trust_domain: "example.org".into(),
+            roots: vec![root.clone()],
+            revision: 4,
+        };
+        let b = TrustBundle::try_from(good.clone()).expect("valid");
+        assert_eq!(b.trust_domain.to_string(), "example.org");
+        assert_eq!((b.roots_der, b.revision), (vec![root.clone()], 4));
+        for bad in [
+            pb_ca::Bundle {
+                trust_domain: "not a domain!".into(),
+                ..good.clone()
+            },
+            pb_ca::Bundle {
+                roots: vec![],
+                ..good.clone()
+            },
+            pb_ca::Bundle {
+                roots: vec![root.clone(), b"garbage".to_vec()],
+                ..good.clone()
+            },
+            pb_ca::Bundle {
+                roots: vec![[root.as_slice(), b"x"].concat()],
+                ..good.clone()
+            },
+        ] {
+            assert!(
+                matches!(TrustBundle::try_from(bad.clone()), Err(CaError::Invalid(_))),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

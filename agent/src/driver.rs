@@ -1,7 +1,9 @@
 //! The agent's main loop: obtain the node identity (reuse the one in `data_dir`, or attest
 //! with the join token), connect to the server over mTLS with it, renew it at the configured
-//! fraction of its lifetime, poll `SyncEntries`, and drive the [`Rotator`] that signs the
-//! workloads' certificates and publishes them to the Workload API state and the sinks.
+//! fraction of its lifetime, poll `SyncEntries`, hold the server's trust bundle stream
+//! (`WatchBundle`, see [`crate::bundle`]), and drive the [`Rotator`] that signs the
+//! workloads' certificates and publishes them and the bundle to the Workload API state and
+//! the sinks.
 //!
 //! Nothing here exits on a server error: every failure is logged and retried with backoff
 //! until the stop signal.
@@ -10,9 +12,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
+use crate::bundle::{BundleWatch, Decision};
 use crate::ca::{
-    AttestCredential, Attested, Ca, CaError, EntriesUpdate, EntrySpec, GrpcCa, IssuedSvid,
-    WorkloadCsr,
+    AttestCredential, Attested, BundleStream, Ca, CaError, EntriesUpdate, EntrySpec, GrpcCa,
+    IssuedSvid, WorkloadCsr,
 };
 use crate::clock::Clock;
 use crate::node::{self, NodeIdentity, Stored};
@@ -122,6 +125,10 @@ impl Ca for SwapCa {
         csrs: Vec<WorkloadCsr>,
     ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
         self.with_current(|ca| async move { ca.sign_workloads(csrs).await })
+            .await
+    }
+    async fn watch_bundle(&self) -> Result<BundleStream, CaError> {
+        self.with_current(|ca| async move { ca.watch_bundle().await })
             .await
     }
 }
@@ -242,6 +249,25 @@ impl Driver {
         Ok((roots, pem))
     }
 
+    /// The roots served to workloads: the newest bundle from the server (kept in `data_dir`
+    /// since attestation and updated from its bundle stream), or, before there is one, the
+    /// bootstrap `trust_bundle_file`.
+    fn served_bundle(&self) -> Vec<Vec<u8>> {
+        let from_server = node::load_bundle(&self.settings.data_dir);
+        if !from_server.is_empty() {
+            return from_server;
+        }
+        self.server_roots().map(|(r, _)| r).unwrap_or_default()
+    }
+
+    /// Serves and persists `roots`, a new bundle from the server.
+    fn replace_bundle(&mut self, td: &str, roots: Vec<Vec<u8>>) {
+        if let Err(e) = node::save_bundle(&self.settings.data_dir, &roots) {
+            tracing::error!(error = %e, "cannot persist the new trust bundle; serving it anyway");
+        }
+        self.rotator.set_bundle(td.to_owned(), roots);
+    }
+
     /// Retries [`Self::try_obtain_node`] with backoff until it succeeds or the agent stops.
     async fn obtain_node(
         &self,
@@ -347,8 +373,9 @@ impl Driver {
         stop: &mut tokio::sync::watch::Receiver<bool>,
     ) -> Outcome {
         let fraction = self.settings.renew_fraction;
-        let mut bundle = self.server_roots().map(|(r, _)| r).unwrap_or_default();
-        let td = node.spiffe_id.trust_domain().id_string();
+        let mut bundle = self.served_bundle();
+        let trust_domain = node.spiffe_id.trust_domain().clone();
+        let td = trust_domain.id_string();
         self.rotator.set_bundle(td.clone(), bundle.clone());
 
         let now = self.clock.now();
@@ -362,6 +389,7 @@ impl Driver {
         let mut next_tick = now;
         let mut synced = false;
         let mut sync_failures = 0u32;
+        let mut watch = BundleWatch::new(now);
         loop {
             let now = self.clock.now();
             if !node.is_valid_at(now) {
@@ -372,6 +400,7 @@ impl Driver {
                     Ok(()) => {
                         connected = true;
                         connect_failures = 0;
+                        watch.reset(now);
                         tracing::info!(node = %node.spiffe_id, "connected to the server");
                     }
                     Err(e) => {
@@ -399,6 +428,7 @@ impl Driver {
                         // New connections present the new certificate.
                         connected = false;
                         next_connect = now;
+                        watch.reset(now);
                         continue;
                     }
                     Err(e) => {
@@ -446,14 +476,18 @@ impl Driver {
                         .max(RETRY_CAP.min(self.settings.sync_interval * sync_failures.min(64)))
                 };
                 next_sync = now + pause;
-                // The trust bundle file may have been updated.
-                if let Ok((b, _)) = self.server_roots()
-                    && b != bundle
-                {
+                // Before the server sent a bundle, the bootstrap file may have been updated.
+                let b = self.served_bundle();
+                if !b.is_empty() && b != bundle {
                     bundle = b;
                     self.rotator.set_bundle(td.clone(), bundle.clone());
                     next_tick = now;
                 }
+            }
+            if connected {
+                watch
+                    .open_if_due(self.ca.as_ref(), now, (self.random)())
+                    .await;
             }
             if now >= next_tick {
                 next_tick = self.rotator.tick(entries).await;
@@ -464,6 +498,9 @@ impl Driver {
             let mut wake = next_tick.min(node.not_after);
             if connected {
                 wake = wake.min(next_sync).min(node_renew_at);
+                if let Some(at) = watch.reopen_at() {
+                    wake = wake.min(at);
+                }
             } else {
                 wake = wake.min(next_connect);
             }
@@ -472,8 +509,39 @@ impl Driver {
                 .unwrap_or(Duration::ZERO)
                 .min(self.settings.sync_interval)
                 .max(Duration::from_millis(10));
-            if !Self::sleep(wait, stop).await {
+            if *stop.borrow() {
                 return Outcome::Stopped;
+            }
+            // Sleep, but wake for a bundle from the server.
+            let received = tokio::select! {
+                _ = tokio::time::sleep(wait) => continue,
+                _ = stop.wait_for(|s| *s) => return Outcome::Stopped,
+                item = watch.next() => item,
+            };
+            let now = self.clock.now();
+            match received {
+                Some(Ok(b)) => {
+                    tracing::debug!(revision = b.revision, "trust bundle from the server");
+                    watch.succeeded();
+                    match crate::bundle::decide(&trust_domain, &bundle, &b) {
+                        Decision::Unchanged => {}
+                        Decision::Replace(roots) => {
+                            tracing::info!(
+                                revision = b.revision,
+                                roots = roots.len(),
+                                "new trust bundle from the server"
+                            );
+                            bundle = roots.clone();
+                            self.replace_bundle(&td, roots);
+                            next_tick = now;
+                        }
+                        Decision::Reject(why) => {
+                            tracing::warn!(reason = %why, "ignoring a trust bundle")
+                        }
+                    }
+                }
+                Some(Err(e)) => watch.failed(now, (self.random)(), &e),
+                None => watch.failed(now, (self.random)(), &"the server ended the stream"),
             }
         }
     }
@@ -495,8 +563,10 @@ pub fn std_random() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ca::TrustBundle;
     use crate::clock::SystemClock;
     use crate::state::{Selector, StateReceiver, channel};
+    use futures::StreamExt;
     use std::sync::Mutex;
 
     /// A CA that really signs (so node identities pass their key check), counts calls and
@@ -508,7 +578,12 @@ mod tests {
         failing_connects: Mutex<u32>,
         /// The leaf presented on each mTLS connection.
         connects: Mutex<Vec<Vec<u8>>>,
+        /// The PEM roots trusted on each connection attempt.
+        roots_seen: Mutex<Vec<String>>,
         attests: Mutex<u32>,
+        /// What `WatchBundle` streams: the current value, then each change.
+        bundle: tokio::sync::watch::Sender<TrustBundle>,
+        watches: Mutex<u32>,
     }
 
     impl Fake {
@@ -517,13 +592,21 @@ mod tests {
             let mut p = rcgen::CertificateParams::default();
             p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
             let root = p.self_signed(&key).expect("root");
+            let (bundle, _) = tokio::sync::watch::channel(TrustBundle {
+                trust_domain: "example.org".parse().expect("td"),
+                roots_der: vec![root.der().to_vec()],
+                revision: 1,
+            });
             Arc::new(Self {
                 issuer: rcgen::Issuer::new(p, key),
                 root_der: root.der().to_vec(),
                 node_ttl,
                 failing_connects: Mutex::new(failing_connects),
                 connects: Mutex::new(Vec::new()),
+                roots_seen: Mutex::new(Vec::new()),
                 attests: Mutex::new(0),
+                bundle,
+                watches: Mutex::new(0),
             })
         }
 
@@ -612,6 +695,20 @@ mod tests {
                 })
                 .collect())
         }
+        async fn watch_bundle(&self) -> Result<BundleStream, CaError> {
+            if let Ok(mut n) = self.watches.lock() {
+                *n += 1;
+            }
+            let rx = self.bundle.subscribe();
+            let s = futures::stream::unfold((rx, true), |(mut rx, first)| async move {
+                if !first {
+                    rx.changed().await.ok()?;
+                }
+                let b = rx.borrow_and_update().clone();
+                Some((Ok(b), (rx, false)))
+            });
+            Ok(Box::pin(s))
+        }
     }
 
     struct FakeConnector(Arc<Fake>);
@@ -620,9 +717,12 @@ mod tests {
     impl Connector for FakeConnector {
         async fn connect(
             &self,
-            _: &[u8],
+            roots_pem: &[u8],
             identity: Option<&NodeIdentity>,
         ) -> Result<Arc<dyn Ca>, CaError> {
+            if let Ok(mut r) = self.0.roots_seen.lock() {
+                r.push(String::from_utf8_lossy(roots_pem).into_owned());
+            }
             if let Ok(mut n) = self.0.failing_connects.lock()
                 && *n > 0
             {
@@ -645,6 +745,15 @@ mod tests {
     }
 
     fn start(fake: &Arc<Fake>, data_dir: &std::path::Path, token: Option<&str>) -> Running {
+        start_with_sinks(fake, data_dir, token, Vec::new())
+    }
+
+    fn start_with_sinks(
+        fake: &Arc<Fake>,
+        data_dir: &std::path::Path,
+        token: Option<&str>,
+        sinks: Vec<crate::rotator::SinkBinding>,
+    ) -> Running {
         let bundle = tempfile::NamedTempFile::new().expect("tmp");
         std::fs::write(
             bundle.path(),
@@ -662,7 +771,8 @@ mod tests {
         let (tx, state) = channel();
         let ca = Arc::new(SwapCa::default());
         let random: Random = Arc::new(|| 0.0);
-        let rotator = Rotator::new(ca.clone(), Arc::new(SystemClock), random.clone(), 0.5, tx);
+        let rotator = Rotator::new(ca.clone(), Arc::new(SystemClock), random.clone(), 0.5, tx)
+            .with_sinks(sinks);
         let ready = crate::http::Readiness::default();
         let driver = Driver::new(
             settings,
@@ -761,6 +871,173 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         assert_eq!(Fake::count(&fake.attests), 1);
+        stop(r).await;
+    }
+
+    /// A request from a workload of uid 1000, the Fake's entry's selector.
+    fn workload_request<T>(msg: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        r.metadata_mut().insert(
+            crate::workload::SECURITY_HEADER,
+            "true".parse().expect("value"),
+        );
+        r.extensions_mut()
+            .insert(crate::workload::PeerInfo(Some(Arc::new(
+                crate::attest::Caller {
+                    uid: 1000,
+                    gid: 1000,
+                    pid: None,
+                    exe: None,
+                },
+            ))));
+        r
+    }
+
+    fn new_root() -> Vec<u8> {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+        let mut p = rcgen::CertificateParams::default();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        p.self_signed(&key).expect("root").der().to_vec()
+    }
+
+    async fn next_item<T>(
+        s: &mut (impl futures::Stream<Item = Result<T, tonic::Status>> + Unpin),
+    ) -> T {
+        tokio::time::timeout(Duration::from_secs(10), s.next())
+            .await
+            .expect("an update in time")
+            .expect("an item")
+            .expect("ok")
+    }
+
+    #[tokio::test]
+    async fn bundle_stream_reaches_workload_api_sinks_and_survives_restart() {
+        use crate::config::{DeletionPolicy, FileLayout, FilesSinkConfig};
+        use signet_proto::workload as wpb;
+        use signet_proto::workload::spiffe_workload_api_server::SpiffeWorkloadApi;
+
+        let fake = Fake::new(Duration::from_secs(3600), 0);
+        let dir = tempfile::tempdir().expect("tmp");
+        let sink_dir = tempfile::tempdir().expect("tmp");
+        let files = crate::sinks::files::FilesSink::new(
+            "app",
+            FilesSinkConfig {
+                directory: sink_dir.path().to_owned(),
+                layout: FileLayout::Istio,
+                owner_uid: None,
+                owner_gid: None,
+                reload_signal: None,
+                pid_file: None,
+                reload_command: None,
+            },
+        );
+        let sinks = vec![crate::rotator::SinkBinding {
+            spiffe_id: "spiffe://example.org/app".parse().expect("id"),
+            deletion_policy: DeletionPolicy::Delete,
+            sink: Arc::new(files),
+        }];
+        let r = start_with_sinks(&fake, dir.path(), Some("tok"), sinks);
+        let state = r.state.clone();
+        wait_for(10, || state.borrow().identities.len() == 1).await;
+        let sink_roots = || {
+            std::fs::read(sink_dir.path().join("root-cert.pem"))
+                .ok()
+                .and_then(|p| signet_types::pem::parse_certs(&p).ok())
+                .unwrap_or_default()
+        };
+        let root1 = fake.root_der.clone();
+        wait_for(10, || sink_roots() == [root1.clone()]).await;
+        wait_for(10, || Fake::count(&fake.watches) >= 1).await;
+
+        // A workload holds both Workload API streams open.
+        let api =
+            crate::workload::WorkloadApi::new(r.state.clone(), crate::attest::Attestor::default());
+        let mut svids = api
+            .fetch_x509svid(workload_request(wpb::X509svidRequest {}))
+            .await
+            .expect("stream")
+            .into_inner();
+        let mut bundles = api
+            .fetch_x509_bundles(workload_request(wpb::X509BundlesRequest {}))
+            .await
+            .expect("stream")
+            .into_inner();
+        assert_eq!(next_item(&mut svids).await.svids[0].bundle, root1);
+        assert_eq!(
+            next_item(&mut bundles).await.bundles["spiffe://example.org"],
+            root1
+        );
+
+        // The server publishes revision 2: a second root, as in a CA rotation.
+        let root2 = new_root();
+        let both = vec![root1.clone(), root2.clone()];
+        fake.bundle.send_replace(TrustBundle {
+            trust_domain: "example.org".parse().expect("td"),
+            roots_der: both.clone(),
+            revision: 2,
+        });
+        let svid = next_item(&mut svids).await;
+        assert_eq!(svid.svids[0].bundle, both.concat(), "FetchX509SVID pushed");
+        assert_eq!(svid.svids[0].spiffe_id, "spiffe://example.org/app");
+        let b = next_item(&mut bundles).await;
+        assert_eq!(
+            b.bundles["spiffe://example.org"],
+            both.concat(),
+            "FetchX509Bundles pushed"
+        );
+        wait_for(10, || sink_roots() == both).await;
+        assert_eq!(node::load_bundle(dir.path()), both, "persisted");
+
+        // A bundle for another trust domain is ignored.
+        fake.bundle.send_replace(TrustBundle {
+            trust_domain: "other.org".parse().expect("td"),
+            roots_der: vec![new_root()],
+            revision: 3,
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(state.borrow().bundle_der, both);
+        assert_eq!(node::load_bundle(dir.path()), both);
+        drop((svids, bundles));
+        stop(r).await;
+
+        // Restarted with the server unreachable, the agent serves and trusts the newest
+        // bundle, not only the bootstrap file's root.
+        if let Ok(mut n) = fake.failing_connects.lock() {
+            *n = u32::MAX;
+        }
+        let seen_before = fake.roots_seen.lock().map(|r| r.len()).unwrap_or(0);
+        let r = start(&fake, dir.path(), None);
+        let state = r.state.clone();
+        wait_for(10, || state.borrow().bundle_der == both).await;
+        wait_for(10, || {
+            fake.roots_seen.lock().map(|r| r.len()).unwrap_or(0) > seen_before
+        })
+        .await;
+        let trusted = fake
+            .roots_seen
+            .lock()
+            .expect("lock")
+            .last()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            signet_types::pem::parse_certs(trusted.as_bytes()).expect("pem"),
+            both
+        );
+        stop(r).await;
+    }
+
+    #[tokio::test]
+    async fn bundle_stream_is_reopened_after_the_connection_is_replaced() {
+        // Renewed within about a second: the new connection opens a new stream.
+        let fake = Fake::new(Duration::from_secs(3), 0);
+        let dir = tempfile::tempdir().expect("tmp");
+        let r = start(&fake, dir.path(), Some("tok"));
+        wait_for(10, || {
+            fake.connects.lock().map(|c| c.len()).unwrap_or(0) >= 2
+        })
+        .await;
+        wait_for(10, || Fake::count(&fake.watches) >= 2).await;
         stop(r).await;
     }
 }

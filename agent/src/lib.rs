@@ -4,6 +4,7 @@
 //! - [`rotation`]: when to renew, backoff, whether to keep serving (pure functions).
 //! - [`rotator`]: workload certificate rotation against a [`ca::Ca`], publishing to the state.
 //! - [`state`]: identities and bundle, published on a `watch` channel.
+//! - [`bundle`]: which trust bundle is served; the server's bundle stream that updates it.
 //! - [`attest`]: caller attestation from Unix peer credentials; selector matching.
 //! - [`workload`]: the SPIFFE Workload API server.
 //! - [`sinks`]: delivery of SVIDs to files and Kubernetes Secrets.
@@ -14,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod attest;
+pub mod bundle;
 pub mod ca;
 pub mod clock;
 pub mod config;

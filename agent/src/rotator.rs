@@ -51,8 +51,8 @@ pub struct Rotator {
     trust_domain_id: String,
     failures: u32,
     sinks: Vec<SinkBinding>,
-    /// Per sink (by index): the leaf DER last delivered.
-    delivered: HashMap<usize, Vec<u8>>,
+    /// Per sink (by index): the leaf DER and the bundle last delivered.
+    delivered: HashMap<usize, (Vec<u8>, Vec<Vec<u8>>)>,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -105,7 +105,8 @@ impl Rotator {
         self
     }
 
-    /// The trust bundle served alongside the SVIDs.
+    /// The trust bundle served alongside the SVIDs. A change reaches the Workload API and
+    /// every sink on the next [`Self::tick`].
     pub fn set_bundle(&mut self, trust_domain_id: String, bundle_der: Vec<Vec<u8>>) {
         self.trust_domain_id = trust_domain_id;
         self.bundle_der = bundle_der;
@@ -226,9 +227,10 @@ impl Rotator {
         }
     }
 
-    /// Brings every sink to the current certificate of its SPIFFE ID (delivering when the
-    /// leaf changed, removing per the deletion policy when there is none). A failed sink is
-    /// retried on the next pass. Returns false when any sink failed.
+    /// Brings every sink to the current certificate of its SPIFFE ID and the current bundle
+    /// (delivering when the leaf or the bundle changed, removing per the deletion policy when
+    /// there is no certificate). A failed sink is retried on the next pass. Returns false when
+    /// any sink failed.
     async fn sync_sinks(&mut self, now: SystemTime) -> bool {
         let mut all_ok = true;
         for (i, b) in self.sinks.iter().enumerate() {
@@ -240,7 +242,11 @@ impl Rotator {
             match current {
                 Some(h) => {
                     let leaf = h.svid.chain_der.first().cloned().unwrap_or_default();
-                    if self.delivered.get(&i) == Some(&leaf) {
+                    if self
+                        .delivered
+                        .get(&i)
+                        .is_some_and(|(l, b)| *l == leaf && *b == self.bundle_der)
+                    {
                         continue;
                     }
                     let d = Delivered {
@@ -251,7 +257,7 @@ impl Rotator {
                     };
                     match b.sink.deliver(&d).await {
                         Ok(()) => {
-                            self.delivered.insert(i, leaf);
+                            self.delivered.insert(i, (leaf, self.bundle_der.clone()));
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "sink delivery failed; will retry");
@@ -482,7 +488,10 @@ mod tests {
                 return Err(crate::sinks::SinkError::new("rec", "disk full"));
             }
             if let Ok(mut l) = self.log.lock() {
-                l.push(format!("deliver {:?}", svid.chain_der));
+                l.push(format!(
+                    "deliver {:?} {:?}",
+                    svid.chain_der, svid.bundle_der
+                ));
             }
             Ok(())
         }
@@ -526,6 +535,32 @@ mod tests {
         assert!(log[0].starts_with("deliver"), "{log:?}");
         assert!(log[1].starts_with("deliver") && log[1] != log[0], "{log:?}");
         assert_eq!(log[2], "remove");
+    }
+
+    #[tokio::test]
+    async fn a_new_bundle_is_published_and_redelivered_to_sinks() {
+        let (r, _clock, ca, rx) = setup();
+        let sink = Arc::new(RecordingSink::default());
+        let mut r = r.with_sinks(vec![SinkBinding {
+            spiffe_id: "spiffe://example.org/web".parse().expect("id"),
+            deletion_policy: DeletionPolicy::Delete,
+            sink: sink.clone(),
+        }]);
+        let entries = [entry("web")];
+        r.tick(&entries).await;
+        let both = vec![ROOT.to_vec(), b"root2".to_vec()];
+        r.set_bundle("spiffe://example.org".into(), both.clone());
+        r.tick(&entries).await;
+        r.tick(&entries).await; // unchanged: not delivered again
+        assert_eq!(rx.borrow().bundle_der, both);
+        assert_eq!(
+            *ca.signed.lock().expect("lock"),
+            1,
+            "no new certificate needed"
+        );
+        let log = sink.log.lock().expect("lock").clone();
+        assert_eq!(log.len(), 2, "{log:?}");
+        assert!(log[1].ends_with(&format!("{both:?}")), "{log:?}");
     }
 
     #[tokio::test]

@@ -178,11 +178,11 @@ pub async fn run(
         .build_v1alpha()
         .map_err(|e| anyhow!("reflection: {e}"))?;
 
-    let native = CertificateAuthorityServer::new(NativeApi::new(
-        issuer.clone(),
-        bundle.clone(),
-        cfg.max_message_bytes,
-    ))
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let native = CertificateAuthorityServer::new(
+        NativeApi::new(issuer.clone(), bundle.clone(), cfg.max_message_bytes)
+            .with_shutdown(stop_rx.clone()),
+    )
     .max_decoding_message_size(transport_limit);
     let istio =
         IstioCertificateServiceServer::new(IstioApi::new(issuer.clone(), cfg.max_message_bytes))
@@ -202,7 +202,6 @@ pub async fn run(
     let admin = AdminServer::new(AdminApi::new(issuer.clone(), store.clone(), bundle.clone()))
         .max_decoding_message_size(transport_limit);
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };

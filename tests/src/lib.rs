@@ -21,8 +21,19 @@ use tonic::transport::Channel;
 
 pub const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 
-/// A directory of the workspace's built binaries (next to the test executable's `deps/`).
+/// A built binary of the workspace: in `SIGNET_BIN_DIR` when set (a private copy, for
+/// machines where several checkouts share one target directory and overwrite each other's
+/// binaries), else next to the test executable's `deps/`.
 pub fn bin(name: &str) -> PathBuf {
+    if let Some(dir) = std::env::var_os("SIGNET_BIN_DIR") {
+        let p = PathBuf::from(dir).join(name);
+        assert!(
+            p.exists(),
+            "{} does not exist (SIGNET_BIN_DIR)",
+            p.display()
+        );
+        return p;
+    }
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap();
     let dir = if dir.ends_with("deps") {

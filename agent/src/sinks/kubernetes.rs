@@ -255,6 +255,62 @@ mod tests {
         assert!(!format!("{req:?}").contains(&body["data"]["tls.key"].to_string()));
     }
 
+    /// The exact server-side-apply request for each Secret type: method, path, query,
+    /// content type, and the whole body (a `v1` Secret manifest, data base64 of the PEMs).
+    #[tokio::test]
+    async fn apply_requests_are_exact_for_both_secret_types() {
+        let d = svid();
+        for (secret_type, type_name, [chain, key, ca]) in [
+            (
+                SecretType::KubernetesTls,
+                "kubernetes.io/tls",
+                ["tls.crt", "tls.key", "ca.crt"],
+            ),
+            (
+                SecretType::IstioKeyAndCert,
+                "istio.io/key-and-cert",
+                ["cert-chain.pem", "key.pem", "root-cert.pem"],
+            ),
+        ] {
+            let (s, rec) = sink(secret_type, 200);
+            s.deliver(&d).await.expect("apply");
+            let seen = rec.seen.lock().expect("lock");
+            assert_eq!(seen.len(), 1);
+            let req = &seen[0];
+            assert_eq!(req.method, http::Method::PATCH);
+            assert_eq!(req.path, "/api/v1/namespaces/prod/secrets/web-tls");
+            assert_eq!(
+                req.query,
+                [
+                    ("fieldManager".to_owned(), "signet-agent".to_owned()),
+                    ("force".to_owned(), "true".to_owned())
+                ]
+            );
+            assert_eq!(req.content_type, Some("application/apply-patch+yaml"));
+            let body: serde_json::Value = serde_json::from_slice(&req.body).expect("json");
+            let expected = json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {
+                    "name": "web-tls",
+                    "namespace": "prod",
+                    "labels": {"app.kubernetes.io/managed-by": "signet"},
+                    "annotations": {"signet.dev/spiffe-id": "spiffe://example.org/ns/prod/sa/web"},
+                },
+                "type": type_name,
+                "data": {
+                    chain: B64.encode(d.chain_pem()),
+                    key: B64.encode(d.key_pem()),
+                    ca: B64.encode(d.bundle_pem()),
+                },
+            });
+            assert_eq!(body, expected, "{type_name}");
+            // Only standard base64 of PEM text, as the API server stores `data`.
+            assert!(decoded(&body, chain).starts_with("-----BEGIN CERTIFICATE-----"));
+            assert!(decoded(&body, key).starts_with("-----BEGIN PRIVATE KEY-----"));
+        }
+    }
+
     #[tokio::test]
     async fn applies_istio_secret_keys() {
         let (s, rec) = sink(SecretType::IstioKeyAndCert, 201);

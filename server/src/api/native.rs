@@ -22,6 +22,9 @@ pub struct NativeApi {
     issuer: Arc<Issuer>,
     bundle: BundleHandle,
     max_message_bytes: usize,
+    /// Turns true when the server shuts down: `WatchBundle` streams end then, so that open
+    /// streams (every agent holds one) do not hold up the graceful shutdown.
+    stop: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl NativeApi {
@@ -30,7 +33,14 @@ impl NativeApi {
             issuer,
             bundle,
             max_message_bytes,
+            stop: None,
         }
+    }
+
+    /// Ends the `WatchBundle` streams when `stop` turns true.
+    pub fn with_shutdown(mut self, stop: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.stop = Some(stop);
+        self
     }
 }
 
@@ -99,6 +109,16 @@ impl CertificateAuthority for NativeApi {
     ) -> Result<Response<Self::WatchBundleStream>, Status> {
         // WatchStream yields the current value at once, then every change.
         let stream = WatchStream::new(self.bundle.subscribe()).map(|b| Ok(bundle_to_proto(&b)));
-        Ok(Response::new(Box::pin(stream)))
+        match self.stop.clone() {
+            Some(mut stop) => {
+                let stopped = async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                };
+                Ok(Response::new(Box::pin(futures::StreamExt::take_until(
+                    stream, stopped,
+                ))))
+            }
+            None => Ok(Response::new(Box::pin(stream))),
+        }
     }
 }

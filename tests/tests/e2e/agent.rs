@@ -14,12 +14,12 @@ use tokio::process::{Child, Command};
 
 use crate::pg_server;
 
-struct Agent {
-    child: Child,
+pub(crate) struct Agent {
+    pub(crate) child: Child,
 }
 
 impl Agent {
-    fn start(config: &Path) -> Self {
+    pub(crate) fn start(config: &Path) -> Self {
         let child = Command::new(bin("signet-agent"))
             .arg("--config")
             .arg(config)
@@ -33,7 +33,7 @@ impl Agent {
     }
 
     /// SIGTERM, then waits for a clean exit.
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let pid = self.child.id().unwrap();
         let st = std::process::Command::new("kill")
             .args(["-TERM", &pid.to_string()])
@@ -48,23 +48,23 @@ impl Agent {
     }
 }
 
-struct Layout {
-    _dir: tempfile::TempDir,
-    config: PathBuf,
-    socket: PathBuf,
-    sink_dir: PathBuf,
-    data_dir: PathBuf,
+pub(crate) struct Layout {
+    pub(crate) _dir: tempfile::TempDir,
+    pub(crate) config: PathBuf,
+    pub(crate) socket: PathBuf,
+    pub(crate) sink_dir: PathBuf,
+    pub(crate) data_dir: PathBuf,
 }
 
-fn my_uid() -> u32 {
+pub(crate) fn my_uid() -> u32 {
     std::fs::metadata("/proc/self").unwrap().uid()
 }
 
-fn write_config(server: &Server, token: &str, spiffe_id: &str) -> Layout {
+pub(crate) fn write_config(server: &Server, token: &str, spiffe_id: &str) -> Layout {
     write_config_at(server.grpc.port(), server, token, spiffe_id)
 }
 
-fn write_config_at(port: u16, server: &Server, token: &str, spiffe_id: &str) -> Layout {
+pub(crate) fn write_config_at(port: u16, server: &Server, token: &str, spiffe_id: &str) -> Layout {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("agent.sock");
     let sink_dir = dir.path().join("sink");
@@ -104,7 +104,7 @@ layout = "spiffe-helper"
 }
 
 /// Polls `f` every 100 ms until it returns Some, or panics after `secs`.
-async fn eventually<T, F, Fut>(secs: u64, what: &str, mut f: F) -> T
+pub(crate) async fn eventually<T, F, Fut>(secs: u64, what: &str, mut f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -120,7 +120,7 @@ where
 }
 
 /// The SVID from the Workload API, as PEM (leaf first), once one is served.
-async fn fetch_svid(socket: &Path) -> Option<(String, Vec<String>)> {
+pub(crate) async fn fetch_svid(socket: &Path) -> Option<(String, Vec<String>)> {
     let client = spiffe::WorkloadApiClient::connect_to(format!("unix:{}", socket.display()))
         .await
         .ok()?;
@@ -139,13 +139,18 @@ fn sink_leaf(dir: &Path) -> Option<String> {
     Some(pem[..first_end + "-----END CERTIFICATE-----\n".len()].to_owned())
 }
 
-fn create_token(server: &Server, node_id: &str) -> String {
+pub(crate) fn create_token(server: &Server, node_id: &str) -> String {
     let out = server.signetctl(&["token", "create", "--node-id", node_id]);
     assert!(out.status.success(), "{out:?}");
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
-fn create_entry(server: &Server, spiffe_id: &str, parent: &str, extra: &[&str]) -> String {
+pub(crate) fn create_entry(
+    server: &Server,
+    spiffe_id: &str,
+    parent: &str,
+    extra: &[&str],
+) -> String {
     let uid = format!("unix:uid:{}", my_uid());
     let mut args = vec![
         "entry",
@@ -377,6 +382,73 @@ async fn node_certificate_is_renewed_persisted_and_still_signs() {
     })
     .await;
     assert!(row.caller.ends_with("/signet/node/vm4"), "{row:?}");
+    agent.stop().await;
+}
+
+/// The roots of `example.org` the Workload API serves (FetchX509Bundles), sorted.
+async fn served_roots(socket: &Path) -> Option<Vec<Vec<u8>>> {
+    let client = spiffe::WorkloadApiClient::connect_to(format!("unix:{}", socket.display()))
+        .await
+        .ok()?;
+    let bundles = client.fetch_x509_bundles().await.ok()?;
+    let td = spiffe::TrustDomain::new("example.org").ok()?;
+    let mut roots: Vec<Vec<u8>> = bundles
+        .get(&td)?
+        .authorities()
+        .iter()
+        .map(|a| a.as_ref().to_vec())
+        .collect();
+    roots.sort();
+    Some(roots)
+}
+
+fn sorted_certs(pem: &[u8]) -> Vec<Vec<u8>> {
+    let mut v = signet_types::pem::parse_certs(pem).unwrap();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn a_stale_persisted_bundle_is_replaced_from_the_servers_bundle_stream() {
+    let tokens = TokenIssuer::new("k1");
+    let Some(server) = pg_server(&tokens, "").await else {
+        return;
+    };
+    let app = "spiffe://example.org/bundled";
+    let token = create_token(&server, "vm5");
+    create_entry(&server, app, "vm5", &[]);
+    let l = write_config(&server, &token, app);
+    let agent = Agent::start(&l.config);
+    eventually(30, "the first SVID", || fetch_svid(&l.socket)).await;
+    agent.stop().await;
+
+    // While the agent is down, its persisted bundle goes stale: it holds a root the server no
+    // longer publishes. Neither the bootstrap file nor the persisted bundle can correct that;
+    // only the server's WatchBundle stream can.
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut p = rcgen::CertificateParams::default();
+    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let retired = p.self_signed(&key).unwrap().pem();
+    let mut stale = server.bundle_pem.clone();
+    stale.extend_from_slice(retired.as_bytes());
+    std::fs::write(l.data_dir.join("bundle.pem"), &stale).unwrap();
+
+    let want = sorted_certs(&server.bundle_pem);
+    let agent = Agent::start(&l.config);
+    eventually(30, "the server's roots on the Workload API", || async {
+        served_roots(&l.socket).await.filter(|r| *r == want)
+    })
+    .await;
+    eventually(
+        10,
+        "the server's roots in the sink and data_dir",
+        || async {
+            let sink = std::fs::read(l.sink_dir.join("svid_bundle.pem")).ok()?;
+            let kept = std::fs::read(l.data_dir.join("bundle.pem")).ok()?;
+            (sorted_certs(&sink) == want && sorted_certs(&kept) == want).then_some(())
+        },
+    )
+    .await;
     agent.stop().await;
 }
 

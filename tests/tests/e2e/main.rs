@@ -13,6 +13,7 @@ mod lifecycle;
 mod node_psat;
 mod nodes;
 mod plugged;
+mod workload_clients;
 
 use signet_tests::{Server, ServerOpts, TokenIssuer};
 

@@ -1,0 +1,228 @@
+//! The trust bundle the agent serves, and the server's bundle stream that keeps it current.
+//!
+//! The bootstrap `trust_bundle_file` is only the first trust anchor: once the server has sent a
+//! bundle (at attestation, then on `WatchBundle`), that bundle is what the Workload API and the
+//! sinks serve, and it is persisted in `data_dir` so a restart without the server still uses
+//! the newest one. [`BundleWatch`] holds the stream over the node's mTLS connection and reopens
+//! it with capped, jittered backoff; [`decide`] says what to do with each bundle received.
+
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use signet_types::TrustDomain;
+
+use crate::ca::{BundleStream, Ca, CaError, TrustBundle};
+use crate::rotation::backoff;
+
+pub const REOPEN_BASE: Duration = Duration::from_secs(1);
+pub const REOPEN_CAP: Duration = Duration::from_secs(30);
+
+/// What to do with a bundle from the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The roots served now: nothing to do.
+    Unchanged,
+    /// New roots: serve, deliver and persist them.
+    Replace(Vec<Vec<u8>>),
+    /// Not for this agent (another trust domain); the reason is logged.
+    Reject(String),
+}
+
+/// Decides on `received` for a node of trust domain `td` currently serving `current`.
+/// Revisions are not compared: replicas count them separately, and the server sends its
+/// current bundle at once on every (re)connection, so the roots themselves decide.
+pub fn decide(td: &TrustDomain, current: &[Vec<u8>], received: &TrustBundle) -> Decision {
+    if &received.trust_domain != td {
+        return Decision::Reject(format!(
+            "bundle revision {} is for trust domain {}, not {td}",
+            received.revision, received.trust_domain
+        ));
+    }
+    if received.roots_der == current {
+        Decision::Unchanged
+    } else {
+        Decision::Replace(received.roots_der.clone())
+    }
+}
+
+/// The bundle stream over the current connection, reopened with backoff when it fails.
+pub struct BundleWatch {
+    stream: Option<BundleStream>,
+    next_open: SystemTime,
+    failures: u32,
+}
+
+impl BundleWatch {
+    pub fn new(now: SystemTime) -> Self {
+        Self {
+            stream: None,
+            next_open: now,
+            failures: 0,
+        }
+    }
+
+    /// The connection was replaced or lost: drop the stream; open again at `now`.
+    pub fn reset(&mut self, now: SystemTime) {
+        self.stream = None;
+        self.next_open = now;
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.stream.is_some()
+    }
+
+    /// When the stream should be (re)opened; `None` while it is open.
+    pub fn reopen_at(&self) -> Option<SystemTime> {
+        (self.stream.is_none()).then_some(self.next_open)
+    }
+
+    /// Opens the stream on `ca` if it is closed and due; on failure, schedules the next try.
+    pub async fn open_if_due(&mut self, ca: &dyn Ca, now: SystemTime, rnd: f64) {
+        if self.stream.is_some() || now < self.next_open {
+            return;
+        }
+        match ca.watch_bundle().await {
+            Ok(s) => {
+                tracing::info!("watching the server's trust bundle");
+                self.stream = Some(s);
+            }
+            Err(e) => self.failed(now, rnd, &e),
+        }
+    }
+
+    /// The stream failed or ended: drop it and reopen after a capped, jittered backoff.
+    pub fn failed(&mut self, now: SystemTime, rnd: f64, why: &dyn std::fmt::Display) {
+        self.stream = None;
+        let wait = backoff(self.failures, REOPEN_BASE, REOPEN_CAP, rnd).max(REOPEN_BASE / 2);
+        self.failures = self.failures.saturating_add(1);
+        tracing::warn!(error = %why, retry_in = ?wait, "trust bundle stream interrupted");
+        self.next_open = now + wait;
+    }
+
+    /// A bundle arrived: the stream works.
+    pub fn succeeded(&mut self) {
+        self.failures = 0;
+    }
+
+    /// The next item of the open stream; `None` when it ended. Pending forever while no
+    /// stream is open, so it can sit in a `select!`.
+    pub async fn next(&mut self) -> Option<Result<TrustBundle, CaError>> {
+        match &mut self.stream {
+            Some(s) => s.next().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ca::{AttestCredential, Attested, EntriesUpdate, IssuedSvid, WorkloadCsr};
+    use std::sync::Mutex;
+
+    fn td(s: &str) -> TrustDomain {
+        s.parse().expect("td")
+    }
+
+    fn bundle(domain: &str, roots: &[&[u8]], revision: u64) -> TrustBundle {
+        TrustBundle {
+            trust_domain: td(domain),
+            roots_der: roots.iter().map(|r| r.to_vec()).collect(),
+            revision,
+        }
+    }
+
+    #[test]
+    fn decides_on_roots_not_revisions() {
+        let cur = vec![b"r1".to_vec()];
+        let example = td("example.org");
+        assert_eq!(
+            decide(&example, &cur, &bundle("example.org", &[b"r1"], 7)),
+            Decision::Unchanged
+        );
+        // A lower revision from another replica with other roots still replaces.
+        assert_eq!(
+            decide(&example, &cur, &bundle("example.org", &[b"r1", b"r2"], 1)),
+            Decision::Replace(vec![b"r1".to_vec(), b"r2".to_vec()])
+        );
+        match decide(&example, &cur, &bundle("other.org", &[b"r9"], 2)) {
+            Decision::Reject(why) => assert!(why.contains("other.org"), "{why}"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    /// Refuses the stream `fail` times, then serves the given items.
+    struct Flaky {
+        fail: Mutex<u32>,
+        items: Vec<TrustBundle>,
+    }
+
+    #[async_trait::async_trait]
+    impl Ca for Flaky {
+        async fn attest(&self, _: &AttestCredential, _: &[u8]) -> Result<Attested, CaError> {
+            Err(CaError::Unavailable("n/a".into()))
+        }
+        async fn renew_node(&self, _: &[u8]) -> Result<IssuedSvid, CaError> {
+            Err(CaError::Unavailable("n/a".into()))
+        }
+        async fn sync_entries(&self, _: u64) -> Result<EntriesUpdate, CaError> {
+            Ok(EntriesUpdate::Unchanged)
+        }
+        async fn sign_workloads(
+            &self,
+            _: Vec<WorkloadCsr>,
+        ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
+            Ok(vec![])
+        }
+        async fn watch_bundle(&self) -> Result<BundleStream, CaError> {
+            let mut f = self
+                .fail
+                .lock()
+                .map_err(|e| CaError::Invalid(e.to_string()))?;
+            if *f > 0 {
+                *f -= 1;
+                return Err(CaError::Unavailable("down".into()));
+            }
+            let items: Vec<Result<TrustBundle, CaError>> =
+                self.items.iter().cloned().map(Ok).collect();
+            Ok(Box::pin(futures::stream::iter(items)))
+        }
+    }
+
+    #[tokio::test]
+    async fn reopens_with_capped_jittered_backoff() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let ca = Flaky {
+            fail: Mutex::new(8),
+            items: vec![bundle("example.org", &[b"r1"], 1)],
+        };
+        let mut w = BundleWatch::new(t0);
+        let mut now = t0;
+        let mut waits = Vec::new();
+        while !w.is_open() {
+            w.open_if_due(&ca, now, 0.999).await;
+            if let Some(at) = w.reopen_at() {
+                waits.push(at.duration_since(now).expect("later"));
+                now = at;
+            }
+        }
+        assert_eq!(waits.len(), 8);
+        assert!(waits.windows(2).all(|p| p[0] <= p[1]), "{waits:?}");
+        assert!(waits.iter().all(|w| *w < REOPEN_CAP), "{waits:?}");
+        assert!(waits[7] > REOPEN_CAP / 2, "{waits:?}");
+        // Not due yet: nothing happens.
+        let mut early = BundleWatch::new(t0);
+        early.failed(t0, 0.0, &"x");
+        early.open_if_due(&ca, t0, 0.0).await;
+        assert!(!early.is_open());
+
+        let first = w.next().await.expect("item").expect("ok");
+        assert_eq!(first.revision, 1);
+        w.succeeded();
+        assert!(w.next().await.is_none(), "the stream ended");
+        w.failed(now, 0.0, &"ended");
+        assert_eq!(w.reopen_at(), Some(now + REOPEN_BASE / 2), "failures reset");
+        w.reset(now);
+        assert_eq!(w.reopen_at(), Some(now));
+    }
+}
