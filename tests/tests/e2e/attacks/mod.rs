@@ -1,0 +1,14 @@
+//! The attack suite, organised by the threat model's actors (SECURITY.md). Each module performs
+//! attacks against the real binaries and checks that they are refused, and that what the same
+//! actor may legitimately do still works. Module names are `<actor>_<topic>`:
+//!
+//! | actor | modules |
+//! |---|---|
+//! | a workload on a node | `workload_*` |
+//! | another uid on the node | `local_user_*` |
+//! | a pod in another namespace | `other_namespace_*` |
+//! | a tenant who administers a namespace | `tenant_*` |
+//! | a compromised agent | `agent_*` |
+//! | a compromised impersonator | `impersonator_*` |
+//! | a network attacker | `network_*` |
+//! | someone with database access | `database_*` |
