@@ -162,7 +162,7 @@ fn default_leeway() -> Duration {
     Duration::from_secs(30)
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
     /// DNS names a Kubernetes service account may put in its certificate, as templates with
@@ -173,6 +173,24 @@ pub struct PolicyConfig {
     pub impersonators: Vec<String>,
     /// Callers allowed to act as the Kubernetes bridge (`SignCsrRequest.kubernetes_namespace`).
     pub kubernetes_bridge: KubernetesBridgeConfig,
+    /// How long after its original credential was checked (a service-account token, the
+    /// operator's mint) a certificate may still be renewed over mTLS. Renewals carry that
+    /// moment forward, so a stolen certificate cannot renew itself forever; the workload then
+    /// authenticates with its credential again. Entry certificates are re-checked against their
+    /// entry and node at every renewal instead.
+    #[serde(with = "humantime_serde")]
+    pub mtls_renewal_max_age: Duration,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            kubernetes_dns_templates: Vec::new(),
+            impersonators: Vec::new(),
+            kubernetes_bridge: KubernetesBridgeConfig::default(),
+            mtls_renewal_max_age: Duration::from_secs(24 * 3600),
+        }
+    }
 }
 
 /// `[policy.kubernetes_bridge]`: who may ask for certificates on behalf of Kubernetes objects,

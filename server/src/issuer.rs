@@ -12,14 +12,15 @@ use signet_types::TrustDomain;
 use crate::api::ApiError;
 use crate::audit::AuditLog;
 use crate::authn::jwt::{JwtAuthenticator, bearer_token};
-use crate::authn::{AuthenticatedCaller, AuthnError, mtls};
+use crate::authn::{AuthenticatedCaller, AuthnError, CallerKind, mtls};
 use crate::ca::csr::VerifiedCsr;
 use crate::ca::{Authority, IssueError, IssuedCert, RequestedNames, SerialSource};
 use crate::clock::{Clock, unix};
 use crate::ledger::{LedgerError, LedgerWriter};
 use crate::metrics::Metrics;
-use crate::policy::{DenialKind, GrantSource, IssueRequest, Policy};
-use crate::store::NewCertificate;
+use crate::policy::renewal::{self, EntryFacts, RenewalBasis};
+use crate::policy::{Denial, DenialKind, GrantSource, IssueRequest, Policy};
+use crate::store::{NewCertificate, Store};
 
 /// The credentials a request carried. `Debug` never shows the token.
 #[derive(Default, Clone)]
@@ -93,6 +94,7 @@ pub struct Issuer {
     policy: Policy,
     jwt: Option<JwtAuthenticator>,
     ledger: LedgerWriter,
+    store: Arc<dyn Store>,
     audit: AuditLog,
     metrics: Arc<Metrics>,
 }
@@ -114,6 +116,8 @@ pub struct IssuerParts {
     pub policy: Policy,
     pub jwt: Option<JwtAuthenticator>,
     pub ledger: LedgerWriter,
+    /// Read at mTLS renewal: the presented certificate's ledger row, and its entry and node.
+    pub store: Arc<dyn Store>,
     pub audit: AuditLog,
     pub metrics: Arc<Metrics>,
 }
@@ -128,6 +132,7 @@ impl Issuer {
             policy: p.policy,
             jwt: p.jwt,
             ledger: p.ledger,
+            store: p.store,
             audit: p.audit,
             metrics: p.metrics,
         }
@@ -232,18 +237,27 @@ impl Issuer {
                 &merged
             }
         };
+        let now = self.clock.now();
+        let basis = match caller.kind() {
+            CallerKind::Mtls { .. } => Some(
+                self.renewal_basis(caller, unix(now))
+                    .await
+                    .map_err(|e| self.denial(caller, e))?,
+            ),
+            _ => None,
+        };
         let request = IssueRequest {
             source: input.source,
             names,
             ttl_seconds: input.ttl_seconds,
             impersonate: input.impersonate,
+            renewal: basis.as_ref(),
         };
-        let grant = self.policy.decide(caller, &request).map_err(|d| {
-            let invalid = matches!(d.kind, DenialKind::InvalidArgument);
-            self.deny(caller, d.reason, d.message, invalid)
-        })?;
+        let grant = self
+            .policy
+            .decide(caller, &request, unix(now))
+            .map_err(|d| self.denial(caller, Refusal::Policy(d)))?;
 
-        let now = self.clock.now();
         let authority = self.authority.load();
         let cert = authority
             .issue(&csr, &grant, now, self.serials.as_ref())
@@ -272,6 +286,7 @@ impl Issuer {
             issued_at: unix(now),
             request_id: input.request_id.clone(),
             cert_der: cert.der.clone(),
+            provenance: grant.provenance.to_ledger_text(),
         };
         let seq = self.ledger.commit(record).await.map_err(|e| {
             tracing::warn!(error = %e, request_id = %input.request_id, "ledger commit failed; certificate discarded");
@@ -294,6 +309,75 @@ impl Issuer {
             "issued"
         );
         Ok(cert)
+    }
+
+    /// Re-checks the certificate an mTLS caller presents: its ledger row and the source of its
+    /// authority (see [`renewal`]).
+    async fn renewal_basis(
+        &self,
+        caller: &AuthenticatedCaller,
+        now: i64,
+    ) -> Result<RenewalBasis, Refusal> {
+        let CallerKind::Mtls { serial, .. } = caller.kind() else {
+            return Err(Refusal::Policy(Denial {
+                kind: DenialKind::InvalidArgument,
+                reason: "policy.renewal",
+                message: "only an mTLS caller renews the certificate it presents".into(),
+            }));
+        };
+        let row = self.store.certificate_by_serial(serial).await?;
+        let (entry, node) = match row.as_ref().and_then(renewal::entry_to_check) {
+            Some((entry_id, node_id)) => (
+                self.store.entry(&entry_id).await?,
+                self.store.node(&node_id).await?,
+            ),
+            None => (None, None),
+        };
+        let facts = EntryFacts {
+            entry: entry.as_ref(),
+            node: node.as_ref(),
+        };
+        renewal::assess(&self.policy, caller, row.as_ref(), facts, now).map_err(Refusal::Policy)
+    }
+
+    /// For the node API: the node SVID a node presents must be this CA's record of that node's
+    /// identity (in the ledger, this very certificate, not revoked).
+    pub async fn check_node_certificate(
+        &self,
+        caller: &AuthenticatedCaller,
+    ) -> Result<(), ApiError> {
+        let CallerKind::Node {
+            serial: Some(serial),
+            ..
+        } = caller.kind()
+        else {
+            return Err(self.denial(
+                caller,
+                Refusal::Policy(Denial {
+                    kind: DenialKind::InvalidArgument,
+                    reason: "policy.renewal",
+                    message: "the node API takes the node SVID over mTLS".into(),
+                }),
+            ));
+        };
+        let row = self
+            .store
+            .certificate_by_serial(serial)
+            .await
+            .map_err(|e| self.denial(caller, Refusal::Store(e)))?;
+        renewal::assess_node(caller, row.as_ref())
+            .map_err(|d| self.denial(caller, Refusal::Policy(d)))
+    }
+
+    /// A refusal, audited (a policy denial) or logged (a store failure, retryable).
+    fn denial(&self, caller: &AuthenticatedCaller, refusal: Refusal) -> ApiError {
+        match refusal {
+            Refusal::Policy(d) => {
+                let invalid = matches!(d.kind, DenialKind::InvalidArgument);
+                self.deny(caller, d.reason, d.message, invalid)
+            }
+            Refusal::Store(e) => ApiError::from(e),
+        }
     }
 
     /// Records a refusal in the audit log and turns it into the error the caller gets.
@@ -319,6 +403,19 @@ impl Issuer {
         } else {
             ApiError::PermissionDenied(message)
         }
+    }
+}
+
+/// Why a request was refused before signing.
+enum Refusal {
+    Policy(Denial),
+    /// The database could not be read (retryable).
+    Store(crate::store::StoreError),
+}
+
+impl From<crate::store::StoreError> for Refusal {
+    fn from(e: crate::store::StoreError) -> Self {
+        Refusal::Store(e)
     }
 }
 

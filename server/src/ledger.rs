@@ -145,6 +145,7 @@ mod tests {
             issued_at: 1_700_000_000,
             request_id: format!("req-{i}"),
             cert_der: vec![1, 2, 3],
+            provenance: String::new(),
         }
     }
 

@@ -20,6 +20,7 @@ pub mod ledger;
 pub mod metrics;
 pub mod nodes;
 pub mod policy;
+pub mod provenance;
 pub mod server;
 pub mod store;
 pub mod tls;

@@ -31,6 +31,18 @@
 //!   `/ns/<namespace>/` with at least one more segment; its DNS names each match one of
 //!   `policy.kubernetes_bridge.dns_templates` for that namespace. So a bridge serves every
 //!   namespace, but one object's certificate never names another namespace's identity.
+//! - **Reserved**: identities under `/signet/` are only ever Signet's own (the server's own
+//!   certificate, a node's own node ID); the server's DNS names and addresses
+//!   ([`Policy::with_server_names`]) are only ever in the server's own certificate — not even the
+//!   operator may mint them, and no wildcard may cover one.
+//! - **Impersonation** yields only ordinary workload identities, `/ns/<namespace>/sa/<name>`,
+//!   never an impersonator's, a bridge's or anything under `/signet/`, with no DNS names.
+//! - **Renewal over mTLS**: an mTLS caller's request is only decided together with a
+//!   [`renewal::RenewalBasis`], which only [`renewal::assess`] builds after re-checking the
+//!   presented certificate's ledger row and the source of its authority (see
+//!   [`crate::provenance`]); names and lifetime are bounded by that basis. Without one, refused.
+//!
+//! Every grant carries its [`Provenance`], which the issuer records in the ledger.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -38,9 +50,14 @@ use std::time::Duration;
 
 use signet_types::{SpiffeId, TrustDomain};
 
-use crate::authn::{AuthenticatedCaller, CallerKind};
+use crate::authn::{AuthenticatedCaller, CallerKind, SERVER_PATH};
 use crate::ca::{Grant, RequestedNames};
 use crate::config::PolicyConfig;
+use crate::provenance::{Provenance, Source};
+
+pub mod renewal;
+
+use renewal::RenewalBasis;
 
 /// Longer requested lifetimes are not clamped but refused: they are a client bug.
 pub const ABSURD_TTL_SECONDS: i64 = 10 * 365 * 24 * 3600;
@@ -94,8 +111,11 @@ pub enum GrantSource<'a> {
     /// The ordinary APIs: the caller's own identity (or, for the operator, what it names).
     #[default]
     Caller,
-    /// A node attesting or renewing its own node identity.
+    /// A node renewing its own node identity over mTLS (`RenewNode`).
     NodeRenewal,
+    /// A node that has just proved itself with `method` (`join_token`, `k8s_psat`), for its
+    /// own node identity (`Attest`).
+    NodeAttestation { method: &'a str },
     /// A node asking for a workload identity of one of its registration entries.
     Entry(&'a EntryGrant),
     /// The Kubernetes bridge, for an object in `namespace` (SignCsr's `kubernetes_namespace`).
@@ -125,6 +145,8 @@ pub struct IssueRequest<'a> {
     pub ttl_seconds: i64,
     /// Istio's `ImpersonatedIdentity`: the SPIFFE ID a trusted node agent asks on behalf of.
     pub impersonate: Option<&'a str>,
+    /// For an mTLS caller: what re-checking the presented certificate's source allows.
+    pub renewal: Option<&'a RenewalBasis>,
 }
 
 /// One check of the chain.
@@ -133,12 +155,14 @@ type Check = fn(&Policy, &AuthenticatedCaller, &IssueRequest<'_>) -> Result<(), 
 /// The checks, in the order they run. The first failure is reported.
 const CHAIN: &[(&str, Check)] = &[
     ("source", check_source),
+    ("renewal", check_renewal),
     ("ttl", check_ttl),
     ("single_uri", check_single_uri),
     ("san_types", check_san_types),
     ("identity", check_identity),
     ("dns_names", check_dns_names),
     ("ip_addresses", check_ip_addresses),
+    ("reserved", check_reserved),
 ];
 
 /// The issuance policy, built once from configuration.
@@ -151,6 +175,9 @@ pub struct Policy {
     impersonators: Vec<SpiffeId>,
     bridge_callers: Vec<SpiffeId>,
     bridge_dns_templates: Vec<BridgeDnsTemplate>,
+    mtls_renewal_max_age: Duration,
+    server_dns_names: Vec<String>,
+    server_ip_addresses: Vec<IpAddr>,
 }
 
 impl Policy {
@@ -192,6 +219,12 @@ impl Policy {
                     "policy.impersonators: {id} is a trust domain ID; name a workload (a path)"
                 ));
             }
+            if id.path() == "/signet" || id.path().starts_with("/signet/") {
+                return Err(format!(
+                    "policy.impersonators: {id} is one of Signet's own identities; name the \
+                     impersonating workload (e.g. spiffe://{td}/ns/istio-system/sa/ztunnel)"
+                ));
+            }
             impersonators.push(id);
         }
         let mut bridge_callers = Vec::new();
@@ -212,6 +245,12 @@ impl Policy {
             }
             bridge_callers.push(id);
         }
+        if let Some(both) = bridge_callers.iter().find(|b| impersonators.contains(b)) {
+            return Err(format!(
+                "{both} is in both policy.impersonators and policy.kubernetes_bridge.callers; \
+                 give each role its own identity"
+            ));
+        }
         let bridge_dns_templates = cfg
             .kubernetes_bridge
             .dns_templates
@@ -226,24 +265,66 @@ impl Policy {
             impersonators,
             bridge_callers,
             bridge_dns_templates,
+            mtls_renewal_max_age: cfg.mtls_renewal_max_age,
+            server_dns_names: Vec::new(),
+            server_ip_addresses: Vec::new(),
         })
     }
 
+    /// The server's own DNS names and addresses: only the server's certificate may carry them.
+    pub fn with_server_names(mut self, dns_names: Vec<String>, ips: Vec<IpAddr>) -> Self {
+        self.server_dns_names = dns_names;
+        self.server_ip_addresses = ips;
+        self
+    }
+
+    /// How long after its original credential was checked a certificate may renew over mTLS.
+    pub fn mtls_renewal_max_age(&self) -> Duration {
+        self.mtls_renewal_max_age
+    }
+
+    pub(crate) fn trust_domain(&self) -> &TrustDomain {
+        &self.td
+    }
+
+    /// Whether a service account may have `name` by `kubernetes_dns_templates`.
+    pub(crate) fn service_account_may_have(
+        &self,
+        name: &str,
+        namespace: &str,
+        service_account: &str,
+    ) -> bool {
+        self.dns_templates
+            .iter()
+            .any(|t| t.matches(name, namespace, service_account))
+    }
+
     /// Runs the chain; on success, the grant: identity, the requested (allowed) DNS names and
-    /// IP addresses, and the lifetime.
+    /// IP addresses, the lifetime, and the provenance to record. `now` is the issuance time
+    /// (unix seconds), recorded as the moment a live source was checked.
     pub fn decide(
         &self,
         caller: &AuthenticatedCaller,
         req: &IssueRequest<'_>,
+        now: i64,
     ) -> Result<Grant, Denial> {
         for (_name, check) in CHAIN {
             check(self, caller, req)?;
+        }
+        let mut ttl = self.ttl(effective_ttl(req))?;
+        let renewing_own =
+            matches!(req.source, GrantSource::Caller) && req.impersonate.is_none_or(str::is_empty);
+        if let (CallerKind::Mtls { .. }, Some(basis), true) =
+            (caller.kind(), req.renewal, renewing_own)
+        {
+            ttl = ttl.min(basis.max_ttl());
         }
         Ok(Grant {
             spiffe_id: self.identity(caller, req)?,
             dns_names: req.names.dns_names.clone(),
             ip_addresses: req.names.ip_addresses.clone(),
-            ttl: self.ttl(effective_ttl(req))?,
+            ttl,
+            provenance: provenance(caller, req, now)?,
         })
     }
 
@@ -320,6 +401,9 @@ impl Policy {
             }
             (_, None) => match caller.kind() {
                 CallerKind::Admin => None,
+                CallerKind::Server => Some(self.td.id(SERVER_PATH).map_err(|e| {
+                    Denial::invalid("policy.identity", format!("server SPIFFE ID: {e}"))
+                })?),
                 CallerKind::KubernetesServiceAccount { .. }
                 | CallerKind::Mtls { .. }
                 | CallerKind::Node { .. } => Some(caller.spiffe_id().clone()),
@@ -379,7 +463,43 @@ impl Policy {
                 format!("{id} is the trust domain's own ID; an X509-SVID names a workload path"),
             ));
         }
+        if impersonate.is_some() {
+            self.check_impersonated(caller, &id)?;
+        }
         Ok(id)
+    }
+
+    /// What an impersonator may obtain: an ordinary workload identity
+    /// (`/ns/<namespace>/sa/<name>`), never one under `/signet/`, never an identity that is
+    /// itself privileged here (an impersonator or a Kubernetes bridge). Istio's node authorizer
+    /// also checks that the workload runs on the impersonator's node; this server has no view of
+    /// pods, so that check is not made (SECURITY.md).
+    fn check_impersonated(
+        &self,
+        caller: &AuthenticatedCaller,
+        id: &SpiffeId,
+    ) -> Result<(), Denial> {
+        let refuse = |why: &str| {
+            Denial::denied(
+                "policy.impersonation",
+                format!(
+                    "caller {} may not obtain {id} on behalf of another identity: {why}",
+                    caller.spiffe_id()
+                ),
+            )
+        };
+        if !is_workload_service_account_path(id.path()) {
+            return Err(refuse(
+                "impersonation yields only Kubernetes workload identities                  (spiffe://<trust domain>/ns/<namespace>/sa/<service account>)",
+            ));
+        }
+        if self.impersonators.contains(id) {
+            return Err(refuse("it is an impersonator's identity"));
+        }
+        if self.bridge_callers.contains(id) {
+            return Err(refuse("it is a Kubernetes bridge's identity"));
+        }
+        Ok(())
     }
 
     /// The SPIFFE ID the bridge asks for, for an object in `namespace`: the CSR's one URI SAN,
@@ -429,7 +549,11 @@ impl Policy {
     }
 
     /// The DNS names this caller may have, spelled out for a refusal message.
-    fn allowed_dns_description(&self, caller: &AuthenticatedCaller) -> String {
+    fn allowed_dns_description(
+        &self,
+        caller: &AuthenticatedCaller,
+        renewal: Option<&RenewalBasis>,
+    ) -> String {
         match caller.kind() {
             CallerKind::KubernetesServiceAccount {
                 namespace,
@@ -447,20 +571,24 @@ impl Policy {
                     format!("allowed: {}", names.join(", "))
                 }
             }
-            CallerKind::Mtls { dns_names, .. } => {
-                if dns_names.is_empty() {
-                    "the presented certificate has no DNS names".into()
+            CallerKind::Mtls { .. } => {
+                let names = renewal.map(RenewalBasis::dns_names).unwrap_or_default();
+                if names.is_empty() {
+                    "a renewal carries no DNS names here (none on the presented certificate that \
+                     its source still allows)"
+                        .into()
                 } else {
                     format!(
-                        "only the presented certificate's DNS names may be renewed: {}",
-                        dns_names.join(", ")
+                        "a renewal may carry only the presented certificate's DNS names that its \
+                         source still allows: {}",
+                        names.join(", ")
                     )
                 }
             }
             CallerKind::Node { .. } => "a node's own identity carries no DNS names; a \
                 workload's are its registration entry's"
                 .into(),
-            CallerKind::Admin => String::new(),
+            CallerKind::Admin | CallerKind::Server => String::new(),
         }
     }
 }
@@ -487,18 +615,24 @@ fn check_source(
             ),
         )),
         GrantSource::Caller => Ok(()),
-        GrantSource::NodeRenewal | GrantSource::Entry(_) if !is_node => Err(Denial::denied(
-            "policy.node",
-            format!(
-                "caller {} is not a node; only node identities use the node API",
-                caller.spiffe_id()
-            ),
-        )),
+        GrantSource::NodeRenewal | GrantSource::NodeAttestation { .. } | GrantSource::Entry(_)
+            if !is_node =>
+        {
+            Err(Denial::denied(
+                "policy.node",
+                format!(
+                    "caller {} is not a node; only node identities use the node API",
+                    caller.spiffe_id()
+                ),
+            ))
+        }
         _ if req.impersonate.is_some_and(|s| !s.is_empty()) => Err(Denial::denied(
             "policy.impersonation",
             "a node never asks on behalf of another identity",
         )),
-        GrantSource::NodeRenewal | GrantSource::Bridge { .. } => Ok(()),
+        GrantSource::NodeRenewal
+        | GrantSource::NodeAttestation { .. }
+        | GrantSource::Bridge { .. } => Ok(()),
         GrantSource::Entry(e) => {
             if &e.parent_id != caller.spiffe_id() {
                 return Err(Denial::denied(
@@ -534,8 +668,10 @@ fn check_bridge(
     req: &IssueRequest<'_>,
     namespace: &str,
 ) -> Result<(), Denial> {
-    let listed = !matches!(caller.kind(), CallerKind::Node { .. } | CallerKind::Admin)
-        && p.bridge_callers.contains(caller.spiffe_id());
+    let listed = !matches!(
+        caller.kind(),
+        CallerKind::Node { .. } | CallerKind::Admin | CallerKind::Server
+    ) && p.bridge_callers.contains(caller.spiffe_id());
     if !listed {
         return Err(Denial::denied(
             "policy.bridge",
@@ -674,9 +810,10 @@ fn check_dns_names(
                 .dns_templates
                 .iter()
                 .any(|t| t.matches(name, namespace, service_account)),
-            CallerKind::Mtls { dns_names, .. } => {
-                dns_names.iter().any(|d| d.eq_ignore_ascii_case(name))
-            }
+            CallerKind::Mtls { .. } => req
+                .renewal
+                .is_some_and(|b| b.dns_names().iter().any(|d| d.eq_ignore_ascii_case(name))),
+            CallerKind::Server => true,
             CallerKind::Node { .. } => match req.source {
                 GrantSource::Entry(e) => e.dns_names.iter().any(|d| d.eq_ignore_ascii_case(name)),
                 _ => false,
@@ -686,7 +823,7 @@ fn check_dns_names(
             let why = if on_behalf && !matches!(caller.kind(), CallerKind::Admin) {
                 "no DNS names are granted when asking on behalf of another identity".to_owned()
             } else {
-                p.allowed_dns_description(caller)
+                p.allowed_dns_description(caller, req.renewal)
             };
             return Err(Denial::denied(
                 "policy.dns_name",
@@ -709,7 +846,7 @@ fn check_ip_addresses(
         return Ok(());
     };
     match caller.kind() {
-        CallerKind::Admin => Ok(()),
+        CallerKind::Admin | CallerKind::Server => Ok(()),
         CallerKind::KubernetesServiceAccount { .. }
         | CallerKind::Mtls { .. }
         | CallerKind::Node { .. } => Err(Denial::denied(
@@ -722,6 +859,191 @@ fn check_ip_addresses(
             ),
         )),
     }
+}
+
+/// An mTLS caller is renewing the certificate it presents: only with a basis that re-checked
+/// that certificate's ledger row and source ([`renewal::assess`]), for the same identity. A
+/// basis is meaningless for any other caller.
+fn check_renewal(
+    _: &Policy,
+    caller: &AuthenticatedCaller,
+    req: &IssueRequest<'_>,
+) -> Result<(), Denial> {
+    match (caller.kind(), req.renewal) {
+        (CallerKind::Mtls { serial, .. }, Some(basis)) => {
+            if basis.serial() != serial || basis.spiffe_id() != caller.spiffe_id() {
+                return Err(Denial::denied(
+                    "policy.renewal",
+                    format!(
+                        "the renewal check was made for another certificate than the one {} \
+                         presented",
+                        caller.spiffe_id()
+                    ),
+                ));
+            }
+            Ok(())
+        }
+        (CallerKind::Mtls { .. }, None) => Err(Denial::denied(
+            "policy.renewal",
+            format!(
+                "caller {} presents a certificate whose source was not re-checked, so it may not \
+                 renew it",
+                caller.spiffe_id()
+            ),
+        )),
+        (_, Some(_)) => Err(Denial::invalid(
+            "policy.renewal",
+            "a renewal basis applies only to a caller presenting a certificate over mTLS",
+        )),
+        (_, None) => Ok(()),
+    }
+}
+
+/// Signet's own identities and names: `/signet/…` IDs only for the server itself and a node's
+/// own ID; the server's DNS names and addresses only in the server's certificate, and no
+/// wildcard may cover one of them. This runs for every grant, whoever the caller.
+fn check_reserved(
+    p: &Policy,
+    caller: &AuthenticatedCaller,
+    req: &IssueRequest<'_>,
+) -> Result<(), Denial> {
+    let id = p.identity(caller, req)?;
+    let path = id.path();
+    if path == "/signet" || path.starts_with("/signet/") {
+        let own = match (caller.kind(), req.source) {
+            (CallerKind::Server, GrantSource::Caller) => path == SERVER_PATH,
+            (
+                CallerKind::Node { .. },
+                GrantSource::NodeRenewal | GrantSource::NodeAttestation { .. },
+            ) => &id == caller.spiffe_id(),
+            _ => false,
+        };
+        if !own {
+            return Err(Denial::denied(
+                "policy.reserved",
+                format!(
+                    "{id} is reserved: identities under spiffe://{}/signet/ are only ever \
+                     Signet's own (the server's, a node's own node ID)",
+                    p.td
+                ),
+            ));
+        }
+    }
+    if matches!(caller.kind(), CallerKind::Server) {
+        return Ok(());
+    }
+    for name in &req.names.dns_names {
+        if let Some(reserved) = p.server_dns_names.iter().find(|r| dns_name_covers(name, r)) {
+            let how = if name.eq_ignore_ascii_case(reserved) {
+                String::new()
+            } else {
+                format!(" (through {name})")
+            };
+            return Err(Denial::denied(
+                "policy.reserved",
+                format!(
+                    "DNS name {reserved}{how} is the CA server's own name; no other certificate \
+                     may carry it"
+                ),
+            ));
+        }
+    }
+    if let Some(ip) = req
+        .names
+        .ip_addresses
+        .iter()
+        .find(|ip| p.server_ip_addresses.contains(ip))
+    {
+        return Err(Denial::denied(
+            "policy.reserved",
+            format!(
+                "IP address {ip} is the CA server's own address; no other certificate may carry it"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a certificate for `granted` would be accepted for `name`: equal, or `granted` is a
+/// wildcard (`*.rest`) matching `name`'s first label (how TLS clients match).
+fn dns_name_covers(granted: &str, name: &str) -> bool {
+    if granted.eq_ignore_ascii_case(name) {
+        return true;
+    }
+    match (granted.strip_prefix("*."), name.split_once('.')) {
+        (Some(rest), Some((_, name_rest))) => rest.eq_ignore_ascii_case(name_rest),
+        _ => false,
+    }
+}
+
+/// Where the authority for the grant comes from (see [`crate::provenance`]). A combination the
+/// chain should not have let through is refused rather than recorded under a guessed source.
+fn provenance(
+    caller: &AuthenticatedCaller,
+    req: &IssueRequest<'_>,
+    now: i64,
+) -> Result<Provenance, Denial> {
+    let impersonating = req.impersonate.is_some_and(|s| !s.is_empty());
+    if impersonating {
+        let source = Source::Impersonated {
+            impersonator: caller.spiffe_id().to_string(),
+        };
+        return Ok(Provenance::new(source, now));
+    }
+    let source = match (req.source, caller.kind()) {
+        (GrantSource::Caller, CallerKind::Mtls { .. }) => {
+            return req.renewal.map(|b| b.carried_forward()).ok_or_else(|| {
+                Denial::denied(
+                    "policy.renewal",
+                    "a renewal over mTLS needs its re-checked basis",
+                )
+            });
+        }
+        (GrantSource::Entry(e), CallerKind::Node { node_id, .. }) => Source::Entry {
+            entry_id: e.entry_id.clone(),
+            node_id: node_id.clone(),
+        },
+        (GrantSource::Bridge { namespace }, _) => Source::Bridge {
+            bridge: caller.spiffe_id().to_string(),
+            namespace: namespace.to_owned(),
+        },
+        (GrantSource::NodeAttestation { method }, CallerKind::Node { node_id, .. }) => {
+            Source::Node {
+                node_id: node_id.clone(),
+                attestation: method.to_owned(),
+            }
+        }
+        (GrantSource::NodeRenewal, CallerKind::Node { node_id, .. }) => Source::Node {
+            node_id: node_id.clone(),
+            attestation: "renewal".to_owned(),
+        },
+        (
+            GrantSource::Caller,
+            CallerKind::KubernetesServiceAccount {
+                namespace,
+                service_account,
+                pod,
+                node,
+            },
+        ) => Source::ServiceAccount {
+            namespace: namespace.clone(),
+            service_account: service_account.clone(),
+            pod: pod.clone(),
+            node: node.clone(),
+        },
+        (GrantSource::Caller, CallerKind::Admin) => Source::Admin,
+        (GrantSource::Caller, CallerKind::Server) => Source::Server,
+        _ => {
+            return Err(Denial::denied(
+                "policy.provenance",
+                format!(
+                    "caller {} cannot be granted a certificate through this API",
+                    caller.spiffe_id()
+                ),
+            ));
+        }
+    };
+    Ok(Provenance::new(source, now))
 }
 
 // ---- helpers ----------------------------------------------------------------------------
@@ -779,6 +1101,24 @@ fn is_ldh_label(label: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
+/// `/ns/<namespace>/sa/<service account>`: a namespace that is a DNS-1123 label and a service
+/// account name that is a DNS-1123 subdomain, nothing before or after.
+fn is_workload_service_account_path(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix("/ns/") else {
+        return false;
+    };
+    let Some((namespace, rest)) = rest.split_once('/') else {
+        return false;
+    };
+    let Some(service_account) = rest.strip_prefix("sa/") else {
+        return false;
+    };
+    is_dns1123_label(namespace)
+        && !service_account.is_empty()
+        && service_account.len() <= 253
+        && service_account.split('.').all(|l| is_dns1123_label(l))
+}
+
 /// A Kubernetes namespace name: a DNS-1123 label (lowercase).
 fn is_dns1123_label(s: &str) -> bool {
     is_ldh_label(s) && !s.bytes().any(|b| b.is_ascii_uppercase())
@@ -811,6 +1151,7 @@ impl BridgeDnsTemplate {
                 "does not contain {namespace}: it would give every namespace the same names",
             ));
         }
+        check_placeholder_labels(body).map_err(|why| err(&why))?;
         if !is_dns_name(&body.replace(NAMESPACE, "ns")) {
             return Err(err("does not make a valid DNS name"));
         }
@@ -852,6 +1193,30 @@ impl BridgeDnsTemplate {
     }
 }
 
+/// Each placeholder must be a whole DNS label of its own and appear once, so that a name maps
+/// back to exactly one namespace (and service account): `{namespace}-{serviceaccount}.svc`
+/// would give namespace `a-b` with account `c` and namespace `a` with account `b-c` the same
+/// name.
+fn check_placeholder_labels(body: &str) -> Result<(), String> {
+    for placeholder in [NAMESPACE, SERVICE_ACCOUNT] {
+        let count = body.matches(placeholder).count();
+        if count > 1 {
+            return Err(format!("uses {placeholder} {count} times; use it once"));
+        }
+    }
+    for label in body.split('.') {
+        let has_placeholder = label.contains(NAMESPACE) || label.contains(SERVICE_ACCOUNT);
+        if has_placeholder && label != NAMESPACE && label != SERVICE_ACCOUNT {
+            return Err(format!(
+                "puts {label:?} in one label; each placeholder must be a whole label of its own \
+                 (e.g. {{serviceaccount}}.{{namespace}}.svc), or two namespaces and service \
+                 accounts could be given the same name"
+            ));
+        }
+    }
+    Ok(())
+}
+
 const NAMESPACE: &str = "{namespace}";
 const SERVICE_ACCOUNT: &str = "{serviceaccount}";
 
@@ -885,6 +1250,13 @@ impl DnsTemplate {
         if !is_dns_name(&sample) {
             return Err(err("does not make a valid DNS name"));
         }
+        if !body.contains(NAMESPACE) {
+            return Err(err(
+                "does not contain {namespace}: service accounts of the same name in different \
+                 namespaces would get the same DNS names",
+            ));
+        }
+        check_placeholder_labels(body).map_err(|why| err(&why))?;
         Ok(Self {
             wildcard,
             body: body.to_owned(),
@@ -929,6 +1301,8 @@ mod tests {
     use std::net::Ipv4Addr;
 
     const HOUR: Duration = Duration::from_secs(3600);
+    /// The issuance time the tests decide at (unix seconds).
+    const NOW: i64 = 1_700_000_000;
 
     fn td() -> TrustDomain {
         TrustDomain::new("example.org").expect("td")
@@ -956,9 +1330,22 @@ mod tests {
                     ],
                     ..KubernetesBridgeConfig::default()
                 },
+                ..PolicyConfig::default()
             },
         )
         .expect("policy")
+        .with_server_names(
+            vec![
+                "localhost".into(),
+                "signet.example.com".into(),
+                "signet.signet-system.svc".into(),
+            ],
+            vec![Ipv4Addr::LOCALHOST.into(), "::1".parse().expect("ip")],
+        )
+    }
+
+    fn server() -> AuthenticatedCaller {
+        AuthenticatedCaller::for_tests(id("/signet/server"), CallerKind::Server)
     }
 
     fn sa(ns: &str, name: &str) -> AuthenticatedCaller {
@@ -968,6 +1355,7 @@ mod tests {
                 namespace: ns.into(),
                 service_account: name.into(),
                 pod: None,
+                node: None,
             },
         )
     }
@@ -978,6 +1366,7 @@ mod tests {
             CallerKind::Mtls {
                 dns_names: dns.iter().map(|s| s.to_string()).collect(),
                 serial: "01".into(),
+                leaf_sha256: [7; 32],
             },
         )
     }
@@ -1007,8 +1396,23 @@ mod tests {
                 names,
                 ttl_seconds: ttl,
                 impersonate: imp,
+                renewal: test_basis(caller).as_ref(),
             },
+            NOW,
         )
+    }
+
+    /// What re-checking an mTLS test caller's presented certificate would allow: its own
+    /// names, up to a day. None for other callers.
+    fn test_basis(caller: &AuthenticatedCaller) -> Option<RenewalBasis> {
+        match caller.kind() {
+            CallerKind::Mtls { dns_names, .. } => Some(RenewalBasis::for_tests(
+                caller,
+                dns_names.clone(),
+                24 * HOUR,
+            )),
+            _ => None,
+        }
     }
 
     fn denied(r: Result<Grant, Denial>, kind: DenialKind, reason: &str) -> String {
@@ -1027,6 +1431,7 @@ mod tests {
             CallerKind::Node {
                 node_id: name.into(),
                 serial: Some("01".into()),
+                leaf_sha256: Some([7; 32]),
             },
         )
     }
@@ -1054,7 +1459,9 @@ mod tests {
                 names,
                 ttl_seconds: 0,
                 impersonate: imp,
+                renewal: test_basis(caller).as_ref(),
             },
+            NOW,
         )
     }
 
@@ -1315,6 +1722,7 @@ mod tests {
             CallerKind::Mtls {
                 dns_names: vec![],
                 serial: "01".into(),
+                leaf_sha256: [7; 32],
             },
         );
         let m = denied(
@@ -1403,15 +1811,138 @@ mod tests {
     #[test]
     fn admin_may_obtain_any_id_in_the_trust_domain() {
         let n = RequestedNames {
-            uris: vec!["spiffe://example.org/signet/server".into()],
-            dns_names: vec!["localhost".into(), "*.signet.example.com".into()],
-            ip_addresses: vec![Ipv4Addr::LOCALHOST.into(), "::1".parse().expect("ip")],
+            uris: vec!["spiffe://example.org/ns/web/sa/frontend".into()],
+            dns_names: vec!["web.example.org".into(), "*.internal.example.org".into()],
+            ip_addresses: vec![
+                Ipv4Addr::new(10, 1, 2, 3).into(),
+                "fd00::1".parse().expect("ip"),
+            ],
             ..RequestedNames::default()
         };
         let g = decide(&admin(), &n, 0, None).expect("ok");
-        assert_eq!(g.spiffe_id, id("/signet/server"));
+        assert_eq!(g.spiffe_id, id("/ns/web/sa/frontend"));
         assert_eq!(g.dns_names, n.dns_names);
         assert_eq!(g.ip_addresses, n.ip_addresses);
+        assert_eq!(g.provenance, Provenance::new(Source::Admin, NOW));
+    }
+
+    #[test]
+    fn no_one_but_signet_gets_signets_identities_and_names() {
+        // The operator may not mint Signet's own identities...
+        for path in [
+            "/signet/server",
+            "/signet/node/n1",
+            "/signet/admin",
+            "/signet",
+        ] {
+            let m = denied(
+                decide(
+                    &admin(),
+                    &names(&[&format!("spiffe://example.org{path}")], &[]),
+                    0,
+                    None,
+                ),
+                DenialKind::PermissionDenied,
+                "policy.reserved",
+            );
+            assert!(m.contains("reserved"), "{m}");
+        }
+        // ... nor the server's names or addresses, nor a wildcard that covers one.
+        for dns in [
+            "localhost",
+            "SIGNET.example.com",
+            "*.example.com",
+            "*.signet-system.svc",
+        ] {
+            let m = denied(
+                decide(
+                    &admin(),
+                    &names(&["spiffe://example.org/web"], &[dns]),
+                    0,
+                    None,
+                ),
+                DenialKind::PermissionDenied,
+                "policy.reserved",
+            );
+            assert!(m.contains("the CA server's own name"), "{dns}: {m}");
+        }
+        for ip in [Ipv4Addr::LOCALHOST.into(), "::1".parse().expect("ip")] {
+            let mut n = names(&["spiffe://example.org/web"], &[]);
+            n.ip_addresses = vec![ip];
+            denied(
+                decide(&admin(), &n, 0, None),
+                DenialKind::PermissionDenied,
+                "policy.reserved",
+            );
+        }
+        // A name next to a reserved one is fine.
+        decide(
+            &admin(),
+            &names(
+                &["spiffe://example.org/web"],
+                &["other.example.com", "*.x.example.com"],
+            ),
+            0,
+            None,
+        )
+        .expect("not reserved");
+        // The server itself gets exactly its own identity, with its names and addresses.
+        let mut n = names(
+            &["spiffe://example.org/signet/server"],
+            &["localhost", "signet.example.com"],
+        );
+        n.ip_addresses = vec![Ipv4Addr::LOCALHOST.into()];
+        let g = decide(&server(), &n, 0, None).expect("own");
+        assert_eq!(g.spiffe_id, id("/signet/server"));
+        assert_eq!(g.provenance.source, Source::Server);
+        denied(
+            decide(
+                &server(),
+                &names(&["spiffe://example.org/web"], &[]),
+                0,
+                None,
+            ),
+            DenialKind::PermissionDenied,
+            "policy.identity",
+        );
+        // A node's entry may not carry the server's name either.
+        let mut e = entry("n1", 0);
+        e.dns_names = vec!["signet.example.com".into()];
+        let m = denied(
+            decide_src(
+                &node("n1"),
+                &names(&[], &["signet.example.com"]),
+                GrantSource::Entry(&e),
+                None,
+            ),
+            DenialKind::PermissionDenied,
+            "policy.reserved",
+        );
+        assert!(m.contains("signet.example.com"), "{m}");
+        // Nor a bridge's template for the server's own namespace.
+        let ask = |dns: &str| {
+            let n = names(&["spiffe://example.org/ns/signet-system/sa/x"], &[dns]);
+            policy().decide(
+                &sa("signet-system", "signet-k8s"),
+                &IssueRequest {
+                    source: GrantSource::Bridge {
+                        namespace: "signet-system",
+                    },
+                    names: &n,
+                    ttl_seconds: 0,
+                    impersonate: None,
+                    renewal: None,
+                },
+                NOW,
+            )
+        };
+        assert_eq!(
+            ask("signet.signet-system.svc")
+                .expect_err("the server's")
+                .reason,
+            "policy.reserved"
+        );
+        ask("web.signet-system.svc").expect("another name in that namespace");
     }
 
     #[test]
@@ -1511,7 +2042,9 @@ mod tests {
                     names: &n,
                     ttl_seconds: 0,
                     impersonate: None,
+                    renewal: test_basis(&web).as_ref(),
                 },
+                NOW,
             )
             .expect_err("denied");
         assert!(
@@ -1628,12 +2161,14 @@ mod tests {
             CHAIN.iter().map(|(name, _)| *name).collect::<Vec<_>>(),
             [
                 "source",
+                "renewal",
                 "ttl",
                 "single_uri",
                 "san_types",
                 "identity",
                 "dns_names",
-                "ip_addresses"
+                "ip_addresses",
+                "reserved"
             ]
         );
     }
@@ -1697,7 +2232,9 @@ mod tests {
                     names: &n,
                     ttl_seconds: 7 * 86400,
                     impersonate: None,
+                    renewal: test_basis(&bridge()).as_ref(),
                 },
+                NOW,
             )
             .expect("ok");
         assert_eq!(g.ttl, 24 * HOUR);
@@ -1890,7 +2427,9 @@ mod tests {
                     names: &n,
                     ttl_seconds: 0,
                     impersonate: None,
+                    renewal: test_basis(&bridge()).as_ref(),
                 },
+                NOW,
             )
             .expect_err("off");
         assert_eq!(d.reason, "policy.bridge");
@@ -1912,7 +2451,9 @@ mod tests {
                     names: &n,
                     ttl_seconds: 0,
                     impersonate: None,
+                    renewal: test_basis(&bridge()).as_ref(),
                 },
+                NOW,
             )
         };
         ask("gw.a.example.com").expect("exact");
@@ -2034,5 +2575,292 @@ mod tests {
         ] {
             assert!(!is_dns_name(bad), "{bad}");
         }
+    }
+
+    // ---- impersonation yields only ordinary workloads ----
+
+    #[test]
+    fn impersonation_never_reaches_privileged_identities() {
+        let ztunnel = sa("istio-system", "ztunnel");
+        for target in [
+            "spiffe://example.org/signet/node/n1",
+            "spiffe://example.org/signet/server",
+            "spiffe://example.org/signet/admin",
+            // a configured bridge, and the impersonator itself
+            "spiffe://example.org/ns/signet-system/sa/signet-k8s",
+            "spiffe://example.org/ns/istio-system/sa/ztunnel",
+            // not a workload's service-account identity
+            "spiffe://example.org/bridge",
+            "spiffe://example.org/web",
+            "spiffe://example.org/ns/a/sa/b/extra",
+            "spiffe://example.org/ns/A/sa/b",
+            "spiffe://example.org/ns/a",
+        ] {
+            let r = decide(&ztunnel, &names(&[], &[]), 0, Some(target));
+            let d = r.expect_err(target);
+            assert!(
+                matches!(d.reason, "policy.impersonation" | "policy.identity"),
+                "{target}: {d:?}"
+            );
+            assert_eq!(d.kind, DenialKind::PermissionDenied, "{target}: {d:?}");
+        }
+        // An ordinary workload still works, without names, recorded as impersonated.
+        let g = decide(
+            &ztunnel,
+            &names(&[], &[]),
+            0,
+            Some("spiffe://example.org/ns/default/sa/web.v2"),
+        )
+        .expect("ordinary workload");
+        assert_eq!(g.spiffe_id, id("/ns/default/sa/web.v2"));
+        assert!(g.dns_names.is_empty());
+        assert_eq!(
+            g.provenance.source,
+            Source::Impersonated {
+                impersonator: "spiffe://example.org/ns/istio-system/sa/ztunnel".into()
+            }
+        );
+    }
+
+    #[test]
+    fn impersonators_must_be_workloads_and_not_bridges() {
+        let cfg = PolicyConfig {
+            impersonators: vec!["spiffe://example.org/signet/node/n1".into()],
+            ..PolicyConfig::default()
+        };
+        let e = Policy::new(td(), HOUR, HOUR, &cfg).expect_err("signet");
+        assert!(e.contains("one of Signet's own identities"), "{e}");
+        let both = "spiffe://example.org/ns/istio-system/sa/ztunnel";
+        let cfg = PolicyConfig {
+            impersonators: vec![both.into()],
+            kubernetes_bridge: KubernetesBridgeConfig {
+                callers: vec![both.into()],
+                ..KubernetesBridgeConfig::default()
+            },
+            ..PolicyConfig::default()
+        };
+        let e = Policy::new(td(), HOUR, HOUR, &cfg).expect_err("both");
+        assert!(e.contains("in both policy.impersonators"), "{e}");
+    }
+
+    // ---- renewal over mTLS ----
+
+    fn decide_with(
+        caller: &AuthenticatedCaller,
+        n: &RequestedNames,
+        ttl: i64,
+        renewal: Option<&RenewalBasis>,
+    ) -> Result<Grant, Denial> {
+        policy().decide(
+            caller,
+            &IssueRequest {
+                source: GrantSource::Caller,
+                names: n,
+                ttl_seconds: ttl,
+                impersonate: None,
+                renewal,
+            },
+            NOW,
+        )
+    }
+
+    #[test]
+    fn an_mtls_caller_renews_only_with_a_basis_for_its_own_certificate() {
+        let m = mtls("/web", &["web.example.org"]);
+        let msg = denied(
+            decide_with(&m, &names(&[], &[]), 0, None),
+            DenialKind::PermissionDenied,
+            "policy.renewal",
+        );
+        assert!(msg.contains("not re-checked"), "{msg}");
+        // A basis made for another caller's certificate does not count.
+        let other = mtls("/db", &[]);
+        let basis = RenewalBasis::for_tests(&other, vec![], HOUR);
+        denied(
+            decide_with(&m, &names(&[], &[]), 0, Some(&basis)),
+            DenialKind::PermissionDenied,
+            "policy.renewal",
+        );
+        // A basis is meaningless for anyone else.
+        let basis = RenewalBasis::for_tests(&m, vec![], HOUR);
+        denied(
+            decide_with(&sa("a", "b"), &names(&[], &[]), 0, Some(&basis)),
+            DenialKind::InvalidArgument,
+            "policy.renewal",
+        );
+    }
+
+    #[test]
+    fn a_renewal_is_bounded_by_its_basis() {
+        let m = mtls("/web", &["web.example.org", "old.example.org"]);
+        // The source still allows one of the two presented names, for ten minutes.
+        let basis =
+            RenewalBasis::for_tests(&m, vec!["web.example.org".into()], Duration::from_secs(600));
+        let g = decide_with(&m, &names(&[], &["web.example.org"]), 86400, Some(&basis))
+            .expect("within the basis");
+        assert_eq!(g.ttl, Duration::from_secs(600));
+        assert_eq!(g.spiffe_id, id("/web"));
+        let p = g.provenance;
+        assert_eq!(p.source, Source::Admin);
+        assert_eq!(p.renewed_from.as_deref(), Some("01"));
+        let g = decide_with(&m, &names(&[], &[]), 0, Some(&basis)).expect("default");
+        assert_eq!(g.ttl, Duration::from_secs(600));
+        let msg = denied(
+            decide_with(&m, &names(&[], &["old.example.org"]), 0, Some(&basis)),
+            DenialKind::PermissionDenied,
+            "policy.dns_name",
+        );
+        assert!(msg.contains("still allows: web.example.org"), "{msg}");
+    }
+
+    // ---- provenance ----
+
+    #[test]
+    fn every_grant_records_where_its_authority_came_from() {
+        let caller = AuthenticatedCaller::for_tests(
+            id("/ns/web/sa/frontend"),
+            CallerKind::KubernetesServiceAccount {
+                namespace: "web".into(),
+                service_account: "frontend".into(),
+                pod: Some("frontend-x".into()),
+                node: Some("worker-1".into()),
+            },
+        );
+        let g = decide(&caller, &names(&[], &[]), 0, None).expect("sa");
+        assert_eq!(
+            g.provenance,
+            Provenance::new(
+                Source::ServiceAccount {
+                    namespace: "web".into(),
+                    service_account: "frontend".into(),
+                    pod: Some("frontend-x".into()),
+                    node: Some("worker-1".into()),
+                },
+                NOW
+            )
+        );
+        let attesting = AuthenticatedCaller::for_tests(
+            id("/signet/node/n1"),
+            CallerKind::Node {
+                node_id: "n1".into(),
+                serial: None,
+                leaf_sha256: None,
+            },
+        );
+        let g = decide_src(
+            &attesting,
+            &names(&[], &[]),
+            GrantSource::NodeAttestation {
+                method: "join_token",
+            },
+            None,
+        )
+        .expect("attest");
+        assert_eq!(
+            g.provenance.source,
+            Source::Node {
+                node_id: "n1".into(),
+                attestation: "join_token".into()
+            }
+        );
+        let g = decide_src(
+            &node("n1"),
+            &names(&[], &[]),
+            GrantSource::NodeRenewal,
+            None,
+        )
+        .expect("renew");
+        assert_eq!(
+            g.provenance.source,
+            Source::Node {
+                node_id: "n1".into(),
+                attestation: "renewal".into()
+            }
+        );
+        let e = entry("n1", 600);
+        let g =
+            decide_src(&node("n1"), &names(&[], &[]), GrantSource::Entry(&e), None).expect("entry");
+        assert_eq!(
+            g.provenance,
+            Provenance::new(
+                Source::Entry {
+                    entry_id: "e1".into(),
+                    node_id: "n1".into()
+                },
+                NOW
+            )
+        );
+        let n = names(&["spiffe://example.org/ns/a/sa/x"], &[]);
+        let g = policy()
+            .decide(
+                &sa("signet-system", "signet-k8s"),
+                &IssueRequest {
+                    source: GrantSource::Bridge { namespace: "a" },
+                    names: &n,
+                    ttl_seconds: 0,
+                    impersonate: None,
+                    renewal: None,
+                },
+                NOW,
+            )
+            .expect("bridge");
+        assert_eq!(
+            g.provenance.source,
+            Source::Bridge {
+                bridge: "spiffe://example.org/ns/signet-system/sa/signet-k8s".into(),
+                namespace: "a".into()
+            }
+        );
+    }
+
+    // ---- DNS templates are unambiguous ----
+
+    #[test]
+    fn ambiguous_dns_templates_are_refused_at_start_up() {
+        for (t, want) in [
+            ("{namespace}-{serviceaccount}.svc", "whole label"),
+            ("{serviceaccount}-x.{namespace}.svc", "whole label"),
+            ("web.{serviceaccount}.svc", "{namespace}"),
+            ("*.cluster.local", "{namespace}"),
+            ("{namespace}.{namespace}.svc", "once"),
+            ("{serviceaccount}.{serviceaccount}.{namespace}.svc", "once"),
+        ] {
+            let cfg = PolicyConfig {
+                kubernetes_dns_templates: vec![t.into()],
+                ..PolicyConfig::default()
+            };
+            let e = Policy::new(td(), HOUR, HOUR, &cfg).expect_err(t);
+            assert!(
+                e.contains("policy.kubernetes_dns_templates") && e.contains(want),
+                "{t}: {e}"
+            );
+        }
+        for (t, want) in [
+            ("x{namespace}.svc", "whole label"),
+            ("{namespace}.{namespace}.svc", "once"),
+        ] {
+            let cfg = PolicyConfig {
+                kubernetes_bridge: KubernetesBridgeConfig {
+                    callers: vec![],
+                    dns_templates: vec![t.into()],
+                },
+                ..PolicyConfig::default()
+            };
+            let e = Policy::new(td(), HOUR, HOUR, &cfg).expect_err(t);
+            assert!(
+                e.contains("policy.kubernetes_bridge.dns_templates") && e.contains(want),
+                "{t}: {e}"
+            );
+        }
+        // Whole-label placeholders in either order are fine.
+        let cfg = PolicyConfig {
+            kubernetes_dns_templates: vec![
+                "{serviceaccount}.{namespace}.svc".into(),
+                "{namespace}.{serviceaccount}.example.com".into(),
+                "*.{namespace}.svc.cluster.local".into(),
+            ],
+            ..PolicyConfig::default()
+        };
+        Policy::new(td(), HOUR, HOUR, &cfg).expect("unambiguous");
     }
 }

@@ -106,8 +106,10 @@ pub async fn run(
             )
         }
     };
+    let (server_dns_names, server_ips) = server_names(&cfg);
     let policy = Policy::new(td.clone(), cfg.ca.default_ttl, cfg.ca.max_ttl, &cfg.policy)
-        .map_err(|e| anyhow!("policy: {e}"))?;
+        .map_err(|e| anyhow!("policy: {e}"))?
+        .with_server_names(server_dns_names, server_ips);
 
     let issuer = Arc::new(Issuer::new(IssuerParts {
         td: td.clone(),
@@ -117,6 +119,7 @@ pub async fn run(
         policy,
         jwt,
         ledger,
+        store: store.clone(),
         audit: audit.clone(),
         metrics: metrics.clone(),
     }));
@@ -133,8 +136,13 @@ pub async fn run(
         chain.not_before,
         chain.not_after,
     ));
-    let tls_config =
-        Arc::new(tls::server_config(resolver, authority.roots()).map_err(|e| anyhow!("TLS: {e}"))?);
+    // Client certificates are trusted only when Signet itself signed them: the anchor is the
+    // signing CA certificate, not the root, so with a plugged-in CA a sibling intermediate under
+    // the same root authenticates nobody.
+    let tls_config = Arc::new(
+        tls::server_config(resolver, &[authority.cert_der().to_vec()])
+            .map_err(|e| anyhow!("TLS: {e}"))?,
+    );
 
     let grpc_listener = TcpListener::bind(cfg.listen)
         .await
@@ -397,6 +405,17 @@ pub fn fingerprint(der: &[u8]) -> String {
         .join(":")
 }
 
+/// The server's own DNS names and addresses: in its certificate, and in no other.
+fn server_names(cfg: &Config) -> (Vec<String>, Vec<IpAddr>) {
+    let mut dns_names = vec!["localhost".to_owned()];
+    dns_names.extend(cfg.server_names.iter().cloned());
+    let mut ips: Vec<IpAddr> = vec![Ipv4Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()];
+    if !cfg.listen.ip().is_unspecified() && !ips.contains(&cfg.listen.ip()) {
+        ips.push(cfg.listen.ip());
+    }
+    (dns_names, ips)
+}
+
 struct ServerCert {
     chain: Vec<Vec<u8>>,
     not_before: SystemTime,
@@ -411,14 +430,9 @@ async fn issue_server_cert(issuer: &Issuer, cfg: &Config) -> anyhow::Result<(Ser
         .map_err(|e| anyhow!("server CSR: {e}"))?;
     let td = issuer.trust_domain();
     let id = td
-        .id("/signet/server")
+        .id(crate::authn::SERVER_PATH)
         .map_err(|e| anyhow!("server SPIFFE ID: {e}"))?;
-    let mut dns_names = vec!["localhost".to_owned()];
-    dns_names.extend(cfg.server_names.iter().cloned());
-    let mut ips: Vec<IpAddr> = vec![Ipv4Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()];
-    if !cfg.listen.ip().is_unspecified() && !ips.contains(&cfg.listen.ip()) {
-        ips.push(cfg.listen.ip());
-    }
+    let (dns_names, ips) = server_names(cfg);
     let caller = AuthenticatedCaller::server(td);
     let cert = issuer
         .issue(

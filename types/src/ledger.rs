@@ -5,6 +5,12 @@
 //! removing or reordering any row changes every hash after it, so an auditor holding the
 //! head hash can prove the ledger intact. The encoding is length-prefixed and fixed here:
 //! the server that writes the chain and `signetctl ledger verify` both call this module.
+//!
+//! Two row formats share the chain. A row with an empty `provenance` (written before provenance
+//! was recorded) hashes as `signet-ledger-v1`; every row written since carries its provenance
+//! (where the certificate's authority came from, see the server's `provenance` module) and hashes
+//! as `signet-ledger-v2`, which covers the provenance too. Blanking a row's provenance to pass it
+//! off as an old row changes its hash, so it is detected like any other alteration.
 
 use ring::digest;
 
@@ -14,7 +20,8 @@ pub type Hash = [u8; 32];
 /// The hash that precedes the first row.
 pub const GENESIS: Hash = [0u8; 32];
 
-const DOMAIN: &[u8] = b"signet-ledger-v1\0";
+const DOMAIN_V1: &[u8] = b"signet-ledger-v1\0";
+const DOMAIN_V2: &[u8] = b"signet-ledger-v2\0";
 
 /// Everything a ledger row commits to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +46,9 @@ pub struct LedgerEntry {
     /// Unix seconds when the server issued it.
     pub issued_at: i64,
     pub request_id: String,
+    /// Where the authority for the certificate came from (canonical JSON); empty only on rows
+    /// written before provenance was recorded.
+    pub provenance: String,
 }
 
 fn put(ctx: &mut digest::Context, bytes: &[u8]) {
@@ -49,7 +59,11 @@ fn put(ctx: &mut digest::Context, bytes: &[u8]) {
 /// The hash of `entry` chained onto `prev`.
 pub fn chain_hash(prev: &Hash, entry: &LedgerEntry) -> Hash {
     let mut ctx = digest::Context::new(&digest::SHA256);
-    ctx.update(DOMAIN);
+    ctx.update(if entry.provenance.is_empty() {
+        DOMAIN_V1
+    } else {
+        DOMAIN_V2
+    });
     ctx.update(prev);
     ctx.update(&entry.seq.to_be_bytes());
     put(&mut ctx, entry.serial.as_bytes());
@@ -69,6 +83,9 @@ pub fn chain_hash(prev: &Hash, entry: &LedgerEntry) -> Hash {
     put(&mut ctx, entry.caller.as_bytes());
     ctx.update(&entry.issued_at.to_be_bytes());
     put(&mut ctx, entry.request_id.as_bytes());
+    if !entry.provenance.is_empty() {
+        put(&mut ctx, entry.provenance.as_bytes());
+    }
     let mut out = [0u8; 32];
     out.copy_from_slice(ctx.finish().as_ref());
     out
@@ -184,6 +201,7 @@ mod tests {
             caller: "jwt:spiffe://example.org/ns/a/sa/b".into(),
             issued_at: 1_700_000_010,
             request_id: format!("req-{seq}"),
+            provenance: r#"{"source":"service_account"}"#.into(),
         }
     }
 
@@ -220,7 +238,7 @@ mod tests {
     fn every_field_is_covered() {
         let base = entry(1);
         let h = chain_hash(&GENESIS, &base);
-        let mutations: [fn(&mut LedgerEntry); 11] = [
+        let mutations: [fn(&mut LedgerEntry); 13] = [
             |e| e.serial.push('0'),
             |e| e.spiffe_id.push('x'),
             |e| e.dns_names.push("x".into()),
@@ -232,6 +250,9 @@ mod tests {
             |e| e.caller.push('x'),
             |e| e.issued_at += 1,
             |e| e.request_id.push('x'),
+            |e| e.provenance.push('x'),
+            // Blanking the provenance (passing the row off as a v1 row) is an alteration too.
+            |e| e.provenance.clear(),
         ];
         for m in mutations {
             let mut e = base.clone();
@@ -244,6 +265,31 @@ mod tests {
         let mut b = base;
         b.dns_names = vec!["a".into(), "bc".into()];
         assert_ne!(chain_hash(&GENESIS, &a), chain_hash(&GENESIS, &b));
+    }
+
+    #[test]
+    fn rows_without_provenance_keep_the_v1_hash() {
+        // A v1 row's hash, computed by the encoding as it was before provenance existed, so
+        // ledgers written by earlier versions keep verifying.
+        let mut e = entry(1);
+        e.provenance.clear();
+        let mut ctx = digest::Context::new(&digest::SHA256);
+        ctx.update(b"signet-ledger-v1\0");
+        ctx.update(&GENESIS);
+        ctx.update(&e.seq.to_be_bytes());
+        put(&mut ctx, e.serial.as_bytes());
+        put(&mut ctx, e.spiffe_id.as_bytes());
+        ctx.update(&1u64.to_be_bytes());
+        put(&mut ctx, b"b.a.svc");
+        ctx.update(&0u64.to_be_bytes());
+        ctx.update(&e.not_before.to_be_bytes());
+        ctx.update(&e.not_after.to_be_bytes());
+        ctx.update(&e.cert_sha256);
+        put(&mut ctx, e.ca_key_id.as_bytes());
+        put(&mut ctx, e.caller.as_bytes());
+        ctx.update(&e.issued_at.to_be_bytes());
+        put(&mut ctx, e.request_id.as_bytes());
+        assert_eq!(chain_hash(&GENESIS, &e).as_slice(), ctx.finish().as_ref());
     }
 
     #[test]

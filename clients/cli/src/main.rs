@@ -162,6 +162,9 @@ struct CertJson {
     request_id: String,
     sha256: String,
     hash: String,
+    /// Where the certificate's authority came from; null for rows written before it was
+    /// recorded.
+    provenance: Option<serde_json::Value>,
 }
 
 fn rfc3339(unix: i64) -> String {
@@ -189,6 +192,7 @@ fn to_json(r: &CertificateRecord) -> CertJson {
         request_id: r.request_id.clone(),
         sha256: hex::encode(&r.cert_sha256),
         hash: hex::encode(&r.hash),
+        provenance: serde_json::from_str(&r.provenance).ok(),
     }
 }
 
@@ -385,6 +389,14 @@ async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCode> {
                 println!("request id:  {}", j.request_id);
                 println!("sha256:      {}", j.sha256);
                 println!("chain hash:  {}", j.hash);
+                println!(
+                    "provenance:  {}",
+                    if r.provenance.is_empty() {
+                        "(not recorded)"
+                    } else {
+                        r.provenance.as_str()
+                    }
+                );
                 print!("{}", signet_types::pem::cert_to_pem(&r.cert_der));
             }
             Ok(ExitCode::SUCCESS)
@@ -457,6 +469,7 @@ pub(crate) async fn verify_ledger(socket: &Path) -> anyhow::Result<Result<u64, S
             caller: r.caller.clone(),
             issued_at: r.issued_at,
             request_id: r.request_id.clone(),
+            provenance: r.provenance.clone(),
         };
         if signet_types::ledger::sha256(&r.cert_der) != entry.cert_sha256 {
             return Ok(Err(format!(

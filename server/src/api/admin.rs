@@ -54,6 +54,7 @@ impl From<StoreError> for ApiError {
 
 pub(crate) fn row_to_proto(r: CertificateRow) -> CertificateRecord {
     let e = r.entry;
+    let revoked_at = r.revoked_at.unwrap_or(0);
     CertificateRecord {
         seq: e.seq,
         serial: e.serial,
@@ -70,6 +71,8 @@ pub(crate) fn row_to_proto(r: CertificateRow) -> CertificateRecord {
         prev_hash: r.prev_hash.to_vec(),
         hash: r.hash.to_vec(),
         cert_der: r.cert_der,
+        provenance: e.provenance,
+        revoked_at,
     }
 }
 

@@ -101,6 +101,7 @@ impl NodeApi {
         };
         let node = self.store.node(node_id).await?;
         self.check_not_banned(&caller, node_id, node.as_ref())?;
+        self.issuer.check_node_certificate(&caller).await?;
         Ok(caller)
     }
 
@@ -416,7 +417,9 @@ impl NodeApi {
                     request_id,
                     api: "node",
                     extra_names: None,
-                    source: GrantSource::NodeRenewal,
+                    source: GrantSource::NodeAttestation {
+                        method: attestation,
+                    },
                 },
             )
             .await?;

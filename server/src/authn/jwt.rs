@@ -420,6 +420,7 @@ impl JwtAuthenticator {
                     namespace: namespace.to_owned(),
                     service_account: service_account.to_owned(),
                     pod,
+                    node: node.clone(),
                 },
             ),
             node_name: node,
@@ -1000,6 +1001,7 @@ mod tests {
                 namespace: "default".into(),
                 service_account: "web".into(),
                 pod: Some("web-7d9f".into()),
+                node: None,
             }
         );
     }

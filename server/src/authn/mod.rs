@@ -11,6 +11,9 @@ pub mod psat;
 
 use signet_types::SpiffeId;
 
+/// The server's own SPIFFE ID path: `spiffe://<td>/signet/server`.
+pub const SERVER_PATH: &str = "/signet/server";
+
 /// How the caller proved who it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -21,6 +24,8 @@ pub enum CallerKind {
         service_account: String,
         /// The pod the token was bound to, if any.
         pod: Option<String>,
+        /// The node that pod runs on (`kubernetes.io.node.name`), if the token says.
+        node: Option<String>,
     },
     /// A Signet X509-SVID presented over mTLS.
     Mtls {
@@ -28,6 +33,9 @@ pub enum CallerKind {
         dns_names: Vec<String>,
         /// Serial (lowercase hex) of the presented certificate.
         serial: String,
+        /// SHA-256 of the presented certificate's DER: renewal finds it in the ledger by serial
+        /// and checks that it is this very certificate.
+        leaf_sha256: [u8; 32],
     },
     /// A node agent: over mTLS with its node SVID (`spiffe://<td>/signet/node/<id>`), or
     /// attesting with a one-time join token (then `serial` is None).
@@ -35,9 +43,14 @@ pub enum CallerKind {
         node_id: String,
         /// Serial (lowercase hex) of the presented node SVID; None when attesting.
         serial: Option<String>,
+        /// SHA-256 of the presented node SVID's DER; None when attesting.
+        leaf_sha256: Option<[u8; 32]>,
     },
     /// The operator, over the admin socket.
     Admin,
+    /// The server itself, for its own TLS certificate: the only caller that may obtain
+    /// `spiffe://<td>/signet/server` and the server's DNS names and addresses.
+    Server,
 }
 
 /// An authenticated caller. Constructed only by this module's authenticators.
@@ -72,6 +85,7 @@ impl AuthenticatedCaller {
             CallerKind::Node {
                 node_id: node_id.to_owned(),
                 serial: None,
+                leaf_sha256: None,
             },
         ))
     }
@@ -79,9 +93,9 @@ impl AuthenticatedCaller {
     /// The server itself, asking for its own TLS certificate.
     pub(crate) fn server(td: &signet_types::TrustDomain) -> Self {
         let id = td
-            .id("/signet/server")
+            .id(SERVER_PATH)
             .unwrap_or_else(|_| td.id("").expect("a trust domain ID is valid"));
-        Self::new(id, CallerKind::Admin)
+        Self::new(id, CallerKind::Server)
     }
 
     pub fn spiffe_id(&self) -> &SpiffeId {
@@ -100,6 +114,7 @@ impl AuthenticatedCaller {
             CallerKind::Mtls { .. } => "mtls",
             CallerKind::Node { .. } => "node",
             CallerKind::Admin => "admin",
+            CallerKind::Server => "server",
         };
         format!("{how}:{}", self.spiffe_id)
     }

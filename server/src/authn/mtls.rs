@@ -81,6 +81,7 @@ pub fn authenticate_peer(
     }
 
     let serial = signet_types::serial_hex(cert.raw_serial());
+    let leaf_sha256 = signet_types::ledger::sha256(leaf_der);
     // A node SVID makes the caller a node, whatever API it calls; policy decides what a node
     // may do (renew itself, sign its entries' workloads, nothing else).
     if let Some(node_id) = crate::nodes::node_id_of(&id, td) {
@@ -90,12 +91,17 @@ pub fn authenticate_peer(
             CallerKind::Node {
                 node_id,
                 serial: Some(serial),
+                leaf_sha256: Some(leaf_sha256),
             },
         ));
     }
     Ok(AuthenticatedCaller::new(
         id,
-        CallerKind::Mtls { dns_names, serial },
+        CallerKind::Mtls {
+            dns_names,
+            serial,
+            leaf_sha256,
+        },
     ))
 }
 
@@ -164,6 +170,7 @@ mod tests {
             &CallerKind::Mtls {
                 dns_names: vec!["web.default.svc".into(), "web.example.org".into()],
                 serial: "8f0102".into(),
+                leaf_sha256: signet_types::ledger::sha256(&der),
             }
         );
         assert_eq!(
@@ -181,6 +188,7 @@ mod tests {
             &CallerKind::Node {
                 node_id: "n1".into(),
                 serial: Some("8f0102".into()),
+                leaf_sha256: Some(signet_types::ledger::sha256(&der)),
             }
         );
         assert_eq!(caller.label(), "node:spiffe://example.org/signet/node/n1");

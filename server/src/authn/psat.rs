@@ -81,6 +81,7 @@ impl PsatAttestor {
             namespace,
             service_account,
             pod,
+            ..
         } = t.caller.kind()
         else {
             return Err("not a service-account token".into());
@@ -153,6 +154,7 @@ mod tests {
                     namespace: ns.into(),
                     service_account: sa.into(),
                     pod: Some("signet-agent-x2k4q".into()),
+                    node: node.map(str::to_owned),
                 },
             ),
             node_name: node.map(str::to_owned),

@@ -59,6 +59,9 @@ pub struct Grant {
     /// Lifetime, already clamped to the configured maximum. The core also caps notAfter at the
     /// issuing CA's notAfter.
     pub ttl: Duration,
+    /// Where the authority for this grant came from; recorded in the ledger with the
+    /// certificate (the core itself does not look at it).
+    pub provenance: crate::provenance::Provenance,
 }
 
 /// A certificate the core signed and re-validated.

@@ -50,6 +50,7 @@ pub(crate) fn grant(path: &str, ttl: Duration) -> Grant {
         dns_names: Vec::new(),
         ip_addresses: Vec::new(),
         ttl,
+        provenance: crate::provenance::Provenance::new(crate::provenance::Source::Admin, 0),
     }
 }
 

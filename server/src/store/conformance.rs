@@ -107,6 +107,14 @@ fn cert(i: usize) -> NewCertificate {
         issued_at: 1_700_000_000 + i as i64,
         request_id: format!("req-{i}"),
         cert_der: vec![(i % 251) as u8; 700],
+        // Rows without provenance (written before it was recorded) and with it share a chain.
+        provenance: if i.is_multiple_of(5) {
+            String::new()
+        } else {
+            format!(
+                r#"{{"source":{{"kind":"entry","entry_id":"e{i}","node_id":"n1"}},"authorized_at":{i}}}"#
+            )
+        },
     }
 }
 

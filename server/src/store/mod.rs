@@ -38,12 +38,17 @@ pub struct NewCertificate {
     pub issued_at: i64,
     pub request_id: String,
     pub cert_der: Vec<u8>,
+    /// Where the authority came from ([`crate::provenance::Provenance`], canonical JSON).
+    pub provenance: String,
 }
 
 /// A ledger row as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertificateRow {
     pub entry: LedgerEntry,
+    /// When the certificate was revoked (unix seconds), if it was. Not part of the hash: a
+    /// revocation is an event after issuance.
+    pub revoked_at: Option<i64>,
     pub prev_hash: Hash,
     pub hash: Hash,
     pub cert_der: Vec<u8>,

@@ -118,6 +118,7 @@ impl Store for PgStore {
         let mut ca_key_id = Vec::with_capacity(n);
         let mut caller = Vec::with_capacity(n);
         let mut request_id = Vec::with_capacity(n);
+        let mut provenance = Vec::with_capacity(n);
         for r in chained {
             seq.push(r.seq);
             serial.push(r.cert.serial.as_str());
@@ -134,15 +135,16 @@ impl Store for PgStore {
             ca_key_id.push(r.cert.ca_key_id.as_str());
             caller.push(r.cert.caller.as_str());
             request_id.push(r.cert.request_id.as_str());
+            provenance.push(r.cert.provenance.as_str());
         }
         // The whole batch in one statement: one round trip however large the batch.
         sqlx::query(
             "INSERT INTO certificates (seq, serial, spiffe_id, dns_names, ip_addresses, \
              not_before, not_after, issued_at, cert_sha256, prev_hash, hash, cert_der, \
-             ca_key_id, caller, request_id) \
+             ca_key_id, caller, request_id, provenance) \
              SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], \
              $6::bigint[], $7::bigint[], $8::bigint[], $9::bytea[], $10::bytea[], $11::bytea[], \
-             $12::bytea[], $13::text[], $14::text[], $15::text[])",
+             $12::bytea[], $13::text[], $14::text[], $15::text[], $16::text[])",
         )
         .bind(&seq)
         .bind(&serial)
@@ -159,6 +161,7 @@ impl Store for PgStore {
         .bind(&ca_key_id)
         .bind(&caller)
         .bind(&request_id)
+        .bind(&provenance)
         .execute(&mut *tx)
         .await?;
         sqlx::query("UPDATE ledger_head SET seq = $1, hash = $2 WHERE id = 1")

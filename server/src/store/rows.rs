@@ -7,7 +7,7 @@ use super::{AuditEvent, CertificateRow, NewCertificate, StoreError, StoredCaKey}
 /// Columns selected for a [`CertificateRow`], in [`DbCertificate`]'s order.
 pub(super) const CERT_COLUMNS: &str = "seq, serial, spiffe_id, dns_names, ip_addresses, \
      not_before, not_after, issued_at, cert_sha256, prev_hash, hash, cert_der, ca_key_id, \
-     caller, request_id";
+     caller, request_id, provenance, revoked_at";
 
 /// A `certificates` row as both drivers decode it.
 #[derive(sqlx::FromRow)]
@@ -27,6 +27,8 @@ pub(super) struct DbCertificate {
     ca_key_id: String,
     caller: String,
     request_id: String,
+    provenance: String,
+    revoked_at: Option<i64>,
 }
 
 impl TryFrom<DbCertificate> for CertificateRow {
@@ -49,7 +51,9 @@ impl TryFrom<DbCertificate> for CertificateRow {
                 caller: r.caller,
                 issued_at: r.issued_at,
                 request_id: r.request_id,
+                provenance: r.provenance,
             },
+            revoked_at: r.revoked_at,
             prev_hash: hash(seq, "prev_hash", &r.prev_hash)?,
             hash: hash(seq, "hash", &r.hash)?,
             cert_der: r.cert_der,
@@ -121,6 +125,7 @@ pub(super) fn chain<'a>(
             caller: cert.caller.clone(),
             issued_at: cert.issued_at,
             request_id: cert.request_id.clone(),
+            provenance: cert.provenance.clone(),
         };
         let hash = chain_hash(&prev, &entry);
         rows.push(Chained {

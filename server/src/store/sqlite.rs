@@ -171,8 +171,8 @@ impl Store for SqliteStore {
             sqlx::query(
                 "INSERT INTO certificates (seq, serial, spiffe_id, dns_names, ip_addresses, \
                  not_before, not_after, issued_at, cert_sha256, prev_hash, hash, cert_der, \
-                 ca_key_id, caller, request_id) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                 ca_key_id, caller, request_id, provenance) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
             )
             .bind(r.seq)
             .bind(&r.cert.serial)
@@ -189,6 +189,7 @@ impl Store for SqliteStore {
             .bind(&r.cert.ca_key_id)
             .bind(&r.cert.caller)
             .bind(&r.cert.request_id)
+            .bind(&r.cert.provenance)
             .execute(&mut *tx)
             .await
             .map_err(map_err)?;
