@@ -490,7 +490,8 @@ impl Policy {
         };
         if !is_workload_service_account_path(id.path()) {
             return Err(refuse(
-                "impersonation yields only Kubernetes workload identities                  (spiffe://<trust domain>/ns/<namespace>/sa/<service account>)",
+                "impersonation yields only Kubernetes workload identities \
+                 (spiffe://<trust domain>/ns/<namespace>/sa/<service account>)",
             ));
         }
         if self.impersonators.contains(id) {
@@ -1116,7 +1117,7 @@ fn is_workload_service_account_path(path: &str) -> bool {
     is_dns1123_label(namespace)
         && !service_account.is_empty()
         && service_account.len() <= 253
-        && service_account.split('.').all(|l| is_dns1123_label(l))
+        && service_account.split('.').all(is_dns1123_label)
 }
 
 /// A Kubernetes namespace name: a DNS-1123 label (lowercase).

@@ -12,3 +12,12 @@
 //! | a compromised impersonator | `impersonator_*` |
 //! | a network attacker | `network_*` |
 //! | someone with database access | `database_*` |
+
+mod support;
+
+mod database_ledger_tamper;
+mod impersonator_privileged;
+mod network_plugged_ca_sibling;
+mod network_reserved_names;
+mod other_namespace_dns_templates;
+mod workload_mtls_renewal;
