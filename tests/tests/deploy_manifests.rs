@@ -695,6 +695,31 @@ fn configs_load_and_the_pieces_agree() {
         "{me} not in policy.kubernetes_bridge.callers {bridge_callers:?}"
     );
 
+    // The clients expect the server's SPIFFE ID in the server's trust domain: the agent's
+    // trust_domain, the bridge's SIGNET_K8S_TRUST_DOMAIN and the example ClusterIssuer's.
+    assert_eq!(
+        agent.trust_domain.as_deref(),
+        Some(td),
+        "agent.toml trust_domain"
+    );
+    let env_of = |name: &str| {
+        pod["containers"][0]["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .map(str::to_owned)
+    };
+    assert_eq!(env_of("SIGNET_K8S_TRUST_DOMAIN").as_deref(), Some(td));
+    let bundle = env_of("SIGNET_K8S_BUNDLE").expect("SIGNET_K8S_BUNDLE");
+    assert_eq!(
+        s(volume_for_file(pod, &bundle), "/configMap/name"),
+        "signet-bundle"
+    );
+    let ci = read_yaml_file(&repo().join("deploy/examples/clusterissuer.yaml"));
+    assert_eq!(s(&ci[0], "/spec/trustDomain"), td);
+
     // Every serviceAccountName exists; every ConfigMap/Secret a pod uses is shipped or listed
     // for the operator to create.
     for o in &objs {

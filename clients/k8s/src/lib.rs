@@ -5,6 +5,8 @@
 //! - [`certmanager`]: typed `cert-manager.io/v1` `CertificateRequest` and `Certificate`.
 //! - [`conditions`]: set/get status conditions (`lastTransitionTime` moves only on change).
 //! - [`issuers`]: `issuerRef` -> issuer -> resolved [`signer::SignerConfig`].
+//! - [`operator`]: what only the operator decides (the server of namespaced Issuers, the
+//!   bridge's token), from the flags.
 //! - [`signer`]: one connected client per issuer; errors classified Permanent / Retryable.
 //! - [`backoff`]: capped exponential backoff with jitter, per-object attempt counters.
 //! - [`clock`]: injected time.
@@ -27,6 +29,7 @@ pub mod csr;
 pub mod issuer_status;
 pub mod issuers;
 pub mod keys;
+pub mod operator;
 pub mod request;
 pub mod signer;
 #[cfg(any(test, feature = "testing"))]

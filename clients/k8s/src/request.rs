@@ -292,12 +292,7 @@ async fn sign_step(
         Ok(p) => p,
         Err(msg) => return Ok(Outcome::failed(msg)),
     };
-    let cfg = match issuers::resolve(
-        &ctx.client,
-        &issuer.spec,
-        issuer.refs_namespace(&ctx.bridge_namespace),
-    )
-    .await
+    let cfg = match issuers::resolve(&ctx.client, &issuer, &ctx.bridge, &ctx.bridge_namespace).await
     {
         Ok(c) => c,
         Err(e) => {

@@ -43,9 +43,7 @@ async fn bridge_signer(
     let token = dir.join("token");
     std::fs::write(&token, tokens.token("signet-system", "signet-k8s")).unwrap();
     let signer = Signer::connect(&SignerConfig {
-        server: format!("https://{}", server.grpc),
-        server_name: Some("localhost".into()),
-        bundle_pem: server.bundle_pem.clone(),
+        target: server.target(),
         credentials: Credentials::TokenFile(token),
     })
     .await

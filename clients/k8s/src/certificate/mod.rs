@@ -75,6 +75,8 @@ pub struct IssuerSigners {
     pub backend: Arc<dyn SignBackend>,
     /// Where a ClusterIssuer's references are read.
     pub bridge_namespace: String,
+    /// The operator's server and the bridge's own token.
+    pub bridge: Arc<crate::operator::BridgeConfig>,
 }
 
 impl CertSigner for IssuerSigners {
@@ -98,13 +100,10 @@ impl CertSigner for IssuerSigners {
                     format!("{issuer} is not Ready"),
                 ));
             }
-            let cfg = crate::issuers::resolve(
-                &self.client,
-                &obj.spec,
-                obj.refs_namespace(&self.bridge_namespace),
-            )
-            .await
-            .map_err(|e| SignError::retryable(e.reason(), e.to_string()))?;
+            let cfg =
+                crate::issuers::resolve(&self.client, &obj, &self.bridge, &self.bridge_namespace)
+                    .await
+                    .map_err(|e| SignError::retryable(e.reason(), e.to_string()))?;
             self.backend
                 .sign(&issuer.to_string(), &cfg, csr, namespace, ttl)
                 .await
