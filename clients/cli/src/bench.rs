@@ -31,6 +31,9 @@ pub struct BenchArgs {
     /// The name checked in the server's certificate (default: the host of --addr).
     #[arg(long)]
     server_name: Option<String>,
+    /// PEM roots to trust for the server (default: the bundle from the admin socket).
+    #[arg(long)]
+    bundle: Option<PathBuf>,
     /// Concurrent in-flight requests.
     #[arg(long, short = 'c', default_value_t = 64)]
     concurrency: usize,
@@ -93,12 +96,12 @@ pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or(&bundle.trust_domain)
         .parse()
         .map_err(|e| anyhow!("--trust-domain: {e}"))?;
-    let target = signet_client::ServerTarget::new(
-        args.addr.clone(),
-        bundle_pem.clone().into_bytes(),
-        trust_domain,
-    )
-    .with_server_name(args.server_name.clone());
+    let roots = match &args.bundle {
+        Some(p) => std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
+        None => bundle_pem.clone().into_bytes(),
+    };
+    let target = signet_client::ServerTarget::new(args.addr.clone(), roots, trust_domain)
+        .with_server_name(args.server_name.clone());
     let mut channels = Vec::with_capacity(conns);
     for _ in 0..conns {
         channels.push(signet_client::connect(&target, identity.as_ref()).await?);

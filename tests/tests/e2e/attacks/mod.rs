@@ -13,4 +13,5 @@
 //! | a network attacker | `network_*` |
 //! | someone with database access | `database_*` |
 
+mod network_server_impersonation;
 mod tenant_issuer_credentials;
