@@ -13,5 +13,6 @@
 //! | a network attacker | `network_*` |
 //! | someone with database access | `database_*` |
 
+mod local_user_mint_key_mode;
 mod network_server_impersonation;
 mod tenant_issuer_credentials;
