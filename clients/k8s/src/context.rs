@@ -8,6 +8,7 @@ use kube::Client;
 
 use crate::backoff::{Backoffs, Policy};
 use crate::clock::{Clock, SystemClock};
+use crate::events::Events;
 use crate::operator::BridgeConfig;
 use crate::signer::{SignBackend, SignerCache};
 
@@ -23,12 +24,20 @@ pub struct Context {
     pub backoffs: Backoffs<String>,
     /// How often a Ready issuer is checked again.
     pub issuer_recheck: Duration,
+    /// Events for outcomes (issuer Ready changes, request outcomes).
+    pub events: Arc<dyn Events>,
 }
 
 impl Context {
     /// The production context: a real [`SignerCache`], the system clock, default backoff.
-    pub fn new(client: Client, bridge_namespace: &str, bridge: Arc<BridgeConfig>) -> Self {
+    pub fn new(
+        client: Client,
+        bridge_namespace: &str,
+        bridge: Arc<BridgeConfig>,
+        events: Arc<dyn Events>,
+    ) -> Self {
         Self {
+            events,
             client,
             bridge_namespace: bridge_namespace.to_owned(),
             bridge,

@@ -6,12 +6,13 @@ use std::sync::Arc;
 
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::conditions::{self, Condition, ConditionStatus};
 use crate::context::{Context, Error};
 use crate::crd::{ClusterIssuer, Issuer, IssuerStatus};
+use crate::events::Note;
 use crate::issuers::{self, IssuerKind, IssuerObj};
 use crate::signer::{BundleInfo, REASON_WRONG_SERVER, SignError};
 
@@ -127,30 +128,53 @@ async fn check(obj: &IssuerObj, ctx: &Context) -> Result<Checked, CheckError> {
     }
 }
 
-async fn reconcile_obj(obj: IssuerObj, ctx: &Context) -> Result<(Action, Option<Value>), Error> {
+/// What the check decided: when to look again, the status patch (None: unchanged), and the
+/// Ready condition.
+async fn reconcile_obj(
+    obj: IssuerObj,
+    ctx: &Context,
+) -> Result<(Action, Option<Value>, Condition), Error> {
     let okey = obj.key.to_string();
     let res = check(&obj, ctx).await;
     let ok = res.is_ok();
     let cond = ready_condition(&obj, res);
     tracing::info!(issuer = %okey, reason = ?cond.reason, message = ?cond.message, "issuer checked");
-    let patch = next_status(obj.status.as_ref(), cond, obj.generation, ctx.clock.now())
-        .map(|st| status_patch(&st));
+    let patch = next_status(
+        obj.status.as_ref(),
+        cond.clone(),
+        obj.generation,
+        ctx.clock.now(),
+    )
+    .map(|st| status_patch(&st));
     let action = if ok {
         ctx.backoffs.reset(&okey);
         Action::requeue(ctx.issuer_recheck)
     } else {
         Action::requeue(ctx.backoffs.next(&okey))
     };
-    Ok((action, patch))
+    Ok((action, patch, cond))
+}
+
+/// The event for a Ready condition that changed.
+fn ready_event(cond: &Condition) -> Note {
+    Note::new(
+        cond.status != ConditionStatus::True,
+        cond.reason.as_deref().unwrap_or("Unknown"),
+        cond.message.clone().unwrap_or_default(),
+        "CheckIssuer",
+    )
 }
 
 pub async fn reconcile_issuer(i: Arc<Issuer>, ctx: Arc<Context>) -> Result<Action, Error> {
     let (name, ns) = (i.name_any(), i.namespace().unwrap_or_default());
-    let (action, patch) = reconcile_obj(IssuerObj::from((*i).clone()), &ctx).await?;
+    let (action, patch, cond) = reconcile_obj(IssuerObj::from((*i).clone()), &ctx).await?;
     if let Some(p) = patch {
         Api::<Issuer>::namespaced(ctx.client.clone(), &ns)
             .patch_status(&name, &PatchParams::default(), &Patch::Merge(&p))
             .await?;
+        ctx.events
+            .publish(i.object_ref(&()), ready_event(&cond))
+            .await;
     }
     Ok(action)
 }
@@ -160,11 +184,14 @@ pub async fn reconcile_cluster_issuer(
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
     let name = i.name_any();
-    let (action, patch) = reconcile_obj(IssuerObj::from((*i).clone()), &ctx).await?;
+    let (action, patch, cond) = reconcile_obj(IssuerObj::from((*i).clone()), &ctx).await?;
     if let Some(p) = patch {
         Api::<ClusterIssuer>::all(ctx.client.clone())
             .patch_status(&name, &PatchParams::default(), &Patch::Merge(&p))
             .await?;
+        ctx.events
+            .publish(i.object_ref(&()), ready_event(&cond))
+            .await;
     }
     Ok(action)
 }
@@ -231,6 +258,7 @@ mod tests {
                 Box::new(FixedRandom(0.0)),
             ),
             issuer_recheck: Duration::from_secs(300),
+            events: Arc::new(crate::events::NoEvents),
         });
         (ctx, api, bridge)
     }
@@ -309,10 +337,53 @@ mod tests {
                    and the bridge's own token are chosen by the bridge's operator (signet-k8s run \
                    --server, --bundle, --token), never by an Issuer. Remove them (the Issuer then \
                    uses the operator's server), or ask the operator for a ClusterIssuer";
+        // This test's events go to the (mock) API: a Warning about the Issuer, after the status.
+        let ctx = Arc::new(Context {
+            events: Arc::new(crate::events::KubeEvents::new(ctx.client.clone(), None)),
+            client: ctx.client.clone(),
+            bridge_namespace: ctx.bridge_namespace.clone(),
+            bridge: ctx.bridge.clone(),
+            backend: ctx.backend.clone(),
+            clock: ctx.clock.clone(),
+            backoffs: Backoffs::with_random(
+                Policy {
+                    base: Duration::from_secs(2),
+                    cap: Duration::from_secs(60),
+                },
+                Box::new(FixedRandom(0.0)),
+            ),
+            issuer_recheck: ctx.issuer_recheck,
+        });
         let server = api.run(vec![
             Expect::patch(ISSUER_STATUS)
                 .body(ready("False", "InvalidSpec", msg))
                 .respond(echo("Issuer", Some("a"))),
+            Expect::post("/apis/events.k8s.io/v1/namespaces/a/events")
+                .body_with(move |b| {
+                    assert_eq!(
+                        (
+                            b["type"].as_str(),
+                            b["reason"].as_str(),
+                            b["action"].as_str()
+                        ),
+                        (Some("Warning"), Some("InvalidSpec"), Some("CheckIssuer"))
+                    );
+                    assert_eq!(b["note"], msg);
+                    assert_eq!(b["regarding"]["kind"], "Issuer");
+                    assert_eq!(b["regarding"]["name"], "signet");
+                    assert_eq!(b["reportingController"], "signet-k8s");
+                })
+                .respond(object(
+                    "events.k8s.io/v1",
+                    "Event",
+                    Some("a"),
+                    "signet.1",
+                    "1",
+                    json!({"eventTime": "2027-01-15T08:00:00.000000Z", "type": "Warning",
+                        "reason": "InvalidSpec", "action": "CheckIssuer",
+                        "reportingController": "signet-k8s", "reportingInstance": "signet-k8s",
+                        "regarding": {"kind": "Issuer", "name": "signet", "namespace": "a"}}),
+                )),
         ]);
         let old = issuer(json!({
             "server": "https://attacker.example:443", "serverName": "localhost",
@@ -385,6 +456,7 @@ mod tests {
                 Box::new(FixedRandom(0.0)),
             ),
             issuer_recheck: Duration::from_secs(300),
+            events: Arc::new(crate::events::NoEvents),
         });
         let server = api.run(vec![
             Expect::patch(ISSUER_STATUS)
@@ -519,6 +591,23 @@ mod tests {
                    project a token with the server's audience there";
         v["status"] = ready("False", "CredentialsNotFound", msg)["status"].clone();
         let ci: ClusterIssuer = serde_json::from_value(v).unwrap();
+        let recorded = Arc::new(crate::testing::RecordedEvents::default());
+        let ctx = Arc::new(Context {
+            events: recorded.clone(),
+            client: ctx.client.clone(),
+            bridge_namespace: ctx.bridge_namespace.clone(),
+            bridge: ctx.bridge.clone(),
+            backend: ctx.backend.clone(),
+            clock: ctx.clock.clone(),
+            backoffs: Backoffs::with_random(
+                Policy {
+                    base: Duration::from_secs(2),
+                    cap: Duration::from_secs(60),
+                },
+                Box::new(FixedRandom(0.0)),
+            ),
+            issuer_recheck: ctx.issuer_recheck,
+        });
         let server = api.run(vec![]);
         let a1 = reconcile_cluster_issuer(Arc::new(ci.clone()), ctx.clone())
             .await
@@ -535,5 +624,7 @@ mod tests {
                 Action::requeue(Duration::from_secs(2))
             ]
         );
+        // Nothing changed, so no event either.
+        assert!(recorded.all().is_empty());
     }
 }

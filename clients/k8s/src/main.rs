@@ -79,6 +79,9 @@ struct RunArgs {
     /// --server and --bundle).
     #[arg(long, env = "SIGNET_K8S_CITADEL")]
     citadel: bool,
+    /// The bridge's pod name, reported as the instance of its Kubernetes Events.
+    #[arg(long, env = "SIGNET_K8S_POD_NAME")]
+    pod_name: Option<String>,
     /// Serve `/healthz` and `/readyz` here (e.g. `0.0.0.0:8081`).
     #[arg(long, env = "SIGNET_K8S_HEALTH_ADDR")]
     health_addr: Option<SocketAddr>,
@@ -177,10 +180,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = Client::try_default()
         .await
         .context("no Kubernetes client configuration (in-cluster or kubeconfig)")?;
+    let events: Arc<dyn signet_k8s::events::Events> = Arc::new(
+        signet_k8s::events::KubeEvents::new(client.clone(), args.pod_name.clone()),
+    );
     let ctx = Arc::new(Context::new(
         client.clone(),
         &args.namespace,
         bridge.clone(),
+        events.clone(),
     ));
     if let Some(addr) = args.health_addr {
         tokio::spawn(async move {
@@ -230,6 +237,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let namespace = args.namespace.clone();
         let owner_ref = args.certificate_owner_ref;
         let bridge = bridge.clone();
+        let events = events.clone();
         async move {
             if !enabled {
                 return;
@@ -246,6 +254,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 Arc::new(signet_k8s::clock::SystemClock),
                 Arc::new(signet_k8s::backoff::SystemRandom::default()),
                 owner_ref,
+                events,
             )
             .await;
         }

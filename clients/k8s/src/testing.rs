@@ -432,6 +432,39 @@ impl crate::signer::SignBackend for FakeBackend {
     }
 }
 
+/// [`Events`](crate::events::Events) kept in a list: `("Kind/ns/name", note)`.
+#[derive(Default)]
+pub struct RecordedEvents(std::sync::Mutex<Vec<(String, crate::events::Note)>>);
+
+impl RecordedEvents {
+    pub fn all(&self) -> Vec<(String, crate::events::Note)> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl crate::events::Events for RecordedEvents {
+    fn publish<'a>(
+        &'a self,
+        regarding: k8s_openapi::api::core::v1::ObjectReference,
+        note: crate::events::Note,
+    ) -> futures::future::BoxFuture<'a, ()> {
+        let key = format!(
+            "{}/{}{}",
+            regarding.kind.unwrap_or_default(),
+            regarding
+                .namespace
+                .map(|n| format!("{n}/"))
+                .unwrap_or_default(),
+            regarding.name.unwrap_or_default()
+        );
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((key, note));
+        Box::pin(async {})
+    }
+}
+
 /// A file removed on drop (this crate has no tempfile dependency).
 pub struct TempFile(pub std::path::PathBuf);
 

@@ -63,6 +63,7 @@ fn bridge(server: &Server, tokens: &TokenIssuer) -> Bridge {
             Box::new(FixedRandom(0.0)),
         ),
         issuer_recheck: Duration::from_secs(300),
+        events: Arc::new(signet_k8s::events::NoEvents),
     });
     let issuer = object(
         "signet.dev/v1",
@@ -145,6 +146,7 @@ impl Bridge {
                 Box::new(FixedRandom(0.0)),
             ),
             issuer_recheck: old.issuer_recheck,
+            events: Arc::new(signet_k8s::events::NoEvents),
         });
     }
 

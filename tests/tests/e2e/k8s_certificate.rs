@@ -88,6 +88,7 @@ async fn reconcile(
         random: Arc::new(SystemRandom::default()),
         peers: certificate::store_of([cert.clone()]),
         owner_ref: false,
+        events: Arc::new(signet_k8s::events::NoEvents),
     });
     certificate::reconcile(Arc::new(cert), ctx).await.unwrap();
     server.await.unwrap()

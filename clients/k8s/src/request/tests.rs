@@ -17,6 +17,7 @@ struct Fixture {
     ctx: Arc<Context>,
     api: crate::testing::MockApi,
     _bridge: crate::testing::TestBridge,
+    events: Arc<crate::testing::RecordedEvents>,
 }
 
 fn fixture(backend: Arc<dyn SignBackend>) -> Fixture {
@@ -27,6 +28,7 @@ fn fixture(backend: Arc<dyn SignBackend>) -> Fixture {
         "example.org",
         "token",
     );
+    let events = Arc::new(crate::testing::RecordedEvents::default());
     let ctx = Arc::new(Context {
         client,
         bridge_namespace: "signet-system".into(),
@@ -41,11 +43,13 @@ fn fixture(backend: Arc<dyn SignBackend>) -> Fixture {
             Box::new(FixedRandom(0.0)),
         ),
         issuer_recheck: Duration::from_secs(300),
+        events: events.clone(),
     });
     Fixture {
         ctx,
         api,
         _bridge: bridge,
+        events,
     }
 }
 
@@ -344,7 +348,9 @@ async fn run(
     cr: Arc<CertificateRequest>,
     scenario: Vec<Expect>,
 ) -> (Action, Vec<crate::testing::Received>) {
-    let Fixture { ctx, api, _bridge } = f;
+    let Fixture {
+        ctx, api, _bridge, ..
+    } = f;
     let server = api.run(scenario);
     let action = reconcile(cr, ctx.clone()).await.unwrap();
     drop(ctx);
@@ -542,6 +548,7 @@ async fn success_writes_certificate_ca_and_issued() {
         "certificate": STANDARD.encode(&s.chain_pem),
         "ca": STANDARD.encode(&s.ca_pem),
     }));
+    let events = f.events.clone();
     let (action, _) = run(
         f,
         cr(json!({}), vec![approved()]),
@@ -563,6 +570,18 @@ async fn success_writes_certificate_ca_and_issued() {
             Some(Duration::from_secs(86400))
         )]
     );
+    assert_eq!(
+        events.all(),
+        [(
+            "CertificateRequest/a/web-1".to_owned(),
+            crate::events::Note::new(
+                false,
+                "Issued",
+                "Certificate issued by Issuer/a/signet for spiffe://example.org/ns/a/sa/web",
+                "SignRequest"
+            )
+        )]
+    );
 }
 
 #[tokio::test]
@@ -570,6 +589,7 @@ async fn permanent_server_error_fails_with_its_message() {
     let msg = "bridge may only obtain identities under spiffe://example.org/ns/a/, not spiffe://example.org/ns/b/sa/x";
     let backend = FakeBackend::answering(Err(SignError::permanent("PermissionDenied", msg)));
     let f = fixture(backend.clone());
+    let events = f.events.clone();
     let (action, got) = run(
         f,
         cr(json!({}), vec![approved()]),
@@ -580,6 +600,9 @@ async fn permanent_server_error_fails_with_its_message() {
     )
     .await;
     assert_eq!(action, Action::await_change());
+    let ev = events.all();
+    assert_eq!(ev.len(), 1);
+    assert!(ev[0].1.warning && ev[0].1.reason == "Failed", "{ev:?}");
     let st = &got[1].body["status"];
     assert_eq!(st["conditions"][1]["reason"], "Failed");
     assert_eq!(
@@ -629,7 +652,9 @@ async fn conflicting_status_write_is_an_error_retried_with_backoff() {
     // An approver changed the request after we read it: the resourceVersion precondition
     // fails, nothing is overwritten, and the controller retries after a backoff.
     let backend = FakeBackend::answering(Ok(signed()));
-    let Fixture { ctx, api, _bridge } = fixture(backend.clone());
+    let Fixture {
+        ctx, api, _bridge, ..
+    } = fixture(backend.clone());
     let server = api.run(vec![
         Expect::get(ISSUER_PATH).respond(issuer(Some(("True", "Connected")))),
         Expect::patch(&format!("{CR_PATH}/status"))

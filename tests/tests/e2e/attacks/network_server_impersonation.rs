@@ -259,6 +259,7 @@ async fn bridge_refuses_the_rogue_and_accepts_the_server(
                 Box::new(FixedRandom(0.0)),
             ),
             issuer_recheck: Duration::from_secs(300),
+            events: Arc::new(signet_k8s::events::NoEvents),
         });
         let issuer = object(
             "signet.dev/v1",

@@ -221,6 +221,7 @@ async fn tenant_issuer_never_gets_the_bridges_credentials() {
             Box::new(FixedRandom(0.0)),
         ),
         issuer_recheck: Duration::from_secs(300),
+        events: Arc::new(signet_k8s::events::NoEvents),
     });
     let mut h = Harness {
         ctx: ctx.clone(),
