@@ -52,6 +52,18 @@ pub const DEFAULT_TOKEN_PATH: &str = "/var/run/secrets/signet/token";
     )
 )]
 #[serde(rename_all = "camelCase")]
+// The API server itself refuses a new or changed Issuer that sets a field only the operator
+// may decide (CEL rules; old objects stay readable and are reported by the bridge).
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.server)", "fieldPath": ".server", "reason": "FieldValueForbidden",
+     "message": "spec.server is not allowed on a namespaced Issuer: it uses the Signet server the bridge's operator configured (use a ClusterIssuer to name a server)"},
+    {"rule": "!has(self.serverName)", "fieldPath": ".serverName", "reason": "FieldValueForbidden",
+     "message": "spec.serverName is not allowed on a namespaced Issuer (use a ClusterIssuer)"},
+    {"rule": "!has(self.trustBundle)", "fieldPath": ".trustBundle", "reason": "FieldValueForbidden",
+     "message": "spec.trustBundle is not allowed on a namespaced Issuer: the server's roots come from the bridge's operator"},
+    {"rule": "!has(self.auth) || !has(self.auth.serviceAccountToken)", "fieldPath": ".auth.serviceAccountToken", "reason": "FieldValueForbidden",
+     "message": "spec.auth.serviceAccountToken is not allowed on a namespaced Issuer: the bridge's own token file is the operator's (use auth.tlsSecretRef for a credential of this namespace)"}
+]))]
 pub struct IssuerSpec {
     /// How the bridge authenticates for this Issuer: `tlsSecretRef`, a `kubernetes.io/tls`
     /// Secret of this Issuer's namespace; default: the bridge's own identity. The server is

@@ -570,6 +570,38 @@ mod tests {
         assert!(validate_cluster(&s, ns).is_ok());
     }
 
+    /// The API server refuses what the bridge refuses: each forbidden field has a CEL rule in
+    /// the Issuer CRD naming it (the bridge still checks, for objects stored before).
+    #[test]
+    fn the_issuer_crd_refuses_the_same_fields_at_admission() {
+        use kube::CustomResourceExt;
+        let crd = serde_json::to_value(Issuer::crd()).unwrap();
+        let rules = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["x-kubernetes-validations"];
+        let all = IssuerSpec {
+            server: Some("s".into()),
+            server_name: Some("n".into()),
+            trust_bundle: Some(TrustBundleSource::default()),
+            auth: Some(IssuerAuth {
+                service_account_token: Some(ServiceAccountTokenAuth::default()),
+                tls_secret_ref: None,
+            }),
+        };
+        let fields = forbidden_fields(&all);
+        assert_eq!(fields.len(), 4);
+        for f in fields {
+            let path = f.trim_start_matches("spec");
+            let rule = rules
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["fieldPath"] == path)
+                .unwrap_or_else(|| panic!("no CEL rule for {f}: {rules}"));
+            assert!(rule["message"].as_str().unwrap().starts_with(f), "{rule}");
+            assert_eq!(rule["reason"], "FieldValueForbidden");
+        }
+    }
+
     #[test]
     fn namespaced_issuer_may_not_choose_server_bundle_or_token_file() {
         assert!(validate_namespaced(&IssuerSpec::default(), "a").is_ok());

@@ -95,3 +95,94 @@ impl BridgeConfig {
         Ok(ServerTarget::new(s.address.clone(), pem, td).with_server_name(s.server_name.clone()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::TempFile;
+
+    fn root(uri: Option<&str>) -> String {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(vec![]).unwrap();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        if let Some(u) = uri {
+            p.subject_alt_names = vec![rcgen::SanType::URI(u.try_into().unwrap())];
+        }
+        p.self_signed(&key).unwrap().pem()
+    }
+
+    fn bridge(bundle: &std::path::Path, td: Option<&str>) -> BridgeConfig {
+        BridgeConfig {
+            server: Some(OperatorServer {
+                address: "https://signet:8443".into(),
+                server_name: Some("signet.internal".into()),
+                bundle_file: bundle.to_owned(),
+            }),
+            token_path: "/t".into(),
+            trust_domain: td.map(|t| t.parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn operator_target_reads_the_bundle_now_and_names_the_trust_domain() {
+        let signet = TempFile::with("b", root(Some("spiffe://example.org")).as_bytes());
+        let t = bridge(&signet.0, None).operator_target().unwrap();
+        assert_eq!(t.addr, "https://signet:8443");
+        assert_eq!(t.server_name.as_deref(), Some("signet.internal"));
+        assert_eq!(
+            t.server_id().to_string(),
+            "spiffe://example.org/signet/server"
+        );
+        // The flag wins over the bundle.
+        let t = bridge(&signet.0, Some("corp.example"))
+            .operator_target()
+            .unwrap();
+        assert_eq!(t.trust_domain.as_str(), "corp.example");
+
+        // A plugged-in root names no trust domain: the flag is needed.
+        let plugged = TempFile::with("b", root(None).as_bytes());
+        let e = bridge(&plugged.0, None).operator_target().unwrap_err();
+        assert_eq!(e.reason(), "BridgeNotConfigured");
+        assert!(e.to_string().contains("--trust-domain"), "{e}");
+        assert!(
+            bridge(&plugged.0, Some("example.org"))
+                .operator_target()
+                .is_ok()
+        );
+
+        // A missing or empty bundle file.
+        let e = bridge(std::path::Path::new("/nonexistent/ca.crt"), None)
+            .operator_target()
+            .unwrap_err();
+        assert_eq!(e.reason(), "BundleNotFound");
+        assert!(
+            e.to_string().contains("--bundle file /nonexistent/ca.crt"),
+            "{e}"
+        );
+        let empty = TempFile::with("b", b"");
+        assert_eq!(
+            bridge(&empty.0, None)
+                .operator_target()
+                .unwrap_err()
+                .reason(),
+            "BundleNotFound"
+        );
+
+        // No server at all.
+        let e = BridgeConfig::cluster_issuers_only()
+            .operator_target()
+            .unwrap_err();
+        assert_eq!(e.reason(), "BridgeNotConfigured");
+    }
+
+    #[test]
+    fn the_server_flag_must_be_https() {
+        let f = TempFile::with("b", b"x");
+        let mut b = bridge(&f.0, None);
+        assert!(b.validate().is_ok());
+        if let Some(s) = b.server.as_mut() {
+            s.address = "http://signet:8080".into();
+        }
+        assert!(b.validate().unwrap_err().contains("https://"));
+    }
+}
