@@ -470,3 +470,27 @@ async fn tenant_issuer_never_gets_the_bridges_credentials() {
 
     assert_eq!(rogue.log.tcp_accepts(), 0);
 }
+
+/// The operator's server is all or nothing at start-up: a URL without roots, or a plain-http
+/// URL, stops the real binary before it talks to anything.
+#[test]
+fn the_bridge_refuses_an_incomplete_operator_server_at_start_up() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(signet_tests::bin("signet-k8s"))
+            .arg("run")
+            .args(args)
+            .env_remove("SIGNET_K8S_SERVER")
+            .env_remove("SIGNET_K8S_BUNDLE")
+            .env("KUBECONFIG", "/nonexistent")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(&["--server", "https://signet:8443"]);
+    assert!(err.contains("--server and --bundle go together"), "{err}");
+    let err = run(&["--server", "http://signet:8080", "--bundle", "/dev/null"]);
+    assert!(err.contains("--server must be an https:// URL"), "{err}");
+    let err = run(&["--trust-domain", "Not A Domain"]);
+    assert!(err.contains("--trust-domain"), "{err}");
+}
