@@ -145,7 +145,7 @@ pub struct TrustBundleSource {
     pub pem: Option<String>,
 }
 
-/// A key of a ConfigMap or Secret in the issuer's namespace (the bridge's, for a ClusterIssuer).
+/// A key of a ConfigMap or Secret in the bridge's namespace (a ClusterIssuer's trust bundle).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KeyRef {
