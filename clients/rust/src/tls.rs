@@ -25,6 +25,10 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::{ClientError, ClientIdentity, error_chain};
 
+/// How long one connection attempt (TCP and the TLS handshake) may take by default; it also
+/// bounds every reconnection of a channel.
+pub const DEFAULT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The path of the server's own SPIFFE ID in every trust domain.
 pub const SERVER_ID_PATH: &str = "/signet/server";
 
@@ -46,6 +50,9 @@ pub struct ServerTarget {
     pub bundle_pem: Vec<u8>,
     /// The server must present `spiffe://<trust_domain>/signet/server`.
     pub trust_domain: TrustDomain,
+    /// Bound on each connection attempt, TCP and TLS handshake (default
+    /// [`DEFAULT_CONNECT_TIMEOUT`]).
+    pub connect_timeout: std::time::Duration,
 }
 
 impl fmt::Debug for ServerTarget {
@@ -55,6 +62,7 @@ impl fmt::Debug for ServerTarget {
             .field("server_name", &self.server_name)
             .field("bundle_pem_bytes", &self.bundle_pem.len())
             .field("trust_domain", &self.trust_domain)
+            .field("connect_timeout", &self.connect_timeout)
             .finish()
     }
 }
@@ -66,7 +74,13 @@ impl ServerTarget {
             server_name: None,
             bundle_pem,
             trust_domain,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         }
+    }
+
+    pub fn with_connect_timeout(mut self, t: std::time::Duration) -> Self {
+        self.connect_timeout = t;
+        self
     }
 
     pub fn with_server_name(mut self, name: Option<String>) -> Self {
@@ -339,6 +353,7 @@ pub async fn connect(
     let endpoint =
         Endpoint::from_shared(format!("http://{authority}"))
             .map_err(|e| ClientError::Address(target.addr.clone(), e.to_string()))?
+            .connect_timeout(target.connect_timeout)
             .origin(format!("https://{authority}").parse().map_err(
                 |e: http_err::InvalidUri| ClientError::Address(target.addr.clone(), e.to_string()),
             )?);
@@ -536,6 +551,31 @@ mod tests {
         // Plain http is refused before dialling.
         let err = check("http://localhost:1", &ca.pem).await.unwrap_err();
         assert!(matches!(err, ClientError::Address(..)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn a_server_that_never_answers_the_handshake_is_given_up_on() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // Accepts and holds the connection, never sends a byte.
+        let _hold = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        let ca = new_ca(Some("spiffe://example.org"));
+        let target = ServerTarget::new(
+            format!("https://localhost:{port}"),
+            ca.pem.clone().into_bytes(),
+            td(),
+        )
+        .with_connect_timeout(std::time::Duration::from_millis(200));
+        let err = tokio::time::timeout(std::time::Duration::from_secs(10), connect(&target, None))
+            .await
+            .expect("connect is bounded by its timeout")
+            .unwrap_err();
+        assert!(matches!(err, ClientError::Connect(..)), "{err:?}");
     }
 
     #[tokio::test]
