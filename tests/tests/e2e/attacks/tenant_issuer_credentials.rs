@@ -423,11 +423,10 @@ async fn tenant_issuer_never_gets_the_bridges_credentials() {
             vec![Expect::get("/api/v1/namespaces/a/secrets/issuer-svid").respond(secret)],
         )
         .await;
-    assert_eq!(r["reason"], "Failed", "{r}");
-    assert!(
-        r["message"].as_str().unwrap().contains("PermissionDenied"),
-        "{r}"
-    );
+    // (Today: Failed, PermissionDenied "… is not a Kubernetes bridge"; whatever the server's
+    // policy says about that identity, it is not the bridge's.)
+    assert_ne!(r["reason"], "Issued", "{r}");
+    assert_eq!(r["status"], "False", "{r}");
 
     // A ClusterIssuer (the operator's) keeps its fields: server, roots, token path.
     let ci = object(
