@@ -18,7 +18,6 @@ use std::time::Duration;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};
-use signet_k8s::Action;
 use signet_k8s::backoff::{Backoffs, FixedRandom, Policy};
 use signet_k8s::certificate::{CertSigner, IssuerSigners};
 use signet_k8s::certmanager::CertificateRequest;
@@ -146,12 +145,11 @@ impl Harness {
             .respond(cr.clone()),
         );
         let cr: CertificateRequest = serde_json::from_value(cr).unwrap();
-        let (action, got) = self
+        let (_, got) = self
             .with_api(scenario, |ctx| async move {
                 request::reconcile(Arc::new(cr), ctx).await.unwrap()
             })
             .await;
-        let _: Action = action;
         ready_of(&got.last().unwrap().body).clone()
     }
 }
