@@ -58,16 +58,23 @@ impl std::fmt::Debug for ClientIdentity {
 
 /// Connects to a Signet CA at `addr` (`https://host:port` or `host:port`) over TLS, trusting
 /// only the roots in `bundle_pem`, and requiring the server's SPIFFE ID in the trust domain the
-/// bundle's roots name ([`trust_domain_of_bundle`]). `server_name` overrides the name checked in
-/// the server's certificate (default: the host in `addr`). Callers that know the trust domain
-/// from their configuration use [`connect`].
+/// bundle's roots name ([`trust_domain_of_bundle`]), or, when they name none (a plugged-in CA),
+/// the trust domain of the client certificate `identity` (a client talks to its own trust
+/// domain's CA). `server_name` overrides the name checked in the server's certificate
+/// (default: the host in `addr`). Callers that know the trust domain from their configuration
+/// use [`connect`].
 pub async fn connect_tls(
     addr: &str,
     bundle_pem: &[u8],
     server_name: Option<&str>,
     identity: Option<&ClientIdentity>,
 ) -> Result<Channel, ClientError> {
-    let trust_domain = trust_domain_of_bundle(bundle_pem)?;
+    let trust_domain = match trust_domain_of_bundle(bundle_pem) {
+        Ok(td) => td,
+        Err(e) => identity
+            .and_then(|id| tls::trust_domain_of_identity(&id.cert_chain_pem))
+            .ok_or(e)?,
+    };
     let target = ServerTarget::new(addr, bundle_pem.to_vec(), trust_domain)
         .with_server_name(server_name.map(str::to_owned));
     connect(&target, identity).await

@@ -376,6 +376,16 @@ pub async fn connect(
         .map_err(|e| classify_connect_error(target, &e))
 }
 
+/// The trust domain of the SPIFFE ID (the first URI SAN) of the first certificate in
+/// `chain_pem`, if it has one.
+pub fn trust_domain_of_identity(chain_pem: &[u8]) -> Option<TrustDomain> {
+    let leaf = CertificateDer::pem_slice_iter(chain_pem).next()?.ok()?;
+    let uri = uri_sans(leaf.as_ref()).ok()?.into_iter().next()?;
+    uri.parse::<SpiffeId>()
+        .ok()
+        .map(|id| id.trust_domain().clone())
+}
+
 /// The trust domain of a Signet bundle, read from its roots' SPIFFE IDs (a root Signet
 /// generates carries `spiffe://<td>`). Every root that names one must name the same; a bundle
 /// whose roots name none (a plugged-in CA) cannot tell, and the caller must be configured.
@@ -585,9 +595,10 @@ mod tests {
         crate::connect_tls(&addr, ca.pem.as_bytes(), None, None)
             .await
             .unwrap();
-        // A bundle whose roots name no trust domain cannot tell which ID to expect.
+        // A bundle whose roots name no trust domain cannot tell which ID to expect...
         let plain = new_ca(None);
-        let err = crate::connect_tls(&addr, plain.pem.as_bytes(), None, None)
+        let plugged = serve(leaf(&plain, &["spiffe://example.org/signet/server"])).await;
+        let err = crate::connect_tls(&plugged, plain.pem.as_bytes(), None, None)
             .await
             .unwrap_err();
         assert!(
@@ -595,6 +606,27 @@ mod tests {
                 .contains("configure the server's trust domain"),
             "{err}"
         );
+        // ...but a client certificate of the trust domain does (its own CA).
+        let client_key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(vec![]).unwrap();
+        p.subject_alt_names = vec![SanType::URI(
+            "spiffe://example.org/ns/a/sa/b".try_into().unwrap(),
+        )];
+        let client = p.signed_by(&client_key, &plain.issuer).unwrap();
+        let id = ClientIdentity {
+            cert_chain_pem: client.pem().into_bytes(),
+            key_pem: client_key.serialize_pem().into_bytes(),
+        };
+        assert_eq!(trust_domain_of_identity(&id.cert_chain_pem), Some(td()));
+        crate::connect_tls(&plugged, plain.pem.as_bytes(), None, Some(&id))
+            .await
+            .unwrap();
+        // And the ID check still holds on that path.
+        let wrong = serve(leaf(&plain, &["spiffe://example.org/ns/x/sa/mitm"])).await;
+        let err = crate::connect_tls(&wrong, plain.pem.as_bytes(), None, Some(&id))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ClientError::WrongServer(..)), "{err:?}");
     }
 
     #[test]
