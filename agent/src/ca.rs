@@ -277,6 +277,27 @@ fn convert_sign_results(
         .collect()
 }
 
+// --- which server ------------------------------------------------------------------------
+
+/// The trust domain whose Signet server (`spiffe://<td>/signet/server`) the agent talks to:
+/// `trust_domain` from the configuration; else the one the roots it trusts for the server name
+/// (a root Signet generates carries `spiffe://<td>`). Decided at each connection, so an agent
+/// whose bootstrap bundle is not there yet keeps retrying instead of exiting.
+pub fn expected_trust_domain(
+    configured: Option<&TrustDomain>,
+    roots_pem: &[u8],
+) -> Result<TrustDomain, CaError> {
+    match configured {
+        Some(td) => Ok(td.clone()),
+        None => signet_client::trust_domain_of_bundle(roots_pem).map_err(|e| {
+            CaError::Unavailable(format!(
+                "cannot tell the server's trust domain ({e}): set trust_domain in the \
+                 agent's configuration"
+            ))
+        }),
+    }
+}
+
 // --- gRPC implementation ----------------------------------------------------------------
 
 /// [`Ca`] over the `signet.agent.v1.Node` gRPC service, and the bundle stream of
@@ -288,13 +309,19 @@ pub struct GrpcCa {
 }
 
 impl GrpcCa {
-    /// Connects over TLS trusting `bundle_pem`; with `identity` (the node SVID) for mTLS.
+    /// Connects over TLS to the server at `addr`, which must chain to `bundle_pem` and present
+    /// `spiffe://<trust_domain>/signet/server` (checked by `signet_client` during the
+    /// handshake, before the join token or anything else is sent); with `identity` (the node
+    /// SVID) for mTLS.
     pub async fn connect(
         addr: &str,
+        trust_domain: Option<&TrustDomain>,
         bundle_pem: &[u8],
         identity: Option<&ClientIdentity>,
     ) -> Result<Self, CaError> {
-        let channel = signet_client::connect_tls(addr, bundle_pem, None, identity)
+        let trust_domain = expected_trust_domain(trust_domain, bundle_pem)?;
+        let target = signet_client::ServerTarget::new(addr, bundle_pem.to_vec(), trust_domain);
+        let channel = signet_client::connect(&target, identity)
             .await
             .map_err(|e| CaError::Unavailable(e.to_string()))?;
         Ok(Self::from_channel(channel))
@@ -566,6 +593,31 @@ mod tests {
         assert!(CaError::from(tonic::Status::unavailable("down")).is_retryable());
         assert!(!CaError::from(tonic::Status::permission_denied("banned")).is_retryable());
         assert!(!format!("{:?}", AttestCredential::JoinToken("tok-123".into())).contains("tok"));
+    }
+
+    #[test]
+    fn the_server_trust_domain_is_configured_or_named_by_the_bundle() {
+        let root = |uri: Option<&str>| {
+            let key = rcgen::KeyPair::generate().expect("key");
+            let mut p = rcgen::CertificateParams::default();
+            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            if let Some(u) = uri {
+                p.subject_alt_names = vec![rcgen::SanType::URI(u.try_into().expect("uri"))];
+            }
+            p.self_signed(&key).expect("cert").pem()
+        };
+        let signet = root(Some("spiffe://example.org"));
+        let plugged = root(None);
+        let corp: TrustDomain = "corp.example".parse().expect("td");
+        let td = |c: Option<&TrustDomain>, pem: &str| {
+            expected_trust_domain(c, pem.as_bytes()).map(|t| t.to_string())
+        };
+        assert_eq!(td(Some(&corp), &signet).as_deref(), Ok("corp.example"));
+        assert_eq!(td(Some(&corp), &plugged).as_deref(), Ok("corp.example"));
+        assert_eq!(td(None, &signet).as_deref(), Ok("example.org"));
+        let err = td(None, &plugged).expect_err("no trust domain");
+        assert!(err.to_string().contains("set trust_domain"), "{err}");
+        assert!(err.is_retryable());
     }
 
     /// The fake the agent's loops are tested against: it records calls.

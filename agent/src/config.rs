@@ -23,6 +23,11 @@ pub struct Config {
     pub server_address: String,
     /// PEM roots the agent trusts for the server (bootstrap bundle).
     pub trust_bundle_file: Option<PathBuf>,
+    /// The server's trust domain: the agent talks only to a server presenting
+    /// `spiffe://<trust_domain>/signet/server`. Default: the trust domain the bootstrap
+    /// bundle's roots name (a root Signet generates carries `spiffe://<td>`); required with a
+    /// plugged-in CA whose roots name none.
+    pub trust_domain: Option<String>,
     /// How the node attests: `join-token` (default) or `kubernetes` (the projected
     /// service-account token in `kubernetes_token_file`, for an agent running as a DaemonSet).
     pub attestation: Attestation,
@@ -52,6 +57,7 @@ impl std::fmt::Debug for Config {
         f.debug_struct("Config")
             .field("server_address", &self.server_address)
             .field("trust_bundle_file", &self.trust_bundle_file)
+            .field("trust_domain", &self.trust_domain)
             .field("join_token", &self.join_token.as_ref().map(|_| "…"))
             .field("join_token_file", &self.join_token_file)
             .field("attestation", &self.attestation)
@@ -71,6 +77,7 @@ impl Default for Config {
         Self {
             server_address: String::new(),
             trust_bundle_file: None,
+            trust_domain: None,
             attestation: Attestation::default(),
             join_token: None,
             join_token_file: None,
@@ -201,6 +208,7 @@ impl From<figment::Error> for ConfigError {
 const TOP_LEVEL_KEYS: &[&str] = &[
     "server_address",
     "trust_bundle_file",
+    "trust_domain",
     "attestation",
     "join_token",
     "join_token_file",
@@ -246,6 +254,10 @@ impl Config {
                 "renew_fraction must be in (0, 0.9), got {}",
                 self.renew_fraction
             )));
+        }
+        if let Some(td) = &self.trust_domain {
+            td.parse::<signet_types::TrustDomain>()
+                .map_err(|e| ConfigError::Invalid(format!("trust_domain {td:?}: {e}")))?;
         }
         if self.sync_interval.is_zero() {
             return Err(ConfigError::Invalid(
@@ -469,6 +481,8 @@ mod tests {
         )
         .expect_err("refused");
         assert!(err.to_string().contains("namespace"), "{err}");
+        let err = load_toml("trust_domain = 'Not A Domain'\n").expect_err("refused");
+        assert!(err.to_string().contains("trust_domain"), "{err}");
     }
 
     #[test]

@@ -37,9 +37,11 @@ pub trait Connector: Send + Sync {
     ) -> Result<Arc<dyn Ca>, CaError>;
 }
 
-/// [`Connector`] over gRPC/TLS to `address`.
+/// [`Connector`] over gRPC/TLS to `address`, which must present the SPIFFE ID
+/// `spiffe://<trust_domain>/signet/server` (None: the trust domain the roots name).
 pub struct GrpcConnector {
     pub address: String,
+    pub trust_domain: Option<signet_types::TrustDomain>,
 }
 
 #[async_trait::async_trait]
@@ -50,7 +52,12 @@ impl Connector for GrpcConnector {
         identity: Option<&NodeIdentity>,
     ) -> Result<Arc<dyn Ca>, CaError> {
         let id = identity.map(NodeIdentity::client_identity);
-        let connect = GrpcCa::connect(&self.address, roots_pem, id.as_ref());
+        let connect = GrpcCa::connect(
+            &self.address,
+            self.trust_domain.as_ref(),
+            roots_pem,
+            id.as_ref(),
+        );
         match tokio::time::timeout(Duration::from_secs(10), connect).await {
             Ok(Ok(ca)) => Ok(Arc::new(ca)),
             Ok(Err(e)) => Err(e),

@@ -94,6 +94,14 @@ async fn run(cfg: Config) -> Result<(), String> {
     if cfg.server_address.is_empty() {
         return Err("configuration: server_address is required".into());
     }
+    // Validated by Config::validate; None: named by the bundle's roots at each connection.
+    let trust_domain = match &cfg.trust_domain {
+        Some(td) => Some(
+            td.parse::<signet_types::TrustDomain>()
+                .map_err(|e| format!("configuration: trust_domain {td:?}: {e}"))?,
+        ),
+        None => None,
+    };
     // Sinks are built now so a bad sink fails the start, not the first rotation.
     let registry = Registry::default();
     let mut deps = Deps::default();
@@ -165,6 +173,7 @@ async fn run(cfg: Config) -> Result<(), String> {
     };
     let connector = Arc::new(GrpcConnector {
         address: cfg.server_address.clone(),
+        trust_domain,
     });
     let driver = Driver::new(
         settings,

@@ -19,6 +19,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tonic::transport::Channel;
 
+pub mod rogue;
+
 pub const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 
 /// A built binary of the workspace: in `SIGNET_BIN_DIR` when set (a private copy, for
@@ -143,6 +145,8 @@ pub struct Server {
     pub http: SocketAddr,
     pub root_sha256: String,
     pub bundle_pem: Vec<u8>,
+    /// From the start-up banner ("CA for trust domain …").
+    pub trust_domain: String,
     pub stdout: Vec<String>,
 }
 
@@ -227,6 +231,13 @@ impl Server {
         let http = field("HTTP:").parse().unwrap();
         let root_sha256 = field("root SHA-256:");
         let bundle_pem = std::fs::read(data_dir.join("bundle.pem")).unwrap();
+        let trust_domain = stdout
+            .iter()
+            .find_map(|l| {
+                l.split_once("CA for trust domain ")
+                    .map(|x| x.1.trim().to_owned())
+            })
+            .unwrap_or_else(|| panic!("no trust domain in {stdout:?}"));
         Self {
             child,
             _dir: dir,
@@ -235,6 +246,7 @@ impl Server {
             http,
             root_sha256,
             bundle_pem,
+            trust_domain,
             stdout,
         }
     }
@@ -247,26 +259,24 @@ impl Server {
         self.data_dir.join("bundle.pem")
     }
 
-    pub async fn channel(&self) -> Channel {
-        signet_client::connect_tls(
-            &self.grpc.to_string(),
-            &self.bundle_pem,
-            Some("localhost"),
-            None,
+    /// How a client reaches and recognises this server (its SPIFFE ID included).
+    pub fn target(&self) -> signet_client::ServerTarget {
+        signet_client::ServerTarget::new(
+            self.grpc.to_string(),
+            self.bundle_pem.clone(),
+            self.trust_domain.parse().unwrap(),
         )
-        .await
-        .unwrap()
+        .with_server_name(Some("localhost".into()))
+    }
+
+    pub async fn channel(&self) -> Channel {
+        signet_client::connect(&self.target(), None).await.unwrap()
     }
 
     pub async fn channel_with(&self, id: &signet_client::ClientIdentity) -> Channel {
-        signet_client::connect_tls(
-            &self.grpc.to_string(),
-            &self.bundle_pem,
-            Some("localhost"),
-            Some(id),
-        )
-        .await
-        .unwrap()
+        signet_client::connect(&self.target(), Some(id))
+            .await
+            .unwrap()
     }
 
     pub async fn istio(&self) -> IstioCertificateServiceClient<Channel> {

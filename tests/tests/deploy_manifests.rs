@@ -41,8 +41,6 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("ServiceAccount", "signet-system", "signet-k8s"),
     ("ClusterRole", "", "signet-k8s"),
     ("ClusterRoleBinding", "", "signet-k8s"),
-    ("Role", "signet-system", "signet-k8s-leader-election"),
-    ("RoleBinding", "signet-system", "signet-k8s-leader-election"),
     ("Deployment", "signet-system", "signet-k8s"),
     (
         "ClusterRole",
@@ -694,6 +692,73 @@ fn configs_load_and_the_pieces_agree() {
         bridge_callers.contains(&me),
         "{me} not in policy.kubernetes_bridge.callers {bridge_callers:?}"
     );
+
+    // The bridge's ClusterRole is least privilege: no delete, no update, no wildcard, Events
+    // only through events.k8s.io (what kube-rs's Recorder uses), Secrets never deleted.
+    let role = find(&objs, "ClusterRole", "signet-k8s");
+    for rule in role["rules"].as_array().expect("rules") {
+        let verbs: Vec<&str> = rule["verbs"]
+            .as_array()
+            .expect("verbs")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        let text = rule.to_string();
+        for bad in [
+            "*",
+            "delete",
+            "deletecollection",
+            "update",
+            "escalate",
+            "bind",
+            "impersonate",
+        ] {
+            assert!(
+                !verbs.contains(&bad),
+                "signet-k8s ClusterRole grants {bad}: {text}"
+            );
+        }
+        assert!(!text.contains("\"*\""), "wildcard in {text}");
+        let resources = rule["resources"].to_string();
+        if resources.contains("\"events\"") {
+            assert_eq!(
+                rule["apiGroups"],
+                serde_json::json!(["events.k8s.io"]),
+                "{text}"
+            );
+        }
+    }
+    assert!(
+        !objs
+            .iter()
+            .any(|o| s(o, "/kind") == "Role" && s(o, "/metadata/name").starts_with("signet-k8s")),
+        "the bridge needs no namespaced Role (no leader election yet)"
+    );
+
+    // The clients expect the server's SPIFFE ID in the server's trust domain: the agent's
+    // trust_domain, the bridge's SIGNET_K8S_TRUST_DOMAIN and the example ClusterIssuer's.
+    assert_eq!(
+        agent.trust_domain.as_deref(),
+        Some(td),
+        "agent.toml trust_domain"
+    );
+    let env_of = |name: &str| {
+        pod["containers"][0]["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .map(str::to_owned)
+    };
+    assert_eq!(env_of("SIGNET_K8S_TRUST_DOMAIN").as_deref(), Some(td));
+    let bundle = env_of("SIGNET_K8S_BUNDLE").expect("SIGNET_K8S_BUNDLE");
+    assert_eq!(
+        s(volume_for_file(pod, &bundle), "/configMap/name"),
+        "signet-bundle"
+    );
+    let ci = read_yaml_file(&repo().join("deploy/examples/clusterissuer.yaml"));
+    assert_eq!(s(&ci[0], "/spec/trustDomain"), td);
 
     // Every serviceAccountName exists; every ConfigMap/Secret a pod uses is shipped or listed
     // for the operator to create.

@@ -24,6 +24,16 @@ pub struct BenchArgs {
     /// The CA's gRPC address.
     #[arg(long, default_value = "https://127.0.0.1:8443")]
     addr: String,
+    /// The server must present `spiffe://<trust domain>/signet/server`; default: the trust
+    /// domain of the server behind the admin socket.
+    #[arg(long, env = "SIGNET_TRUST_DOMAIN")]
+    trust_domain: Option<String>,
+    /// The name checked in the server's certificate (default: the host of --addr).
+    #[arg(long)]
+    server_name: Option<String>,
+    /// PEM roots to trust for the server (default: the bundle from the admin socket).
+    #[arg(long)]
+    bundle: Option<PathBuf>,
     /// Concurrent in-flight requests.
     #[arg(long, short = 'c', default_value_t = 64)]
     concurrency: usize,
@@ -80,12 +90,21 @@ pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
     } else {
         args.connections
     };
+    let trust_domain = args
+        .trust_domain
+        .as_deref()
+        .unwrap_or(&bundle.trust_domain)
+        .parse()
+        .map_err(|e| anyhow!("--trust-domain: {e}"))?;
+    let roots = match &args.bundle {
+        Some(p) => std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
+        None => bundle_pem.clone().into_bytes(),
+    };
+    let target = signet_client::ServerTarget::new(args.addr.clone(), roots, trust_domain)
+        .with_server_name(args.server_name.clone());
     let mut channels = Vec::with_capacity(conns);
     for _ in 0..conns {
-        channels.push(
-            signet_client::connect_tls(&args.addr, bundle_pem.as_bytes(), None, identity.as_ref())
-                .await?,
-        );
+        channels.push(signet_client::connect(&target, identity.as_ref()).await?);
     }
     let csr = Arc::new(signet_client::new_key_and_csr()?.csr_pem);
     let token = Arc::new(token);

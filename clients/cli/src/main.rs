@@ -526,6 +526,40 @@ pub(crate) async fn mint_identity(
     })
 }
 
+/// Writes `data` to `path` with exactly `mode`: a new file beside it (created exclusively, so
+/// never through a planted link), fsync, then renamed over `path`, which it replaces whatever
+/// it was (a file with a wider mode, a symlink). A failure leaves `path` as it was.
+fn write_replacing(path: &Path, data: &[u8], mode: u32) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let tmp = dir.join(format!(".{name}.{}.{nanos}.tmp", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)?;
+        // The umask may have narrowed it; never widen beyond `mode`, never leave it narrower.
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        anyhow!("writing {}: {e}", path.display())
+    })
+}
+
 async fn mint(
     socket: &Path,
     spiffe_id: &str,
@@ -533,7 +567,6 @@ async fn mint(
     ttl: Duration,
     out: &Path,
 ) -> anyhow::Result<Minted> {
-    use std::os::unix::fs::OpenOptionsExt;
     let minted = mint_identity(socket, spiffe_id, dns_names, ttl).await?;
     let bundle = admin(socket)
         .await?
@@ -542,17 +575,14 @@ async fn mint(
         .map_err(|s| status_err("bundle", s))?
         .into_inner();
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    std::fs::write(out.join("svid.pem"), &minted.chain_pem)?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(out.join("svid_key.pem"))?;
-    std::io::Write::write_all(&mut f, minted.key_pem.as_bytes())?;
-    std::fs::write(
-        out.join("bundle.pem"),
-        signet_types::pem::certs_to_pem(bundle.roots.iter().map(Vec::as_slice)),
+    write_replacing(&out.join("svid.pem"), minted.chain_pem.as_bytes(), 0o644)?;
+    // The key is 0600 whatever was there before (a 0644 file, a symlink): a new file is
+    // written and renamed over the old name, never opened through it.
+    write_replacing(&out.join("svid_key.pem"), minted.key_pem.as_bytes(), 0o600)?;
+    write_replacing(
+        &out.join("bundle.pem"),
+        signet_types::pem::certs_to_pem(bundle.roots.iter().map(Vec::as_slice)).as_bytes(),
+        0o644,
     )?;
     Ok(minted)
 }

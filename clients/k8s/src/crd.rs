@@ -1,5 +1,13 @@
 //! Our API group `signet.dev/v1`: `Issuer` (namespaced) and `ClusterIssuer` (cluster-scoped).
-//! Both carry the same spec: where the Signet server is, how to trust it, how to authenticate.
+//!
+//! A `ClusterIssuer` is the operator's: it says where the Signet server is, how to trust it
+//! and how the bridge authenticates. A namespaced `Issuer` is its tenant's, so it decides none
+//! of that: it uses the server the operator gave the bridge (`signet-k8s run --server
+//! --bundle`), and authenticates either as the bridge (its own token, `--token`) or with an
+//! mTLS SVID from a Secret of its own namespace (`auth.tlsSecretRef`). The fields that used to
+//! choose the server and the bridge's token file are still in the `Issuer` schema only so that
+//! an Issuer that sets them is reported (`Ready=False InvalidSpec` naming the field) instead of
+//! silently changing meaning; the bridge never acts on them.
 
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -13,10 +21,11 @@ pub const VERSION: &str = "v1";
 /// Where the bridge's service-account token is projected by default.
 pub const DEFAULT_TOKEN_PATH: &str = "/var/run/secrets/signet/token";
 
-/// How to reach one Signet server.
+/// A namespaced issuer: Certificates and CertificateRequests of its namespace that name it
+/// are signed by the operator's Signet server.
 // The printcolumn(...) arguments repeat `type_ = "string"`; that is not a duplicated attribute.
 #[allow(clippy::duplicated_attributes)]
-#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "signet.dev",
     version = "v1",
@@ -43,22 +52,41 @@ pub const DEFAULT_TOKEN_PATH: &str = "/var/run/secrets/signet/token";
     )
 )]
 #[serde(rename_all = "camelCase")]
+// The API server itself refuses a new or changed Issuer that sets a field only the operator
+// may decide (CEL rules; old objects stay readable and are reported by the bridge).
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": "!has(self.server)", "fieldPath": ".server", "reason": "FieldValueForbidden",
+     "message": "spec.server is not allowed on a namespaced Issuer: it uses the Signet server the bridge's operator configured (use a ClusterIssuer to name a server)"},
+    {"rule": "!has(self.serverName)", "fieldPath": ".serverName", "reason": "FieldValueForbidden",
+     "message": "spec.serverName is not allowed on a namespaced Issuer (use a ClusterIssuer)"},
+    {"rule": "!has(self.trustBundle)", "fieldPath": ".trustBundle", "reason": "FieldValueForbidden",
+     "message": "spec.trustBundle is not allowed on a namespaced Issuer: the server's roots come from the bridge's operator"},
+    {"rule": "!has(self.auth) || !has(self.auth.serviceAccountToken)", "fieldPath": ".auth.serviceAccountToken", "reason": "FieldValueForbidden",
+     "message": "spec.auth.serviceAccountToken is not allowed on a namespaced Issuer: the bridge's own token file is the operator's (use auth.tlsSecretRef for a credential of this namespace)"}
+]))]
 pub struct IssuerSpec {
-    /// The signet-server CA endpoint, `https://host:port`.
-    pub server: String,
-    /// The name checked in the server's certificate, when it is not the host of `server`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub server_name: Option<String>,
-    /// The roots that sign the server's certificate.
-    pub trust_bundle: TrustBundleSource,
-    /// How the bridge authenticates; default: the service-account token at
-    /// `/var/run/secrets/signet/token`.
+    /// How the bridge authenticates for this Issuer: `tlsSecretRef`, a `kubernetes.io/tls`
+    /// Secret of this Issuer's namespace; default: the bridge's own identity. The server is
+    /// always the one the operator configured the bridge with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<IssuerAuth>,
+    /// Not allowed on a namespaced Issuer (use a ClusterIssuer): the bridge talks only to the
+    /// server its operator configured. An Issuer that sets it is refused (InvalidSpec).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+    /// Not allowed on a namespaced Issuer (use a ClusterIssuer). An Issuer that sets it is
+    /// refused (InvalidSpec).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+    /// Not allowed on a namespaced Issuer (use a ClusterIssuer): the server's roots come from
+    /// the operator. An Issuer that sets it is refused (InvalidSpec).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_bundle: Option<TrustBundleSource>,
 }
 
-/// A cluster-wide issuer: the spec of [`Issuer`]; its `configMapRef`/`secretRef`s are read from
-/// the bridge's own namespace (like cert-manager's cluster resource namespace).
+/// A cluster-wide issuer, created by the operator: which server, how to trust it, how to
+/// authenticate. Its `configMapRef`/`secretRef`/`tlsSecretRef` are read from the bridge's own
+/// namespace (like cert-manager's cluster resource namespace).
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
@@ -94,32 +122,14 @@ pub struct ClusterIssuerSpec {
     pub server_name: Option<String>,
     /// The roots that sign the server's certificate.
     pub trust_bundle: TrustBundleSource,
-    /// How the bridge authenticates; default: the service-account token at
-    /// `/var/run/secrets/signet/token`.
+    /// The server must present `spiffe://<trustDomain>/signet/server`. Default: the bridge's
+    /// `--trust-domain`, else the trust domain the bundle's roots name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_domain: Option<String>,
+    /// How the bridge authenticates; default: the bridge's own token (`--token`, default
+    /// `/var/run/secrets/signet/token`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<IssuerAuth>,
-}
-
-impl From<ClusterIssuerSpec> for IssuerSpec {
-    fn from(s: ClusterIssuerSpec) -> Self {
-        Self {
-            server: s.server,
-            server_name: s.server_name,
-            trust_bundle: s.trust_bundle,
-            auth: s.auth,
-        }
-    }
-}
-
-impl From<IssuerSpec> for ClusterIssuerSpec {
-    fn from(s: IssuerSpec) -> Self {
-        Self {
-            server: s.server,
-            server_name: s.server_name,
-            trust_bundle: s.trust_bundle,
-            auth: s.auth,
-        }
-    }
 }
 
 /// Exactly one of `configMapRef`, `secretRef`, `pem`.
@@ -135,7 +145,7 @@ pub struct TrustBundleSource {
     pub pem: Option<String>,
 }
 
-/// A key of a ConfigMap or Secret in the issuer's namespace (the bridge's, for a ClusterIssuer).
+/// A key of a ConfigMap or Secret in the bridge's namespace (a ClusterIssuer's trust bundle).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KeyRef {
@@ -152,17 +162,22 @@ impl KeyRef {
     }
 }
 
-/// At most one of `serviceAccountToken`, `tlsSecretRef`; neither means the default token path.
+/// At most one of `serviceAccountToken`, `tlsSecretRef`; neither means the bridge's own token.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IssuerAuth {
+    /// ClusterIssuer only (a namespaced Issuer that sets it is refused): a token file in the
+    /// bridge's pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_token: Option<ServiceAccountTokenAuth>,
+    /// An mTLS SVID in a `kubernetes.io/tls` Secret of the issuer's namespace (the bridge's,
+    /// for a ClusterIssuer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_secret_ref: Option<LocalObjectRef>,
 }
 
-/// A projected token file in the bridge's pod, re-read at every call and sent as a bearer.
+/// A projected token file in the bridge's pod, re-read at every call and sent as a bearer
+/// (ClusterIssuer only).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceAccountTokenAuth {
@@ -171,11 +186,16 @@ pub struct ServiceAccountTokenAuth {
     pub path: Option<String>,
 }
 
-/// A `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`) holding an mTLS SVID.
+/// A `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`) holding an mTLS SVID, in the issuer's
+/// own namespace.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LocalObjectRef {
     pub name: String,
+    /// Only the issuer's own namespace (the bridge's, for a ClusterIssuer) is allowed; any
+    /// other is refused (InvalidSpec). Leave it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
 }
 
 /// The status of an `Issuer` or `ClusterIssuer`.
@@ -244,10 +264,10 @@ mod tests {
     }
 
     #[test]
-    fn parses_a_manifest() {
-        let i: Issuer = serde_json::from_value(serde_json::json!({
-            "apiVersion": "signet.dev/v1", "kind": "Issuer",
-            "metadata": {"name": "signet", "namespace": "a", "generation": 2},
+    fn parses_manifests() {
+        let c: ClusterIssuer = serde_json::from_value(serde_json::json!({
+            "apiVersion": "signet.dev/v1", "kind": "ClusterIssuer",
+            "metadata": {"name": "signet", "generation": 2},
             "spec": {
                 "server": "https://signet.signet-system.svc:8443",
                 "trustBundle": {"configMapRef": {"name": "signet-bundle", "key": "root.pem"}},
@@ -257,12 +277,27 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(
-            i.spec.trust_bundle.config_map_ref.as_ref().unwrap().key(),
+            c.spec.trust_bundle.config_map_ref.as_ref().unwrap().key(),
             "root.pem"
         );
         assert_eq!(
-            i.spec.auth.unwrap().service_account_token,
+            c.spec.auth.unwrap().service_account_token,
             Some(ServiceAccountTokenAuth::default())
         );
+        // A namespaced Issuer needs nothing; an old one's fields are still read (to refuse it).
+        let i: Issuer = serde_json::from_value(serde_json::json!({
+            "apiVersion": "signet.dev/v1", "kind": "Issuer",
+            "metadata": {"name": "signet", "namespace": "a"}, "spec": {}
+        }))
+        .unwrap();
+        assert_eq!(i.spec.auth, None);
+        let old: Issuer = serde_json::from_value(serde_json::json!({
+            "apiVersion": "signet.dev/v1", "kind": "Issuer",
+            "metadata": {"name": "signet", "namespace": "a"},
+            "spec": {"server": "https://evil:443", "trustBundle": {"pem": "x"}}
+        }))
+        .unwrap();
+        assert_eq!(old.spec.server.as_deref(), Some("https://evil:443"));
+        assert!(old.spec.trust_bundle.is_some());
     }
 }

@@ -4,7 +4,10 @@
 //! - [`crd`]: our `signet.dev/v1` `Issuer` and `ClusterIssuer`.
 //! - [`certmanager`]: typed `cert-manager.io/v1` `CertificateRequest` and `Certificate`.
 //! - [`conditions`]: set/get status conditions (`lastTransitionTime` moves only on change).
+//! - [`events`]: Kubernetes Events for outcomes (kube-rs `Recorder`).
 //! - [`issuers`]: `issuerRef` -> issuer -> resolved [`signer::SignerConfig`].
+//! - [`operator`]: what only the operator decides (the server of namespaced Issuers, the
+//!   bridge's token), from the flags.
 //! - [`signer`]: one connected client per issuer; errors classified Permanent / Retryable.
 //! - [`backoff`]: capped exponential backoff with jitter, per-object attempt counters.
 //! - [`clock`]: injected time.
@@ -24,9 +27,11 @@ pub mod conditions;
 pub mod context;
 pub mod crd;
 pub mod csr;
+pub mod events;
 pub mod issuer_status;
 pub mod issuers;
 pub mod keys;
+pub mod operator;
 pub mod request;
 pub mod signer;
 #[cfg(any(test, feature = "testing"))]

@@ -17,6 +17,7 @@ use kube::{Api, Client};
 
 use signet_k8s::context::Context;
 use signet_k8s::crd::{ClusterIssuer, Issuer};
+use signet_k8s::operator::{BridgeConfig, OperatorServer};
 use signet_k8s::{issuer_status, request};
 
 #[derive(Parser)]
@@ -47,13 +48,23 @@ struct RunArgs {
     /// The bridge's own namespace: ClusterIssuer refs are read from it.
     #[arg(long, env = "SIGNET_K8S_NAMESPACE", default_value = "signet-system")]
     namespace: String,
-    /// Default signet-server URL (Citadel mode), `https://host:port`.
+    /// The signet-server URL (`https://host:port`) that namespaced Issuers and Citadel mode
+    /// use: an Issuer never chooses its server. Without it only ClusterIssuers work.
     #[arg(long, env = "SIGNET_K8S_SERVER")]
     server: Option<String>,
-    /// Default trust bundle file (PEM) for `--server`.
+    /// The name checked in `--server`'s certificate, when it is not the URL's host.
+    #[arg(long, env = "SIGNET_K8S_SERVER_NAME")]
+    server_name: Option<String>,
+    /// PEM roots that sign `--server`'s certificate (re-read at every check).
     #[arg(long, env = "SIGNET_K8S_BUNDLE")]
     bundle: Option<PathBuf>,
-    /// Default service-account token file for `--server`.
+    /// The servers' trust domain: `--server` (and a ClusterIssuer without spec.trustDomain)
+    /// must present `spiffe://<trust domain>/signet/server`. Default: the trust domain the
+    /// bundle's roots name.
+    #[arg(long, env = "SIGNET_K8S_TRUST_DOMAIN")]
+    trust_domain: Option<String>,
+    /// The bridge's own projected service-account token, sent only to `--server` and to the
+    /// servers of ClusterIssuers.
     #[arg(long, env = "SIGNET_K8S_TOKEN", default_value = signet_k8s::crd::DEFAULT_TOKEN_PATH)]
     token: PathBuf,
     /// Standalone mode: reconcile `cert-manager.io/v1` Certificates whose issuerRef names a
@@ -68,6 +79,9 @@ struct RunArgs {
     /// --server and --bundle).
     #[arg(long, env = "SIGNET_K8S_CITADEL")]
     citadel: bool,
+    /// The bridge's pod name, reported as the instance of its Kubernetes Events.
+    #[arg(long, env = "SIGNET_K8S_POD_NAME")]
+    pod_name: Option<String>,
     /// Serve `/healthz` and `/readyz` here (e.g. `0.0.0.0:8081`).
     #[arg(long, env = "SIGNET_K8S_HEALTH_ADDR")]
     health_addr: Option<SocketAddr>,
@@ -117,6 +131,33 @@ async fn health(addr: SocketAddr) -> anyhow::Result<()> {
     }
 }
 
+/// The operator's part of the configuration, from the flags.
+fn bridge_config(args: &RunArgs) -> anyhow::Result<BridgeConfig> {
+    let server = match (&args.server, &args.bundle) {
+        (Some(address), Some(bundle_file)) => Some(OperatorServer {
+            address: address.clone(),
+            server_name: args.server_name.clone(),
+            bundle_file: bundle_file.clone(),
+        }),
+        (None, None) => None,
+        _ => anyhow::bail!("--server and --bundle go together"),
+    };
+    let trust_domain = match &args.trust_domain {
+        Some(td) => Some(
+            td.parse()
+                .map_err(|e| anyhow::anyhow!("--trust-domain {td:?}: {e}"))?,
+        ),
+        None => None,
+    };
+    let cfg = BridgeConfig {
+        server,
+        token_path: args.token.clone(),
+        trust_domain,
+    };
+    cfg.validate().map_err(anyhow::Error::msg)?;
+    Ok(cfg)
+}
+
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -124,18 +165,30 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "info,kube=warn".into()),
         )
         .init();
-    if let Some(server) = &args.server {
-        tracing::info!(
-            %server,
-            bundle = ?args.bundle,
-            token = %args.token.display(),
-            "default server configured (Citadel mode)"
-        );
+    let bridge = Arc::new(bridge_config(&args)?);
+    match &bridge.server {
+        Some(s) => tracing::info!(
+            server = %s.address,
+            bundle = %s.bundle_file.display(),
+            token = %bridge.token_path.display(),
+            "the server of namespaced Issuers and Citadel mode"
+        ),
+        None => {
+            tracing::info!("no --server: namespaced Issuers cannot be used, ClusterIssuers only")
+        }
     }
     let client = Client::try_default()
         .await
         .context("no Kubernetes client configuration (in-cluster or kubeconfig)")?;
-    let ctx = Arc::new(Context::new(client.clone(), &args.namespace));
+    let events: Arc<dyn signet_k8s::events::Events> = Arc::new(
+        signet_k8s::events::KubeEvents::new(client.clone(), args.pod_name.clone()),
+    );
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        &args.namespace,
+        bridge.clone(),
+        events.clone(),
+    ));
     if let Some(addr) = args.health_addr {
         tokio::spawn(async move {
             if let Err(e) = health(addr).await {
@@ -183,6 +236,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let backend = ctx.backend.clone();
         let namespace = args.namespace.clone();
         let owner_ref = args.certificate_owner_ref;
+        let bridge = bridge.clone();
+        let events = events.clone();
         async move {
             if !enabled {
                 return;
@@ -191,6 +246,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 client: client.clone(),
                 backend,
                 bridge_namespace: namespace,
+                bridge,
             });
             signet_k8s::certificate::run(
                 client,
@@ -198,49 +254,51 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 Arc::new(signet_k8s::clock::SystemClock),
                 Arc::new(signet_k8s::backoff::SystemRandom::default()),
                 owner_ref,
+                events,
             )
             .await;
         }
     };
-    let citadel = citadel(&args, client.clone());
+    let citadel = citadel(args.citadel, &bridge, client.clone());
     tracing::info!(namespace = %args.namespace, "signet-k8s running");
     let (_, _, _, _, citadel) =
         tokio::join!(requests, issuers, cluster_issuers, standalone, citadel);
     citadel
 }
 
-/// Citadel mode on the default server connection (`--server`, `--bundle`, `--token`).
-async fn citadel(args: &RunArgs, client: Client) -> anyhow::Result<()> {
+/// Citadel mode on the operator's server (`--server`, `--bundle`, `--token`).
+async fn citadel(enabled: bool, bridge: &BridgeConfig, client: Client) -> anyhow::Result<()> {
     use signet_k8s::signer::{Credentials, Signer, SignerConfig};
-    if !args.citadel {
+    if !enabled {
         return Ok(());
     }
-    let (Some(server), Some(bundle)) = (&args.server, &args.bundle) else {
+    if bridge.server.is_none() {
         anyhow::bail!("--citadel needs --server and --bundle");
-    };
-    let bundle_pem =
-        std::fs::read(bundle).with_context(|| format!("reading {}", bundle.display()))?;
-    let cfg = SignerConfig {
-        server: server.clone(),
-        server_name: None,
-        bundle_pem: bundle_pem.clone(),
-        credentials: Credentials::TokenFile(args.token.clone()),
-    };
-    // Keep trying: the server may start after the bridge.
-    let signer = loop {
-        match Signer::connect(&cfg).await {
-            Ok(s) => break s,
+    }
+    // Keep trying: the server may start after the bridge, the bundle may not be mounted yet.
+    let (target, signer) = loop {
+        let attempt = async {
+            let target = bridge.operator_target().map_err(|e| e.to_string())?;
+            let cfg = SignerConfig {
+                target: target.clone(),
+                credentials: Credentials::TokenFile(bridge.token_path.clone()),
+            };
+            let signer = Signer::connect(&cfg).await.map_err(|e| e.to_string())?;
+            Ok::<_, String>((target, signer))
+        };
+        match attempt.await {
+            Ok(ok) => break ok,
             Err(e) => {
                 tracing::warn!(error = %e, "citadel: cannot reach the server yet");
                 tokio::time::sleep(std::time::Duration::from_secs(5)).await;
             }
         }
     };
-    let channel = signet_client::connect_tls(server, &bundle_pem, None, None)
+    let channel = signet_client::connect(&target, None)
         .await
         .context("citadel: connecting for WatchBundle")?;
     let (tx, rx) = tokio::sync::watch::channel(None);
-    let token = Some(args.token.clone());
+    let token = Some(bridge.token_path.clone());
     tokio::spawn(signet_k8s::citadel::watch_bundle(channel, token, tx));
     let ctx = Arc::new(signet_k8s::citadel::Context {
         client,

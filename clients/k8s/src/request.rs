@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::certmanager::{
@@ -292,12 +292,7 @@ async fn sign_step(
         Ok(p) => p,
         Err(msg) => return Ok(Outcome::failed(msg)),
     };
-    let cfg = match issuers::resolve(
-        &ctx.client,
-        &issuer.spec,
-        issuer.refs_namespace(&ctx.bridge_namespace),
-    )
-    .await
+    let cfg = match issuers::resolve(&ctx.client, &issuer, &ctx.bridge, &ctx.bridge_namespace).await
     {
         Ok(c) => c,
         Err(e) => {
@@ -344,6 +339,13 @@ pub async fn reconcile(cr: Arc<CertificateRequest>, ctx: Arc<Context>) -> Result
             &Patch::Merge(&patch),
         )
         .await?;
+        let note = crate::events::Note::new(
+            out.ready != ConditionStatus::True,
+            out.reason,
+            out.message.clone(),
+            "SignRequest",
+        );
+        ctx.events.publish(cr.object_ref(&()), note).await;
     }
     if out.retry {
         Ok(Action::requeue(ctx.backoffs.next(&okey)))

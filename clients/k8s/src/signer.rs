@@ -1,5 +1,5 @@
 //! Talks to a Signet server on behalf of one issuer: TLS verified against the issuer's trust
-//! bundle (via `signet-client`), authenticated by a bearer token re-read from its file at each
+//! bundle and the server's SPIFFE ID (`signet_client::connect`), authenticated by a bearer token re-read from its file at each
 //! call (kubelet rotates projected tokens) or by an mTLS SVID. Errors are classified for the
 //! reconcilers: [`SignError::Permanent`] (a retry cannot fix it: Failed) or
 //! [`SignError::Retryable`] (Pending, back off and try again).
@@ -9,13 +9,15 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use signet_client::ClientIdentity;
 use signet_client::ca::certificate_authority_client::CertificateAuthorityClient;
 use signet_client::ca::{GetBundleRequest, SignCsrRequest};
+use signet_client::{ClientError, ClientIdentity, ServerTarget};
 use tonic::transport::Channel;
 
 /// How long one gRPC call may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// The reason of a connection refused because the server is not `spiffe://<td>/signet/server`.
+pub const REASON_WRONG_SERVER: &str = "WrongServerIdentity";
 
 /// How the bridge proves who it is to the server.
 #[derive(Clone, Debug)]
@@ -26,26 +28,30 @@ pub enum Credentials {
     Identity(ClientIdentity),
 }
 
-/// Everything needed to reach one server, resolved from an issuer's spec.
+/// Everything needed to reach one server: where it is, its roots and SPIFFE ID (the
+/// target), and the credentials. Built by `issuers::resolve` (from the operator's config or a
+/// ClusterIssuer) or from the operator's flags (Citadel mode).
 #[derive(Clone, Debug)]
 pub struct SignerConfig {
-    /// `https://host:port`.
-    pub server: String,
-    /// Overrides the name checked in the server's certificate.
-    pub server_name: Option<String>,
-    /// PEM roots that sign the server's certificate.
-    pub bundle_pem: Vec<u8>,
+    pub target: ServerTarget,
     pub credentials: Credentials,
 }
 
 impl SignerConfig {
+    /// The server's address, for messages.
+    pub fn server(&self) -> &str {
+        &self.target.addr
+    }
+
     /// A digest of the whole config: a cached channel is reused only while this is unchanged.
     fn fingerprint(&self) -> Vec<u8> {
         let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        let t = &self.target;
         for part in [
-            self.server.as_bytes(),
-            self.server_name.as_deref().unwrap_or("").as_bytes(),
-            &self.bundle_pem,
+            t.addr.as_bytes(),
+            t.server_name.as_deref().unwrap_or("").as_bytes(),
+            &t.bundle_pem,
+            t.trust_domain.as_str().as_bytes(),
         ] {
             ctx.update(&(part.len() as u64).to_be_bytes());
             ctx.update(part);
@@ -191,25 +197,25 @@ fn unix(secs: i64) -> SystemTime {
 }
 
 impl Signer {
-    /// Connects (TLS handshake included). Failure is [`SignError::Retryable`] `Unreachable`.
+    /// Connects (TLS handshake included, the server recognised by its SPIFFE ID). Failure is
+    /// [`SignError::Retryable`]: `WrongServerIdentity` when a server answered with another
+    /// identity (nothing was sent to it), else `Unreachable`.
     pub async fn connect(cfg: &SignerConfig) -> Result<Self, SignError> {
         let identity = match &cfg.credentials {
             Credentials::Identity(id) => Some(id),
             Credentials::TokenFile(_) => None,
         };
-        let connect = signet_client::connect_tls(
-            &cfg.server,
-            &cfg.bundle_pem,
-            cfg.server_name.as_deref(),
-            identity,
-        );
+        let connect = signet_client::connect(&cfg.target, identity);
         let channel = match tokio::time::timeout(CALL_TIMEOUT, connect).await {
             Ok(Ok(c)) => c,
+            Ok(Err(ClientError::WrongServer(_, why))) => {
+                return Err(SignError::retryable(REASON_WRONG_SERVER, why));
+            }
             Ok(Err(e)) => return Err(SignError::retryable("Unreachable", e.to_string())),
             Err(_) => {
                 return Err(SignError::retryable(
                     "Unreachable",
-                    format!("no connection to {} within {CALL_TIMEOUT:?}", cfg.server),
+                    format!("no connection to {} within {CALL_TIMEOUT:?}", cfg.server()),
                 ));
             }
         };
@@ -443,23 +449,22 @@ mod tests {
     #[test]
     fn fingerprint_tracks_config() {
         let a = SignerConfig {
-            server: "https://a:1".into(),
-            server_name: None,
-            bundle_pem: b"x".to_vec(),
+            target: ServerTarget::new("https://a:1", b"x".to_vec(), td("example.org")),
             credentials: Credentials::TokenFile("/t".into()),
         };
         let mut b = a.clone();
         assert_eq!(a.fingerprint(), b.fingerprint());
-        b.bundle_pem = b"y".to_vec();
+        b.target.bundle_pem = b"y".to_vec();
         assert_ne!(a.fingerprint(), b.fingerprint());
+        let mut c = a.clone();
+        c.target.trust_domain = td("other.org");
+        assert_ne!(a.fingerprint(), c.fingerprint());
     }
 
     #[tokio::test]
     async fn unreachable_is_retryable() {
         let cfg = SignerConfig {
-            server: "https://127.0.0.1:1".into(),
-            server_name: None,
-            bundle_pem: rcgen_root(),
+            target: ServerTarget::new("https://127.0.0.1:1", rcgen_root(), td("example.org")),
             credentials: Credentials::TokenFile("/nonexistent".into()),
         };
         let e = SignerCache::new()
@@ -468,6 +473,10 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.reason(), "Unreachable");
         assert!(!e.is_permanent());
+    }
+
+    fn td(s: &str) -> signet_types::TrustDomain {
+        s.parse().unwrap()
     }
 
     fn rcgen_root() -> Vec<u8> {

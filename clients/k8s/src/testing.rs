@@ -338,6 +338,7 @@ pub struct FakeBackend {
     sign: std::sync::Mutex<Option<Result<crate::signer::Signed, crate::signer::SignError>>>,
     bundle: std::sync::Mutex<Option<Result<crate::signer::BundleInfo, crate::signer::SignError>>>,
     calls: std::sync::Mutex<Vec<(String, String, Option<std::time::Duration>)>>,
+    bundle_calls: std::sync::Mutex<Vec<(String, String, String)>>,
 }
 
 impl FakeBackend {
@@ -358,6 +359,14 @@ impl FakeBackend {
             bundle: std::sync::Mutex::new(Some(r)),
             ..Default::default()
         })
+    }
+    /// `(issuer key, server address, credentials)` of each `bundle` call; credentials are
+    /// `token:<path>` or `mtls:<first bytes of the chain>`.
+    pub fn bundle_calls(&self) -> Vec<(String, String, String)> {
+        self.bundle_calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
     /// `(issuer key, namespace, ttl)` of each `sign` call.
     pub fn calls(&self) -> Vec<(String, String, Option<std::time::Duration>)> {
@@ -392,10 +401,21 @@ impl crate::signer::SignBackend for FakeBackend {
     }
     fn bundle<'a>(
         &'a self,
-        _key: &'a str,
-        _cfg: &'a crate::signer::SignerConfig,
+        key: &'a str,
+        cfg: &'a crate::signer::SignerConfig,
     ) -> futures::future::BoxFuture<'a, Result<crate::signer::BundleInfo, crate::signer::SignError>>
     {
+        let creds = match &cfg.credentials {
+            crate::signer::Credentials::TokenFile(p) => format!("token:{}", p.display()),
+            crate::signer::Credentials::Identity(id) => format!(
+                "mtls:{}",
+                String::from_utf8_lossy(&id.cert_chain_pem[..id.cert_chain_pem.len().min(16)])
+            ),
+        };
+        self.bundle_calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((key.into(), cfg.server().to_owned(), creds));
         let r = self
             .bundle
             .lock()
@@ -409,6 +429,109 @@ impl crate::signer::SignBackend for FakeBackend {
                 ))
             })
         })
+    }
+}
+
+/// [`Events`](crate::events::Events) kept in a list: `("Kind/ns/name", note)`.
+#[derive(Default)]
+pub struct RecordedEvents(std::sync::Mutex<Vec<(String, crate::events::Note)>>);
+
+impl RecordedEvents {
+    pub fn all(&self) -> Vec<(String, crate::events::Note)> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl crate::events::Events for RecordedEvents {
+    fn publish<'a>(
+        &'a self,
+        regarding: k8s_openapi::api::core::v1::ObjectReference,
+        note: crate::events::Note,
+    ) -> futures::future::BoxFuture<'a, ()> {
+        let key = format!(
+            "{}/{}{}",
+            regarding.kind.unwrap_or_default(),
+            regarding
+                .namespace
+                .map(|n| format!("{n}/"))
+                .unwrap_or_default(),
+            regarding.name.unwrap_or_default()
+        );
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((key, note));
+        Box::pin(async {})
+    }
+}
+
+/// A file removed on drop (this crate has no tempfile dependency).
+pub struct TempFile(pub std::path::PathBuf);
+
+impl TempFile {
+    pub fn with(tag: &str, contents: &[u8]) -> Self {
+        use ring::rand::SecureRandom;
+        let mut b = [0u8; 8];
+        let _ = ring::rand::SystemRandom::new().fill(&mut b);
+        let p = std::env::temp_dir().join(format!(
+            "signet-k8s-{tag}-{}-{}",
+            std::process::id(),
+            u64::from_le_bytes(b)
+        ));
+        if let Err(e) = std::fs::write(&p, contents) {
+            panic!("writing {}: {e}", p.display());
+        }
+        Self(p)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// What the operator gives a bridge under test: its server `address` (trust domain
+/// `trust_domain`) with roots `bundle_pem`, and a token file holding `token`. Keep it alive
+/// while the bridge runs (the files go with it).
+pub struct TestBridge {
+    pub config: std::sync::Arc<crate::operator::BridgeConfig>,
+    pub bundle: TempFile,
+    pub token: TempFile,
+}
+
+impl TestBridge {
+    pub fn new(address: &str, bundle_pem: &[u8], trust_domain: &str, token: &str) -> Self {
+        let bundle = TempFile::with("bundle", bundle_pem);
+        let token = TempFile::with("token", token.as_bytes());
+        let config = crate::operator::BridgeConfig {
+            server: Some(crate::operator::OperatorServer {
+                address: address.to_owned(),
+                server_name: None,
+                bundle_file: bundle.0.clone(),
+            }),
+            token_path: token.0.clone(),
+            trust_domain: Some(
+                trust_domain
+                    .parse()
+                    .unwrap_or_else(|e| panic!("trust domain {trust_domain:?}: {e}")),
+            ),
+        };
+        Self {
+            config: std::sync::Arc::new(config),
+            bundle,
+            token,
+        }
+    }
+
+    /// The same, with `server_name` checked in the server's certificate.
+    pub fn with_server_name(mut self, name: &str) -> Self {
+        let mut c = (*self.config).clone();
+        if let Some(s) = c.server.as_mut() {
+            s.server_name = Some(name.to_owned());
+        }
+        self.config = std::sync::Arc::new(c);
+        self
     }
 }
 

@@ -1,7 +1,9 @@
 //! `signet-client`: a typed client for Signet's gRPC APIs.
 //!
-//! - [`connect_tls`]: the CA listener, verified against the trust bundle, optionally with a
-//!   client certificate (mTLS renewal).
+//! - [`connect`]: the CA listener over TLS, the server recognised by its chain to the trust
+//!   bundle, its host name and its SPIFFE ID `spiffe://<td>/signet/server` ([`tls`]);
+//!   optionally with a client certificate (mTLS). [`connect_tls`] is the same with the trust
+//!   domain read from the bundle's roots.
 //! - [`connect_admin`]: the operator API on the server's admin Unix socket.
 //! - [`new_key_and_csr`]: a fresh private key (it never leaves this process) and a CSR for it.
 //! - [`with_bearer`]: attach a service-account token to a request.
@@ -10,9 +12,12 @@
 use std::path::{Path, PathBuf};
 
 use hyper_util::rt::TokioIo;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity, Uri};
+use tonic::transport::{Channel, Endpoint, Uri};
 
 pub use signet_proto::{admin, ca, istio_ca};
+
+pub mod tls;
+pub use tls::{ServerTarget, connect, server_id, trust_domain_of_bundle};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -20,6 +25,15 @@ pub enum ClientError {
     Address(String, String),
     #[error("cannot connect to {0}: {1}")]
     Connect(String, String),
+    /// The server's certificate chains to the bundle but is not the Signet server's identity.
+    #[error("refusing {0}: {1}")]
+    WrongServer(String, String),
+    #[error("trust bundle: {0}")]
+    Bundle(String),
+    #[error("client certificate: {0}")]
+    Identity(String),
+    #[error("TLS configuration: {0}")]
+    Tls(String),
     #[error("key generation failed: {0}")]
     Key(String),
     #[error("invalid token: it contains characters not allowed in a header")]
@@ -43,35 +57,27 @@ impl std::fmt::Debug for ClientIdentity {
 }
 
 /// Connects to a Signet CA at `addr` (`https://host:port` or `host:port`) over TLS, trusting
-/// only the roots in `bundle_pem`. `server_name` overrides the name checked in the server's
-/// certificate (default: the host in `addr`).
+/// only the roots in `bundle_pem`, and requiring the server's SPIFFE ID in the trust domain the
+/// bundle's roots name ([`trust_domain_of_bundle`]), or, when they name none (a plugged-in CA),
+/// the trust domain of the client certificate `identity` (a client talks to its own trust
+/// domain's CA). `server_name` overrides the name checked in the server's certificate
+/// (default: the host in `addr`). Callers that know the trust domain from their configuration
+/// use [`connect`].
 pub async fn connect_tls(
     addr: &str,
     bundle_pem: &[u8],
     server_name: Option<&str>,
     identity: Option<&ClientIdentity>,
 ) -> Result<Channel, ClientError> {
-    let url = if addr.contains("://") {
-        addr.to_owned()
-    } else {
-        format!("https://{addr}")
+    let trust_domain = match trust_domain_of_bundle(bundle_pem) {
+        Ok(td) => td,
+        Err(e) => identity
+            .and_then(|id| tls::trust_domain_of_identity(&id.cert_chain_pem))
+            .ok_or(e)?,
     };
-    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(bundle_pem));
-    if let Some(name) = server_name {
-        tls = tls.domain_name(name);
-    }
-    if let Some(id) = identity {
-        tls = tls.identity(Identity::from_pem(&id.cert_chain_pem, &id.key_pem));
-    }
-    let endpoint = Endpoint::from_shared(url.clone())
-        .map_err(|e| ClientError::Address(url.clone(), e.to_string()))?
-        .tls_config(tls)
-        .map_err(|e| ClientError::Address(url.clone(), e.to_string()))?
-        .tcp_nodelay(true);
-    endpoint
-        .connect()
-        .await
-        .map_err(|e| ClientError::Connect(url, error_chain(&e)))
+    let target = ServerTarget::new(addr, bundle_pem.to_vec(), trust_domain)
+        .with_server_name(server_name.map(str::to_owned));
+    connect(&target, identity).await
 }
 
 /// Connects to the admin API on the server's Unix socket.
@@ -91,12 +97,16 @@ pub async fn connect_admin(socket: &Path) -> Result<Channel, ClientError> {
         .map_err(|e| ClientError::Connect(shown, error_chain(&e)))
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut src = e.source();
     while let Some(s) = src {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
+        // io::Error shows its inner error and then yields it again as the source.
+        let text = s.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
         src = s.source();
     }
     out

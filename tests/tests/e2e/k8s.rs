@@ -17,7 +17,7 @@ use signet_k8s::clock::SystemClock;
 use signet_k8s::context::Context;
 use signet_k8s::crd::Issuer;
 use signet_k8s::signer::SignerCache;
-use signet_k8s::testing::{Expect, MockApi, Received, mock_client, object};
+use signet_k8s::testing::{Expect, MockApi, Received, TestBridge, mock_client, object};
 use signet_k8s::{issuer_status, request};
 use signet_tests::{Server, TokenIssuer, csr_with, openssl_verify};
 
@@ -33,20 +33,26 @@ fn bridge_toml() -> String {
 struct Bridge {
     ctx: Arc<Context>,
     api: Option<MockApi>,
-    _dir: tempfile::TempDir,
+    _operator: TestBridge,
     issuer: Value,
 }
 
-/// A bridge with a mocked API server, the bridge's projected token in a file, and an Issuer
-/// in namespace `a` pointing at `server` (Ready unless `ready` is false).
+/// A bridge with a mocked API server, configured by its operator with `server` and the
+/// bridge's projected token in a file, and an Issuer in namespace `a` (which names nothing:
+/// it uses the operator's server).
 fn bridge(server: &Server, tokens: &TokenIssuer) -> Bridge {
-    let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("token");
-    std::fs::write(&token, tokens.token("signet-system", "signet-k8s")).unwrap();
+    let operator = TestBridge::new(
+        &format!("https://{}", server.grpc),
+        &server.bundle_pem,
+        &server.trust_domain,
+        &tokens.token("signet-system", "signet-k8s"),
+    )
+    .with_server_name("localhost");
     let (client, api) = mock_client();
     let ctx = Arc::new(Context {
         client,
         bridge_namespace: "signet-system".into(),
+        bridge: operator.config.clone(),
         backend: Arc::new(SignerCache::new()),
         clock: Arc::new(SystemClock),
         backoffs: Backoffs::with_random(
@@ -57,6 +63,7 @@ fn bridge(server: &Server, tokens: &TokenIssuer) -> Bridge {
             Box::new(FixedRandom(0.0)),
         ),
         issuer_recheck: Duration::from_secs(300),
+        events: Arc::new(signet_k8s::events::NoEvents),
     });
     let issuer = object(
         "signet.dev/v1",
@@ -64,17 +71,12 @@ fn bridge(server: &Server, tokens: &TokenIssuer) -> Bridge {
         Some("a"),
         "signet",
         "3",
-        json!({"spec": {
-            "server": format!("https://{}", server.grpc),
-            "serverName": "localhost",
-            "trustBundle": {"pem": String::from_utf8(server.bundle_pem.clone()).unwrap()},
-            "auth": {"serviceAccountToken": {"path": token}}
-        }}),
+        json!({"spec": {}}),
     );
     Bridge {
         ctx,
         api: Some(api),
-        _dir: dir,
+        _operator: operator,
         issuer,
     }
 }
@@ -133,6 +135,7 @@ impl Bridge {
         self.ctx = Arc::new(Context {
             client: old.client.clone(),
             bridge_namespace: old.bridge_namespace.clone(),
+            bridge: old.bridge.clone(),
             backend: Arc::new(SignerCache::new()),
             clock: Arc::new(SystemClock),
             backoffs: Backoffs::with_random(
@@ -143,6 +146,7 @@ impl Bridge {
                 Box::new(FixedRandom(0.0)),
             ),
             issuer_recheck: old.issuer_recheck,
+            events: Arc::new(signet_k8s::events::NoEvents),
         });
     }
 

@@ -43,9 +43,7 @@ async fn bridge_signer(
     let token = dir.join("token");
     std::fs::write(&token, tokens.token("signet-system", "signet-k8s")).unwrap();
     let signer = Signer::connect(&SignerConfig {
-        server: format!("https://{}", server.grpc),
-        server_name: Some("localhost".into()),
-        bundle_pem: server.bundle_pem.clone(),
+        target: server.target(),
         credentials: Credentials::TokenFile(token),
     })
     .await
@@ -90,6 +88,7 @@ async fn reconcile(
         random: Arc::new(SystemRandom::default()),
         peers: certificate::store_of([cert.clone()]),
         owner_ref: false,
+        events: Arc::new(signet_k8s::events::NoEvents),
     });
     certificate::reconcile(Arc::new(cert), ctx).await.unwrap();
     server.await.unwrap()

@@ -30,7 +30,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Map, Value, json};
 
 use crate::backoff::Random;
@@ -75,6 +75,8 @@ pub struct IssuerSigners {
     pub backend: Arc<dyn SignBackend>,
     /// Where a ClusterIssuer's references are read.
     pub bridge_namespace: String,
+    /// The operator's server and the bridge's own token.
+    pub bridge: Arc<crate::operator::BridgeConfig>,
 }
 
 impl CertSigner for IssuerSigners {
@@ -98,13 +100,10 @@ impl CertSigner for IssuerSigners {
                     format!("{issuer} is not Ready"),
                 ));
             }
-            let cfg = crate::issuers::resolve(
-                &self.client,
-                &obj.spec,
-                obj.refs_namespace(&self.bridge_namespace),
-            )
-            .await
-            .map_err(|e| SignError::retryable(e.reason(), e.to_string()))?;
+            let cfg =
+                crate::issuers::resolve(&self.client, &obj, &self.bridge, &self.bridge_namespace)
+                    .await
+                    .map_err(|e| SignError::retryable(e.reason(), e.to_string()))?;
             self.backend
                 .sign(&issuer.to_string(), &cfg, csr, namespace, ttl)
                 .await
@@ -123,6 +122,8 @@ pub struct Context {
     pub peers: Store<Certificate>,
     /// Put an ownerReference to the Certificate on its Secret.
     pub owner_ref: bool,
+    /// Events for issuance outcomes.
+    pub events: Arc<dyn crate::events::Events>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -197,7 +198,12 @@ pub async fn reconcile(cert: Arc<Certificate>, ctx: Arc<Context>) -> Result<Acti
         )
         .await?;
         wakes.extend(wake);
+        let event = issuing_event(&st, &next, &cert.spec.secret_name);
+        let regarding = cert.object_ref(&());
         patch_status(&ctx.client, &mut cert, &st, &next).await?;
+        if let Some(note) = event {
+            ctx.events.publish(regarding, note).await;
+        }
         if let Some(s) = applied {
             view = Some(SecretView::of(&s));
             secret = Some(s);
@@ -222,6 +228,39 @@ pub async fn reconcile(cert: Arc<Certificate>, ctx: Arc<Context>) -> Result<Acti
 
     let wait = wakes.into_iter().min().unwrap_or(RESYNC).min(RESYNC);
     Ok(Action::requeue(wait.max(Duration::from_secs(1))))
+}
+
+/// The event for an issuing step that issued (the revision moved) or failed (a new failure
+/// time), from the status before and after it.
+fn issuing_event(
+    before: &CertificateStatus,
+    after: &CertificateStatus,
+    secret: &str,
+) -> Option<crate::events::Note> {
+    use crate::events::Note;
+    if after.revision != before.revision {
+        return Some(Note::new(
+            false,
+            crate::certmanager::reason::ISSUED,
+            format!(
+                "The certificate has been issued into Secret {secret:?} (revision {})",
+                after.revision.unwrap_or(0)
+            ),
+            "IssueCertificate",
+        ));
+    }
+    if after.last_failure_time != before.last_failure_time {
+        let c = crate::conditions::get(&after.conditions, crate::certmanager::CONDITION_ISSUING)?;
+        return Some(Note::new(
+            true,
+            c.reason
+                .as_deref()
+                .unwrap_or(crate::certmanager::reason::FAILED),
+            c.message.clone().unwrap_or_default(),
+            "IssueCertificate",
+        ));
+    }
+    None
 }
 
 /// The issuing reconciler: one attempt. Returns the status it wants, when to look again, and
@@ -402,6 +441,7 @@ pub async fn run(
     clock: Arc<dyn Clock>,
     random: Arc<dyn Random>,
     owner_ref: bool,
+    events: Arc<dyn crate::events::Events>,
 ) {
     let c = controller(&client).shutdown_on_signal();
     let ctx = Arc::new(Context {
@@ -411,6 +451,7 @@ pub async fn run(
         random,
         peers: c.store(),
         owner_ref,
+        events,
     });
     c.run(reconcile, error_policy, ctx)
         .for_each(|r| async move {

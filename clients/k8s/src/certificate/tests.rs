@@ -116,6 +116,22 @@ fn context(
     clock: FakeClock,
     peers: &[Value],
 ) -> Arc<Context> {
+    context_with(
+        client,
+        signer,
+        clock,
+        peers,
+        Arc::new(crate::events::NoEvents),
+    )
+}
+
+fn context_with(
+    client: Client,
+    signer: Arc<FakeSigner>,
+    clock: FakeClock,
+    peers: &[Value],
+    events: Arc<dyn crate::events::Events>,
+) -> Arc<Context> {
     let mut w: Writer<Certificate> = Writer::default();
     for p in peers {
         let c: Certificate = serde_json::from_value(p.clone()).unwrap();
@@ -128,6 +144,7 @@ fn context(
         random: Arc::new(FixedRandom(0.5)),
         peers: w.as_reader(),
         owner_ref: false,
+        events,
     })
 }
 
@@ -157,9 +174,28 @@ async fn success_applies_the_secret_and_walks_the_status() {
         Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
         Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
     ]);
-    let ctx = context(client, signer.clone(), clock, std::slice::from_ref(&obj));
+    let events = Arc::new(crate::testing::RecordedEvents::default());
+    let ctx = context_with(
+        client,
+        signer.clone(),
+        clock,
+        std::slice::from_ref(&obj),
+        events.clone(),
+    );
     let action = reconcile(parse(&obj), ctx).await.unwrap();
     let seen = server.await.unwrap();
+    assert_eq!(
+        events.all(),
+        [(
+            "Certificate/a/web".to_owned(),
+            crate::events::Note::new(
+                false,
+                "Issued",
+                "The certificate has been issued into Secret \"web-tls\" (revision 1)",
+                "IssueCertificate"
+            )
+        )]
+    );
 
     // trigger
     assert_eq!(
@@ -494,14 +530,28 @@ async fn permanent_refusal_fails_the_attempt_with_the_servers_reason() {
         Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
         Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
     ]);
+    let events = Arc::new(crate::testing::RecordedEvents::default());
     reconcile(
         parse(&obj),
-        context(client, Arc::new(signer), clock, std::slice::from_ref(&obj)),
+        context_with(
+            client,
+            Arc::new(signer),
+            clock,
+            std::slice::from_ref(&obj),
+            events.clone(),
+        ),
     )
     .await
     .unwrap();
     let seen = server.await.unwrap();
     let msg = "The certificate request failed (PermissionDenied): namespace a may not have spiffe://example.org/ns/b/sa/web; attempt 1, retrying in 1m";
+    assert_eq!(
+        events.all(),
+        [(
+            "Certificate/a/web".to_owned(),
+            crate::events::Note::new(true, "Failed", msg, "IssueCertificate")
+        )]
+    );
     assert_eq!(
         seen[2].body,
         json!({"status": {"conditions": [cond("Issuing", "False", "Failed", msg)],

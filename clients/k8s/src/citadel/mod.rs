@@ -19,9 +19,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
@@ -176,32 +176,6 @@ async fn apply_secret(
     Ok(())
 }
 
-/// A ServiceAccount went away: remove its `istio.<sa>` Secret if it is ours (garbage
-/// collection would too, through the ownerReference; this does not wait for it).
-pub async fn service_account_deleted(client: &Client, sa: &ServiceAccount) -> Result<(), Error> {
-    let ns = sa.namespace().unwrap_or_default();
-    let name = plan::secret_name(&sa.name_any());
-    let api: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let Some(s) = api.get_opt(&name).await? else {
-        return Ok(());
-    };
-    if !plan::is_ours(&s, &sa.name_any()) {
-        return Ok(());
-    }
-    let dp = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: s.uid(),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match api.delete(&name, &dp).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
 /// Writes `istio-ca-root-cert` in `ns` if its root differs from the bundle's.
 pub async fn reconcile_root_configmap(
     client: &Client,
@@ -329,26 +303,8 @@ pub async fn run(ctx: Arc<Context>) {
         }
     };
 
-    // Deleted ServiceAccounts.
-    let deletions = {
-        let client = client.clone();
-        async move {
-            let stream = watcher(
-                Api::<ServiceAccount>::all(client.clone()),
-                watcher::Config::default(),
-            )
-            .default_backoff();
-            futures::pin_mut!(stream);
-            while let Some(ev) = stream.next().await {
-                if let Ok(watcher::Event::Delete(sa)) = ev
-                    && let Err(e) = service_account_deleted(&client, &sa).await
-                {
-                    tracing::warn!(error = %e, "removing an istio secret");
-                }
-            }
-        }
-    };
-
+    // A deleted ServiceAccount's Secret is removed by Kubernetes' garbage collector through
+    // its ownerReference (controller: true): the bridge needs no `delete` on Secrets.
     let controller = Controller::new(
         Api::<ServiceAccount>::all(client.clone()),
         watcher::Config::default(),
@@ -364,7 +320,7 @@ pub async fn run(ctx: Arc<Context>) {
             tracing::debug!(error = %e, "citadel controller");
         }
     });
-    tokio::join!(roots, deletions, controller);
+    tokio::join!(roots, controller);
 }
 
 #[cfg(test)]

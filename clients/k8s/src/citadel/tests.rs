@@ -211,32 +211,6 @@ async fn a_foreign_secret_with_the_name_is_not_touched() {
 }
 
 #[tokio::test]
-async fn deleted_service_account_loses_its_secret() {
-    let ours = json!({"apiVersion": "v1", "kind": "Secret", "type": "istio.io/key-and-cert",
-        "metadata": {"name": "istio.web", "namespace": "mesh", "uid": "s1", "resourceVersion": "7",
-            "annotations": {"istio.io/service-account.name": "web"}},
-        "data": {"cert-chain.pem": "LS0tLQ=="}});
-    let (client, server) = scripted(vec![
-        Exchange::reply("GET", SECRET_URI, 200, ours.clone()),
-        Exchange::reply("DELETE", format!("{SECRET_URI}?"), 200, ours),
-    ]);
-    service_account_deleted(&client, &service_account())
-        .await
-        .unwrap();
-    let seen = server.await.unwrap();
-    assert_eq!(seen[1].body, json!({"preconditions": {"uid": "s1"}}));
-
-    // Not ours (no annotation): only looked at.
-    let foreign = json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": {"name": "istio.web", "namespace": "mesh", "uid": "f1"}});
-    let (client, server) = scripted(vec![Exchange::reply("GET", SECRET_URI, 200, foreign)]);
-    service_account_deleted(&client, &service_account())
-        .await
-        .unwrap();
-    assert_eq!(server.await.unwrap().len(), 1);
-}
-
-#[tokio::test]
 async fn root_configmap_is_written_and_updated_on_bundle_change() {
     let b = |roots: &str, revision| BundleInfo {
         trust_domain: "example.org".into(),

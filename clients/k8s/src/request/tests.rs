@@ -16,36 +16,23 @@ const ISSUER_PATH: &str = "/apis/signet.dev/v1/namespaces/a/issuers/signet";
 struct Fixture {
     ctx: Arc<Context>,
     api: crate::testing::MockApi,
-    _token: tempfile_like::TempFile,
-}
-
-mod tempfile_like {
-    /// A token file removed on drop (no tempfile dependency in this crate).
-    pub struct TempFile(pub std::path::PathBuf);
-    impl TempFile {
-        pub fn new() -> Self {
-            use ring::rand::SecureRandom;
-            let mut b = [0u8; 8];
-            ring::rand::SystemRandom::new().fill(&mut b).unwrap();
-            let p =
-                std::env::temp_dir().join(format!("signet-k8s-token-{}", u64::from_le_bytes(b)));
-            std::fs::write(&p, "token").unwrap();
-            Self(p)
-        }
-    }
-    impl Drop for TempFile {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
+    _bridge: crate::testing::TestBridge,
+    events: Arc<crate::testing::RecordedEvents>,
 }
 
 fn fixture(backend: Arc<dyn SignBackend>) -> Fixture {
     let (client, api) = mock_client();
-    let token = tempfile_like::TempFile::new();
+    let bridge = crate::testing::TestBridge::new(
+        "https://signet.signet-system.svc:8443",
+        root_pem().as_bytes(),
+        "example.org",
+        "token",
+    );
+    let events = Arc::new(crate::testing::RecordedEvents::default());
     let ctx = Arc::new(Context {
         client,
         bridge_namespace: "signet-system".into(),
+        bridge: bridge.config.clone(),
         backend,
         clock: Arc::new(FakeClock::at_unix(NOW)),
         backoffs: Backoffs::with_random(
@@ -56,17 +43,14 @@ fn fixture(backend: Arc<dyn SignBackend>) -> Fixture {
             Box::new(FixedRandom(0.0)),
         ),
         issuer_recheck: Duration::from_secs(300),
+        events: events.clone(),
     });
-    TOKEN.with(|t| *t.borrow_mut() = token.0.display().to_string());
     Fixture {
         ctx,
         api,
-        _token: token,
+        _bridge: bridge,
+        events,
     }
-}
-
-thread_local! {
-    static TOKEN: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
 }
 
 fn root_pem() -> String {
@@ -77,18 +61,13 @@ fn root_pem() -> String {
 }
 
 fn issuer(ready: Option<(&str, &str)>) -> Value {
-    let token = TOKEN.with(|t| t.borrow().clone());
     let mut v = object(
         "signet.dev/v1",
         "Issuer",
         Some("a"),
         "signet",
         "11",
-        json!({"spec": {
-            "server": "https://signet.signet-system.svc:8443",
-            "trustBundle": {"pem": root_pem()},
-            "auth": {"serviceAccountToken": {"path": token}}
-        }}),
+        json!({"spec": {}}),
     );
     if let Some((status, reason)) = ready {
         v["status"] = json!({"observedGeneration": 1, "conditions": [{
@@ -369,7 +348,9 @@ async fn run(
     cr: Arc<CertificateRequest>,
     scenario: Vec<Expect>,
 ) -> (Action, Vec<crate::testing::Received>) {
-    let Fixture { ctx, api, _token } = f;
+    let Fixture {
+        ctx, api, _bridge, ..
+    } = f;
     let server = api.run(scenario);
     let action = reconcile(cr, ctx.clone()).await.unwrap();
     drop(ctx);
@@ -567,6 +548,7 @@ async fn success_writes_certificate_ca_and_issued() {
         "certificate": STANDARD.encode(&s.chain_pem),
         "ca": STANDARD.encode(&s.ca_pem),
     }));
+    let events = f.events.clone();
     let (action, _) = run(
         f,
         cr(json!({}), vec![approved()]),
@@ -588,6 +570,18 @@ async fn success_writes_certificate_ca_and_issued() {
             Some(Duration::from_secs(86400))
         )]
     );
+    assert_eq!(
+        events.all(),
+        [(
+            "CertificateRequest/a/web-1".to_owned(),
+            crate::events::Note::new(
+                false,
+                "Issued",
+                "Certificate issued by Issuer/a/signet for spiffe://example.org/ns/a/sa/web",
+                "SignRequest"
+            )
+        )]
+    );
 }
 
 #[tokio::test]
@@ -595,6 +589,7 @@ async fn permanent_server_error_fails_with_its_message() {
     let msg = "bridge may only obtain identities under spiffe://example.org/ns/a/, not spiffe://example.org/ns/b/sa/x";
     let backend = FakeBackend::answering(Err(SignError::permanent("PermissionDenied", msg)));
     let f = fixture(backend.clone());
+    let events = f.events.clone();
     let (action, got) = run(
         f,
         cr(json!({}), vec![approved()]),
@@ -605,6 +600,9 @@ async fn permanent_server_error_fails_with_its_message() {
     )
     .await;
     assert_eq!(action, Action::await_change());
+    let ev = events.all();
+    assert_eq!(ev.len(), 1);
+    assert!(ev[0].1.warning && ev[0].1.reason == "Failed", "{ev:?}");
     let st = &got[1].body["status"];
     assert_eq!(st["conditions"][1]["reason"], "Failed");
     assert_eq!(
@@ -654,7 +652,9 @@ async fn conflicting_status_write_is_an_error_retried_with_backoff() {
     // An approver changed the request after we read it: the resourceVersion precondition
     // fails, nothing is overwritten, and the controller retries after a backoff.
     let backend = FakeBackend::answering(Ok(signed()));
-    let Fixture { ctx, api, _token } = fixture(backend.clone());
+    let Fixture {
+        ctx, api, _bridge, ..
+    } = fixture(backend.clone());
     let server = api.run(vec![
         Expect::get(ISSUER_PATH).respond(issuer(Some(("True", "Connected")))),
         Expect::patch(&format!("{CR_PATH}/status"))

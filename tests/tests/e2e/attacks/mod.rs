@@ -17,7 +17,10 @@ mod support;
 
 mod database_ledger_tamper;
 mod impersonator_privileged;
+mod local_user_mint_key_mode;
 mod network_plugged_ca_sibling;
 mod network_reserved_names;
+mod network_server_impersonation;
 mod other_namespace_dns_templates;
+mod tenant_issuer_credentials;
 mod workload_mtls_renewal;
