@@ -83,14 +83,9 @@ async fn a_sibling_intermediates_certificate_authenticates_nobody() {
     };
     let kc = signet_client::new_key_and_csr().unwrap();
     let attempt = async {
-        let ch = signet_client::connect_tls(
-            &server.grpc.to_string(),
-            &server.bundle_pem,
-            Some("localhost"),
-            Some(&forged),
-        )
-        .await
-        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let ch = signet_client::connect(&server.target(), Some(&forged))
+            .await
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
         CertificateAuthorityClient::new(ch)
             .sign_csr(SignCsrRequest {
                 csr: kc.csr_der.clone(),
