@@ -14,7 +14,7 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, ServerName};
 
 use crate::config::KubernetesApiConfig;
-use crate::sinks::kubernetes::{KubeRequest, KubeResponse, KubeTransport};
+use crate::sinks::kubernetes::{KubeError, KubeRequest, KubeResponse, KubeTransport};
 
 /// Largest answer read (a Secret is at most 1 MiB, plus its metadata).
 pub const MAX_BODY: usize = 4 << 20;
@@ -163,16 +163,15 @@ fn host_port(url: &str) -> Result<String, String> {
 
 #[async_trait::async_trait]
 impl KubeTransport for ApiServer {
-    async fn send(&self, req: KubeRequest) -> Result<KubeResponse, String> {
+    async fn send(&self, req: KubeRequest) -> Result<KubeResponse, KubeError> {
         let what = format!("{} {}", req.method, req.path);
-        tokio::time::timeout(self.timeout, self.send_inner(req))
-            .await
-            .unwrap_or_else(|_| {
-                Err(format!(
-                    "{what}: the API server at {} did not answer within {:?}",
-                    self.addr, self.timeout
-                ))
-            })
+        match tokio::time::timeout(self.timeout, self.send_inner(req)).await {
+            Ok(r) => r.map_err(KubeError::Failed),
+            Err(_) => Err(KubeError::Timeout(format!(
+                "{what}: the API server at {} did not answer within {:?}",
+                self.addr, self.timeout
+            ))),
+        }
     }
 }
 
@@ -334,7 +333,7 @@ mod tests {
             })
             .await
             .expect_err("untrusted");
-        assert!(err.contains("TLS"), "{err}");
+        assert!(err.to_string().contains("TLS"), "{err}");
     }
 
     #[tokio::test]
@@ -367,7 +366,10 @@ mod tests {
             })
             .await
             .expect_err("timed out");
-        assert!(err.contains("did not answer"), "{err}");
+        assert!(
+            matches!(&err, KubeError::Timeout(m) if m.contains("did not answer")),
+            "{err}"
+        );
         hold.abort();
     }
 

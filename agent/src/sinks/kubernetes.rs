@@ -88,10 +88,26 @@ impl std::fmt::Debug for KubeResponse {
     }
 }
 
+/// Why a request got no answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KubeError {
+    /// The API server did not answer before the deadline.
+    #[error("{0}")]
+    Timeout(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<String> for KubeError {
+    fn from(s: String) -> Self {
+        KubeError::Failed(s)
+    }
+}
+
 /// An authenticated client to the API server: sends one request, returns the answer.
 #[async_trait::async_trait]
 pub trait KubeTransport: Send + Sync {
-    async fn send(&self, req: KubeRequest) -> Result<KubeResponse, String>;
+    async fn send(&self, req: KubeRequest) -> Result<KubeResponse, KubeError>;
 }
 
 /// What is at the Secret's name now.
@@ -198,7 +214,12 @@ impl SecretSink {
     }
 
     async fn send(&self, what: &str, req: KubeRequest) -> Result<KubeResponse, SinkError> {
-        self.api.send(req).await.map_err(|e| self.fail(what, e))
+        self.api.send(req).await.map_err(|e| match e {
+            KubeError::Timeout(m) => {
+                SinkError::timeout(&self.name, format!("{what} {}: {m}", self.what()))
+            }
+            KubeError::Failed(m) => self.fail(what, m),
+        })
     }
 
     async fn inspect(&self) -> Result<Existing, SinkError> {
@@ -380,7 +401,7 @@ mod tests {
         fail_with: Mutex<Option<u16>>,
     }
 
-    fn answer(status: u16, body: &Value) -> Result<KubeResponse, String> {
+    fn answer(status: u16, body: &Value) -> Result<KubeResponse, KubeError> {
         Ok(KubeResponse {
             status: http::StatusCode::from_u16(status).map_err(|e| e.to_string())?,
             body: serde_json::to_vec(body).map_err(|e| e.to_string())?,
@@ -414,7 +435,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl KubeTransport for FakeApi {
-        async fn send(&self, req: KubeRequest) -> Result<KubeResponse, String> {
+        async fn send(&self, req: KubeRequest) -> Result<KubeResponse, KubeError> {
             self.seen
                 .lock()
                 .map_err(|e| e.to_string())?

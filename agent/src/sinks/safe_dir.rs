@@ -30,9 +30,11 @@ use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags};
 pub const DATA_LINK: &str = "..data";
 /// Every generation directory's name starts with this.
 pub const GEN_PREFIX: &str = "..signet-";
-/// At most this many stale generations are removed per delivery (a hostile directory may be
-/// huge; the work per delivery stays bounded).
+/// At most this many stale generations are removed per delivery, and at most `MAX_SCAN`
+/// entries are looked at (a hostile directory may be huge; the work per delivery stays
+/// bounded; what is left is swept by later deliveries).
 const MAX_SWEEP: usize = 64;
+const MAX_SCAN: usize = 4096;
 
 /// One path component: not empty, no `/`, no NUL, not `.` or `..`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,10 +204,11 @@ impl SinkDir {
         rfs::fsync(&self.fd).map_err(errno)
     }
 
-    /// The generation directories present (at most [`MAX_SWEEP`]).
+    /// The generation directories present (at most [`MAX_SWEEP`], among the first
+    /// [`MAX_SCAN`] entries).
     pub fn generations(&self) -> io::Result<Vec<GenerationName>> {
         let mut out = Vec::new();
-        for entry in rfs::Dir::read_from(&self.fd).map_err(errno)? {
+        for entry in rfs::Dir::read_from(&self.fd).map_err(errno)?.take(MAX_SCAN) {
             let entry = entry.map_err(errno)?;
             if let Some(g) = GenerationName::parse(entry.file_name().to_bytes()) {
                 out.push(g);

@@ -361,7 +361,7 @@ impl Telemetry {
 
     fn succeeded(&self, name: &str, what: &str, applied: &Applied, now: SystemTime) {
         for w in &applied.warnings {
-            tracing::warn!(sink = %name, warning = %w, "sink: left alone something the agent did not create");
+            tracing::warn!(sink = %name, warning = %w, "sink: found entries the agent did not create; nothing they point at was touched");
         }
         if let Some(m) = &self.metrics {
             m.sink_deliveries.get_or_create(&Self::labels(name)).inc();
