@@ -14,6 +14,7 @@ mod lifecycle;
 mod node_psat;
 mod nodes;
 mod plugged;
+mod sink_harness;
 mod workload_clients;
 
 use signet_tests::{Server, ServerOpts, TokenIssuer};

@@ -12,3 +12,5 @@
 //! | a compromised impersonator | `impersonator_*` |
 //! | a network attacker | `network_*` |
 //! | someone with database access | `database_*` |
+
+mod workload_sink_links;
