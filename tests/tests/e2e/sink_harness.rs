@@ -109,6 +109,7 @@ pub(crate) struct AgentFiles {
     pub(crate) _dir: tempfile::TempDir,
     pub(crate) config: PathBuf,
     pub(crate) socket: PathBuf,
+    pub(crate) data_dir: PathBuf,
 }
 
 pub(crate) fn agent_files(server: &Server, token: &str, extra: &str, sinks: &str) -> AgentFiles {
@@ -138,6 +139,7 @@ sync_interval = "300ms"
         _dir: dir,
         config,
         socket,
+        data_dir,
     }
 }
 

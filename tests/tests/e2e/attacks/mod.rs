@@ -13,4 +13,6 @@
 //! | a network attacker | `network_*` |
 //! | someone with database access | `database_*` |
 
+mod tenant_secret_sink;
 mod workload_sink_links;
+mod workload_stuck_sink;
