@@ -607,6 +607,54 @@ mod tests {
     }
 
     #[test]
+    fn sink_safety_options_have_safe_defaults_and_are_checked() {
+        let c = load_toml(
+            "[[sinks]]\nname='a'\nkind='files'\nspiffe_id='spiffe://e.org/a'\ndirectory='/x'\n",
+        )
+        .expect("loads");
+        assert_eq!(c.sinks[0].timeout, DEFAULT_SINK_TIMEOUT);
+        match &c.sinks[0].kind {
+            SinkKind::Files(f) => {
+                assert!(!f.allow_shared_directory);
+                assert_eq!(f.reload_timeout, DEFAULT_RELOAD_TIMEOUT);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(c.kubernetes_api, KubernetesApiConfig::default());
+        assert_eq!(c.kubernetes_api.timeout, DEFAULT_KUBERNETES_API_TIMEOUT);
+
+        let c = load_toml(
+            "[kubernetes_api]\nserver='https://10.0.0.1:6443'\ntimeout='2s'\n\
+             [[sinks]]\nname='a'\nkind='files'\nspiffe_id='spiffe://e.org/a'\ndirectory='/x'\n\
+             timeout='3s'\nreload_timeout='1s'\nallow_shared_directory=true\n\
+             reload_signal='SIGUSR1'\npid_file='/run/a.pid'\n",
+        )
+        .expect("loads");
+        assert_eq!(c.sinks[0].timeout, Duration::from_secs(3));
+        assert_eq!(c.kubernetes_api.timeout, Duration::from_secs(2));
+        assert_eq!(
+            c.kubernetes_api.server.as_deref(),
+            Some("https://10.0.0.1:6443")
+        );
+
+        let sink =
+            "[[sinks]]\nname='a'\nkind='files'\nspiffe_id='spiffe://e.org/a'\ndirectory='/x'\n";
+        for (extra, named) in [
+            ("timeout='0s'\n", "timeout"),
+            ("reload_timeout='0s'\n", "reload_timeout"),
+            ("reload_signal='KILL'\npid_file='/p'\n", "reload_signal"),
+            ("reload_signal='9'\npid_file='/p'\n", "reload_signal"),
+        ] {
+            let err = load_toml(&format!("{sink}{extra}")).expect_err(extra);
+            assert!(err.to_string().contains(named), "{extra}: {err}");
+        }
+        let err = load_toml("[kubernetes_api]\ntimeout='0s'\n").expect_err("zero");
+        assert!(err.to_string().contains("kubernetes_api.timeout"), "{err}");
+        let err = load_toml("[kubernetes_api]\nurl='x'\n").expect_err("unknown");
+        assert!(err.to_string().contains("url"), "{err}");
+    }
+
+    #[test]
     fn join_token_is_not_in_debug() {
         let c = Config {
             join_token: Some("s3cr3t-token".into()),
