@@ -394,6 +394,40 @@ mod tests {
     }
 
     #[test]
+    fn only_real_directories_of_the_agent_are_opened() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = SinkDir::open(root.path()).expect("open");
+        let victim = root.path().join("victim");
+        std::fs::create_dir(&victim).expect("mkdir");
+        std::os::unix::fs::symlink(&victim, root.path().join("link")).expect("link");
+        assert!(
+            dir.open_own_dir(Component::new("link").expect("c"))
+                .is_err()
+        );
+        std::fs::write(root.path().join("file"), b"x").expect("write");
+        assert!(
+            dir.open_own_dir(Component::new("file").expect("c"))
+                .is_err()
+        );
+        assert!(
+            dir.open_own_dir(Component::new("victim").expect("c"))
+                .is_ok()
+        );
+        if euid() == 0 {
+            std::os::unix::fs::chown(&victim, Some(65534), None).expect("chown");
+            let err = dir
+                .open_own_dir(Component::new("victim").expect("c"))
+                .err()
+                .expect("not the agent's");
+            assert!(err.to_string().contains("owned by uid 65534"), "{err}");
+        }
+        // A generation name that already exists (planted first) is not taken over.
+        let g = GenerationName::new(5, 5, 5);
+        std::os::unix::fs::symlink(&victim, root.path().join(g.as_str())).expect("link");
+        assert!(dir.create_generation(&g).is_err());
+    }
+
+    #[test]
     fn write_file_refuses_existing_names_and_links() {
         let root = tempfile::tempdir().expect("tempdir");
         let dir = SinkDir::open(root.path()).expect("open");

@@ -463,6 +463,81 @@ mod tests {
         }
     }
 
+    /// Always refuses.
+    struct Refusing;
+
+    #[async_trait::async_trait]
+    impl Sink for Refusing {
+        fn name(&self) -> &str {
+            "refusing"
+        }
+        async fn deliver(&self, _: &Delivered) -> Result<Applied, SinkError> {
+            Err(SinkError::refused("refusing", "directory is shared"))
+        }
+        async fn remove(&self) -> Result<Applied, SinkError> {
+            Ok(Applied::default())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_reach_readyz_and_the_metrics() {
+        let (_tx, rx) = crate::state::channel();
+        let metrics = Arc::new(Metrics::new(rx, Arc::new(SystemClock)));
+        let mut set = SinkSet::start(
+            vec![SinkBinding {
+                spiffe_id: "spiffe://example.org/a".parse().expect("id"),
+                deletion_policy: DeletionPolicy::Delete,
+                timeout: Duration::from_secs(5),
+                sink: Arc::new(Refusing),
+            }],
+            Telemetry::new(Some(metrics.clone())),
+            Arc::new(SystemClock),
+            Arc::new(|| 0.5),
+        );
+        let text = metrics.encode();
+        assert!(
+            text.contains("signet_agent_sink_healthy{sink=\"refusing\"} 1"),
+            "{text}"
+        );
+        set.update(|_| Some(delivered("one")));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let problems = metrics.sink_problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("sink \"refusing\": failing"),
+            "{problems:?}"
+        );
+        assert!(
+            problems[0].contains("refused): directory is shared"),
+            "{problems:?}"
+        );
+        let text = metrics.encode();
+        assert!(
+            text.contains(
+                "signet_agent_sink_failures_total{sink=\"refusing\",reason=\"refused\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("signet_agent_sink_healthy{sink=\"refusing\"} 0"),
+            "{text}"
+        );
+        let app = crate::http::router(metrics.clone(), crate::http::Readiness::default());
+        let resp = tower::ServiceExt::oneshot(
+            app,
+            axum::http::Request::get("/readyz")
+                .body(axum::body::Body::empty())
+                .expect("request"),
+        )
+        .await
+        .expect("response");
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        let body = String::from_utf8_lossy(&body);
+        assert!(body.contains("sink \"refusing\": failing"), "{body}");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_hanging_sink_times_out_is_reported_and_moves_to_the_newest() {
         let sink = Arc::new(Hanging {

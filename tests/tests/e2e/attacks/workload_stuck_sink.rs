@@ -1,7 +1,8 @@
 //! A sink that never finishes (a workload's reload command that hangs, a Kubernetes API
 //! server that never answers) must not freeze the node. Against the real agent and server:
 //! while one identity's sinks hang, another identity's certificate keeps rotating into its
-//! sink, the node certificate is renewed, the Workload API answers, the hanging command is
+//! sink, the node certificate is renewed, a new entry is synced and signed, the Workload API
+//! answers, the hanging command is
 //! killed at its deadline, and the stuck sinks show in `/readyz`, the metrics and the logs.
 
 use signet_tests::TokenIssuer;
@@ -88,6 +89,28 @@ layout = "tls"
     eventually(20, "a renewed node certificate", || async {
         node_serial().filter(|s| *s != node_first)
     })
+    .await;
+
+    // Entries are still synced and signed: a new one gets its certificate.
+    let late = "spiffe://example.org/late";
+    create_entry(&server, late, "stuck", &[]);
+    eventually(
+        20,
+        "a certificate for an entry created meanwhile",
+        || async {
+            let rows = server
+                .admin()
+                .await
+                .list_certificates(signet_proto::admin::ListCertificatesRequest {
+                    spiffe_id: late.into(),
+                    ..Default::default()
+                })
+                .await
+                .ok()?
+                .into_inner();
+            rows.certificates.into_iter().next()
+        },
+    )
     .await;
 
     // The Workload API answers.
