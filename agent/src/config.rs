@@ -175,8 +175,9 @@ pub struct FilesSinkConfig {
     /// delivery counts as failed.
     #[serde(default = "default_reload_timeout", with = "humantime_serde")]
     pub reload_timeout: Duration,
-    /// Deliver into a directory that its group or other users can write. Off by default: any
-    /// of those users could plant links there, so such a directory is refused.
+    /// Deliver into a directory that its group or other users can write, or whose path (or
+    /// the pid file's) goes through a directory a user other than root or the agent can
+    /// change. Off by default: those users could plant links, so such a directory is refused.
     #[serde(default)]
     pub allow_shared_directory: bool,
 }

@@ -29,7 +29,9 @@
 //! (`..signet-<n>-<n>-<n>`), and only as a real directory owned by the agent; a `..data`
 //! pointing anywhere else is replaced, and whatever it pointed at is left untouched and
 //! reported. A directory that its group or other users may write is refused (nothing is
-//! written) unless the sink sets `allow_shared_directory = true`. The reload signal and
+//! written), and so is a path to it that a user other than root or the agent could redirect
+//! (see [`super::safe_dir::open_trusted_dir`]), unless the sink sets
+//! `allow_shared_directory = true`. The reload signal and
 //! command are checked as [`super::reload`] describes.
 
 use std::path::Path;
@@ -38,7 +40,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::config::{FileLayout, FilesSinkConfig};
 use crate::sinks::reload;
-use crate::sinks::safe_dir::{Component, DATA_LINK, GenerationName, SinkDir};
+use crate::sinks::safe_dir::{Component, DATA_LINK, GenerationName, OpenError, SinkDir};
 use crate::sinks::{Applied, Delivered, Sink, SinkError};
 
 pub use crate::sinks::reload::{SIGNAL_NAMES, signal_by_name};
@@ -111,10 +113,32 @@ impl Inner {
         f()
     }
 
+    /// Opens the sink directory through a path only root and the agent can change, without
+    /// following a link at the end (see [`super::safe_dir::open_trusted_dir`]); with
+    /// `allow_shared_directory`, as given.
+    fn open_sink_dir(&self) -> Result<SinkDir, SinkError> {
+        let path = &self.cfg.directory;
+        if self.cfg.allow_shared_directory {
+            return SinkDir::open(path).map_err(|e| self.err("cannot open directory", path, e));
+        }
+        SinkDir::open_trusted(path).map_err(|e| match e {
+            OpenError::Untrusted(why) => SinkError::refused(
+                &self.name,
+                format!(
+                    "the path to directory {} is not safe: {why}, so it could be redirected \
+                     anywhere; nothing was written. Use a path through directories only root \
+                     can change, or set allow_shared_directory = true on the sink",
+                    path.display()
+                ),
+            ),
+            OpenError::Io(e) => self.err("cannot open directory", path, e),
+        })
+    }
+
     /// Opens the sink directory and refuses it if others may write it (unless allowed).
     fn open_dir(&self) -> Result<SinkDir, SinkError> {
         let path = &self.cfg.directory;
-        let dir = SinkDir::open(path).map_err(|e| self.err("cannot open directory", path, e))?;
+        let dir = self.open_sink_dir()?;
         if dir.is_shared() && !self.cfg.allow_shared_directory {
             return Err(SinkError::refused(
                 &self.name,
@@ -225,10 +249,7 @@ impl Inner {
         if let Some(uid) = self.cfg.owner_uid {
             return Ok(uid);
         }
-        let path = &self.cfg.directory;
-        SinkDir::open(path)
-            .map(|d| d.owner_uid())
-            .map_err(|e| self.err("cannot open directory", path, e))
+        self.open_sink_dir().map(|d| d.owner_uid())
     }
 
     async fn reload(&self) -> Result<(), SinkError> {
@@ -237,7 +258,12 @@ impl Inner {
                 SinkError::new(&self.name, format!("{sig:?} is not a signal name"))
             })?;
             let owner = self.expected_owner()?;
-            let pid = reload::read_pid_file(&self.name, pid_file, owner)?;
+            let pid = reload::read_pid_file(
+                &self.name,
+                pid_file,
+                owner,
+                !self.cfg.allow_shared_directory,
+            )?;
             reload::signal_owner_process(&self.name, pid, signal, owner)?;
         }
         if let Some(cmd) = &self.cfg.reload_command
@@ -251,11 +277,10 @@ impl Inner {
     /// Removes what [`Self::write_generation`] made. Blocking.
     fn remove_all(&self) -> Result<Applied, SinkError> {
         let path = &self.cfg.directory;
-        let dir = match SinkDir::open(path) {
-            Ok(d) => d,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Applied::default()),
-            Err(e) => return Err(self.err("cannot open directory", path, e)),
-        };
+        if !path.exists() {
+            return Ok(Applied::default());
+        }
+        let dir = self.open_sink_dir()?;
         for name in layout_names(self.cfg.layout) {
             // Only our symlinks; a regular file someone else put there stays.
             let target = format!("{DATA_LINK}/{name}");

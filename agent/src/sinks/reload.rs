@@ -2,7 +2,9 @@
 //! command. Both run with the agent's privileges (often root) on the word of files the
 //! workload may write, so:
 //!
-//! **`reload_signal` + `pid_file`.** The pid file is opened with `O_NOFOLLOW` (a link is
+//! **`reload_signal` + `pid_file`.** The directory holding the pid file is reached through
+//! directories only root and the agent can change (unless the sink sets
+//! `allow_shared_directory`); the pid file is opened in it with `O_NOFOLLOW` (a link is
 //! refused) and `O_NONBLOCK` (a FIFO cannot hang the agent), must be a regular file of at most
 //! 64 bytes, owned by root or by the expected owner and not writable by its group or others.
 //! The pid must not be 1 nor the agent itself. The process is pinned with `pidfd_open` before
@@ -26,6 +28,7 @@ use rustix::process::{Pid, PidfdFlags, Signal};
 use tokio::io::AsyncReadExt;
 
 use crate::sinks::SinkError;
+use crate::sinks::safe_dir::{OpenError, open_trusted_dir};
 
 /// Signal names `reload_signal` accepts (with or without `SIG`).
 pub const SIGNAL_NAMES: &[&str] = &[
@@ -50,12 +53,47 @@ pub fn signal_by_name(name: &str) -> Option<Signal> {
     })
 }
 
-/// Reads the pid from `pid_file` (see the module docs for what is checked).
-pub fn read_pid_file(sink: &str, pid_file: &Path, expected_uid: u32) -> Result<i32, SinkError> {
+/// Reads the pid from `pid_file` (see the module docs for what is checked). With
+/// `trusted_path`, the directory holding it is opened with
+/// [`crate::sinks::safe_dir::open_trusted_dir`].
+pub fn read_pid_file(
+    sink: &str,
+    pid_file: &Path,
+    expected_uid: u32,
+    trusted_path: bool,
+) -> Result<i32, SinkError> {
     let shown = pid_file.display();
+    let (Some(parent), Some(name)) = (pid_file.parent(), pid_file.file_name()) else {
+        return Err(SinkError::new(
+            sink,
+            format!("pid file {shown} names no file"),
+        ));
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let dir = if trusted_path {
+        open_trusted_dir(parent).map_err(|e| match e {
+            OpenError::Untrusted(why) => SinkError::refused(
+                sink,
+                format!("the path to pid file {shown} is not safe: {why}"),
+            ),
+            OpenError::Io(e) => SinkError::new(sink, format!("cannot read pid file {shown}: {e}")),
+        })?
+    } else {
+        rustix::fs::openat(
+            rustix::fs::CWD,
+            parent,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| SinkError::new(sink, format!("cannot read pid file {shown}: {e}")))?
+    };
     let fd = rustix::fs::openat(
-        rustix::fs::CWD,
-        pid_file,
+        &dir,
+        name,
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
         Mode::empty(),
     )
@@ -274,32 +312,32 @@ mod tests {
         let good = dir.path().join("app.pid");
         std::fs::write(&good, "1234\n").expect("write");
         std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-        assert_eq!(read_pid_file("s", &good, me()).expect("pid"), 1234);
+        assert_eq!(read_pid_file("s", &good, me(), true).expect("pid"), 1234);
 
         let link = dir.path().join("link.pid");
         std::os::unix::fs::symlink(&good, &link).expect("link");
-        let err = read_pid_file("s", &link, me()).expect_err("link");
+        let err = read_pid_file("s", &link, me(), true).expect_err("link");
         assert_eq!(err.kind, crate::sinks::SinkErrorKind::Refused);
         assert!(err.reason.contains("symbolic link"), "{err}");
 
         std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o666)).expect("chmod");
-        let err = read_pid_file("s", &good, me()).expect_err("shared");
+        let err = read_pid_file("s", &good, me(), true).expect_err("shared");
         assert!(err.reason.contains("writable"), "{err}");
         std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o644)).expect("chmod");
 
         if me() != 0 {
             // Owned by us, and we are neither root nor the expected owner.
-            let err = read_pid_file("s", &good, me() + 1).expect_err("owner");
+            let err = read_pid_file("s", &good, me() + 1, true).expect_err("owner");
             assert!(err.reason.contains("owned by uid"), "{err}");
         }
 
         for bad in ["", "abc", "-5", "0", &"9".repeat(70)] {
             std::fs::write(&good, bad).expect("write");
-            assert!(read_pid_file("s", &good, me()).is_err(), "{bad:?}");
+            assert!(read_pid_file("s", &good, me(), true).is_err(), "{bad:?}");
         }
         let sub = dir.path().join("d.pid");
         std::fs::create_dir(&sub).expect("mkdir");
-        assert!(read_pid_file("s", &sub, me()).is_err());
+        assert!(read_pid_file("s", &sub, me(), true).is_err());
     }
 
     #[tokio::test]

@@ -103,9 +103,101 @@ fn errno(e: rustix::io::Errno) -> io::Error {
     io::Error::from(e)
 }
 
+/// Why [`open_trusted_dir`] refused a path.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// A directory on the way can be changed by a user other than root or the agent, so the
+    /// path could be redirected anywhere.
+    #[error("{0}")]
+    Untrusted(String),
+}
+
+/// Could `st` (a directory) be changed only by root or the agent? A sticky directory (`/tmp`)
+/// qualifies for entries owned by root or the agent.
+fn trusted_dir(st: &rfs::Stat, me: u32) -> (bool, bool) {
+    let owner_ok = st.st_uid == 0 || st.st_uid == me;
+    let closed = st.st_mode & 0o022 == 0;
+    let sticky = st.st_mode & 0o1000 != 0;
+    (owner_ok && (closed || sticky), owner_ok && closed)
+}
+
+/// Opens the directory `path` so that nobody but root and the agent can have decided where it
+/// leads: walking from `/`, every directory looked into must be owned by root or the agent
+/// and not writable by its group or others (or sticky, like `/tmp`, with the entry owned by
+/// root or the agent), and symbolic links are followed only when they sit in such a
+/// directory. The last directory itself may belong to anyone (a workload's own directory);
+/// it is opened without following a link. At most 40 links are followed.
+pub fn open_trusted_dir(path: &Path) -> Result<OwnedFd, OpenError> {
+    use std::collections::VecDeque;
+    use std::path::Component as C;
+    let me = euid();
+    let abs = std::path::absolute(path)?;
+    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let root = || rfs::openat(rfs::CWD, "/", dir_flags, Mode::empty()).map_err(errno);
+    let mut pending: VecDeque<std::ffi::OsString> = VecDeque::new();
+    let push_front = |pending: &mut VecDeque<_>, p: &Path| {
+        for c in p.components().rev() {
+            match c {
+                C::Normal(n) => pending.push_front(n.to_owned()),
+                C::ParentDir => pending.push_front("..".into()),
+                C::RootDir | C::CurDir | C::Prefix(_) => {}
+            }
+        }
+    };
+    push_front(&mut pending, &abs);
+    let mut cur = root()?;
+    let mut shown = PathBuf::from("/");
+    let mut links = 0;
+    while let Some(name) = pending.pop_front() {
+        if name == ".." {
+            cur = rfs::openat(&cur, "..", dir_flags, Mode::empty()).map_err(errno)?;
+            shown.pop();
+            continue;
+        }
+        let st_cur = rfs::fstat(&cur).map_err(errno)?;
+        let (trusted, closed) = trusted_dir(&st_cur, me);
+        if !trusted {
+            return Err(OpenError::Untrusted(format!(
+                "{} (owner uid {}, mode {:o}) can be changed by a user other than root or the \
+                 agent",
+                shown.display(),
+                st_cur.st_uid,
+                st_cur.st_mode & 0o7777
+            )));
+        }
+        let st = rfs::statat(&cur, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW).map_err(errno)?;
+        shown.push(&name);
+        if !closed && st.st_uid != 0 && st.st_uid != me {
+            return Err(OpenError::Untrusted(format!(
+                "{} is owned by uid {} inside a directory others can write",
+                shown.display(),
+                st.st_uid
+            )));
+        }
+        if FileType::from_raw_mode(st.st_mode) == FileType::Symlink {
+            links += 1;
+            if links > 40 {
+                return Err(OpenError::Io(io::Error::from(rustix::io::Errno::LOOP)));
+            }
+            let target = rfs::readlinkat(&cur, name.as_os_str(), Vec::new()).map_err(errno)?;
+            let target = PathBuf::from(OsStr::from_bytes(target.as_bytes()));
+            shown.pop();
+            if target.is_absolute() {
+                cur = root()?;
+                shown = PathBuf::from("/");
+            }
+            push_front(&mut pending, &target);
+            continue;
+        }
+        cur = rfs::openat(&cur, name.as_os_str(), dir_flags, Mode::empty()).map_err(errno)?;
+    }
+    Ok(cur)
+}
+
 impl SinkDir {
-    /// Opens the configured directory. The configured path is the operator's and is resolved
-    /// as given; nothing below it is.
+    /// Opens the configured directory as given (its path is trusted; nothing below it is).
     pub fn open(path: &Path) -> io::Result<Self> {
         let fd = rfs::openat(
             rfs::CWD,
@@ -114,6 +206,16 @@ impl SinkDir {
             Mode::empty(),
         )
         .map_err(errno)?;
+        Self::from_fd(fd, path)
+    }
+
+    /// Opens the configured directory with [`open_trusted_dir`].
+    pub fn open_trusted(path: &Path) -> Result<Self, OpenError> {
+        let fd = open_trusted_dir(path)?;
+        Ok(Self::from_fd(fd, path)?)
+    }
+
+    fn from_fd(fd: OwnedFd, path: &Path) -> io::Result<Self> {
         let meta = File::from(fd.try_clone()?).metadata()?;
         Ok(Self {
             fd,
@@ -439,6 +541,46 @@ mod tests {
         let c = Component::new("k").expect("c");
         assert!(own.write_file(c, b"x", 0o600, (None, None)).is_err());
         assert_eq!(std::fs::read(&victim).expect("read"), b"keep");
+    }
+
+    #[test]
+    fn trusted_paths_follow_only_links_nobody_else_could_plant() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().expect("tempdir");
+        let r = root.path();
+        std::fs::set_permissions(r, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::create_dir_all(r.join("real/sink")).expect("mkdir");
+        std::os::unix::fs::symlink("real", r.join("alias")).expect("link");
+        std::os::unix::fs::symlink(r.join("real/sink"), r.join("abs")).expect("link");
+        // Through links the agent's own directories hold: fine.
+        for p in ["real/sink", "alias/sink", "abs", "real/../real/sink"] {
+            let fd = open_trusted_dir(&r.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+            let ino = File::from(fd).metadata().expect("meta").ino();
+            let want = std::fs::metadata(r.join("real/sink")).expect("meta").ino();
+            assert_eq!(ino, want, "{p}");
+        }
+        // A directory others can write on the way: refused, link or not.
+        std::fs::set_permissions(r.join("real"), std::fs::Permissions::from_mode(0o777))
+            .expect("chmod");
+        for p in ["real/sink", "alias/sink"] {
+            assert!(
+                matches!(open_trusted_dir(&r.join(p)), Err(OpenError::Untrusted(_))),
+                "{p}"
+            );
+        }
+        std::fs::set_permissions(r.join("real"), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        if euid() == 0 {
+            // A parent owned by the workload could swap the sink directory for a link.
+            std::os::unix::fs::chown(r.join("real"), Some(65534), None).expect("chown");
+            let err = open_trusted_dir(&r.join("real/sink")).expect_err("untrusted");
+            assert!(err.to_string().contains("uid 65534"), "{err}");
+            std::os::unix::fs::chown(r.join("real"), Some(0), None).expect("chown");
+            // The sink directory itself may be the workload's.
+            std::os::unix::fs::chown(r.join("real/sink"), Some(65534), None).expect("chown");
+            open_trusted_dir(&r.join("real/sink")).expect("the workload's own directory");
+        }
+        assert!(open_trusted_dir(&r.join("missing")).is_err());
     }
 
     #[test]

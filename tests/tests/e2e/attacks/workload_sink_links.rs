@@ -4,7 +4,8 @@
 //! real agent and server: after the next rotation every victim is intact (content, mode,
 //! owner), no signal reached a process that is not the sink owner's, the sink reports the
 //! problem (logs, `/readyz`, metrics), and the same sinks, clean, keep working. A directory
-//! that other users can write is refused unless the sink allows it.
+//! that other users can write is refused unless the sink allows it, and so is one whose
+//! parent the workload owns (it could swap the directory itself for a link).
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -117,6 +118,13 @@ async fn planted_links_and_foreign_pids_are_refused_and_clean_sinks_keep_working
     let shared_ok = mkdir(&t.join("shared-ok"), 0o777, w);
     let victim_a = victim(&t.join("victim-a"));
     let victim_b = victim(&t.join("victim-b"));
+    // A sink directory whose parent the workload owns: it can swap the directory itself for a
+    // link to a victim that holds a file named like the layout's.
+    let parent = mkdir(&t.join("workload-home"), 0o755, w);
+    let swapped = parent.join("certs");
+    let victim_c = victim(&t.join("victim-c"));
+    std::fs::write(victim_c.join("tls.crt"), b"keep").unwrap();
+    std::os::unix::fs::symlink(&victim_c, &swapped).unwrap();
 
     // The reload signal: the workload's own process gets it; nothing else does.
     let pid_ok = mkdir(&t.join("pid-ok"), 0o755, w);
@@ -149,6 +157,7 @@ async fn planted_links_and_foreign_pids_are_refused_and_clean_sinks_keep_working
         files_sink("data-link", &data_link, &owner),
         files_sink("gen-link", &gen_link, &owner),
         files_sink("shared", &shared, ""),
+        files_sink("parent-swap", &swapped, ""),
         files_sink("shared-ok", &shared_ok, "allow_shared_directory = true"),
         files_sink("pid-ok", &pid_ok, &hup(&pid_ok)),
         files_sink("pid-root", &pid_root, &hup(&pid_root)),
@@ -189,6 +198,13 @@ async fn planted_links_and_foreign_pids_are_refused_and_clean_sinks_keep_working
     next_delivery(20, "gen-link rotated", &crt(&gen_link), Some(&first_b)).await;
     assert_intact(&victim_a);
     assert_intact(&victim_b);
+    assert_intact(&victim_c);
+    assert_eq!(std::fs::read(victim_c.join("tls.crt")).unwrap(), b"keep");
+    assert_eq!(
+        std::fs::read_dir(&victim_c).unwrap().count(),
+        2,
+        "nothing added"
+    );
     assert!(
         std::fs::symlink_metadata(&named_like_a_generation).is_err(),
         "the planted link was removed as a link"
@@ -221,6 +237,7 @@ async fn planted_links_and_foreign_pids_are_refused_and_clean_sinks_keep_working
     assert_eq!(code, 200, "{body}");
     for (sink, why) in [
         ("shared", "writable by its group or by other users"),
+        ("parent-swap", "is not safe"),
         ("pid-root", "not as the sink's owner"),
         ("pid-link", "symbolic link"),
         ("pid-one", "pid 1"),
@@ -233,7 +250,7 @@ async fn planted_links_and_foreign_pids_are_refused_and_clean_sinks_keep_working
     }
     assert!(!body.contains("sink \"clean\""), "{body}");
     assert!(!body.contains("sink \"pid-ok\": failing"), "{body}");
-    for sink in ["shared", "pid-root", "pid-link", "pid-one"] {
+    for sink in ["shared", "parent-swap", "pid-root", "pid-link", "pid-one"] {
         let refused = agent
             .metric(
                 "signet_agent_sink_failures_total",
