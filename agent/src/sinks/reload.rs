@@ -13,8 +13,9 @@
 //! directory. Only then is the signal sent, through the pidfd (`pidfd_send_signal`), so a pid
 //! reused between the check and the signal gets nothing (the call fails with ESRCH).
 //!
-//! **`reload_command`.** Run without a shell, stdin and stdout closed, in a process group of
-//! its own; when its deadline passes the whole group is killed (SIGKILL) and reaped, and the
+//! **`reload_command`.** Run without a shell, with only `PATH` from the agent's environment
+//! (which may hold the agent's secrets), stdin and stdout closed, in a process group of its
+//! own; when its deadline passes the whole group is killed (SIGKILL) and reaped, and the
 //! delivery counts as timed out. Only the first 4 KiB of its stderr is kept for the error.
 
 use std::fs::File;
@@ -228,8 +229,13 @@ pub async fn run_command(
     args: &[String],
     deadline: Duration,
 ) -> Result<(), SinkError> {
+    // Only PATH from the agent's environment: it may hold the agent's own secrets
+    // (SIGNET_AGENT_JOIN_TOKEN), which are not the command's business.
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
     let mut child = tokio::process::Command::new(prog)
         .args(args)
+        .env_clear()
+        .env("PATH", path)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -399,6 +405,18 @@ mod tests {
         run_command("s", "true", &[], Duration::from_secs(5))
             .await
             .expect("true");
+        // The agent's environment (HOME here; its secrets in production) stays with it.
+        let err = run_command(
+            "s",
+            "sh",
+            &[
+                "-c".into(),
+                "test -z \"$SIGNET_AGENT_JOIN_TOKEN$HOME\" || { echo leaked >&2; exit 1; }".into(),
+            ],
+            Duration::from_secs(5),
+        )
+        .await;
+        assert!(err.is_ok(), "{err:?}");
         let err = run_command(
             "s",
             "sh",
