@@ -50,6 +50,8 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     pub sync_interval: Duration,
     pub sinks: Vec<SinkConfig>,
+    /// The Kubernetes API, for `kubernetes-secret` sinks.
+    pub kubernetes_api: KubernetesApiConfig,
 }
 
 impl std::fmt::Debug for Config {
@@ -68,6 +70,7 @@ impl std::fmt::Debug for Config {
             .field("http_listen", &self.http_listen)
             .field("sync_interval", &self.sync_interval)
             .field("sinks", &self.sinks)
+            .field("kubernetes_api", &self.kubernetes_api)
             .finish()
     }
 }
@@ -88,6 +91,7 @@ impl Default for Config {
             http_listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
             sync_interval: Duration::from_secs(5),
             sinks: Vec::new(),
+            kubernetes_api: KubernetesApiConfig::default(),
         }
     }
 }
@@ -125,6 +129,10 @@ pub struct SinkConfig {
     pub spiffe_id: String,
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+    /// Deadline of one delivery or removal, everything included; a sink that takes longer
+    /// is reported as stuck and retried with backoff. Sinks never hold up renewals.
+    #[serde(default = "default_sink_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
     #[serde(flatten)]
     pub kind: SinkKind,
 }
@@ -170,6 +178,47 @@ pub struct FilesSinkConfig {
     pub pid_file: Option<PathBuf>,
     /// Program and arguments run after each rotation (no shell).
     pub reload_command: Option<Vec<String>>,
+    /// How long the reload command may run; then it and its process group are killed and the
+    /// delivery counts as failed.
+    #[serde(default = "default_reload_timeout", with = "humantime_serde")]
+    pub reload_timeout: Duration,
+    /// Deliver into a directory that its group or other users can write, or whose path (or
+    /// the pid file's) goes through a directory a user other than root or the agent can
+    /// change. Off by default: those users could plant links, so such a directory is refused.
+    #[serde(default)]
+    pub allow_shared_directory: bool,
+}
+
+impl FilesSinkConfig {
+    /// A sink writing `directory` with the defaults (istio layout, no owner, no reload).
+    pub fn new(directory: impl Into<PathBuf>) -> Self {
+        Self {
+            directory: directory.into(),
+            layout: FileLayout::default(),
+            owner_uid: None,
+            owner_gid: None,
+            reload_signal: None,
+            pid_file: None,
+            reload_command: None,
+            reload_timeout: default_reload_timeout(),
+            allow_shared_directory: false,
+        }
+    }
+}
+
+/// Default deadline of a reload command.
+pub const DEFAULT_RELOAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default deadline of one sink delivery or removal (files, reload and API calls included).
+pub const DEFAULT_SINK_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default deadline of one request to the Kubernetes API.
+pub const DEFAULT_KUBERNETES_API_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn default_reload_timeout() -> Duration {
+    DEFAULT_RELOAD_TIMEOUT
+}
+
+fn default_sink_timeout() -> Duration {
+    DEFAULT_SINK_TIMEOUT
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -188,6 +237,37 @@ pub struct KubernetesSecretSinkConfig {
     pub secret_name: String,
     #[serde(default)]
     pub secret_type: SecretType,
+}
+
+/// How the agent reaches the Kubernetes API (for `kubernetes-secret` sinks). By default the
+/// in-cluster service (`KUBERNETES_SERVICE_HOST`/`_PORT`) with the pod's service account.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesApiConfig {
+    /// `https://host:port`; unset: the in-cluster service.
+    pub server: Option<String>,
+    /// The name the API server's certificate is checked against.
+    pub server_name: String,
+    /// PEM roots trusted for the API server.
+    pub ca_file: PathBuf,
+    /// Bearer token, read again for every request (projected tokens rotate).
+    pub token_file: PathBuf,
+    /// Deadline of one request (connect, TLS, answer).
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for KubernetesApiConfig {
+    fn default() -> Self {
+        const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+        Self {
+            server: None,
+            server_name: "kubernetes.default.svc".into(),
+            ca_file: Path::new(SA_DIR).join("ca.crt"),
+            token_file: Path::new(SA_DIR).join("token"),
+            timeout: DEFAULT_KUBERNETES_API_TIMEOUT,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -219,6 +299,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "http_listen",
     "sync_interval",
     "sinks",
+    "kubernetes_api",
 ];
 
 impl Config {
@@ -278,6 +359,11 @@ impl Config {
                     .into(),
             ));
         }
+        if self.kubernetes_api.timeout.is_zero() {
+            return Err(ConfigError::Invalid(
+                "kubernetes_api.timeout must be more than zero".into(),
+            ));
+        }
         let mut names = std::collections::HashSet::new();
         for s in &self.sinks {
             if s.name.is_empty() {
@@ -286,6 +372,12 @@ impl Config {
             if !names.insert(s.name.as_str()) {
                 return Err(ConfigError::Invalid(format!(
                     "sink name {:?} is used twice",
+                    s.name
+                )));
+            }
+            if s.timeout.is_zero() {
+                return Err(ConfigError::Invalid(format!(
+                    "sink {:?}: timeout must be more than zero",
                     s.name
                 )));
             }
@@ -313,10 +405,17 @@ impl Config {
                     )));
                 }
                 if let Some(sig) = &f.reload_signal
-                    && (sig.is_empty() || !sig.chars().all(|c| c.is_ascii_alphanumeric()))
+                    && crate::sinks::files::signal_by_name(sig).is_none()
                 {
                     return Err(ConfigError::Invalid(format!(
-                        "sink {:?}: reload_signal {sig:?} is not a signal name",
+                        "sink {:?}: reload_signal {sig:?} is not a signal name (one of {})",
+                        s.name,
+                        crate::sinks::files::SIGNAL_NAMES.join(", ")
+                    )));
+                }
+                if f.reload_timeout.is_zero() {
+                    return Err(ConfigError::Invalid(format!(
+                        "sink {:?}: reload_timeout must be more than zero",
                         s.name
                     )));
                 }
@@ -520,6 +619,54 @@ mod tests {
         assert!(err.to_string().contains("kubernetes_token_file"), "{err}");
         let err = load_toml("attestation = 'psat'\n").expect_err("unknown");
         assert!(err.to_string().contains("psat"), "{err}");
+    }
+
+    #[test]
+    fn sink_safety_options_have_safe_defaults_and_are_checked() {
+        let c = load_toml(
+            "[[sinks]]\nname='a'\nkind='files'\nspiffe_id='spiffe://e.org/a'\ndirectory='/x'\n",
+        )
+        .expect("loads");
+        assert_eq!(c.sinks[0].timeout, DEFAULT_SINK_TIMEOUT);
+        match &c.sinks[0].kind {
+            SinkKind::Files(f) => {
+                assert!(!f.allow_shared_directory);
+                assert_eq!(f.reload_timeout, DEFAULT_RELOAD_TIMEOUT);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(c.kubernetes_api, KubernetesApiConfig::default());
+        assert_eq!(c.kubernetes_api.timeout, DEFAULT_KUBERNETES_API_TIMEOUT);
+
+        let c = load_toml(
+            "[kubernetes_api]\nserver='https://10.0.0.1:6443'\ntimeout='2s'\n\
+             [[sinks]]\nname='a'\nkind='files'\nspiffe_id='spiffe://e.org/a'\ndirectory='/x'\n\
+             timeout='3s'\nreload_timeout='1s'\nallow_shared_directory=true\n\
+             reload_signal='SIGUSR1'\npid_file='/run/a.pid'\n",
+        )
+        .expect("loads");
+        assert_eq!(c.sinks[0].timeout, Duration::from_secs(3));
+        assert_eq!(c.kubernetes_api.timeout, Duration::from_secs(2));
+        assert_eq!(
+            c.kubernetes_api.server.as_deref(),
+            Some("https://10.0.0.1:6443")
+        );
+
+        let sink =
+            "[[sinks]]\nname='a'\nkind='files'\nspiffe_id='spiffe://e.org/a'\ndirectory='/x'\n";
+        for (extra, named) in [
+            ("timeout='0s'\n", "timeout"),
+            ("reload_timeout='0s'\n", "reload_timeout"),
+            ("reload_signal='KILL'\npid_file='/p'\n", "reload_signal"),
+            ("reload_signal='9'\npid_file='/p'\n", "reload_signal"),
+        ] {
+            let err = load_toml(&format!("{sink}{extra}")).expect_err(extra);
+            assert!(err.to_string().contains(named), "{extra}: {err}");
+        }
+        let err = load_toml("[kubernetes_api]\ntimeout='0s'\n").expect_err("zero");
+        assert!(err.to_string().contains("kubernetes_api.timeout"), "{err}");
+        let err = load_toml("[kubernetes_api]\nurl='x'\n").expect_err("unknown");
+        assert!(err.to_string().contains("url"), "{err}");
     }
 
     #[test]

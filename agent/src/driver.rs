@@ -929,18 +929,14 @@ mod tests {
         let files = crate::sinks::files::FilesSink::new(
             "app",
             FilesSinkConfig {
-                directory: sink_dir.path().to_owned(),
                 layout: FileLayout::Istio,
-                owner_uid: None,
-                owner_gid: None,
-                reload_signal: None,
-                pid_file: None,
-                reload_command: None,
+                ..FilesSinkConfig::new(sink_dir.path())
             },
         );
         let sinks = vec![crate::rotator::SinkBinding {
             spiffe_id: "spiffe://example.org/app".parse().expect("id"),
             deletion_policy: DeletionPolicy::Delete,
+            timeout: Duration::from_secs(30),
             sink: Arc::new(files),
         }];
         let r = start_with_sinks(&fake, dir.path(), Some("tok"), sinks);

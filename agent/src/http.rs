@@ -39,13 +39,21 @@ pub fn router(metrics: Arc<Metrics>, ready: Readiness) -> Router {
         .with_state(HttpState { metrics, ready })
 }
 
+/// Ready or not, the body lists every sink that fails, is stuck, or refused something (a
+/// sink never makes the agent unready: the Workload API does not depend on it).
 async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
+    let detail: String = s
+        .metrics
+        .sink_problems()
+        .iter()
+        .map(|p| format!("{p}\n"))
+        .collect();
     if s.ready.is_ready() {
-        (StatusCode::OK, "ready\n")
+        (StatusCode::OK, format!("ready\n{detail}"))
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: no node identity or no entries synced yet\n",
+            format!("not ready: no node identity or no entries synced yet\n{detail}"),
         )
     }
 }

@@ -110,7 +110,7 @@ async fn run(cfg: Config) -> Result<(), String> {
         .iter()
         .any(|s| matches!(s.kind, SinkKind::KubernetesSecret(_)))
     {
-        let api = ApiServer::in_cluster()
+        let api = ApiServer::from_config(&cfg.kubernetes_api)
             .map_err(|e| format!("kubernetes-secret sinks need the Kubernetes API: {e}"))?;
         deps.kube = Some(Arc::new(api));
     }
@@ -126,6 +126,7 @@ async fn run(cfg: Config) -> Result<(), String> {
             Ok(SinkBinding {
                 spiffe_id,
                 deletion_policy: s.deletion_policy,
+                timeout: s.timeout,
                 sink,
             })
         })

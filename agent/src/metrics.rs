@@ -5,11 +5,16 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::clock::Clock;
+use crate::sinks::worker::SinkHealth;
 use crate::state::{AgentState, StateReceiver};
+
+/// Labels of the per-sink metrics: `sink`, and for failures `reason`.
+pub type SinkLabels = Vec<(&'static str, String)>;
 
 pub struct Metrics {
     registry: Registry,
@@ -19,6 +24,16 @@ pub struct Metrics {
     pub renewals: Counter,
     /// Failed renewal attempts.
     pub renewal_failures: Counter,
+    /// Completed sink deliveries and removals, by sink.
+    pub sink_deliveries: Family<SinkLabels, Counter>,
+    /// Failed sink attempts, by sink and reason (`error`, `refused`, `timeout`).
+    pub sink_failures: Family<SinkLabels, Counter>,
+    /// Things a sink refused to touch and left alone (a planted link), by sink.
+    pub sink_warnings: Family<SinkLabels, Counter>,
+    /// 1 while a sink holds what it should, 0 while it is failing or stuck.
+    pub sink_healthy: Family<SinkLabels, Gauge>,
+    /// What each sink is doing, for `/readyz` and the logs.
+    pub sinks: SinkHealth,
     state: StateReceiver,
     clock: Arc<dyn Clock>,
 }
@@ -50,12 +65,41 @@ impl Metrics {
             "Failed renewal attempts",
             renewal_failures.clone(),
         );
+        let sink_deliveries = Family::<SinkLabels, Counter>::default();
+        registry.register(
+            "sink_deliveries",
+            "Completed sink deliveries and removals",
+            sink_deliveries.clone(),
+        );
+        let sink_failures = Family::<SinkLabels, Counter>::default();
+        registry.register(
+            "sink_failures",
+            "Failed sink attempts (reason: error, refused, timeout)",
+            sink_failures.clone(),
+        );
+        let sink_warnings = Family::<SinkLabels, Counter>::default();
+        registry.register(
+            "sink_warnings",
+            "Entries a sink found planted (links it did not create) and left alone",
+            sink_warnings.clone(),
+        );
+        let sink_healthy = Family::<SinkLabels, Gauge>::default();
+        registry.register(
+            "sink_healthy",
+            "1 while the sink holds what it should, 0 while it fails or is stuck",
+            sink_healthy.clone(),
+        );
         Self {
             registry,
             certificates,
             earliest_expiry_seconds,
             renewals,
             renewal_failures,
+            sink_deliveries,
+            sink_failures,
+            sink_warnings,
+            sink_healthy,
+            sinks: SinkHealth::default(),
             state,
             clock,
         }
@@ -75,6 +119,11 @@ impl Metrics {
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
         self.earliest_expiry_seconds.set(earliest);
+    }
+
+    /// One line per sink that fails, is stuck or refused something (see [`SinkHealth`]).
+    pub fn sink_problems(&self) -> Vec<String> {
+        self.sinks.problems(self.clock.now())
     }
 
     /// The OpenMetrics text exposition.

@@ -12,12 +12,13 @@ use std::time::{Duration, SystemTime};
 
 use crate::ca::{Ca, CaError, EntrySpec, IssuedSvid, WorkloadCsr};
 use crate::clock::Clock;
-use crate::config::DeletionPolicy;
 use crate::metrics::Metrics;
 use crate::rotation::{backoff, renew_at};
-use crate::sinks::{Delivered, Sink};
+use crate::sinks::Delivered;
+use crate::sinks::worker::{SinkSet, Telemetry};
 use crate::state::{AgentState, Identity, StateSender, X509Svid};
-use signet_types::SpiffeId;
+
+pub use crate::sinks::worker::SinkBinding;
 
 /// A source of uniform numbers in `[0, 1)`.
 pub type Random = Arc<dyn Fn() -> f64 + Send + Sync>;
@@ -26,13 +27,6 @@ pub const BACKOFF_BASE: Duration = Duration::from_secs(1);
 pub const BACKOFF_CAP: Duration = Duration::from_secs(300);
 /// Longest sleep between passes, so new entries are picked up.
 pub const MAX_SLEEP: Duration = Duration::from_secs(60);
-
-/// A sink bound to the SPIFFE ID whose certificate it receives.
-pub struct SinkBinding {
-    pub spiffe_id: SpiffeId,
-    pub deletion_policy: DeletionPolicy,
-    pub sink: Arc<dyn Sink>,
-}
 
 struct Held {
     spec: EntrySpec,
@@ -50,9 +44,10 @@ pub struct Rotator {
     bundle_der: Vec<Vec<u8>>,
     trust_domain_id: String,
     failures: u32,
+    /// Sinks not started yet (their workers start on the first pass).
     sinks: Vec<SinkBinding>,
-    /// Per sink (by index): the leaf DER and the bundle last delivered.
-    delivered: HashMap<usize, (Vec<u8>, Vec<Vec<u8>>)>,
+    /// The sinks' workers: handed the current SVIDs, never waited for.
+    sink_set: Option<SinkSet>,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -90,7 +85,7 @@ impl Rotator {
             trust_domain_id: String::new(),
             failures: 0,
             sinks: Vec::new(),
-            delivered: HashMap::new(),
+            sink_set: None,
             metrics: None,
         }
     }
@@ -139,9 +134,7 @@ impl Rotator {
             }
         }
         self.publish(now);
-        if !self.sync_sinks(now).await {
-            failed = true;
-        }
+        self.sync_sinks(now);
         // Upcoming renewals set the next pass; overdue ones (signing failed) are retried
         // with backoff, never in a tight loop.
         let mut next = self
@@ -227,58 +220,35 @@ impl Rotator {
         }
     }
 
-    /// Brings every sink to the current certificate of its SPIFFE ID and the current bundle
-    /// (delivering when the leaf or the bundle changed, removing per the deletion policy when
-    /// there is no certificate). A failed sink is retried on the next pass. Returns false when
-    /// any sink failed.
-    async fn sync_sinks(&mut self, now: SystemTime) -> bool {
-        let mut all_ok = true;
-        for (i, b) in self.sinks.iter().enumerate() {
-            let current = self
-                .held
-                .values()
-                .filter(|h| h.svid.spiffe_id == b.spiffe_id && h.svid.should_serve(now))
-                .max_by_key(|h| h.svid.not_after);
-            match current {
-                Some(h) => {
-                    let leaf = h.svid.chain_der.first().cloned().unwrap_or_default();
-                    if self
-                        .delivered
-                        .get(&i)
-                        .is_some_and(|(l, b)| *l == leaf && *b == self.bundle_der)
-                    {
-                        continue;
-                    }
-                    let d = Delivered {
+    /// Hands every sink the current certificate of its SPIFFE ID and the current bundle, or
+    /// its removal (per the deletion policy) when there is none. The sinks' own workers apply
+    /// it (see [`crate::sinks::worker`]); nothing here waits for a sink.
+    fn sync_sinks(&mut self, now: SystemTime) {
+        if self.sink_set.is_none() {
+            if self.sinks.is_empty() {
+                return;
+            }
+            self.sink_set = Some(SinkSet::start(
+                std::mem::take(&mut self.sinks),
+                Telemetry::new(self.metrics.clone()),
+                self.clock.clone(),
+                self.random.clone(),
+            ));
+        }
+        let (held, bundle) = (&self.held, &self.bundle_der);
+        if let Some(set) = &mut self.sink_set {
+            set.update(|spiffe_id| {
+                held.values()
+                    .filter(|h| h.svid.spiffe_id == *spiffe_id && h.svid.should_serve(now))
+                    .max_by_key(|h| h.svid.not_after)
+                    .map(|h| Delivered {
                         spiffe_id: h.svid.spiffe_id.to_string(),
                         chain_der: h.svid.chain_der.clone(),
                         key_pkcs8_der: h.svid.key_pkcs8_der.clone(),
-                        bundle_der: self.bundle_der.clone(),
-                    };
-                    match b.sink.deliver(&d).await {
-                        Ok(()) => {
-                            self.delivered.insert(i, (leaf, self.bundle_der.clone()));
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "sink delivery failed; will retry");
-                            all_ok = false;
-                        }
-                    }
-                }
-                None if self.delivered.contains_key(&i) => {
-                    if b.deletion_policy == DeletionPolicy::Delete
-                        && let Err(e) = b.sink.remove().await
-                    {
-                        tracing::warn!(error = %e, "sink removal failed; will retry");
-                        all_ok = false;
-                        continue;
-                    }
-                    self.delivered.remove(&i);
-                }
-                None => {}
-            }
+                        bundle_der: bundle.clone(),
+                    })
+            });
         }
-        all_ok
     }
 
     fn publish(&self, now: SystemTime) {
@@ -314,6 +284,8 @@ mod tests {
     use super::*;
     use crate::ca::{AttestCredential, Attested, EntriesUpdate};
     use crate::clock::FixedClock;
+    use crate::config::DeletionPolicy;
+    use crate::sinks::{Applied, Sink};
     use crate::state::{Selector, channel};
     use std::sync::Mutex;
 
@@ -471,11 +443,12 @@ mod tests {
         );
     }
 
-    /// Records deliveries and removals; can be made to fail.
+    /// Records deliveries and removals; can be made to fail or to hang.
     #[derive(Default)]
     struct RecordingSink {
         log: Mutex<Vec<String>>,
         fail: Mutex<bool>,
+        hang: Mutex<bool>,
     }
 
     #[async_trait::async_trait]
@@ -483,7 +456,10 @@ mod tests {
         fn name(&self) -> &str {
             "rec"
         }
-        async fn deliver(&self, svid: &Delivered) -> Result<(), crate::sinks::SinkError> {
+        async fn deliver(&self, svid: &Delivered) -> Result<Applied, crate::sinks::SinkError> {
+            if self.hang.lock().map(|h| *h).unwrap_or(false) {
+                std::future::pending::<()>().await;
+            }
             if self.fail.lock().map(|f| *f).unwrap_or(true) {
                 return Err(crate::sinks::SinkError::new("rec", "disk full"));
             }
@@ -493,43 +469,59 @@ mod tests {
                     svid.chain_der, svid.bundle_der
                 ));
             }
-            Ok(())
+            Ok(Applied::default())
         }
-        async fn remove(&self) -> Result<(), crate::sinks::SinkError> {
+        async fn remove(&self) -> Result<Applied, crate::sinks::SinkError> {
             if let Ok(mut l) = self.log.lock() {
                 l.push("remove".into());
             }
-            Ok(())
+            Ok(Applied::default())
         }
     }
 
-    #[tokio::test]
+    fn binding(sink: Arc<RecordingSink>) -> SinkBinding {
+        SinkBinding {
+            spiffe_id: "spiffe://example.org/web".parse().expect("id"),
+            deletion_policy: DeletionPolicy::Delete,
+            timeout: Duration::from_secs(30),
+            sink,
+        }
+    }
+
+    /// Lets the sink workers run (the tests run on paused Tokio time, so this is instant).
+    async fn settle(d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn sinks_follow_rotation_retry_and_removal() {
         let (r, clock, _ca, _rx) = setup();
         let t0 = clock.now();
         let sink = Arc::new(RecordingSink::default());
-        let mut r = r.with_sinks(vec![SinkBinding {
-            spiffe_id: "spiffe://example.org/web".parse().expect("id"),
-            deletion_policy: DeletionPolicy::Delete,
-            sink: sink.clone(),
-        }]);
+        let mut r = r.with_sinks(vec![binding(sink.clone())]);
         let entries = [entry("web"), entry("other")];
         r.tick(&entries).await;
+        settle(Duration::from_millis(10)).await;
         r.tick(&entries).await; // unchanged: not delivered again
+        settle(Duration::from_millis(10)).await;
         if let Ok(mut f) = sink.fail.lock() {
             *f = true;
         }
         advance(&clock, t0 + Duration::from_secs(500));
-        let next = r.tick(&entries).await;
-        assert!(
-            next <= t0 + Duration::from_secs(501),
-            "sink failure retried soon"
+        r.tick(&entries).await;
+        settle(Duration::from_millis(10)).await;
+        assert_eq!(
+            sink.log.lock().expect("lock").len(),
+            1,
+            "failed, not logged"
         );
         if let Ok(mut f) = sink.fail.lock() {
             *f = false;
         }
-        r.tick(&entries).await;
+        // The worker retries by itself after its backoff.
+        settle(Duration::from_secs(2)).await;
         r.tick(&[entry("other")]).await;
+        settle(Duration::from_millis(10)).await;
         let log = sink.log.lock().expect("lock").clone();
         assert_eq!(log.len(), 3, "{log:?}");
         assert!(log[0].starts_with("deliver"), "{log:?}");
@@ -537,21 +529,45 @@ mod tests {
         assert_eq!(log[2], "remove");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_sink_delays_no_renewal() {
+        let (r, clock, ca, rx) = setup();
+        let t0 = clock.now();
+        let sink = Arc::new(RecordingSink::default());
+        if let Ok(mut h) = sink.hang.lock() {
+            *h = true;
+        }
+        let mut r = r.with_sinks(vec![binding(sink.clone())]);
+        let entries = [entry("web"), entry("other")];
+        for i in 1..=3u64 {
+            // Each pass returns although the sink never finishes.
+            tokio::time::timeout(Duration::from_millis(50), r.tick(&entries))
+                .await
+                .expect("the pass does not wait for the sink");
+            advance(&clock, t0 + Duration::from_secs(500 * i));
+        }
+        assert_eq!(
+            *ca.signed.lock().expect("lock"),
+            6,
+            "both entries renewed each time"
+        );
+        assert_eq!(rx.borrow().identities.len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_new_bundle_is_published_and_redelivered_to_sinks() {
         let (r, _clock, ca, rx) = setup();
         let sink = Arc::new(RecordingSink::default());
-        let mut r = r.with_sinks(vec![SinkBinding {
-            spiffe_id: "spiffe://example.org/web".parse().expect("id"),
-            deletion_policy: DeletionPolicy::Delete,
-            sink: sink.clone(),
-        }]);
+        let mut r = r.with_sinks(vec![binding(sink.clone())]);
         let entries = [entry("web")];
         r.tick(&entries).await;
+        settle(Duration::from_millis(10)).await;
         let both = vec![ROOT.to_vec(), b"root2".to_vec()];
         r.set_bundle("spiffe://example.org".into(), both.clone());
         r.tick(&entries).await;
+        settle(Duration::from_millis(10)).await;
         r.tick(&entries).await; // unchanged: not delivered again
+        settle(Duration::from_millis(10)).await;
         assert_eq!(rx.borrow().bundle_der, both);
         assert_eq!(
             *ca.signed.lock().expect("lock"),

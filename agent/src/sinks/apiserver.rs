@@ -1,19 +1,23 @@
 //! A minimal [`KubeTransport`]: HTTPS to the API server with the pod's service-account
 //! credentials (hyper HTTP/1.1 over rustls with ring). One connection per request: the sink
 //! writes once per rotation. The token file is re-read on every request (projected tokens
-//! rotate).
+//! rotate). Every request has a deadline (`kubernetes_api.timeout`, connect to last byte) and
+//! an answer is read up to [`MAX_BODY`] bytes.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, ServerName};
 
-use crate::sinks::kubernetes::{KubeRequest, KubeTransport};
+use crate::config::KubernetesApiConfig;
+use crate::sinks::kubernetes::{KubeError, KubeRequest, KubeResponse, KubeTransport};
 
-const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// Largest answer read (a Secret is at most 1 MiB, plus its metadata).
+pub const MAX_BODY: usize = 4 << 20;
 
 pub struct ApiServer {
     /// `host:port` to dial.
@@ -21,26 +25,35 @@ pub struct ApiServer {
     server_name: ServerName<'static>,
     tls: Arc<rustls::ClientConfig>,
     token_file: PathBuf,
+    timeout: Duration,
 }
 
 impl ApiServer {
-    /// From `KUBERNETES_SERVICE_HOST`/`_PORT` and the mounted service-account files.
-    pub fn in_cluster() -> Result<Self, String> {
-        let host = std::env::var("KUBERNETES_SERVICE_HOST")
-            .map_err(|_| "KUBERNETES_SERVICE_HOST is not set: not running in a pod".to_owned())?;
-        let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
-        let addr = if host.contains(':') {
-            format!("[{host}]:{port}")
-        } else {
-            format!("{host}:{port}")
+    /// From the configuration: `server`, or the in-cluster `KUBERNETES_SERVICE_HOST`/`_PORT`,
+    /// with the CA bundle and token files it names.
+    pub fn from_config(cfg: &KubernetesApiConfig) -> Result<Self, String> {
+        let addr = match &cfg.server {
+            Some(url) => host_port(url)?,
+            None => {
+                let host = std::env::var("KUBERNETES_SERVICE_HOST").map_err(|_| {
+                    "KUBERNETES_SERVICE_HOST is not set (not running in a pod) and \
+                     kubernetes_api.server is not configured"
+                        .to_owned()
+                })?;
+                let port =
+                    std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
+                if host.contains(':') {
+                    format!("[{host}]:{port}")
+                } else {
+                    format!("{host}:{port}")
+                }
+            }
         };
-        let ca = std::fs::read(Path::new(SA_DIR).join("ca.crt"))
-            .map_err(|e| format!("{SA_DIR}/ca.crt: {e}"))?;
-        Self::new(
-            addr,
-            "kubernetes.default.svc",
-            &ca,
-            Path::new(SA_DIR).join("token"),
+        let ca = std::fs::read(&cfg.ca_file)
+            .map_err(|e| format!("kubernetes_api.ca_file {}: {e}", cfg.ca_file.display()))?;
+        Ok(
+            Self::new(addr, &cfg.server_name, &ca, cfg.token_file.clone())?
+                .with_timeout(cfg.timeout),
         )
     }
 
@@ -71,13 +84,17 @@ impl ApiServer {
             server_name,
             tls: Arc::new(tls),
             token_file,
+            timeout: crate::config::DEFAULT_KUBERNETES_API_TIMEOUT,
         })
     }
-}
 
-#[async_trait::async_trait]
-impl KubeTransport for ApiServer {
-    async fn send(&self, req: KubeRequest) -> Result<http::StatusCode, String> {
+    /// The deadline of one request.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    async fn send_inner(&self, req: KubeRequest) -> Result<KubeResponse, String> {
         let token = tokio::fs::read_to_string(&self.token_file)
             .await
             .map_err(|e| format!("service-account token {}: {e}", self.token_file.display()))?;
@@ -112,10 +129,49 @@ impl KubeTransport for ApiServer {
             .await
             .map_err(|e| format!("{} {}: {e}", req.method, req.path))?;
         let status = resp.status();
-        drop(resp);
+        let body = Limited::new(resp.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| format!("{} {}: reading the answer: {e}", req.method, req.path))?
+            .to_bytes()
+            .to_vec();
         drop(sender);
         conn.abort();
-        Ok(status)
+        Ok(KubeResponse { status, body })
+    }
+}
+
+/// `host:port` of `https://host[:port][/]` (port 443 when absent).
+fn host_port(url: &str) -> Result<String, String> {
+    let bad = || format!("kubernetes_api.server {url:?} must be https://host[:port]");
+    let rest = url
+        .strip_prefix("https://")
+        .ok_or_else(bad)?
+        .trim_end_matches('/');
+    if rest.is_empty() || rest.contains(['/', '?', '#', '@']) {
+        return Err(bad());
+    }
+    let has_port = rest
+        .rsplit_once(':')
+        .is_some_and(|(h, p)| p.parse::<u16>().is_ok() && (!h.contains(':') || h.ends_with(']')));
+    Ok(if has_port {
+        rest.to_owned()
+    } else {
+        format!("{rest}:443")
+    })
+}
+
+#[async_trait::async_trait]
+impl KubeTransport for ApiServer {
+    async fn send(&self, req: KubeRequest) -> Result<KubeResponse, KubeError> {
+        let what = format!("{} {}", req.method, req.path);
+        match tokio::time::timeout(self.timeout, self.send_inner(req)).await {
+            Ok(r) => r.map_err(KubeError::Failed),
+            Err(_) => Err(KubeError::Timeout(format!(
+                "{what}: the API server at {} did not answer within {:?}",
+                self.addr, self.timeout
+            ))),
+        }
     }
 }
 
@@ -228,7 +284,8 @@ mod tests {
             })
             .await
             .expect("send");
-        assert_eq!(status, http::StatusCode::OK);
+        assert_eq!(status.status, http::StatusCode::OK);
+        assert_eq!(status.body, b"{}");
         let s = seen.recv().await.expect("request seen");
         assert_eq!(s.method, http::Method::PATCH);
         assert_eq!(
@@ -276,6 +333,60 @@ mod tests {
             })
             .await
             .expect_err("untrusted");
-        assert!(err.contains("TLS"), "{err}");
+        assert!(err.to_string().contains("TLS"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_server_that_never_answers_times_out() {
+        // Accepts connections and holds them without a word.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let hold = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        let (_, ca, _) = fake_apiserver(200).await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "t").expect("token");
+        let api = ApiServer::new(addr, "kubernetes.default.svc", &ca, token)
+            .expect("client")
+            .with_timeout(Duration::from_millis(200));
+        let err = api
+            .send(KubeRequest {
+                method: http::Method::GET,
+                path: "/api/v1/namespaces/a/secrets/b".into(),
+                query: vec![],
+                content_type: None,
+                body: vec![],
+            })
+            .await
+            .expect_err("timed out");
+        assert!(
+            matches!(&err, KubeError::Timeout(m) if m.contains("did not answer")),
+            "{err}"
+        );
+        hold.abort();
+    }
+
+    #[test]
+    fn server_urls() {
+        assert_eq!(
+            host_port("https://10.0.0.1:6443").as_deref(),
+            Ok("10.0.0.1:6443")
+        );
+        assert_eq!(
+            host_port("https://k8s.example/").as_deref(),
+            Ok("k8s.example:443")
+        );
+        assert_eq!(host_port("https://[::1]:6443").as_deref(), Ok("[::1]:6443"));
+        assert_eq!(host_port("https://[::1]").as_deref(), Ok("[::1]:443"));
+        for bad in ["http://x:1", "https://", "https://x/api", "https://u@x:1"] {
+            assert!(host_port(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -19,18 +19,31 @@
 //!
 //! If the directory cannot be written, the error names the sink and the previous generation
 //! stays in place and visible.
+//!
+//! # A directory the workload can write
+//!
+//! The agent (often root) never follows a link it did not create and never works outside the
+//! directory: every operation goes through [`super::safe_dir`] (descriptor-relative calls, one
+//! path component per name, `O_NOFOLLOW`, modes and owners set through descriptors). Old
+//! generations are removed only when `..data` names one by the agent's own naming
+//! (`..signet-<n>-<n>-<n>`), and only as a real directory owned by the agent; a `..data`
+//! pointing anywhere else is replaced, and whatever it pointed at is left untouched and
+//! reported. A directory that its group or other users may write is refused (nothing is
+//! written), and so is a path to it that a user other than root or the agent could redirect
+//! (see [`super::safe_dir::open_trusted_dir`]), unless the sink sets
+//! `allow_shared_directory = true`. The reload signal and
+//! command are checked as [`super::reload`] describes.
 
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::config::{FileLayout, FilesSinkConfig};
-use crate::sinks::{Delivered, Sink, SinkError};
+use crate::sinks::reload;
+use crate::sinks::safe_dir::{Component, DATA_LINK, GenerationName, OpenError, SinkDir};
+use crate::sinks::{Applied, Delivered, Sink, SinkError};
 
-const DATA_LINK: &str = "..data";
-const GEN_PREFIX: &str = "..signet-";
+pub use crate::sinks::reload::{SIGNAL_NAMES, signal_by_name};
 
 /// File names of a layout: (chain, key, bundle).
 pub fn layout_names(layout: FileLayout) -> [&'static str; 3] {
@@ -47,6 +60,14 @@ struct Inner {
     name: String,
     cfg: FilesSinkConfig,
     counter: AtomicU64,
+    /// Held by the blocking writer. A write abandoned at its deadline (a hung filesystem) still
+    /// holds it, and the next attempt fails at once instead of piling up blocked threads.
+    busy: Mutex<()>,
+}
+
+/// A constant component (the layout names and `..data` are all single names).
+fn comp(s: &str) -> Component<'_> {
+    Component::new(s).unwrap_or_else(|| unreachable!("{s:?} is a constant single name"))
 }
 
 impl FilesSink {
@@ -55,149 +76,235 @@ impl FilesSink {
             name: name.to_owned(),
             cfg,
             counter: AtomicU64::new(0),
+            busy: Mutex::new(()),
         }))
     }
 }
 
 impl Inner {
-    fn err(&self, what: &str, path: &Path, e: std::io::Error) -> SinkError {
+    fn err(&self, what: &str, path: &Path, e: impl std::fmt::Display) -> SinkError {
         SinkError::new(&self.name, format!("{what} {}: {e}", path.display()))
     }
 
-    fn generation_name(&self) -> String {
+    fn generation_name(&self) -> GenerationName {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or_default();
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        format!("{GEN_PREFIX}{nanos}-{}-{n}", std::process::id())
+        GenerationName::new(nanos, std::process::id(), n)
+    }
+
+    /// Runs `f` holding the writer lock, or fails at once if a previous write still runs.
+    fn exclusive<T>(&self, f: impl FnOnce() -> Result<T, SinkError>) -> Result<T, SinkError> {
+        let _guard = match self.busy.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Err(SinkError::new(
+                    &self.name,
+                    format!(
+                        "a previous write to {} has not finished (is the filesystem hung?)",
+                        self.cfg.directory.display()
+                    ),
+                ));
+            }
+        };
+        f()
+    }
+
+    /// Opens the sink directory through a path only root and the agent can change, without
+    /// following a link at the end (see [`super::safe_dir::open_trusted_dir`]); with
+    /// `allow_shared_directory`, as given.
+    fn open_sink_dir(&self) -> Result<SinkDir, SinkError> {
+        let path = &self.cfg.directory;
+        if self.cfg.allow_shared_directory {
+            return SinkDir::open(path).map_err(|e| self.err("cannot open directory", path, e));
+        }
+        SinkDir::open_trusted(path).map_err(|e| match e {
+            OpenError::Untrusted(why) => SinkError::refused(
+                &self.name,
+                format!(
+                    "the path to directory {} is not safe: {why}, so it could be redirected \
+                     anywhere; nothing was written. Use a path through directories only root \
+                     can change, or set allow_shared_directory = true on the sink",
+                    path.display()
+                ),
+            ),
+            OpenError::Io(e) => self.err("cannot open directory", path, e),
+        })
+    }
+
+    /// Opens the sink directory and refuses it if others may write it (unless allowed).
+    fn open_dir(&self) -> Result<SinkDir, SinkError> {
+        let path = &self.cfg.directory;
+        let dir = self.open_sink_dir()?;
+        if dir.is_shared() && !self.cfg.allow_shared_directory {
+            return Err(SinkError::refused(
+                &self.name,
+                format!(
+                    "directory {} is writable by its group or by other users (mode {:o}); \
+                     nothing was written. Make it writable by its owner only (chmod go-w), or \
+                     set allow_shared_directory = true on the sink if that is intended",
+                    path.display(),
+                    dir.mode()
+                ),
+            ));
+        }
+        Ok(dir)
     }
 
     /// Writes a new generation and switches to it. Blocking.
-    fn write_generation(&self, files: [(&str, Vec<u8>, u32); 3]) -> Result<(), SinkError> {
-        let dir = &self.cfg.directory;
+    fn write_generation(&self, files: [(&str, Vec<u8>, u32); 3]) -> Result<Applied, SinkError> {
+        let dir = self.open_dir()?;
         let gen_name = self.generation_name();
-        let gen_dir = dir.join(&gen_name);
-        std::fs::create_dir(&gen_dir).map_err(|e| self.err("cannot create", &gen_dir, e))?;
-        let result = self.fill_and_switch(dir, &gen_name, &gen_dir, &files);
+        let result = self.fill_and_switch(&dir, &gen_name, &files);
         if result.is_err() {
-            let _ = std::fs::remove_dir_all(&gen_dir);
+            let _ = dir.remove_generation(&gen_name);
         }
         result
     }
 
     fn fill_and_switch(
         &self,
-        dir: &Path,
-        gen_name: &str,
-        gen_dir: &Path,
+        dir: &SinkDir,
+        gen_name: &GenerationName,
         files: &[(&str, Vec<u8>, u32); 3],
-    ) -> Result<(), SinkError> {
-        std::fs::set_permissions(gen_dir, std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| self.err("cannot set mode of", gen_dir, e))?;
+    ) -> Result<Applied, SinkError> {
+        let path = dir.path();
+        let gen_path = path.join(gen_name.as_str());
+        let generation = dir
+            .create_generation(gen_name)
+            .map_err(|e| self.err("cannot create", &gen_path, e))?;
+        let owner = (self.cfg.owner_uid, self.cfg.owner_gid);
         for (name, content, mode) in files {
-            let path = gen_dir.join(name);
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(*mode)
-                .open(&path)
-                .map_err(|e| self.err("cannot create", &path, e))?;
-            // The mode given to open() is masked by the umask; set it exactly.
-            f.set_permissions(std::fs::Permissions::from_mode(*mode))
-                .map_err(|e| self.err("cannot set mode of", &path, e))?;
-            f.write_all(content)
-                .and_then(|()| f.sync_all())
-                .map_err(|e| self.err("cannot write", &path, e))?;
-            if self.cfg.owner_uid.is_some() || self.cfg.owner_gid.is_some() {
-                std::os::unix::fs::chown(&path, self.cfg.owner_uid, self.cfg.owner_gid)
-                    .map_err(|e| self.err("cannot chown", &path, e))?;
-            }
+            generation
+                .write_file(comp(name), content, *mode, owner)
+                .map_err(|e| self.err("cannot write", &gen_path.join(name), e))?;
         }
-        sync_dir(gen_dir).map_err(|e| self.err("cannot sync", gen_dir, e))?;
+        generation
+            .set_mode(0o755)
+            .and_then(|()| generation.sync())
+            .map_err(|e| self.err("cannot sync", &gen_path, e))?;
 
         // Visible names point into `..data`, once and for all. Done before the switch so a
         // failure here leaves the previous generation fully in place.
         for (name, _, _) in files {
-            let visible = dir.join(name);
-            let target = Path::new(DATA_LINK).join(name);
-            if std::fs::read_link(&visible).ok().as_deref() != Some(target.as_path()) {
-                let tmp = dir.join(format!(".{name}.tmp-{gen_name}"));
-                std::os::unix::fs::symlink(&target, &tmp)
-                    .and_then(|()| std::fs::rename(&tmp, &visible))
-                    .map_err(|e| {
-                        let _ = std::fs::remove_file(&tmp);
-                        self.err("cannot link", &visible, e)
-                    })?;
+            let target = format!("{DATA_LINK}/{name}");
+            if dir.read_link(comp(name)).as_deref() != Some(target.as_bytes()) {
+                let tmp = format!(".{name}.tmp-{}", gen_name.as_str());
+                dir.replace_with_link(comp(name), &target, comp(&tmp))
+                    .map_err(|e| self.err("cannot link", &path.join(name), e))?;
             }
         }
         // The switch: a new symlink renamed over `..data`.
-        let tmp_link = dir.join(format!("{DATA_LINK}_tmp-{gen_name}"));
-        std::os::unix::fs::symlink(gen_name, &tmp_link)
-            .map_err(|e| self.err("cannot create", &tmp_link, e))?;
-        let data = dir.join(DATA_LINK);
-        let previous = std::fs::read_link(&data).ok();
-        if let Err(e) = std::fs::rename(&tmp_link, &data) {
-            let _ = std::fs::remove_file(&tmp_link);
-            return Err(self.err("cannot switch", &data, e));
-        }
+        let previous = dir.read_link(comp(DATA_LINK));
+        let tmp_link = format!("{DATA_LINK}_tmp-{}", gen_name.as_str());
+        dir.replace_with_link(comp(DATA_LINK), gen_name.as_str(), comp(&tmp_link))
+            .map_err(|e| self.err("cannot switch", &path.join(DATA_LINK), e))?;
         // The switch is done: from here on, never fail (the caller would remove the
         // generation that is now current).
-        if let Err(e) = sync_dir(dir) {
-            tracing::warn!(sink = %self.name, dir = %dir.display(), error = %e, "cannot sync directory after switch");
+        if let Err(e) = dir.sync() {
+            tracing::warn!(sink = %self.name, dir = %path.display(), error = %e, "cannot sync directory after switch");
+        }
+        let mut applied = Applied::default();
+        if let Some(prev) = previous
+            && GenerationName::parse(&prev).is_none()
+        {
+            applied.warnings.push(format!(
+                "{} pointed at {:?}, which is not a generation of this sink; it was replaced \
+                 and nothing it pointed at was touched",
+                path.join(DATA_LINK).display(),
+                String::from_utf8_lossy(&prev)
+            ));
         }
         // Old generations go only after the switch is durable.
-        if let Some(prev) = previous
-            && prev.as_os_str() != gen_name
-        {
-            let _ = std::fs::remove_dir_all(dir.join(prev));
+        self.sweep(dir, Some(gen_name), &mut applied);
+        Ok(applied)
+    }
+
+    /// Removes every generation but `keep`, noting what was not the agent's.
+    fn sweep(&self, dir: &SinkDir, keep: Option<&GenerationName>, applied: &mut Applied) {
+        let gens = match dir.generations() {
+            Ok(g) => g,
+            Err(e) => {
+                applied
+                    .warnings
+                    .push(format!("cannot list {}: {e}", dir.path().display()));
+                return;
+            }
+        };
+        for g in gens.iter().filter(|g| Some(*g) != keep) {
+            match dir.remove_generation(g) {
+                Ok(None) => {}
+                Ok(Some(note)) | Err(note) => applied
+                    .warnings
+                    .push(format!("in {}: {note}", dir.path().display())),
+            }
         }
-        Ok(())
+    }
+
+    /// The uid a reload signal's target must run as.
+    fn expected_owner(&self) -> Result<u32, SinkError> {
+        if let Some(uid) = self.cfg.owner_uid {
+            return Ok(uid);
+        }
+        self.open_sink_dir().map(|d| d.owner_uid())
     }
 
     async fn reload(&self) -> Result<(), SinkError> {
         if let (Some(sig), Some(pid_file)) = (&self.cfg.reload_signal, &self.cfg.pid_file) {
-            let text = tokio::fs::read_to_string(pid_file)
-                .await
-                .map_err(|e| self.err("cannot read pid file", pid_file, e))?;
-            let pid: u32 = text.trim().parse().ok().filter(|p| *p > 1).ok_or_else(|| {
-                SinkError::new(
-                    &self.name,
-                    format!("pid file {} holds no valid pid", pid_file.display()),
-                )
+            let signal = signal_by_name(sig).ok_or_else(|| {
+                SinkError::new(&self.name, format!("{sig:?} is not a signal name"))
             })?;
-            run(&self.name, "kill", &["-s", sig, &pid.to_string()]).await?;
+            let owner = self.expected_owner()?;
+            let pid = reload::read_pid_file(
+                &self.name,
+                pid_file,
+                owner,
+                !self.cfg.allow_shared_directory,
+            )?;
+            reload::signal_owner_process(&self.name, pid, signal, owner)?;
         }
         if let Some(cmd) = &self.cfg.reload_command
             && let Some((prog, args)) = cmd.split_first()
         {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            run(&self.name, prog, &args).await?;
+            reload::run_command(&self.name, prog, args, self.cfg.reload_timeout).await?;
         }
         Ok(())
     }
-}
 
-async fn run(sink: &str, prog: &str, args: &[&str]) -> Result<(), SinkError> {
-    let out = tokio::process::Command::new(prog)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await
-        .map_err(|e| SinkError::new(sink, format!("cannot run {prog}: {e}")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        Err(SinkError::new(
-            sink,
-            format!("{prog} failed ({}): {}", out.status, stderr.trim()),
-        ))
+    /// Removes what [`Self::write_generation`] made. Blocking.
+    fn remove_all(&self) -> Result<Applied, SinkError> {
+        let path = &self.cfg.directory;
+        if !path.exists() {
+            return Ok(Applied::default());
+        }
+        let dir = self.open_sink_dir()?;
+        for name in layout_names(self.cfg.layout) {
+            // Only our symlinks; a regular file someone else put there stays.
+            let target = format!("{DATA_LINK}/{name}");
+            if dir.read_link(comp(name)).as_deref() == Some(target.as_bytes()) {
+                dir.unlink(comp(name))
+                    .map_err(|e| self.err("cannot remove", &path.join(name), e))?;
+            }
+        }
+        let mut applied = Applied::default();
+        if let Some(prev) = dir.read_link(comp(DATA_LINK)) {
+            dir.unlink(comp(DATA_LINK))
+                .map_err(|e| self.err("cannot remove", &path.join(DATA_LINK), e))?;
+            if GenerationName::parse(&prev).is_none() {
+                applied.warnings.push(format!(
+                    "{} pointed at {:?}, which is not a generation of this sink; the link was \
+                     removed and nothing it pointed at was touched",
+                    path.join(DATA_LINK).display(),
+                    String::from_utf8_lossy(&prev)
+                ));
+            }
+        }
+        self.sweep(&dir, None, &mut applied);
+        Ok(applied)
     }
-}
-
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
 }
 
 #[async_trait::async_trait]
@@ -206,7 +313,7 @@ impl Sink for FilesSink {
         &self.0.name
     }
 
-    async fn deliver(&self, svid: &Delivered) -> Result<(), SinkError> {
+    async fn deliver(&self, svid: &Delivered) -> Result<Applied, SinkError> {
         let [chain, key, bundle] = layout_names(self.0.cfg.layout);
         let files = [
             (chain, svid.chain_pem().into_bytes(), 0o644),
@@ -214,58 +321,156 @@ impl Sink for FilesSink {
             (bundle, svid.bundle_pem().into_bytes(), 0o644),
         ];
         let inner = self.0.clone();
-        tokio::task::spawn_blocking(move || inner.write_generation(files))
-            .await
-            .map_err(|e| SinkError::new(&self.0.name, format!("writer task failed: {e}")))??;
+        let applied =
+            tokio::task::spawn_blocking(move || inner.exclusive(|| inner.write_generation(files)))
+                .await
+                .map_err(|e| SinkError::new(&self.0.name, format!("writer task failed: {e}")))??;
         tracing::info!(sink = %self.0.name, spiffe_id = %svid.spiffe_id, dir = %self.0.cfg.directory.display(), "delivered");
-        self.0.reload().await
+        self.0.reload().await?;
+        Ok(applied)
     }
 
-    async fn remove(&self) -> Result<(), SinkError> {
-        let dir: PathBuf = self.0.cfg.directory.clone();
-        let names = layout_names(self.0.cfg.layout);
-        let sink = self.0.name.clone();
-        tokio::task::spawn_blocking(move || {
-            for name in names {
-                let p = dir.join(name);
-                // Only our symlinks; a regular file someone else put there stays.
-                if std::fs::read_link(&p).ok() == Some(Path::new(DATA_LINK).join(name)) {
-                    std::fs::remove_file(&p).map_err(|e| {
-                        SinkError::new(&sink, format!("cannot remove {}: {e}", p.display()))
-                    })?;
-                }
-            }
-            let data = dir.join(DATA_LINK);
-            if let Ok(target) = std::fs::read_link(&data) {
-                std::fs::remove_file(&data).map_err(|e| {
-                    SinkError::new(&sink, format!("cannot remove {}: {e}", data.display()))
-                })?;
-                if target.to_string_lossy().starts_with(GEN_PREFIX) {
-                    let _ = std::fs::remove_dir_all(dir.join(target));
-                }
-            }
-            Ok(())
-        })
-        .await
-        .map_err(|e| SinkError::new(&self.0.name, format!("remover task failed: {e}")))?
+    async fn remove(&self) -> Result<Applied, SinkError> {
+        let inner = self.0.clone();
+        tokio::task::spawn_blocking(move || inner.exclusive(|| inner.remove_all()))
+            .await
+            .map_err(|e| SinkError::new(&self.0.name, format!("remover task failed: {e}")))?
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::MetadataExt;
+    use crate::sinks::SinkErrorKind;
+    use crate::sinks::safe_dir::GEN_PREFIX;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     fn cfg(dir: &Path, layout: FileLayout) -> FilesSinkConfig {
         FilesSinkConfig {
-            directory: dir.to_owned(),
             layout,
-            owner_uid: None,
-            owner_gid: None,
-            reload_signal: None,
-            pid_file: None,
-            reload_command: None,
+            ..FilesSinkConfig::new(dir)
         }
+    }
+
+    fn generations(dir: &Path) -> Vec<String> {
+        std::fs::read_dir(dir)
+            .expect("ls")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(GEN_PREFIX))
+            .collect()
+    }
+
+    /// A victim directory outside the sink, with a file in it and an unusual mode.
+    fn victim(root: &Path) -> std::path::PathBuf {
+        let v = root.join("victim");
+        std::fs::create_dir(&v).expect("mkdir");
+        std::fs::write(v.join("precious"), b"keep").expect("write");
+        std::fs::set_permissions(&v, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        v
+    }
+
+    fn assert_intact(v: &Path) {
+        assert_eq!(
+            std::fs::read(v.join("precious")).expect("victim file"),
+            b"keep"
+        );
+        let m = std::fs::metadata(v).expect("meta");
+        assert_eq!(m.mode() & 0o7777, 0o700, "victim mode unchanged");
+    }
+
+    #[tokio::test]
+    async fn a_planted_data_link_never_deletes_its_target() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let v = victim(root.path());
+        let dir = root.path().join("sink");
+        std::fs::create_dir(&dir).expect("mkdir");
+        let sink = FilesSink::new("web", cfg(&dir, FileLayout::Tls));
+        sink.deliver(&svid(1)).await.expect("first");
+        for target in [v.clone(), Path::new("../victim").to_owned()] {
+            // The attacker points `..data` at the victim (absolute, then relative).
+            let data = dir.join(DATA_LINK);
+            std::fs::remove_file(&data).expect("rm");
+            std::os::unix::fs::symlink(&target, &data).expect("plant");
+            let applied = sink.deliver(&svid(2)).await.expect("delivered anyway");
+            assert_intact(&v);
+            assert!(
+                applied
+                    .warnings
+                    .iter()
+                    .any(|w| w.contains("not a generation")),
+                "{applied:?}"
+            );
+            assert_eq!(read_pem(&dir.join("tls.key")), [vec![2; 8]]);
+        }
+        // The generation the attacker detached from `..data` is still swept.
+        assert_eq!(generations(&dir).len(), 1);
+        // Removal with a planted `..data` removes the link, not the victim.
+        std::fs::remove_file(dir.join(DATA_LINK)).expect("rm");
+        std::os::unix::fs::symlink(&v, dir.join(DATA_LINK)).expect("plant");
+        let applied = sink.remove().await.expect("remove");
+        assert!(!applied.warnings.is_empty());
+        assert_intact(&v);
+    }
+
+    #[tokio::test]
+    async fn a_generation_swapped_for_a_link_is_unlinked_not_followed() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let v = victim(root.path());
+        let dir = root.path().join("sink");
+        std::fs::create_dir(&dir).expect("mkdir");
+        let sink = FilesSink::new("web", cfg(&dir, FileLayout::Istio));
+        sink.deliver(&svid(1)).await.expect("first");
+        // The current generation is replaced by a link to the victim.
+        let current = generations(&dir).remove(0);
+        std::fs::remove_dir_all(dir.join(&current)).expect("rm");
+        std::os::unix::fs::symlink(&v, dir.join(&current)).expect("plant");
+        // And a link named like a generation, pointing at the victim, is planted beside it.
+        std::os::unix::fs::symlink(&v, dir.join(format!("{GEN_PREFIX}1-2-3"))).expect("plant");
+        // A directory named like a generation that the agent did not create stays.
+        let foreign = dir.join(format!("{GEN_PREFIX}4-5-6"));
+        std::fs::create_dir(&foreign).expect("mkdir");
+        std::fs::write(foreign.join("theirs"), b"x").expect("write");
+        if rustix::process::geteuid().as_raw() == 0 {
+            std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)).expect("chown");
+        }
+        let applied = sink.deliver(&svid(2)).await.expect("second");
+        assert_intact(&v);
+        assert_eq!(read_pem(&dir.join("key.pem")), [vec![2; 8]]);
+        assert!(!applied.warnings.is_empty(), "{applied:?}");
+        if rustix::process::geteuid().as_raw() == 0 {
+            assert!(
+                foreign.join("theirs").exists(),
+                "not the agent's: left in place"
+            );
+        }
+        sink.deliver(&svid(3)).await.expect("third");
+        assert_intact(&v);
+    }
+
+    #[tokio::test]
+    async fn a_shared_directory_is_refused_unless_allowed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777))
+            .expect("chmod");
+        let err = FilesSink::new("web", cfg(dir.path(), FileLayout::Tls))
+            .deliver(&svid(1))
+            .await
+            .expect_err("refused");
+        assert_eq!(err.kind, SinkErrorKind::Refused);
+        assert!(err.reason.contains("allow_shared_directory"), "{err}");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).expect("ls").count(),
+            0,
+            "nothing written"
+        );
+        let mut c = cfg(dir.path(), FileLayout::Tls);
+        c.allow_shared_directory = true;
+        FilesSink::new("web", c)
+            .deliver(&svid(1))
+            .await
+            .expect("allowed");
+        assert_eq!(read_pem(&dir.path().join("tls.key")), [vec![1; 8]]);
     }
 
     fn svid(n: u8) -> Delivered {
@@ -335,12 +540,7 @@ mod tests {
         sink.deliver(&svid(2)).await.expect("second");
         assert_eq!(read_pem(&dir.path().join("tls.key")), [vec![2; 8]]);
         assert_eq!(read_pem(&dir.path().join("tls.crt"))[0], vec![2, 1]);
-        let gens: Vec<_> = std::fs::read_dir(dir.path())
-            .expect("ls")
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_name().to_string_lossy().starts_with(GEN_PREFIX))
-            .collect();
-        assert_eq!(gens.len(), 1);
+        assert_eq!(generations(dir.path()).len(), 1);
     }
 
     #[tokio::test]
@@ -371,12 +571,11 @@ mod tests {
             read_pem(&dir.path().join("cert-chain.pem"))[0],
             vec![current, 1]
         );
-        let gens = std::fs::read_dir(dir.path())
-            .expect("ls")
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_name().to_string_lossy().starts_with(GEN_PREFIX))
-            .count();
-        assert_eq!(gens, 1, "the failed generation is cleaned up");
+        assert_eq!(
+            generations(dir.path()).len(),
+            1,
+            "the failed generation is cleaned up"
+        );
 
         let missing = FilesSink::new("gone", cfg(&dir.path().join("nope"), FileLayout::Istio));
         let err = missing.deliver(&svid(1)).await.expect_err("no directory");

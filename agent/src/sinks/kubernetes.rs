@@ -1,7 +1,22 @@
 //! The `kubernetes-secret` sink: the SVID as a Secret of type `istio.io/key-and-cert`
 //! (`cert-chain.pem`, `key.pem`, `root-cert.pem`) or `kubernetes.io/tls` (`tls.crt`,
-//! `tls.key`, `ca.crt`), written with server-side apply (field manager `signet-agent`,
-//! forced) and labelled `app.kubernetes.io/managed-by: signet`.
+//! `tls.key`, `ca.crt`), labelled `app.kubernetes.io/managed-by: signet`.
+//!
+//! # Only the agent's own Secret
+//!
+//! A Secret of that name may already exist and belong to someone else. So every delivery and
+//! removal first reads the Secret and decides by [`ownership`]: the agent's own Secret carries
+//! the label **and** has a `managedFields` entry of the field manager `signet-agent` (set by
+//! the agent's own create or apply). Then:
+//!
+//! - absent: created with a `POST` (field manager `signet-agent`), which fails if someone
+//!   created it meanwhile, so the agent never merges into a Secret it did not make;
+//! - the agent's own: updated with server-side apply (field manager `signet-agent`, forced),
+//!   carrying the `resourceVersion` just read, so a change made in between makes the apply fail
+//!   (409) instead of being overwritten; removal is a `DELETE` with `uid` and `resourceVersion`
+//!   preconditions;
+//! - anyone else's: refused with an error naming what is missing; nothing is written, nothing
+//!   deleted.
 //!
 //! The request bodies are built by hand with serde_json and sent through [`KubeTransport`], a
 //! one-method seam for "an authenticated HTTP client to the API server";
@@ -12,13 +27,16 @@ use std::sync::Arc;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::config::{KubernetesSecretSinkConfig, SecretType};
-use crate::sinks::{Delivered, Sink, SinkError};
+use crate::sinks::{Applied, Delivered, Sink, SinkError};
 
 pub const FIELD_MANAGER: &str = "signet-agent";
 pub const APPLY_PATCH: &str = "application/apply-patch+yaml";
+pub const JSON: &str = "application/json";
+/// The label every Secret the agent writes carries.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "signet");
 
 /// One request to the Kubernetes API. `body` may hold key material: never log it.
 #[derive(Clone, PartialEq, Eq)]
@@ -54,10 +72,86 @@ impl KubeRequest {
     }
 }
 
-/// An authenticated client to the API server: sends one request, returns the status code.
+/// The API server's answer. `body` may hold someone's Secret: never log it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KubeResponse {
+    pub status: http::StatusCode,
+    pub body: Vec<u8>,
+}
+
+impl std::fmt::Debug for KubeResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeResponse")
+            .field("status", &self.status)
+            .field("body_len", &self.body.len())
+            .finish()
+    }
+}
+
+/// Why a request got no answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KubeError {
+    /// The API server did not answer before the deadline.
+    #[error("{0}")]
+    Timeout(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<String> for KubeError {
+    fn from(s: String) -> Self {
+        KubeError::Failed(s)
+    }
+}
+
+/// An authenticated client to the API server: sends one request, returns the answer.
 #[async_trait::async_trait]
 pub trait KubeTransport: Send + Sync {
-    async fn send(&self, req: KubeRequest) -> Result<http::StatusCode, String>;
+    async fn send(&self, req: KubeRequest) -> Result<KubeResponse, KubeError>;
+}
+
+/// What is at the Secret's name now.
+#[derive(Debug, PartialEq, Eq)]
+enum Existing {
+    Absent,
+    /// The agent's own, at this version.
+    Owned {
+        uid: String,
+        resource_version: String,
+    },
+    /// Someone else's: why it is not the agent's.
+    Foreign(String),
+}
+
+/// The identity of a Secret the agent owns (uid, resourceVersion), or why `secret` is not
+/// the agent's: it must carry the [`MANAGED_BY`] label and have a `managedFields` entry of
+/// [`FIELD_MANAGER`].
+pub fn ownership(secret: &Value) -> Result<(String, String), String> {
+    let meta = &secret["metadata"];
+    let label = meta["labels"][MANAGED_BY.0].as_str();
+    if label != Some(MANAGED_BY.1) {
+        return Err(format!(
+            "it lacks the label {}={}",
+            MANAGED_BY.0, MANAGED_BY.1
+        ));
+    }
+    let managers: Vec<&str> = meta["managedFields"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|m| m["manager"].as_str()).collect())
+        .unwrap_or_default();
+    if !managers.contains(&FIELD_MANAGER) {
+        return Err(format!(
+            "its fields are managed by {managers:?}, not by the field manager {FIELD_MANAGER}"
+        ));
+    }
+    let field = |k: &str| {
+        meta[k]
+            .as_str()
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| format!("the API server's answer has no metadata.{k}"))
+    };
+    Ok((field("uid")?, field("resourceVersion")?))
 }
 
 pub struct SecretSink {
@@ -75,15 +169,17 @@ impl SecretSink {
         }
     }
 
-    fn path(&self) -> String {
-        format!(
-            "/api/v1/namespaces/{}/secrets/{}",
-            self.cfg.namespace, self.cfg.secret_name
-        )
+    fn collection(&self) -> String {
+        format!("/api/v1/namespaces/{}/secrets", self.cfg.namespace)
     }
 
-    /// The server-side-apply body for `svid`.
-    pub fn apply_body(&self, svid: &Delivered) -> serde_json::Value {
+    fn path(&self) -> String {
+        format!("{}/{}", self.collection(), self.cfg.secret_name)
+    }
+
+    /// The Secret manifest for `svid` (the server-side-apply body; with a resourceVersion,
+    /// a conditional one).
+    pub fn apply_body(&self, svid: &Delivered) -> Value {
         let (type_name, [chain, key, ca]) = match self.cfg.secret_type {
             SecretType::IstioKeyAndCert => (
                 "istio.io/key-and-cert",
@@ -97,7 +193,7 @@ impl SecretSink {
             "metadata": {
                 "name": self.cfg.secret_name,
                 "namespace": self.cfg.namespace,
-                "labels": { "app.kubernetes.io/managed-by": "signet" },
+                "labels": { MANAGED_BY.0: MANAGED_BY.1 },
                 "annotations": { "signet.dev/spiffe-id": svid.spiffe_id },
             },
             "type": type_name,
@@ -109,14 +205,76 @@ impl SecretSink {
         })
     }
 
+    fn what(&self) -> String {
+        format!("Secret {}/{}", self.cfg.namespace, self.cfg.secret_name)
+    }
+
     fn fail(&self, what: &str, e: impl std::fmt::Display) -> SinkError {
-        SinkError::new(
+        SinkError::new(&self.name, format!("{what} {}: {e}", self.what()))
+    }
+
+    async fn send(&self, what: &str, req: KubeRequest) -> Result<KubeResponse, SinkError> {
+        self.api.send(req).await.map_err(|e| match e {
+            KubeError::Timeout(m) => {
+                SinkError::timeout(&self.name, format!("{what} {}: {m}", self.what()))
+            }
+            KubeError::Failed(m) => self.fail(what, m),
+        })
+    }
+
+    async fn inspect(&self) -> Result<Existing, SinkError> {
+        let resp = self
+            .send(
+                "cannot read",
+                KubeRequest {
+                    method: http::Method::GET,
+                    path: self.path(),
+                    query: Vec::new(),
+                    content_type: None,
+                    body: Vec::new(),
+                },
+            )
+            .await?;
+        if resp.status == http::StatusCode::NOT_FOUND {
+            return Ok(Existing::Absent);
+        }
+        if !resp.status.is_success() {
+            return Err(self.fail(
+                "cannot read",
+                format!("API server answered {}", resp.status),
+            ));
+        }
+        let obj: Value = serde_json::from_slice(&resp.body)
+            .map_err(|e| self.fail("cannot read", format!("the answer is not JSON: {e}")))?;
+        Ok(match ownership(&obj) {
+            Ok((uid, resource_version)) => Existing::Owned {
+                uid,
+                resource_version,
+            },
+            Err(why) => Existing::Foreign(why),
+        })
+    }
+
+    fn refuse(&self, action: &str, why: &str) -> SinkError {
+        SinkError::refused(
             &self.name,
             format!(
-                "{what} Secret {}/{}: {e}",
-                self.cfg.namespace, self.cfg.secret_name
+                "{} exists and is not managed by this agent ({why}); refusing to {action} it. \
+                 Delete it or point the sink at another secret_name",
+                self.what()
             ),
         )
+    }
+
+    fn conflict_or(&self, what: &str, status: http::StatusCode) -> SinkError {
+        if status == http::StatusCode::CONFLICT {
+            self.fail(
+                what,
+                "it changed while the agent was writing it (409 Conflict); will check again",
+            )
+        } else {
+            self.fail(what, format!("API server answered {status}"))
+        }
     }
 }
 
@@ -126,49 +284,69 @@ impl Sink for SecretSink {
         &self.name
     }
 
-    async fn deliver(&self, svid: &Delivered) -> Result<(), SinkError> {
-        let body = serde_json::to_vec(&self.apply_body(svid))
-            .map_err(|e| self.fail("cannot encode", e))?;
-        let req = KubeRequest {
-            method: http::Method::PATCH,
-            path: self.path(),
-            query: vec![
-                ("fieldManager".into(), FIELD_MANAGER.into()),
-                ("force".into(), "true".into()),
-            ],
-            // JSON is YAML: the apply-patch content type takes it as is.
-            content_type: Some(APPLY_PATCH),
-            body,
+    async fn deliver(&self, svid: &Delivered) -> Result<Applied, SinkError> {
+        let mut body = self.apply_body(svid);
+        let req = match self.inspect().await? {
+            Existing::Foreign(why) => return Err(self.refuse("overwrite", &why)),
+            Existing::Absent => KubeRequest {
+                method: http::Method::POST,
+                path: self.collection(),
+                query: vec![("fieldManager".into(), FIELD_MANAGER.into())],
+                content_type: Some(JSON),
+                body: serde_json::to_vec(&body).map_err(|e| self.fail("cannot encode", e))?,
+            },
+            Existing::Owned {
+                resource_version, ..
+            } => {
+                body["metadata"]["resourceVersion"] = Value::String(resource_version);
+                KubeRequest {
+                    method: http::Method::PATCH,
+                    path: self.path(),
+                    query: vec![
+                        ("fieldManager".into(), FIELD_MANAGER.into()),
+                        ("force".into(), "true".into()),
+                    ],
+                    // JSON is YAML: the apply-patch content type takes it as is.
+                    content_type: Some(APPLY_PATCH),
+                    body: serde_json::to_vec(&body).map_err(|e| self.fail("cannot encode", e))?,
+                }
+            }
         };
-        let status = self
-            .api
-            .send(req)
-            .await
-            .map_err(|e| self.fail("cannot apply", e))?;
-        if !status.is_success() {
-            return Err(self.fail("cannot apply", format!("API server answered {status}")));
+        let resp = self.send("cannot write", req).await?;
+        if !resp.status.is_success() {
+            return Err(self.conflict_or("cannot write", resp.status));
         }
-        tracing::info!(sink = %self.name, spiffe_id = %svid.spiffe_id, "Secret applied");
-        Ok(())
+        tracing::info!(sink = %self.name, spiffe_id = %svid.spiffe_id, "Secret written");
+        Ok(Applied::default())
     }
 
-    async fn remove(&self) -> Result<(), SinkError> {
+    async fn remove(&self) -> Result<Applied, SinkError> {
+        let (uid, resource_version) = match self.inspect().await? {
+            Existing::Absent => return Ok(Applied::default()),
+            Existing::Foreign(why) => return Err(self.refuse("delete", &why)),
+            Existing::Owned {
+                uid,
+                resource_version,
+            } => (uid, resource_version),
+        };
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "preconditions": { "uid": uid, "resourceVersion": resource_version },
+        });
         let req = KubeRequest {
             method: http::Method::DELETE,
             path: self.path(),
             query: Vec::new(),
-            content_type: None,
-            body: Vec::new(),
+            content_type: Some(JSON),
+            body: serde_json::to_vec(&body).map_err(|e| self.fail("cannot encode", e))?,
         };
-        let status = self
-            .api
-            .send(req)
-            .await
-            .map_err(|e| self.fail("cannot delete", e))?;
-        if status.is_success() || status == http::StatusCode::NOT_FOUND {
-            Ok(())
+        let resp = self.send("cannot delete", req).await?;
+        if resp.status.is_success() || resp.status == http::StatusCode::NOT_FOUND {
+            tracing::info!(sink = %self.name, "Secret deleted");
+            Ok(Applied::default())
         } else {
-            Err(self.fail("cannot delete", format!("API server answered {status}")))
+            Err(self.conflict_or("cannot delete", resp.status))
         }
     }
 }
@@ -176,27 +354,193 @@ impl Sink for SecretSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
     use std::sync::Mutex;
 
-    /// A fake API server: records requests, answers a fixed status.
-    struct Recorder {
-        seen: Mutex<Vec<KubeRequest>>,
-        status: http::StatusCode,
+    /// The shape of a Secret as the API server returns it, managed by `managers`.
+    pub(crate) fn secret_object(
+        ns: &str,
+        name: &str,
+        rv: u64,
+        labels: Value,
+        managers: &[(&str, &str)],
+    ) -> Value {
+        let managed: Vec<Value> = managers
+            .iter()
+            .map(|(m, op)| {
+                json!({
+                    "manager": m, "operation": op, "apiVersion": "v1",
+                    "time": "2026-12-01T09:00:00Z", "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:data": {".": {}, "f:tls.crt": {}, "f:tls.key": {}}, "f:type": {}}
+                })
+            })
+            .collect();
+        json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {
+                "name": name, "namespace": ns,
+                "uid": format!("6a1f-{name}"), "resourceVersion": rv.to_string(),
+                "creationTimestamp": "2026-12-01T09:00:00Z",
+                "labels": labels, "managedFields": managed,
+            },
+            "type": "kubernetes.io/tls",
+            "data": {"tls.crt": "dGhlaXJz", "tls.key": "dGhlaXJz"},
+        })
     }
 
-    #[async_trait::async_trait]
-    impl KubeTransport for Recorder {
-        async fn send(&self, req: KubeRequest) -> Result<http::StatusCode, String> {
-            self.seen.lock().map_err(|e| e.to_string())?.push(req);
-            Ok(self.status)
+    /// An in-memory API server for Secrets: GET, POST (create, 409 if present), PATCH
+    /// (server-side apply; 409 when a resourceVersion in the body is stale), DELETE
+    /// (preconditions). Records every request. `race` bumps the stored version right after
+    /// a GET, as a concurrent writer would.
+    #[derive(Default)]
+    struct FakeApi {
+        secrets: Mutex<BTreeMap<String, Value>>,
+        seen: Mutex<Vec<KubeRequest>>,
+        race: Mutex<bool>,
+        rv: Mutex<u64>,
+        fail_with: Mutex<Option<u16>>,
+    }
+
+    fn answer(status: u16, body: &Value) -> Result<KubeResponse, KubeError> {
+        Ok(KubeResponse {
+            status: http::StatusCode::from_u16(status).map_err(|e| e.to_string())?,
+            body: serde_json::to_vec(body).map_err(|e| e.to_string())?,
+        })
+    }
+
+    impl FakeApi {
+        fn next_rv(&self) -> u64 {
+            let mut rv = self.rv.lock().expect("lock");
+            *rv += 1;
+            *rv + 100
+        }
+        fn get(&self, path: &str) -> Option<Value> {
+            self.secrets.lock().expect("lock").get(path).cloned()
+        }
+        fn put(&self, path: &str, v: Value) {
+            self.secrets
+                .lock()
+                .expect("lock")
+                .insert(path.to_owned(), v);
+        }
+        fn methods(&self) -> Vec<String> {
+            self.seen
+                .lock()
+                .expect("lock")
+                .iter()
+                .map(|r| r.method.to_string())
+                .collect()
         }
     }
 
-    fn sink(secret_type: SecretType, status: u16) -> (SecretSink, Arc<Recorder>) {
-        let rec = Arc::new(Recorder {
-            seen: Mutex::new(Vec::new()),
-            status: http::StatusCode::from_u16(status).expect("status"),
-        });
+    #[async_trait::async_trait]
+    impl KubeTransport for FakeApi {
+        async fn send(&self, req: KubeRequest) -> Result<KubeResponse, KubeError> {
+            self.seen
+                .lock()
+                .map_err(|e| e.to_string())?
+                .push(req.clone());
+            if let Some(code) = *self.fail_with.lock().map_err(|e| e.to_string())? {
+                return answer(code, &json!({"kind": "Status", "code": code}));
+            }
+            let not_found =
+                json!({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404});
+            let conflict =
+                json!({"kind": "Status", "status": "Failure", "reason": "Conflict", "code": 409});
+            let body: Value = if req.body.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_slice(&req.body).map_err(|e| e.to_string())?
+            };
+            let manager = req
+                .query
+                .iter()
+                .find(|(k, _)| k == "fieldManager")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            match req.method {
+                http::Method::GET => {
+                    let Some(obj) = self.get(&req.path) else {
+                        return answer(404, &not_found);
+                    };
+                    if *self.race.lock().map_err(|e| e.to_string())? {
+                        let mut changed = obj.clone();
+                        changed["metadata"]["resourceVersion"] = json!(self.next_rv().to_string());
+                        self.put(&req.path, changed);
+                    }
+                    answer(200, &obj)
+                }
+                http::Method::POST => {
+                    let name = body["metadata"]["name"].as_str().unwrap_or_default();
+                    let path = format!("{}/{name}", req.path);
+                    if self.get(&path).is_some() {
+                        return answer(
+                            409,
+                            &json!({"kind": "Status", "reason": "AlreadyExists", "code": 409}),
+                        );
+                    }
+                    let mut obj = body.clone();
+                    obj["metadata"]["uid"] = json!(format!("uid-{name}"));
+                    obj["metadata"]["resourceVersion"] = json!(self.next_rv().to_string());
+                    obj["metadata"]["managedFields"] = json!([{"manager": manager, "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": {}}]);
+                    self.put(&path, obj.clone());
+                    answer(201, &obj)
+                }
+                http::Method::PATCH => {
+                    let Some(mut obj) = self.get(&req.path) else {
+                        return answer(404, &not_found);
+                    };
+                    if let Some(rv) = body["metadata"]["resourceVersion"].as_str()
+                        && Some(rv) != obj["metadata"]["resourceVersion"].as_str()
+                    {
+                        return answer(409, &conflict);
+                    }
+                    obj["data"] = body["data"].clone();
+                    obj["type"] = body["type"].clone();
+                    for k in ["labels", "annotations"] {
+                        if let Some(m) = body["metadata"][k].as_object() {
+                            for (key, v) in m {
+                                obj["metadata"][k][key] = v.clone();
+                            }
+                        }
+                    }
+                    let mut managed = obj["metadata"]["managedFields"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default();
+                    managed
+                        .retain(|m| !(m["manager"] == json!(manager) && m["operation"] == "Apply"));
+                    managed.push(json!({"manager": manager, "operation": "Apply", "apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": {}}));
+                    obj["metadata"]["managedFields"] = Value::Array(managed);
+                    obj["metadata"]["resourceVersion"] = json!(self.next_rv().to_string());
+                    self.put(&req.path, obj.clone());
+                    answer(200, &obj)
+                }
+                http::Method::DELETE => {
+                    let Some(obj) = self.get(&req.path) else {
+                        return answer(404, &not_found);
+                    };
+                    let pre = &body["preconditions"];
+                    for (k, field) in [("uid", "uid"), ("resourceVersion", "resourceVersion")] {
+                        if !pre[k].is_null() && pre[k] != obj["metadata"][field] {
+                            return answer(409, &conflict);
+                        }
+                    }
+                    self.secrets
+                        .lock()
+                        .map_err(|e| e.to_string())?
+                        .remove(&req.path);
+                    answer(200, &json!({"kind": "Status", "status": "Success"}))
+                }
+                _ => answer(405, &json!({})),
+            }
+        }
+    }
+
+    const PATH: &str = "/api/v1/namespaces/prod/secrets/web-tls";
+
+    fn sink(secret_type: SecretType) -> (SecretSink, Arc<FakeApi>) {
+        let api = Arc::new(FakeApi::default());
         let s = SecretSink::new(
             "k8s",
             KubernetesSecretSinkConfig {
@@ -204,9 +548,9 @@ mod tests {
                 secret_name: "web-tls".into(),
                 secret_type,
             },
-            rec.clone(),
+            api.clone(),
         );
-        (s, rec)
+        (s, api)
     }
 
     fn svid() -> Delivered {
@@ -218,47 +562,15 @@ mod tests {
         }
     }
 
-    fn decoded(body: &serde_json::Value, key: &str) -> String {
+    fn decoded(body: &Value, key: &str) -> String {
         let b64 = body["data"][key].as_str().expect("data key");
         String::from_utf8(B64.decode(b64).expect("base64")).expect("utf8")
     }
 
+    /// Creates with POST, then updates with a conditional, forced server-side apply: method,
+    /// path, query, content type and the whole body, for each Secret type.
     #[tokio::test]
-    async fn applies_tls_secret_with_server_side_apply() {
-        let (s, rec) = sink(SecretType::KubernetesTls, 200);
-        s.deliver(&svid()).await.expect("apply");
-        let seen = rec.seen.lock().expect("lock");
-        assert_eq!(seen.len(), 1);
-        let req = &seen[0];
-        assert_eq!(req.method, http::Method::PATCH);
-        assert_eq!(req.path, "/api/v1/namespaces/prod/secrets/web-tls");
-        assert_eq!(
-            req.path_and_query(),
-            "/api/v1/namespaces/prod/secrets/web-tls?fieldManager=signet-agent&force=true"
-        );
-        assert_eq!(req.content_type, Some("application/apply-patch+yaml"));
-        let body: serde_json::Value = serde_json::from_slice(&req.body).expect("json");
-        assert_eq!(body["apiVersion"], "v1");
-        assert_eq!(body["kind"], "Secret");
-        assert_eq!(body["type"], "kubernetes.io/tls");
-        assert_eq!(body["metadata"]["name"], "web-tls");
-        assert_eq!(body["metadata"]["namespace"], "prod");
-        assert_eq!(
-            body["metadata"]["labels"]["app.kubernetes.io/managed-by"],
-            "signet"
-        );
-        let d = svid();
-        assert_eq!(decoded(&body, "tls.crt"), d.chain_pem());
-        assert_eq!(decoded(&body, "tls.key"), d.key_pem());
-        assert_eq!(decoded(&body, "ca.crt"), d.bundle_pem());
-        assert_eq!(body["data"].as_object().expect("data").len(), 3);
-        assert!(!format!("{req:?}").contains(&body["data"]["tls.key"].to_string()));
-    }
-
-    /// The exact server-side-apply request for each Secret type: method, path, query,
-    /// content type, and the whole body (a `v1` Secret manifest, data base64 of the PEMs).
-    #[tokio::test]
-    async fn apply_requests_are_exact_for_both_secret_types() {
+    async fn creates_then_applies_exact_requests_for_both_secret_types() {
         let d = svid();
         for (secret_type, type_name, [chain, key, ca]) in [
             (
@@ -272,22 +584,15 @@ mod tests {
                 ["cert-chain.pem", "key.pem", "root-cert.pem"],
             ),
         ] {
-            let (s, rec) = sink(secret_type, 200);
-            s.deliver(&d).await.expect("apply");
-            let seen = rec.seen.lock().expect("lock");
-            assert_eq!(seen.len(), 1);
-            let req = &seen[0];
-            assert_eq!(req.method, http::Method::PATCH);
-            assert_eq!(req.path, "/api/v1/namespaces/prod/secrets/web-tls");
+            let (s, api) = sink(secret_type);
+            s.deliver(&d).await.expect("create");
+            s.deliver(&d).await.expect("update");
+            let seen = api.seen.lock().expect("lock").clone();
             assert_eq!(
-                req.query,
-                [
-                    ("fieldManager".to_owned(), "signet-agent".to_owned()),
-                    ("force".to_owned(), "true".to_owned())
-                ]
+                api.methods(),
+                ["GET", "POST", "GET", "PATCH"],
+                "{type_name}"
             );
-            assert_eq!(req.content_type, Some("application/apply-patch+yaml"));
-            let body: serde_json::Value = serde_json::from_slice(&req.body).expect("json");
             let expected = json!({
                 "apiVersion": "v1",
                 "kind": "Secret",
@@ -304,47 +609,128 @@ mod tests {
                     ca: B64.encode(d.bundle_pem()),
                 },
             });
+            let post = &seen[1];
+            assert_eq!(post.path, "/api/v1/namespaces/prod/secrets");
+            assert_eq!(
+                post.query,
+                [("fieldManager".to_owned(), "signet-agent".to_owned())]
+            );
+            assert_eq!(post.content_type, Some("application/json"));
+            let body: Value = serde_json::from_slice(&post.body).expect("json");
             assert_eq!(body, expected, "{type_name}");
-            // Only standard base64 of PEM text, as the API server stores `data`.
             assert!(decoded(&body, chain).starts_with("-----BEGIN CERTIFICATE-----"));
             assert!(decoded(&body, key).starts_with("-----BEGIN PRIVATE KEY-----"));
+
+            let patch = &seen[3];
+            assert_eq!(patch.path, PATH);
+            assert_eq!(
+                patch.path_and_query(),
+                format!("{PATH}?fieldManager=signet-agent&force=true")
+            );
+            assert_eq!(patch.content_type, Some("application/apply-patch+yaml"));
+            let body: Value = serde_json::from_slice(&patch.body).expect("json");
+            let mut with_rv = expected.clone();
+            with_rv["metadata"]["resourceVersion"] = json!("101");
+            assert_eq!(body, with_rv, "conditional on the version read");
+            assert!(!format!("{patch:?}").contains(&B64.encode(d.key_pem())));
         }
     }
 
     #[tokio::test]
-    async fn applies_istio_secret_keys() {
-        let (s, rec) = sink(SecretType::IstioKeyAndCert, 201);
-        s.deliver(&svid()).await.expect("apply");
-        let seen = rec.seen.lock().expect("lock");
-        let body: serde_json::Value = serde_json::from_slice(&seen[0].body).expect("json");
-        assert_eq!(body["type"], "istio.io/key-and-cert");
-        let mut keys: Vec<_> = body["data"]
-            .as_object()
-            .expect("data")
-            .keys()
+    async fn a_secret_the_agent_does_not_own_is_neither_overwritten_nor_deleted() {
+        let label = json!({"app.kubernetes.io/managed-by": "signet"});
+        for (labels, managers) in [
+            // Someone's own Secret of that name.
+            (json!({"app": "web"}), vec![("kubectl-create", "Update")]),
+            // The label alone (anyone can set it) is not enough.
+            (label.clone(), vec![("kubectl-client-side-apply", "Update")]),
+            // Signet's Kubernetes bridge is another field manager.
+            (label.clone(), vec![("signet-k8s", "Apply")]),
+            // Written by signet-agent once, but relabelled by someone else since.
+            (
+                json!({}),
+                vec![("signet-agent", "Apply"), ("kubectl-edit", "Update")],
+            ),
+        ] {
+            let (s, api) = sink(SecretType::KubernetesTls);
+            let theirs = secret_object("prod", "web-tls", 7, labels, &managers);
+            api.put(PATH, theirs.clone());
+            let err = s.deliver(&svid()).await.expect_err("refused");
+            assert_eq!(err.kind, crate::sinks::SinkErrorKind::Refused, "{err}");
+            assert!(err.reason.contains("not managed by this agent"), "{err}");
+            let err = s.remove().await.expect_err("refused");
+            assert_eq!(err.kind, crate::sinks::SinkErrorKind::Refused, "{err}");
+            assert_eq!(api.get(PATH), Some(theirs), "untouched");
+            assert_eq!(api.methods(), ["GET", "GET"], "nothing but reads");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_agents_own_secret_is_updated_and_deleted_with_preconditions() {
+        let (s, api) = sink(SecretType::KubernetesTls);
+        let ours = secret_object(
+            "prod",
+            "web-tls",
+            7,
+            json!({"app.kubernetes.io/managed-by": "signet"}),
+            &[("signet-agent", "Apply")],
+        );
+        api.put(PATH, ours);
+        s.deliver(&svid()).await.expect("update");
+        let stored = api.get(PATH).expect("stored");
+        assert_eq!(decoded(&stored, "tls.key"), svid().key_pem());
+        s.remove().await.expect("delete");
+        assert_eq!(api.get(PATH), None);
+        let del = api
+            .seen
+            .lock()
+            .expect("lock")
+            .last()
             .cloned()
-            .collect();
-        keys.sort();
-        assert_eq!(keys, ["cert-chain.pem", "key.pem", "root-cert.pem"]);
+            .expect("delete");
+        assert_eq!(del.method, http::Method::DELETE);
+        let body: Value = serde_json::from_slice(&del.body).expect("json");
+        assert_eq!(body["preconditions"]["uid"], "6a1f-web-tls");
+        assert_eq!(
+            body["preconditions"]["resourceVersion"],
+            stored["metadata"]["resourceVersion"]
+        );
+        // Absent: nothing to delete.
+        s.remove().await.expect("absent is fine");
+    }
+
+    #[tokio::test]
+    async fn a_change_between_read_and_write_is_not_overwritten() {
+        let (s, api) = sink(SecretType::KubernetesTls);
+        s.deliver(&svid()).await.expect("create");
+        *api.race.lock().expect("lock") = true;
+        let before = api.get(PATH);
+        let err = s.deliver(&svid()).await.expect_err("conflict");
+        assert!(err.reason.contains("409"), "{err}");
+        let err = s.remove().await.expect_err("conflict");
+        assert!(err.reason.contains("409"), "{err}");
+        let after = api.get(PATH).expect("still there");
+        assert_eq!(after["data"], before.expect("before")["data"]);
     }
 
     #[tokio::test]
     async fn api_errors_name_the_sink_not_the_key() {
-        let (s, _) = sink(SecretType::KubernetesTls, 403);
+        let (s, api) = sink(SecretType::KubernetesTls);
+        *api.fail_with.lock().expect("lock") = Some(403);
         let err = s.deliver(&svid()).await.expect_err("forbidden");
         let msg = err.to_string();
         assert!(msg.contains("\"k8s\"") && msg.contains("403"), "{msg}");
         assert!(!msg.contains("PRIVATE"), "{msg}");
+        *api.fail_with.lock().expect("lock") = Some(500);
+        assert!(s.remove().await.is_err());
     }
 
-    #[tokio::test]
-    async fn remove_deletes_and_tolerates_absence() {
-        let (s, rec) = sink(SecretType::KubernetesTls, 404);
-        s.remove().await.expect("absent is fine");
-        let first = rec.seen.lock().expect("lock")[0].clone();
-        assert_eq!(first.method, http::Method::DELETE);
-        assert_eq!(first.path, "/api/v1/namespaces/prod/secrets/web-tls");
-        let (s, _) = sink(SecretType::KubernetesTls, 500);
-        assert!(s.remove().await.is_err());
+    #[test]
+    fn responses_and_requests_hide_their_bodies() {
+        let r = KubeResponse {
+            status: http::StatusCode::OK,
+            body: b"secret-data".to_vec(),
+        };
+        assert!(!format!("{r:?}").contains("secret-data"));
     }
 }

@@ -10,6 +10,9 @@ use crate::config::{SinkConfig, SinkKind};
 pub mod apiserver;
 pub mod files;
 pub mod kubernetes;
+pub mod reload;
+pub mod safe_dir;
+pub mod worker;
 
 /// What a sink delivers: a chain, its key and the trust bundle. `Debug` hides the key.
 #[derive(Clone, PartialEq, Eq)]
@@ -47,12 +50,36 @@ impl Delivered {
     }
 }
 
+/// Why a sink operation did not complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkErrorKind {
+    /// It failed (I/O error, the API server refused or was unreachable); retried.
+    Failed,
+    /// Refused for safety, nothing written: a directory others can write, a link the agent
+    /// did not create, a Secret the agent does not own, a process that is not the owner's.
+    Refused,
+    /// It did not finish before its deadline and was abandoned (a reload command is killed).
+    Timeout,
+}
+
+impl SinkErrorKind {
+    /// The `reason` label of the failure metric.
+    pub fn label(self) -> &'static str {
+        match self {
+            SinkErrorKind::Failed => "error",
+            SinkErrorKind::Refused => "refused",
+            SinkErrorKind::Timeout => "timeout",
+        }
+    }
+}
+
 /// A sink failure. The message names the sink and never contains key material.
 #[derive(Debug, thiserror::Error)]
 #[error("sink {sink:?}: {reason}")]
 pub struct SinkError {
     pub sink: String,
     pub reason: String,
+    pub kind: SinkErrorKind,
 }
 
 impl SinkError {
@@ -60,8 +87,32 @@ impl SinkError {
         Self {
             sink: sink.to_owned(),
             reason: reason.into(),
+            kind: SinkErrorKind::Failed,
         }
     }
+
+    /// Refused for safety (see [`SinkErrorKind::Refused`]).
+    pub fn refused(sink: &str, reason: impl Into<String>) -> Self {
+        Self {
+            kind: SinkErrorKind::Refused,
+            ..Self::new(sink, reason)
+        }
+    }
+
+    /// Ran past its deadline.
+    pub fn timeout(sink: &str, reason: impl Into<String>) -> Self {
+        Self {
+            kind: SinkErrorKind::Timeout,
+            ..Self::new(sink, reason)
+        }
+    }
+}
+
+/// What a completed delivery or removal found on the way: things it refused to touch (a
+/// planted link, a directory it did not create) and left alone. Reported like failures.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Applied {
+    pub warnings: Vec<String>,
 }
 
 #[async_trait::async_trait]
@@ -69,9 +120,9 @@ pub trait Sink: Send + Sync {
     /// The configured sink name, for logs and errors.
     fn name(&self) -> &str;
     /// Delivers (or replaces) the SVID.
-    async fn deliver(&self, svid: &Delivered) -> Result<(), SinkError>;
+    async fn deliver(&self, svid: &Delivered) -> Result<Applied, SinkError>;
     /// Removes what was delivered (the identity went away and the policy is `delete`).
-    async fn remove(&self) -> Result<(), SinkError>;
+    async fn remove(&self) -> Result<Applied, SinkError>;
 }
 
 /// Shared dependencies a sink factory may need.
@@ -151,15 +202,8 @@ mod tests {
             name: "web".into(),
             spiffe_id: "spiffe://example.org/web".into(),
             deletion_policy: DeletionPolicy::Delete,
-            kind: SinkKind::Files(FilesSinkConfig {
-                directory: "/tmp/x".into(),
-                layout: Default::default(),
-                owner_uid: None,
-                owner_gid: None,
-                reload_signal: None,
-                pid_file: None,
-                reload_command: None,
-            }),
+            timeout: crate::config::DEFAULT_SINK_TIMEOUT,
+            kind: SinkKind::Files(FilesSinkConfig::new("/tmp/x")),
         }
     }
 

@@ -6,6 +6,7 @@ mod agent;
 mod attacks;
 mod bad_input;
 mod bridge;
+mod fake_kube;
 mod independent;
 mod issuance;
 mod k8s;
@@ -14,6 +15,7 @@ mod lifecycle;
 mod node_psat;
 mod nodes;
 mod plugged;
+mod sink_harness;
 mod workload_clients;
 
 use signet_tests::{Server, ServerOpts, TokenIssuer};

@@ -23,4 +23,7 @@ mod network_reserved_names;
 mod network_server_impersonation;
 mod other_namespace_dns_templates;
 mod tenant_issuer_credentials;
+mod tenant_secret_sink;
 mod workload_mtls_renewal;
+mod workload_sink_links;
+mod workload_stuck_sink;

@@ -1,0 +1,577 @@
+//! Sinks off the renewal path: one worker task per sink, fed through a latest-wins slot.
+//!
+//! The rotator only ever *hands over* what a sink should hold now ([`SinkSet::update`], which
+//! never waits); the sink's own task applies it with a deadline (the sink's `timeout`, which
+//! covers the files, the reload and the API calls), retries a failure with capped, jittered
+//! backoff, and skips straight to the newest SVID when a newer one arrives meanwhile. So a
+//! sink that hangs (a reload command that never returns, an API server that never answers, a
+//! hung filesystem) delays nothing but itself: not node renewal, not entry sync, not another
+//! sink, not the Workload API. Its state is kept in [`SinkHealth`] (shown on `/readyz`), in
+//! the `signet_agent_sink_*` metrics and in the logs.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+
+use crate::clock::Clock;
+use crate::config::DeletionPolicy;
+use crate::metrics::{Metrics, SinkLabels};
+use crate::rotation::backoff;
+use crate::rotator::Random;
+use crate::sinks::{Applied, Delivered, Sink, SinkError, SinkErrorKind};
+use signet_types::SpiffeId;
+
+pub const RETRY_BASE: Duration = Duration::from_secs(1);
+pub const RETRY_CAP: Duration = Duration::from_secs(300);
+
+/// A sink bound to the SPIFFE ID whose certificate it receives.
+pub struct SinkBinding {
+    pub spiffe_id: SpiffeId,
+    pub deletion_policy: DeletionPolicy,
+    /// Deadline of one delivery or removal.
+    pub timeout: Duration,
+    pub sink: Arc<dyn Sink>,
+}
+
+/// What a sink should hold.
+#[derive(Clone)]
+enum Desired {
+    /// Nothing to do (not delivered yet, or retained after the identity went away).
+    Nothing,
+    Deliver(Arc<Delivered>),
+    Remove,
+}
+
+#[derive(Clone)]
+struct Job {
+    seq: u64,
+    desired: Desired,
+}
+
+/// What was last handed to a worker, to hand over only changes.
+#[derive(PartialEq)]
+enum Sent {
+    Nothing,
+    Delivered { leaf: Vec<u8>, bundle: Vec<Vec<u8>> },
+    Removed,
+}
+
+struct Worker {
+    spiffe_id: SpiffeId,
+    deletion_policy: DeletionPolicy,
+    tx: watch::Sender<Job>,
+    sent: Sent,
+    seq: u64,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// The workers of all sinks. Dropping it stops them (a running reload command is killed).
+pub struct SinkSet {
+    workers: Vec<Worker>,
+}
+
+impl SinkSet {
+    /// Starts one worker task per binding. Needs a Tokio runtime.
+    pub fn start(
+        bindings: Vec<SinkBinding>,
+        telemetry: Telemetry,
+        clock: Arc<dyn Clock>,
+        random: Random,
+    ) -> Self {
+        let workers = bindings
+            .into_iter()
+            .map(|b| {
+                let (tx, rx) = watch::channel(Job {
+                    seq: 0,
+                    desired: Desired::Nothing,
+                });
+                let name = b.sink.name().to_owned();
+                telemetry.register(&name, clock.now());
+                let task = tokio::spawn(run(
+                    b.sink,
+                    rx,
+                    b.timeout,
+                    telemetry.clone(),
+                    clock.clone(),
+                    random.clone(),
+                ));
+                Worker {
+                    spiffe_id: b.spiffe_id,
+                    deletion_policy: b.deletion_policy,
+                    tx,
+                    sent: Sent::Nothing,
+                    seq: 0,
+                    task,
+                }
+            })
+            .collect();
+        Self { workers }
+    }
+
+    /// Hands each sink what it should hold now: the SVID `current` returns for its SPIFFE ID
+    /// (with the bundle), or, when there is none, removal per its deletion policy. Only
+    /// changes are handed over; never waits for a sink.
+    pub fn update(&mut self, current: impl Fn(&SpiffeId) -> Option<Delivered>) {
+        for w in &mut self.workers {
+            let (sent, desired) = match current(&w.spiffe_id) {
+                Some(d) => {
+                    let sent = Sent::Delivered {
+                        leaf: d.chain_der.first().cloned().unwrap_or_default(),
+                        bundle: d.bundle_der.clone(),
+                    };
+                    (sent, Desired::Deliver(Arc::new(d)))
+                }
+                None if matches!(w.sent, Sent::Delivered { .. }) => match w.deletion_policy {
+                    DeletionPolicy::Delete => (Sent::Removed, Desired::Remove),
+                    DeletionPolicy::Retain => (Sent::Nothing, Desired::Nothing),
+                },
+                None => continue,
+            };
+            if sent == w.sent {
+                continue;
+            }
+            w.seq += 1;
+            w.sent = sent;
+            w.tx.send_replace(Job {
+                seq: w.seq,
+                desired,
+            });
+        }
+    }
+}
+
+impl Drop for SinkSet {
+    fn drop(&mut self) {
+        for w in &self.workers {
+            w.task.abort();
+        }
+    }
+}
+
+/// Applies the newest job, with a deadline; retries failures with backoff.
+async fn run(
+    sink: Arc<dyn Sink>,
+    mut rx: watch::Receiver<Job>,
+    timeout: Duration,
+    telemetry: Telemetry,
+    clock: Arc<dyn Clock>,
+    random: Random,
+) {
+    let name = sink.name().to_owned();
+    let mut applied_seq = 0u64;
+    let mut failures = 0u32;
+    loop {
+        let job = rx.borrow_and_update().clone();
+        if job.seq == applied_seq {
+            if rx.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        let (what, op) = match &job.desired {
+            Desired::Nothing => {
+                applied_seq = job.seq;
+                failures = 0;
+                telemetry.idle(&name, clock.now());
+                continue;
+            }
+            Desired::Deliver(d) => ("delivery", sink.deliver(d)),
+            Desired::Remove => ("removal", sink.remove()),
+        };
+        telemetry.busy(&name, clock.now());
+        let result = tokio::time::timeout(timeout, op).await.unwrap_or_else(|_| {
+            Err(SinkError::timeout(
+                &name,
+                format!("{what} did not finish within {timeout:?}; abandoned"),
+            ))
+        });
+        match result {
+            Ok(applied) => {
+                applied_seq = job.seq;
+                failures = 0;
+                telemetry.succeeded(&name, what, &applied, clock.now());
+            }
+            Err(e) => {
+                let wait = backoff(failures, RETRY_BASE, RETRY_CAP, random());
+                failures = failures.saturating_add(1);
+                telemetry.failed(&name, what, &e, failures, wait, clock.now());
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    changed = rx.changed() => if changed.is_err() { return },
+                }
+            }
+        }
+    }
+}
+
+/// A sink's state as `/readyz` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkState {
+    /// Nothing delivered yet, or nothing to hold.
+    Idle,
+    /// Holds what it should.
+    Healthy,
+    /// The last attempt failed, was refused or timed out; being retried.
+    Failing,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkReport {
+    pub state: SinkState,
+    /// Since when `state` holds.
+    pub since: SystemTime,
+    /// An attempt running since then.
+    pub busy_since: Option<SystemTime>,
+    pub last_error: Option<String>,
+    pub last_error_kind: Option<SinkErrorKind>,
+    /// What the last completed attempt refused to touch.
+    pub warnings: Vec<String>,
+    /// Consecutive failed attempts.
+    pub failures: u32,
+}
+
+/// Every sink's [`SinkReport`], by name.
+#[derive(Clone, Default)]
+pub struct SinkHealth(Arc<Mutex<BTreeMap<String, SinkReport>>>);
+
+impl SinkHealth {
+    fn with(&self, f: impl FnOnce(&mut BTreeMap<String, SinkReport>)) {
+        match self.0.lock() {
+            Ok(mut g) => f(&mut g),
+            Err(p) => f(&mut p.into_inner()),
+        }
+    }
+
+    pub fn reports(&self) -> Vec<(String, SinkReport)> {
+        let mut out = Vec::new();
+        self.with(|m| out = m.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
+        out
+    }
+
+    /// One line per sink that fails, is busy for long, or refused something; empty when all
+    /// is well.
+    pub fn problems(&self, now: SystemTime) -> Vec<String> {
+        let ago = |t: SystemTime| now.duration_since(t).unwrap_or_default().as_secs();
+        let mut out = Vec::new();
+        for (name, r) in self.reports() {
+            if r.state == SinkState::Failing {
+                out.push(format!(
+                    "sink {name:?}: failing for {}s ({} attempts, {}): {}",
+                    ago(r.since),
+                    r.failures,
+                    r.last_error_kind
+                        .map(SinkErrorKind::label)
+                        .unwrap_or("error"),
+                    r.last_error.as_deref().unwrap_or("")
+                ));
+            }
+            if let Some(b) = r.busy_since
+                && ago(b) >= 5
+            {
+                out.push(format!(
+                    "sink {name:?}: an attempt has been running for {}s",
+                    ago(b)
+                ));
+            }
+            for w in &r.warnings {
+                out.push(format!("sink {name:?}: {w}"));
+            }
+        }
+        out
+    }
+}
+
+/// Where workers report: the health table and, when present, the metrics.
+#[derive(Clone)]
+pub struct Telemetry {
+    health: SinkHealth,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl Telemetry {
+    pub fn new(metrics: Option<Arc<Metrics>>) -> Self {
+        Self {
+            health: metrics
+                .as_ref()
+                .map(|m| m.sinks.clone())
+                .unwrap_or_default(),
+            metrics,
+        }
+    }
+
+    pub fn health(&self) -> &SinkHealth {
+        &self.health
+    }
+
+    fn labels(name: &str) -> SinkLabels {
+        vec![("sink", name.to_owned())]
+    }
+
+    fn set_healthy(&self, name: &str, ok: bool) {
+        if let Some(m) = &self.metrics {
+            m.sink_healthy
+                .get_or_create(&Self::labels(name))
+                .set(i64::from(ok));
+        }
+    }
+
+    fn register(&self, name: &str, now: SystemTime) {
+        self.health.with(|h| {
+            h.insert(
+                name.to_owned(),
+                SinkReport {
+                    state: SinkState::Idle,
+                    since: now,
+                    busy_since: None,
+                    last_error: None,
+                    last_error_kind: None,
+                    warnings: Vec::new(),
+                    failures: 0,
+                },
+            );
+        });
+        self.set_healthy(name, true);
+    }
+
+    fn update(&self, name: &str, f: impl FnOnce(&mut SinkReport)) {
+        self.health.with(|h| {
+            if let Some(r) = h.get_mut(name) {
+                f(r);
+            }
+        });
+    }
+
+    fn busy(&self, name: &str, now: SystemTime) {
+        self.update(name, |r| r.busy_since = Some(now));
+    }
+
+    fn idle(&self, name: &str, now: SystemTime) {
+        self.update(name, |r| {
+            if r.state != SinkState::Idle {
+                r.since = now;
+            }
+            r.state = SinkState::Idle;
+            r.failures = 0;
+            r.busy_since = None;
+        });
+        self.set_healthy(name, true);
+    }
+
+    fn succeeded(&self, name: &str, what: &str, applied: &Applied, now: SystemTime) {
+        for w in &applied.warnings {
+            tracing::warn!(sink = %name, warning = %w, "sink: found entries the agent did not create; nothing they point at was touched");
+        }
+        if let Some(m) = &self.metrics {
+            m.sink_deliveries.get_or_create(&Self::labels(name)).inc();
+            if !applied.warnings.is_empty() {
+                m.sink_warnings
+                    .get_or_create(&Self::labels(name))
+                    .inc_by(applied.warnings.len() as u64);
+            }
+        }
+        self.update(name, |r| {
+            if r.state == SinkState::Failing {
+                tracing::info!(sink = %name, after = r.failures, "sink recovered");
+            }
+            if r.state != SinkState::Healthy {
+                r.since = now;
+            }
+            r.state = SinkState::Healthy;
+            r.busy_since = None;
+            r.failures = 0;
+            r.warnings = applied.warnings.clone();
+        });
+        self.set_healthy(name, true);
+        tracing::debug!(sink = %name, what, "sink up to date");
+    }
+
+    fn failed(
+        &self,
+        name: &str,
+        what: &str,
+        e: &SinkError,
+        failures: u32,
+        retry_in: Duration,
+        now: SystemTime,
+    ) {
+        let reason = e.kind.label();
+        match e.kind {
+            SinkErrorKind::Failed => {
+                tracing::warn!(sink = %name, what, reason, error = %e, failures, ?retry_in, "sink failed; will retry")
+            }
+            SinkErrorKind::Refused | SinkErrorKind::Timeout => {
+                tracing::error!(sink = %name, what, reason, error = %e, failures, ?retry_in, "sink failed; will retry")
+            }
+        }
+        if let Some(m) = &self.metrics {
+            let mut l = Self::labels(name);
+            l.push(("reason", reason.to_owned()));
+            m.sink_failures.get_or_create(&l).inc();
+        }
+        self.update(name, |r| {
+            if r.state != SinkState::Failing {
+                r.since = now;
+            }
+            r.state = SinkState::Failing;
+            r.busy_since = None;
+            r.failures = failures;
+            r.last_error = Some(e.reason.clone());
+            r.last_error_kind = Some(e.kind);
+        });
+        self.set_healthy(name, false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+
+    /// Hangs on the first delivery; records the others.
+    struct Hanging {
+        log: Mutex<Vec<String>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Sink for Hanging {
+        fn name(&self) -> &str {
+            "hang"
+        }
+        async fn deliver(&self, svid: &Delivered) -> Result<Applied, SinkError> {
+            let first = self.log.lock().map(|l| l.is_empty()).unwrap_or(false);
+            if let Ok(mut l) = self.log.lock() {
+                l.push(svid.spiffe_id.clone());
+            }
+            if first {
+                std::future::pending::<()>().await;
+            }
+            Ok(Applied::default())
+        }
+        async fn remove(&self) -> Result<Applied, SinkError> {
+            Ok(Applied::default())
+        }
+    }
+
+    fn delivered(id: &str) -> Delivered {
+        Delivered {
+            spiffe_id: id.into(),
+            chain_der: vec![id.as_bytes().to_vec()],
+            key_pkcs8_der: vec![1],
+            bundle_der: vec![],
+        }
+    }
+
+    /// Always refuses.
+    struct Refusing;
+
+    #[async_trait::async_trait]
+    impl Sink for Refusing {
+        fn name(&self) -> &str {
+            "refusing"
+        }
+        async fn deliver(&self, _: &Delivered) -> Result<Applied, SinkError> {
+            Err(SinkError::refused("refusing", "directory is shared"))
+        }
+        async fn remove(&self) -> Result<Applied, SinkError> {
+            Ok(Applied::default())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_reach_readyz_and_the_metrics() {
+        let (_tx, rx) = crate::state::channel();
+        let metrics = Arc::new(Metrics::new(rx, Arc::new(SystemClock)));
+        let mut set = SinkSet::start(
+            vec![SinkBinding {
+                spiffe_id: "spiffe://example.org/a".parse().expect("id"),
+                deletion_policy: DeletionPolicy::Delete,
+                timeout: Duration::from_secs(5),
+                sink: Arc::new(Refusing),
+            }],
+            Telemetry::new(Some(metrics.clone())),
+            Arc::new(SystemClock),
+            Arc::new(|| 0.5),
+        );
+        let text = metrics.encode();
+        assert!(
+            text.contains("signet_agent_sink_healthy{sink=\"refusing\"} 1"),
+            "{text}"
+        );
+        set.update(|_| Some(delivered("one")));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let problems = metrics.sink_problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("sink \"refusing\": failing"),
+            "{problems:?}"
+        );
+        assert!(
+            problems[0].contains("refused): directory is shared"),
+            "{problems:?}"
+        );
+        let text = metrics.encode();
+        assert!(
+            text.contains(
+                "signet_agent_sink_failures_total{sink=\"refusing\",reason=\"refused\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("signet_agent_sink_healthy{sink=\"refusing\"} 0"),
+            "{text}"
+        );
+        let app = crate::http::router(metrics.clone(), crate::http::Readiness::default());
+        let resp = tower::ServiceExt::oneshot(
+            app,
+            axum::http::Request::get("/readyz")
+                .body(axum::body::Body::empty())
+                .expect("request"),
+        )
+        .await
+        .expect("response");
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        let body = String::from_utf8_lossy(&body);
+        assert!(body.contains("sink \"refusing\": failing"), "{body}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_sink_times_out_is_reported_and_moves_to_the_newest() {
+        let sink = Arc::new(Hanging {
+            log: Mutex::new(Vec::new()),
+        });
+        let id: SpiffeId = "spiffe://example.org/a".parse().expect("id");
+        let telemetry = Telemetry::new(None);
+        let mut set = SinkSet::start(
+            vec![SinkBinding {
+                spiffe_id: id.clone(),
+                deletion_policy: DeletionPolicy::Delete,
+                timeout: Duration::from_secs(5),
+                sink: sink.clone(),
+            }],
+            telemetry.clone(),
+            Arc::new(SystemClock),
+            Arc::new(|| 0.9),
+        );
+        // update() returns at once although the sink hangs.
+        set.update(|_| Some(delivered("one")));
+        // Timed out at 5 s, backing off until 5.9 s.
+        tokio::time::sleep(Duration::from_millis(5500)).await;
+        let (_, r) = telemetry.health().reports().remove(0);
+        assert_eq!(r.state, SinkState::Failing);
+        assert_eq!(r.last_error_kind, Some(SinkErrorKind::Timeout));
+        // While it backs off, a newer SVID arrives: that one is delivered, not the old one.
+        set.update(|_| Some(delivered("two")));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let (_, r) = telemetry.health().reports().remove(0);
+        assert_eq!(r.state, SinkState::Healthy);
+        assert_eq!(
+            sink.log.lock().expect("lock").clone(),
+            ["one".to_owned(), "two".to_owned()]
+        );
+        assert!(telemetry.health().problems(SystemTime::now()).is_empty());
+    }
+}
