@@ -35,6 +35,8 @@ pub struct Config {
     pub policy: PolicyConfig,
     pub ledger: LedgerConfig,
     pub nodes: NodesConfig,
+    pub limits: LimitsConfig,
+    pub database: DatabaseConfig,
 }
 
 impl Default for Config {
@@ -52,6 +54,8 @@ impl Default for Config {
             policy: PolicyConfig::default(),
             ledger: LedgerConfig::default(),
             nodes: NodesConfig::default(),
+            limits: LimitsConfig::default(),
+            database: DatabaseConfig::default(),
         }
     }
 }
@@ -234,6 +238,16 @@ pub struct LedgerConfig {
     pub max_batch: usize,
     /// Pending issuances waiting for a commit before new ones are refused (Unavailable).
     pub queue_depth: usize,
+    /// How long an issuance waits for its ledger commit (queueing included) before it answers
+    /// Unavailable; the certificate is then discarded, never returned.
+    #[serde(with = "humantime_serde")]
+    pub commit_deadline: Duration,
+    /// `/readyz` answers 503 while issuances have waited this long without a commit, and for
+    /// this long after a failed commit (until one succeeds).
+    #[serde(with = "humantime_serde")]
+    pub ready_max_wait: Duration,
+    /// `/readyz` answers 503 while more issuances than this wait for a commit.
+    pub ready_max_queue: usize,
 }
 
 impl Default for LedgerConfig {
@@ -241,6 +255,136 @@ impl Default for LedgerConfig {
         Self {
             max_batch: 512,
             queue_depth: 16384,
+            commit_deadline: Duration::from_secs(5),
+            ready_max_wait: Duration::from_secs(5),
+            ready_max_queue: 8192,
+        }
+    }
+}
+
+/// A token bucket: up to `burst` at once, refilled at `per_second`. `per_second = 0` turns
+/// the limit off.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateConfig {
+    pub burst: u32,
+    pub per_second: f64,
+}
+
+impl RateConfig {
+    pub const fn new(burst: u32, per_second: f64) -> Self {
+        Self { burst, per_second }
+    }
+
+    pub fn is_off(&self) -> bool {
+        self.per_second <= 0.0
+    }
+}
+
+/// `[limits]`: what one client, one connection or the whole server may hold at once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Open connections on the gRPC (TLS) listener, handshakes included; more are closed at once.
+    pub max_connections: usize,
+    /// A TLS handshake not finished within this is dropped.
+    #[serde(with = "humantime_serde")]
+    pub tls_handshake_timeout: Duration,
+    /// HTTP/2 streams one connection may have open; more are refused (REFUSED_STREAM).
+    pub max_concurrent_streams: u32,
+    /// A connection with no open stream for this long is closed.
+    #[serde(with = "humantime_serde")]
+    pub connection_idle_timeout: Duration,
+    /// HTTP/2 PING interval on every connection (dead peers are found and dropped).
+    #[serde(with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+    /// A PING not answered within this closes the connection.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_timeout: Duration,
+    /// Longest a unary request may take.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Unary gRPC requests served at once, server wide; more answer ResourceExhausted.
+    pub max_concurrent_requests: usize,
+    /// `WatchBundle` streams open at once, server wide (one per agent); more answer
+    /// ResourceExhausted.
+    pub max_watch_streams: usize,
+    /// Open connections on `http_listen`; more are closed at once.
+    pub http_max_connections: usize,
+    /// An HTTP request whose headers have not all arrived within this is dropped.
+    #[serde(with = "humantime_serde")]
+    pub http_header_read_timeout: Duration,
+    /// Longest an HTTP connection may stay open (keep-alive included).
+    #[serde(with = "humantime_serde")]
+    pub http_connection_timeout: Duration,
+    /// Certificates one authenticated caller may ask for.
+    pub issuance_per_caller: RateConfig,
+    /// Certificate requests (SignCsr, CreateCertificate, SignWorkloads, RenewNode) from one
+    /// source address (IPv6: one /64).
+    pub issuance_per_source: RateConfig,
+    /// Node attestations (`Attest`: join tokens, node tokens) from one source address.
+    pub attestation_per_source: RateConfig,
+    /// Callers and sources tracked by the rate limiters at once.
+    pub rate_limit_max_keys: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 4096,
+            tls_handshake_timeout: Duration::from_secs(10),
+            max_concurrent_streams: 100,
+            connection_idle_timeout: Duration::from_secs(300),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(20),
+            request_timeout: Duration::from_secs(30),
+            max_concurrent_requests: 1024,
+            max_watch_streams: 4096,
+            http_max_connections: 64,
+            http_header_read_timeout: Duration::from_secs(5),
+            http_connection_timeout: Duration::from_secs(60),
+            issuance_per_caller: RateConfig::new(100, 10.0),
+            issuance_per_source: RateConfig::new(500, 100.0),
+            attestation_per_source: RateConfig::new(20, 0.5),
+            rate_limit_max_keys: 100_000,
+        }
+    }
+}
+
+/// `[database]`: bounds on every database session, so one stalled session cannot stop
+/// issuance (PostgreSQL: set on each session at connect; SQLite: the busy timeout).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseConfig {
+    /// Connections in the pool.
+    pub max_connections: u32,
+    /// How long a request waits for a pool connection before answering Unavailable.
+    #[serde(with = "humantime_serde")]
+    pub acquire_timeout: Duration,
+    /// PostgreSQL `lock_timeout`: longest wait for a row or table lock (the ledger head).
+    #[serde(with = "humantime_serde")]
+    pub lock_timeout: Duration,
+    /// PostgreSQL `statement_timeout`: longest a statement may run.
+    #[serde(with = "humantime_serde")]
+    pub statement_timeout: Duration,
+    /// PostgreSQL `idle_in_transaction_session_timeout`: a session idle inside a transaction
+    /// this long is ended by the server (its locks released).
+    #[serde(with = "humantime_serde")]
+    pub idle_in_transaction_timeout: Duration,
+    /// SQLite: how long a writer waits for another writer's lock.
+    #[serde(with = "humantime_serde")]
+    pub sqlite_busy_timeout: Duration,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(3),
+            lock_timeout: Duration::from_secs(2),
+            statement_timeout: Duration::from_secs(10),
+            idle_in_transaction_timeout: Duration::from_secs(30),
+            sqlite_busy_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -275,6 +419,8 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "policy",
     "ledger",
     "nodes",
+    "limits",
+    "database",
 ];
 
 impl Config {
@@ -327,6 +473,7 @@ impl Config {
                 "ledger.max_batch and ledger.queue_depth must be positive".into(),
             ));
         }
+        self.validate_limits()?;
         if !(self.database_url.is_empty()
             || self.database_url.starts_with("sqlite:")
             || self.database_url.starts_with("postgres://")
@@ -335,6 +482,85 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "database_url must start with sqlite:, postgres:// or postgresql://".into(),
             ));
+        }
+        Ok(())
+    }
+
+    /// Every limit and timeout of `[limits]`, `[database]` and `[ledger]` must be positive: a
+    /// zero would mean "refuse everything" or "wait forever", never what an operator wants.
+    fn validate_limits(&self) -> Result<(), ConfigError> {
+        let l = &self.limits;
+        let d = &self.database;
+        let counts = [
+            ("limits.max_connections", l.max_connections),
+            (
+                "limits.max_concurrent_streams",
+                l.max_concurrent_streams as usize,
+            ),
+            ("limits.max_concurrent_requests", l.max_concurrent_requests),
+            ("limits.max_watch_streams", l.max_watch_streams),
+            ("limits.http_max_connections", l.http_max_connections),
+            ("limits.rate_limit_max_keys", l.rate_limit_max_keys),
+            ("database.max_connections", d.max_connections as usize),
+            ("ledger.ready_max_queue", self.ledger.ready_max_queue),
+        ];
+        for (name, v) in counts {
+            if v == 0 {
+                return Err(ConfigError::Invalid(format!("{name} must be positive")));
+            }
+        }
+        let durations = [
+            ("limits.tls_handshake_timeout", l.tls_handshake_timeout),
+            ("limits.connection_idle_timeout", l.connection_idle_timeout),
+            ("limits.keepalive_interval", l.keepalive_interval),
+            ("limits.keepalive_timeout", l.keepalive_timeout),
+            ("limits.request_timeout", l.request_timeout),
+            (
+                "limits.http_header_read_timeout",
+                l.http_header_read_timeout,
+            ),
+            ("limits.http_connection_timeout", l.http_connection_timeout),
+            ("database.acquire_timeout", d.acquire_timeout),
+            ("database.lock_timeout", d.lock_timeout),
+            ("database.statement_timeout", d.statement_timeout),
+            (
+                "database.idle_in_transaction_timeout",
+                d.idle_in_transaction_timeout,
+            ),
+            ("database.sqlite_busy_timeout", d.sqlite_busy_timeout),
+            ("ledger.commit_deadline", self.ledger.commit_deadline),
+            ("ledger.ready_max_wait", self.ledger.ready_max_wait),
+        ];
+        for (name, v) in durations {
+            if v.is_zero() {
+                return Err(ConfigError::Invalid(format!(
+                    "{name} must be positive (a zero timeout would wait forever or refuse everything)"
+                )));
+            }
+        }
+        for (name, r) in [
+            ("limits.issuance_per_caller", l.issuance_per_caller),
+            ("limits.issuance_per_source", l.issuance_per_source),
+            ("limits.attestation_per_source", l.attestation_per_source),
+        ] {
+            if !r.per_second.is_finite() || r.per_second < 0.0 {
+                return Err(ConfigError::Invalid(format!(
+                    "{name}.per_second must be a non-negative number (0 turns the limit off)"
+                )));
+            }
+            if !r.is_off() && r.burst == 0 {
+                return Err(ConfigError::Invalid(format!(
+                    "{name}.burst must be at least 1 (or set per_second = 0 to turn the limit off)"
+                )));
+            }
+        }
+        if self.ledger.commit_deadline <= d.lock_timeout {
+            return Err(ConfigError::Invalid(format!(
+                "ledger.commit_deadline ({}) must be longer than database.lock_timeout ({}), \
+                 so that a commit blocked on the ledger head lock fails before its waiter gives up",
+                humantime::format_duration(self.ledger.commit_deadline),
+                humantime::format_duration(d.lock_timeout)
+            )));
         }
         Ok(())
     }

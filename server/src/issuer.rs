@@ -95,6 +95,8 @@ pub struct Issuer {
     ledger: LedgerWriter,
     audit: AuditLog,
     metrics: Arc<Metrics>,
+    /// Per-caller issuance rate limit (`[limits]`); none: unlimited.
+    caller_limits: Option<Arc<crate::limits::CallerLimits>>,
 }
 
 impl std::fmt::Debug for Issuer {
@@ -130,7 +132,35 @@ impl Issuer {
             ledger: p.ledger,
             audit: p.audit,
             metrics: p.metrics,
+            caller_limits: None,
         }
+    }
+
+    /// Limits how fast each authenticated caller may ask for certificates.
+    pub fn with_caller_limits(mut self, limits: Arc<crate::limits::CallerLimits>) -> Self {
+        self.caller_limits = Some(limits);
+        self
+    }
+
+    /// Takes one issuance from `caller`'s rate limit.
+    fn check_caller_rate(&self, caller: &AuthenticatedCaller) -> Result<(), ApiError> {
+        let Some(limits) = &self.caller_limits else {
+            return Ok(());
+        };
+        let label = caller.label();
+        limits.check_issuance(&label, Instant::now()).map_err(|l| {
+            self.metrics.limited("per_caller");
+            self.audit.record(
+                "limits.refused",
+                &label,
+                l.message.clone(),
+                unix(self.clock.now()),
+            );
+            ApiError::ResourceExhausted {
+                message: l.message,
+                retry_after: l.retry_after,
+            }
+        })
     }
 
     pub fn trust_domain(&self) -> &TrustDomain {
@@ -187,7 +217,10 @@ impl Issuer {
         let started = Instant::now();
         let api = input.api;
         let result = match self.authenticate(creds) {
-            Ok(caller) => self.issue_inner(&caller, input).await,
+            Ok(caller) => match self.check_caller_rate(&caller) {
+                Ok(()) => self.issue_inner(&caller, input).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         self.observe(api, &result, started);
