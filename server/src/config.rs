@@ -326,6 +326,12 @@ pub struct LimitsConfig {
     pub attestation_per_source: RateConfig,
     /// Callers and sources tracked by the rate limiters at once.
     pub rate_limit_max_keys: usize,
+    /// Audit events of one kind from one caller and source recorded one by one per
+    /// `audit_window`; the rest are recorded as one aggregate event. Admin actions are
+    /// never aggregated.
+    pub audit_burst: u32,
+    #[serde(with = "humantime_serde")]
+    pub audit_window: Duration,
 }
 
 impl Default for LimitsConfig {
@@ -347,6 +353,8 @@ impl Default for LimitsConfig {
             issuance_per_source: RateConfig::new(500, 100.0),
             attestation_per_source: RateConfig::new(20, 0.5),
             rate_limit_max_keys: 100_000,
+            audit_burst: 5,
+            audit_window: Duration::from_secs(10),
         }
     }
 }
@@ -520,6 +528,7 @@ impl Config {
                 l.http_header_read_timeout,
             ),
             ("limits.http_connection_timeout", l.http_connection_timeout),
+            ("limits.audit_window", l.audit_window),
             ("database.acquire_timeout", d.acquire_timeout),
             ("database.lock_timeout", d.lock_timeout),
             ("database.statement_timeout", d.statement_timeout),

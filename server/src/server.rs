@@ -91,7 +91,14 @@ pub async fn run(
         Arc::new(move |size, took| batch_metrics.observe_batch(size, took)),
     );
     let ledger_progress = ledger.progress();
-    let audit = AuditLog::spawn(store.clone(), 4096);
+    let audit = AuditLog::spawn_with(
+        store.clone(),
+        crate::audit::AuditLimits {
+            capacity: 4096,
+            burst: cfg.limits.audit_burst,
+            window: cfg.limits.audit_window,
+        },
+    );
 
     let jwt = match &cfg.auth.kubernetes {
         None => None,
@@ -272,6 +279,9 @@ pub async fn run(
                 metrics
                     .audit_dropped
                     .set(i64::try_from(audit.dropped()).unwrap_or(i64::MAX));
+                metrics
+                    .audit_aggregated
+                    .set(i64::try_from(audit.aggregated()).unwrap_or(i64::MAX));
                 metrics
                     .ledger_pending
                     .set(i64::try_from(progress.pending()).unwrap_or(i64::MAX));
