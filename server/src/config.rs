@@ -292,6 +292,13 @@ pub struct LimitsConfig {
     pub tls_handshake_timeout: Duration,
     /// HTTP/2 streams one connection may have open; more are refused (REFUSED_STREAM).
     pub max_concurrent_streams: u32,
+    /// Streams a client may open and reset before the server has accepted them (HTTP/2
+    /// rapid reset); more close the connection (GOAWAY ENHANCE_YOUR_CALM).
+    pub http2_max_pending_accept_reset_streams: usize,
+    /// Streams the server may reset or refuse on one connection because of the client's
+    /// errors (refused streams over `max_concurrent_streams` count); more close the connection
+    /// (GOAWAY ENHANCE_YOUR_CALM).
+    pub http2_max_local_error_reset_streams: usize,
     /// A connection with no open stream for this long is closed.
     #[serde(with = "humantime_serde")]
     pub connection_idle_timeout: Duration,
@@ -340,6 +347,8 @@ impl Default for LimitsConfig {
             max_connections: 4096,
             tls_handshake_timeout: Duration::from_secs(10),
             max_concurrent_streams: 100,
+            http2_max_pending_accept_reset_streams: 20,
+            http2_max_local_error_reset_streams: 1024,
             connection_idle_timeout: Duration::from_secs(300),
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(20),
@@ -794,6 +803,66 @@ mod tests {
         let mut listed: Vec<_> = TOP_LEVEL_KEYS.iter().map(|k| (*k).to_owned()).collect();
         listed.sort();
         assert_eq!(keys, listed);
+    }
+
+    #[test]
+    fn limits_and_database_keys() {
+        let c = load_toml("").expect("defaults");
+        assert_eq!(c.limits, LimitsConfig::default());
+        assert_eq!(c.database, DatabaseConfig::default());
+        let c = load_toml(
+            r#"
+            [limits]
+            max_connections = 10
+            connection_idle_timeout = "1s"
+            issuance_per_caller = { burst = 3, per_second = 0.5 }
+            [database]
+            lock_timeout = "500ms"
+            [ledger]
+            commit_deadline = "2s"
+            "#,
+        )
+        .expect("loads");
+        assert_eq!(c.limits.max_connections, 10);
+        assert_eq!(c.limits.connection_idle_timeout, Duration::from_secs(1));
+        assert_eq!(c.limits.issuance_per_caller, RateConfig::new(3, 0.5));
+        assert_eq!(c.database.lock_timeout, Duration::from_millis(500));
+        assert_eq!(c.ledger.commit_deadline, Duration::from_secs(2));
+        for (toml, want) in [
+            (
+                "[limits]\nmax_connections = 0\n",
+                "limits.max_connections must be positive",
+            ),
+            (
+                "[limits]\nconnection_idle_timeout = \"0s\"\n",
+                "limits.connection_idle_timeout",
+            ),
+            (
+                "[database]\nlock_timeout = \"0s\"\n",
+                "database.lock_timeout",
+            ),
+            (
+                "[limits]\nissuance_per_caller = { burst = 0, per_second = 1.0 }\n",
+                "issuance_per_caller.burst",
+            ),
+            (
+                "[limits]\nattestation_per_source = { burst = 1, per_second = -1.0 }\n",
+                "non-negative",
+            ),
+            (
+                "[ledger]\ncommit_deadline = \"1s\"\n",
+                "longer than database.lock_timeout",
+            ),
+            ("[limits]\nmax_conections = 1\n", "max_conections"),
+            ("[database]\nlock_timout = \"1s\"\n", "lock_timout"),
+        ] {
+            let err = load_toml(toml).expect_err(toml);
+            assert!(err.to_string().contains(want), "{toml}: {err}");
+        }
+        // A rate of zero turns a limit off.
+        let c = load_toml("[limits]\nissuance_per_source = { burst = 0, per_second = 0 }\n")
+            .expect("off");
+        assert!(c.limits.issuance_per_source.is_off());
     }
 
     #[test]

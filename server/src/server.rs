@@ -236,6 +236,9 @@ pub async fn run(
         .max_concurrent_streams(limits.max_concurrent_streams)
         .http2_keepalive_interval(Some(limits.keepalive_interval))
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        // tonic's default (None) would turn h2's own bounds off: HTTP/2 rapid reset.
+        .http2_max_pending_accept_reset_streams(Some(limits.http2_max_pending_accept_reset_streams))
+        .http2_max_local_error_reset_streams(Some(limits.http2_max_local_error_reset_streams))
         .layer(GrpcLimitLayer(GrpcLimits::new(
             limits,
             conns,
@@ -370,28 +373,34 @@ async fn connect_store(
 
 /// The URL with its secrets replaced by `…`: the password in the userinfo
 /// (`postgres://user:secret@host/db` -> `postgres://user:…@host/db`, a password containing `@`
-/// included) and `password` / `sslpassword` query parameters. When in doubt it hides more,
-/// never less.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        // `sqlite:path` and the like carry no credentials, but may carry parameters.
-        return redact_query(url);
+/// included) and `password` / `sslpassword` query parameters. The URL is read the way sqlx
+/// reads it (the `url` crate, WHATWG rules); one that does not parse is hidden entirely.
+pub fn redact_url(raw: &str) -> String {
+    // SQLite URLs carry no credentials, but may carry parameters.
+    if raw.starts_with("sqlite:") {
+        return redact_query(raw);
+    }
+    let Ok(u) = url::Url::parse(raw) else {
+        let scheme = raw.split_once(':').map_or("", |(s, _)| s);
+        return format!("{scheme}://… (unparsable URL hidden)");
     };
-    // The userinfo ends at the last `@` (an unescaped `@` in a password is taken as part of
-    // it, as URL parsers do); anything after it is host, path and query.
-    let (userinfo, after) = match rest.rfind('@') {
-        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-        None => (None, rest),
-    };
-    let userinfo = userinfo.map(|u| match u.split_once(':') {
-        Some((user, _)) => format!("{user}:…@"),
-        None => format!("{u}@"),
-    });
-    format!(
-        "{scheme}://{}{}",
-        userinfo.unwrap_or_default(),
-        redact_query(after)
-    )
+    let mut out = format!("{}://", u.scheme());
+    if !u.username().is_empty() || u.password().is_some() {
+        out.push_str(u.username());
+        if u.password().is_some() {
+            out.push_str(":…");
+        }
+        out.push('@');
+    }
+    out.push_str(u.host_str().unwrap_or_default());
+    if let Some(port) = u.port() {
+        out.push_str(&format!(":{port}"));
+    }
+    out.push_str(u.path());
+    if let Some(q) = u.query() {
+        out.push_str(&redact_query(&format!("?{q}")));
+    }
+    out
 }
 
 /// Hides the values of secret query parameters.
@@ -681,7 +690,23 @@ mod tests {
         assert_eq!(r, "postgres://signet:…@db:5432/signet");
         assert!(!r.contains("ss"), "{r}");
         let r = redact_url("postgres://signet:a:b@c@db/signet?password=x@y");
-        assert!(!r.contains("a:b") && !r.contains("x@y"), "{r}");
+        assert_eq!(r, "postgres://signet:…@db/signet?password=…");
+        // An @ in another query parameter keeps the host readable.
+        let r = redact_url("postgres://u@127.0.0.1:1/x?password=s3cr@t&sslmode=disable");
+        assert_eq!(r, "postgres://u@127.0.0.1:1/x?password=…&sslmode=disable");
+        // Unparsable (a password with '/', '?' or '#' unescaped): hidden entirely.
+        for bad in [
+            "postgres://u:p/ss@db/x",
+            "postgres://u:p?ss@db/x",
+            "postgres://u:p#ss@db/x",
+        ] {
+            let r = redact_url(bad);
+            assert!(!r.contains("ss"), "{bad}: {r}");
+        }
+        assert_eq!(
+            redact_url("postgres://[::1]:5432/x"),
+            "postgres://[::1]:5432/x"
+        );
     }
 
     #[test]

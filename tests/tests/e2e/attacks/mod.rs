@@ -12,3 +12,7 @@
 //! | a compromised impersonator | `impersonator_*` |
 //! | a network attacker | `network_*` |
 //! | someone with database access | `database_*` |
+
+mod database_stalls;
+mod local_user_files;
+mod network_limits;
