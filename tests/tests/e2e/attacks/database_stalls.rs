@@ -166,3 +166,52 @@ async fn readyz_turns_503_while_issuances_wait_on_a_held_lock() {
     // Released before the deadline: the waiting issuance completes.
     issued.unwrap();
 }
+
+/// The embedded store: another process holds SQLite's write lock (`BEGIN IMMEDIATE` on the
+/// server's own `signet.db`). Issuance answers Unavailable after the busy timeout, `/readyz`
+/// says why, and both recover once the lock is released.
+#[tokio::test]
+async fn a_held_sqlite_write_lock_answers_unavailable_and_recovers() {
+    let tokens = TokenIssuer::new("k1");
+    let server = Server::start(ServerOpts {
+        tokens: Some(tokens.jwks_json()),
+        extra_toml: "[database]\nsqlite_busy_timeout = \"1s\"\n\
+                     [ledger]\ncommit_deadline = \"3s\"\nready_max_wait = \"2s\"\n"
+            .into(),
+        ..ServerOpts::default()
+    })
+    .await;
+    let token = tokens.token("shop", "cart");
+    sign(&server, &token).await.unwrap();
+    let before = server.cert_count().await;
+
+    let url = format!("sqlite://{}", server.data_dir.join("signet.db").display());
+    let mut holder = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+
+    let e = tokio::time::timeout(Duration::from_secs(30), sign(&server, &token))
+        .await
+        .expect("issuance hung on a held SQLite lock")
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    let (code, body) = server.http_get("/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("ledger commit failed"), "{body}");
+
+    sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
+    drop(holder);
+    let mut ready = false;
+    for _ in 0..200 {
+        if server.http_get("/readyz").await.0 == 200 {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ready, "{:?}", server.http_get("/readyz").await);
+    sign(&server, &token).await.unwrap();
+    assert_eq!(server.cert_count().await, before + 1);
+}
