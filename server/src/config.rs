@@ -287,6 +287,8 @@ impl RateConfig {
 pub struct LimitsConfig {
     /// Open connections on the gRPC (TLS) listener, handshakes included; more are closed at once.
     pub max_connections: usize,
+    /// Connections from one source address (IPv6: one /64) at once; more are closed at once.
+    pub max_connections_per_source: usize,
     /// A TLS handshake not finished within this is dropped.
     #[serde(with = "humantime_serde")]
     pub tls_handshake_timeout: Duration,
@@ -316,6 +318,8 @@ pub struct LimitsConfig {
     /// `WatchBundle` streams open at once, server wide (one per agent); more answer
     /// ResourceExhausted.
     pub max_watch_streams: usize,
+    /// Requests and streams one source address holds at once; more answer ResourceExhausted.
+    pub max_requests_per_source: usize,
     /// Open connections on `http_listen`; more are closed at once.
     pub http_max_connections: usize,
     /// An HTTP request whose headers have not all arrived within this is dropped.
@@ -345,6 +349,7 @@ impl Default for LimitsConfig {
     fn default() -> Self {
         Self {
             max_connections: 4096,
+            max_connections_per_source: 512,
             tls_handshake_timeout: Duration::from_secs(10),
             max_concurrent_streams: 100,
             http2_max_pending_accept_reset_streams: 20,
@@ -355,6 +360,7 @@ impl Default for LimitsConfig {
             request_timeout: Duration::from_secs(30),
             max_concurrent_requests: 1024,
             max_watch_streams: 4096,
+            max_requests_per_source: 512,
             http_max_connections: 64,
             http_header_read_timeout: Duration::from_secs(5),
             http_connection_timeout: Duration::from_secs(60),
@@ -510,6 +516,11 @@ impl Config {
         let d = &self.database;
         let counts = [
             ("limits.max_connections", l.max_connections),
+            (
+                "limits.max_connections_per_source",
+                l.max_connections_per_source,
+            ),
+            ("limits.max_requests_per_source", l.max_requests_per_source),
             (
                 "limits.max_concurrent_streams",
                 l.max_concurrent_streams as usize,

@@ -225,6 +225,7 @@ pub async fn run(
         tls_config,
         tls::AcceptLimits {
             max_connections: limits.max_connections,
+            max_connections_per_source: limits.max_connections_per_source,
             handshake_timeout: limits.tls_handshake_timeout,
             idle_timeout: limits.connection_idle_timeout,
         },

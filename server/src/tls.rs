@@ -17,6 +17,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use crate::limits::conn::{ConnRegistry, LimitedIo};
+use crate::limits::source::PerSource;
 use crate::metrics::Metrics;
 
 /// The crypto provider used everywhere in Signet: ring (no aws-lc-rs, no C build).
@@ -89,6 +90,8 @@ pub fn server_config(
 pub struct AcceptLimits {
     /// Connections open at once, handshakes included.
     pub max_connections: usize,
+    /// Of those, from one source address (IPv6: one /64).
+    pub max_connections_per_source: usize,
     pub handshake_timeout: Duration,
     /// A connection with no request in flight this long is closed.
     pub idle_timeout: Duration,
@@ -112,6 +115,7 @@ pub fn accept_loop(
     let (tx, rx) = mpsc::channel(256);
     let acceptor = TlsAcceptor::from(config);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let per_source = PerSource::new(limits.max_connections_per_source);
     tokio::spawn(async move {
         let mut refused: u64 = 0;
         loop {
@@ -127,16 +131,26 @@ pub fn accept_loop(
             if tx.is_closed() {
                 break;
             }
-            let Ok(permit) = slots.clone().try_acquire_owned() else {
-                refused += 1;
-                metrics.limited("connections");
-                // Throttled: a flood of refused connections should not also flood the log.
-                if refused.is_power_of_two() || refused.is_multiple_of(1024) {
-                    tracing::warn!(%peer, max = limits.max_connections, refused_total = refused,
-                        "connection refused: limits.max_connections reached");
+            let taken = per_source
+                .try_take(peer.ip())
+                .ok_or("limits.max_connections_per_source")
+                .and_then(|s| {
+                    let p = slots.clone().try_acquire_owned();
+                    p.map(|p| (s, p)).map_err(|_| "limits.max_connections")
+                });
+            let (source_slot, permit) = match taken {
+                Ok(t) => t,
+                Err(limit) => {
+                    refused += 1;
+                    metrics.limited("connections");
+                    // Throttled: a flood of refused connections should not also flood the log.
+                    if refused.is_power_of_two() || refused.is_multiple_of(1024) {
+                        tracing::warn!(%peer, limit, refused_total = refused,
+                            "connection refused: limit reached");
+                    }
+                    drop(tcp);
+                    continue;
                 }
-                drop(tcp);
-                continue;
             };
             let _ = tcp.set_nodelay(true);
             let acceptor = acceptor.clone();
@@ -151,7 +165,7 @@ pub fn accept_loop(
                             Some(peer),
                             registry,
                             limits.idle_timeout,
-                            permit,
+                            (permit, source_slot),
                         );
                         let _ = tx.send(Ok(conn)).await;
                     }

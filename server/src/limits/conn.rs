@@ -19,6 +19,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 use tonic::transport::server::Connected;
 
+use super::source::SourceSlot;
+
 /// One open connection's state.
 #[derive(Debug)]
 pub struct ConnState {
@@ -114,7 +116,7 @@ impl ConnRegistry {
     }
 }
 
-/// A connection that holds a slot of the listener's connection cap and closes itself (the
+/// A connection that holds a slot of the listener's connection caps and closes itself (the
 /// read side reports end of stream, so hyper drops it) after `idle_timeout` without a request
 /// in flight.
 pub struct LimitedIo<T> {
@@ -124,7 +126,7 @@ pub struct LimitedIo<T> {
     registry: Arc<ConnRegistry>,
     idle_timeout: Duration,
     timer: Pin<Box<Sleep>>,
-    _permit: OwnedSemaphorePermit,
+    _slots: (OwnedSemaphorePermit, SourceSlot),
 }
 
 impl<T> std::fmt::Debug for LimitedIo<T> {
@@ -141,7 +143,7 @@ impl<T> LimitedIo<T> {
         peer: Option<SocketAddr>,
         registry: Arc<ConnRegistry>,
         idle_timeout: Duration,
-        permit: OwnedSemaphorePermit,
+        slots: (OwnedSemaphorePermit, SourceSlot),
     ) -> Self {
         let state = match peer {
             Some(p) => registry.register(p),
@@ -154,7 +156,7 @@ impl<T> LimitedIo<T> {
             registry,
             idle_timeout,
             timer: Box::pin(tokio::time::sleep(idle_timeout)),
-            _permit: permit,
+            _slots: slots,
         }
     }
 
@@ -247,8 +249,12 @@ mod tests {
     use tokio::io::AsyncReadExt;
     use tokio::sync::Semaphore;
 
-    fn permit() -> OwnedSemaphorePermit {
-        Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap()
+    fn permit() -> (OwnedSemaphorePermit, SourceSlot) {
+        let p = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+        let s = super::super::source::PerSource::new(1)
+            .try_take("192.0.2.1".parse().unwrap())
+            .unwrap();
+        (p, s)
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,7 +1,7 @@
 //! The tower layer in front of every gRPC service on the TLS listener. Per request it:
 //!
 //! 1. marks the request in flight on its connection (idle timeout, see [`super::conn`]);
-//! 2. takes a slot of the server-wide cap: long-lived streams (`WatchBundle`, health `Watch`,
+//! 2. takes a slot of its source's cap (`max_requests_per_source`) and of the server-wide cap: long-lived streams (`WatchBundle`, health `Watch`,
 //!    reflection) from `max_watch_streams`, everything else from `max_concurrent_requests`;
 //!    a full cap answers ResourceExhausted at once (load shedding, never a queue);
 //! 3. applies the per-source rate limits on issuance and attestation;
@@ -24,6 +24,7 @@ use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
 use super::conn::{ConnRegistry, InFlight};
 use super::rate::{RateLimiter, human, source_key};
+use super::source::{PerSource, SourceSlot};
 use super::{CONTEXT, RequestContext, resource_exhausted};
 use crate::config::LimitsConfig;
 use crate::metrics::Metrics;
@@ -65,6 +66,7 @@ pub struct GrpcLimits {
     max_requests: usize,
     streams: Arc<Semaphore>,
     max_streams: usize,
+    per_source: Arc<PerSource>,
     issuance_per_source: RateLimiter<std::net::IpAddr>,
     attestation_per_source: RateLimiter<std::net::IpAddr>,
     metrics: Arc<Metrics>,
@@ -83,6 +85,7 @@ impl std::fmt::Debug for GrpcLimits {
 struct Held {
     _in_flight: Option<InFlight>,
     _slot: OwnedSemaphorePermit,
+    _source: Option<SourceSlot>,
 }
 
 impl GrpcLimits {
@@ -93,6 +96,7 @@ impl GrpcLimits {
             max_requests: cfg.max_concurrent_requests,
             streams: Arc::new(Semaphore::new(cfg.max_watch_streams)),
             max_streams: cfg.max_watch_streams,
+            per_source: PerSource::new(cfg.max_requests_per_source),
             issuance_per_source: RateLimiter::new(cfg.issuance_per_source, cfg.rate_limit_max_keys),
             attestation_per_source: RateLimiter::new(
                 cfg.attestation_per_source,
@@ -130,6 +134,22 @@ impl GrpcLimits {
                 wait,
             ));
         }
+        let source_slot = match peer {
+            None => None,
+            Some(p) => Some(self.per_source.try_take(p.ip()).ok_or_else(|| {
+                self.metrics.limited("per_source_in_flight");
+                resource_exhausted(
+                    format!(
+                        "{} has {} requests and streams open, the most one source may hold \
+                         (limits.max_requests_per_source): retry in {}",
+                        source_key(p.ip()),
+                        self.per_source.max(),
+                        human(BUSY_RETRY)
+                    ),
+                    BUSY_RETRY,
+                )
+            })?),
+        };
         let (sem, max, what, key) = match kind {
             CallKind::Stream => (
                 &self.streams,
@@ -162,6 +182,7 @@ impl GrpcLimits {
         Ok(Held {
             _in_flight: in_flight,
             _slot: slot,
+            _source: source_slot,
         })
     }
 }
@@ -319,6 +340,29 @@ mod tests {
         drop(a);
         l.admit(CallKind::Stream, None).unwrap();
         l.admit(CallKind::Other, None).unwrap();
+    }
+
+    #[test]
+    fn one_source_cannot_hold_every_slot() {
+        let l = limits(LimitsConfig {
+            max_requests_per_source: 2,
+            ..LimitsConfig::default()
+        });
+        let a: SocketAddr = "192.0.2.1:1000".parse().unwrap();
+        let a2: SocketAddr = "192.0.2.1:2000".parse().unwrap();
+        let b: SocketAddr = "192.0.2.2:1000".parse().unwrap();
+        let _x = l.admit(CallKind::Stream, Some(a)).unwrap();
+        let y = l.admit(CallKind::Other, Some(a2)).unwrap();
+        let refused = l.admit(CallKind::Other, Some(a)).err().unwrap();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            refused.message().contains("limits.max_requests_per_source"),
+            "{}",
+            refused.message()
+        );
+        l.admit(CallKind::Other, Some(b)).unwrap();
+        drop(y);
+        l.admit(CallKind::Other, Some(a)).unwrap();
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! - [`layer`]: server-wide caps on requests and long-lived streams, per-source rate limits on
 //!   issuance and attestation, and the request context (the peer address);
 //! - [`rate`]: the keyed token buckets behind every rate limit;
+//! - [`source`]: per-source caps on connections and requests held at once;
 //! - [`CallerLimits`]: the per-caller issuance limit, checked once the caller is authenticated.
 //!
 //! Every refusal is a ResourceExhausted status whose message says when to retry and whose
@@ -13,6 +14,7 @@
 pub mod conn;
 pub mod layer;
 pub mod rate;
+pub mod source;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

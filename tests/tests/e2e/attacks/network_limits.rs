@@ -34,8 +34,23 @@ const ACK: u8 = 0x1;
 const REFUSED_STREAM: u32 = 0x7;
 const ENHANCE_YOUR_CALM: u32 = 0xb;
 
+/// A TCP connection to `addr` from the loopback address `from` (127.0.0.0/8 is all loopback
+/// on Linux: several "sources" on one host).
+async fn tcp_from(from: &str, addr: std::net::SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(format!("{from}:0").parse().unwrap())?;
+    socket.connect(addr).await
+}
+
 /// A TLS connection to the server's gRPC listener, ALPN h2.
 async fn tls_connect(server: &Server) -> tokio_rustls::client::TlsStream<TcpStream> {
+    tls_connect_from(server, "127.0.0.1").await.unwrap()
+}
+
+async fn tls_connect_from(
+    server: &Server,
+    from: &str,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
     let mut roots = rustls::RootCertStore::empty();
     for der in signet_types::pem::parse_certs(&server.bundle_pem).unwrap() {
         roots
@@ -50,12 +65,25 @@ async fn tls_connect(server: &Server) -> tokio_rustls::client::TlsStream<TcpStre
     .with_root_certificates(roots)
     .with_no_client_auth();
     cfg.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = TcpStream::connect(server.grpc).await.unwrap();
+    let tcp = tcp_from(from, server.grpc).await?;
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
     tokio_rustls::TlsConnector::from(Arc::new(cfg))
         .connect(name, tcp)
         .await
-        .unwrap()
+}
+
+/// One unary call on a raw connection: true when it was answered with response headers.
+async fn raw_get_bundle<S: AsyncRead + AsyncWrite + Unpin>(h: &mut RawH2<S>) -> bool {
+    let (id, bytes) = h.call_bytes("/signet.ca.v1.CertificateAuthority/GetBundle");
+    if h.io.write_all(&bytes).await.is_err() {
+        return false;
+    }
+    while let Some(f) = h.next().await {
+        if f.stream == id && f.kind == HEADERS {
+            return true;
+        }
+    }
+    false
 }
 
 /// A hand-written HTTP/2 client that ignores every limit the server announces.
@@ -439,28 +467,38 @@ async fn idle_and_half_open_connections_are_closed() {
     assert_eq!(server.http_get("/healthz").await.0, 200);
 }
 
-/// More connections than `limits.max_connections`: the excess is closed as soon as it is
-/// accepted (not queued), and a legitimate client is served again once others go away. The
-/// HTTP listener has its own cap.
+/// More connections than the caps: beyond `limits.max_connections_per_source` from one source,
+/// and beyond `limits.max_connections` in all, a connection is closed as soon as it is accepted
+/// (not queued); another source is still served while one is at its cap, and a legitimate
+/// client is served again once others go away. The HTTP listener has its own cap.
 #[tokio::test]
 async fn connections_beyond_the_cap_are_closed_at_once() {
     let server = Server::start(ServerOpts {
-        extra_toml: "[limits]\nmax_connections = 4\nhttp_max_connections = 2\n".into(),
+        extra_toml: "[limits]\nmax_connections = 6\nmax_connections_per_source = 3\n\
+                     http_max_connections = 2\n"
+            .into(),
         ..ServerOpts::default()
     })
     .await;
     let limit = Duration::from_secs(10);
-    // Four connections hold every slot (handshakes in progress count).
-    let mut held = Vec::new();
-    for _ in 0..4 {
-        held.push(TcpStream::connect(server.grpc).await.unwrap());
+    // Source A (127.0.0.2) holds its three slots (handshakes in progress count)...
+    let mut held_a = Vec::new();
+    for _ in 0..3 {
+        held_a.push(tcp_from("127.0.0.2", server.grpc).await.unwrap());
     }
     for _ in 0..3 {
-        let mut extra = TcpStream::connect(server.grpc).await.unwrap();
+        let mut extra = tcp_from("127.0.0.2", server.grpc).await.unwrap();
         // Closed without a word: no TLS handshake is even attempted.
         closed_by_peer(&mut extra, limit).await;
     }
-    // A legitimate client cannot get in while the slots are held...
+    // ...while source B is served.
+    let mut b = RawH2::start(tls_connect_from(&server, "127.0.0.3").await.unwrap()).await;
+    assert!(raw_get_bundle(&mut b).await, "another source was refused");
+    // B and C fill the server-wide cap of 6: one more, from anywhere, is closed at once.
+    let _held_b = tcp_from("127.0.0.3", server.grpc).await.unwrap();
+    let _held_c = tcp_from("127.0.0.4", server.grpc).await.unwrap();
+    let mut extra = tcp_from("127.0.0.5", server.grpc).await.unwrap();
+    closed_by_peer(&mut extra, limit).await;
     let refused = signet_client::connect_tls(
         &server.grpc.to_string(),
         &server.bundle_pem,
@@ -469,8 +507,8 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
     )
     .await;
     assert!(refused.is_err(), "connected past the cap");
-    // ...and is served as soon as one goes away.
-    drop(held.pop());
+    // A legitimate client is served as soon as one goes away.
+    drop(held_a.pop());
     let mut ok = None;
     for _ in 0..100 {
         if let Ok(ch) = signet_client::connect_tls(
