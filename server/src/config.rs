@@ -335,6 +335,8 @@ pub struct LimitsConfig {
     pub issuance_per_source: RateConfig,
     /// Node attestations (`Attest`: join tokens, node tokens) from one source address.
     pub attestation_per_source: RateConfig,
+    /// Attestations of one node with its Kubernetes node token.
+    pub attestation_per_caller: RateConfig,
     /// Callers and sources tracked by the rate limiters at once.
     pub rate_limit_max_keys: usize,
     /// Audit events of one kind from one caller and source recorded one by one per
@@ -367,6 +369,7 @@ impl Default for LimitsConfig {
             issuance_per_caller: RateConfig::new(100, 10.0),
             issuance_per_source: RateConfig::new(500, 100.0),
             attestation_per_source: RateConfig::new(20, 0.5),
+            attestation_per_caller: RateConfig::new(5, 0.05),
             rate_limit_max_keys: 100_000,
             audit_burst: 5,
             audit_window: Duration::from_secs(10),
@@ -571,6 +574,7 @@ impl Config {
             ("limits.issuance_per_caller", l.issuance_per_caller),
             ("limits.issuance_per_source", l.issuance_per_source),
             ("limits.attestation_per_source", l.attestation_per_source),
+            ("limits.attestation_per_caller", l.attestation_per_caller),
         ] {
             if !r.per_second.is_finite() || r.per_second < 0.0 {
                 return Err(ConfigError::Invalid(format!(

@@ -142,6 +142,22 @@ impl Issuer {
         self
     }
 
+    /// Takes one attestation from node `node_id`'s rate limit (a node token re-attesting).
+    pub fn check_attestation_rate(&self, node_id: &str) -> Result<(), ApiError> {
+        let Some(limits) = &self.caller_limits else {
+            return Ok(());
+        };
+        limits
+            .check_attestation(node_id, Instant::now())
+            .map_err(|l| {
+                self.metrics.limited("per_caller");
+                ApiError::ResourceExhausted {
+                    message: l.message,
+                    retry_after: l.retry_after,
+                }
+            })
+    }
+
     /// Takes one issuance from `caller`'s rate limit.
     fn check_caller_rate(&self, caller: &AuthenticatedCaller) -> Result<(), ApiError> {
         let Some(limits) = &self.caller_limits else {

@@ -66,13 +66,30 @@ pub struct Limited {
 #[derive(Debug)]
 pub struct CallerLimits {
     issuance: RateLimiter<String>,
+    attestation: RateLimiter<String>,
 }
 
 impl CallerLimits {
     pub fn new(cfg: &LimitsConfig) -> Self {
         Self {
             issuance: RateLimiter::new(cfg.issuance_per_caller, cfg.rate_limit_max_keys),
+            attestation: RateLimiter::new(cfg.attestation_per_caller, cfg.rate_limit_max_keys),
         }
+    }
+
+    /// Takes one attestation for node `node_id` (Kubernetes node tokens; a join token attests
+    /// once anyway).
+    pub fn check_attestation(&self, node_id: &str, now: Instant) -> Result<(), Limited> {
+        self.attestation
+            .check(&node_id.to_owned(), now)
+            .map_err(|wait| Limited {
+                message: format!(
+                    "node {node_id} attested more often than this server allows \
+                     (limits.attestation_per_caller): retry in {}",
+                    human(wait)
+                ),
+                retry_after: wait,
+            })
     }
 
     /// Takes one issuance for `caller`, or says how long it must wait.

@@ -766,3 +766,61 @@ async fn an_audit_flood_is_aggregated_and_pushes_out_no_real_event() {
         "no aggregate event: {events:?}"
     );
 }
+
+/// A node's Kubernetes token re-attesting in a loop (each attestation issues a node
+/// certificate) hits `limits.attestation_per_caller`; another node attests meanwhile.
+#[tokio::test]
+async fn a_node_token_reattesting_in_a_loop_is_rate_limited() {
+    let tokens = TokenIssuer::new("k1");
+    let server = Server::start(ServerOpts {
+        tokens: Some(tokens.jwks_json()),
+        extra_toml:
+            "[nodes.kubernetes]\nallowed_service_accounts = [\"signet-system:signet-agent\"]\n\
+                     [limits]\nattestation_per_caller = { burst = 2, per_second = 0.01 }\n"
+                .into(),
+        ..ServerOpts::default()
+    })
+    .await;
+    let node_token = |node: &str| {
+        let mut c = tokens.claims("signet-system", "signet-agent");
+        c["aud"] = serde_json::json!(["signet-node"]);
+        c["kubernetes.io"]["node"] =
+            serde_json::json!({"name": node, "uid": "6b1c2d3e-4f5a-4b6c-8d7e-9f0a1b2c3d4e"});
+        tokens.sign(&c)
+    };
+    let attest = |token: String| {
+        let server = &server;
+        async move {
+            let kc = signet_client::new_key_and_csr().unwrap();
+            let req = signet_client::with_bearer(
+                AttestRequest {
+                    join_token: String::new(),
+                    csr: kc.csr_der,
+                },
+                &token,
+            )
+            .unwrap();
+            NodeClient::new(server.channel().await)
+                .attest(req)
+                .await
+                .map(|r| r.into_inner().node_id)
+        }
+    };
+    let token = node_token("worker-1");
+    for _ in 0..2 {
+        assert_eq!(attest(token.clone()).await.unwrap(), "k8s-worker-1");
+    }
+    let e = attest(token).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().contains("k8s-worker-1")
+            && e.message().contains("limits.attestation_per_caller"),
+        "{}",
+        e.message()
+    );
+    assert!(pushback_ms(&e) > 60_000);
+    assert_eq!(
+        attest(node_token("worker-2")).await.unwrap(),
+        "k8s-worker-2"
+    );
+}
