@@ -40,6 +40,8 @@ pub struct Metrics {
     pub ledger_failures: Counter,
     /// Audit events folded into an aggregate event instead of being recorded one by one.
     pub audit_aggregated: Gauge,
+    /// Open connections on the gRPC listener (TLS handshakes done).
+    pub connections_open: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -111,6 +113,12 @@ impl Metrics {
             "Audit events folded into aggregate events (floods of similar refusals)",
             audit_aggregated.clone(),
         );
+        let connections_open = Gauge::default();
+        registry.register(
+            "grpc_connections_open",
+            "Open connections on the gRPC listener (limits.max_connections caps them)",
+            connections_open.clone(),
+        );
         Arc::new(Self {
             registry,
             issuances,
@@ -123,6 +131,7 @@ impl Metrics {
             ledger_pending,
             ledger_failures,
             audit_aggregated,
+            connections_open,
         })
     }
 

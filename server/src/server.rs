@@ -242,7 +242,7 @@ pub async fn run(
         .http2_max_local_error_reset_streams(Some(limits.http2_max_local_error_reset_streams))
         .layer(GrpcLimitLayer(GrpcLimits::new(
             limits,
-            conns,
+            conns.clone(),
             metrics.clone(),
         )))
         .add_service(health_service.clone())
@@ -277,6 +277,7 @@ pub async fn run(
         let audit = audit.clone();
         let metrics = metrics.clone();
         let progress = ledger_progress.clone();
+        let conns = conns.clone();
         tokio::spawn(async move {
             let mut failures = 0;
             loop {
@@ -289,6 +290,9 @@ pub async fn run(
                 metrics
                     .ledger_pending
                     .set(i64::try_from(progress.pending()).unwrap_or(i64::MAX));
+                metrics
+                    .connections_open
+                    .set(i64::try_from(conns.len()).unwrap_or(i64::MAX));
                 let now = progress.failures();
                 metrics.ledger_failures.inc_by(now.saturating_sub(failures));
                 failures = now;
