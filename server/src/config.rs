@@ -500,6 +500,20 @@ impl Config {
             ));
         }
         self.validate_limits()?;
+        // sqlx cannot use it, and logs unknown URL parameters with their values.
+        if let Some((_, query)) = self.database_url.split_once('?')
+            && query.split('&').any(|kv| {
+                kv.split_once('=')
+                    .map_or(kv, |(k, _)| k)
+                    .eq_ignore_ascii_case("sslpassword")
+            })
+        {
+            return Err(ConfigError::Invalid(
+                "database_url: sslpassword is not supported (use an unencrypted sslkey file \
+                 readable only by the server)"
+                    .into(),
+            ));
+        }
         if !(self.database_url.is_empty()
             || self.database_url.starts_with("sqlite:")
             || self.database_url.starts_with("postgres://")
@@ -870,6 +884,10 @@ mod tests {
             ),
             ("[limits]\nmax_conections = 1\n", "max_conections"),
             ("[database]\nlock_timout = \"1s\"\n", "lock_timout"),
+            (
+                "database_url = \"postgres://db/x?sslpassword=hunter2\"\n",
+                "sslpassword is not supported",
+            ),
         ] {
             let err = load_toml(toml).expect_err(toml);
             assert!(err.to_string().contains(want), "{toml}: {err}");

@@ -8,8 +8,9 @@
 //! 4. runs the handler with the request's [`super::RequestContext`] (its peer), which the
 //!    per-caller rate limit and the audit log read.
 //!
-//! Slots and the in-flight mark are held until the response body ends, so a stream holds its
-//! slot for as long as it is open.
+//! A stream holds its slots until its response body ends (for as long as it is open); a unary
+//! call until its handler is done, so a client that never reads its responses cannot hold
+//! them. The connection's in-flight mark lasts until the response body ends.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -84,8 +85,18 @@ impl std::fmt::Debug for GrpcLimits {
 /// What a request holds until its response ends.
 struct Held {
     _in_flight: Option<InFlight>,
-    _slot: OwnedSemaphorePermit,
-    _source: Option<SourceSlot>,
+    slots: Option<(OwnedSemaphorePermit, Option<SourceSlot>)>,
+}
+
+impl Held {
+    /// A unary call's handler is done: its slots are free again even if the client is slow to
+    /// read the response (the body keeps only the connection's in-flight mark). A stream keeps
+    /// its slots for as long as it is open.
+    fn handler_done(&mut self, kind: CallKind) {
+        if kind != CallKind::Stream {
+            self.slots = None;
+        }
+    }
 }
 
 impl GrpcLimits {
@@ -181,8 +192,7 @@ impl GrpcLimits {
         let in_flight = peer.and_then(|p| self.conns.get(p)).map(|c| c.begin());
         Ok(Held {
             _in_flight: in_flight,
-            _slot: slot,
-            _source: source_slot,
+            slots: Some((slot, source_slot)),
         })
     }
 }
@@ -233,7 +243,7 @@ where
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         let peer = peer_of(&req);
         let kind = classify(req.uri().path());
-        let held = match self.limits.admit(kind, peer) {
+        let mut held = match self.limits.admit(kind, peer) {
             Ok(h) => h,
             Err(status) => return Box::pin(async move { Ok(status.into_http()) }),
         };
@@ -243,6 +253,7 @@ where
         let ctx = RequestContext { peer };
         Box::pin(CONTEXT.scope(ctx, async move {
             let resp = inner.call(req).await?;
+            held.handler_done(kind);
             Ok(resp.map(|body| {
                 Body::new(Guarded {
                     inner: body,
@@ -334,10 +345,17 @@ mod tests {
             "1000"
         );
         // Unary requests have their own cap: streams do not starve them.
-        let r = l.admit(CallKind::Other, None).unwrap();
+        let mut r = l.admit(CallKind::Other, None).unwrap();
         assert!(l.admit(CallKind::Issuance, None).is_err());
-        drop(r);
-        drop(a);
+        // The handler is done: the slot is free though the response is still being read.
+        r.handler_done(CallKind::Other);
+        let r2 = l.admit(CallKind::Other, None).unwrap();
+        drop((r, r2));
+        // A stream's slot outlives its handler.
+        let mut w = a;
+        w.handler_done(CallKind::Stream);
+        assert!(l.admit(CallKind::Stream, None).is_err());
+        drop(w);
         l.admit(CallKind::Stream, None).unwrap();
         l.admit(CallKind::Other, None).unwrap();
     }

@@ -139,9 +139,19 @@ fn hpack(headers: &[(&str, &str)]) -> Vec<u8> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> RawH2<S> {
-    async fn start(mut io: S) -> Self {
+    async fn start(io: S) -> Self {
+        Self::start_with(io, &[]).await
+    }
+
+    /// Starts with these SETTINGS (id, value).
+    async fn start_with(mut io: S, settings: &[(u16, u32)]) -> Self {
         let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-        hello.extend(frame(SETTINGS, 0, 0, &[]));
+        let mut payload = Vec::new();
+        for (id, value) in settings {
+            payload.extend_from_slice(&id.to_be_bytes());
+            payload.extend_from_slice(&value.to_be_bytes());
+        }
+        hello.extend(frame(SETTINGS, 0, 0, &payload));
         io.write_all(&hello).await.unwrap();
         Self { io, next_stream: 1 }
     }
@@ -405,6 +415,32 @@ async fn stream_floods_are_refused_per_connection_and_server_wide() {
     // And the server serves on.
     drop(stream);
     native.get_bundle(GetBundleRequest {}).await.unwrap();
+}
+
+/// A client that never reads its responses (a zero flow-control window: the server can send
+/// headers but no data) cannot hold the server's request slots: a unary call frees its slot
+/// when its handler is done, so others are served while the unread responses sit there.
+#[tokio::test]
+async fn a_client_that_never_reads_cannot_hold_request_slots() {
+    let server = Server::start(ServerOpts {
+        extra_toml: "[limits]\nmax_concurrent_requests = 4\n".into(),
+        ..ServerOpts::default()
+    })
+    .await;
+    // SETTINGS_INITIAL_WINDOW_SIZE (0x4) = 0.
+    let mut h2 = RawH2::start_with(tls_connect(&server).await, &[(0x4, 0)]).await;
+    let ids = h2
+        .open_calls("/signet.ca.v1.CertificateAuthority/GetBundle", 20)
+        .await;
+    let (answered, refused, shed) = answers(&mut h2, &ids).await;
+    // Every handler ran (headers sent) although no response body could be delivered.
+    assert_eq!(answered.len(), 20, "refused {refused:?}, shed {shed:?}");
+    // The slots are free: a legitimate client is served, several times over the cap.
+    let mut native = server.native().await;
+    for _ in 0..8 {
+        native.get_bundle(GetBundleRequest {}).await.unwrap();
+    }
+    drop(h2);
 }
 
 /// Connections that do nothing are closed: an idle TLS connection after the idle timeout, a
