@@ -158,13 +158,19 @@ impl Issuer {
             })
     }
 
-    /// Takes one issuance from `caller`'s rate limit.
-    fn check_caller_rate(&self, caller: &AuthenticatedCaller) -> Result<(), ApiError> {
+    /// Takes one issuance from `caller`'s rate limit (per pod, per impersonated workload: see
+    /// [`crate::limits::caller_key`]).
+    fn check_caller_rate(
+        &self,
+        caller: &AuthenticatedCaller,
+        impersonate: Option<&str>,
+    ) -> Result<(), ApiError> {
         let Some(limits) = &self.caller_limits else {
             return Ok(());
         };
         let label = caller.label();
-        limits.check_issuance(&label, Instant::now()).map_err(|l| {
+        let key = crate::limits::caller_key(caller, impersonate);
+        limits.check_issuance(&key, Instant::now()).map_err(|l| {
             self.metrics.limited("per_caller");
             self.audit.record(
                 "limits.refused",
@@ -233,7 +239,7 @@ impl Issuer {
         let started = Instant::now();
         let api = input.api;
         let result = match self.authenticate(creds) {
-            Ok(caller) => match self.check_caller_rate(&caller) {
+            Ok(caller) => match self.check_caller_rate(&caller, input.impersonate) {
                 Ok(()) => self.issue_inner(&caller, input).await,
                 Err(e) => Err(e),
             },

@@ -61,8 +61,25 @@ pub struct Limited {
     pub retry_after: Duration,
 }
 
-/// The per-caller issuance limit (`limits.issuance_per_caller`), keyed by the authenticated
-/// caller's label (`jwt:<id>`, `mtls:<id>`, `node:<id>`).
+/// The rate-limit key of an authenticated caller asking for a certificate: its label
+/// (`jwt:<id>`, `mtls:<id>`, …), narrowed to the pod for a pod-bound service-account token
+/// (the replicas of one Deployment share a service account, not a budget) and to the workload
+/// an impersonator asks for (a ztunnel asks for every pod on its node).
+pub fn caller_key(caller: &crate::authn::AuthenticatedCaller, impersonate: Option<&str>) -> String {
+    let mut key = caller.label();
+    if let crate::authn::CallerKind::KubernetesServiceAccount { pod: Some(pod), .. } = caller.kind()
+    {
+        key.push_str(" pod ");
+        key.push_str(pod);
+    }
+    if let Some(who) = impersonate {
+        key.push_str(" for ");
+        key.push_str(who);
+    }
+    key
+}
+
+/// The per-caller issuance limit (`limits.issuance_per_caller`), keyed by [`caller_key`].
 #[derive(Debug)]
 pub struct CallerLimits {
     issuance: RateLimiter<String>,

@@ -628,10 +628,14 @@ async fn issuance_and_attestation_floods_are_rate_limited() {
         before,
         "nothing issued when refused"
     );
-    // Another caller is unaffected.
+    // Another caller is unaffected, and so is another pod of the same service account (the
+    // replicas of a Deployment do not share one budget).
     sign(&server, &tokens.token("shop", "checkout"))
         .await
         .unwrap();
+    let mut other_pod = tokens.claims("shop", "cart");
+    other_pod["kubernetes.io"]["pod"]["name"] = serde_json::json!("cart-7d9f8b6c5-zzzzz");
+    sign(&server, &tokens.sign(&other_pod)).await.unwrap();
 
     // Attestation: one legitimate join token, then guesses, from the same source.
     let token = NodeAdminClient::new(
