@@ -39,7 +39,7 @@ async fn a_held_ledger_head_lock_answers_unavailable_and_readyz_says_why() {
     std::fs::write(&kek, "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n").unwrap();
     let toml = format!(
         "[ca]\nkek_file = \"{}\"\n[database]\nlock_timeout = \"1s\"\n\
-         [ledger]\ncommit_deadline = \"3s\"\nready_max_wait = \"2s\"\n",
+         [ledger]\ncommit_deadline = \"3s\"\nready_max_wait = \"4s\"\n",
         kek.display()
     );
     let start = || {
@@ -96,7 +96,7 @@ async fn a_held_ledger_head_lock_answers_unavailable_and_readyz_says_why() {
     sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
     for s in [&a, &b] {
         let mut ready = false;
-        for _ in 0..200 {
+        for _ in 0..300 {
             if s.http_get("/readyz").await.0 == 200 {
                 ready = true;
                 break;
@@ -176,7 +176,7 @@ async fn a_held_sqlite_write_lock_answers_unavailable_and_recovers() {
     let server = Server::start(ServerOpts {
         tokens: Some(tokens.jwks_json()),
         extra_toml: "[database]\nsqlite_busy_timeout = \"1s\"\n\
-                     [ledger]\ncommit_deadline = \"3s\"\nready_max_wait = \"2s\"\n"
+                     [ledger]\ncommit_deadline = \"3s\"\nready_max_wait = \"4s\"\n"
             .into(),
         ..ServerOpts::default()
     })
@@ -204,7 +204,7 @@ async fn a_held_sqlite_write_lock_answers_unavailable_and_recovers() {
     sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
     drop(holder);
     let mut ready = false;
-    for _ in 0..200 {
+    for _ in 0..300 {
         if server.http_get("/readyz").await.0 == 200 {
             ready = true;
             break;

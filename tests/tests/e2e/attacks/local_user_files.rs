@@ -7,6 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use signet_tests::{Server, ServerOpts, bin};
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 fn mode(p: &std::path::Path) -> u32 {
     std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
@@ -104,20 +105,29 @@ async fn database_passwords_never_reach_the_log() {
             .env("SIGNET_DATABASE__ACQUIRE_TIMEOUT", "200ms")
             .env("SIGNET_LISTEN", "127.0.0.1:0")
             .env("SIGNET_HTTP_LISTEN", "127.0.0.1:0")
-            .stdout(Stdio::piped())
+            .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        // Let it log a few retries, then stop it.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Read the log until the server has said twice that it retries, then stop it.
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut log = String::new();
+        let mut retries = 0;
+        let read = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Ok(Some(l)) = lines.next_line().await {
+                retries += usize::from(l.contains("database unavailable"));
+                log.push_str(&l);
+                log.push('\n');
+                if retries == 2 {
+                    return;
+                }
+            }
+        })
+        .await;
         child.start_kill().unwrap();
-        let out = child.wait_with_output().await.unwrap();
-        let log = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let _ = child.wait().await;
+        assert!(read.is_ok(), "{url}: no retries logged within 30 s: {log}");
         assert!(log.contains("database unavailable"), "{url}: {log}");
         assert!(!log.contains("s3cr"), "{url}: password in the log: {log}");
         assert!(
