@@ -501,6 +501,15 @@ async fn idle_and_half_open_connections_are_closed() {
     closed_by_peer(&mut partial, limit).await;
     closed_by_peer(&mut half, limit).await;
     assert_eq!(server.http_get("/healthz").await.0, 200);
+
+    // A legitimate client whose connection was closed for idleness does not notice: its
+    // channel reconnects for the next call.
+    let mut native = server.native().await;
+    native.get_bundle(GetBundleRequest {}).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for _ in 0..3 {
+        native.get_bundle(GetBundleRequest {}).await.unwrap();
+    }
 }
 
 /// More connections than the caps: beyond `limits.max_connections_per_source` from one source,
