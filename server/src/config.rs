@@ -35,6 +35,8 @@ pub struct Config {
     pub policy: PolicyConfig,
     pub ledger: LedgerConfig,
     pub nodes: NodesConfig,
+    pub limits: LimitsConfig,
+    pub database: DatabaseConfig,
 }
 
 impl Default for Config {
@@ -52,6 +54,8 @@ impl Default for Config {
             policy: PolicyConfig::default(),
             ledger: LedgerConfig::default(),
             nodes: NodesConfig::default(),
+            limits: LimitsConfig::default(),
+            database: DatabaseConfig::default(),
         }
     }
 }
@@ -252,6 +256,16 @@ pub struct LedgerConfig {
     pub max_batch: usize,
     /// Pending issuances waiting for a commit before new ones are refused (Unavailable).
     pub queue_depth: usize,
+    /// How long an issuance waits for its ledger commit (queueing included) before it answers
+    /// Unavailable; the certificate is then discarded, never returned.
+    #[serde(with = "humantime_serde")]
+    pub commit_deadline: Duration,
+    /// `/readyz` answers 503 while issuances have waited this long without a commit, and for
+    /// this long after a failed commit (until one succeeds).
+    #[serde(with = "humantime_serde")]
+    pub ready_max_wait: Duration,
+    /// `/readyz` answers 503 while more issuances than this wait for a commit.
+    pub ready_max_queue: usize,
 }
 
 impl Default for LedgerConfig {
@@ -259,6 +273,162 @@ impl Default for LedgerConfig {
         Self {
             max_batch: 512,
             queue_depth: 16384,
+            commit_deadline: Duration::from_secs(5),
+            ready_max_wait: Duration::from_secs(5),
+            ready_max_queue: 8192,
+        }
+    }
+}
+
+/// A token bucket: up to `burst` at once, refilled at `per_second`. `per_second = 0` turns
+/// the limit off.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateConfig {
+    pub burst: u32,
+    pub per_second: f64,
+}
+
+impl RateConfig {
+    pub const fn new(burst: u32, per_second: f64) -> Self {
+        Self { burst, per_second }
+    }
+
+    pub fn is_off(&self) -> bool {
+        self.per_second <= 0.0
+    }
+}
+
+/// `[limits]`: what one client, one connection or the whole server may hold at once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Open connections on the gRPC (TLS) listener, handshakes included; more are closed at once.
+    pub max_connections: usize,
+    /// Connections from one source address (IPv6: one /64) at once; more are closed at once.
+    pub max_connections_per_source: usize,
+    /// A TLS handshake not finished within this is dropped.
+    #[serde(with = "humantime_serde")]
+    pub tls_handshake_timeout: Duration,
+    /// HTTP/2 streams one connection may have open; more are refused (REFUSED_STREAM).
+    pub max_concurrent_streams: u32,
+    /// Streams a client may open and reset before the server has accepted them (HTTP/2
+    /// rapid reset); more close the connection (GOAWAY ENHANCE_YOUR_CALM).
+    pub http2_max_pending_accept_reset_streams: usize,
+    /// Streams the server may reset or refuse on one connection because of the client's
+    /// errors (refused streams over `max_concurrent_streams` count); more close the connection
+    /// (GOAWAY ENHANCE_YOUR_CALM).
+    pub http2_max_local_error_reset_streams: usize,
+    /// A connection with no open stream for this long is closed.
+    #[serde(with = "humantime_serde")]
+    pub connection_idle_timeout: Duration,
+    /// HTTP/2 PING interval on every connection (dead peers are found and dropped).
+    #[serde(with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+    /// A PING not answered within this closes the connection.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_timeout: Duration,
+    /// Longest a unary request may take.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Unary gRPC requests served at once, server wide; more answer ResourceExhausted.
+    pub max_concurrent_requests: usize,
+    /// `WatchBundle` streams open at once, server wide (one per agent); more answer
+    /// ResourceExhausted.
+    pub max_watch_streams: usize,
+    /// Requests and streams one source address holds at once; more answer ResourceExhausted.
+    pub max_requests_per_source: usize,
+    /// Open connections on `http_listen`; more are closed at once.
+    pub http_max_connections: usize,
+    /// An HTTP request whose headers have not all arrived within this is dropped.
+    #[serde(with = "humantime_serde")]
+    pub http_header_read_timeout: Duration,
+    /// Longest an HTTP connection may stay open (keep-alive included).
+    #[serde(with = "humantime_serde")]
+    pub http_connection_timeout: Duration,
+    /// Certificates one authenticated caller may ask for.
+    pub issuance_per_caller: RateConfig,
+    /// Certificate requests (SignCsr, CreateCertificate, SignWorkloads, RenewNode) from one
+    /// source address (IPv6: one /64).
+    pub issuance_per_source: RateConfig,
+    /// Node attestations (`Attest`: join tokens, node tokens) from one source address.
+    pub attestation_per_source: RateConfig,
+    /// Attestations of one node with its Kubernetes node token.
+    pub attestation_per_caller: RateConfig,
+    /// Callers and sources tracked by the rate limiters at once.
+    pub rate_limit_max_keys: usize,
+    /// Audit events of one kind from one caller and source recorded one by one per
+    /// `audit_window`; the rest are recorded as one aggregate event. Admin actions are
+    /// never aggregated.
+    pub audit_burst: u32,
+    #[serde(with = "humantime_serde")]
+    pub audit_window: Duration,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 4096,
+            max_connections_per_source: 512,
+            tls_handshake_timeout: Duration::from_secs(10),
+            max_concurrent_streams: 100,
+            http2_max_pending_accept_reset_streams: 20,
+            http2_max_local_error_reset_streams: 1024,
+            connection_idle_timeout: Duration::from_secs(300),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(20),
+            request_timeout: Duration::from_secs(30),
+            max_concurrent_requests: 1024,
+            max_watch_streams: 4096,
+            max_requests_per_source: 512,
+            http_max_connections: 64,
+            http_header_read_timeout: Duration::from_secs(5),
+            http_connection_timeout: Duration::from_secs(60),
+            issuance_per_caller: RateConfig::new(100, 10.0),
+            issuance_per_source: RateConfig::new(500, 100.0),
+            attestation_per_source: RateConfig::new(20, 0.5),
+            attestation_per_caller: RateConfig::new(5, 0.05),
+            rate_limit_max_keys: 100_000,
+            audit_burst: 5,
+            audit_window: Duration::from_secs(10),
+        }
+    }
+}
+
+/// `[database]`: bounds on every database session, so one stalled session cannot stop
+/// issuance (PostgreSQL: set on each session at connect; SQLite: the busy timeout).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseConfig {
+    /// Connections in the pool.
+    pub max_connections: u32,
+    /// How long a request waits for a pool connection before answering Unavailable.
+    #[serde(with = "humantime_serde")]
+    pub acquire_timeout: Duration,
+    /// PostgreSQL `lock_timeout`: longest wait for a row or table lock (the ledger head).
+    #[serde(with = "humantime_serde")]
+    pub lock_timeout: Duration,
+    /// PostgreSQL `statement_timeout`: longest a statement may run.
+    #[serde(with = "humantime_serde")]
+    pub statement_timeout: Duration,
+    /// PostgreSQL `idle_in_transaction_session_timeout`: a session idle inside a transaction
+    /// this long is ended by the server (its locks released).
+    #[serde(with = "humantime_serde")]
+    pub idle_in_transaction_timeout: Duration,
+    /// SQLite: how long a writer waits for another writer's lock.
+    #[serde(with = "humantime_serde")]
+    pub sqlite_busy_timeout: Duration,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(3),
+            lock_timeout: Duration::from_secs(2),
+            statement_timeout: Duration::from_secs(10),
+            idle_in_transaction_timeout: Duration::from_secs(30),
+            sqlite_busy_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -293,6 +463,8 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "policy",
     "ledger",
     "nodes",
+    "limits",
+    "database",
 ];
 
 impl Config {
@@ -345,6 +517,21 @@ impl Config {
                 "ledger.max_batch and ledger.queue_depth must be positive".into(),
             ));
         }
+        self.validate_limits()?;
+        // sqlx cannot use it, and logs unknown URL parameters with their values.
+        if let Some((_, query)) = self.database_url.split_once('?')
+            && query.split('&').any(|kv| {
+                kv.split_once('=')
+                    .map_or(kv, |(k, _)| k)
+                    .eq_ignore_ascii_case("sslpassword")
+            })
+        {
+            return Err(ConfigError::Invalid(
+                "database_url: sslpassword is not supported (use an unencrypted sslkey file \
+                 readable only by the server)"
+                    .into(),
+            ));
+        }
         if !(self.database_url.is_empty()
             || self.database_url.starts_with("sqlite:")
             || self.database_url.starts_with("postgres://")
@@ -353,6 +540,92 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "database_url must start with sqlite:, postgres:// or postgresql://".into(),
             ));
+        }
+        Ok(())
+    }
+
+    /// Every limit and timeout of `[limits]`, `[database]` and `[ledger]` must be positive: a
+    /// zero would mean "refuse everything" or "wait forever", never what an operator wants.
+    fn validate_limits(&self) -> Result<(), ConfigError> {
+        let l = &self.limits;
+        let d = &self.database;
+        let counts = [
+            ("limits.max_connections", l.max_connections),
+            (
+                "limits.max_connections_per_source",
+                l.max_connections_per_source,
+            ),
+            ("limits.max_requests_per_source", l.max_requests_per_source),
+            (
+                "limits.max_concurrent_streams",
+                l.max_concurrent_streams as usize,
+            ),
+            ("limits.max_concurrent_requests", l.max_concurrent_requests),
+            ("limits.max_watch_streams", l.max_watch_streams),
+            ("limits.http_max_connections", l.http_max_connections),
+            ("limits.rate_limit_max_keys", l.rate_limit_max_keys),
+            ("database.max_connections", d.max_connections as usize),
+            ("ledger.ready_max_queue", self.ledger.ready_max_queue),
+        ];
+        for (name, v) in counts {
+            if v == 0 {
+                return Err(ConfigError::Invalid(format!("{name} must be positive")));
+            }
+        }
+        let durations = [
+            ("limits.tls_handshake_timeout", l.tls_handshake_timeout),
+            ("limits.connection_idle_timeout", l.connection_idle_timeout),
+            ("limits.keepalive_interval", l.keepalive_interval),
+            ("limits.keepalive_timeout", l.keepalive_timeout),
+            ("limits.request_timeout", l.request_timeout),
+            (
+                "limits.http_header_read_timeout",
+                l.http_header_read_timeout,
+            ),
+            ("limits.http_connection_timeout", l.http_connection_timeout),
+            ("limits.audit_window", l.audit_window),
+            ("database.acquire_timeout", d.acquire_timeout),
+            ("database.lock_timeout", d.lock_timeout),
+            ("database.statement_timeout", d.statement_timeout),
+            (
+                "database.idle_in_transaction_timeout",
+                d.idle_in_transaction_timeout,
+            ),
+            ("database.sqlite_busy_timeout", d.sqlite_busy_timeout),
+            ("ledger.commit_deadline", self.ledger.commit_deadline),
+            ("ledger.ready_max_wait", self.ledger.ready_max_wait),
+        ];
+        for (name, v) in durations {
+            if v.is_zero() {
+                return Err(ConfigError::Invalid(format!(
+                    "{name} must be positive (a zero timeout would wait forever or refuse everything)"
+                )));
+            }
+        }
+        for (name, r) in [
+            ("limits.issuance_per_caller", l.issuance_per_caller),
+            ("limits.issuance_per_source", l.issuance_per_source),
+            ("limits.attestation_per_source", l.attestation_per_source),
+            ("limits.attestation_per_caller", l.attestation_per_caller),
+        ] {
+            if !r.per_second.is_finite() || r.per_second < 0.0 {
+                return Err(ConfigError::Invalid(format!(
+                    "{name}.per_second must be a non-negative number (0 turns the limit off)"
+                )));
+            }
+            if !r.is_off() && r.burst == 0 {
+                return Err(ConfigError::Invalid(format!(
+                    "{name}.burst must be at least 1 (or set per_second = 0 to turn the limit off)"
+                )));
+            }
+        }
+        if self.ledger.commit_deadline <= d.lock_timeout {
+            return Err(ConfigError::Invalid(format!(
+                "ledger.commit_deadline ({}) must be longer than database.lock_timeout ({}), \
+                 so that a commit blocked on the ledger head lock fails before its waiter gives up",
+                humantime::format_duration(self.ledger.commit_deadline),
+                humantime::format_duration(d.lock_timeout)
+            )));
         }
         Ok(())
     }
@@ -577,6 +850,70 @@ mod tests {
         let mut listed: Vec<_> = TOP_LEVEL_KEYS.iter().map(|k| (*k).to_owned()).collect();
         listed.sort();
         assert_eq!(keys, listed);
+    }
+
+    #[test]
+    fn limits_and_database_keys() {
+        let c = load_toml("").expect("defaults");
+        assert_eq!(c.limits, LimitsConfig::default());
+        assert_eq!(c.database, DatabaseConfig::default());
+        let c = load_toml(
+            r#"
+            [limits]
+            max_connections = 10
+            connection_idle_timeout = "1s"
+            issuance_per_caller = { burst = 3, per_second = 0.5 }
+            [database]
+            lock_timeout = "500ms"
+            [ledger]
+            commit_deadline = "2s"
+            "#,
+        )
+        .expect("loads");
+        assert_eq!(c.limits.max_connections, 10);
+        assert_eq!(c.limits.connection_idle_timeout, Duration::from_secs(1));
+        assert_eq!(c.limits.issuance_per_caller, RateConfig::new(3, 0.5));
+        assert_eq!(c.database.lock_timeout, Duration::from_millis(500));
+        assert_eq!(c.ledger.commit_deadline, Duration::from_secs(2));
+        for (toml, want) in [
+            (
+                "[limits]\nmax_connections = 0\n",
+                "limits.max_connections must be positive",
+            ),
+            (
+                "[limits]\nconnection_idle_timeout = \"0s\"\n",
+                "limits.connection_idle_timeout",
+            ),
+            (
+                "[database]\nlock_timeout = \"0s\"\n",
+                "database.lock_timeout",
+            ),
+            (
+                "[limits]\nissuance_per_caller = { burst = 0, per_second = 1.0 }\n",
+                "issuance_per_caller.burst",
+            ),
+            (
+                "[limits]\nattestation_per_source = { burst = 1, per_second = -1.0 }\n",
+                "non-negative",
+            ),
+            (
+                "[ledger]\ncommit_deadline = \"1s\"\n",
+                "longer than database.lock_timeout",
+            ),
+            ("[limits]\nmax_conections = 1\n", "max_conections"),
+            ("[database]\nlock_timout = \"1s\"\n", "lock_timout"),
+            (
+                "database_url = \"postgres://db/x?sslpassword=hunter2\"\n",
+                "sslpassword is not supported",
+            ),
+        ] {
+            let err = load_toml(toml).expect_err(toml);
+            assert!(err.to_string().contains(want), "{toml}: {err}");
+        }
+        // A rate of zero turns a limit off.
+        let c = load_toml("[limits]\nissuance_per_source = { burst = 0, per_second = 0 }\n")
+            .expect("off");
+        assert!(c.limits.issuance_per_source.is_off());
     }
 
     #[test]

@@ -97,6 +97,8 @@ pub struct Issuer {
     store: Arc<dyn Store>,
     audit: AuditLog,
     metrics: Arc<Metrics>,
+    /// Per-caller issuance rate limit (`[limits]`); none: unlimited.
+    caller_limits: Option<Arc<crate::limits::CallerLimits>>,
 }
 
 impl std::fmt::Debug for Issuer {
@@ -135,7 +137,57 @@ impl Issuer {
             store: p.store,
             audit: p.audit,
             metrics: p.metrics,
+            caller_limits: None,
         }
+    }
+
+    /// Limits how fast each authenticated caller may ask for certificates.
+    pub fn with_caller_limits(mut self, limits: Arc<crate::limits::CallerLimits>) -> Self {
+        self.caller_limits = Some(limits);
+        self
+    }
+
+    /// Takes one attestation from node `node_id`'s rate limit (a node token re-attesting).
+    pub fn check_attestation_rate(&self, node_id: &str) -> Result<(), ApiError> {
+        let Some(limits) = &self.caller_limits else {
+            return Ok(());
+        };
+        limits
+            .check_attestation(node_id, Instant::now())
+            .map_err(|l| {
+                self.metrics.limited("per_caller");
+                ApiError::ResourceExhausted {
+                    message: l.message,
+                    retry_after: l.retry_after,
+                }
+            })
+    }
+
+    /// Takes one issuance from `caller`'s rate limit (per pod, per impersonated workload: see
+    /// [`crate::limits::caller_key`]).
+    fn check_caller_rate(
+        &self,
+        caller: &AuthenticatedCaller,
+        impersonate: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let Some(limits) = &self.caller_limits else {
+            return Ok(());
+        };
+        let label = caller.label();
+        let key = crate::limits::caller_key(caller, impersonate);
+        limits.check_issuance(&key, Instant::now()).map_err(|l| {
+            self.metrics.limited("per_caller");
+            self.audit.record(
+                "limits.refused",
+                &label,
+                l.message.clone(),
+                unix(self.clock.now()),
+            );
+            ApiError::ResourceExhausted {
+                message: l.message,
+                retry_after: l.retry_after,
+            }
+        })
     }
 
     pub fn trust_domain(&self) -> &TrustDomain {
@@ -192,7 +244,10 @@ impl Issuer {
         let started = Instant::now();
         let api = input.api;
         let result = match self.authenticate(creds) {
-            Ok(caller) => self.issue_inner(&caller, input).await,
+            Ok(caller) => match self.check_caller_rate(&caller, input.impersonate) {
+                Ok(()) => self.issue_inner(&caller, input).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         self.observe(api, &result, started);

@@ -5,8 +5,14 @@
 //! [`Store::append_certificates`] transaction, then answers each waiter with its sequence
 //! number, or all of them with the same error. While one batch commits, the next accumulates
 //! in the queue, so durability costs one commit per batch rather than per certificate.
+//!
+//! No issuance waits forever: each waits at most `ledger.commit_deadline` for its commit
+//! (queueing included) and then answers Unavailable; its certificate is discarded, never
+//! returned. A record whose waiter has already given up is not committed at all. The writer's
+//! progress ([`LedgerProgress`]) is what `/readyz` reports: requests waiting without a commit,
+//! a deep queue, or a recent failed commit make the server not ready.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
@@ -26,6 +32,138 @@ pub enum LedgerError {
     /// The writer has stopped.
     #[error("ledger writer has stopped")]
     Closed,
+    /// The commit was not done within `ledger.commit_deadline`.
+    #[error("no ledger commit within {} (ledger.commit_deadline); the database may be stalled", humantime::format_duration(*.0))]
+    DeadlineExceeded(Duration),
+}
+
+/// What `/readyz` checks the writer's progress against.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadyThresholds {
+    /// Requests waiting this long without any commit (or a failed commit this recent) make
+    /// the server not ready.
+    pub max_wait: Duration,
+    /// More requests than this waiting make the server not ready.
+    pub max_queue: usize,
+}
+
+#[derive(Debug, Default)]
+struct Progress {
+    /// Issuances waiting for their commit.
+    pending: usize,
+    /// When `pending` last rose from zero.
+    busy_since: Option<Instant>,
+    last_commit: Option<Instant>,
+    /// The last failed commit, cleared by a successful one.
+    last_failure: Option<(Instant, String)>,
+    failures: u64,
+}
+
+/// The writer's progress, shared with `/readyz` and the metrics.
+#[derive(Debug)]
+pub struct LedgerProgress {
+    state: Mutex<Progress>,
+    thresholds: ReadyThresholds,
+}
+
+impl LedgerProgress {
+    pub fn new(thresholds: ReadyThresholds) -> Self {
+        Self {
+            state: Mutex::new(Progress::default()),
+            thresholds,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Progress> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One issuance starts waiting; it stops when the guard is dropped.
+    fn wait(self: &Arc<Self>, now: Instant) -> Waiting {
+        let mut s = self.lock();
+        if s.pending == 0 {
+            s.busy_since = Some(now);
+        }
+        s.pending += 1;
+        Waiting(self.clone())
+    }
+
+    fn committed(&self, now: Instant) {
+        let mut s = self.lock();
+        s.last_commit = Some(now);
+        s.last_failure = None;
+    }
+
+    fn failed(&self, now: Instant, error: String) {
+        let mut s = self.lock();
+        s.last_failure = Some((now, error));
+        s.failures += 1;
+    }
+
+    /// Issuances waiting for a commit now.
+    pub fn pending(&self) -> usize {
+        self.lock().pending
+    }
+
+    /// Failed commits so far.
+    pub fn failures(&self) -> u64 {
+        self.lock().failures
+    }
+
+    /// `Ok` when the ledger is making progress, else why not (for `/readyz`'s body).
+    pub fn readiness(&self, now: Instant) -> Result<(), String> {
+        let s = self.lock();
+        let t = self.thresholds;
+        let fmt = |d: Duration| {
+            humantime::format_duration(Duration::from_millis(
+                u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+            ))
+            .to_string()
+        };
+        if s.pending > t.max_queue {
+            return Err(format!(
+                "{} issuances are waiting for a ledger commit (more than ledger.ready_max_queue = {})",
+                s.pending, t.max_queue
+            ));
+        }
+        if s.pending > 0 {
+            // Waiting since the later of: the last commit, the moment requests began waiting.
+            let since = match (s.last_commit, s.busy_since) {
+                (Some(a), Some(b)) => a.max(b),
+                (a, b) => a.or(b).unwrap_or(now),
+            };
+            let waited = now.saturating_duration_since(since);
+            if waited > t.max_wait {
+                return Err(format!(
+                    "{} issuances have waited {} without a ledger commit (ledger.ready_max_wait = {}); \
+                     is the database stalled or the ledger head row locked?",
+                    s.pending,
+                    fmt(waited),
+                    fmt(t.max_wait)
+                ));
+            }
+        }
+        if let Some((at, error)) = &s.last_failure {
+            let ago = now.saturating_duration_since(*at);
+            if ago <= t.max_wait {
+                return Err(format!(
+                    "the last ledger commit failed {} ago and none has succeeded since: {error}",
+                    fmt(ago)
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An issuance waiting for its commit.
+struct Waiting(Arc<LedgerProgress>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut s = self.0.lock();
+        s.pending = s.pending.saturating_sub(1);
+    }
 }
 
 type Reply = oneshot::Sender<Result<u64, LedgerError>>;
@@ -37,6 +175,8 @@ pub type OnBatch = Arc<dyn Fn(usize, Duration) + Send + Sync>;
 #[derive(Clone)]
 pub struct LedgerWriter {
     tx: mpsc::Sender<(NewCertificate, Reply)>,
+    deadline: Duration,
+    progress: Arc<LedgerProgress>,
 }
 
 impl std::fmt::Debug for LedgerWriter {
@@ -52,20 +192,45 @@ impl LedgerWriter {
     /// dropped (after committing what is queued).
     pub fn spawn(store: Arc<dyn Store>, cfg: &LedgerConfig, on_batch: OnBatch) -> LedgerWriter {
         let (tx, rx) = mpsc::channel(cfg.queue_depth.max(1));
-        tokio::spawn(run(store, rx, cfg.max_batch.max(1), on_batch));
-        LedgerWriter { tx }
+        let progress = Arc::new(LedgerProgress::new(ReadyThresholds {
+            max_wait: cfg.ready_max_wait,
+            max_queue: cfg.ready_max_queue,
+        }));
+        tokio::spawn(run(
+            store,
+            rx,
+            cfg.max_batch.max(1),
+            on_batch,
+            progress.clone(),
+        ));
+        LedgerWriter {
+            tx,
+            deadline: cfg.commit_deadline,
+            progress,
+        }
+    }
+
+    /// The writer's progress (for `/readyz` and metrics).
+    pub fn progress(&self) -> Arc<LedgerProgress> {
+        self.progress.clone()
     }
 
     /// Records `cert` in the ledger; returns its sequence number once the transaction holding
-    /// it has committed. Never waits for queue space: a full queue answers `Overloaded`.
+    /// it has committed. Never waits for queue space: a full queue answers `Overloaded`; never
+    /// waits longer than the commit deadline: then `DeadlineExceeded`, and the certificate
+    /// must be discarded (it may still be recorded later, but is never returned).
     pub async fn commit(&self, cert: NewCertificate) -> Result<u64, LedgerError> {
+        let _waiting = self.progress.wait(Instant::now());
         let (reply, answer) = oneshot::channel();
         self.tx.try_send((cert, reply)).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => LedgerError::Overloaded,
             mpsc::error::TrySendError::Closed(_) => LedgerError::Closed,
         })?;
-        // A dropped reply means the writer task died before answering.
-        answer.await.unwrap_or(Err(LedgerError::Closed))
+        match tokio::time::timeout(self.deadline, answer).await {
+            // A dropped reply means the writer task died before answering.
+            Ok(answer) => answer.unwrap_or(Err(LedgerError::Closed)),
+            Err(_) => Err(LedgerError::DeadlineExceeded(self.deadline)),
+        }
     }
 }
 
@@ -74,6 +239,7 @@ async fn run(
     mut rx: mpsc::Receiver<(NewCertificate, Reply)>,
     max_batch: usize,
     on_batch: OnBatch,
+    progress: Arc<LedgerProgress>,
 ) {
     let mut pending: Vec<(NewCertificate, Reply)> = Vec::with_capacity(max_batch);
     let mut batch: Vec<NewCertificate> = Vec::with_capacity(max_batch);
@@ -81,12 +247,28 @@ async fn run(
     // Waits for one, then takes whatever else is already queued, up to max_batch.
     while rx.recv_many(&mut pending, max_batch).await > 0 {
         for (cert, reply) in pending.drain(..) {
+            // Its waiter gave up (deadline, or the client went away): the certificate will
+            // never be returned, so it need not be recorded.
+            if reply.is_closed() {
+                continue;
+            }
             batch.push(cert);
             replies.push(reply);
+        }
+        if batch.is_empty() {
+            continue;
         }
         let started = Instant::now();
         let result = store.append_certificates(&batch).await;
         on_batch(batch.len(), started.elapsed());
+        match &result {
+            Ok(seqs) if seqs.len() == replies.len() => progress.committed(Instant::now()),
+            Ok(_) => progress.failed(
+                Instant::now(),
+                "the store returned the wrong number of sequence numbers".into(),
+            ),
+            Err(e) => progress.failed(Instant::now(), e.to_string()),
+        }
         match result {
             Ok(seqs) if seqs.len() == replies.len() => {
                 for (reply, seq) in replies.drain(..).zip(seqs) {
@@ -252,6 +434,7 @@ mod tests {
         LedgerConfig {
             max_batch,
             queue_depth,
+            ..LedgerConfig::default()
         }
     }
 
@@ -421,6 +604,76 @@ mod tests {
         // The receiver is gone too: later commits fail fast.
         until(|| w.tx.is_closed()).await;
         assert_eq!(w.commit(cert(1)).await, Err(LedgerError::Closed));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_commit_answers_within_the_deadline_and_readyz_says_why() {
+        let store = Arc::new(FakeStore::gated());
+        let (on_batch, _) = recorder();
+        let config = LedgerConfig {
+            commit_deadline: Duration::from_secs(3),
+            ready_max_wait: Duration::from_secs(2),
+            ..cfg(64, 100)
+        };
+        let w = LedgerWriter::spawn(store.clone(), &config, on_batch);
+        let progress = w.progress();
+        assert_eq!(progress.readiness(Instant::now()), Ok(()));
+
+        // The store never answers: the waiters give up at the deadline, not later.
+        let first = hold_first(&w, &store).await;
+        let rest = submit(&w, 1..4).await;
+        assert_eq!(progress.pending(), 4);
+        // While they wait, readiness turns bad once they have waited ready_max_wait.
+        let why = progress
+            .readiness(Instant::now() + Duration::from_secs(3))
+            .unwrap_err();
+        assert!(why.contains("4 issuances have waited"), "{why}");
+        let started = tokio::time::Instant::now();
+        for h in first.into_iter().chain(rest) {
+            assert_eq!(
+                h.await.unwrap(),
+                Err(LedgerError::DeadlineExceeded(Duration::from_secs(3)))
+            );
+        }
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
+        assert_eq!(progress.pending(), 0);
+
+        // The first batch commits late (its waiter is gone); the queued ones, whose waiters
+        // gave up before the writer reached them, are never recorded.
+        store.open(100);
+        assert_eq!(w.commit(cert(9)).await, Ok(2));
+        assert_eq!(store.serials(), vec![cert(0).serial, cert(9).serial]);
+        assert_eq!(progress.readiness(Instant::now()), Ok(()));
+    }
+
+    #[tokio::test]
+    async fn readiness_reports_failures_and_deep_queues_then_recovers() {
+        let p = Arc::new(LedgerProgress::new(ReadyThresholds {
+            max_wait: Duration::from_secs(5),
+            max_queue: 2,
+        }));
+        let t0 = Instant::now();
+        p.failed(t0, "database unavailable: lock timeout".into());
+        let why = p.readiness(t0 + Duration::from_secs(1)).unwrap_err();
+        assert!(
+            why.contains("failed 1s ago") && why.contains("lock timeout"),
+            "{why}"
+        );
+        // A failure long ago with nothing since: ready again (the next request will tell).
+        assert_eq!(p.readiness(t0 + Duration::from_secs(6)), Ok(()));
+        p.failed(t0, "x".into());
+        p.committed(t0 + Duration::from_millis(10));
+        assert_eq!(p.readiness(t0 + Duration::from_secs(1)), Ok(()));
+
+        let waiting: Vec<_> = (0..3).map(|_| p.wait(t0)).collect();
+        let why = p.readiness(t0).unwrap_err();
+        assert!(why.contains("ready_max_queue = 2"), "{why}");
+        drop(waiting);
+        assert_eq!(p.pending(), 0);
+        // An idle server whose last commit is old is ready; a new waiter is not stalled yet.
+        let _w = p.wait(t0 + Duration::from_secs(100));
+        assert_eq!(p.readiness(t0 + Duration::from_secs(101)), Ok(()));
+        assert!(p.readiness(t0 + Duration::from_secs(106)).is_err());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

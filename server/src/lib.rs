@@ -17,6 +17,7 @@ pub mod config;
 pub mod http;
 pub mod issuer;
 pub mod ledger;
+pub mod limits;
 pub mod metrics;
 pub mod nodes;
 pub mod policy;

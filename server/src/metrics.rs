@@ -18,6 +18,12 @@ pub struct IssuanceLabels {
     pub outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    /// `per_caller`, `per_source`, `requests`, `streams`, `connections`, `http_connections`.
+    pub limit: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub issuances: Family<IssuanceLabels, Counter>,
@@ -26,6 +32,16 @@ pub struct Metrics {
     pub ledger_commit_seconds: Histogram,
     pub ledger_rows: Counter,
     pub audit_dropped: Gauge,
+    /// Requests and connections refused by a limit.
+    pub limited: Family<LimitLabels, Counter>,
+    /// Issuances waiting for a ledger commit.
+    pub ledger_pending: Gauge,
+    /// Failed ledger commits.
+    pub ledger_failures: Counter,
+    /// Audit events folded into an aggregate event instead of being recorded one by one.
+    pub audit_aggregated: Gauge,
+    /// Open connections on the gRPC listener (TLS handshakes done).
+    pub connections_open: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -73,6 +89,36 @@ impl Metrics {
             "Audit events that could not be recorded (queue full or database error)",
             audit_dropped.clone(),
         );
+        let limited = Family::<LimitLabels, Counter>::default();
+        registry.register(
+            "limited",
+            "Requests and connections refused by a limit ([limits])",
+            limited.clone(),
+        );
+        let ledger_pending = Gauge::default();
+        registry.register(
+            "ledger_pending",
+            "Issuances waiting for a ledger commit",
+            ledger_pending.clone(),
+        );
+        let ledger_failures = Counter::default();
+        registry.register(
+            "ledger_commit_failures",
+            "Ledger transactions that failed (their certificates were not issued)",
+            ledger_failures.clone(),
+        );
+        let audit_aggregated = Gauge::default();
+        registry.register(
+            "audit_events_aggregated",
+            "Audit events folded into aggregate events (floods of similar refusals)",
+            audit_aggregated.clone(),
+        );
+        let connections_open = Gauge::default();
+        registry.register(
+            "grpc_connections_open",
+            "Open connections on the gRPC listener (limits.max_connections caps them)",
+            connections_open.clone(),
+        );
         Arc::new(Self {
             registry,
             issuances,
@@ -81,6 +127,11 @@ impl Metrics {
             ledger_commit_seconds,
             ledger_rows,
             audit_dropped,
+            limited,
+            ledger_pending,
+            ledger_failures,
+            audit_aggregated,
+            connections_open,
         })
     }
 
@@ -91,6 +142,11 @@ impl Metrics {
         if outcome == "issued" {
             self.issuance_seconds.observe(took.as_secs_f64());
         }
+    }
+
+    /// Counts one refusal by `limit`.
+    pub fn limited(&self, limit: &'static str) {
+        self.limited.get_or_create(&LimitLabels { limit }).inc();
     }
 
     pub fn observe_batch(&self, size: usize, took: Duration) {

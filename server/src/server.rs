@@ -30,6 +30,9 @@ use crate::clock::{Clock, SystemClock, unix};
 use crate::config::Config;
 use crate::issuer::{IssueInput, Issuer, IssuerParts};
 use crate::ledger::LedgerWriter;
+use crate::limits::CallerLimits;
+use crate::limits::conn::ConnRegistry;
+use crate::limits::layer::{GrpcLimitLayer, GrpcLimits};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::store::{Store, StoreError, StoredCaKey};
@@ -37,8 +40,6 @@ use crate::tls::{self, ServerCertResolver};
 
 /// The slot of the generated root in `ca_keys`.
 const ROOT_SLOT: &str = "root";
-/// How long a request waits for a database connection before answering Unavailable.
-const DB_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// What a started server tells the operator (and tests).
 #[derive(Debug, Clone)]
@@ -63,7 +64,7 @@ pub async fn run(
 
     create_private_dir(&cfg.data_dir)?;
     let db_url = cfg.database_url();
-    let store = connect_store(&db_url).await?;
+    let store = connect_store(&db_url, &cfg.database).await?;
 
     let authority =
         Arc::new(load_authority(&cfg, store.as_ref(), clock.now(), serials.as_ref()).await?);
@@ -89,7 +90,15 @@ pub async fn run(
         &cfg.ledger,
         Arc::new(move |size, took| batch_metrics.observe_batch(size, took)),
     );
-    let audit = AuditLog::spawn(store.clone(), 4096);
+    let ledger_progress = ledger.progress();
+    let audit = AuditLog::spawn_with(
+        store.clone(),
+        crate::audit::AuditLimits {
+            capacity: 4096,
+            burst: cfg.limits.audit_burst,
+            window: cfg.limits.audit_window,
+        },
+    );
 
     let jwt = match &cfg.auth.kubernetes {
         None => None,
@@ -111,18 +120,21 @@ pub async fn run(
         .map_err(|e| anyhow!("policy: {e}"))?
         .with_server_names(server_dns_names, server_ips);
 
-    let issuer = Arc::new(Issuer::new(IssuerParts {
-        td: td.clone(),
-        clock: clock.clone(),
-        serials,
-        authority: authority.clone(),
-        policy,
-        jwt,
-        ledger,
-        store: store.clone(),
-        audit: audit.clone(),
-        metrics: metrics.clone(),
-    }));
+    let issuer = Arc::new(
+        Issuer::new(IssuerParts {
+            td: td.clone(),
+            clock: clock.clone(),
+            serials,
+            authority: authority.clone(),
+            policy,
+            jwt,
+            ledger,
+            store: store.clone(),
+            audit: audit.clone(),
+            metrics: metrics.clone(),
+        })
+        .with_caller_limits(Arc::new(CallerLimits::new(&cfg.limits))),
+    );
 
     // The server's own TLS certificate, issued (and recorded) like any other.
     let (chain, key) = issue_server_cert(&issuer, &cfg).await?;
@@ -214,13 +226,33 @@ pub async fn run(
         let _ = rx.wait_for(|v| *v).await;
     };
 
+    let limits = &cfg.limits;
+    let conns = ConnRegistry::new();
     let incoming = ReceiverStream::new(tls::accept_loop(
         grpc_listener,
         tls_config,
-        Duration::from_secs(10),
+        tls::AcceptLimits {
+            max_connections: limits.max_connections,
+            max_connections_per_source: limits.max_connections_per_source,
+            handshake_timeout: limits.tls_handshake_timeout,
+            idle_timeout: limits.connection_idle_timeout,
+        },
+        conns.clone(),
+        metrics.clone(),
     ));
     let grpc = tonic::transport::Server::builder()
-        .timeout(Duration::from_secs(30))
+        .timeout(limits.request_timeout)
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        // tonic's default (None) would turn h2's own bounds off: HTTP/2 rapid reset.
+        .http2_max_pending_accept_reset_streams(Some(limits.http2_max_pending_accept_reset_streams))
+        .http2_max_local_error_reset_streams(Some(limits.http2_max_local_error_reset_streams))
+        .layer(GrpcLimitLayer(GrpcLimits::new(
+            limits,
+            conns.clone(),
+            metrics.clone(),
+        )))
         .add_service(health_service.clone())
         .add_service(reflection)
         .add_service(reflection_alpha)
@@ -236,22 +268,43 @@ pub async fn run(
             UnixListenerStream::new(admin_listener),
             wait(stop_rx.clone()),
         );
-    let http = axum::serve(
+    let http = crate::http::serve(
         http_listener,
-        crate::http::router(store.clone(), metrics.clone()),
-    )
-    .with_graceful_shutdown(wait(stop_rx.clone()));
+        crate::http::router_with(
+            store.clone(),
+            metrics.clone(),
+            Some(ledger_progress.clone()),
+        ),
+        limits,
+        metrics.clone(),
+        wait(stop_rx.clone()),
+    );
 
-    // Publish audit-drop counts to metrics.
+    // Publish audit-drop counts and ledger progress to metrics.
     {
         let audit = audit.clone();
         let metrics = metrics.clone();
+        let progress = ledger_progress.clone();
+        let conns = conns.clone();
         tokio::spawn(async move {
+            let mut failures = 0;
             loop {
                 metrics
                     .audit_dropped
                     .set(i64::try_from(audit.dropped()).unwrap_or(i64::MAX));
-                tokio::time::sleep(Duration::from_secs(5)).await;
+                metrics
+                    .audit_aggregated
+                    .set(i64::try_from(audit.aggregated()).unwrap_or(i64::MAX));
+                metrics
+                    .ledger_pending
+                    .set(i64::try_from(progress.pending()).unwrap_or(i64::MAX));
+                metrics
+                    .connections_open
+                    .set(i64::try_from(conns.len()).unwrap_or(i64::MAX));
+                let now = progress.failures();
+                metrics.ledger_failures.inc_by(now.saturating_sub(failures));
+                failures = now;
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
         });
     }
@@ -269,8 +322,11 @@ pub async fn run(
     Ok(())
 }
 
+/// Creates `data_dir` with mode 0700, or forces an existing one to 0700. Refuses a directory
+/// owned by another user (whoever owns it can read the CA's key-encryption key and replace
+/// the admin socket), or something that is not a directory.
 fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     if !dir.exists() {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -278,13 +334,45 @@ fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
             .create(dir)
             .with_context(|| format!("creating data_dir {}", dir.display()))?;
     }
+    // Not following a symlink: the directory itself must be ours.
+    let meta = std::fs::symlink_metadata(dir)
+        .with_context(|| format!("reading data_dir {}", dir.display()))?;
+    if !meta.is_dir() {
+        bail!(
+            "data_dir {} is not a directory{}",
+            dir.display(),
+            if meta.file_type().is_symlink() {
+                " (it is a symlink: point data_dir at the real directory)"
+            } else {
+                ""
+            }
+        );
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != me {
+        bail!(
+            "data_dir {} is owned by uid {}, but signet-server runs as uid {me}: it holds the \
+             CA's keys and admin socket, so it must belong to the server's own user \
+             (chown it, or choose another data_dir)",
+            dir.display(),
+            meta.uid()
+        );
+    }
+    if meta.permissions().mode() & 0o7777 != 0o700 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("chmod 0700 data_dir {}", dir.display()))?;
+        tracing::info!(data_dir = %dir.display(), "data_dir mode set to 0700");
+    }
     Ok(())
 }
 
-async fn connect_store(url: &str) -> anyhow::Result<Arc<dyn Store>> {
+async fn connect_store(
+    url: &str,
+    db: &crate::config::DatabaseConfig,
+) -> anyhow::Result<Arc<dyn Store>> {
     let mut delay = Duration::from_millis(250);
     loop {
-        match crate::store::connect(url, DB_ACQUIRE_TIMEOUT).await {
+        match crate::store::connect_with(url, db).await {
             Ok(s) => return Ok(s),
             Err(StoreError::Unavailable(e)) => {
                 tracing::warn!(database = %redact_url(url), error = %e, retry_in = ?delay, "database unavailable; retrying");
@@ -296,15 +384,58 @@ async fn connect_store(url: &str) -> anyhow::Result<Arc<dyn Store>> {
     }
 }
 
-/// `postgres://user:secret@host/db` -> `postgres://user:…@host/db`.
-pub fn redact_url(url: &str) -> String {
-    if let Some((scheme, rest)) = url.split_once("://")
-        && let Some((userinfo, host)) = rest.split_once('@')
-        && let Some((user, _)) = userinfo.split_once(':')
-    {
-        return format!("{scheme}://{user}:…@{host}");
+/// The URL with its secrets replaced by `…`: the password in the userinfo
+/// (`postgres://user:secret@host/db` -> `postgres://user:…@host/db`, a password containing `@`
+/// included) and `password` / `sslpassword` query parameters. The URL is read the way sqlx
+/// reads it (the `url` crate, WHATWG rules); one that does not parse is hidden entirely.
+pub fn redact_url(raw: &str) -> String {
+    // SQLite URLs carry no credentials, but may carry parameters.
+    if raw.starts_with("sqlite:") {
+        return redact_query(raw);
     }
-    url.to_owned()
+    let Ok(u) = url::Url::parse(raw) else {
+        let scheme = raw.split_once(':').map_or("", |(s, _)| s);
+        return format!("{scheme}://… (unparsable URL hidden)");
+    };
+    let mut out = format!("{}://", u.scheme());
+    if !u.username().is_empty() || u.password().is_some() {
+        out.push_str(u.username());
+        if u.password().is_some() {
+            out.push_str(":…");
+        }
+        out.push('@');
+    }
+    out.push_str(u.host_str().unwrap_or_default());
+    if let Some(port) = u.port() {
+        out.push_str(&format!(":{port}"));
+    }
+    out.push_str(u.path());
+    if let Some(q) = u.query() {
+        out.push_str(&redact_query(&format!("?{q}")));
+    }
+    out
+}
+
+/// Hides the values of secret query parameters.
+fn redact_query(s: &str) -> String {
+    let Some((base, query)) = s.split_once('?') else {
+        return s.to_owned();
+    };
+    let params: Vec<String> = query
+        .split('&')
+        .map(|kv| {
+            let key = kv.split_once('=').map_or(kv, |(k, _)| k);
+            let secret = ["password", "sslpassword"]
+                .iter()
+                .any(|k| key.eq_ignore_ascii_case(k));
+            if secret && kv.contains('=') {
+                format!("{key}=…")
+            } else {
+                kv.to_owned()
+            }
+        })
+        .collect();
+    format!("{base}?{}", params.join("&"))
 }
 
 fn load_kek(cfg: &Config) -> anyhow::Result<Kek> {
@@ -500,8 +631,12 @@ async fn renew_server_cert(
     }
 }
 
+/// Binds the admin socket so that no other user can ever connect to it: it is created inside
+/// a fresh private directory (mode 0700, ours), set to 0600 there, and only then renamed into
+/// place. There is no moment at which the socket is reachable with a wider mode (chmod after
+/// bind leaves such a window, and a connection made in it keeps working).
 fn bind_admin_socket(path: &Path) -> anyhow::Result<UnixListener> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     if path.exists() {
         // A socket left by a previous run that did not shut down cleanly.
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
@@ -513,11 +648,30 @@ fn bind_admin_socket(path: &Path) -> anyhow::Result<UnixListener> {
         std::fs::remove_file(path)
             .with_context(|| format!("removing stale admin socket {}", path.display()))?;
     }
-    let listener = UnixListener::bind(path)
-        .with_context(|| format!("binding admin socket {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("chmod 0600 {}", path.display()))?;
-    Ok(listener)
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut random = [0u8; 8];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut random)
+        .map_err(|_| anyhow!("no randomness for the admin socket's staging directory"))?;
+    let staging = parent.join(format!(".admin-sock-{}", hex::encode(random)));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&staging)
+        .with_context(|| format!("creating {}", staging.display()))?;
+    let result = (|| {
+        let staged = staging.join("admin.sock");
+        let listener = UnixListener::bind(&staged)
+            .with_context(|| format!("binding admin socket {}", staged.display()))?;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("chmod 0600 {}", staged.display()))?;
+        std::fs::rename(&staged, path)
+            .with_context(|| format!("moving the admin socket into place at {}", path.display()))?;
+        Ok(listener)
+    })();
+    let _ = std::fs::remove_dir_all(&staging);
+    result
 }
 
 #[cfg(test)]
@@ -535,5 +689,90 @@ mod tests {
             redact_url("postgres://signet@db/signet"),
             "postgres://signet@db/signet"
         );
+    }
+
+    #[test]
+    fn passwords_in_query_parameters_are_redacted() {
+        let r = redact_url("postgres://db/signet?user=signet&password=hunter2&sslmode=require");
+        assert_eq!(
+            r,
+            "postgres://db/signet?user=signet&password=…&sslmode=require"
+        );
+        let r = redact_url("postgresql://u@db/x?PassWord=hunter2&sslpassword=k3y");
+        assert_eq!(r, "postgresql://u@db/x?PassWord=…&sslpassword=…");
+        assert!(!redact_url("sqlite:x.db?password=hunter2").contains("hunter2"));
+    }
+
+    #[test]
+    fn passwords_containing_at_signs_are_redacted() {
+        let r = redact_url("postgres://signet:p@ss@w0rd@db:5432/signet");
+        assert_eq!(r, "postgres://signet:…@db:5432/signet");
+        assert!(!r.contains("ss"), "{r}");
+        let r = redact_url("postgres://signet:a:b@c@db/signet?password=x@y");
+        assert_eq!(r, "postgres://signet:…@db/signet?password=…");
+        // An @ in another query parameter keeps the host readable.
+        let r = redact_url("postgres://u@127.0.0.1:1/x?password=s3cr@t&sslmode=disable");
+        assert_eq!(r, "postgres://u@127.0.0.1:1/x?password=…&sslmode=disable");
+        // Unparsable (a password with '/', '?' or '#' unescaped): hidden entirely.
+        for bad in [
+            "postgres://u:p/ss@db/x",
+            "postgres://u:p?ss@db/x",
+            "postgres://u:p#ss@db/x",
+        ] {
+            let r = redact_url(bad);
+            assert!(!r.contains("ss"), "{bad}: {r}");
+        }
+        assert_eq!(
+            redact_url("postgres://[::1]:5432/x"),
+            "postgres://[::1]:5432/x"
+        );
+    }
+
+    #[test]
+    fn the_admin_socket_is_0600_from_the_start_and_nothing_is_left_behind() {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("admin.sock");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let _l = bind_admin_socket(&path).unwrap();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            assert!(meta.file_type().is_socket());
+            assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+            // Connectable at its final path.
+            std::os::unix::net::UnixStream::connect(&path).unwrap();
+            let names: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            assert_eq!(names, ["admin.sock"]);
+            // A second server on the same data_dir is refused, naming the socket.
+            let err = bind_admin_socket(&path).unwrap_err().to_string();
+            assert!(err.contains("in use"), "{err}");
+        });
+    }
+
+    #[test]
+    fn data_dir_is_forced_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+        create_private_dir(&data).unwrap();
+        let mode = std::fs::metadata(&data).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o700);
+        let fresh = dir.path().join("a/b");
+        create_private_dir(&fresh).unwrap();
+        let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o700);
+        // A symlink is refused rather than followed.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&data, &link).unwrap();
+        let err = create_private_dir(&link).unwrap_err().to_string();
+        assert!(err.contains("symlink"), "{err}");
     }
 }

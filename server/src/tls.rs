@@ -12,9 +12,13 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
+
+use crate::limits::conn::{ConnRegistry, LimitedIo};
+use crate::limits::source::PerSource;
+use crate::metrics::Metrics;
 
 /// The crypto provider used everywhere in Signet: ring (no aws-lc-rs, no C build).
 pub fn provider() -> Arc<CryptoProvider> {
@@ -81,16 +85,39 @@ pub fn server_config(
     Ok(cfg)
 }
 
+/// The connection limits of the gRPC listener.
+#[derive(Debug, Clone)]
+pub struct AcceptLimits {
+    /// Connections open at once, handshakes included.
+    pub max_connections: usize,
+    /// Of those, from one source address (IPv6: one /64).
+    pub max_connections_per_source: usize,
+    pub handshake_timeout: Duration,
+    /// A connection with no request in flight this long is closed.
+    pub idle_timeout: Duration,
+}
+
+/// A connection handed to tonic: TLS over TCP, holding a slot of the connection cap.
+pub type Conn = LimitedIo<TlsStream<TcpStream>>;
+
 /// Accepts TCP connections and completes TLS handshakes off the accept loop, handing
-/// finished streams to tonic. A slow or failed handshake never blocks others.
+/// finished streams to tonic. A slow or failed handshake never blocks others and is dropped
+/// after `handshake_timeout`. At most `max_connections` are open at once: a connection beyond
+/// that is closed as soon as it is accepted (never queued), so the listener's memory and file
+/// descriptors stay bounded and the client sees the refusal at once.
 pub fn accept_loop(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
-    handshake_timeout: Duration,
-) -> mpsc::Receiver<Result<TlsStream<TcpStream>, std::io::Error>> {
+    limits: AcceptLimits,
+    registry: Arc<ConnRegistry>,
+    metrics: Arc<Metrics>,
+) -> mpsc::Receiver<Result<Conn, std::io::Error>> {
     let (tx, rx) = mpsc::channel(256);
     let acceptor = TlsAcceptor::from(config);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let per_source = PerSource::new(limits.max_connections_per_source);
     tokio::spawn(async move {
+        let mut refused: u64 = 0;
         loop {
             let (tcp, peer) = match listener.accept().await {
                 Ok(c) => c,
@@ -101,16 +128,46 @@ pub fn accept_loop(
                     continue;
                 }
             };
-            let _ = tcp.set_nodelay(true);
             if tx.is_closed() {
                 break;
             }
+            let taken = per_source
+                .try_take(peer.ip())
+                .ok_or("limits.max_connections_per_source")
+                .and_then(|s| {
+                    let p = slots.clone().try_acquire_owned();
+                    p.map(|p| (s, p)).map_err(|_| "limits.max_connections")
+                });
+            let (source_slot, permit) = match taken {
+                Ok(t) => t,
+                Err(limit) => {
+                    refused += 1;
+                    metrics.limited("connections");
+                    // Throttled: a flood of refused connections should not also flood the log.
+                    if refused.is_power_of_two() || refused.is_multiple_of(1024) {
+                        tracing::warn!(%peer, limit, refused_total = refused,
+                            "connection refused: limit reached");
+                    }
+                    drop(tcp);
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
             let acceptor = acceptor.clone();
             let tx = tx.clone();
+            let registry = registry.clone();
+            let limits = limits.clone();
             tokio::spawn(async move {
-                match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+                match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {
-                        let _ = tx.send(Ok(stream)).await;
+                        let conn = LimitedIo::new(
+                            stream,
+                            Some(peer),
+                            registry,
+                            limits.idle_timeout,
+                            (permit, source_slot),
+                        );
+                        let _ = tx.send(Ok(conn)).await;
                     }
                     Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                     Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),

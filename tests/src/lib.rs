@@ -255,6 +255,11 @@ impl Server {
         self.data_dir.join("admin.sock")
     }
 
+    /// The server process's id (for /proc checks).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     pub fn bundle_path(&self) -> PathBuf {
         self.data_dir.join("bundle.pem")
     }

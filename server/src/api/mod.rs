@@ -30,6 +30,12 @@ pub enum ApiError {
     /// Retry later (database down, queue full, CA not valid now).
     #[error("{0}")]
     Unavailable(String),
+    /// A rate limit or cap: retry after the hint (also sent as `grpc-retry-pushback-ms`).
+    #[error("{message}")]
+    ResourceExhausted {
+        message: String,
+        retry_after: std::time::Duration,
+    },
     /// Our bug or an operator problem; details are logged, not returned.
     #[error("internal error (see server log, request {0})")]
     Internal(String),
@@ -44,6 +50,7 @@ impl ApiError {
             ApiError::PermissionDenied(_) => "permission_denied",
             ApiError::NotFound(_) => "not_found",
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::ResourceExhausted { .. } => "resource_exhausted",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -51,12 +58,20 @@ impl ApiError {
 
 impl From<ApiError> for Status {
     fn from(e: ApiError) -> Self {
+        if let ApiError::ResourceExhausted {
+            message,
+            retry_after,
+        } = e
+        {
+            return crate::limits::resource_exhausted(message, retry_after);
+        }
         let code = match &e {
             ApiError::InvalidArgument(_) => Code::InvalidArgument,
             ApiError::Unauthenticated(_) => Code::Unauthenticated,
             ApiError::PermissionDenied(_) => Code::PermissionDenied,
             ApiError::NotFound(_) => Code::NotFound,
             ApiError::Unavailable(_) => Code::Unavailable,
+            ApiError::ResourceExhausted { .. } => Code::ResourceExhausted,
             ApiError::Internal(_) => Code::Internal,
         };
         Status::new(code, e.to_string())

@@ -378,6 +378,8 @@ impl NodeApi {
                 return Err(ApiError::PermissionDenied(message));
             }
         };
+        // One node token re-attesting in a loop: limits.attestation_per_caller.
+        self.issuer.check_attestation_rate(&node.node_id)?;
         let how = format!(
             "the Kubernetes service-account token of {} (pod {}, node {})",
             node.service_account,

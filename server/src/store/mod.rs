@@ -119,10 +119,15 @@ impl From<sqlx::Error> for StoreError {
             | sqlx::Error::WorkerCrashed
             | sqlx::Error::Tls(_) => StoreError::Unavailable(e.to_string()),
             sqlx::Error::Database(ref db) => {
-                // PostgreSQL: class 08 (connection), 57P0x (shutdown), 53 (resources).
+                // PostgreSQL: class 08 (connection), 57P0x (shutdown), 53 (resources),
+                // 55P03 (lock_timeout), 57014 (statement_timeout), 25P03 (idle in
+                // transaction timeout): all retryable.
                 match db.code().as_deref() {
                     Some(c)
-                        if c.starts_with("08") || c.starts_with("57P") || c.starts_with("53") =>
+                        if c.starts_with("08")
+                            || c.starts_with("57P")
+                            || c.starts_with("53")
+                            || matches!(c, "55P03" | "57014" | "25P03") =>
                     {
                         StoreError::Unavailable(e.to_string())
                     }
@@ -175,12 +180,24 @@ pub trait Store: NodeStore + Send + Sync + 'static {
 
 /// Connects to `url` (`sqlite://PATH` or `postgres://…`), applies migrations, and returns the
 /// store. `acquire_timeout` bounds how long a request waits for a connection before the store
-/// answers Unavailable.
+/// answers Unavailable; the other `[database]` settings keep their defaults.
 pub async fn connect(url: &str, acquire_timeout: Duration) -> Result<Arc<dyn Store>, StoreError> {
+    let cfg = crate::config::DatabaseConfig {
+        acquire_timeout,
+        ..crate::config::DatabaseConfig::default()
+    };
+    connect_with(url, &cfg).await
+}
+
+/// [`connect`] with every `[database]` setting (session timeouts, pool size, busy timeout).
+pub async fn connect_with(
+    url: &str,
+    cfg: &crate::config::DatabaseConfig,
+) -> Result<Arc<dyn Store>, StoreError> {
     if url.starts_with("sqlite:") {
-        Ok(Arc::new(SqliteStore::connect(url, acquire_timeout).await?))
+        Ok(Arc::new(SqliteStore::connect_with(url, cfg).await?))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        Ok(Arc::new(PgStore::connect(url, acquire_timeout).await?))
+        Ok(Arc::new(PgStore::connect_with(url, cfg).await?))
     } else {
         // Never echo the URL: it may carry a password.
         let scheme = url.split_once(':').map_or("", |(s, _)| s);

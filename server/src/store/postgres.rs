@@ -6,13 +6,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
+use crate::config::DatabaseConfig;
+
 use super::rows::{self, CA_KEY_COLUMNS, CERT_COLUMNS, DbAuditEvent, DbCaKey, DbCertificate};
 use super::sqlite::map_migrate_err;
 use super::{
     AuditEvent, CertificateRow, LedgerHead, NewCertificate, Store, StoreError, StoredCaKey,
 };
 
-const MAX_CONNECTIONS: u32 = 16;
 /// Bounds the first connection at startup, so an unreachable database answers quickly.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -25,15 +26,30 @@ pub struct PgStore {
 }
 
 impl PgStore {
-    /// Connects to `url` (`postgres://…`) with a pool of 16 connections and applies migrations
-    /// (under sqlx's advisory lock, so replicas starting together migrate once).
+    /// Connects to `url` (`postgres://…`) with the default `[database]` settings and the
+    /// given acquire timeout; see [`PgStore::connect_with`].
     pub async fn connect(url: &str, acquire_timeout: Duration) -> Result<Self, StoreError> {
+        let cfg = DatabaseConfig {
+            acquire_timeout,
+            ..DatabaseConfig::default()
+        };
+        Self::connect_with(url, &cfg).await
+    }
+
+    /// Connects to `url` (`postgres://…`) and applies migrations (under sqlx's advisory lock,
+    /// so replicas starting together migrate once). Every session of the pool starts with
+    /// `lock_timeout`, `statement_timeout` and `idle_in_transaction_session_timeout` from
+    /// `cfg`, so no session (ours, or one stuck holding the ledger head) can stop issuance
+    /// for longer than those bounds.
+    pub async fn connect_with(url: &str, cfg: &DatabaseConfig) -> Result<Self, StoreError> {
+        let acquire_timeout = cfg.acquire_timeout;
         // The URL may carry a password: never echo it.
         let options = PgConnectOptions::from_str(url)
             .map_err(|_| StoreError::Database("invalid PostgreSQL URL".into()))?
-            .application_name("signet-server");
+            .application_name("signet-server")
+            .options(session_settings(cfg));
         let pool_options = PgPoolOptions::new()
-            .max_connections(MAX_CONNECTIONS)
+            .max_connections(cfg.max_connections.max(1))
             .acquire_timeout(acquire_timeout);
         let pool = tokio::time::timeout(
             CONNECT_TIMEOUT.max(acquire_timeout),
@@ -48,6 +64,19 @@ impl PgStore {
         MIGRATOR.run(&pool).await.map_err(map_migrate_err)?;
         Ok(Self { pool })
     }
+}
+
+/// The settings every session starts with (PostgreSQL's startup `options`), in milliseconds.
+fn session_settings(cfg: &DatabaseConfig) -> [(&'static str, String); 3] {
+    let ms = |d: Duration| d.as_millis().clamp(1, i32::MAX as u128).to_string();
+    [
+        ("lock_timeout", ms(cfg.lock_timeout)),
+        ("statement_timeout", ms(cfg.statement_timeout)),
+        (
+            "idle_in_transaction_session_timeout",
+            ms(cfg.idle_in_transaction_timeout),
+        ),
+    ]
 }
 
 super::nodes::impl_node_store!(PgStore, StoreError::from);

@@ -1,5 +1,6 @@
 //! The embedded store: one SQLite file (WAL, `synchronous=FULL`).
 
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -8,13 +9,14 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+use crate::config::DatabaseConfig;
+
 use super::rows::{self, CA_KEY_COLUMNS, CERT_COLUMNS, DbAuditEvent, DbCaKey, DbCertificate};
 use super::{
     AuditEvent, CertificateRow, LedgerHead, NewCertificate, Store, StoreError, StoredCaKey,
 };
 
-/// How long a writer waits for another writer's lock before giving up (Unavailable).
-const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most connections to one SQLite file (one writer at a time anyway).
 const MAX_CONNECTIONS: u32 = 8;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -46,27 +48,46 @@ pub(super) fn map_migrate_err(e: sqlx::migrate::MigrateError) -> StoreError {
 }
 
 impl SqliteStore {
-    /// Opens (creating it and its directory if missing) the database at `url`
-    /// (`sqlite://PATH`, `sqlite:PATH` or `sqlite::memory:`) and applies migrations.
+    /// Opens the database at `url` with the default `[database]` settings and the given
+    /// acquire timeout; see [`SqliteStore::connect_with`].
     pub async fn connect(url: &str, acquire_timeout: Duration) -> Result<Self, StoreError> {
+        let cfg = DatabaseConfig {
+            acquire_timeout,
+            ..DatabaseConfig::default()
+        };
+        Self::connect_with(url, &cfg).await
+    }
+
+    /// Opens (creating it and its directory if missing) the database at `url`
+    /// (`sqlite://PATH`, `sqlite:PATH` or `sqlite::memory:`) and applies migrations. A writer
+    /// waits at most `cfg.sqlite_busy_timeout` for another's lock. The database file and its
+    /// `-wal`/`-shm` companions are readable by their owner only (0600): they hold every
+    /// certificate issued and, by default, the encrypted CA key.
+    pub async fn connect_with(url: &str, cfg: &DatabaseConfig) -> Result<Self, StoreError> {
+        let acquire_timeout = cfg.acquire_timeout;
         let options = SqliteConnectOptions::from_str(url)
             .map_err(|e| StoreError::Database(format!("invalid SQLite URL: {e}")))?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             // Commit-before-return: a committed batch must survive power loss.
             .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(BUSY_TIMEOUT)
+            .busy_timeout(cfg.sqlite_busy_timeout)
             .foreign_keys(true);
-        if let Some(dir) = options.get_filename().parent()
-            && !dir.as_os_str().is_empty()
-            && !dir.exists()
-        {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| StoreError::Unavailable(format!("creating {}: {e}", dir.display())))?;
-        }
         // An in-memory database is shared-cache, where writers do not wait for each other's
         // locks: one connection serializes them.
         let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        if !in_memory {
+            let file = options.get_filename();
+            if let Some(dir) = file.parent()
+                && !dir.as_os_str().is_empty()
+                && !dir.exists()
+            {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    StoreError::Unavailable(format!("creating {}: {e}", dir.display()))
+                })?;
+            }
+            private_files(file)?;
+        }
         // Opening a new file switches it to WAL, which needs an exclusive lock that SQLite
         // does not wait for: processes opening a new file together retry.
         let mut attempt = 0;
@@ -105,6 +126,44 @@ impl SqliteStore {
         }
         Ok(Self { pool })
     }
+}
+
+/// Creates the database file with mode 0600 if it is missing (SQLite gives its `-wal` and
+/// `-shm` files the database file's mode), and tightens an existing file and its companions
+/// to 0600.
+fn private_files(db: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let fail = |what: &str, p: &Path, e: std::io::Error| {
+        StoreError::Unavailable(format!("{what} {}: {e}", p.display()))
+    };
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(db)
+    {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(fail("creating", db, e)),
+    }
+    let mut paths = vec![db.to_path_buf()];
+    for suffix in ["-wal", "-shm", "-journal"] {
+        let mut p = db.as_os_str().to_owned();
+        p.push(suffix);
+        paths.push(p.into());
+    }
+    for p in paths {
+        match std::fs::metadata(&p) {
+            Ok(m) if m.permissions().mode() & 0o077 != 0 => {
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))
+                    .map_err(|e| fail("chmod 0600", &p, e))?;
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(fail("reading", &p, e)),
+        }
+    }
+    Ok(())
 }
 
 super::nodes::impl_node_store!(SqliteStore, map_err);

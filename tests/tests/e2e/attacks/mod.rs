@@ -16,8 +16,11 @@
 mod support;
 
 mod database_ledger_tamper;
+mod database_stalls;
 mod impersonator_privileged;
+mod local_user_files;
 mod local_user_mint_key_mode;
+mod network_limits;
 mod network_plugged_ca_sibling;
 mod network_reserved_names;
 mod network_server_impersonation;
