@@ -19,6 +19,8 @@ pub struct Metrics {
     pub renewals: Counter,
     /// Failed renewal attempts.
     pub renewal_failures: Counter,
+    /// The Workload API's defences (connection caps, timeouts, refused writers).
+    pub workload: Arc<crate::workload::WorkloadMetrics>,
     state: StateReceiver,
     clock: Arc<dyn Clock>,
 }
@@ -50,8 +52,10 @@ impl Metrics {
             "Failed renewal attempts",
             renewal_failures.clone(),
         );
+        let workload = Arc::new(crate::workload::WorkloadMetrics::register(&mut registry));
         Self {
             registry,
+            workload,
             certificates,
             earliest_expiry_seconds,
             renewals,

@@ -1,103 +1,50 @@
 //! The SPIFFE Workload API on a Unix socket.
 //!
-//! Every connection is attested from the kernel's peer credentials when it is accepted
-//! ([`AttestedStream`]); each request is then matched against the entries in the agent's state.
-//! `FetchX509SVID` and `FetchX509Bundles` stream the caller's full current view at once and
-//! again whenever it changes; a caller that loses its last identity gets PermissionDenied and
-//! the stream ends. The JWT RPCs answer Unimplemented.
+//! - [`listen`]: the socket (mode, group, no window before they are set) and the accept loop
+//!   (connection caps global and per uid, backoff on accept errors).
+//! - [`conn`]: one connection: its peer process, per-message credentials (bytes written by
+//!   any other process close it), first-request and idle timeouts.
+//!
+//! The caller is attested for **every request, and again for every update a stream sends**
+//! ([`crate::attest::Attestor::attest`]), never once per connection: a process that died, whose
+//! pid was reused, or that now runs another executable gets what it proves now. `FetchX509SVID`
+//! and `FetchX509Bundles` stream the caller's full current view at once and again whenever it
+//! changes; a caller that loses its last identity gets PermissionDenied and the stream ends.
+//! The JWT RPCs answer Unimplemented.
+
+pub mod conn;
+pub mod listen;
+pub mod metrics;
 
 use std::collections::HashMap;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use futures::Stream;
 use signet_proto::workload as pb;
 use signet_proto::workload::spiffe_workload_api_server::{
     SpiffeWorkloadApi, SpiffeWorkloadApiServer,
 };
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{UnixListener, UnixStream};
-use tonic::transport::server::Connected;
 use tonic::{Request, Response, Status};
 
-use crate::attest::{Attestor, Caller};
+use crate::attest::{AttestError, Attestor, Caller};
 use crate::state::{AgentState, Identity, StateReceiver};
+use conn::{ActiveGuard, PeerSource};
+pub use conn::{AttestedStream, Peer, PeerInfo};
+pub use listen::{ServeOptions, bind, bind_with, serve, serve_with};
+pub use metrics::WorkloadMetrics;
 
 /// The metadata every Workload API request must carry.
 pub const SECURITY_HEADER: &str = "workload.spiffe.io";
-
-/// A Unix stream with the caller's credentials, read once at accept time.
-pub struct AttestedStream {
-    inner: UnixStream,
-    peer: PeerInfo,
-}
-
-/// The request extension carrying the caller; `None` when the kernel gave no credentials.
-#[derive(Debug, Clone)]
-pub struct PeerInfo(pub Option<Arc<Caller>>);
-
-impl AttestedStream {
-    pub fn new(inner: UnixStream, proc_root: &Path) -> Self {
-        let caller = Caller::from_stream(&inner, proc_root).ok().map(Arc::new);
-        Self {
-            inner,
-            peer: PeerInfo(caller),
-        }
-    }
-}
-
-impl Connected for AttestedStream {
-    type ConnectInfo = PeerInfo;
-    fn connect_info(&self) -> PeerInfo {
-        self.peer.clone()
-    }
-}
-
-impl AsyncRead for AttestedStream {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for AttestedStream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-}
 
 /// The Workload API service.
 #[derive(Clone)]
 pub struct WorkloadApi {
     state: StateReceiver,
     attestor: Arc<Attestor>,
+    metrics: Arc<WorkloadMetrics>,
 }
 
 impl WorkloadApi {
@@ -105,14 +52,22 @@ impl WorkloadApi {
         Self {
             state,
             attestor: Arc::new(attestor),
+            metrics: Arc::new(WorkloadMetrics::default()),
         }
+    }
+
+    /// Counts attestation failures in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<WorkloadMetrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     pub fn into_server(self) -> SpiffeWorkloadApiServer<Self> {
         SpiffeWorkloadApiServer::new(self)
     }
 
-    fn caller<T>(req: &Request<T>) -> Result<Arc<Caller>, Status> {
+    /// The connection's peer, once the security header is checked.
+    fn peer<T>(req: &Request<T>) -> Result<Arc<Peer>, Status> {
         let header = req
             .metadata()
             .get(SECURITY_HEADER)
@@ -124,54 +79,109 @@ impl WorkloadApi {
         }
         req.extensions()
             .get::<PeerInfo>()
-            .and_then(|p| p.0.clone())
+            .map(|p| p.0.clone())
             .ok_or_else(|| Status::permission_denied("caller could not be attested"))
     }
 
-    /// A stream of `view(state)` for this caller: the current one at once, then each change.
-    /// `view` returns `None` when the caller has no identity left: PermissionDenied, end.
-    fn watch<T, F>(&self, caller: Arc<Caller>, view: F) -> Result<WatchStream<T>, Status>
+    /// What the peer proves now.
+    async fn attest(
+        attestor: &Attestor,
+        metrics: &WorkloadMetrics,
+        peer: &Peer,
+    ) -> Result<Caller, Status> {
+        let result = match peer.source() {
+            PeerSource::Process(p) => attestor.attest(p).await,
+            #[cfg(test)]
+            PeerSource::Fixed(c) => Ok(c.clone()),
+        };
+        result.map_err(|e| {
+            metrics.attestation_failures.inc();
+            tracing::info!(error = %e, "Workload API: caller not attested");
+            match e {
+                AttestError::Process(_) => {
+                    Status::permission_denied(format!("caller could not be attested: {e}"))
+                }
+                AttestError::Kubernetes(_) => {
+                    Status::unavailable(format!("caller could not be attested: {e}; retry"))
+                }
+            }
+        })
+    }
+
+    /// A stream of `view(state)` for this peer: the current one at once, then each change,
+    /// each time for the caller as attested at that moment. `view` returns `None` when the
+    /// caller has no identity: PermissionDenied, end. The connection counts as in use while
+    /// the stream is open.
+    async fn watch<T, F>(&self, peer: Arc<Peer>, view: F) -> Result<WatchStream<T>, Status>
     where
         T: PartialEq + Clone + Send + 'static,
         F: Fn(&Attestor, &Caller, &AgentState) -> Option<T> + Copy + Send + Sync + 'static,
     {
+        let guard = peer.begin_request();
         let mut rx = self.state.clone();
         let attestor = self.attestor.clone();
+        let metrics = self.metrics.clone();
+        let caller = Self::attest(&attestor, &metrics, &peer).await?;
+        tracing::debug!(uid = caller.uid, pid = ?caller.pid, exe = ?caller.exe, pod = ?caller.pod.as_ref().map(|p| (&p.namespace, &p.name)), "Workload API request");
         let first = {
             let state = rx.borrow_and_update();
             view(&attestor, &caller, &state)
         }
         .ok_or_else(no_identity)?;
-        let stream = futures::stream::unfold(
-            (rx, Some(first), None::<T>, false),
-            move |(mut rx, pending, last, done)| {
-                let attestor = attestor.clone();
-                let caller = caller.clone();
-                async move {
-                    if done {
-                        return None;
-                    }
-                    if let Some(item) = pending {
-                        return Some((Ok(item.clone()), (rx, None, Some(item), false)));
-                    }
-                    loop {
-                        // The sender went away: the agent is shutting down; end the stream.
-                        rx.changed().await.ok()?;
-                        let now = {
-                            let state = rx.borrow_and_update();
-                            view(&attestor, &caller, &state)
-                        };
-                        match now {
-                            None => return Some((Err(no_identity()), (rx, None, None, true))),
-                            Some(item) if last.as_ref() == Some(&item) => continue,
-                            Some(item) => {
-                                return Some((Ok(item.clone()), (rx, None, Some(item), false)));
-                            }
+        struct Watch<T> {
+            rx: StateReceiver,
+            pending: Option<T>,
+            last: Option<T>,
+            done: bool,
+            peer: Arc<Peer>,
+            _guard: ActiveGuard,
+        }
+        let init = Watch {
+            rx,
+            pending: Some(first),
+            last: None,
+            done: false,
+            peer,
+            _guard: guard,
+        };
+        let stream = futures::stream::unfold(init, move |mut w| {
+            let attestor = attestor.clone();
+            let metrics = metrics.clone();
+            async move {
+                if w.done {
+                    return None;
+                }
+                if let Some(item) = w.pending.take() {
+                    w.last = Some(item.clone());
+                    return Some((Ok(item), w));
+                }
+                loop {
+                    // The sender went away: the agent is shutting down; end the stream.
+                    w.rx.changed().await.ok()?;
+                    let state = w.rx.borrow_and_update().clone();
+                    // Attested again for every update: the process may have exited, its pid
+                    // been reused, or it may run another executable now.
+                    let caller = match Self::attest(&attestor, &metrics, &w.peer).await {
+                        Ok(c) => c,
+                        Err(status) => {
+                            w.done = true;
+                            return Some((Err(status), w));
+                        }
+                    };
+                    match view(&attestor, &caller, &state) {
+                        None => {
+                            w.done = true;
+                            return Some((Err(no_identity()), w));
+                        }
+                        Some(item) if w.last.as_ref() == Some(&item) => continue,
+                        Some(item) => {
+                            w.last = Some(item.clone());
+                            return Some((Ok(item), w));
                         }
                     }
                 }
-            },
-        );
+            }
+        });
         Ok(Box::pin(stream))
     }
 }
@@ -242,17 +252,16 @@ impl SpiffeWorkloadApi for WorkloadApi {
         &self,
         req: Request<pb::X509svidRequest>,
     ) -> Result<Response<Self::FetchX509SVIDStream>, Status> {
-        let caller = Self::caller(&req)?;
-        tracing::debug!(uid = caller.uid, pid = ?caller.pid, "FetchX509SVID");
-        self.watch(caller, x509_svid_view).map(Response::new)
+        let peer = Self::peer(&req)?;
+        self.watch(peer, x509_svid_view).await.map(Response::new)
     }
 
     async fn fetch_x509_bundles(
         &self,
         req: Request<pb::X509BundlesRequest>,
     ) -> Result<Response<Self::FetchX509BundlesStream>, Status> {
-        let caller = Self::caller(&req)?;
-        self.watch(caller, x509_bundles_view).map(Response::new)
+        let peer = Self::peer(&req)?;
+        self.watch(peer, x509_bundles_view).await.map(Response::new)
     }
 
     async fn fetch_jwtsvid(
@@ -287,46 +296,6 @@ pub enum WorkloadError {
     Serve(String),
 }
 
-/// Binds the socket: removes a stale socket file (never another kind of file), binds, and sets
-/// mode 0777 — any local process may connect; its identity comes from its peer credentials.
-/// The directory is the operator's to protect.
-pub fn bind(path: &Path) -> Result<UnixListener, WorkloadError> {
-    let err = |e| WorkloadError::Socket(path.to_owned(), e);
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).map_err(err)?,
-        Ok(_) => return Err(WorkloadError::NotASocket(path.to_owned())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(err(e)),
-    }
-    let listener = UnixListener::bind(path).map_err(err)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777)).map_err(err)?;
-    Ok(listener)
-}
-
-/// Serves the Workload API on `listener` until `shutdown` resolves.
-pub async fn serve(
-    listener: UnixListener,
-    api: WorkloadApi,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), WorkloadError> {
-    let proc_root = PathBuf::from("/proc");
-    let incoming = futures::stream::unfold(listener, move |listener| {
-        let proc_root = proc_root.clone();
-        async move {
-            let next = listener
-                .accept()
-                .await
-                .map(|(s, _)| AttestedStream::new(s, &proc_root));
-            Some((next, listener))
-        }
-    });
-    tonic::transport::Server::builder()
-        .add_service(api.into_server())
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
-        .map_err(|e| WorkloadError::Serve(e.to_string()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,13 +303,8 @@ mod tests {
     use futures::StreamExt;
     use std::time::SystemTime;
 
-    fn me() -> Arc<Caller> {
-        Arc::new(Caller {
-            uid: 1000,
-            gid: 1000,
-            pid: Some(1),
-            exe: None,
-        })
+    fn me() -> Caller {
+        Caller::host(1000, 1000, Some(1), None)
     }
 
     fn state_with(uid: u32, key: u8) -> AgentState {
@@ -367,7 +331,7 @@ mod tests {
             r.metadata_mut()
                 .insert(SECURITY_HEADER, "true".parse().expect("value"));
         }
-        r.extensions_mut().insert(PeerInfo(Some(me())));
+        r.extensions_mut().insert(PeerInfo::fixed(me()));
         r
     }
 
@@ -484,6 +448,7 @@ mod tests {
 
     #[test]
     fn bind_replaces_stale_socket_but_not_files() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let dir = tempfile::tempdir().expect("tempdir");
         let sock = dir.path().join("agent.sock");
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -500,6 +465,19 @@ mod tests {
             std::fs::write(&file, b"x").expect("write");
             assert!(matches!(bind(&file), Err(WorkloadError::NotASocket(_))));
             assert_eq!(std::fs::read(&file).expect("kept"), b"x");
+            // A restrictive mode and a group, set before the socket is reachable by name;
+            // the private staging directory is gone.
+            let gid = std::fs::metadata("/proc/self").expect("self").gid();
+            let l = bind_with(&sock, 0o660, Some(gid)).expect("bind 0660");
+            let m = std::fs::metadata(&sock).expect("meta");
+            assert_eq!(m.permissions().mode() & 0o777, 0o660);
+            assert_eq!(m.gid(), gid);
+            let left: Vec<_> = std::fs::read_dir(dir.path())
+                .expect("dir")
+                .map(|e| e.expect("entry").file_name())
+                .collect();
+            assert_eq!(left.len(), 2, "{left:?}");
+            drop(l);
         });
     }
 }
