@@ -19,6 +19,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tonic::transport::Channel;
 
+pub mod workload;
+
 pub const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 
 /// A built binary of the workspace: in `SIGNET_BIN_DIR` when set (a private copy, for

@@ -18,9 +18,10 @@
 //! `system.slice`, or a runtime's own top-level `crio-…`/`cri-containerd-…`/`docker-…`. A
 //! user with a delegated cgroup subtree (systemd `user@<uid>.service`) can name its cgroups
 //! anything, `pod<uuid>` included, but that subtree is under `user.slice`, so such a name
-//! never makes its process look like a pod's container. Any container ID, wherever it is
-//! found, counts towards "this caller runs in a container" (that only ever takes identities
-//! away).
+//! never makes its process look like a pod's container. Container IDs are no secret (any
+//! process's cgroup is world-readable), so a container ID under an untrusted root is not used
+//! to find a pod either; it only counts towards "this caller runs in a container" (which only
+//! ever takes identities away).
 
 /// The container a process runs in, from its cgroup.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -30,6 +31,10 @@ pub struct ContainerRef {
     pub pod_uid: Option<String>,
     /// The container ID (hex), when the path names one.
     pub container_id: Option<String>,
+    /// Whether the path is under a root-owned cgroup root, so that its pod UID or container
+    /// ID may be used to look the pod up. An untrusted path still marks the caller as
+    /// containerized.
+    pub trusted: bool,
 }
 
 impl ContainerRef {
@@ -81,6 +86,7 @@ pub fn container_of_path(path: &str) -> Option<ContainerRef> {
     Some(ContainerRef {
         pod_uid,
         container_id,
+        trusted: trusted_root,
     })
 }
 
@@ -160,6 +166,7 @@ mod tests {
         Some(ContainerRef {
             pod_uid: Some(UID.into()),
             container_id: Some(CID.into()),
+            trusted: true,
         })
     }
 
@@ -215,17 +222,18 @@ mod tests {
 
     #[test]
     fn containers_without_pods() {
-        for path in [
-            format!("/docker/{CID}"),
-            format!("/system.slice/docker-{CID}.scope"),
-            format!("/machine.slice/libpod-{CID}.scope"),
-            format!("/../crio-{CID}.scope"),
+        for (path, trusted) in [
+            (format!("/docker/{CID}"), false),
+            (format!("/system.slice/docker-{CID}.scope"), true),
+            (format!("/machine.slice/libpod-{CID}.scope"), false),
+            (format!("/../crio-{CID}.scope"), true),
         ] {
             assert_eq!(
                 container_of_path(&path),
                 Some(ContainerRef {
                     pod_uid: None,
-                    container_id: Some(CID.into())
+                    container_id: Some(CID.into()),
+                    trusted,
                 }),
                 "{path}"
             );
@@ -235,7 +243,8 @@ mod tests {
             container_of_path(&format!("/kubepods/burstable/pod{UID}")),
             Some(ContainerRef {
                 pod_uid: Some(UID.into()),
-                container_id: None
+                container_id: None,
+                trusted: true,
             })
         );
         // A static pod's hash UID (no dashes).
@@ -244,7 +253,8 @@ mod tests {
             container_of_path(&format!("/kubepods/besteffort/pod{hash}/{CID}")),
             Some(ContainerRef {
                 pod_uid: Some(hash.into()),
-                container_id: Some(CID.into())
+                container_id: Some(CID.into()),
+                trusted: true,
             })
         );
     }
@@ -257,6 +267,7 @@ mod tests {
         );
         let c = container_of(&spoof).expect("looks like a container");
         assert_eq!(c.pod_uid, None, "no pod from an untrusted root");
+        assert!(!c.trusted, "nor a container to look up");
         // Through a cgroup namespace the same path still starts with user.slice.
         let spoof = format!("0::/../../user.slice/user-1000.slice/kubepods-pod{UID}.slice/x/{CID}");
         assert_eq!(container_of(&spoof).expect("container").pod_uid, None);
@@ -277,6 +288,7 @@ mod tests {
         let a = ContainerRef {
             pod_uid: Some(UID.into()),
             container_id: Some(CID.into()),
+            trusted: true,
         };
         let mut b = a.clone();
         assert!(a.same_container(&b));

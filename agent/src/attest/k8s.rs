@@ -118,8 +118,12 @@ impl K8sAttestor {
 }
 
 /// The pod `container` runs in: by pod UID when the cgroup names one, else by container ID;
-/// the container must be in the pod's statuses and running.
+/// the container must be in the pod's statuses and running, and the cgroup path under a
+/// root-owned root (see [`super::cgroup`]).
 fn find(pods: &[PodInfo], container: &ContainerRef) -> Option<PodInfo> {
+    if !container.trusted {
+        return None;
+    }
     let cid = container.container_id.as_deref()?;
     pods.iter()
         .filter(|p| container.pod_uid.as_deref().is_none_or(|uid| p.is_pod(uid)))
@@ -490,6 +494,7 @@ mod tests {
         ContainerRef {
             pod_uid: pod.map(Into::into),
             container_id: cid.map(Into::into),
+            trusted: true,
         }
     }
 
@@ -515,6 +520,12 @@ mod tests {
         assert_eq!(find(&pods, &cref(Some(a), Some(CID_DONE))), None);
         assert_eq!(find(&pods, &cref(Some(a), Some(&"e".repeat(64)))), None);
         assert_eq!(find(&pods, &cref(Some(a), None)), None);
+        // A container ID from a cgroup a user could have named: never looked up.
+        let untrusted = ContainerRef {
+            trusted: false,
+            ..cref(None, Some(CID_A))
+        };
+        assert_eq!(find(&pods, &untrusted), None);
     }
 
     struct Counting {

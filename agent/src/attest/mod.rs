@@ -73,14 +73,16 @@ pub enum AttestError {
 }
 
 /// Attests callers and matches them against selectors. User names resolve through a passwd
-/// file.
+/// file. A caller in the agent's own cgroup or container is not "in another container".
 #[derive(Clone)]
 pub struct Attestor {
     passwd: PathBuf,
     proc_root: PathBuf,
     k8s: Option<Arc<K8sAttestor>>,
     unix_only_entries_for_containers: bool,
-    /// The agent's own container (callers in it are not "another container").
+    /// The agent's own cgroup file and container (callers in it are not "another
+    /// container").
+    own_cgroup: Option<String>,
     own_container: Option<ContainerRef>,
 }
 
@@ -109,20 +111,21 @@ impl Attestor {
     pub fn new(passwd: impl Into<PathBuf>) -> Self {
         Self {
             passwd: passwd.into(),
-            proc_root: PathBuf::from("/proc"),
+            proc_root: PathBuf::new(),
             k8s: None,
             unix_only_entries_for_containers: false,
+            own_cgroup: None,
             own_container: None,
         }
+        .with_proc_root("/proc")
     }
 
     /// Reads callers' processes under `proc_root` (default `/proc`), and the agent's own
-    /// container from `<proc_root>/self/cgroup`.
+    /// cgroup from `<proc_root>/self/cgroup`.
     pub fn with_proc_root(mut self, proc_root: impl Into<PathBuf>) -> Self {
         self.proc_root = proc_root.into();
-        self.own_container = std::fs::read_to_string(self.proc_root.join("self/cgroup"))
-            .ok()
-            .and_then(|c| cgroup::container_of(&c));
+        self.own_cgroup = std::fs::read_to_string(self.proc_root.join("self/cgroup")).ok();
+        self.own_container = self.own_cgroup.as_deref().and_then(cgroup::container_of);
         self
     }
 
@@ -147,16 +150,27 @@ impl Attestor {
     /// when the caller is in a container and its pod cannot be looked up.
     pub async fn attest(&self, peer: &PeerProcess) -> Result<Caller, AttestError> {
         let facts = peer.inspect()?;
-        let container = facts
-            .cgroup
-            .as_deref()
-            .and_then(cgroup::container_of)
-            .filter(|c| {
-                !self
-                    .own_container
-                    .as_ref()
-                    .is_some_and(|own| own.same_container(c))
-            });
+        let container = if peer.pid.is_none() {
+            // Not in the agent's pid namespace (nor one below it): another container, whose
+            // cgroup cannot be read.
+            Some(ContainerRef {
+                pod_uid: None,
+                container_id: None,
+                trusted: false,
+            })
+        } else {
+            facts
+                .cgroup
+                .as_deref()
+                .filter(|c| self.own_cgroup.as_deref() != Some(*c))
+                .and_then(cgroup::container_of)
+                .filter(|c| {
+                    !self
+                        .own_container
+                        .as_ref()
+                        .is_some_and(|own| own.same_container(c))
+                })
+        };
         let pod = match (&self.k8s, &container) {
             (Some(k8s), Some(c)) => k8s.pod_of(c).await?.map(Arc::new),
             _ => None,
@@ -311,6 +325,20 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_peer_outside_our_pid_namespace_counts_as_another_container() {
+        let peer = PeerProcess::from_parts(1000, 1000, None, None, None, Path::new("/proc"));
+        let c = Attestor::default().attest(&peer).await.expect("attested");
+        assert!(c.container.is_some());
+        let state = AgentState {
+            identities: vec![identity("uid", &["unix:uid:1000"])],
+            ..AgentState::default()
+        };
+        assert!(Attestor::default().identities_for(&c, &state).is_empty());
+        let lax = Attestor::default().with_unix_only_entries_for_containers(true);
+        assert_eq!(lax.identities_for(&c, &state).len(), 1);
+    }
+
+    #[tokio::test]
     async fn attests_own_process_from_a_socket_pair() {
         let (a, _b) = std::os::unix::net::UnixStream::pair().expect("pair");
         let peer = PeerProcess::from_socket(&a, Path::new("/proc")).expect("creds");
@@ -362,6 +390,7 @@ mod tests {
             container: Some(ContainerRef {
                 pod_uid: Some("u".into()),
                 container_id: Some(CID.into()),
+                trusted: true,
             }),
             pod: Some(pod("team-a", "web", &[("app", "web")])),
             ..caller(1000, 1000, Some("/app"))

@@ -122,8 +122,25 @@ struct Accepting {
     limiter: Arc<ConnLimiter>,
     metrics: Arc<WorkloadMetrics>,
     backoff: Duration,
-    failed_in_burst: u64,
-    refused_in_burst: u64,
+    /// Failed accepts / refused connections since the last log line about them.
+    failed_unlogged: u64,
+    refused_unlogged: u64,
+    /// No new warning about either before this (one line per burst, at most every 10 s).
+    quiet_failed_until: Option<tokio::time::Instant>,
+    quiet_refused_until: Option<tokio::time::Instant>,
+}
+
+/// At most one warning per this long about accept failures, and one about refusals.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Whether to log now; arms the next quiet period.
+fn log_due(quiet_until: &mut Option<tokio::time::Instant>) -> bool {
+    let now = tokio::time::Instant::now();
+    if quiet_until.is_some_and(|q| now < q) {
+        return false;
+    }
+    *quiet_until = Some(now + LOG_EVERY);
+    true
 }
 
 impl Accepting {
@@ -135,23 +152,21 @@ impl Accepting {
                 Ok((s, _)) => s,
                 Err(e) => {
                     self.metrics.accept_errors.inc();
-                    if self.failed_in_burst == 0 {
-                        tracing::warn!(error = %e, "Workload API: accept failed; backing off");
+                    self.failed_unlogged += 1;
+                    if log_due(&mut self.quiet_failed_until) {
+                        tracing::warn!(
+                            error = %e,
+                            failed = self.failed_unlogged,
+                            "Workload API: accept failing; backing off (logged at most every 10s)"
+                        );
+                        self.failed_unlogged = 0;
                     }
-                    self.failed_in_burst += 1;
                     tokio::time::sleep(self.backoff).await;
                     self.backoff = (self.backoff * 2).min(self.opts.accept_backoff_max);
                     continue;
                 }
             };
-            if self.failed_in_burst > 0 {
-                tracing::info!(
-                    failed = self.failed_in_burst,
-                    "Workload API: accepting connections again"
-                );
-                self.failed_in_burst = 0;
-                self.backoff = ACCEPT_BACKOFF_START;
-            }
+            self.backoff = ACCEPT_BACKOFF_START;
             let process = match PeerProcess::from_socket(&stream, &self.opts.proc_root) {
                 Ok(p) => p,
                 Err(e) => {
@@ -160,32 +175,26 @@ impl Accepting {
                 }
             };
             let permit = match self.limiter.try_acquire(process.uid) {
-                Ok(p) => {
-                    if self.refused_in_burst > 0 {
-                        tracing::info!(
-                            refused = self.refused_in_burst,
-                            "Workload API: admitting connections again"
-                        );
-                        self.refused_in_burst = 0;
-                    }
-                    p
-                }
+                Ok(p) => p,
                 Err(why) => {
                     match why {
                         Refusal::Total => self.metrics.refused_total_cap.inc(),
                         Refusal::PerUid => self.metrics.refused_uid_cap.inc(),
                     };
-                    if self.refused_in_burst == 0 {
+                    self.refused_unlogged += 1;
+                    if log_due(&mut self.quiet_refused_until) {
                         tracing::warn!(
                             uid = process.uid,
                             pid = ?process.pid,
                             reason = ?why,
+                            refused = self.refused_unlogged,
                             max_connections = self.opts.max_connections,
                             max_connections_per_uid = self.opts.max_connections_per_uid,
-                            "Workload API: connection cap reached; closing new connections"
+                            "Workload API: connection cap reached; closing new connections \
+                             (logged at most every 10s)"
                         );
+                        self.refused_unlogged = 0;
                     }
-                    self.refused_in_burst += 1;
                     continue;
                 }
             };
@@ -223,8 +232,10 @@ pub async fn serve_with(
         limiter: limiter.clone(),
         metrics: metrics.clone(),
         backoff: ACCEPT_BACKOFF_START,
-        failed_in_burst: 0,
-        refused_in_burst: 0,
+        failed_unlogged: 0,
+        refused_unlogged: 0,
+        quiet_failed_until: None,
+        quiet_refused_until: None,
         opts: opts.clone(),
     };
     let incoming = futures::stream::unfold(accepting, |mut a| async move {
@@ -260,8 +271,9 @@ pub fn resolve_group(value: &str, group_file: &Path) -> Result<u32, String> {
 /// EMFILE, which the accept loop survives with backoff).
 pub fn ensure_fd_headroom(max_connections: usize) {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    // Each connection holds its socket and the peer's pidfd.
     const SPARE: u64 = 256;
-    let want = max_connections as u64 + SPARE;
+    let want = 2 * max_connections as u64 + SPARE;
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
         return;
     };

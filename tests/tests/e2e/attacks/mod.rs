@@ -12,3 +12,7 @@
 //! | a compromised impersonator | `impersonator_*` |
 //! | a network attacker | `network_*` |
 //! | someone with database access | `database_*` |
+
+mod local_user_workload_api;
+mod other_namespace_pods;
+mod workload_fork_exec;
