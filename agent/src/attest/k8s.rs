@@ -579,4 +579,169 @@ mod tests {
         );
         assert_eq!(lister.calls.load(Ordering::SeqCst), 4);
     }
+
+    /// A TLS server on 127.0.0.1 answering every request with `body` when it carries the
+    /// bearer token `good`, 401 otherwise; it records each request line. Returns its URL and
+    /// its CA's PEM.
+    async fn https_server(body: String) -> (String, String, Arc<std::sync::Mutex<Vec<String>>>) {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let ca_key = KeyPair::generate().expect("key");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).expect("ca");
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().expect("key");
+        let mut leaf = CertificateParams::new(Vec::<String>::new()).expect("params");
+        leaf.subject_alt_names = vec![SanType::IpAddress([127, 0, 0, 1].into())];
+        let cert = leaf.signed_by(&key, &issuer).expect("leaf");
+        let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .expect("cert");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("https://{}", listener.local_addr().expect("addr"));
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let Ok(mut s) = acceptor.accept(tcp).await else {
+                    continue;
+                };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 512];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).to_string();
+                log.lock()
+                    .expect("lock")
+                    .push(head.lines().next().unwrap_or_default().to_owned());
+                let ok = head.contains("authorization: Bearer good\r\n");
+                let (status, b) = if ok {
+                    ("200 OK", body.clone())
+                } else {
+                    ("401 Unauthorized", String::new())
+                };
+                let resp = format!(
+                    "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{b}",
+                    b.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+                let _ = s.shutdown().await;
+            }
+        });
+        (url, ca_cert.pem(), seen)
+    }
+
+    #[tokio::test]
+    async fn the_kubelet_is_verified_and_authenticated_to() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (url, ca_pem, seen) = https_server(pod_list_json()).await;
+        let ca_file = dir.path().join("ca.pem");
+        std::fs::write(&ca_file, &ca_pem).expect("ca");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "good\n").expect("token");
+        let cfg = KubernetesAttestorConfig {
+            enabled: true,
+            url: Some(url.clone()),
+            ca_file: Some(ca_file.clone()),
+            token_file: token.clone(),
+            ..KubernetesAttestorConfig::default()
+        };
+        let pods = HttpPodLister::new(&cfg)
+            .expect("lister")
+            .list()
+            .await
+            .expect("pods");
+        assert_eq!(pods.len(), 2);
+
+        // Another CA: the kubelet's certificate is refused.
+        let (_, other_ca, _) = https_server(String::new()).await;
+        std::fs::write(&ca_file, other_ca).expect("ca");
+        let err = HttpPodLister::new(&cfg)
+            .expect("lister")
+            .list()
+            .await
+            .expect_err("untrusted");
+        assert!(err.0.contains("TLS"), "{err}");
+        // Unless verification is skipped, explicitly.
+        let skip = KubernetesAttestorConfig {
+            skip_kubelet_verification: true,
+            ca_file: None,
+            ..cfg.clone()
+        };
+        assert_eq!(
+            HttpPodLister::new(&skip)
+                .expect("lister")
+                .list()
+                .await
+                .expect("pods")
+                .len(),
+            2
+        );
+        // No CA and no skip: a configuration error, not an open door.
+        let none = KubernetesAttestorConfig {
+            ca_file: None,
+            ..cfg.clone()
+        };
+        assert!(HttpPodLister::new(&none).is_err());
+        // A wrong token: the kubelet's 401 is an error, never an empty pod list.
+        std::fs::write(&token, "bad").expect("token");
+        let err = HttpPodLister::new(&skip)
+            .expect("lister")
+            .list()
+            .await
+            .expect_err("401");
+        assert!(err.0.contains("401"), "{err}");
+        assert!(!err.0.contains("bad"), "the token is not in errors: {err}");
+        // http:// is refused.
+        let plain = KubernetesAttestorConfig {
+            url: Some("http://127.0.0.1:10255".into()),
+            ..skip.clone()
+        };
+        assert!(HttpPodLister::new(&plain).is_err());
+
+        // The API server source asks for this node's pods.
+        std::fs::write(&token, "good").expect("token");
+        let api = KubernetesAttestorConfig {
+            source: PodSource::ApiServer,
+            skip_kubelet_verification: false,
+            ca_file: Some(dir.path().join("ca2.pem")),
+            node_name: Some("node-1".into()),
+            ..cfg.clone()
+        };
+        std::fs::write(dir.path().join("ca2.pem"), &ca_pem).expect("ca");
+        assert_eq!(
+            HttpPodLister::new(&api)
+                .expect("lister")
+                .list()
+                .await
+                .expect("pods")
+                .len(),
+            2
+        );
+        let lines = seen.lock().expect("lock").clone();
+        assert_eq!(
+            lines.first().map(String::as_str),
+            Some("GET /pods HTTP/1.1")
+        );
+        assert_eq!(
+            lines.last().map(String::as_str),
+            Some("GET /api/v1/pods?fieldSelector=spec.nodeName%3Dnode-1 HTTP/1.1")
+        );
+    }
 }

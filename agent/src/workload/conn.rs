@@ -203,6 +203,15 @@ impl Peer {
 pub struct PeerInfo(pub Arc<Peer>);
 
 impl PeerInfo {
+    /// For unit tests of the API: a peer process without a socket.
+    #[cfg(test)]
+    pub fn process(process: PeerProcess) -> Self {
+        PeerInfo(Arc::new(Peer {
+            source: PeerSource::Process(process),
+            activity: Activity::new(),
+        }))
+    }
+
     /// A fixed caller for unit tests of the API (no socket, nothing re-attested).
     #[cfg(test)]
     pub fn fixed(caller: Caller) -> Self {
