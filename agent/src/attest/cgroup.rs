@@ -295,4 +295,47 @@ mod tests {
         b.container_id = Some("0".repeat(64));
         assert!(!a.same_container(&b));
     }
+
+    #[test]
+    fn hostile_names_never_panic() {
+        // Cgroup names are partly chosen by users (delegated subtrees): splice fragments
+        // that stress the parser (multibyte characters next to "pod", truncated UUIDs, many
+        // colons) in a deterministic pseudo-random order.
+        let parts = [
+            "pod",
+            "-",
+            "_",
+            ".",
+            ":",
+            "/",
+            "..",
+            "é",
+            "💥",
+            "2c48913c",
+            "b29f",
+            "11e7",
+            "9350",
+            "020968147796",
+            CID,
+            "kubepods",
+            "slice",
+            "scope",
+            "cri-containerd-",
+            "0::",
+            "\n",
+        ];
+        let mut x: u64 = 0x9e3779b97f4a7c15;
+        for _ in 0..20_000 {
+            let mut s = String::new();
+            for _ in 0..(x % 24) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                s.push_str(parts[(x % parts.len() as u64) as usize]);
+            }
+            let _ = container_of(&s);
+            let _ = container_of_path(&s);
+            x = x.wrapping_add(1);
+        }
+    }
 }

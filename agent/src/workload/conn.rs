@@ -355,12 +355,28 @@ impl AsyncRead for AttestedStream {
                         && writer != Some(pid)
                     {
                         this.metrics.foreign_writers.inc();
-                        tracing::warn!(
+                        // An attacker can repeat this at will: at most one line per 10 s.
+                        static LAST_WARNED: std::sync::atomic::AtomicU64 =
+                            std::sync::atomic::AtomicU64::new(0);
+                        let now = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map(|d| d.as_secs())
+                            .unwrap_or(0);
+                        let last = LAST_WARNED.load(Ordering::Relaxed);
+                        if now >= last + 10
+                            && LAST_WARNED
+                                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                                .is_ok()
+                        {
+                            tracing::warn!(
                             peer_pid = pid,
                             writer_pid = ?writer,
-                            "Workload API: bytes written by another process than the one that \
-                             connected (an inherited or passed socket); connection closed"
-                        );
+                                "Workload API: bytes written by another process than the one \
+                                 that connected (an inherited or passed socket); connection \
+                                 closed (counted in workload_api_foreign_writers; logged at most \
+                                 every 10s)"
+                            );
+                        }
                         return Poll::Ready(Err(io::Error::new(
                             io::ErrorKind::PermissionDenied,
                             "written by another process than the connected peer",

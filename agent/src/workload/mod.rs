@@ -96,7 +96,7 @@ impl WorkloadApi {
         };
         result.map_err(|e| {
             metrics.attestation_failures.inc();
-            tracing::info!(error = %e, "Workload API: caller not attested");
+            tracing::debug!(error = %e, "Workload API: caller not attested");
             match e {
                 AttestError::Process(_) => {
                     Status::permission_denied(format!("caller could not be attested: {e}"))

@@ -23,11 +23,15 @@ struct Flood {
 }
 
 impl Flood {
-    async fn start(socket: &std::path::Path, n: usize, other_uid: bool) -> Self {
-        let mut cmd = tokio::process::Command::new(probe_path());
-        cmd.arg("flood")
+    /// Opens connections until `n` or its own fd limit (`fd_limit`) stops it.
+    async fn start(socket: &std::path::Path, n: usize, fd_limit: u32, other_uid: bool) -> Self {
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!(
+                "ulimit -n {fd_limit} && exec \"$0\" flood \"$1\" {n}"
+            ))
+            .arg(probe_path())
             .arg(socket)
-            .arg(n.to_string())
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true);
@@ -99,9 +103,10 @@ async fn idle_connection_flood_does_not_lock_out_workloads() {
     .await;
     assert_eq!(first, [app]);
 
-    // Flood: far more connections than the per-uid cap, never a byte sent.
-    let flood = Flood::start(&l.socket, 400, am_root()).await;
-    assert!(flood.opened >= 100, "opened {}", flood.opened);
+    // Flood: connections up to the attacker's fd limit (1024), far more than the per-uid
+    // cap, never a byte sent.
+    let flood = Flood::start(&l.socket, 100_000, 1024, am_root()).await;
+    assert!(flood.opened >= 1000, "opened {}", flood.opened);
     if am_root() {
         // Another uid's flood does not touch this uid's slots: served at once, every time.
         for _ in 0..5 {
@@ -175,7 +180,7 @@ async fn accept_failures_back_off_instead_of_spinning() {
     })
     .await;
 
-    let flood = Flood::start(&l.socket, 300, false).await;
+    let flood = Flood::start(&l.socket, 300, 1024, false).await;
     assert!(flood.opened >= 150, "opened {}", flood.opened);
     // Over a window of flooding, the agent uses little CPU: a loop retrying a failing
     // accept would use a whole core.
