@@ -210,3 +210,56 @@ async fn accept_failures_back_off_instead_of_spinning() {
     flood.stop().await;
     agent.stop().await;
 }
+
+#[tokio::test]
+async fn socket_mode_and_group_keep_other_users_out_when_configured() {
+    if !am_root() {
+        eprintln!("needs root to act as another uid; skipped");
+        return;
+    }
+    let tokens = TokenIssuer::new("k1");
+    let Some(server) = pg_server(&tokens, "").await else {
+        return;
+    };
+    let app = "spiffe://example.org/grouped";
+    let token = create_token(&server, "lu3");
+    create_entry(&server, app, "lu3", &[]);
+    let l = write_config(&server, &token, app);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = l.socket.parent().unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut cfg = std::fs::read_to_string(&l.config).unwrap();
+    cfg.push_str("\n[workload_api]\nsocket_mode = \"0770\"\nsocket_group = \"0\"\n");
+    std::fs::write(&l.config, cfg).unwrap();
+    let agent = Agent::start(&l.config);
+    let ids = eventually(30, "an SVID for a member of the group", || async {
+        match probe_fetch(None, &l.socket).await {
+            Fetched::Svids(ids, _) if !ids.is_empty() => Some(ids),
+            _ => None,
+        }
+    })
+    .await;
+    assert_eq!(ids, [app]);
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let m = std::fs::metadata(&l.socket).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o770);
+        assert_eq!(m.gid(), 0);
+    }
+    // uid 65534, not in group 0: cannot even connect.
+    let out = tokio::process::Command::new(probe_path())
+        .arg("fetch")
+        .arg(&l.socket)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .await
+        .unwrap();
+    match Fetched::parse(String::from_utf8_lossy(&out.stdout).trim()) {
+        Fetched::Refused(-2, msg) => assert!(msg.contains("ermission denied"), "{msg}"),
+        other => panic!("another user reached the socket: {other:?}"),
+    }
+    agent.stop().await;
+}
