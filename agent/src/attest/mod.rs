@@ -16,7 +16,8 @@
 //! that same process (see `workload::conn`). `unix:path`: the executable image the process
 //! runs when it is inspected, not the code it executes (`LD_PRELOAD`, `ptrace`, an interpreter
 //! running a script, a writable binary replaced on disk all run other code under the same
-//! path), nor what it ran when it wrote a request it sent before an `exec`. `k8s:*`: the pod
+//! path), nor what it ran when it wrote a request it sent before an `exec` that happened
+//! before the agent accepted the connection (an `exec` after it is refused). `k8s:*`: the pod
 //! whose running container the process's cgroup names, as the kubelet or API server reports
 //! it. A caller in a container is not served entries whose selectors are all `unix:*` unless
 //! `workload_api.unix_only_entries_for_containers` says so.

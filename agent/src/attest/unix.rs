@@ -9,6 +9,11 @@
 //! so the files read in between were that process's. A peer that exited, or whose pid now
 //! names another process, is refused ([`ProcessError::Gone`], [`ProcessError::PidReused`]).
 //!
+//! The executable is also noted at accept; a process that runs another one at a request than
+//! when it was accepted (it called `exec` in between) is refused
+//! ([`ProcessError::ExecutableChanged`]). This narrows, but cannot close, the race of a process
+//! that writes a request and then execs an allowed binary before the agent accepts it.
+//!
 //! Without `SO_PEERPIDFD` (older kernels) only the start time guards the reads, and the pid
 //! could in principle be reused between `connect` and `accept` by a process started in that
 //! window; see the Security section of the README.
@@ -36,6 +41,8 @@ pub enum ProcessError {
     PidReused(i32),
     #[error("cannot read the calling process {0}: {1}")]
     Unreadable(i32, String),
+    #[error("the calling process {0} runs another executable than when it connected")]
+    ExecutableChanged(i32),
 }
 
 /// The connected peer: its credentials from the kernel and a handle that keeps telling us
@@ -49,6 +56,9 @@ pub struct PeerProcess {
     pidfd: Option<OwnedFd>,
     /// Field 22 of `/proc/<pid>/stat` at accept, in clock ticks since boot.
     start_time: Option<u64>,
+    /// `/proc/<pid>/exe` at accept: a process that execs another binary after connecting
+    /// (possibly after writing a request) is refused.
+    exe_at_accept: Option<PathBuf>,
     proc_root: PathBuf,
 }
 
@@ -60,16 +70,22 @@ impl PeerProcess {
         // Linux 6.5+: a pidfd for the very process that connected, race-free.
         let pidfd = pid.and_then(|_| getsockopt(&fd, sockopt::PeerPidfd).ok());
         let start_time = pid.and_then(|p| read_start_time(proc_root, p).ok());
-        let peer = Self {
+        let exe_at_accept =
+            pid.and_then(|p| std::fs::read_link(proc_root.join(p.to_string()).join("exe")).ok());
+        let mut peer = Self {
             uid: cred.uid(),
             gid: cred.gid(),
             pid,
             pidfd,
             start_time,
+            exe_at_accept,
             proc_root: proc_root.to_owned(),
         };
         // The process may already be gone (it connected and exited): keep the credentials,
-        // every inspection will refuse.
+        // every inspection will refuse. The executable read above must be this process's.
+        if peer.check().is_err() {
+            peer.start_time = None;
+        }
         Ok(peer)
     }
 
@@ -82,12 +98,15 @@ impl PeerProcess {
         start_time: Option<u64>,
         proc_root: &Path,
     ) -> Self {
+        let exe_at_accept =
+            pid.and_then(|p| std::fs::read_link(proc_root.join(p.to_string()).join("exe")).ok());
         Self {
             uid,
             gid,
             pid,
             pidfd,
             start_time,
+            exe_at_accept,
             proc_root: proc_root.to_owned(),
         }
     }
@@ -133,6 +152,9 @@ impl PeerProcess {
             Err(e) => return Err(ProcessError::Unreadable(pid, format!("cgroup: {e}"))),
         };
         self.check()?;
+        if exe != self.exe_at_accept {
+            return Err(ProcessError::ExecutableChanged(pid));
+        }
         Ok(ProcessFacts { exe, cgroup })
     }
 }
@@ -200,6 +222,13 @@ mod tests {
         // Gone entirely.
         std::fs::remove_dir_all(root.path().join("4242")).expect("rm");
         assert_eq!(peer.inspect(), Err(ProcessError::Gone(4242)));
+        // The process execs another binary after connecting: refused, even if that binary is
+        // the one an entry allows.
+        let root = fake_proc(4242, 100);
+        let peer = PeerProcess::from_parts(1, 1, Some(4242), None, Some(100), root.path());
+        std::fs::remove_file(root.path().join("4242/exe")).expect("rm");
+        std::os::unix::fs::symlink("/usr/bin/allowed", root.path().join("4242/exe")).expect("exe");
+        assert_eq!(peer.inspect(), Err(ProcessError::ExecutableChanged(4242)));
         // Unknown start time at accept: never trusted.
         let root = fake_proc(4242, 100);
         let peer = PeerProcess::from_parts(1, 1, Some(4242), None, None, root.path());
