@@ -67,9 +67,17 @@ impl PeerProcess {
     pub fn from_socket(fd: impl AsFd, proc_root: &Path) -> std::io::Result<Self> {
         let cred = getsockopt(&fd, sockopt::PeerCredentials)?;
         let pid = (cred.pid() > 0).then_some(cred.pid());
-        // Linux 6.5+: a pidfd for the very process that connected, race-free.
-        let pidfd = pid.and_then(|_| getsockopt(&fd, sockopt::PeerPidfd).ok());
-        let start_time = pid.and_then(|p| read_start_time(proc_root, p).ok());
+        // Linux 6.5+: a pidfd for the very process that connected, race-free. ESRCH: that
+        // process is gone (its pid may already name another one); older kernels say
+        // ENOPROTOOPT and only the start time guards.
+        let (pidfd, gone) = match pid.map(|_| getsockopt(&fd, sockopt::PeerPidfd)) {
+            Some(Ok(fd)) => (Some(fd), false),
+            Some(Err(nix::errno::Errno::ESRCH)) => (None, true),
+            _ => (None, false),
+        };
+        let start_time = pid
+            .filter(|_| !gone)
+            .and_then(|p| read_start_time(proc_root, p).ok());
         let exe_at_accept =
             pid.and_then(|p| std::fs::read_link(proc_root.join(p.to_string()).join("exe")).ok());
         let mut peer = Self {
@@ -272,6 +280,31 @@ mod tests {
         }
         child.kill().expect("kill");
         child.wait().expect("reap");
+        assert_eq!(peer.check(), Err(ProcessError::Gone(pid)));
+        assert_eq!(peer.inspect(), Err(ProcessError::Gone(pid)));
+    }
+
+    #[test]
+    fn a_peer_that_exited_before_accept_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sock = dir.path().join("s");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+        let Ok(status) = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.send(b'x')",
+            ])
+            .arg(&sock)
+            .status()
+        else {
+            eprintln!("python3 not available; skipped");
+            return;
+        };
+        assert!(status.success());
+        // Connected, wrote, exited and was reaped before the agent accepted.
+        let (conn, _) = listener.accept().expect("accept");
+        let peer = PeerProcess::from_socket(&conn, Path::new("/proc")).expect("peer");
+        let pid = peer.pid.expect("pid");
         assert_eq!(peer.check(), Err(ProcessError::Gone(pid)));
         assert_eq!(peer.inspect(), Err(ProcessError::Gone(pid)));
     }
