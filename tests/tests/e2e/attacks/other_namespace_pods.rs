@@ -129,15 +129,20 @@ async fn pods_get_their_namespace_identity_and_nothing_else() {
         .then_some(())
     })
     .await;
-    // The node's state holds all three identities before the pods ask.
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
-
     // Pod A's container (systemd driver, cgroup v2): A's identity only, not B's, and not the
-    // unix:uid entry even though its uid matches.
-    let got = caller_in(&l.socket, proc_root.path(), &systemd_cgroup(POD_A, CID_A)).await;
+    // unix:uid entry even though its uid matches (asked until A's certificate is signed).
+    let got = eventually(30, "pod A's SVID", || async {
+        let got = caller_in(&l.socket, proc_root.path(), &systemd_cgroup(POD_A, CID_A)).await;
+        (!got.ids().is_empty()).then_some(got)
+    })
+    .await;
     assert_eq!(got.ids(), [a], "{got:?}");
     // Pod B's container (cgroupfs driver, cgroup v1): B's only.
-    let got = caller_in(&l.socket, proc_root.path(), &cgroupfs_v1(POD_B, CID_B)).await;
+    let got = eventually(30, "pod B's SVID", || async {
+        let got = caller_in(&l.socket, proc_root.path(), &cgroupfs_v1(POD_B, CID_B)).await;
+        (!got.ids().is_empty()).then_some(got)
+    })
+    .await;
     assert_eq!(got.ids(), [b], "{got:?}");
 
     // Refused: B's container claiming pod A; A's finished container; a container in pod A's
