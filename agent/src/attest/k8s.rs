@@ -528,6 +528,25 @@ mod tests {
         assert_eq!(find(&pods, &untrusted), None);
     }
 
+    #[test]
+    fn a_static_pod_is_found_by_its_hash_through_the_mirror_annotation() {
+        let hash = "6a0b2c9e3f1d4e5a8b7c6d5e4f3a2b1c";
+        let json = serde_json::json!({"items": [{
+            "metadata": {"name": "etcd-n1", "namespace": "kube-system",
+                         "uid": "11111111-2222-3333-4444-000000000000",
+                         "annotations": {"kubernetes.io/config.mirror": hash}},
+            "status": {"containerStatuses": [{"containerID": format!("containerd://{CID_A}"),
+                                              "state": {"running": {}}}]}
+        }]});
+        let pods = parse_pod_list(json.to_string().as_bytes()).expect("parses");
+        assert_eq!(
+            find(&pods, &cref(Some(hash), Some(CID_A)))
+                .expect("mirror")
+                .name,
+            "etcd-n1"
+        );
+    }
+
     struct Counting {
         calls: AtomicUsize,
         pods: std::sync::Mutex<Vec<PodInfo>>,
