@@ -241,8 +241,8 @@ impl TryFrom<pb::Entry> for EntrySpec {
     }
 }
 
-/// The entries this agent can serve. One it cannot (a selector kind it does not implement,
-/// such as `k8s:`) is logged and skipped, so it does not keep the others from being served.
+/// The entries this agent can serve. One it cannot (a selector kind it does not implement)
+/// is logged and skipped, so it does not keep the others from being served.
 fn convert_entries(entries: Vec<pb::Entry>) -> Vec<EntrySpec> {
     entries
         .into_iter()
@@ -536,7 +536,7 @@ mod tests {
         assert_eq!(spec.selectors.len(), 2);
         assert_eq!(spec.ttl, Duration::from_secs(3600));
         let bad = pb::Entry {
-            selectors: vec!["k8s:ns:x".into()],
+            selectors: vec!["docker:label:x".into()],
             ..e
         };
         let err = EntrySpec::try_from(bad.clone()).expect_err("unsupported selector");

@@ -52,6 +52,8 @@ pub struct Config {
     pub sinks: Vec<SinkConfig>,
     /// The Kubernetes API, for `kubernetes-secret` sinks.
     pub kubernetes_api: KubernetesApiConfig,
+    /// Limits, socket permissions and workload attestation of the Workload API.
+    pub workload_api: WorkloadApiConfig,
 }
 
 impl std::fmt::Debug for Config {
@@ -71,6 +73,7 @@ impl std::fmt::Debug for Config {
             .field("sync_interval", &self.sync_interval)
             .field("sinks", &self.sinks)
             .field("kubernetes_api", &self.kubernetes_api)
+            .field("workload_api", &self.workload_api)
             .finish()
     }
 }
@@ -92,7 +95,213 @@ impl Default for Config {
             sync_interval: Duration::from_secs(5),
             sinks: Vec::new(),
             kubernetes_api: KubernetesApiConfig::default(),
+            workload_api: WorkloadApiConfig::default(),
         }
+    }
+}
+
+/// `[workload_api]`: how many callers, for how long, who may reach the socket, and how
+/// callers are attested.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkloadApiConfig {
+    /// Open connections at most, all callers together. Over it a new connection is closed at
+    /// once.
+    pub max_connections: usize,
+    /// Open connections at most per caller uid, so one uid cannot take every slot.
+    pub max_connections_per_uid: usize,
+    /// A connection must send its first request within this time.
+    #[serde(with = "humantime_serde")]
+    pub first_request_timeout: Duration,
+    /// A connection without an open request or stream is closed after this time.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// HTTP/2 concurrent streams per connection.
+    pub max_concurrent_streams: u32,
+    /// HTTP/2 header list size per request, bytes.
+    pub max_header_list_size: u32,
+    /// The longest pause between accept attempts while accept fails (EMFILE, ENFILE…); the
+    /// pause starts at 10 ms and doubles.
+    #[serde(with = "humantime_serde")]
+    pub accept_backoff_max: Duration,
+    /// The socket file's mode, octal. Default `0777`: workloads of any uid must be able to
+    /// connect; attestation, not the mode, decides what each gets.
+    pub socket_mode: String,
+    /// Optional group (name or number) for the socket file, e.g. with `socket_mode = "0770"`
+    /// to let only that group's members connect.
+    pub socket_group: Option<String>,
+    /// Where the agent reads callers' processes (`/proc`; `/host/proc` when the host's is
+    /// mounted elsewhere).
+    pub proc_root: PathBuf,
+    /// Serve entries whose selectors are all `unix:*` to callers that run in a container
+    /// (other than the agent's own). Off by default: a container picks its uid and ships any
+    /// binary at any path, so `unix:` selectors prove nothing about it.
+    pub unix_only_entries_for_containers: bool,
+    /// `[workload_api.kubernetes]`: `k8s:` selectors.
+    pub kubernetes: KubernetesAttestorConfig,
+}
+
+impl Default for WorkloadApiConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            max_connections_per_uid: 128,
+            first_request_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_concurrent_streams: 16,
+            max_header_list_size: 16 * 1024,
+            accept_backoff_max: Duration::from_secs(1),
+            socket_mode: "0777".into(),
+            socket_group: None,
+            proc_root: PathBuf::from("/proc"),
+            unix_only_entries_for_containers: false,
+            kubernetes: KubernetesAttestorConfig::default(),
+        }
+    }
+}
+
+impl WorkloadApiConfig {
+    /// The socket mode as a number (validated by [`Config::validate`]).
+    pub fn socket_mode(&self) -> Result<u32, ConfigError> {
+        u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .ok_or_else(|| {
+                ConfigError::Invalid(format!(
+                    "workload_api.socket_mode {:?} is not an octal mode such as \"0777\"",
+                    self.socket_mode
+                ))
+            })
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError::Invalid(format!("workload_api.{m}")));
+        if self.max_connections == 0 || self.max_connections_per_uid == 0 {
+            return bad("max_connections and max_connections_per_uid must be at least 1");
+        }
+        if self.max_connections_per_uid > self.max_connections {
+            return bad("max_connections_per_uid must not exceed max_connections");
+        }
+        if self.first_request_timeout.is_zero() || self.idle_timeout.is_zero() {
+            return bad("first_request_timeout and idle_timeout must be more than zero");
+        }
+        if self.accept_backoff_max < Duration::from_millis(10) {
+            return bad("accept_backoff_max must be at least 10ms");
+        }
+        if self.max_concurrent_streams == 0 || self.max_header_list_size < 1024 {
+            return bad("max_concurrent_streams must be at least 1, max_header_list_size 1024");
+        }
+        self.socket_mode()?;
+        if matches!(&self.socket_group, Some(g) if g.is_empty()) {
+            return bad("socket_group is empty");
+        }
+        let k = &self.kubernetes;
+        if k.enabled {
+            if k.skip_kubelet_verification && k.source != PodSource::Kubelet {
+                return bad(
+                    "kubernetes.skip_kubelet_verification is for source = \"kubelet\" only",
+                );
+            }
+            if k.pod_cache_ttl.is_zero() || k.request_timeout.is_zero() {
+                return bad("kubernetes.pod_cache_ttl and request_timeout must be more than zero");
+            }
+            if k.refresh_min_interval > k.pod_cache_ttl {
+                return bad("kubernetes.refresh_min_interval must not exceed pod_cache_ttl");
+            }
+            if k.max_response_bytes < 1024 {
+                return bad("kubernetes.max_response_bytes must be at least 1024");
+            }
+            if k.source == PodSource::ApiServer && k.node_name().is_none() {
+                return Err(ConfigError::Invalid(format!(
+                    "workload_api.kubernetes: source = \"api-server\" needs node_name or the \
+                     environment variable {}",
+                    k.node_name_env
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where the Kubernetes workload attestor reads pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum PodSource {
+    /// The node's kubelet, `GET /pods` (SPIRE's default).
+    #[default]
+    Kubelet,
+    /// The API server, pods with `spec.nodeName` = this node.
+    ApiServer,
+}
+
+/// `[workload_api.kubernetes]`: the Kubernetes workload attestor (`k8s:ns`, `k8s:sa`,
+/// `k8s:pod-label` selectors). Off by default: `k8s:` selectors then match nobody.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesAttestorConfig {
+    pub enabled: bool,
+    pub source: PodSource,
+    /// Default `https://127.0.0.1:10250` (kubelet) or `https://kubernetes.default.svc`.
+    pub url: Option<String>,
+    /// The name to verify in the server's certificate; default the URL's host.
+    pub server_name: Option<String>,
+    /// CA bundle (PEM) for the kubelet's or API server's certificate.
+    pub ca_file: Option<PathBuf>,
+    /// Accept any kubelet certificate (as SPIRE's `skip_kubelet_verification`). Explicit only.
+    pub skip_kubelet_verification: bool,
+    /// The agent's service-account token, sent as a Bearer token; re-read on every request.
+    pub token_file: PathBuf,
+    /// This node's name (API server source).
+    pub node_name: Option<String>,
+    /// Read the node name from this environment variable when `node_name` is not set.
+    pub node_name_env: String,
+    /// How long a fetched pod list answers lookups.
+    #[serde(with = "humantime_serde")]
+    pub pod_cache_ttl: Duration,
+    /// A lookup that misses fetches again, but not more often than this.
+    #[serde(with = "humantime_serde")]
+    pub refresh_min_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// The largest pod list accepted, bytes.
+    pub max_response_bytes: usize,
+}
+
+const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+impl Default for KubernetesAttestorConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            source: PodSource::Kubelet,
+            url: None,
+            server_name: None,
+            ca_file: Some(PathBuf::from(format!("{SA_DIR}/ca.crt"))),
+            skip_kubelet_verification: false,
+            token_file: PathBuf::from(format!("{SA_DIR}/token")),
+            node_name: None,
+            node_name_env: "NODE_NAME".into(),
+            pod_cache_ttl: Duration::from_secs(5),
+            refresh_min_interval: Duration::from_millis(500),
+            request_timeout: Duration::from_secs(5),
+            max_response_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+impl KubernetesAttestorConfig {
+    pub fn url(&self) -> String {
+        self.url.clone().unwrap_or_else(|| match self.source {
+            PodSource::Kubelet => "https://127.0.0.1:10250".into(),
+            PodSource::ApiServer => "https://kubernetes.default.svc".into(),
+        })
+    }
+
+    pub fn node_name(&self) -> Option<String> {
+        self.node_name
+            .clone()
+            .or_else(|| std::env::var(&self.node_name_env).ok())
+            .filter(|n| !n.is_empty())
     }
 }
 
@@ -300,6 +509,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "sync_interval",
     "sinks",
     "kubernetes_api",
+    "workload_api",
 ];
 
 impl Config {
@@ -364,6 +574,7 @@ impl Config {
                 "kubernetes_api.timeout must be more than zero".into(),
             ));
         }
+        self.workload_api.validate()?;
         let mut names = std::collections::HashSet::new();
         for s in &self.sinks {
             if s.name.is_empty() {
@@ -667,6 +878,64 @@ mod tests {
         assert!(err.to_string().contains("kubernetes_api.timeout"), "{err}");
         let err = load_toml("[kubernetes_api]\nurl='x'\n").expect_err("unknown");
         assert!(err.to_string().contains("url"), "{err}");
+    }
+
+    #[test]
+    fn workload_api_limits_and_kubernetes_attestor() {
+        let d = load_toml("").expect("defaults");
+        assert_eq!(d.workload_api, WorkloadApiConfig::default());
+        assert_eq!(d.workload_api.socket_mode().expect("mode"), 0o777);
+        assert!(!d.workload_api.kubernetes.enabled);
+        let c = load_toml(
+            r#"
+            [workload_api]
+            max_connections = 64
+            max_connections_per_uid = 8
+            first_request_timeout = "2s"
+            idle_timeout = "30s"
+            max_concurrent_streams = 4
+            socket_mode = "0770"
+            socket_group = "spiffe"
+            proc_root = "/host/proc"
+            unix_only_entries_for_containers = true
+
+            [workload_api.kubernetes]
+            enabled = true
+            url = "https://127.0.0.1:10250"
+            ca_file = "/etc/kubelet-ca.pem"
+            pod_cache_ttl = "1s"
+            refresh_min_interval = "100ms"
+            "#,
+        )
+        .expect("loads");
+        let w = &c.workload_api;
+        assert_eq!((w.max_connections, w.max_connections_per_uid), (64, 8));
+        assert_eq!(w.first_request_timeout, Duration::from_secs(2));
+        assert_eq!(w.socket_mode().expect("mode"), 0o770);
+        assert_eq!(w.kubernetes.source, PodSource::Kubelet);
+        assert_eq!(w.kubernetes.url(), "https://127.0.0.1:10250");
+        for (bad, why) in [
+            ("[workload_api]\nmax_connections = 0\n", "at least 1"),
+            (
+                "[workload_api]\nmax_connections = 4\nmax_connections_per_uid = 5\n",
+                "exceed",
+            ),
+            ("[workload_api]\nidle_timeout = \"0s\"\n", "more than zero"),
+            ("[workload_api]\nsocket_mode = \"0999\"\n", "octal"),
+            ("[workload_api]\nsocket_mode = \"01777\"\n", "octal"),
+            ("[workload_api]\nmax_connectoins = 1\n", "max_connectoins"),
+            (
+                "[workload_api.kubernetes]\nenabled = true\nsource = \"api-server\"\nskip_kubelet_verification = true\nnode_name = \"n\"\n",
+                "kubelet",
+            ),
+            (
+                "[workload_api.kubernetes]\nenabled = true\nsource = \"api-server\"\nnode_name_env = \"SIGNET_TEST_NO_SUCH_VAR\"\n",
+                "node_name",
+            ),
+        ] {
+            let err = load_toml(bad).expect_err(bad);
+            assert!(err.to_string().contains(why), "{bad}: {err}");
+        }
     }
 
     #[test]

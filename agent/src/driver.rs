@@ -888,15 +888,9 @@ mod tests {
             crate::workload::SECURITY_HEADER,
             "true".parse().expect("value"),
         );
-        r.extensions_mut()
-            .insert(crate::workload::PeerInfo(Some(Arc::new(
-                crate::attest::Caller {
-                    uid: 1000,
-                    gid: 1000,
-                    pid: None,
-                    exe: None,
-                },
-            ))));
+        r.extensions_mut().insert(crate::workload::PeerInfo::fixed(
+            crate::attest::Caller::host(1000, 1000, None, None),
+        ));
         r
     }
 

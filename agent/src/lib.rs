@@ -5,7 +5,8 @@
 //! - [`rotator`]: workload certificate rotation against a [`ca::Ca`], publishing to the state.
 //! - [`state`]: identities and bundle, published on a `watch` channel.
 //! - [`bundle`]: which trust bundle is served; the server's bundle stream that updates it.
-//! - [`attest`]: caller attestation from Unix peer credentials; selector matching.
+//! - [`attest`]: caller attestation (Unix peer credentials, pinned process, cgroup, pod);
+//!   selector matching.
 //! - [`workload`]: the SPIFFE Workload API server.
 //! - [`sinks`]: delivery of SVIDs to files and Kubernetes Secrets.
 //! - [`ca`]: the seam to the Signet server (trait [`ca::Ca`], gRPC implementation [`ca::GrpcCa`]).

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use signet_agent::attest::Attestor;
+use signet_agent::attest::{Attestor, K8sAttestor};
 use signet_agent::clock::SystemClock;
 use signet_agent::config::{Config, SinkKind};
 use signet_agent::driver::{Driver, GrpcConnector, Settings, SwapCa, std_random};
@@ -21,7 +21,7 @@ use signet_agent::rotator::{Rotator, SinkBinding};
 use signet_agent::sinks::apiserver::ApiServer;
 use signet_agent::sinks::{Deps, Registry};
 use signet_agent::state;
-use signet_agent::workload::{self, WorkloadApi};
+use signet_agent::workload::{self, ServeOptions, WorkloadApi};
 
 /// Signet node agent: SPIFFE Workload API, certificate rotation, file and Secret sinks.
 #[derive(Debug, Parser)]
@@ -136,7 +136,23 @@ async fn run(cfg: Config) -> Result<(), String> {
     let metrics = Arc::new(Metrics::new(state_rx.clone(), Arc::new(SystemClock)));
     let ready = Readiness::default();
 
-    let listener = workload::bind(&cfg.workload_api_socket).map_err(|e| e.to_string())?;
+    let wl = &cfg.workload_api;
+    let mode = wl.socket_mode().map_err(|e| e.to_string())?;
+    let gid = wl
+        .socket_group
+        .as_deref()
+        .map(|g| workload::listen::resolve_group(g, std::path::Path::new("/etc/group")))
+        .transpose()?;
+    workload::listen::ensure_fd_headroom(wl.max_connections);
+    let listener =
+        workload::bind_with(&cfg.workload_api_socket, mode, gid).map_err(|e| e.to_string())?;
+    let mut attestor = Attestor::default()
+        .with_proc_root(&wl.proc_root)
+        .with_unix_only_entries_for_containers(wl.unix_only_entries_for_containers);
+    if wl.kubernetes.enabled {
+        let k8s = K8sAttestor::from_config(&wl.kubernetes).map_err(|e| e.to_string())?;
+        attestor = attestor.with_kubernetes(Arc::new(k8s));
+    }
     let http = tokio::net::TcpListener::bind(cfg.http_listen)
         .await
         .map_err(|e| format!("http_listen {}: {e}", cfg.http_listen))?;
@@ -187,8 +203,14 @@ async fn run(cfg: Config) -> Result<(), String> {
     .with_readiness(ready.clone());
     let mut driver_task = tokio::spawn(driver.run(stop_rx.clone()));
 
-    let api = WorkloadApi::new(state_rx, Attestor::default());
-    let workload_task = tokio::spawn(workload::serve(listener, api, wait_stop(stop_rx.clone())));
+    let api = WorkloadApi::new(state_rx, attestor);
+    let workload_task = tokio::spawn(workload::serve_with(
+        listener,
+        api,
+        ServeOptions::from(&cfg.workload_api),
+        metrics.workload.clone(),
+        wait_stop(stop_rx.clone()),
+    ));
     let http_task = tokio::spawn(
         axum::serve(http, router(metrics, ready))
             .with_graceful_shutdown(wait_stop(stop_rx))

@@ -34,6 +34,8 @@ pub struct Metrics {
     pub sink_healthy: Family<SinkLabels, Gauge>,
     /// What each sink is doing, for `/readyz` and the logs.
     pub sinks: SinkHealth,
+    /// The Workload API's defences (connection caps, timeouts, refused writers).
+    pub workload: Arc<crate::workload::WorkloadMetrics>,
     state: StateReceiver,
     clock: Arc<dyn Clock>,
 }
@@ -89,8 +91,10 @@ impl Metrics {
             "1 while the sink holds what it should, 0 while it fails or is stuck",
             sink_healthy.clone(),
         );
+        let workload = Arc::new(crate::workload::WorkloadMetrics::register(&mut registry));
         Self {
             registry,
+            workload,
             certificates,
             earliest_expiry_seconds,
             renewals,

@@ -18,6 +18,23 @@ pub enum Selector {
     User(String),
     /// The caller's executable, an absolute path.
     Path(PathBuf),
+    /// The namespace of the caller's pod (Kubernetes workload attestation).
+    K8sNamespace(String),
+    /// The service account of the caller's pod.
+    K8sServiceAccount(String),
+    /// A label of the caller's pod: key, value.
+    K8sPodLabel(String, String),
+}
+
+impl Selector {
+    /// Whether this selector is proved by the Kubernetes attestor (the caller's pod), rather
+    /// than by the caller's Unix credentials.
+    pub fn is_kubernetes(&self) -> bool {
+        matches!(
+            self,
+            Selector::K8sNamespace(_) | Selector::K8sServiceAccount(_) | Selector::K8sPodLabel(..)
+        )
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -28,9 +45,12 @@ impl FromStr for Selector {
     type Err = SelectorError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = |why| SelectorError(s.to_owned(), why);
+        if let Some(rest) = s.strip_prefix("k8s:") {
+            return parse_k8s(rest).map_err(err);
+        }
         let rest = s
             .strip_prefix("unix:")
-            .ok_or_else(|| err("only unix: selectors are supported"))?;
+            .ok_or_else(|| err("only unix: and k8s: selectors are supported"))?;
         let (kind, value) = rest
             .split_once(':')
             .ok_or_else(|| err("expected unix:<kind>:<value>"))?;
@@ -48,6 +68,44 @@ impl FromStr for Selector {
     }
 }
 
+/// `ns:<ns>`, `sa:<sa>`, `pod-label:<key>:<value>` (after `k8s:`), with the server's rules:
+/// namespace and service account are DNS labels; a label key may hold a `prefix/`.
+fn parse_k8s(rest: &str) -> Result<Selector, &'static str> {
+    let (kind, value) = rest.split_once(':').ok_or("expected k8s:<kind>:<value>")?;
+    match kind {
+        "ns" if is_dns_label(value) => Ok(Selector::K8sNamespace(value.to_owned())),
+        "sa" if is_dns_label(value) => Ok(Selector::K8sServiceAccount(value.to_owned())),
+        "ns" | "sa" => Err("namespace and service account must be DNS labels"),
+        "pod-label" => {
+            let (k, v) = value
+                .split_once(':')
+                .ok_or("expected k8s:pod-label:<key>:<value>")?;
+            let key_ok = !k.is_empty()
+                && k.len() <= 317
+                && k.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/'));
+            let value_ok = v.len() <= 63
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+            if key_ok && value_ok {
+                Ok(Selector::K8sPodLabel(k.to_owned(), v.to_owned()))
+            } else {
+                Err("label key or value has characters Kubernetes does not allow")
+            }
+        }
+        _ => Err("k8s selectors are ns, sa or pod-label"),
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
 impl fmt::Display for Selector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -55,6 +113,9 @@ impl fmt::Display for Selector {
             Selector::Gid(g) => write!(f, "unix:gid:{g}"),
             Selector::User(n) => write!(f, "unix:user:{n}"),
             Selector::Path(p) => write!(f, "unix:path:{}", p.display()),
+            Selector::K8sNamespace(n) => write!(f, "k8s:ns:{n}"),
+            Selector::K8sServiceAccount(n) => write!(f, "k8s:sa:{n}"),
+            Selector::K8sPodLabel(k, v) => write!(f, "k8s:pod-label:{k}:{v}"),
         }
     }
 }
@@ -130,6 +191,10 @@ mod tests {
             "unix:gid:0",
             "unix:user:www-data",
             "unix:path:/usr/bin/app",
+            "k8s:ns:team-a",
+            "k8s:sa:web-1",
+            "k8s:pod-label:app.kubernetes.io/name:web",
+            "k8s:pod-label:tier:",
         ] {
             let sel: Selector = s.parse().expect(s);
             assert_eq!(sel.to_string(), s);
@@ -139,7 +204,14 @@ mod tests {
     #[test]
     fn bad_selectors_are_refused() {
         for s in [
-            "k8s:ns:default",
+            "k8s:ns:Default",
+            "k8s:ns:-x",
+            "k8s:sa:",
+            "k8s:pod-label:app",
+            "k8s:pod-label::v",
+            "k8s:pod-label:app:a b",
+            "k8s:node:x",
+            "docker:label:x",
             "unix:uid:-1",
             "unix:uid:x",
             "unix:path:relative",
@@ -149,6 +221,15 @@ mod tests {
         ] {
             assert!(s.parse::<Selector>().is_err(), "{s}");
         }
+    }
+
+    #[test]
+    fn kubernetes_selectors_are_told_apart() {
+        let k: Selector = "k8s:pod-label:a:b".parse().expect("label");
+        assert_eq!(k, Selector::K8sPodLabel("a".into(), "b".into()));
+        assert!(k.is_kubernetes());
+        assert!(!Selector::Uid(0).is_kubernetes());
+        assert!(!Selector::Path("/bin/x".into()).is_kubernetes());
     }
 
     #[test]

@@ -87,6 +87,10 @@ struct Running {
 
 impl Running {
     async fn start(initial: Arc<AgentState>) -> Self {
+        Self::start_with(initial, workload::ServeOptions::default()).await
+    }
+
+    async fn start_with(initial: Arc<AgentState>, opts: workload::ServeOptions) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("agent.sock");
         let (tx, rx) = channel();
@@ -95,9 +99,15 @@ impl Running {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let api = WorkloadApi::new(rx, Attestor::default());
         let task = tokio::spawn(async move {
-            workload::serve(listener, api, async {
-                let _ = stopped.await;
-            })
+            workload::serve_with(
+                listener,
+                api,
+                opts,
+                Arc::new(workload::WorkloadMetrics::default()),
+                async {
+                    let _ = stopped.await;
+                },
+            )
             .await
             .expect("serve");
         });
@@ -255,5 +265,107 @@ async fn stream_ends_with_permission_denied_when_identity_is_removed() {
         .expect("ends")
         .expect_err("denied");
     assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    server.stop().await;
+}
+
+/// Sends the HTTP/2 preface and an empty SETTINGS; returns the server's first frame's
+/// settings (id, value), or None when the server closed the connection instead.
+async fn server_settings(conn: &mut tokio::net::UnixStream) -> Option<Vec<(u16, u32)>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    conn.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .ok()?;
+    let mut head = [0u8; 9];
+    conn.read_exact(&mut head).await.ok()?;
+    assert_eq!(head[3], 4, "the first frame is SETTINGS");
+    let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+    let mut payload = vec![0u8; len];
+    conn.read_exact(&mut payload).await.ok()?;
+    Some(
+        payload
+            .chunks(6)
+            .map(|c| {
+                (
+                    u16::from_be_bytes([c[0], c[1]]),
+                    u32::from_be_bytes([c[2], c[3], c[4], c[5]]),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// Reads until the server closes the connection (true), or `within` passes (false).
+async fn closed_within(conn: &mut tokio::net::UnixStream, within: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 256];
+    tokio::time::timeout(within, async {
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+#[tokio::test]
+async fn http2_limits_caps_and_first_request_timeout() {
+    let pki = Pki::new();
+    let opts = workload::ServeOptions {
+        max_connections: 8,
+        max_connections_per_uid: 2,
+        timeouts: workload::conn::Timeouts {
+            first_request: Duration::from_millis(300),
+            idle: Duration::from_secs(30),
+        },
+        max_concurrent_streams: 4,
+        max_header_list_size: 8192,
+        ..workload::ServeOptions::default()
+    };
+    let server = Running::start_with(state(&pki, pki.leaf(), my_uid()), opts).await;
+
+    // The server announces its HTTP/2 limits.
+    let mut a = tokio::net::UnixStream::connect(&server.socket)
+        .await
+        .expect("connect");
+    let settings = server_settings(&mut a).await.expect("settings");
+    assert!(
+        settings.contains(&(0x3, 4)),
+        "MAX_CONCURRENT_STREAMS: {settings:?}"
+    );
+    assert!(
+        settings.contains(&(0x6, 8192)),
+        "MAX_HEADER_LIST_SIZE: {settings:?}"
+    );
+    // A second connection of this uid is admitted, a third is closed at once.
+    let mut b = tokio::net::UnixStream::connect(&server.socket)
+        .await
+        .expect("connect");
+    assert!(server_settings(&mut b).await.is_some());
+    let mut c = tokio::net::UnixStream::connect(&server.socket)
+        .await
+        .expect("connect");
+    assert!(
+        server_settings(&mut c).await.is_none(),
+        "over the per-uid cap"
+    );
+    // Connections that never send a request are closed after the first-request timeout,
+    // which gives the slots back.
+    assert!(closed_within(&mut a, Duration::from_secs(10)).await);
+    assert!(closed_within(&mut b, Duration::from_secs(10)).await);
+    let mut client = raw_client(&server.socket).await;
+    let mut req = tonic::Request::new(pb::X509svidRequest {});
+    req.metadata_mut()
+        .insert("workload.spiffe.io", "true".parse().expect("value"));
+    let mut stream = client
+        .fetch_x509svid(req)
+        .await
+        .expect("stream")
+        .into_inner();
+    assert!(stream.message().await.expect("message").is_some());
+    drop(stream);
+    drop(client);
     server.stop().await;
 }

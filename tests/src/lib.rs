@@ -20,6 +20,7 @@ use tokio::process::{Child, Command};
 use tonic::transport::Channel;
 
 pub mod rogue;
+pub mod workload;
 
 pub const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 

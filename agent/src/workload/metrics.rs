@@ -1,0 +1,68 @@
+//! Counters of the Workload API's defences, registered with the agent's metrics.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Default, Clone)]
+pub struct WorkloadMetrics {
+    /// Failed `accept` calls (EMFILE, ENFILE, …).
+    pub accept_errors: Counter,
+    /// Connections closed at once because `max_connections` were open.
+    pub refused_total_cap: Counter,
+    /// Connections closed at once because their uid held `max_connections_per_uid`.
+    pub refused_uid_cap: Counter,
+    /// Connections closed for sending no request in time.
+    pub timed_out: Counter,
+    /// Connections closed because another process than the peer wrote on them.
+    pub foreign_writers: Counter,
+    /// Requests refused because the calling process could not be attested (gone, pid
+    /// reused, pod lookup failed).
+    pub attestation_failures: Counter,
+    /// Open connections.
+    pub connections: Gauge,
+}
+
+impl WorkloadMetrics {
+    /// New counters, registered under `workload_api_*`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        let r = registry.sub_registry_with_prefix("workload_api");
+        r.register(
+            "accept_errors",
+            "Failed accept calls on the Workload API socket",
+            m.accept_errors.clone(),
+        );
+        r.register(
+            "refused_connection_cap",
+            "Connections closed at once: max_connections reached",
+            m.refused_total_cap.clone(),
+        );
+        r.register(
+            "refused_uid_cap",
+            "Connections closed at once: the uid holds max_connections_per_uid",
+            m.refused_uid_cap.clone(),
+        );
+        r.register(
+            "timed_out",
+            "Connections closed for sending no request within the first-request or idle timeout",
+            m.timed_out.clone(),
+        );
+        r.register(
+            "foreign_writers",
+            "Connections closed because a process other than the connected peer wrote on them",
+            m.foreign_writers.clone(),
+        );
+        r.register(
+            "attestation_failures",
+            "Requests refused because the caller could not be attested",
+            m.attestation_failures.clone(),
+        );
+        r.register(
+            "connections",
+            "Open Workload API connections",
+            m.connections.clone(),
+        );
+        m
+    }
+}
