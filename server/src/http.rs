@@ -1,9 +1,9 @@
 //! The HTTP listener: `/healthz` (the process is up), `/readyz` (it can issue: the database
 //! answers and the ledger is making progress), `/metrics` (Prometheus text).
 //!
-//! Served with hyper's HTTP/1 directly (not `axum::serve`), so that every connection is
-//! bounded: at most `limits.http_max_connections` at once (more are closed at once), headers
-//! must arrive within `limits.http_header_read_timeout`, and no connection lives longer than
+//! Served by [`signet_runtime::http::serve`], so that every connection is bounded: at most
+//! `limits.http_max_connections` at once (more are closed at once), headers must arrive within
+//! `limits.http_header_read_timeout`, and no connection lives longer than
 //! `limits.http_connection_timeout`.
 
 use std::sync::Arc;
@@ -14,10 +14,8 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
+use signet_runtime::http::HttpLimits;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 
 use crate::config::LimitsConfig;
 use crate::ledger::LedgerProgress;
@@ -82,8 +80,7 @@ async fn metrics_text(State(s): State<HttpState>) -> impl IntoResponse {
 }
 
 /// Serves `router` on `listener` with the connection limits of `limits` until `shutdown`
-/// resolves; then stops accepting and waits (at most `http_connection_timeout`) for open
-/// connections.
+/// resolves (see [`signet_runtime::http::serve`]).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
@@ -91,74 +88,17 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let slots = Arc::new(Semaphore::new(limits.http_max_connections));
-    let header_timeout = limits.http_header_read_timeout;
-    let lifetime = limits.http_connection_timeout;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut refused: u64 = 0;
-    loop {
-        let (tcp, peer) = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "HTTP accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            refused += 1;
-            metrics.limited("http_connections");
-            if refused.is_power_of_two() || refused.is_multiple_of(1024) {
-                tracing::warn!(%peer, refused_total = refused,
-                    "HTTP connection refused: limits.http_max_connections reached");
-            }
-            drop(tcp);
-            continue;
-        };
-        let service = TowerToHyperService::new(router.clone());
-        let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_timeout);
-            let conn = builder.serve_connection(TokioIo::new(tcp), service);
-            let mut conn = std::pin::pin!(conn);
-            let deadline = tokio::time::sleep(lifetime);
-            let mut deadline = std::pin::pin!(deadline);
-            let mut draining = false;
-            loop {
-                tokio::select! {
-                    r = conn.as_mut() => {
-                        if let Err(e) = r {
-                            tracing::debug!(%peer, error = %e, "HTTP connection ended");
-                        }
-                        break;
-                    }
-                    () = &mut deadline => {
-                        tracing::debug!(%peer, "HTTP connection closed: limits.http_connection_timeout");
-                        break;
-                    }
-                    _ = stop.wait_for(|s| *s), if !draining => {
-                        draining = true;
-                        conn.as_mut().graceful_shutdown();
-                    }
-                }
-            }
-        });
-    }
-    drop(listener);
-    let _ = stop_tx.send(true);
-    // Connections end by themselves within their lifetime bound; wait for them (the permits).
-    let _ = tokio::time::timeout(
-        lifetime,
-        slots.acquire_many(u32::try_from(limits.http_max_connections).unwrap_or(u32::MAX)),
+    let bounds = HttpLimits {
+        max_connections: limits.http_max_connections,
+        header_read_timeout: limits.http_header_read_timeout,
+        connection_timeout: limits.http_connection_timeout,
+    };
+    signet_runtime::http::serve(
+        listener,
+        router,
+        bounds,
+        move || metrics.limited("http_connections"),
+        shutdown,
     )
-    .await;
-    Ok(())
+    .await
 }

@@ -115,20 +115,23 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+/// `/healthz` and `/readyz` (the process is up), on a listener bounded like every other one
+/// (connection cap, header-read timeout, connection lifetime).
 async fn health(addr: SocketAddr) -> anyhow::Result<()> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let l = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "health endpoint");
-    loop {
-        let (mut s, _) = l.accept().await?;
-        tokio::spawn(async move {
-            let mut buf = [0u8; 1024];
-            let _ = s.read(&mut buf).await;
-            let _ = s
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\nok\n")
-                .await;
-        });
-    }
+    let router = axum::Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .route("/readyz", axum::routing::get(|| async { "ok\n" }));
+    signet_runtime::http::serve(
+        l,
+        router,
+        signet_runtime::http::HttpLimits::default(),
+        || {},
+        std::future::pending(),
+    )
+    .await?;
+    Ok(())
 }
 
 /// The operator's part of the configuration, from the flags.
