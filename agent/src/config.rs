@@ -46,6 +46,8 @@ pub struct Config {
     pub renew_fraction: f64,
     /// `/healthz`, `/readyz`, `/metrics`.
     pub http_listen: SocketAddr,
+    /// Bounds of the `http_listen` listener.
+    pub http: HttpConfig,
     /// How often the agent asks the server for changes to its registration entries.
     #[serde(with = "humantime_serde")]
     pub sync_interval: Duration,
@@ -92,6 +94,7 @@ impl Default for Config {
             workload_api_socket: PathBuf::from("/run/signet/agent.sock"),
             renew_fraction: 0.5,
             http_listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            http: HttpConfig::default(),
             sync_interval: Duration::from_secs(5),
             sinks: Vec::new(),
             kubernetes_api: KubernetesApiConfig::default(),
@@ -506,11 +509,63 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "workload_api_socket",
     "renew_fraction",
     "http_listen",
+    "http",
     "sync_interval",
     "sinks",
     "kubernetes_api",
     "workload_api",
 ];
+
+/// `[http]`: the bounds of the `http_listen` listener (`/healthz`, `/readyz`, `/metrics`), so
+/// a port scanner or a half-sent request cannot hold it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Connections served at once; more are closed as soon as they are accepted.
+    pub max_connections: usize,
+    /// How long a connection may take to send a request's headers.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// The longest a connection may stay open.
+    #[serde(with = "humantime_serde")]
+    pub connection_timeout: Duration,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        let d = signet_runtime::http::HttpLimits::default();
+        Self {
+            max_connections: d.max_connections,
+            header_read_timeout: d.header_read_timeout,
+            connection_timeout: d.connection_timeout,
+        }
+    }
+}
+
+impl HttpConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_connections == 0
+            || self.header_read_timeout.is_zero()
+            || self.connection_timeout.is_zero()
+        {
+            return Err(ConfigError::Invalid(
+                "http.max_connections, http.header_read_timeout and http.connection_timeout \
+                 must be more than zero"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// As the listener takes them.
+    pub fn limits(&self) -> signet_runtime::http::HttpLimits {
+        signet_runtime::http::HttpLimits {
+            max_connections: self.max_connections,
+            header_read_timeout: self.header_read_timeout,
+            connection_timeout: self.connection_timeout,
+        }
+    }
+}
 
 impl Config {
     /// Layers defaults, the optional TOML file and the environment (`SIGNET_AGENT_*`), then
@@ -555,6 +610,7 @@ impl Config {
                 "sync_interval must be more than zero".into(),
             ));
         }
+        self.http.validate()?;
         if self.join_token.is_some() && self.join_token_file.is_some() {
             return Err(ConfigError::Invalid(
                 "set join_token or join_token_file, not both".into(),
@@ -936,6 +992,27 @@ mod tests {
             let err = load_toml(bad).expect_err(bad);
             assert!(err.to_string().contains(why), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn http_listener_bounds_default_and_are_checked() {
+        let c = load_toml("").expect("defaults");
+        assert_eq!(c.http, HttpConfig::default());
+        assert_eq!(c.http.limits(), signet_runtime::http::HttpLimits::default());
+        let c =
+            load_toml("[http]\nmax_connections = 8\nheader_read_timeout = '1s'\n").expect("loads");
+        assert_eq!(c.http.max_connections, 8);
+        assert_eq!(c.http.header_read_timeout, Duration::from_secs(1));
+        for bad in [
+            "[http]\nmax_connections = 0\n",
+            "[http]\nheader_read_timeout = '0s'\n",
+            "[http]\nconnection_timeout = '0s'\n",
+        ] {
+            let e = load_toml(bad).expect_err(bad);
+            assert!(e.to_string().contains("http."), "{bad}: {e}");
+        }
+        let e = load_toml("[http]\nbacklog = 5\n").expect_err("unknown");
+        assert!(e.to_string().contains("backlog"), "{e}");
     }
 
     #[test]

@@ -211,11 +211,13 @@ async fn run(cfg: Config) -> Result<(), String> {
         metrics.workload.clone(),
         wait_stop(stop_rx.clone()),
     ));
-    let http_task = tokio::spawn(
-        axum::serve(http, router(metrics, ready))
-            .with_graceful_shutdown(wait_stop(stop_rx))
-            .into_future(),
-    );
+    let http_task = tokio::spawn(signet_runtime::http::serve(
+        http,
+        router(metrics, ready),
+        cfg.http.limits(),
+        || {},
+        wait_stop(stop_rx),
+    ));
 
     shutdown_signal().await;
     // Stops the main loop, which drops the state sender and so ends the open Workload API

@@ -36,6 +36,8 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("Service", "signet-system", "signet-server"),
     ("PodDisruptionBudget", "signet-system", "signet-server"),
     ("ServiceAccount", "signet-system", "signet-agent"),
+    ("ClusterRole", "", "signet-agent"),
+    ("ClusterRoleBinding", "", "signet-agent"),
     ("ConfigMap", "signet-system", "signet-agent-config"),
     ("DaemonSet", "signet-system", "signet-agent"),
     ("ServiceAccount", "signet-system", "signet-k8s"),
@@ -53,6 +55,9 @@ const EXPECTED: &[(&str, &str, &str)] = &[
         "cert-manager-controller-approve:signet-dev",
     ),
 ];
+
+/// Objects Kubernetes itself creates in every namespace: referenced, never shipped.
+const CLUSTER_PROVIDED: &[(&str, &str)] = &[("ConfigMap", "kube-root-ca.crt")];
 
 /// Objects the operator creates (deploy/README.md, step 2): referenced, never shipped.
 const OPERATOR_PROVIDED: &[(&str, &str)] = &[
@@ -545,7 +550,17 @@ fn configs_load_and_the_pieces_agree() {
 
     let agent_toml = config_map_file(&objs, "signet-agent-config", "agent.toml");
     let path = dir.path().join("agent.toml");
-    std::fs::write(&path, &agent_toml).expect("write");
+    // In the pod the node name comes from NODE_NAME (the downward API, checked below); a test
+    // cannot set the environment, so it names a node in the file it loads.
+    let loadable = agent_toml.replace(
+        "source = \"api-server\"",
+        "source = \"api-server\"\nnode_name = \"node-1\"",
+    );
+    assert_ne!(
+        loadable, agent_toml,
+        "agent.toml sets source = \"api-server\""
+    );
+    std::fs::write(&path, &loadable).expect("write");
     let agent = signet_agent::config::Config::load(Some(&path))
         .unwrap_or_else(|e| panic!("deploy/agent.yaml agent.toml: {e}"));
     assert!(
@@ -742,6 +757,39 @@ fn configs_load_and_the_pieces_agree() {
         Some(td),
         "agent.toml trust_domain"
     );
+    // Workload attestation of pods is on, reads the pods of the agent's own node from the API
+    // server with the mounted token, and the agent's RBAC is exactly that read.
+    let at: toml::Value = toml::from_str(&agent_toml).expect("agent TOML");
+    let k = at
+        .get("workload_api")
+        .and_then(|w| w.get("kubernetes"))
+        .expect("[workload_api.kubernetes] in agent.toml");
+    assert_eq!(k.get("enabled").and_then(toml::Value::as_bool), Some(true));
+    assert_eq!(
+        k.get("source").and_then(toml::Value::as_str),
+        Some("api-server")
+    );
+    let agent_pod = pod_spec(&objs, "DaemonSet", "signet-agent");
+    let node_env = agent_pod["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == "NODE_NAME")
+        .expect("NODE_NAME env on the agent");
+    assert_eq!(
+        s(node_env, "/valueFrom/fieldRef/fieldPath"),
+        "spec.nodeName"
+    );
+    volume_for_file(
+        agent_pod,
+        "/var/run/secrets/kubernetes.io/serviceaccount/token",
+    );
+    let role = find(&objs, "ClusterRole", "signet-agent");
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]),
+        "the agent's ClusterRole is read-only pods"
+    );
     let env_of = |name: &str| {
         pod["containers"][0]["env"]
             .as_array()
@@ -776,6 +824,19 @@ fn configs_load_and_the_pieces_agree() {
             if let Some(n) = v.pointer("/secret/secretName").and_then(Value::as_str) {
                 refs.push(("Secret", n));
             }
+            for src in v
+                .pointer("/projected/sources")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(n) = src.pointer("/configMap/name").and_then(Value::as_str) {
+                    refs.push(("ConfigMap", n));
+                }
+                if let Some(n) = src.pointer("/secret/name").and_then(Value::as_str) {
+                    refs.push(("Secret", n));
+                }
+            }
         }
         for c in pod["containers"].as_array().into_iter().flatten() {
             for e in c["env"].as_array().into_iter().flatten() {
@@ -792,7 +853,9 @@ fn configs_load_and_the_pieces_agree() {
                 .iter()
                 .any(|x| s(x, "/kind") == kind && s(x, "/metadata/name") == name);
             assert!(
-                shipped || OPERATOR_PROVIDED.contains(&(kind, name)),
+                shipped
+                    || OPERATOR_PROVIDED.contains(&(kind, name))
+                    || CLUSTER_PROVIDED.contains(&(kind, name)),
                 "{}: {kind} {name} is neither shipped nor in OPERATOR_PROVIDED (deploy/README.md)",
                 id(o)
             );
