@@ -388,17 +388,32 @@ mod tests {
         assert_eq!(err.kind, crate::sinks::SinkErrorKind::Timeout);
         let listed = std::fs::read_to_string(&pids).expect("pids");
         for pid in listed.split_whitespace() {
-            // Gone, or at most a zombie waiting for its parent (init) to reap it.
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let state = stat
-                .rsplit(')')
-                .next()
-                .unwrap_or("")
-                .split_whitespace()
-                .next();
+            // Gone, or at most a zombie waiting for its parent (init) to reap it. SIGKILL takes
+            // effect when the process is next scheduled, which on a loaded machine may take a
+            // moment: poll for the state rather than read it once.
+            let state_of = || {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                let state = stat
+                    .rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .split_whitespace()
+                    .next()
+                    .map(str::to_owned);
+                (state, stat)
+            };
+            let mut seen = state_of();
+            for _ in 0..200 {
+                if matches!(seen.0.as_deref(), None | Some("Z") | Some("X")) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                seen = state_of();
+            }
             assert!(
-                matches!(state, None | Some("Z") | Some("X")),
-                "{pid}: {stat}"
+                matches!(seen.0.as_deref(), None | Some("Z") | Some("X")),
+                "{pid}: {}",
+                seen.1
             );
         }
 
