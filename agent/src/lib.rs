@@ -22,6 +22,7 @@ pub mod clock;
 pub mod config;
 pub mod driver;
 pub mod http;
+pub mod kube_https;
 pub mod metrics;
 pub mod node;
 pub mod rotation;

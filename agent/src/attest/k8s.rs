@@ -10,18 +10,15 @@
 //! container is listed in that pod's statuses and is running.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use serde::Deserialize;
 
 use super::cgroup::ContainerRef;
 use crate::config::{KubernetesAttestorConfig, PodSource};
+use crate::kube_https::{KubeHttps, roots_from_pem};
 
 /// What the attestor knows about a caller's pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -239,14 +236,9 @@ pub fn parse_pod_list(json: &[u8]) -> Result<Vec<PodInfo>, K8sError> {
 /// Lists pods over HTTPS with the agent's service-account token (re-read on every request:
 /// projected tokens rotate).
 pub struct HttpPodLister {
-    addr: String,
-    host_header: String,
+    http: KubeHttps,
     path_and_query: String,
-    server_name: ServerName<'static>,
-    tls: Arc<rustls::ClientConfig>,
-    token_file: PathBuf,
     timeout: Duration,
-    max_bytes: usize,
 }
 
 impl HttpPodLister {
@@ -303,74 +295,36 @@ impl HttpPodLister {
             })?;
             let pem = std::fs::read(ca_file)
                 .map_err(|e| err(format!("ca_file {}: {e}", ca_file.display())))?;
-            let mut roots = rustls::RootCertStore::empty();
-            for der in signet_types::pem::parse_certs(&pem)
-                .map_err(|e| err(format!("ca_file {}: {e}", ca_file.display())))?
-            {
-                roots
-                    .add(CertificateDer::from(der))
-                    .map_err(|e| err(format!("ca_file {}: {e}", ca_file.display())))?;
-            }
+            let roots =
+                roots_from_pem(&pem, &format!("ca_file {}", ca_file.display())).map_err(err)?;
             builder.with_root_certificates(roots).with_no_client_auth()
         };
         Ok(Self {
-            host_header: addr.clone(),
-            addr,
+            http: KubeHttps::new(
+                addr,
+                server_name,
+                Arc::new(tls),
+                cfg.token_file.clone(),
+                cfg.max_response_bytes,
+            ),
             path_and_query,
-            server_name,
-            tls: Arc::new(tls),
-            token_file: cfg.token_file.clone(),
             timeout: cfg.request_timeout,
-            max_bytes: cfg.max_response_bytes,
         })
     }
 
     async fn fetch(&self) -> Result<Vec<u8>, K8sError> {
-        let err = |m: String| K8sError(m);
-        let token = tokio::fs::read_to_string(&self.token_file)
+        let answer = self
+            .http
+            .send(http::Method::GET, &self.path_and_query, None, Vec::new())
             .await
-            .map_err(|e| err(format!("token {}: {e}", self.token_file.display())))?;
-        let tcp = tokio::net::TcpStream::connect(&self.addr)
-            .await
-            .map_err(|e| err(format!("connect {}: {e}", self.addr)))?;
-        let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
-            .connect(self.server_name.clone(), tcp)
-            .await
-            .map_err(|e| err(format!("TLS to {}: {e}", self.addr)))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .map_err(|e| err(format!("HTTP to {}: {e}", self.addr)))?;
-        let conn = tokio::spawn(conn);
-        let req = http::Request::get(self.path_and_query.as_str())
-            .header(http::header::HOST, self.host_header.as_str())
-            .header(http::header::ACCEPT, "application/json")
-            .header(
-                http::header::AUTHORIZATION,
-                format!("Bearer {}", token.trim()),
-            )
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| err(format!("request: {e}")))?;
-        let result = async {
-            let resp = sender
-                .send_request(req)
-                .await
-                .map_err(|e| err(format!("GET {}: {e}", self.path_and_query)))?;
-            let status = resp.status();
-            if !status.is_success() {
-                return Err(err(format!(
-                    "GET {} answered {status}",
-                    self.path_and_query
-                )));
-            }
-            let body = Limited::new(resp.into_body(), self.max_bytes)
-                .collect()
-                .await
-                .map_err(|e| err(format!("reading the pod list: {e}")))?;
-            Ok(body.to_bytes().to_vec())
+            .map_err(K8sError)?;
+        if !answer.status.is_success() {
+            return Err(K8sError(format!(
+                "GET {} answered {}",
+                self.path_and_query, answer.status
+            )));
         }
-        .await;
-        conn.abort();
-        result
+        Ok(answer.body)
     }
 }
 
@@ -382,7 +336,8 @@ impl PodLister for HttpPodLister {
             .map_err(|_| {
                 K8sError(format!(
                     "no pod list from {} in {:?}",
-                    self.addr, self.timeout
+                    self.http.addr(),
+                    self.timeout
                 ))
             })??;
         parse_pod_list(&body)

@@ -1,30 +1,24 @@
 //! A minimal [`KubeTransport`]: HTTPS to the API server with the pod's service-account
-//! credentials (hyper HTTP/1.1 over rustls with ring). One connection per request: the sink
-//! writes once per rotation. The token file is re-read on every request (projected tokens
-//! rotate). Every request has a deadline (`kubernetes_api.timeout`, connect to last byte) and
-//! an answer is read up to [`MAX_BODY`] bytes.
+//! credentials, over the agent's one Kubernetes client ([`crate::kube_https`]). One connection
+//! per request: the sink writes once per rotation. Every request has a deadline
+//! (`kubernetes_api.timeout`, connect to last byte) and an answer is read up to [`MAX_BODY`]
+//! bytes.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 
 use crate::config::KubernetesApiConfig;
+use crate::kube_https::{KubeHttps, client_config, roots_from_pem};
 use crate::sinks::kubernetes::{KubeError, KubeRequest, KubeResponse, KubeTransport};
 
 /// Largest answer read (a Secret is at most 1 MiB, plus its metadata).
 pub const MAX_BODY: usize = 4 << 20;
 
 pub struct ApiServer {
-    /// `host:port` to dial.
-    addr: String,
-    server_name: ServerName<'static>,
-    tls: Arc<rustls::ClientConfig>,
-    token_file: PathBuf,
+    http: KubeHttps,
     timeout: Duration,
 }
 
@@ -63,27 +57,11 @@ impl ApiServer {
         ca_pem: &[u8],
         token_file: PathBuf,
     ) -> Result<Self, String> {
-        let mut roots = rustls::RootCertStore::empty();
-        let ders = signet_types::pem::parse_certs(ca_pem).map_err(|e| format!("CA bundle: {e}"))?;
-        for der in ders {
-            roots
-                .add(CertificateDer::from(der))
-                .map_err(|e| format!("CA bundle: {e}"))?;
-        }
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        let tls = client_config(roots_from_pem(ca_pem, "CA bundle")?)?;
         let server_name = ServerName::try_from(server_name.to_owned())
             .map_err(|e| format!("server name {server_name:?}: {e}"))?;
         Ok(Self {
-            addr,
-            server_name,
-            tls: Arc::new(tls),
-            token_file,
+            http: KubeHttps::new(addr, server_name, Arc::new(tls), token_file, MAX_BODY),
             timeout: crate::config::DEFAULT_KUBERNETES_API_TIMEOUT,
         })
     }
@@ -95,49 +73,19 @@ impl ApiServer {
     }
 
     async fn send_inner(&self, req: KubeRequest) -> Result<KubeResponse, String> {
-        let token = tokio::fs::read_to_string(&self.token_file)
-            .await
-            .map_err(|e| format!("service-account token {}: {e}", self.token_file.display()))?;
-        let tcp = tokio::net::TcpStream::connect(&self.addr)
-            .await
-            .map_err(|e| format!("connect {}: {e}", self.addr))?;
-        let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
-            .connect(self.server_name.clone(), tcp)
-            .await
-            .map_err(|e| format!("TLS to {}: {e}", self.addr))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .map_err(|e| format!("HTTP to {}: {e}", self.addr))?;
-        let conn = tokio::spawn(conn);
-        let mut builder = http::Request::builder()
-            .method(req.method.clone())
-            .uri(req.path_and_query())
-            .header(http::header::HOST, self.addr.as_str())
-            .header(http::header::ACCEPT, "application/json")
-            .header(
-                http::header::AUTHORIZATION,
-                format!("Bearer {}", token.trim()),
-            );
-        if let Some(ct) = req.content_type {
-            builder = builder.header(http::header::CONTENT_TYPE, ct);
-        }
-        let request = builder
-            .body(Full::new(Bytes::from(req.body)))
-            .map_err(|e| format!("request: {e}"))?;
-        let resp = sender
-            .send_request(request)
-            .await
-            .map_err(|e| format!("{} {}: {e}", req.method, req.path))?;
-        let status = resp.status();
-        let body = Limited::new(resp.into_body(), MAX_BODY)
-            .collect()
-            .await
-            .map_err(|e| format!("{} {}: reading the answer: {e}", req.method, req.path))?
-            .to_bytes()
-            .to_vec();
-        drop(sender);
-        conn.abort();
-        Ok(KubeResponse { status, body })
+        let answer = self
+            .http
+            .send(
+                req.method.clone(),
+                &req.path_and_query(),
+                req.content_type,
+                req.body,
+            )
+            .await?;
+        Ok(KubeResponse {
+            status: answer.status,
+            body: answer.body,
+        })
     }
 }
 
@@ -169,7 +117,8 @@ impl KubeTransport for ApiServer {
             Ok(r) => r.map_err(KubeError::Failed),
             Err(_) => Err(KubeError::Timeout(format!(
                 "{what}: the API server at {} did not answer within {:?}",
-                self.addr, self.timeout
+                self.http.addr(),
+                self.timeout
             ))),
         }
     }
@@ -178,7 +127,9 @@ impl KubeTransport for ApiServer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::BodyExt;
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
+    use hyper_util::rt::TokioIo;
     use rcgen::{CertificateParams, KeyPair};
     use tokio::sync::mpsc;
 
