@@ -141,8 +141,12 @@ async fn refused_by(agent: &LoggedAgent, rogue: &Rogue, failures_before: usize) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nobody_talks_to_a_server_with_another_spiffe_id() {
     let tokens = TokenIssuer::new("mitm");
+    // signetctl bench issues as fast as it can from one caller: the issuance rate limits
+    // (tested in network_limits) are off here, as for any benchmark.
     let toml = "[policy.kubernetes_bridge]\ncallers = \
-                [\"spiffe://example.org/ns/signet-system/sa/signet-k8s\"]\n";
+                [\"spiffe://example.org/ns/signet-system/sa/signet-k8s\"]\n\
+                [limits]\nissuance_per_caller = { burst = 1, per_second = 0 }\n\
+                issuance_per_source = { burst = 1, per_second = 0 }\n";
     let Some(server) = pg_server(&tokens, toml).await else {
         return;
     };
