@@ -290,10 +290,17 @@ async fn hostile_and_malformed_requests_change_nothing() {
     openssl_verify(&chain, &server.bundle_pem).unwrap();
     assert_eq!(server.cert_count().await, before + 1);
 
-    // Refusals are audit events.
-    let out = server.signetctl(&["audit", "list", "--json", "--limit", "1000"]);
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
+    // Refusals are audit events (written in the background: poll briefly).
+    let mut text = String::new();
+    for _ in 0..100 {
+        let out = server.signetctl(&["audit", "list", "--json", "--limit", "1000"]);
+        assert!(out.status.success());
+        text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.contains("issue.denied") && text.contains("authn.refused") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     assert!(text.contains("issue.denied"), "{text}");
     assert!(text.contains("authn.refused"), "{text}");
     assert!(!text.contains(&good), "audit log holds a token");
