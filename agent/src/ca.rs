@@ -492,6 +492,7 @@ mod tests {
             trust_domain: "example.org".into(),
             roots: vec![root.clone()],
             revision: 4,
+            ..Default::default()
         };
         let b = TrustBundle::try_from(good.clone()).expect("valid");
         assert_eq!(b.trust_domain.to_string(), "example.org");

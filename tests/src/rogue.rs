@@ -250,6 +250,7 @@ impl Rogue {
                 trust_domain: trust_domain.to_owned(),
                 roots: roots_der,
                 revision: 99,
+                ..Default::default()
             },
         };
         let (tx, rx) = tokio::sync::mpsc::channel(16);
