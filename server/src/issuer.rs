@@ -99,6 +99,8 @@ pub struct Issuer {
     metrics: Arc<Metrics>,
     /// Per-caller issuance rate limit (`[limits]`); none: unlimited.
     caller_limits: Option<Arc<crate::limits::CallerLimits>>,
+    /// Ledger rows of certificates presented over mTLS, reused for a second.
+    presented_rows: crate::policy::row_cache::RowCache,
 }
 
 impl std::fmt::Debug for Issuer {
@@ -138,6 +140,7 @@ impl Issuer {
             audit: p.audit,
             metrics: p.metrics,
             caller_limits: None,
+            presented_rows: Default::default(),
         }
     }
 
@@ -380,8 +383,9 @@ impl Issuer {
                 message: "only an mTLS caller renews the certificate it presents".into(),
             }));
         };
-        let row = self.store.certificate_by_serial(serial).await?;
-        let (entry, node) = match row.as_ref().and_then(renewal::entry_to_check) {
+        let row = self.presented_row(caller, serial).await?;
+        let row = row.as_deref();
+        let (entry, node) = match row.and_then(renewal::entry_to_check) {
             Some((entry_id, node_id)) => (
                 self.store.entry(&entry_id).await?,
                 self.store.node(&node_id).await?,
@@ -392,7 +396,30 @@ impl Issuer {
             entry: entry.as_ref(),
             node: node.as_ref(),
         };
-        renewal::assess(&self.policy, caller, row.as_ref(), facts, now).map_err(Refusal::Policy)
+        renewal::assess(&self.policy, caller, row, facts, now).map_err(Refusal::Policy)
+    }
+
+    /// The presented certificate's ledger row: from the short-lived cache, or the store.
+    async fn presented_row(
+        &self,
+        caller: &AuthenticatedCaller,
+        serial: &str,
+    ) -> Result<Option<Arc<crate::store::CertificateRow>>, crate::store::StoreError> {
+        let (CallerKind::Mtls { leaf_sha256, .. }
+        | CallerKind::Node {
+            leaf_sha256: Some(leaf_sha256),
+            ..
+        }) = caller.kind()
+        else {
+            return Ok(self.store.certificate_by_serial(serial).await?.map(Arc::new));
+        };
+        let now = self.clock.now();
+        if let Some(row) = self.presented_rows.get(leaf_sha256, now) {
+            return Ok(row);
+        }
+        let row = self.store.certificate_by_serial(serial).await?.map(Arc::new);
+        self.presented_rows.put(*leaf_sha256, row.clone(), now);
+        Ok(row)
     }
 
     /// For the node API: the node SVID a node presents must be this CA's record of that node's

@@ -56,6 +56,7 @@ use crate::config::PolicyConfig;
 use crate::provenance::{Provenance, Source};
 
 pub mod renewal;
+pub mod row_cache;
 
 use renewal::RenewalBasis;
 
