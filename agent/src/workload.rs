@@ -112,7 +112,7 @@ impl WorkloadApi {
         SpiffeWorkloadApiServer::new(self)
     }
 
-    fn caller<T>(req: &Request<T>) -> Result<Arc<Caller>, Status> {
+    pub(crate) fn caller<T>(req: &Request<T>) -> Result<Arc<Caller>, Status> {
         let header = req
             .metadata()
             .get(SECURITY_HEADER)
