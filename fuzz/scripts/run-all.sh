@@ -22,8 +22,8 @@ for t in "${TARGETS[@]}"; do
     nice -n 19 cargo fuzz run "${FLAGS[@]}" "$t" "corpus/$t" -- \
         -runs="$RUNS" -max_total_time="$SECS" -print_final_stats=1 -timeout=10 -rss_limit_mb=1024 \
         >"logs/$t.log" 2>&1 || { echo "$t: FAILED (see fuzz/logs/$t.log and fuzz/artifacts/$t)"; continue; }
-    execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "logs/$t.log" | awk '{print $2}')
-    rate=$(grep -o 'stat::average_exec_per_sec: [0-9]*' "logs/$t.log" | awk '{print $2}')
+    execs=$(awk '/stat::number_of_executed_units:/ {print $2}' "logs/$t.log")
+    rate=$(awk '/stat::average_exec_per_sec:/ {print $2}' "logs/$t.log")
     nice -n 19 cargo fuzz cmin "${FLAGS[@]}" "$t" "corpus/$t" >"logs/$t.cmin.log" 2>&1 || true
     echo "$t: ${execs} executions, ${rate} exec/s, corpus $(ls "corpus/$t" | wc -l) files"
 done
