@@ -21,13 +21,16 @@ use x509_parser::prelude::FromDer;
 use crate::authn::jwt::{self, JwtAuthenticator};
 use crate::authn::psat::PsatAttestor;
 use crate::authn::{AuthenticatedCaller, CallerKind};
-use crate::ca::RequestedNames;
 use crate::ca::csr::{KeyAlgorithm, VerifiedCsr};
+use crate::ca::serial::SequentialSerials;
+use crate::ca::{Authority, Grant, IssueError, RequestedNames};
+use crate::config::KeyType;
 use crate::config::{
     Config, KubernetesAuthConfig, KubernetesBridgeConfig, NodesKubernetesConfig, PolicyConfig,
 };
 use crate::nodes::{self, JoinToken};
 use crate::policy::{self, GrantSource, IssueRequest, Policy};
+use crate::provenance::{Provenance, Source};
 
 /// The fixed clock of the JWT targets (2023-11-14); the corpus tokens are valid around it.
 pub const NOW_UNIX: u64 = 1_700_000_000;
@@ -110,6 +113,7 @@ pub fn csr(data: &[u8]) {
         assert!((2048..=8192).contains(&bits), "RSA-{bits} accepted");
     }
     let _ = format!("{csr:?} {}", csr.key_algorithm());
+    issue_for(&csr);
     if data.first() == Some(&0x30) {
         let pem = ::pem::encode(&::pem::Pem::new("CERTIFICATE REQUEST", data.to_vec()));
         if pem.len() <= crate::ca::csr::MAX_CSR_BYTES {
@@ -118,6 +122,59 @@ pub fn csr(data: &[u8]) {
             assert_eq!(again.requested(), csr.requested());
             assert_eq!(again.key_algorithm(), csr.key_algorithm());
         }
+    }
+}
+
+/// The CA every fuzzed issuance signs with: a fixed P-256 root, made once.
+fn authority() -> &'static Authority {
+    static CA: OnceLock<Authority> = OnceLock::new();
+    CA.get_or_init(|| {
+        Authority::generate_root(
+            &td(),
+            KeyType::EcdsaP256,
+            now() - Duration::from_secs(60),
+            Duration::from_secs(365 * 86400),
+            &SequentialSerials::new(1),
+        )
+        .expect("fixed root")
+        .0
+    })
+}
+
+/// An accepted CSR goes through the CA core as the issuer would send it: for a grant of a
+/// workload identity and the CSR's valid DNS names. The core signs it (and its self-check
+/// passes), or refuses it as not granted; nothing in a CSR makes it fail otherwise.
+fn issue_for(csr: &VerifiedCsr) {
+    let grant = Grant {
+        spiffe_id: id("spiffe://cluster.local/ns/default/sa/web"),
+        dns_names: csr
+            .requested()
+            .dns_names
+            .iter()
+            .filter(|d| policy::is_dns_name(d))
+            .take(4)
+            .cloned()
+            .collect(),
+        ip_addresses: Vec::new(),
+        ttl: Duration::from_secs(3600),
+        provenance: Provenance::new(Source::Admin, NOW_UNIX as i64),
+    };
+    match authority().issue(csr, &grant, now(), &SequentialSerials::new(1000)) {
+        Ok(cert) => {
+            assert_eq!(cert.spiffe_id, grant.spiffe_id);
+            assert_eq!(cert.dns_names, grant.dns_names);
+            assert!(cert.ip_addresses.is_empty());
+            assert_eq!(cert.chain.first(), Some(&cert.der));
+            let (_, parsed) = x509_parser::parse_x509_certificate(&cert.der)
+                .expect("an issued certificate parses");
+            assert_eq!(
+                parsed.public_key().raw,
+                csr.public_key_der(),
+                "the CSR's key"
+            );
+        }
+        Err(IssueError::NotGranted(_)) => {}
+        Err(e) => panic!("issuing for an accepted CSR failed: {e}"),
     }
 }
 
