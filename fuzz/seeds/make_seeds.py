@@ -106,6 +106,12 @@ except Exception as e:
 
 root = cert(ec256, "signet root"); inter = cert(ec384, "signet intermediate", ec256, root.subject)
 leaf = cert(ed, "leaf", ec384, inter.subject, ca=False, sans=[spiffe("/ns/default/sa/web")])
+for sans, ca in [([spiffe("/ns/default/sa/web"), dns("web.default.svc")], False),
+                 ([spiffe("/signet/node/k8s-node-a")], False), ([spiffe("/signet/node/..")], False),
+                 ([spiffe("/ns/a/sa/b"), spiffe("/ns/c/sa/d")], False), ([spiffe("/ns/a/sa/b")], True),
+                 ([x509.UniformResourceIdentifier("spiffe://other.td/a")], False),
+                 ([x509.UniformResourceIdentifier("spiffe://cluster.local")], False), ([dns("a.b")], False)]:
+    put("mtls_peer", cert(ec256, "peer", ec384, inter.subject, ca=ca, sans=sans).public_bytes(DER))
 chain_pem = b"".join(c.public_bytes(PEM) for c in [leaf, inter, root])
 
 # ---- SPIFFE IDs, PEM ---------------------------------------------------------------------
