@@ -5,7 +5,7 @@ Needs python3 with `cryptography`. Keys are generated afresh and thrown away, ex
 JWT target verifies against fixed public keys (server/src/fuzzing_jwks.json): pass the matching
 private keys with --ec-key/--rsa-key to sign new genuine tokens, otherwise JWT seeds are signed
 by throwaway keys (they exercise the same paths up to the signature check).
-Run from fuzz/: python3 seeds/make_seeds.py [--ec-key ec.pem --rsa-key rsa.pem]
+Run from fuzz/: python3 seeds/make_seeds.py [--ec-key ec.pem --rsa-key rsa.pem] [--out DIR]
 """
 import argparse, base64, hashlib, ipaddress, json, os, re, struct, subprocess, sys
 from cryptography import x509
@@ -15,10 +15,10 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa, ed25519, padding
 import datetime
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--ec-key"); ap.add_argument("--rsa-key")
+ap.add_argument("--ec-key"); ap.add_argument("--rsa-key"); ap.add_argument("--out", help="instead of fuzz/corpus")
 args = ap.parse_args()
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-CORPUS = os.path.join(ROOT, "corpus")
+CORPUS = args.out or os.path.join(ROOT, "corpus")
 NOW = 1_700_000_000
 
 def put(target, data):
