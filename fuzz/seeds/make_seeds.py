@@ -257,4 +257,21 @@ put("server_responses", b"\x02" + f_var(1, 4) + f_len(3, entry("e1", ["unix:uid:
 put("server_responses", b"\x03" + f_len(1, "cluster.local") + f_len(2, root_der) + f_var(3, 2))
 put("server_responses", b"\x03" + f_len(1, "evil.example") + f_len(2, root_der) + f_var(3, 2))
 put("server_responses", b"\x04" + f_len(1, f_len(1, "e1") + f_len(2, svid)) + f_len(1, f_len(1, "e2") + f_var(3, 7) + f_len(4, "denied")))
+
+# ---- renewal over mTLS from a ledger row ---------------------------------------------------
+def renewal(prov, path, row_dns, flags, entry=("e1", "spiffe://cluster.local/ns/default/sa/web",
+            "spiffe://cluster.local/signet/node/n1", "web.default.svc"), nb=NOW - 600, na=NOW + 3000, now=NOW, ttl=600):
+    head = struct.pack("<qqqqB", nb, na, now, ttl, flags)
+    return head + "\n".join([json.dumps(prov) if prov is not None else "", path, row_dns, *entry]).encode()
+sa = {"source": {"kind": "service_account", "namespace": "default", "service_account": "web"}, "authorized_at": NOW - 60}
+en = {"source": {"kind": "entry", "entry_id": "e1", "node_id": "n1"}, "authorized_at": NOW - 60}
+for prov, flags in [(sa, 0), (en, 6), (en, 14), (en, 2), (en, 7), ({"source": {"kind": "admin"}, "authorized_at": NOW}, 0),
+                    ({"source": {"kind": "impersonated", "impersonator": "spiffe://cluster.local/ns/istio-system/sa/ztunnel"}, "authorized_at": NOW}, 0),
+                    ({"source": {"kind": "bridge", "bridge": "b", "namespace": "default"}, "authorized_at": NOW}, 0),
+                    ({"source": {"kind": "node", "node_id": "n1", "attestation": "join_token"}, "authorized_at": NOW}, 0),
+                    ({"source": {"kind": "server"}, "authorized_at": NOW, "renewed_from": "0a"}, 0), (None, 0), (sa, 16), (sa, 32)]:
+    put("renewal", renewal(prov, "/ns/default/sa/web", "web.default.svc,other.example", flags))
+put("renewal", renewal(sa, "/ns/default/sa/web", "", 0, nb=-(1 << 62), na=(1 << 62)))
+put("renewal", renewal(en, "/ns/default/sa/web", "web.default.svc", 6, ttl=-1))
+put("renewal", renewal(sa, "/ns/default/sa/web", "", 0, now=NOW + 10 * 86400))
 print("seeds written to", CORPUS)

@@ -547,6 +547,174 @@ fn bridge_decision(namespace: &str, names: &RequestedNames, ttl: i64) {
     }
 }
 
+// ---- Renewal over mTLS from a ledger row -----------------------------------------------
+
+fn take_i64(data: &mut &[u8]) -> i64 {
+    let mut b = [0u8; 8];
+    let n = data.len().min(8);
+    b[..n].copy_from_slice(&data[..n]);
+    *data = &data[n..];
+    i64::from_le_bytes(b)
+}
+
+fn list(line: &str) -> Vec<String> {
+    line.split(',')
+        .filter(|s| !s.is_empty())
+        .take(8)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `policy::renewal::assess`: what an mTLS caller may renew its presented certificate into,
+/// from its ledger row as the database returns it (anyone with database access can write one)
+/// and the entry and node as they are now. Input: `not_before`, `not_after`, `now`, the entry's
+/// TTL (8 bytes each, little endian), a flag byte (revoked, entry present, node present, node
+/// banned, another certificate's hash, another identity's row), then lines: the provenance
+/// text, the caller's path, the row's DNS names, the entry's ID, SPIFFE ID, parent and DNS
+/// names (comma-separated). A basis only ever comes from a live, renewable source, and never
+/// widens the names or the lifetime that source allows.
+pub fn renewal(data: &[u8]) {
+    use crate::policy::renewal::{self, EntryFacts};
+    use crate::store::CertificateRow;
+    use crate::store::nodes::{EntryRow, NodeRow};
+    let mut rest = data;
+    let not_before = take_i64(&mut rest);
+    let not_after = take_i64(&mut rest);
+    let now = take_i64(&mut rest);
+    let entry_ttl = take_i64(&mut rest);
+    let flags = rest.first().copied().unwrap_or(0);
+    rest = rest.get(1..).unwrap_or_default();
+    let Some(text) = utf8(rest) else {
+        return;
+    };
+    let mut lines = text.split('\n');
+    let mut next = || lines.next().unwrap_or("");
+    let provenance = next().to_owned();
+    let Ok(caller_id) = td().id(next()) else {
+        return;
+    };
+    let row_dns = list(next());
+    let (entry_id, entry_spiffe_id, entry_parent) =
+        (next().to_owned(), next().to_owned(), next().to_owned());
+    let entry_dns = list(next());
+
+    let der = b"presented certificate";
+    let sha = signet_types::ledger::sha256(der);
+    let caller = AuthenticatedCaller::new(
+        caller_id.clone(),
+        CallerKind::Mtls {
+            dns_names: row_dns.clone(),
+            serial: "0a1b".into(),
+            leaf_sha256: sha,
+        },
+    );
+    let row = CertificateRow {
+        entry: signet_types::ledger::LedgerEntry {
+            seq: 1,
+            serial: "0a1b".into(),
+            spiffe_id: if flags & 32 != 0 {
+                "spiffe://cluster.local/ns/other/sa/other".into()
+            } else {
+                caller_id.to_string()
+            },
+            dns_names: row_dns.clone(),
+            ip_addresses: Vec::new(),
+            not_before,
+            not_after,
+            cert_sha256: if flags & 16 != 0 { [7; 32] } else { sha },
+            ca_key_id: "k".into(),
+            caller: "c".into(),
+            issued_at: not_before,
+            request_id: String::new(),
+            provenance,
+        },
+        revoked_at: (flags & 1 != 0).then_some(now),
+        prev_hash: [0; 32],
+        hash: [0; 32],
+        cert_der: der.to_vec(),
+    };
+    let entry = EntryRow {
+        id: entry_id,
+        spiffe_id: entry_spiffe_id,
+        parent_id: entry_parent,
+        selectors: vec!["unix:uid:1000".into()],
+        ttl_seconds: entry_ttl,
+        dns_names: entry_dns,
+        revision: 1,
+        created_at: 0,
+    };
+    let node = NodeRow {
+        node_id: "n1".into(),
+        spiffe_id: "spiffe://cluster.local/signet/node/n1".into(),
+        attested_at: 0,
+        banned_at: (flags & 8 != 0).then_some(now),
+        last_serial: String::new(),
+        not_after,
+        attestation: "join_token".into(),
+    };
+    let facts = EntryFacts {
+        entry: (flags & 2 != 0).then_some(&entry),
+        node: (flags & 4 != 0).then_some(&node),
+    };
+    let policy = istio_policy();
+    let _ = renewal::entry_to_check(&row);
+    let Ok(basis) = renewal::assess(policy, &caller, Some(&row), facts, now) else {
+        return;
+    };
+    assert!(
+        flags & (1 | 16 | 32) == 0,
+        "a revoked, other or foreign row renewed"
+    );
+    assert_eq!(basis.spiffe_id(), &caller_id);
+    assert!(
+        basis.dns_names().iter().all(|n| row_dns.contains(n)),
+        "renewal added names"
+    );
+    let carried = basis.carried_forward();
+    let presented = u64::try_from(not_after.saturating_sub(not_before)).unwrap_or(0);
+    match &carried.source {
+        Source::ServiceAccount {
+            namespace,
+            service_account,
+            ..
+        } => {
+            assert_eq!(
+                caller_id.path(),
+                format!("/ns/{namespace}/sa/{service_account}")
+            );
+            assert!(now.saturating_sub(carried.authorized_at) <= 86400);
+            assert!(basis.max_ttl().as_secs() <= presented);
+            for n in basis.dns_names() {
+                assert!(policy.service_account_may_have(n, namespace, service_account));
+            }
+        }
+        Source::Admin => {
+            assert!(now.saturating_sub(carried.authorized_at) <= 86400);
+            assert!(basis.max_ttl().as_secs() <= presented);
+        }
+        Source::Entry { entry_id, node_id } => {
+            let e = facts.entry.expect("an entry renewal without its entry");
+            let n = facts.node.expect("an entry renewal without its node");
+            assert!(n.banned_at.is_none(), "a banned node's workload renewed");
+            assert_eq!(&e.id, entry_id);
+            assert_eq!(e.spiffe_id, caller_id.to_string());
+            let parent = nodes::node_spiffe_id(&td(), node_id).expect("node ID");
+            assert_eq!(e.parent_id, parent.to_string());
+            for name in basis.dns_names() {
+                assert!(
+                    e.dns_names.iter().any(|d| d.eq_ignore_ascii_case(name)),
+                    "a name the entry no longer has"
+                );
+            }
+            if e.ttl_seconds > 0 {
+                assert_eq!(basis.max_ttl().as_secs(), e.ttl_seconds as u64);
+            }
+            assert_eq!(carried.authorized_at, now);
+        }
+        other => panic!("a {} certificate renewed over mTLS", other.kind()),
+    }
+}
+
 // ---- 8. DNS templates, node IDs, selectors, join tokens --------------------------------
 
 /// `Policy::new` over fuzzed `kubernetes_dns_templates` and bridge templates, then the policy
@@ -785,6 +953,7 @@ mod tests {
         replay("dns_templates", super::dns_templates);
         replay("nodes", super::nodes);
         replay("mtls_peer", super::mtls_peer);
+        replay("renewal", super::renewal);
     }
 
     /// The corpus holds genuine tokens for the fixed JWKS, so the fuzzer starts past the
