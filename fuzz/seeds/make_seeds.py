@@ -274,4 +274,12 @@ for prov, flags in [(sa, 0), (en, 6), (en, 14), (en, 2), (en, 7), ({"source": {"
 put("renewal", renewal(sa, "/ns/default/sa/web", "", 0, nb=-(1 << 62), na=(1 << 62)))
 put("renewal", renewal(en, "/ns/default/sa/web", "web.default.svc", 6, ttl=-1))
 put("renewal", renewal(sa, "/ns/default/sa/web", "", 0, now=NOW + 10 * 86400))
+
+# ---- ledger rows ---------------------------------------------------------------------------
+def row(nb, na, issued, lines): return struct.pack("<qqq", nb, na, issued) + "\n".join(lines).encode()
+r1 = ["0a1b", "spiffe://cluster.local/ns/default/sa/web", "web.default.svc", "", "der-1", "root-1", "jwt:spiffe://cluster.local/ns/default/sa/web", "req-1", json.dumps(sa)]
+put("ledger", row(NOW, NOW + 3600, NOW, r1) + b"\xff" + row(NOW, NOW + 3600, NOW, r1[:8] + [""]))
+put("ledger", row(NOW, NOW + 3600, NOW, r1) + b"\xff" + row(NOW, NOW + 3600, NOW, r1[:2] + ["", "web.default.svc"] + r1[4:]))
+put("ledger", row(NOW, NOW + 3600, NOW, r1) + b"\xff" + row(NOW, NOW + 3600, NOW, r1[:2] + ["a,b", ""] + r1[4:]))
+put("ledger", row(-1, 1 << 62, 0, ["", "", "", "", "", "", "", "", ""]))
 print("seeds written to", CORPUS)

@@ -5,6 +5,7 @@
 
 use std::str::FromStr;
 
+use crate::ledger::{self, GENESIS, LedgerEntry, Verifier};
 use crate::{SpiffeId, TrustDomain, pem};
 
 /// `SpiffeId::from_str` and `TrustDomain::new`: whatever parses prints back to a string that
@@ -86,6 +87,91 @@ pub fn pem(data: &[u8]) {
     let _ = pem::parse_one(data, &[]);
 }
 
+fn ledger_entry(seq: u64, data: &[u8]) -> Option<LedgerEntry> {
+    let mut rest = data;
+    let mut int = || {
+        let mut b = [0u8; 8];
+        let n = rest.len().min(8);
+        b[..n].copy_from_slice(&rest[..n]);
+        rest = &rest[n..];
+        i64::from_le_bytes(b)
+    };
+    let (not_before, not_after, issued_at) = (int(), int(), int());
+    let text = std::str::from_utf8(rest).ok()?;
+    let mut lines = text.split('\n');
+    let mut next = || lines.next().unwrap_or("").to_owned();
+    let list = |s: String| -> Vec<String> {
+        if s.is_empty() {
+            Vec::new()
+        } else {
+            s.split(',').map(str::to_owned).collect()
+        }
+    };
+    let serial = next();
+    let spiffe_id = next();
+    let dns_names = list(next());
+    let ip_addresses = list(next());
+    let sha_seed = next();
+    Some(LedgerEntry {
+        seq,
+        serial,
+        spiffe_id,
+        dns_names,
+        ip_addresses,
+        not_before,
+        not_after,
+        cert_sha256: ledger::sha256(sha_seed.as_bytes()),
+        ca_key_id: next(),
+        caller: next(),
+        issued_at,
+        request_id: next(),
+        provenance: next(),
+    })
+}
+
+/// The ledger's hash chain (`ledger::chain_hash`, `Verifier`), which `signetctl ledger verify`
+/// runs over rows anyone with database access may have written. Input: two rows separated by a
+/// `0xff` byte (each: `not_before`, `not_after`, `issued_at` as 8 bytes little endian, then
+/// lines). Different rows never hash alike (the encoding is unambiguous), a chain built from
+/// them verifies, and swapping or altering a row breaks it.
+pub fn ledger(data: &[u8]) {
+    let (a, b) = match data.iter().position(|x| *x == 0xff) {
+        Some(i) => (&data[..i], &data[i + 1..]),
+        None => (data, &[][..]),
+    };
+    let (Some(a), Some(b)) = (ledger_entry(1, a), ledger_entry(1, b)) else {
+        return;
+    };
+    if a != b {
+        assert_ne!(
+            ledger::chain_hash(&GENESIS, &a),
+            ledger::chain_hash(&GENESIS, &b),
+            "two different rows hash alike"
+        );
+    }
+    let b = LedgerEntry { seq: 2, ..b };
+    let ha = ledger::chain_hash(&GENESIS, &a);
+    let hb = ledger::chain_hash(&ha, &b);
+    let mut v = Verifier::default();
+    v.push(&a, &GENESIS, &ha).expect("a fresh chain verifies");
+    v.push(&b, &ha, &hb).expect("a fresh chain verifies");
+    assert_eq!(v.clone().finish(2, &hb), Ok(2));
+    assert!(v.finish(1, &ha).is_err(), "a truncated head verifies");
+    let mut swapped = Verifier::default();
+    assert!(
+        swapped.push(&b, &GENESIS, &hb).is_err(),
+        "rows out of order verify"
+    );
+    let altered = LedgerEntry {
+        not_after: a.not_after.wrapping_add(1),
+        ..a.clone()
+    };
+    assert!(
+        Verifier::default().push(&altered, &GENESIS, &ha).is_err(),
+        "an altered row verifies"
+    );
+}
+
 #[cfg(test)]
 pub(crate) mod replay {
     //! Replays the committed corpora and regressions. Shared with the other crates' replay
@@ -135,6 +221,7 @@ mod tests {
             "spiffe_id corpus"
         );
         assert!(replay("pem", super::pem) > 0, "pem corpus");
+        assert!(replay("ledger", super::ledger) > 0, "ledger corpus");
     }
 
     #[test]
