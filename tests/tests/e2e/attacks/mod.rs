@@ -16,6 +16,7 @@
 mod support;
 
 mod database_ledger_tamper;
+mod database_ledger_times;
 mod impersonator_privileged;
 mod network_plugged_ca_sibling;
 mod network_reserved_names;
