@@ -243,7 +243,7 @@ impl TryFrom<pb::Entry> for EntrySpec {
 
 /// The entries this agent can serve. One it cannot (a selector kind it does not implement)
 /// is logged and skipped, so it does not keep the others from being served.
-fn convert_entries(entries: Vec<pb::Entry>) -> Vec<EntrySpec> {
+pub(crate) fn convert_entries(entries: Vec<pb::Entry>) -> Vec<EntrySpec> {
     entries
         .into_iter()
         .filter_map(|e| match EntrySpec::try_from(e) {
@@ -256,7 +256,7 @@ fn convert_entries(entries: Vec<pb::Entry>) -> Vec<EntrySpec> {
         .collect()
 }
 
-fn convert_sign_results(
+pub(crate) fn convert_sign_results(
     resp: pb::SignWorkloadsResponse,
 ) -> Vec<(String, Result<IssuedSvid, CaError>)> {
     resp.results

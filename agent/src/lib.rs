@@ -21,6 +21,8 @@ pub mod ca;
 pub mod clock;
 pub mod config;
 pub mod driver;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod kube_https;
 pub mod metrics;

@@ -14,6 +14,8 @@ pub mod bundle;
 pub mod ca;
 pub mod clock;
 pub mod config;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod issuer;
 pub mod ledger;

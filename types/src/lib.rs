@@ -8,6 +8,8 @@
 //!   server that writes it and the CLI that verifies it.
 #![forbid(unsafe_code)]
 
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ledger;
 pub mod pem;
 mod spiffe_id;

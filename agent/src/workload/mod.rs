@@ -67,7 +67,7 @@ impl WorkloadApi {
     }
 
     /// The connection's peer, once the security header is checked.
-    fn peer<T>(req: &Request<T>) -> Result<Arc<Peer>, Status> {
+    pub(crate) fn peer<T>(req: &Request<T>) -> Result<Arc<Peer>, Status> {
         let header = req
             .metadata()
             .get(SECURITY_HEADER)

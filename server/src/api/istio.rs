@@ -28,7 +28,7 @@ impl IstioApi {
 }
 
 /// Istio's `ImpersonatedIdentity` metadata value, if any.
-fn impersonated(meta: Option<&prost_types::Struct>) -> Result<Option<&str>, ApiError> {
+pub(crate) fn impersonated(meta: Option<&prost_types::Struct>) -> Result<Option<&str>, ApiError> {
     let Some(v) = meta.and_then(|m| m.fields.get("ImpersonatedIdentity")) else {
         return Ok(None);
     };

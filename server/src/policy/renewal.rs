@@ -192,7 +192,7 @@ pub fn assess(
         }
     })?;
     let presented_lifetime = Duration::from_secs(
-        u64::try_from(row.entry.not_after - row.entry.not_before)
+        u64::try_from(row.entry.not_after.saturating_sub(row.entry.not_before))
             .unwrap_or(0)
             .saturating_sub(BACKDATE.as_secs()),
     );

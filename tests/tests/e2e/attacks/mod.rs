@@ -16,6 +16,7 @@
 mod support;
 
 mod database_ledger_tamper;
+mod database_ledger_times;
 mod database_stalls;
 mod impersonator_privileged;
 mod local_user_files;
