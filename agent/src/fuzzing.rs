@@ -266,37 +266,7 @@ pub fn k8s_workload(data: &[u8]) {
 
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
-
-    /// Every file of `fuzz/corpus/<target>` and `fuzz/regressions/<target>`.
-    fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
-        let mut out = Vec::new();
-        for dir in ["corpus", "regressions"] {
-            let Ok(entries) = std::fs::read_dir(root.join(dir).join(target)) else {
-                continue;
-            };
-            for e in entries.flatten() {
-                let path = e.path();
-                if path.is_file() {
-                    let data = std::fs::read(&path).expect("read corpus file");
-                    out.push((path, data));
-                }
-            }
-        }
-        out.sort();
-        out
-    }
-
-    fn replay(target: &str, f: fn(&[u8])) {
-        let inputs = inputs(target);
-        assert!(!inputs.is_empty(), "fuzz/corpus/{target} is empty");
-        for (path, data) in &inputs {
-            if std::panic::catch_unwind(|| f(data)).is_err() {
-                panic!("fuzz target {target} panicked on {}", path.display());
-            }
-        }
-    }
+    use signet_types::fuzzing::replay::replay;
 
     /// The committed corpora and every fixed crash, through the fuzzers' own functions.
     #[test]

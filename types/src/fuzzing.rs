@@ -172,14 +172,13 @@ pub fn ledger(data: &[u8]) {
     );
 }
 
-#[cfg(test)]
-pub(crate) mod replay {
-    //! Replays the committed corpora and regressions. Shared with the other crates' replay
-    //! tests by copy (a dozen lines), not by a dependency.
+pub mod replay {
+    //! Replays the committed corpora and regressions (`fuzz/` at the workspace root); every
+    //! crate's `fuzz_corpora_replay` test uses it.
     use std::path::{Path, PathBuf};
 
     /// Every file of `fuzz/corpus/<target>` and `fuzz/regressions/<target>`.
-    pub(crate) fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    pub fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
         let mut out = Vec::new();
         for dir in ["corpus", "regressions"] {
@@ -198,9 +197,11 @@ pub(crate) mod replay {
         out
     }
 
-    /// Runs `f` over every input of `target`, naming the file that panicked.
-    pub(crate) fn replay(target: &str, f: fn(&[u8])) -> usize {
+    /// Runs `f` over every input of `target`, naming the file that panicked; an empty
+    /// corpus fails.
+    pub fn replay(target: &str, f: fn(&[u8])) -> usize {
         let inputs = inputs(target);
+        assert!(!inputs.is_empty(), "fuzz/corpus/{target} is empty");
         for (path, data) in &inputs {
             if std::panic::catch_unwind(|| f(data)).is_err() {
                 panic!("fuzz target {target} panicked on {}", path.display());
