@@ -12,6 +12,7 @@ pub mod audit;
 pub mod authn;
 pub mod bundle;
 pub mod ca;
+pub mod checkpoint;
 pub mod clock;
 pub mod config;
 pub mod http;

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, anyhow, bail};
 use signet_proto::admin::admin_server::AdminServer;
+use signet_proto::admin::ledger_admin_server::LedgerAdminServer;
 use signet_proto::admin::node_admin_server::NodeAdminServer;
 use signet_proto::agent::node_server::NodeServer;
 use signet_proto::ca::certificate_authority_server::CertificateAuthorityServer;
@@ -16,6 +17,7 @@ use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 
 use crate::api::admin::AdminApi;
 use crate::api::istio::IstioApi;
+use crate::api::ledger_admin::LedgerAdminApi;
 use crate::api::native::NativeApi;
 use crate::api::node::NodeApi;
 use crate::api::node_admin::NodeAdminApi;
@@ -148,6 +150,26 @@ pub async fn run(
         chain.not_before,
         chain.not_after,
     ));
+    // Signed ledger checkpoints: the first one now (it covers the server certificate's row).
+    let checkpoints = Arc::new(
+        crate::checkpoint::Checkpointer::new(
+            store.clone(),
+            crate::checkpoint::CheckpointKey::load_or_generate(
+                &cfg.checkpoint_key_path(),
+                cfg.checkpoint.key_file.is_none(),
+            )?,
+            td.clone(),
+            cfg.checkpoints_dir(),
+            cfg.checkpoint.keep,
+            audit.clone(),
+        )
+        .with_context(|| format!("checkpoint directory {}", cfg.checkpoints_dir().display()))?,
+    );
+    let checkpoint_task = tokio::spawn(crate::checkpoint::run_periodic(
+        checkpoints.clone(),
+        clock.clone(),
+        cfg.checkpoint.interval,
+    ));
     // Client certificates are trusted only when Signet itself signed them: the anchor is the
     // signing CA certificate, not the root, so with a plugged-in CA a sibling intermediate under
     // the same root authenticates nobody.
@@ -221,6 +243,9 @@ pub async fn run(
         .max_decoding_message_size(transport_limit);
     let admin = AdminServer::new(AdminApi::new(issuer.clone(), store.clone(), bundle.clone()))
         .max_decoding_message_size(transport_limit);
+    let ledger_admin =
+        LedgerAdminServer::new(LedgerAdminApi::new(checkpoints.clone(), clock.clone()))
+            .max_decoding_message_size(transport_limit);
 
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
@@ -264,6 +289,7 @@ pub async fn run(
         .add_service(health_service)
         .add_service(admin)
         .add_service(node_admin)
+        .add_service(ledger_admin)
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(admin_listener),
             wait(stop_rx.clone()),
@@ -274,7 +300,8 @@ pub async fn run(
             store.clone(),
             metrics.clone(),
             Some(ledger_progress.clone()),
-        ),
+        )
+        .merge(crate::checkpoint::routes(checkpoints.clone())),
         limits,
         metrics.clone(),
         wait(stop_rx.clone()),
@@ -315,6 +342,7 @@ pub async fn run(
         let _ = stop_tx.send(true);
     });
     let (g, a, h) = tokio::join!(grpc, admin_srv, http);
+    checkpoint_task.abort();
     let _ = std::fs::remove_file(&admin_path);
     g.context("gRPC server")?;
     a.context("admin server")?;
