@@ -12,7 +12,8 @@
 //! A checkpoint is made every `checkpoint.interval` when the head moved since the last one, and
 //! on demand (`signet.admin.v1.LedgerAdmin/CreateCheckpoint`, `signetctl ledger checkpoint
 //! create`). Each is written to `<data_dir>/checkpoints/<seq>-<time>.json` (atomically; the
-//! newest `checkpoint.keep` are kept), published at `http_listen` (`/checkpoint`, the latest;
+//! newest `checkpoint.keep` are kept; two checkpoints of one head in the same second are the
+//! same signed statement, so the same file), published at `http_listen` (`/checkpoint`, the latest;
 //! `/checkpoint.pub`, the public key), and is an audit event (`ledger.checkpoint`, or
 //! `admin.ledger_checkpoint` on demand).
 //!
