@@ -15,6 +15,7 @@ pub mod ca;
 pub mod checkpoint;
 pub mod clock;
 pub mod config;
+pub mod federation;
 pub mod http;
 pub mod issuer;
 pub mod ledger;

@@ -51,6 +51,8 @@ pub struct Started {
     pub root_sha256: String,
     pub bundle_path: std::path::PathBuf,
     pub admin_socket: std::path::PathBuf,
+    /// The SPIFFE bundle endpoint (`[federation] bundle_endpoint_listen`), when on.
+    pub bundle_endpoint: Option<SocketAddr>,
 }
 
 /// Runs the server until `shutdown` resolves. `on_started` is called once every listener is
@@ -174,7 +176,7 @@ pub async fn run(
     // signing CA certificate, not the root, so with a plugged-in CA a sibling intermediate under
     // the same root authenticates nobody.
     let tls_config = Arc::new(
-        tls::server_config(resolver, &[authority.cert_der().to_vec()])
+        tls::server_config(resolver.clone(), &[authority.cert_der().to_vec()])
             .map_err(|e| anyhow!("TLS: {e}"))?,
     );
 
@@ -186,6 +188,15 @@ pub async fn run(
         .with_context(|| format!("binding http_listen address {}", cfg.http_listen))?;
     let admin_path = cfg.admin_socket_path();
     let admin_listener = bind_admin_socket(&admin_path)?;
+    let bundle_endpoint = match cfg.federation.bundle_endpoint_listen {
+        Some(addr) => Some((
+            TcpListener::bind(addr).await.with_context(|| {
+                format!("binding federation.bundle_endpoint_listen address {addr}")
+            })?,
+            crate::federation::tls_config(&cfg, resolver.clone())?,
+        )),
+        None => None,
+    };
 
     let started = Started {
         grpc: grpc_listener.local_addr()?,
@@ -193,6 +204,10 @@ pub async fn run(
         root_sha256,
         bundle_path: cfg.bundle_path(),
         admin_socket: admin_path.clone(),
+        bundle_endpoint: match &bundle_endpoint {
+            Some((l, _)) => Some(l.local_addr()?),
+            None => None,
+        },
     };
 
     let transport_limit = cfg.max_message_bytes.saturating_mul(4).max(4 * 1024 * 1024);
@@ -307,6 +322,26 @@ pub async fn run(
         wait(stop_rx.clone()),
     );
 
+    let federation = async {
+        let Some((listener, tls)) = bundle_endpoint else {
+            return Ok(());
+        };
+        let endpoint = Arc::new(crate::federation::BundleEndpoint::new(
+            bundle.clone(),
+            clock.clone(),
+            cfg.federation.refresh_hint,
+        ));
+        crate::federation::serve(
+            listener,
+            tls,
+            crate::federation::routes(endpoint),
+            crate::federation::EndpointLimits::from_config(&cfg),
+            metrics.clone(),
+            wait(stop_rx.clone()),
+        )
+        .await
+    };
+
     // Publish audit-drop counts and ledger progress to metrics.
     {
         let audit = audit.clone();
@@ -341,12 +376,13 @@ pub async fn run(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let (g, a, h) = tokio::join!(grpc, admin_srv, http);
+    let (g, a, h, f) = tokio::join!(grpc, admin_srv, http, federation);
     checkpoint_task.abort();
     let _ = std::fs::remove_file(&admin_path);
     g.context("gRPC server")?;
     a.context("admin server")?;
     h.context("HTTP server")?;
+    f.context("SPIFFE bundle endpoint")?;
     Ok(())
 }
 

@@ -8,6 +8,7 @@ mod bad_input;
 mod bridge;
 mod checkpoints;
 mod fake_kube;
+mod federation;
 mod independent;
 mod issuance;
 mod k8s;
