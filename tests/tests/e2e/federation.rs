@@ -21,13 +21,24 @@ async fn fetch(
     expected: SpiffeId,
 ) -> Result<(String, String), String> {
     let verifier = SignetServerVerifier::new(bundle_pem, expected).map_err(|e| e.to_string())?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+    let cfg = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .unwrap()
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(verifier))
         .with_no_client_auth();
+    fetch_with(addr, cfg).await
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// `GET /` over TLS with `cfg` (HTTP/1.1); the response's head and body.
+async fn fetch_with(
+    addr: SocketAddr,
+    mut cfg: rustls::ClientConfig,
+) -> Result<(String, String), String> {
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
@@ -206,5 +217,49 @@ async fn the_bundle_endpoint_is_bounded_and_timed_out() {
     let id: SpiffeId = format!("spiffe://{td}/signet/server").parse().unwrap();
     let (head, _) = fetch(addr, &server.bundle_pem, id).await.expect("fetch");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_https_web_profile_serves_the_configured_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.subject_alt_names = vec![rcgen::SanType::IpAddress([127, 0, 0, 1].into())];
+    let cert = params.self_signed(&key).unwrap();
+    let cert_file = dir.path().join("web.pem");
+    let key_file = dir.path().join("web.key");
+    std::fs::write(&cert_file, cert.pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    let server = Server::start(ServerOpts {
+        extra_toml: format!(
+            "[federation]\nbundle_endpoint_listen = \"127.0.0.1:0\"\n\
+             bundle_endpoint_profile = \"https_web\"\nweb_cert_file = \"{}\"\n\
+             web_key_file = \"{}\"\n",
+            cert_file.display(),
+            key_file.display()
+        ),
+        ..ServerOpts::default()
+    })
+    .await;
+    let addr = endpoint_of(&server);
+    // A Web PKI client trusting (only) the configured certificate gets the bundle...
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.der().clone()).unwrap();
+    let web = || {
+        rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots.clone())
+            .with_no_client_auth()
+    };
+    let (head, body) = fetch_with(addr, web()).await.expect("fetch");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let doc: serde_json::Value = serde_json::from_str(body.trim()).unwrap();
+    assert_eq!(doc["keys"][0]["use"], "x509-svid");
+    // ... and a client expecting Signet's own SVID refuses that certificate.
+    let td = &server.trust_domain;
+    let id: SpiffeId = format!("spiffe://{td}/signet/server").parse().unwrap();
+    assert!(fetch(addr, &server.bundle_pem, id).await.is_err());
     server.stop().await;
 }
