@@ -233,7 +233,7 @@ impl Checkpointer {
     ) -> Result<Arc<Stored>, CheckpointError> {
         let _one = self.making.lock().await;
         let head = self.store.ledger_head().await?;
-        self.sign_and_keep(head, now, trigger)
+        self.sign_and_keep(head, now, trigger).await
     }
 
     /// The periodic step: signs the head at `now` if it moved since the last checkpoint.
@@ -244,10 +244,12 @@ impl Checkpointer {
         if !head_moved(latest.as_ref().map(|s| &s.checkpoint.head), &head) {
             return Ok(None);
         }
-        self.sign_and_keep(head, now, Trigger::Periodic).map(Some)
+        self.sign_and_keep(head, now, Trigger::Periodic)
+            .await
+            .map(Some)
     }
 
-    fn sign_and_keep(
+    async fn sign_and_keep(
         &self,
         head: LedgerHead,
         now: SystemTime,
@@ -261,11 +263,23 @@ impl Checkpointer {
         });
         let json = signed.to_json();
         let path = self.dir.join(file_name(signed.head.seq, signed.head.time));
-        write_atomic(&path, format!("{json}\n").as_bytes(), 0o644).map_err(|source| {
-            CheckpointError::Io {
-                path: path.clone(),
-                source,
-            }
+        // The file write (fsync) and the pruning run off the async workers.
+        let (dir, keep, file, bytes) = (
+            self.dir.clone(),
+            self.keep,
+            path.clone(),
+            format!("{json}\n").into_bytes(),
+        );
+        tokio::task::spawn_blocking(move || {
+            write_atomic(&file, &bytes, 0o644)?;
+            prune(&dir, keep);
+            Ok(())
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        .map_err(|source| CheckpointError::Io {
+            path: path.clone(),
+            source,
         })?;
         let stored = Arc::new(Stored {
             checkpoint: signed,
@@ -273,7 +287,6 @@ impl Checkpointer {
             path,
         });
         *self.lock_latest() = Some(stored.clone());
-        self.prune();
         let (kind, caller, why) = match trigger {
             Trigger::Periodic => (
                 "ledger.checkpoint",
@@ -309,23 +322,9 @@ impl Checkpointer {
         self.read_dir(limit)
     }
 
-    fn checkpoint_files(&self) -> std::io::Result<Vec<(String, PathBuf)>> {
-        let mut names: Vec<(String, PathBuf)> = std::fs::read_dir(&self.dir)?
-            .filter_map(Result::ok)
-            .filter_map(|e| {
-                let name = e.file_name().into_string().ok()?;
-                is_checkpoint_name(&name).then(|| (name, e.path()))
-            })
-            .collect();
-        // Names sort by (seq, time): fixed-width decimal fields.
-        names.sort();
-        names.reverse();
-        Ok(names)
-    }
-
     fn read_dir(&self, limit: usize) -> std::io::Result<Vec<Stored>> {
         let mut out = Vec::new();
-        for (_, path) in self.checkpoint_files()? {
+        for (_, path) in checkpoint_files(&self.dir)? {
             if out.len() >= limit {
                 break;
             }
@@ -345,16 +344,31 @@ impl Checkpointer {
         }
         Ok(out)
     }
+}
 
-    /// Keeps the newest `keep` files.
-    fn prune(&self) {
-        let Ok(files) = self.checkpoint_files() else {
-            return;
-        };
-        for (_, path) in files.into_iter().skip(self.keep) {
-            if let Err(e) = std::fs::remove_file(&path) {
-                tracing::warn!(path = %path.display(), error = %e, "could not remove an old checkpoint file");
-            }
+/// The checkpoint files in `dir`, newest first.
+fn checkpoint_files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
+    let mut names: Vec<(String, PathBuf)> = std::fs::read_dir(dir)?
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            is_checkpoint_name(&name).then(|| (name, e.path()))
+        })
+        .collect();
+    // Names sort by (seq, time): fixed-width decimal fields.
+    names.sort();
+    names.reverse();
+    Ok(names)
+}
+
+/// Keeps the newest `keep` files of `dir`.
+fn prune(dir: &Path, keep: usize) {
+    let Ok(files) = checkpoint_files(dir) else {
+        return;
+    };
+    for (_, path) in files.into_iter().skip(keep) {
+        if let Err(e) = std::fs::remove_file(&path) {
+            tracing::warn!(path = %path.display(), error = %e, "could not remove an old checkpoint file");
         }
     }
 }
