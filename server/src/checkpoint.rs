@@ -587,6 +587,46 @@ mod tests {
         assert!(dbg.contains(&key_id) && !dbg.contains("pair"), "{dbg}");
     }
 
+    #[tokio::test]
+    async fn http_serves_the_latest_checkpoint_and_the_public_key() {
+        use tower::ServiceExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (_store, cp) = setup(dir.path()).await;
+        let cp = Arc::new(cp);
+        let router = routes(cp.clone());
+        let get = |path: &'static str| {
+            let router = router.clone();
+            async move {
+                let resp = router
+                    .oneshot(
+                        axum::http::Request::get(path)
+                            .body(axum::body::Body::empty())
+                            .unwrap(),
+                    )
+                    .await
+                    .unwrap();
+                let status = resp.status();
+                let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+                    .await
+                    .unwrap();
+                (status, String::from_utf8(body.to_vec()).unwrap())
+            }
+        };
+        assert_eq!(get("/checkpoint").await.0, StatusCode::NOT_FOUND);
+        let (status, pem) = get("/checkpoint.pub").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            PublicKey::from_pem(pem.as_bytes()).unwrap(),
+            cp.public_key()
+        );
+        let made = cp.tick(SystemTime::now()).await.unwrap().unwrap();
+        let (status, body) = get("/checkpoint").await;
+        assert_eq!(status, StatusCode::OK);
+        let parsed = SignedCheckpoint::from_json(body.trim()).unwrap();
+        assert_eq!(parsed, made.checkpoint);
+        cp.public_key().verify(&parsed).unwrap();
+    }
+
     #[test]
     fn a_configured_key_file_must_exist_and_an_openssl_key_loads() {
         let dir = tempfile::tempdir().unwrap();

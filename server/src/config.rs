@@ -480,6 +480,7 @@ pub struct FederationConfig {
     /// Address of the HTTPS bundle endpoint (`GET /`); off when absent. Bounded like
     /// `http_listen` (`limits.http_*`).
     pub bundle_endpoint_listen: Option<SocketAddr>,
+    /// `https_spiffe` (default: Signet's own SVID) or `https_web` (the files below).
     pub bundle_endpoint_profile: BundleEndpointProfile,
     /// `https_web`: the certificate chain (PEM, leaf first) and its private key (PEM PKCS#8).
     pub web_cert_file: Option<PathBuf>,
