@@ -138,6 +138,51 @@ async fn rechain_from(db: &mut sqlx::PgConnection, from: u64) {
     }
 }
 
+fn from_hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// Rebuilds the signed statement from the checkpoint's JSON as the README spells it out, and
+/// has `openssl pkeyutl -verify` check the signature with the public key file.
+fn openssl_verifies(cp: &serde_json::Value, key: &Path, dir: &Path) {
+    let td = cp["trust_domain"].as_str().unwrap().as_bytes();
+    let mut stmt = b"signet-ledger-checkpoint-v1\0".to_vec();
+    stmt.extend_from_slice(&(td.len() as u64).to_be_bytes());
+    stmt.extend_from_slice(td);
+    stmt.extend_from_slice(&cp["seq"].as_u64().unwrap().to_be_bytes());
+    stmt.extend_from_slice(&from_hex(cp["hash"].as_str().unwrap()));
+    stmt.extend_from_slice(&cp["time"].as_i64().unwrap().to_be_bytes());
+    let (stmt_path, sig_path) = (dir.join("statement.bin"), dir.join("signature.bin"));
+    std::fs::write(&stmt_path, &stmt).unwrap();
+    std::fs::write(&sig_path, from_hex(cp["signature"].as_str().unwrap())).unwrap();
+    let o = std::process::Command::new("openssl")
+        .args(["pkeyutl", "-verify", "-pubin", "-rawin", "-inkey"])
+        .arg(key)
+        .arg("-in")
+        .arg(&stmt_path)
+        .arg("-sigfile")
+        .arg(&sig_path)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "openssl refused the checkpoint signature: {o:?}"
+    );
+    // And the key id is the SHA-256 of the key's DER SubjectPublicKeyInfo.
+    let o = std::process::Command::new("openssl")
+        .args(["pkey", "-pubin", "-outform", "DER", "-in"])
+        .arg(key)
+        .output()
+        .unwrap();
+    assert_eq!(
+        cp["key_id"].as_str().unwrap(),
+        to_hex(&signet_types::ledger::sha256(&o.stdout))
+    );
+}
+
 #[tokio::test]
 async fn checkpoints_catch_a_deleted_tail_and_a_rewritten_history() {
     let Some(url) = signet_testutil::fresh_postgres_database().await else {
@@ -249,6 +294,8 @@ async fn checkpoints_catch_a_deleted_tail_and_a_rewritten_history() {
     let asked: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&cp_n).unwrap()).unwrap();
     assert_eq!(asked["seq"], n);
+    // OpenSSL, with only the public key, verifies the signature over the documented statement.
+    openssl_verifies(&asked, &key, tmp.path());
     assert_eq!(files(&server.data_dir).len(), count + 1);
     let (ok, listed) = run(&server, &["ledger", "checkpoint", "list", "--json"]);
     assert!(ok, "{listed}");
