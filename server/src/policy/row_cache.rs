@@ -16,11 +16,13 @@ use std::time::{Duration, SystemTime};
 
 use crate::store::CertificateRow;
 
+/// When a row was looked up, and what was found (`None`: not in the ledger).
+type Cached = (SystemTime, Option<Arc<CertificateRow>>);
+
 /// Keyed by the presented certificate's SHA-256.
 #[derive(Debug, Default)]
 pub struct RowCache {
-    #[allow(clippy::type_complexity)]
-    entries: Mutex<HashMap<[u8; 32], (SystemTime, Option<Arc<CertificateRow>>)>>,
+    entries: Mutex<HashMap<[u8; 32], Cached>>,
 }
 
 impl RowCache {
