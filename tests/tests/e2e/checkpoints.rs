@@ -485,3 +485,67 @@ async fn checkpoints_catch_a_deleted_tail_and_a_rewritten_history() {
 
     server.stop().await;
 }
+
+/// Replicas sharing one PostgreSQL share the checkpoint key file like the KEK: a checkpoint
+/// signed by one verifies, with the one public key, against the chain read through the other.
+#[tokio::test]
+async fn replicas_sharing_the_key_file_sign_checkpoints_one_key_verifies() {
+    let Some(url) = signet_testutil::fresh_postgres_database().await else {
+        return;
+    };
+    let a = Server::start(ServerOpts {
+        database_url: Some(url.clone()),
+        ..ServerOpts::default()
+    })
+    .await;
+    let shared = tempfile::tempdir().unwrap();
+    let (kek, key) = (
+        shared.path().join("kek"),
+        shared.path().join("checkpoint.key"),
+    );
+    std::fs::copy(a.data_dir.join("kek"), &kek).unwrap();
+    std::fs::copy(a.data_dir.join("checkpoint.key"), &key).unwrap();
+    let b = Server::start(ServerOpts {
+        database_url: Some(url.clone()),
+        extra_toml: format!(
+            "[ca]\nkek_file = \"{}\"\n[checkpoint]\nkey_file = \"{}\"\n",
+            kek.display(),
+            key.display()
+        ),
+        ..ServerOpts::default()
+    })
+    .await;
+    mint(&a, shared.path(), 1);
+    mint(&b, shared.path(), 2);
+    let (_, pub_a) = a.http_get("/checkpoint.pub").await;
+    let (_, pub_b) = b.http_get("/checkpoint.pub").await;
+    assert_eq!(pub_a, pub_b, "one checkpoint key");
+    let pub_path = shared.path().join("checkpoint.pub");
+    std::fs::write(&pub_path, &pub_a).unwrap();
+    let cp = shared.path().join("cp-b.json");
+    let (ok, out) = run(
+        &b,
+        &[
+            "ledger",
+            "checkpoint",
+            "create",
+            "--out",
+            cp.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{out}");
+    let (ok, out) = run(
+        &a,
+        &[
+            "ledger",
+            "verify",
+            "--checkpoint",
+            cp.to_str().unwrap(),
+            "--checkpoint-key",
+            pub_path.to_str().unwrap(),
+        ],
+    );
+    assert!(ok && out.contains("consistent with checkpoint"), "{out}");
+    b.stop().await;
+    a.stop().await;
+}
