@@ -37,6 +37,8 @@ pub struct Config {
     pub nodes: NodesConfig,
     pub limits: LimitsConfig,
     pub database: DatabaseConfig,
+    pub checkpoint: CheckpointConfig,
+    pub federation: FederationConfig,
 }
 
 impl Default for Config {
@@ -56,6 +58,8 @@ impl Default for Config {
             nodes: NodesConfig::default(),
             limits: LimitsConfig::default(),
             database: DatabaseConfig::default(),
+            checkpoint: CheckpointConfig::default(),
+            federation: FederationConfig::default(),
         }
     }
 }
@@ -433,6 +437,71 @@ impl Default for DatabaseConfig {
     }
 }
 
+/// `[checkpoint]`: signed ledger checkpoints (see `checkpoint.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// How often the ledger's head is signed, when it moved since the last checkpoint.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// The Ed25519 checkpoint key (PEM PKCS#8). When absent, `<data_dir>/checkpoint.key` is
+    /// created (mode 0600) on first start. Never in the database; replicas sharing one
+    /// PostgreSQL should share it, like `ca.kek_file`.
+    pub key_file: Option<PathBuf>,
+    /// Checkpoint files kept under `<data_dir>/checkpoints/` (the oldest are removed).
+    pub keep: usize,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(60),
+            key_file: None,
+            keep: 10_000,
+        }
+    }
+}
+
+/// How the SPIFFE bundle endpoint authenticates itself (SPIFFE Federation, section 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BundleEndpointProfile {
+    /// TLS with Signet's own X509-SVID for `spiffe://<trust domain>/signet/server`.
+    #[default]
+    HttpsSpiffe,
+    /// TLS with a configured (Web PKI) certificate: `web_cert_file` and `web_key_file`.
+    HttpsWeb,
+}
+
+/// `[federation]`: the SPIFFE bundle endpoint other trust domains federate with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FederationConfig {
+    /// Address of the HTTPS bundle endpoint (`GET /`); off when absent. Bounded like
+    /// `http_listen` (`limits.http_*`).
+    pub bundle_endpoint_listen: Option<SocketAddr>,
+    /// `https_spiffe` (default: Signet's own SVID) or `https_web` (the files below).
+    pub bundle_endpoint_profile: BundleEndpointProfile,
+    /// `https_web`: the certificate chain (PEM, leaf first) and its private key (PEM PKCS#8).
+    pub web_cert_file: Option<PathBuf>,
+    pub web_key_file: Option<PathBuf>,
+    /// `spiffe_refresh_hint`: how often relying parties should fetch the bundle again.
+    #[serde(with = "humantime_serde")]
+    pub refresh_hint: Duration,
+}
+
+impl Default for FederationConfig {
+    fn default() -> Self {
+        Self {
+            bundle_endpoint_listen: None,
+            bundle_endpoint_profile: BundleEndpointProfile::default(),
+            web_cert_file: None,
+            web_key_file: None,
+            refresh_hint: Duration::from_secs(300),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("configuration: {0}")]
@@ -465,6 +534,8 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "nodes",
     "limits",
     "database",
+    "checkpoint",
+    "federation",
 ];
 
 impl Config {
@@ -518,6 +589,7 @@ impl Config {
             ));
         }
         self.validate_limits()?;
+        self.validate_checkpoint_and_federation()?;
         // sqlx cannot use it, and logs unknown URL parameters with their values.
         if let Some((_, query)) = self.database_url.split_once('?')
             && query.split('&').any(|kv| {
@@ -630,6 +702,43 @@ impl Config {
         Ok(())
     }
 
+    fn validate_checkpoint_and_federation(&self) -> Result<(), ConfigError> {
+        if self.checkpoint.interval.is_zero() {
+            return Err(ConfigError::Invalid(
+                "checkpoint.interval must be positive".into(),
+            ));
+        }
+        if self.checkpoint.keep == 0 {
+            return Err(ConfigError::Invalid(
+                "checkpoint.keep must be positive".into(),
+            ));
+        }
+        let f = &self.federation;
+        if f.refresh_hint.is_zero() {
+            return Err(ConfigError::Invalid(
+                "federation.refresh_hint must be positive".into(),
+            ));
+        }
+        let web = f.web_cert_file.is_some() || f.web_key_file.is_some();
+        match f.bundle_endpoint_profile {
+            BundleEndpointProfile::HttpsWeb
+                if f.web_cert_file.is_none() || f.web_key_file.is_none() =>
+            {
+                Err(ConfigError::Invalid(
+                    "federation.bundle_endpoint_profile = \"https_web\" needs \
+                     federation.web_cert_file and federation.web_key_file"
+                        .into(),
+                ))
+            }
+            BundleEndpointProfile::HttpsSpiffe if web => Err(ConfigError::Invalid(
+                "federation.web_cert_file and web_key_file are for bundle_endpoint_profile = \
+                 \"https_web\"; the https_spiffe profile serves Signet's own certificate"
+                    .into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// `[nodes.kubernetes]` needs `[auth.kubernetes]` (the issuer and its keys), names
     /// service accounts as `<namespace>:<name>`, and keeps its audiences apart from the
     /// workload audiences.
@@ -698,6 +807,18 @@ impl Config {
 
     pub fn admin_socket_path(&self) -> PathBuf {
         self.data_dir.join("admin.sock")
+    }
+
+    /// `checkpoint.key_file`, or `<data_dir>/checkpoint.key`.
+    pub fn checkpoint_key_path(&self) -> PathBuf {
+        self.checkpoint
+            .key_file
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("checkpoint.key"))
+    }
+
+    pub fn checkpoints_dir(&self) -> PathBuf {
+        self.data_dir.join("checkpoints")
     }
 }
 
@@ -914,6 +1035,55 @@ mod tests {
         let c = load_toml("[limits]\nissuance_per_source = { burst = 0, per_second = 0 }\n")
             .expect("off");
         assert!(c.limits.issuance_per_source.is_off());
+    }
+
+    #[test]
+    fn checkpoint_and_federation_keys() {
+        let c = load_toml("").expect("defaults");
+        assert_eq!(c.checkpoint.interval, Duration::from_secs(60));
+        assert_eq!(c.checkpoint_key_path(), c.data_dir.join("checkpoint.key"));
+        assert!(c.federation.bundle_endpoint_listen.is_none());
+        assert_eq!(
+            c.federation.bundle_endpoint_profile,
+            BundleEndpointProfile::HttpsSpiffe
+        );
+        let c = load_toml(
+            r#"
+            [checkpoint]
+            interval = "5s"
+            key_file = "/etc/signet/checkpoint.key"
+            [federation]
+            bundle_endpoint_listen = "127.0.0.1:8444"
+            refresh_hint = "1m"
+            "#,
+        )
+        .expect("loads");
+        assert_eq!(c.checkpoint.interval, Duration::from_secs(5));
+        assert_eq!(
+            c.checkpoint_key_path(),
+            PathBuf::from("/etc/signet/checkpoint.key")
+        );
+        assert_eq!(
+            c.federation.bundle_endpoint_listen,
+            Some(SocketAddr::from(([127, 0, 0, 1], 8444)))
+        );
+        for (toml, want) in [
+            ("[checkpoint]\ninterval = \"0s\"\n", "checkpoint.interval"),
+            ("[checkpoint]\nkeep = 0\n", "checkpoint.keep"),
+            ("[checkpoint]\nintervall = \"1m\"\n", "intervall"),
+            (
+                "[federation]\nbundle_endpoint_profile = \"https_web\"\n",
+                "needs federation.web_cert_file",
+            ),
+            (
+                "[federation]\nweb_cert_file = \"/x\"\n",
+                "are for bundle_endpoint_profile",
+            ),
+            ("[federation]\nbundle_endpoint_profile = \"http\"\n", "http"),
+        ] {
+            let err = load_toml(toml).expect_err(toml);
+            assert!(err.to_string().contains(want), "{toml}: {err}");
+        }
     }
 
     #[test]

@@ -12,8 +12,10 @@ pub mod audit;
 pub mod authn;
 pub mod bundle;
 pub mod ca;
+pub mod checkpoint;
 pub mod clock;
 pub mod config;
+pub mod federation;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;

@@ -97,6 +97,9 @@ fn main() -> std::process::ExitCode {
         println!("  root SHA-256:  {}", s.root_sha256);
         println!("  trust bundle:  {}", s.bundle_path.display());
         println!("  admin socket:  {}", s.admin_socket.display());
+        if let Some(a) = s.bundle_endpoint {
+            println!("  SPIFFE bundle endpoint: https://{a}/");
+        }
         println!("  database:      {db}");
         println!("ready");
     }));

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, anyhow, bail};
 use signet_proto::admin::admin_server::AdminServer;
+use signet_proto::admin::ledger_admin_server::LedgerAdminServer;
 use signet_proto::admin::node_admin_server::NodeAdminServer;
 use signet_proto::agent::node_server::NodeServer;
 use signet_proto::ca::certificate_authority_server::CertificateAuthorityServer;
@@ -16,6 +17,7 @@ use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 
 use crate::api::admin::AdminApi;
 use crate::api::istio::IstioApi;
+use crate::api::ledger_admin::LedgerAdminApi;
 use crate::api::native::NativeApi;
 use crate::api::node::NodeApi;
 use crate::api::node_admin::NodeAdminApi;
@@ -49,6 +51,8 @@ pub struct Started {
     pub root_sha256: String,
     pub bundle_path: std::path::PathBuf,
     pub admin_socket: std::path::PathBuf,
+    /// The SPIFFE bundle endpoint (`[federation] bundle_endpoint_listen`), when on.
+    pub bundle_endpoint: Option<SocketAddr>,
 }
 
 /// Runs the server until `shutdown` resolves. `on_started` is called once every listener is
@@ -148,11 +152,31 @@ pub async fn run(
         chain.not_before,
         chain.not_after,
     ));
+    // Signed ledger checkpoints: the first one now (it covers the server certificate's row).
+    let checkpoints = Arc::new(
+        crate::checkpoint::Checkpointer::new(
+            store.clone(),
+            crate::checkpoint::CheckpointKey::load_or_generate(
+                &cfg.checkpoint_key_path(),
+                cfg.checkpoint.key_file.is_none(),
+            )?,
+            td.clone(),
+            cfg.checkpoints_dir(),
+            cfg.checkpoint.keep,
+            audit.clone(),
+        )
+        .with_context(|| format!("checkpoint directory {}", cfg.checkpoints_dir().display()))?,
+    );
+    let checkpoint_task = tokio::spawn(crate::checkpoint::run_periodic(
+        checkpoints.clone(),
+        clock.clone(),
+        cfg.checkpoint.interval,
+    ));
     // Client certificates are trusted only when Signet itself signed them: the anchor is the
     // signing CA certificate, not the root, so with a plugged-in CA a sibling intermediate under
     // the same root authenticates nobody.
     let tls_config = Arc::new(
-        tls::server_config(resolver, &[authority.cert_der().to_vec()])
+        tls::server_config(resolver.clone(), &[authority.cert_der().to_vec()])
             .map_err(|e| anyhow!("TLS: {e}"))?,
     );
 
@@ -164,6 +188,15 @@ pub async fn run(
         .with_context(|| format!("binding http_listen address {}", cfg.http_listen))?;
     let admin_path = cfg.admin_socket_path();
     let admin_listener = bind_admin_socket(&admin_path)?;
+    let bundle_endpoint = match cfg.federation.bundle_endpoint_listen {
+        Some(addr) => Some((
+            TcpListener::bind(addr).await.with_context(|| {
+                format!("binding federation.bundle_endpoint_listen address {addr}")
+            })?,
+            crate::federation::tls_config(&cfg, resolver.clone())?,
+        )),
+        None => None,
+    };
 
     let started = Started {
         grpc: grpc_listener.local_addr()?,
@@ -171,6 +204,10 @@ pub async fn run(
         root_sha256,
         bundle_path: cfg.bundle_path(),
         admin_socket: admin_path.clone(),
+        bundle_endpoint: match &bundle_endpoint {
+            Some((l, _)) => Some(l.local_addr()?),
+            None => None,
+        },
     };
 
     let transport_limit = cfg.max_message_bytes.saturating_mul(4).max(4 * 1024 * 1024);
@@ -221,6 +258,9 @@ pub async fn run(
         .max_decoding_message_size(transport_limit);
     let admin = AdminServer::new(AdminApi::new(issuer.clone(), store.clone(), bundle.clone()))
         .max_decoding_message_size(transport_limit);
+    let ledger_admin =
+        LedgerAdminServer::new(LedgerAdminApi::new(checkpoints.clone(), clock.clone()))
+            .max_decoding_message_size(transport_limit);
 
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
@@ -264,6 +304,7 @@ pub async fn run(
         .add_service(health_service)
         .add_service(admin)
         .add_service(node_admin)
+        .add_service(ledger_admin)
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(admin_listener),
             wait(stop_rx.clone()),
@@ -274,11 +315,32 @@ pub async fn run(
             store.clone(),
             metrics.clone(),
             Some(ledger_progress.clone()),
-        ),
+        )
+        .merge(crate::checkpoint::routes(checkpoints.clone())),
         limits,
         metrics.clone(),
         wait(stop_rx.clone()),
     );
+
+    let federation = async {
+        let Some((listener, tls)) = bundle_endpoint else {
+            return Ok(());
+        };
+        let endpoint = Arc::new(crate::federation::BundleEndpoint::new(
+            bundle.clone(),
+            clock.clone(),
+            cfg.federation.refresh_hint,
+        ));
+        crate::federation::serve(
+            listener,
+            tls,
+            crate::federation::routes(endpoint),
+            crate::federation::EndpointLimits::from_config(&cfg),
+            metrics.clone(),
+            wait(stop_rx.clone()),
+        )
+        .await
+    };
 
     // Publish audit-drop counts and ledger progress to metrics.
     {
@@ -314,11 +376,13 @@ pub async fn run(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let (g, a, h) = tokio::join!(grpc, admin_srv, http);
+    let (g, a, h, f) = tokio::join!(grpc, admin_srv, http, federation);
+    checkpoint_task.abort();
     let _ = std::fs::remove_file(&admin_path);
     g.context("gRPC server")?;
     a.context("admin server")?;
     h.context("HTTP server")?;
+    f.context("SPIFFE bundle endpoint")?;
     Ok(())
 }
 

@@ -6,8 +6,10 @@
 //! - [`pem`]: splitting and joining PEM certificate chains.
 //! - [`ledger`]: the canonical encoding and hash chain of the issuance ledger, shared by the
 //!   server that writes it and the CLI that verifies it.
+//! - [`checkpoint`]: the signed statement of the ledger's head (encoding, signature, JSON).
 #![forbid(unsafe_code)]
 
+pub mod checkpoint;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ledger;

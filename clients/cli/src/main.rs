@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod checkpoint;
 mod nodes;
 
 use std::path::{Path, PathBuf};
@@ -132,6 +133,23 @@ enum LedgerCmd {
     Verify {
         #[arg(long)]
         json: bool,
+        /// A signed checkpoint (JSON file) the chain must still contain: catches a deleted
+        /// tail and a rewritten history, which the chain alone cannot. Repeatable.
+        #[arg(long = "checkpoint", value_name = "FILE")]
+        checkpoints: Vec<PathBuf>,
+        /// The checkpoint public key (PEM), e.g. from `ledger checkpoint key` or
+        /// `/checkpoint.pub`, kept apart from the server.
+        #[arg(long, value_name = "PUBKEY.pem")]
+        checkpoint_key: Option<PathBuf>,
+        /// A head written down earlier (SEQ:HASH, HASH in hex) the chain must still contain.
+        /// Repeatable.
+        #[arg(long = "expect-head", value_name = "SEQ:HASH")]
+        expect_heads: Vec<String>,
+    },
+    /// Signed checkpoints of the ledger's head.
+    Checkpoint {
+        #[command(subcommand)]
+        cmd: checkpoint::CheckpointCmd,
     },
 }
 
@@ -244,8 +262,36 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Ledger {
-            cmd: LedgerCmd::Verify { json },
-        } => ledger_verify(&cli.socket, json).await,
+            cmd:
+                LedgerCmd::Verify {
+                    json,
+                    checkpoints,
+                    checkpoint_key,
+                    expect_heads,
+                },
+        } => {
+            let expect = if checkpoints.is_empty() && expect_heads.is_empty() {
+                checkpoint::Expectations::default()
+            } else {
+                let td = admin(&cli.socket)
+                    .await?
+                    .get_bundle(GetBundleRequest {})
+                    .await
+                    .map_err(|s| status_err("bundle", s))?
+                    .into_inner()
+                    .trust_domain;
+                checkpoint::Expectations::load(
+                    &checkpoints,
+                    checkpoint_key.as_deref(),
+                    &expect_heads,
+                    &td,
+                )?
+            };
+            ledger_verify(&cli.socket, json, &expect).await
+        }
+        Cmd::Ledger {
+            cmd: LedgerCmd::Checkpoint { cmd },
+        } => checkpoint::run(&cli.socket, cmd).await,
         Cmd::Audit {
             cmd: AuditCmd::List { after, limit, json },
         } => {
@@ -411,14 +457,26 @@ fn hash32(v: &[u8], what: &str, seq: u64) -> anyhow::Result<Hash> {
 
 /// Verifies the ledger here, in the CLI, from the raw rows: the server is not trusted to
 /// say its own chain is intact.
-pub(crate) async fn ledger_verify(socket: &Path, json: bool) -> anyhow::Result<ExitCode> {
-    let report = verify_ledger(socket).await?;
+pub(crate) async fn ledger_verify(
+    socket: &Path,
+    json: bool,
+    expect: &checkpoint::Expectations,
+) -> anyhow::Result<ExitCode> {
+    let report = verify_ledger_with(socket, expect).await?;
     match &report {
         Ok(n) => {
-            if json {
+            if json && expect.is_empty() {
                 println!("{}", serde_json::json!({"ok": true, "rows": n}));
+            } else if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"ok": true, "rows": n, "consistent_with": expect.checked()})
+                );
             } else {
                 println!("ledger OK: {n} rows verified, hash chain intact up to the head");
+                for what in expect.checked() {
+                    println!("  consistent with {what}");
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -435,6 +493,14 @@ pub(crate) async fn ledger_verify(socket: &Path, json: bool) -> anyhow::Result<E
 
 /// Ok(Ok(rows)) when intact, Ok(Err(where it breaks)) when not.
 pub(crate) async fn verify_ledger(socket: &Path) -> anyhow::Result<Result<u64, String>> {
+    verify_ledger_with(socket, &checkpoint::Expectations::default()).await
+}
+
+/// [`verify_ledger`], and the chain must also contain every head of `expect` (checkpoints).
+pub(crate) async fn verify_ledger_with(
+    socket: &Path,
+    expect: &checkpoint::Expectations,
+) -> anyhow::Result<Result<u64, String>> {
     let mut client = admin(socket).await?;
     let head = client
         .get_ledger_head(GetLedgerHeadRequest {})
@@ -477,16 +543,20 @@ pub(crate) async fn verify_ledger(socket: &Path) -> anyhow::Result<Result<u64, S
                 r.seq
             )));
         }
+        let hash = hash32(&r.hash, "hash", r.seq)?;
         if let Err(b) = v.push(
             &entry,
             &hash32(&r.prev_hash, "previous hash", r.seq)?,
-            &hash32(&r.hash, "hash", r.seq)?,
+            &hash,
         ) {
             return Ok(Err(b.to_string()));
         }
+        if let Err(why) = expect.observe(r.seq, &hash) {
+            return Ok(Err(why));
+        }
     }
     match v.finish(head.seq, &head_hash) {
-        Ok(n) => Ok(Ok(n)),
+        Ok(n) => Ok(expect.finish(n).map(|()| n)),
         Err(b) => Ok(Err(b.to_string())),
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod istio;
+pub mod ledger_admin;
 pub mod native;
 pub mod node;
 pub mod node_admin;

@@ -1,0 +1,301 @@
+//! Ledger checkpoints in `signetctl`: `ledger checkpoint create|latest|list|key`, and the
+//! comparisons `ledger verify --checkpoint FILE --checkpoint-key KEY.pem` and `--expect-head
+//! SEQ:HASH` add to the plain chain verification.
+//!
+//! The chain alone cannot see a deleted tail (rows removed and the head moved back) or a
+//! consistently rewritten history (a row changed and every hash after it recomputed). A
+//! checkpoint (seq S, hash H), verified here with only the checkpoint public key, can: the
+//! chain must still reach row S, and its recomputed hash at row S must still be H.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, anyhow, bail};
+use clap::Subcommand;
+use signet_client::admin::ledger_admin_client::LedgerAdminClient;
+use signet_client::admin::{
+    Checkpoint, CreateCheckpointRequest, GetCheckpointKeyRequest, GetLatestCheckpointRequest,
+    ListCheckpointsRequest,
+};
+use signet_types::checkpoint::{PublicKey, SignedCheckpoint};
+use signet_types::ledger::{GENESIS, Hash};
+
+use crate::{rfc3339, status_err, write_replacing};
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum CheckpointCmd {
+    /// Sign the ledger's head now; print the checkpoint (JSON) or write it to --out.
+    Create {
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// The newest checkpoint (JSON).
+    Latest {
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Checkpoints kept by the server, newest first.
+    List {
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The checkpoint public key (PEM), to verify checkpoints with.
+    Key {
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+async fn client(socket: &Path) -> anyhow::Result<LedgerAdminClient<tonic::transport::Channel>> {
+    let ch = signet_client::connect_admin(socket).await.map_err(|e| {
+        anyhow!("{e}\n(is signet-server running? point --socket at <data_dir>/admin.sock)")
+    })?;
+    Ok(LedgerAdminClient::new(ch))
+}
+
+fn emit(text: &str, out: Option<&Path>) -> anyhow::Result<()> {
+    match out {
+        Some(p) => {
+            write_replacing(p, format!("{}\n", text.trim_end()).as_bytes(), 0o644)?;
+            eprintln!("wrote {}", p.display());
+        }
+        None => println!("{}", text.trim_end()),
+    }
+    Ok(())
+}
+
+pub(crate) async fn run(socket: &Path, cmd: CheckpointCmd) -> anyhow::Result<ExitCode> {
+    let mut c = client(socket).await?;
+    match cmd {
+        CheckpointCmd::Create { out } => {
+            let cp = c
+                .create_checkpoint(CreateCheckpointRequest {})
+                .await
+                .map_err(|s| status_err("create checkpoint", s))?
+                .into_inner();
+            emit(&cp.json, out.as_deref())?;
+        }
+        CheckpointCmd::Latest { out } => {
+            let cp = c
+                .get_latest_checkpoint(GetLatestCheckpointRequest {})
+                .await
+                .map_err(|s| status_err("latest checkpoint", s))?
+                .into_inner();
+            emit(&cp.json, out.as_deref())?;
+        }
+        CheckpointCmd::List { limit, json } => {
+            let list = c
+                .list_checkpoints(ListCheckpointsRequest { limit })
+                .await
+                .map_err(|s| status_err("list checkpoints", s))?
+                .into_inner()
+                .checkpoints;
+            if !json {
+                println!("{:>8}  {:<20}  {:<64}  FILE", "SEQ", "TIME", "HASH");
+            }
+            for Checkpoint {
+                seq,
+                hash,
+                time,
+                json: text,
+                path,
+                ..
+            } in list
+            {
+                if json {
+                    println!("{text}");
+                } else {
+                    println!(
+                        "{seq:>8}  {:<20}  {:<64}  {path}",
+                        rfc3339(time),
+                        hex::encode(hash)
+                    );
+                }
+            }
+        }
+        CheckpointCmd::Key { out } => {
+            let k = c
+                .get_checkpoint_key(GetCheckpointKeyRequest {})
+                .await
+                .map_err(|s| status_err("checkpoint key", s))?
+                .into_inner();
+            emit(&k.public_key_pem, out.as_deref())?;
+            if out.is_some() {
+                eprintln!("key id {}", k.key_id);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One head the chain must still contain.
+#[derive(Debug, Clone)]
+struct Expected {
+    /// How to name it in a report (`checkpoint FILE (…)` or `--expect-head …`).
+    what: String,
+    seq: u64,
+    hash: Hash,
+}
+
+/// The heads a verification must find in the chain: from verified checkpoints and from
+/// `--expect-head`. Empty when neither was given (the plain verification).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Expectations {
+    items: Vec<Expected>,
+}
+
+/// Parses `SEQ:HASH` (HASH: 64 hex digits).
+pub(crate) fn parse_expect_head(s: &str) -> anyhow::Result<(u64, Hash)> {
+    let (seq, hash) = s
+        .split_once(':')
+        .ok_or_else(|| anyhow!("--expect-head {s:?}: expected SEQ:HASH (HASH: 64 hex digits)"))?;
+    let seq: u64 = seq
+        .trim()
+        .parse()
+        .map_err(|_| anyhow!("--expect-head {s:?}: {seq:?} is not a sequence number"))?;
+    let bytes = hex::decode(hash.trim())
+        .map_err(|_| anyhow!("--expect-head {s:?}: the hash is not hexadecimal"))?;
+    let hash: Hash = bytes
+        .try_into()
+        .map_err(|_| anyhow!("--expect-head {s:?}: the hash is not 32 bytes (64 hex digits)"))?;
+    Ok((seq, hash))
+}
+
+impl Expectations {
+    /// Reads and verifies each checkpoint file with `key` (required when any is given) and
+    /// adds the `--expect-head` values. A checkpoint that does not verify, or is for another
+    /// trust domain than `trust_domain`, is refused: an error, not a verdict on the ledger.
+    pub(crate) fn load(
+        checkpoints: &[PathBuf],
+        key: Option<&Path>,
+        expect_heads: &[String],
+        trust_domain: &str,
+    ) -> anyhow::Result<Self> {
+        let mut items = Vec::new();
+        if !checkpoints.is_empty() {
+            let key_path =
+                key.ok_or_else(|| anyhow!("--checkpoint needs --checkpoint-key PUBKEY.pem"))?;
+            let pem = std::fs::read(key_path)
+                .with_context(|| format!("reading checkpoint key {}", key_path.display()))?;
+            let key = PublicKey::from_pem(&pem)
+                .map_err(|e| anyhow!("checkpoint key {}: {e}", key_path.display()))?;
+            for path in checkpoints {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading checkpoint {}", path.display()))?;
+                let cp = SignedCheckpoint::from_json(text.trim())
+                    .map_err(|e| anyhow!("checkpoint {}: {e}", path.display()))?;
+                let v = key
+                    .verify(&cp)
+                    .map_err(|e| anyhow!("checkpoint {} refused: {e}", path.display()))?;
+                let h = v.head();
+                if h.trust_domain != trust_domain {
+                    bail!(
+                        "checkpoint {} is for trust domain {:?}, but this server's is {:?}",
+                        path.display(),
+                        h.trust_domain,
+                        trust_domain
+                    );
+                }
+                items.push(Expected {
+                    what: format!(
+                        "checkpoint {} (row {}, signed {} by key {})",
+                        path.display(),
+                        h.seq,
+                        rfc3339(h.time),
+                        &v.key_id()[..16]
+                    ),
+                    seq: h.seq,
+                    hash: h.hash,
+                });
+            }
+        } else if key.is_some() {
+            bail!("--checkpoint-key is used with --checkpoint FILE");
+        }
+        for s in expect_heads {
+            let (seq, hash) = parse_expect_head(s)?;
+            items.push(Expected {
+                what: format!("--expect-head {seq}:{}", hex::encode(hash)),
+                seq,
+                hash,
+            });
+        }
+        Ok(Self { items })
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Called with every row's verified hash, in order: refuses a row at an expected seq whose
+    /// hash is not the expected one.
+    pub(crate) fn observe(&self, seq: u64, hash: &Hash) -> Result<(), String> {
+        for e in self.items.iter().filter(|e| e.seq == seq) {
+            if &e.hash != hash {
+                return Err(format!(
+                    "row {seq}: the chain's hash there is {}, but {} says {}: the history up to \
+                     row {seq} was rewritten (and the chain recomputed after it)",
+                    hex::encode(hash),
+                    e.what,
+                    hex::encode(e.hash)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Called once the whole chain verified up to row `last`: refuses a chain that ends before
+    /// an expected row.
+    pub(crate) fn finish(&self, last: u64) -> Result<(), String> {
+        for e in &self.items {
+            if e.seq == 0 && e.hash != GENESIS {
+                return Err(format!(
+                    "{} names row 0 with a hash that is not the empty ledger's",
+                    e.what
+                ));
+            }
+            if e.seq > last {
+                return Err(format!(
+                    "the chain ends at row {last}, before row {} of {}: rows {}..={} were \
+                     deleted (a truncated tail)",
+                    e.seq,
+                    e.what,
+                    last + 1,
+                    e.seq
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// What was checked, for the success report.
+    pub(crate) fn checked(&self) -> Vec<String> {
+        self.items.iter().map(|e| e.what.clone()).collect()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expect_head_parses_and_checks() {
+        let h = [7u8; 32];
+        let (seq, hash) = parse_expect_head(&format!("5:{}", hex::encode(h))).unwrap();
+        assert_eq!((seq, hash), (5, h));
+        assert!(parse_expect_head("5").is_err());
+        assert!(parse_expect_head("x:00").is_err());
+        assert!(parse_expect_head("5:abcd").is_err());
+        let e = Expectations::load(&[], None, &[format!("5:{}", hex::encode(h))], "x").unwrap();
+        assert!(e.observe(4, &[1; 32]).is_ok());
+        assert!(e.observe(5, &h).is_ok());
+        let err = e.observe(5, &[1; 32]).unwrap_err();
+        assert!(err.contains("rewritten"), "{err}");
+        assert!(e.finish(5).is_ok());
+        let err = e.finish(3).unwrap_err();
+        assert!(err.contains("rows 4..=5 were deleted"), "{err}");
+        assert!(Expectations::load(&[PathBuf::from("x")], None, &[], "x").is_err());
+    }
+}

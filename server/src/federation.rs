@@ -1,0 +1,465 @@
+//! The SPIFFE bundle endpoint (`[federation]`): the trust bundle as a SPIFFE bundle, for other
+//! trust domains to federate with (SPIFFE Trust Domain and Bundle, section 4; SPIFFE
+//! Federation).
+//!
+//! `GET /` on `federation.bundle_endpoint_listen` (off unless set) answers a JWK set:
+//!
+//! ```json
+//! {"keys":[{"use":"x509-svid","kty":"EC","crv":"P-256","x":"…","y":"…","x5c":["<base64 DER>"]}],
+//!  "spiffe_sequence":1764590000,"spiffe_refresh_hint":300}
+//! ```
+//!
+//! one key per root of [`BundleHandle::current`] (`x5c`: exactly that root, standard base64 of
+//! its DER; `kty` and the key's parameters per RFC 7518 section 6: EC P-256/P-384, RSA, or
+//! Ed25519 as `OKP`). `spiffe_refresh_hint` is `federation.refresh_hint` in seconds.
+//! `spiffe_sequence` increases whenever the served roots change: [`next_sequence`] takes the
+//! larger of "previous + 1" and the current unix time, so it also increases across restarts
+//! (as long as the clock does not go back and the roots change less than once a second on
+//! average). Replicas keep their own sequence: behind one address, a relying party may see it
+//! go down when it reaches another replica; the roots served are the same.
+//!
+//! Served over HTTPS only. Profile `https_spiffe` (the default): Signet's own X509-SVID for
+//! `spiffe://<trust domain>/signet/server` (the gRPC listener's certificate, renewed in place);
+//! the relying party authenticates it with a bundle obtained out of band and checks that SPIFFE
+//! ID. Profile `https_web`: a configured certificate chain and key (`web_cert_file`,
+//! `web_key_file`), for Web PKI. Bounded like `http_listen`: at most
+//! `limits.http_max_connections` connections (more are closed at once), the TLS handshake within
+//! `limits.tls_handshake_timeout`, the request headers within `limits.http_header_read_timeout`,
+//! no connection longer than `limits.http_connection_timeout`.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use base64::Engine;
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+
+use crate::bundle::{Bundle, BundleHandle};
+use crate::clock::{Clock, unix};
+use crate::config::{BundleEndpointProfile, Config};
+use crate::metrics::Metrics;
+use crate::tls::ServerCertResolver;
+
+/// The sequence number after `prev` for a change seen at `now_unix` (see the module docs).
+pub fn next_sequence(prev: u64, now_unix: i64) -> u64 {
+    prev.saturating_add(1)
+        .max(u64::try_from(now_unix).unwrap_or(0))
+}
+
+/// One root as a JWK (`use: x509-svid`), or why it cannot be one.
+pub fn root_jwk(der: &[u8]) -> Result<serde_json::Value, String> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    use x509_parser::public_key::PublicKey;
+    let (_, cert) =
+        X509Certificate::from_der(der).map_err(|e| format!("a root does not parse: {e}"))?;
+    let spki = cert.public_key();
+    let b64u = |b: &[u8]| URL_SAFE_NO_PAD.encode(b);
+    let mut jwk = match spki
+        .parsed()
+        .map_err(|e| format!("a root's public key does not parse: {e}"))?
+    {
+        PublicKey::EC(point) => {
+            let curve = spki
+                .algorithm
+                .parameters
+                .as_ref()
+                .and_then(|p| p.as_oid().ok())
+                .map(|o| o.to_id_string());
+            let (crv, len) = match curve.as_deref() {
+                Some("1.2.840.10045.3.1.7") => ("P-256", 32),
+                Some("1.3.132.0.34") => ("P-384", 48),
+                Some("1.3.132.0.35") => ("P-521", 66),
+                other => return Err(format!("a root's EC curve is not supported: {other:?}")),
+            };
+            let data = point.data();
+            if data.len() != 1 + 2 * len || data.first() != Some(&4) {
+                return Err("a root's EC point is not an uncompressed point".into());
+            }
+            serde_json::json!({
+                "kty": "EC",
+                "crv": crv,
+                "x": b64u(&data[1..=len]),
+                "y": b64u(&data[1 + len..]),
+            })
+        }
+        PublicKey::RSA(rsa) => {
+            let strip = |b: &[u8]| -> Vec<u8> {
+                let i = b
+                    .iter()
+                    .position(|&x| x != 0)
+                    .unwrap_or(b.len().saturating_sub(1));
+                b[i..].to_vec()
+            };
+            serde_json::json!({
+                "kty": "RSA",
+                "n": b64u(&strip(rsa.modulus)),
+                "e": b64u(&strip(rsa.exponent)),
+            })
+        }
+        _ if spki.algorithm.algorithm.to_id_string() == "1.3.101.112" => serde_json::json!({
+            "kty": "OKP",
+            "crv": "Ed25519",
+            "x": b64u(&spki.subject_public_key.data),
+        }),
+        _ => return Err("a root's key type has no JWK form here".into()),
+    };
+    jwk["use"] = "x509-svid".into();
+    jwk["x5c"] = serde_json::json!([STANDARD.encode(der)]);
+    Ok(jwk)
+}
+
+/// The SPIFFE bundle document of `bundle`'s roots.
+pub fn bundle_document(
+    bundle: &Bundle,
+    sequence: u64,
+    refresh_hint: Duration,
+) -> Result<serde_json::Value, String> {
+    let keys = bundle
+        .roots
+        .iter()
+        .map(|r| root_jwk(r))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(serde_json::json!({
+        "keys": keys,
+        "spiffe_sequence": sequence,
+        "spiffe_refresh_hint": refresh_hint.as_secs().max(1),
+    }))
+}
+
+/// The endpoint's state: the bundle it serves and the sequence of what it served last.
+pub struct BundleEndpoint {
+    bundle: BundleHandle,
+    clock: Arc<dyn Clock>,
+    refresh_hint: Duration,
+    /// The roots last served and their sequence number.
+    served: Mutex<Option<(Vec<Vec<u8>>, u64)>>,
+}
+
+impl std::fmt::Debug for BundleEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BundleEndpoint")
+            .field("refresh_hint", &self.refresh_hint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BundleEndpoint {
+    pub fn new(bundle: BundleHandle, clock: Arc<dyn Clock>, refresh_hint: Duration) -> Self {
+        Self {
+            bundle,
+            clock,
+            refresh_hint,
+            served: Mutex::new(None),
+        }
+    }
+
+    /// The document for the current bundle: the same sequence as last time if the roots are the
+    /// same, else the next one.
+    pub fn document(&self) -> Result<serde_json::Value, String> {
+        let current = self.bundle.current();
+        let sequence = {
+            let mut served = self.served.lock().unwrap_or_else(PoisonError::into_inner);
+            match &*served {
+                Some((roots, seq)) if *roots == current.roots => *seq,
+                prev => {
+                    let next =
+                        next_sequence(prev.as_ref().map_or(0, |(_, s)| *s), unix(self.clock.now()));
+                    *served = Some((current.roots.clone(), next));
+                    next
+                }
+            }
+        };
+        bundle_document(&current, sequence, self.refresh_hint)
+    }
+}
+
+/// `GET /`: the SPIFFE bundle.
+pub fn routes(endpoint: Arc<BundleEndpoint>) -> Router {
+    Router::new()
+        .route("/", get(serve_bundle))
+        .with_state(endpoint)
+}
+
+async fn serve_bundle(State(ep): State<Arc<BundleEndpoint>>) -> impl IntoResponse {
+    match ep.document() {
+        Ok(doc) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            doc.to_string(),
+        ),
+        Err(e) => {
+            tracing::error!(error = %e, "the SPIFFE bundle cannot be served");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                "the bundle cannot be served as a SPIFFE bundle\n".to_owned(),
+            )
+        }
+    }
+}
+
+/// The TLS configuration of the profile: the server's own SVID (`resolver`), or the configured
+/// Web PKI certificate. HTTP/1.1, no client certificates.
+pub fn tls_config(
+    cfg: &Config,
+    resolver: Arc<ServerCertResolver>,
+) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    use anyhow::{Context, anyhow};
+    let f = &cfg.federation;
+    let resolver = match f.bundle_endpoint_profile {
+        BundleEndpointProfile::HttpsSpiffe => resolver,
+        BundleEndpointProfile::HttpsWeb => {
+            let (Some(cert_file), Some(key_file)) = (&f.web_cert_file, &f.web_key_file) else {
+                return Err(anyhow!(
+                    "federation.bundle_endpoint_profile = \"https_web\" needs web_cert_file and web_key_file"
+                ));
+            };
+            let chain_pem = std::fs::read(cert_file)
+                .with_context(|| format!("reading {}", cert_file.display()))?;
+            let chain = signet_types::pem::parse_certs(&chain_pem)
+                .map_err(|e| anyhow!("federation.web_cert_file: {e}"))?;
+            let key_pem = std::fs::read(key_file)
+                .with_context(|| format!("reading {}", key_file.display()))?;
+            let (_, key) = signet_types::pem::parse_one(&key_pem, &["PRIVATE KEY"])
+                .map_err(|e| anyhow!("federation.web_key_file (PEM PKCS#8): {e}"))?;
+            ServerCertResolver::new(
+                crate::tls::certified_key(&chain, &key)
+                    .map_err(|e| anyhow!("federation web certificate: {e}"))?,
+            )
+        }
+    };
+    let mut tls = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| anyhow!("TLS versions: {e}"))?
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(tls))
+}
+
+/// The bounds of the bundle endpoint's listener.
+#[derive(Debug, Clone, Copy)]
+pub struct EndpointLimits {
+    pub max_connections: usize,
+    pub handshake_timeout: Duration,
+    pub header_read_timeout: Duration,
+    pub connection_timeout: Duration,
+}
+
+impl EndpointLimits {
+    pub fn from_config(cfg: &Config) -> Self {
+        Self {
+            max_connections: cfg.limits.http_max_connections,
+            handshake_timeout: cfg.limits.tls_handshake_timeout,
+            header_read_timeout: cfg.limits.http_header_read_timeout,
+            connection_timeout: cfg.limits.http_connection_timeout,
+        }
+    }
+}
+
+/// Serves `router` over TLS on `listener` within `limits` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    router: Router,
+    limits: EndpointLimits,
+    metrics: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    let acceptor = TlsAcceptor::from(tls);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut refused: u64 = 0;
+    loop {
+        let (tcp, peer): (_, SocketAddr) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "bundle endpoint: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            refused += 1;
+            metrics.limited("bundle_endpoint_connections");
+            if refused.is_power_of_two() || refused.is_multiple_of(1024) {
+                tracing::warn!(%peer, refused_total = refused,
+                    "bundle endpoint: connection refused, the connection cap is reached");
+            }
+            drop(tcp);
+            continue;
+        };
+        let acceptor = acceptor.clone();
+        let service = TowerToHyperService::new(router.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let served = async {
+                let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp))
+                    .await
+                {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "bundle endpoint: TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "bundle endpoint: TLS handshake timed out");
+                        return;
+                    }
+                };
+                let mut builder = hyper::server::conn::http1::Builder::new();
+                builder
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(limits.header_read_timeout);
+                if let Err(e) = builder.serve_connection(TokioIo::new(tls), service).await {
+                    tracing::debug!(%peer, error = %e, "bundle endpoint: connection ended");
+                }
+            };
+            // The handshake counts against the connection's lifetime too.
+            if tokio::time::timeout(limits.connection_timeout, served)
+                .await
+                .is_err()
+            {
+                tracing::debug!(%peer, "bundle endpoint: connection closed at its lifetime bound");
+            }
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::clock::fake::FakeClock;
+    use signet_types::TrustDomain;
+    use tower::ServiceExt;
+
+    fn root(alg: &'static rcgen::SignatureAlgorithm) -> (Vec<u8>, rcgen::KeyPair) {
+        let key = rcgen::KeyPair::generate_for(alg).unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let cert = p.self_signed(&key).unwrap();
+        (cert.der().to_vec(), key)
+    }
+
+    async fn get(router: &Router) -> (StatusCode, serde_json::Value) {
+        let resp = router
+            .clone()
+            .oneshot(
+                axum::http::Request::get("/")
+                    .body(axum::body::Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let status = resp.status();
+        let ct = resp.headers()[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert_eq!(ct, "application/json");
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    #[test]
+    fn the_sequence_always_increases() {
+        assert_eq!(next_sequence(0, 1_800_000_000), 1_800_000_000);
+        assert_eq!(next_sequence(1_800_000_000, 1_800_000_000), 1_800_000_001);
+        // A clock that went back: still increasing.
+        assert_eq!(next_sequence(1_800_000_005, 1_700_000_000), 1_800_000_006);
+        assert_eq!(next_sequence(7, -5), 8);
+        assert_eq!(next_sequence(u64::MAX, 0), u64::MAX);
+    }
+
+    #[tokio::test]
+    async fn the_document_is_a_spiffe_bundle_and_its_sequence_follows_the_roots() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r1, k1) = root(&rcgen::PKCS_ECDSA_P256_SHA256);
+        let handle = BundleHandle::new(
+            Bundle {
+                trust_domain: TrustDomain::new("example.org").unwrap(),
+                roots: vec![r1.clone()],
+                revision: 1,
+            },
+            dir.path().join("bundle.pem"),
+        )
+        .unwrap();
+        let clock = Arc::new(FakeClock::at_unix(1_800_000_000));
+        let ep = Arc::new(BundleEndpoint::new(
+            handle.clone(),
+            clock.clone(),
+            Duration::from_secs(300),
+        ));
+        let router = routes(ep);
+
+        let (status, doc) = get(&router).await;
+        assert_eq!(status, StatusCode::OK);
+        let obj = doc.as_object().unwrap();
+        let mut members: Vec<&str> = obj.keys().map(String::as_str).collect();
+        members.sort_unstable();
+        assert_eq!(members, ["keys", "spiffe_refresh_hint", "spiffe_sequence"]);
+        assert_eq!(doc["spiffe_refresh_hint"], 300);
+        assert_eq!(doc["spiffe_sequence"], 1_800_000_000u64);
+        let keys = doc["keys"].as_array().unwrap();
+        assert_eq!(keys.len(), 1);
+        let k = &keys[0];
+        assert_eq!(k["use"], "x509-svid");
+        assert_eq!(k["kty"], "EC");
+        assert_eq!(k["crv"], "P-256");
+        assert_eq!(STANDARD.decode(k["x5c"][0].as_str().unwrap()).unwrap(), r1);
+        assert_eq!(k["x5c"].as_array().unwrap().len(), 1);
+        // x and y are the root's public key point.
+        let point = k1.public_key_raw();
+        let x = URL_SAFE_NO_PAD.decode(k["x"].as_str().unwrap()).unwrap();
+        let y = URL_SAFE_NO_PAD.decode(k["y"].as_str().unwrap()).unwrap();
+        assert_eq!([&[4u8][..], &x, &y].concat(), point);
+
+        // Unchanged roots: the same sequence, however much later.
+        clock.advance(Duration::from_secs(3600));
+        assert_eq!(get(&router).await.1["spiffe_sequence"], 1_800_000_000u64);
+
+        // A root added (rotation): a larger sequence, both roots.
+        let (r2, _) = root(&rcgen::PKCS_ECDSA_P384_SHA384);
+        handle.update(vec![r1.clone(), r2.clone()]).unwrap();
+        let (_, doc) = get(&router).await;
+        assert_eq!(doc["spiffe_sequence"], 1_800_003_600u64);
+        let keys = doc["keys"].as_array().unwrap();
+        assert_eq!(keys.len(), 2);
+        assert_eq!(keys[1]["crv"], "P-384");
+        // The old root removed in the same second: still larger.
+        handle.update(vec![r2]).unwrap();
+        let (_, doc) = get(&router).await;
+        assert_eq!(doc["spiffe_sequence"], 1_800_003_601u64);
+        assert_eq!(doc["keys"].as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn ed25519_roots_are_okp_keys() {
+        let (r, key) = root(&rcgen::PKCS_ED25519);
+        let jwk = root_jwk(&r).unwrap();
+        assert_eq!(jwk["kty"], "OKP");
+        assert_eq!(jwk["crv"], "Ed25519");
+        assert_eq!(
+            URL_SAFE_NO_PAD.decode(jwk["x"].as_str().unwrap()).unwrap(),
+            key.public_key_raw()
+        );
+        assert!(root_jwk(b"not a certificate").is_err());
+    }
+}
