@@ -111,7 +111,8 @@ impl CheckpointKey {
 fn warn_if_readable_by_others(path: &Path) {
     use std::os::unix::fs::PermissionsExt;
     if let Ok(m) = std::fs::metadata(path)
-        && m.permissions().mode() & 0o077 != 0
+        // Group read is how a Kubernetes Secret volume (0440, the pod's fsGroup) works.
+        && m.permissions().mode() & 0o027 != 0
     {
         tracing::warn!(path = %path.display(), mode = format!("{:o}", m.permissions().mode() & 0o777),
             "the checkpoint key is readable by other users: chmod 0600 it");

@@ -63,6 +63,7 @@ const CLUSTER_PROVIDED: &[(&str, &str)] = &[("ConfigMap", "kube-root-ca.crt")];
 const OPERATOR_PROVIDED: &[(&str, &str)] = &[
     ("Secret", "signet-database"),
     ("Secret", "signet-kek"),
+    ("Secret", "signet-checkpoint"),
     ("ConfigMap", "signet-jwks"),
     ("ConfigMap", "signet-bundle"),
 ];
@@ -640,6 +641,18 @@ fn configs_load_and_the_pieces_agree() {
             "/secret/secretName"
         ),
         "signet-kek"
+    );
+    let checkpoint_key = server
+        .checkpoint
+        .key_file
+        .as_ref()
+        .expect("checkpoint.key_file: replicas must share the checkpoint key");
+    assert_eq!(
+        s(
+            volume_for_file(pod, checkpoint_key.to_str().expect("path")),
+            "/secret/secretName"
+        ),
+        "signet-checkpoint"
     );
     assert!(find(&objs, "Deployment", "signet-server")["spec"]["replicas"].as_i64() >= Some(2));
 
