@@ -210,6 +210,12 @@ impl Issuer {
         self.jwt.as_ref()
     }
 
+    /// Forgets the cached ledger row of the certificate with this SHA-256 (it was revoked), so
+    /// the next renewal over mTLS reads the revocation.
+    pub fn forget_presented(&self, leaf_sha256: &[u8; 32]) {
+        self.presented_rows.forget(leaf_sha256);
+    }
+
     pub fn audit(&self) -> &AuditLog {
         &self.audit
     }
@@ -411,13 +417,21 @@ impl Issuer {
             ..
         }) = caller.kind()
         else {
-            return Ok(self.store.certificate_by_serial(serial).await?.map(Arc::new));
+            return Ok(self
+                .store
+                .certificate_by_serial(serial)
+                .await?
+                .map(Arc::new));
         };
         let now = self.clock.now();
         if let Some(row) = self.presented_rows.get(leaf_sha256, now) {
             return Ok(row);
         }
-        let row = self.store.certificate_by_serial(serial).await?.map(Arc::new);
+        let row = self
+            .store
+            .certificate_by_serial(serial)
+            .await?
+            .map(Arc::new);
         self.presented_rows.put(*leaf_sha256, row.clone(), now);
         Ok(row)
     }

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context, anyhow, bail};
 use signet_proto::admin::admin_server::AdminServer;
 use signet_proto::admin::node_admin_server::NodeAdminServer;
+use signet_proto::admin::revocation_admin_server::RevocationAdminServer;
 use signet_proto::agent::node_server::NodeServer;
 use signet_proto::ca::certificate_authority_server::CertificateAuthorityServer;
 use signet_proto::istio_ca::istio_certificate_service_server::IstioCertificateServiceServer;
@@ -19,6 +20,7 @@ use crate::api::istio::IstioApi;
 use crate::api::native::NativeApi;
 use crate::api::node::NodeApi;
 use crate::api::node_admin::NodeAdminApi;
+use crate::api::revocation_admin::RevocationAdminApi;
 use crate::audit::AuditLog;
 use crate::authn::AuthenticatedCaller;
 use crate::authn::jwt::JwtAuthenticator;
@@ -78,6 +80,7 @@ pub async fn run(
             trust_domain: td.clone(),
             roots: authority.roots().to_vec(),
             revision: 1,
+            crls: Vec::new(),
         },
         cfg.bundle_path(),
     )
@@ -221,6 +224,38 @@ pub async fn run(
         .max_decoding_message_size(transport_limit);
     let admin = AdminServer::new(AdminApi::new(issuer.clone(), store.clone(), bundle.clone()))
         .max_decoding_message_size(transport_limit);
+    // Revocation and CRLs. The CA keys that publish CRLs come from one place (`CrlSigners`:
+    // the issuer's signing key today).
+    let crl_publisher = Arc::new(
+        crate::crl::CrlPublisher::new(
+            store.clone(),
+            issuer.clone(),
+            bundle.clone(),
+            cfg.data_dir.join("crl"),
+            cfg.crl.clone(),
+            clock.clone(),
+        )
+        .with_audit(audit.clone()),
+    );
+    if let Err(e) = crl_publisher.refresh().await {
+        tracing::warn!(error = %e, "publishing the CRLs at start-up; retrying in the background");
+    }
+    tokio::spawn(crl_publisher.clone().run(stop_rx.clone()));
+    let revoker = {
+        let issuer = issuer.clone();
+        Arc::new(
+            crate::revocation::Revoker::new(store.clone(), clock.clone(), audit.clone())
+                .with_crls(crl_publisher.clone())
+                .on_revoked(move |sha| issuer.forget_presented(sha)),
+        )
+    };
+    let revocation_admin = RevocationAdminServer::new(RevocationAdminApi::new(
+        revoker,
+        store.clone(),
+        bundle.clone(),
+        td.clone(),
+    ))
+    .max_decoding_message_size(transport_limit);
 
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
@@ -264,6 +299,7 @@ pub async fn run(
         .add_service(health_service)
         .add_service(admin)
         .add_service(node_admin)
+        .add_service(revocation_admin)
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(admin_listener),
             wait(stop_rx.clone()),
@@ -274,7 +310,8 @@ pub async fn run(
             store.clone(),
             metrics.clone(),
             Some(ledger_progress.clone()),
-        ),
+        )
+        .merge(crate::http::crl_router(bundle.clone())),
         limits,
         metrics.clone(),
         wait(stop_rx.clone()),

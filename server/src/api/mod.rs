@@ -7,6 +7,7 @@ pub mod istio;
 pub mod native;
 pub mod node;
 pub mod node_admin;
+pub mod revocation_admin;
 
 use tonic::{Code, Status};
 
