@@ -4,6 +4,7 @@
 
 mod bench;
 mod nodes;
+mod revoke;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -87,6 +88,11 @@ enum Cmd {
     },
     /// Load generator: issues through the Istio API over TLS and reports throughput and latency.
     Bench(bench::BenchArgs),
+    /// Certificate revocation lists (one per issuing CA key).
+    Crl {
+        #[command(subcommand)]
+        cmd: revoke::CrlCmd,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -114,6 +120,10 @@ enum CertsCmd {
         #[arg(long)]
         pem: bool,
     },
+    /// Revoke certificates: one by serial, or every unexpired one of a SPIFFE ID, a node, a
+    /// registration entry or a CA key. Each is a hash-chained ledger event; the CRLs are
+    /// re-issued before the answer.
+    Revoke(revoke::RevokeArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -165,6 +175,10 @@ struct CertJson {
     /// Where the certificate's authority came from; null for rows written before it was
     /// recorded.
     provenance: Option<serde_json::Value>,
+    /// When it was revoked; null if it was not.
+    revoked_at: Option<String>,
+    /// The RFC 5280 reason name; null if not revoked.
+    revocation_reason: Option<String>,
 }
 
 fn rfc3339(unix: i64) -> String {
@@ -193,6 +207,8 @@ fn to_json(r: &CertificateRecord) -> CertJson {
         sha256: hex::encode(&r.cert_sha256),
         hash: hex::encode(&r.hash),
         provenance: serde_json::from_str(&r.provenance).ok(),
+        revoked_at: (r.revoked_at != 0).then(|| rfc3339(r.revoked_at)),
+        revocation_reason: (r.revoked_at != 0).then(|| r.revocation_reason.clone()),
     }
 }
 
@@ -295,6 +311,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Node { cmd } => nodes::node(&cli.socket, cmd).await,
         Cmd::Entry { cmd } => nodes::entry(&cli.socket, cmd).await,
         Cmd::Bench(args) => bench::run(&cli.socket, args).await,
+        Cmd::Crl { cmd } => revoke::crl(&cli.socket, cmd).await,
     }
 }
 
@@ -349,8 +366,17 @@ async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCode> {
                     if json {
                         println!("{}", serde_json::to_string(&to_json(r))?);
                     } else {
+                        let revoked = if r.revoked_at != 0 {
+                            format!(
+                                "  REVOKED {} ({})",
+                                rfc3339(r.revoked_at),
+                                r.revocation_reason
+                            )
+                        } else {
+                            String::new()
+                        };
                         println!(
-                            "{:>6}  {:<34}  {:<20}  {:<50}  {}",
+                            "{:>6}  {:<34}  {:<20}  {:<50}  {}{revoked}",
                             r.seq,
                             r.serial,
                             rfc3339(r.not_after),
@@ -389,6 +415,10 @@ async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCode> {
                 println!("request id:  {}", j.request_id);
                 println!("sha256:      {}", j.sha256);
                 println!("chain hash:  {}", j.hash);
+                match (&j.revoked_at, &j.revocation_reason) {
+                    (Some(at), Some(reason)) => println!("revoked:     {at} ({reason})"),
+                    _ => println!("revoked:     no"),
+                }
                 println!(
                     "provenance:  {}",
                     if r.provenance.is_empty() {
@@ -401,6 +431,7 @@ async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        CertsCmd::Revoke(args) => revoke::revoke(socket, args).await,
     }
 }
 
@@ -450,12 +481,20 @@ pub(crate) async fn verify_ledger(socket: &Path) -> anyhow::Result<Result<u64, S
         .await
         .map_err(|s| status_err("ledger", s))?
         .into_inner();
+    // Revocation events share the chain's seq: merged in order with the certificate rows.
+    let mut events = revoke::Events::open(socket, head.seq).await?;
     let mut v = Verifier::default();
     while let Some(r) = stream
         .message()
         .await
         .map_err(|s| status_err("ledger stream", s))?
     {
+        while let Some(e) = events.next_before(r.seq).await? {
+            let (event, prev, hash) = revoke::event_of(&e)?;
+            if let Err(b) = v.push_event(&event, &prev, &hash) {
+                return Ok(Err(b.to_string()));
+            }
+        }
         let entry = LedgerEntry {
             seq: r.seq,
             serial: r.serial.clone(),
@@ -482,6 +521,12 @@ pub(crate) async fn verify_ledger(socket: &Path) -> anyhow::Result<Result<u64, S
             &hash32(&r.prev_hash, "previous hash", r.seq)?,
             &hash32(&r.hash, "hash", r.seq)?,
         ) {
+            return Ok(Err(b.to_string()));
+        }
+    }
+    while let Some(e) = events.next_before(u64::MAX).await? {
+        let (event, prev, hash) = revoke::event_of(&e)?;
+        if let Err(b) = v.push_event(&event, &prev, &hash) {
             return Ok(Err(b.to_string()));
         }
     }
