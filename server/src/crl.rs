@@ -184,6 +184,23 @@ pub fn due(stored: Option<&StoredCrl>, mark: u64, now: i64, next_update: Duratio
     None
 }
 
+/// Decided under the key's CRL lock, with `cur` the CRL stored now and `mark` the revocation
+/// mark read before the revoked list this replica would sign: the number to sign, or None to
+/// keep `cur`. Not when nothing is [`due`], and never when `cur` covers a later mark than ours
+/// (another replica signed with revocations our list may lack: signing ours would drop them).
+pub fn number_to_sign(
+    cur: Option<&StoredCrl>,
+    mark: u64,
+    now: i64,
+    next_update: Duration,
+) -> Option<u64> {
+    if cur.is_some_and(|c| c.mark > mark) {
+        return None;
+    }
+    due(cur, mark, now, next_update)?;
+    Some(cur.map_or(1, |c| c.number + 1))
+}
+
 /// When the CRL `s` must be re-signed at the latest (unix seconds).
 pub fn refresh_at(s: &StoredCrl, next_update: Duration) -> i64 {
     let half = i64::try_from(next_update.as_secs() / 2).unwrap_or(i64::MAX);
@@ -327,10 +344,9 @@ impl CrlPublisher {
                 let failed = std::sync::Mutex::new(None);
                 let sign = |cur: Option<&StoredCrl>| -> Result<Option<StoredCrl>, String> {
                     // Under the lock: another replica may have signed meanwhile.
-                    if due(cur, mark, now, next_update).is_none() {
+                    let Some(number) = number_to_sign(cur, mark, now, next_update) else {
                         return Ok(None);
-                    }
-                    let number = cur.map_or(1, |c| c.number + 1);
+                    };
                     let next_t = now_t + next_update;
                     match sign_crl(&ca, &revoked, number, now_t, next_t, now_t) {
                         Ok(der) => Ok(Some(StoredCrl {
@@ -339,7 +355,7 @@ impl CrlPublisher {
                             der,
                             this_update: now,
                             next_update: unix(next_t),
-                            mark: mark.max(cur.map_or(0, |c| c.mark)),
+                            mark,
                         })),
                         Err(e) => {
                             *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
@@ -608,6 +624,19 @@ mod tests {
         let odd = stored(3, T0, T0 + 10, 10);
         assert_eq!(due(Some(&odd), 10, T0 + 10, day), Some(Due::Refresh));
         assert_eq!(refresh_at(&odd, day), T0 + 10);
+    }
+
+    #[test]
+    fn under_the_lock_a_stale_view_never_replaces_a_newer_crl() {
+        let day = Duration::from_secs(86400);
+        assert_eq!(number_to_sign(None, 0, T0, day), Some(1));
+        let s = stored(3, T0, T0 + 86400, 10);
+        assert_eq!(number_to_sign(Some(&s), 10, T0 + 1, day), None);
+        assert_eq!(number_to_sign(Some(&s), 11, T0 + 1, day), Some(4));
+        assert_eq!(number_to_sign(Some(&s), 10, T0 + 43_200, day), Some(4));
+        // Another replica signed with mark 10 while we read mark 9 and its revoked list: even
+        // when a refresh is due by time, ours would lack revocation 10.
+        assert_eq!(number_to_sign(Some(&s), 9, T0 + 43_200, day), None);
     }
 
     #[test]

@@ -584,3 +584,146 @@ async fn revoke_by_spiffe_id_entry_node_and_ca_key() {
     let v = json(&server.signetctl(&["ledger", "verify", "--json"]));
     assert_eq!(v["ok"], true, "{v}");
 }
+
+async fn bundle_crl(server: &Server) -> signet_proto::ca::Crl {
+    let b = server
+        .native()
+        .await
+        .get_bundle(GetBundleRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(b.crls.len(), 1, "{b:?}");
+    b.crls[0].clone()
+}
+
+/// Two replicas on one PostgreSQL: a revocation on one reaches the other's CRL (by its poll),
+/// both serve the same bytes, numbers never repeat, the CRL is re-signed before nextUpdate
+/// without any revocation, `WatchBundle` carries each new CRL, and the other replica refuses
+/// the revoked certificate's renewal.
+#[tokio::test]
+async fn replicas_publish_the_same_crl_and_reissue_it_before_next_update() {
+    let tokens = TokenIssuer::new("k1");
+    let Some(url) = signet_testutil::fresh_postgres_database().await else {
+        return;
+    };
+    // Re-signed every 2 s (half of next_update); other replicas' revocations polled every 1 s.
+    let crl_toml = "[crl]\nnext_update = \"4s\"\npoll_interval = \"1s\"\n";
+    let a = Server::start(ServerOpts {
+        database_url: Some(url.clone()),
+        tokens: Some(tokens.jwks_json()),
+        extra_toml: crl_toml.into(),
+        ..ServerOpts::default()
+    })
+    .await;
+    let kek = std::fs::read_to_string(a.data_dir.join("kek")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kek_path = dir.path().join("kek");
+    std::fs::write(&kek_path, kek).unwrap();
+    let b = Server::start(ServerOpts {
+        database_url: Some(url.clone()),
+        tokens: Some(tokens.jwks_json()),
+        extra_toml: format!("{crl_toml}[ca]\nkek_file = \"{}\"\n", kek_path.display()),
+        ..ServerOpts::default()
+    })
+    .await;
+    let (chain, key, serial) = issue(&b, &tokens, "frontend").await;
+    let mut watch = a
+        .native()
+        .await
+        .watch_bundle(signet_proto::ca::WatchBundleRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.crls.len(), 1);
+
+    let v = json(&a.signetctl(&[
+        "certs",
+        "revoke",
+        &serial,
+        "--reason",
+        "superseded",
+        "--json",
+    ]));
+    assert_eq!(v["revoked_count"], 1, "{v}");
+    let on_a = bundle_crl(&a).await;
+    assert_eq!(crl_serials(&on_a.der), vec![(serial.clone(), Some(4))]);
+    // The watch stream carries the new CRL.
+    let pushed = loop {
+        let m = watch.message().await.unwrap().unwrap();
+        if m.crls.iter().any(|c| !crl_serials(&c.der).is_empty()) {
+            break m;
+        }
+    };
+    assert!(pushed.revision > first.revision);
+    // B notices at its next poll, and serves the same bytes (or a later CRL that lists it).
+    let key_id = on_a.key_id.clone();
+    let mut on_b = None;
+    for _ in 0..100 {
+        let (code, _, body) = http_bytes(&b, &format!("/crl/{key_id}.crl")).await;
+        if code == 200 && crl_serials(&body).iter().any(|(s, _)| s == &serial) {
+            on_b = Some(body);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let on_b = on_b.expect("replica B never listed the revocation");
+    let (_, crl_b) = x509_parser::parse_x509_crl(&on_b).unwrap();
+    let number_b = crl_b.crl_number().unwrap().clone();
+    assert!(number_b >= on_a.number.into());
+    // B refuses the revoked certificate's renewal (its row cache lives at most 1 s).
+    let id = ClientIdentity {
+        cert_chain_pem: chain[0].clone().into_bytes(),
+        key_pem: key.into_bytes(),
+    };
+    let kc = signet_client::new_key_and_csr().unwrap();
+    let err = CertificateAuthorityClient::new(b.channel_with(&id).await)
+        .sign_csr(SignCsrRequest {
+            csr: kc.csr_der,
+            ttl_seconds: 60,
+            kubernetes_namespace: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+
+    // Without revocations, the CRL is re-signed before its nextUpdate, with a higher number,
+    // still listing the serial; both replicas converge on one CRL per number.
+    let mut seen = vec![on_a.number];
+    let start = std::time::Instant::now();
+    while seen.len() < 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no re-issue: {seen:?}"
+        );
+        for s in [&a, &b] {
+            let c = bundle_crl(s).await;
+            let (_, parsed) = x509_parser::parse_x509_crl(&c.der).unwrap();
+            let now = now_unix();
+            assert!(
+                parsed.next_update().unwrap().timestamp() >= now,
+                "a published CRL is past its nextUpdate"
+            );
+            assert_eq!(crl_serials(&c.der), vec![(serial.clone(), Some(4))]);
+            if !seen.contains(&c.number) {
+                assert!(
+                    c.number > *seen.iter().max().unwrap(),
+                    "{seen:?} then {}",
+                    c.number
+                );
+                seen.push(c.number);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The same number is the same CRL on both replicas.
+    for _ in 0..50 {
+        let (ca, cb) = (bundle_crl(&a).await, bundle_crl(&b).await);
+        if ca.number == cb.number {
+            assert_eq!(ca.der, cb.der);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
