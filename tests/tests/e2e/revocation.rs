@@ -281,6 +281,11 @@ async fn revoked_certificate_is_in_every_crl_fails_openssl_and_cannot_renew() {
         std::fs::read(server.data_dir.join("crl").join(format!("{key_id}.crl"))).unwrap(),
         crl.der
     );
+    let out = server.signetctl(&["crl", "list", "--json"]);
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed["ca_key_id"], key_id.as_str());
+    assert_eq!(listed["number"], crl.number);
+    assert_eq!(listed["entries"], 1);
     let (code, _, _) = http_bytes(&server, "/crl/0000.crl").await;
     assert_eq!(code, 404);
     let (code, _, _) = http_bytes(&server, "/crl/..%2Fkek.crl").await;
@@ -352,6 +357,16 @@ async fn revoked_certificate_is_in_every_crl_fails_openssl_and_cannot_renew() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["ok"], false);
     assert!(v["error"].as_str().unwrap().contains("altered"), "{v}");
+    // Deleted: the chain has a gap where the event was.
+    sqlx::query("DELETE FROM ledger_events WHERE serial = $1")
+        .bind(&serial)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let out = server.signetctl(&["ledger", "verify", "--json"]);
+    assert!(!out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["error"].as_str().unwrap().contains("missing"), "{v}");
     pool.close().await;
 }
 
