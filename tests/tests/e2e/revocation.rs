@@ -206,6 +206,56 @@ async fn revoked_certificate_is_in_every_crl_fails_openssl_and_cannot_renew() {
         "superseded",
     ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("InvalidArgument"));
+    // The same over gRPC, where no client-side check stands in front.
+    let mut ra = signet_proto::admin::revocation_admin_client::RevocationAdminClient::new(
+        signet_client::connect_admin(&server.admin_socket())
+            .await
+            .unwrap(),
+    );
+    use signet_proto::admin::{RevokeRequest, revoke_request::Selector};
+    for (selector, reason, code) in [
+        (None, "keyCompromise", tonic::Code::InvalidArgument),
+        (
+            Some(Selector::Serial(serial.clone())),
+            "",
+            tonic::Code::InvalidArgument,
+        ),
+        (
+            Some(Selector::Serial(serial.clone())),
+            "certificateHold",
+            tonic::Code::InvalidArgument,
+        ),
+        (
+            Some(Selector::Serial(String::new())),
+            "superseded",
+            tonic::Code::InvalidArgument,
+        ),
+        (
+            Some(Selector::CaKeyId("../../kek".into())),
+            "superseded",
+            tonic::Code::InvalidArgument,
+        ),
+        (
+            Some(Selector::Node("no-such-node".into())),
+            "superseded",
+            tonic::Code::NotFound,
+        ),
+        (
+            Some(Selector::CaKeyId("abcdef".into())),
+            "superseded",
+            tonic::Code::NotFound,
+        ),
+    ] {
+        let err = ra
+            .revoke(RevokeRequest {
+                selector: selector.clone(),
+                reason: reason.into(),
+                dry_run: false,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), code, "{selector:?} {reason}: {err:?}");
+    }
     assert_eq!(
         server.cert_count().await,
         head,
