@@ -483,6 +483,7 @@ pub(crate) async fn verify_ledger(socket: &Path) -> anyhow::Result<Result<u64, S
         .into_inner();
     // Revocation events share the chain's seq: merged in order with the certificate rows.
     let mut events = revoke::Events::open(socket, head.seq).await?;
+    let mut refs = revoke::EventRefs::default();
     let mut v = Verifier::default();
     while let Some(r) = stream
         .message()
@@ -493,6 +494,9 @@ pub(crate) async fn verify_ledger(socket: &Path) -> anyhow::Result<Result<u64, S
             let (event, prev, hash) = revoke::event_of(&e)?;
             if let Err(b) = v.push_event(&event, &prev, &hash) {
                 return Ok(Err(b.to_string()));
+            }
+            if let Err(why) = refs.check(&event) {
+                return Ok(Err(why));
             }
         }
         let entry = LedgerEntry {
@@ -516,18 +520,23 @@ pub(crate) async fn verify_ledger(socket: &Path) -> anyhow::Result<Result<u64, S
                 r.seq
             )));
         }
+        let row_hash = hash32(&r.hash, "hash", r.seq)?;
         if let Err(b) = v.push(
             &entry,
             &hash32(&r.prev_hash, "previous hash", r.seq)?,
-            &hash32(&r.hash, "hash", r.seq)?,
+            &row_hash,
         ) {
             return Ok(Err(b.to_string()));
         }
+        refs.row(r.seq, &r.serial, &row_hash);
     }
     while let Some(e) = events.next_before(u64::MAX).await? {
         let (event, prev, hash) = revoke::event_of(&e)?;
         if let Err(b) = v.push_event(&event, &prev, &hash) {
             return Ok(Err(b.to_string()));
+        }
+        if let Err(why) = refs.check(&event) {
+            return Ok(Err(why));
         }
     }
     match v.finish(head.seq, &head_hash) {
