@@ -85,6 +85,16 @@ fn crl_serials(der: &[u8]) -> Vec<(String, Option<u8>)> {
 
 /// `openssl verify -x509_strict -crl_check` of a leaf against the root and the CRL.
 fn openssl_verify_crl(leaf_pem: &str, root_pem: &[u8], crl_der: &[u8]) -> Result<(), String> {
+    openssl_verify_crl_via(leaf_pem, None, root_pem, crl_der)
+}
+
+/// The same, through an intermediate (`-untrusted`).
+fn openssl_verify_crl_via(
+    leaf_pem: &str,
+    intermediate_pem: Option<&str>,
+    root_pem: &[u8],
+    crl_der: &[u8],
+) -> Result<(), String> {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root.pem");
     let leaf = dir.path().join("leaf.pem");
@@ -96,14 +106,17 @@ fn openssl_verify_crl(leaf_pem: &str, root_pem: &[u8], crl_der: &[u8]) -> Result
         pem::encode(&pem::Pem::new("X509 CRL", crl_der.to_vec())),
     )
     .unwrap();
-    let out = std::process::Command::new("openssl")
-        .args(["verify", "-x509_strict", "-crl_check", "-CAfile"])
+    let mut cmd = std::process::Command::new("openssl");
+    cmd.args(["verify", "-x509_strict", "-crl_check", "-CAfile"])
         .arg(&root)
         .arg("-CRLfile")
-        .arg(&crl)
-        .arg(&leaf)
-        .output()
-        .unwrap();
+        .arg(&crl);
+    if let Some(inter) = intermediate_pem {
+        let path = dir.path().join("inter.pem");
+        std::fs::write(&path, inter).unwrap();
+        cmd.arg("-untrusted").arg(path);
+    }
+    let out = cmd.arg(&leaf).output().unwrap();
     if out.status.success() {
         Ok(())
     } else {
@@ -791,4 +804,101 @@ async fn replicas_publish_the_same_crl_and_reissue_it_before_next_update() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+fn ca_params(cn: &str) -> rcgen::CertificateParams {
+    use rcgen::{BasicConstraints, DistinguishedName, DnType, IsCa, KeyUsagePurpose};
+    let mut p = rcgen::CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, cn);
+    p.distinguished_name = dn;
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    p.use_authority_key_identifier_extension = true;
+    p
+}
+
+/// With a plugged-in intermediate (Istio's cacerts layout) the CRL is the intermediate's:
+/// issued in its name, with its key identifier, and openssl checks a chain through it.
+#[tokio::test]
+async fn a_plugged_in_intermediate_signs_the_crl_of_what_it_issued() {
+    let tokens = TokenIssuer::new("k1");
+    let Some(url) = signet_testutil::fresh_postgres_database().await else {
+        return;
+    };
+    let root_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+    let root = ca_params("Example Root CA").self_signed(&root_key).unwrap();
+    let inter_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let root_issuer = rcgen::Issuer::new(ca_params("Example Root CA"), &root_key);
+    let inter = ca_params("Example Mesh Intermediate")
+        .signed_by(&inter_key, &root_issuer)
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n);
+    std::fs::write(p("ca-cert.pem"), inter.pem()).unwrap();
+    std::fs::write(p("ca-key.pem"), inter_key.serialize_pem()).unwrap();
+    std::fs::write(
+        p("cert-chain.pem"),
+        format!("{}{}", inter.pem(), root.pem()),
+    )
+    .unwrap();
+    std::fs::write(p("root-cert.pem"), root.pem()).unwrap();
+    let server = Server::start(ServerOpts {
+        database_url: Some(url),
+        tokens: Some(tokens.jwks_json()),
+        extra_toml: format!(
+            "[ca]\ncert_file = \"{}\"\nkey_file = \"{}\"\nchain_file = \"{}\"\nroot_file = \"{}\"\n",
+            p("ca-cert.pem").display(),
+            p("ca-key.pem").display(),
+            p("cert-chain.pem").display(),
+            p("root-cert.pem").display()
+        ),
+        ..ServerOpts::default()
+    })
+    .await;
+    let (chain, _, serial) = issue(&server, &tokens, "gateway").await;
+    assert_eq!(chain.len(), 3, "leaf, intermediate, root");
+    let (replacement, _, _) = issue(&server, &tokens, "gateway").await;
+    let v = json(&server.signetctl(&[
+        "certs",
+        "revoke",
+        &serial,
+        "--reason",
+        "keyCompromise",
+        "--json",
+    ]));
+    assert_eq!(v["revoked_count"], 1, "{v}");
+    let crl = bundle_crl(&server).await;
+    let (_, parsed) = x509_parser::parse_x509_crl(&crl.der).unwrap();
+    let (_, inter_cert) = x509_parser::parse_x509_certificate(inter.der()).unwrap();
+    assert_eq!(parsed.issuer(), inter_cert.subject());
+    parsed.verify_signature(inter_cert.public_key()).unwrap();
+    let ski = inter_cert
+        .extensions()
+        .iter()
+        .find_map(|e| match e.parsed_extension() {
+            x509_parser::extensions::ParsedExtension::SubjectKeyIdentifier(k) => Some(k.0.to_vec()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(crl.key_id, hex_lower(&ski));
+    let root_pem = root.pem();
+    let e = openssl_verify_crl_via(&chain[0], Some(&chain[1]), root_pem.as_bytes(), &crl.der)
+        .unwrap_err();
+    assert!(e.contains("revoked"), "{e}");
+    openssl_verify_crl_via(
+        &replacement[0],
+        Some(&replacement[1]),
+        root_pem.as_bytes(),
+        &crl.der,
+    )
+    .unwrap();
+}
+
+fn hex_lower(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
