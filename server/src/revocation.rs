@@ -13,8 +13,9 @@
 //! key never holds the ledger lock for long; an interrupted revocation is finished by running
 //! it again (already revoked certificates are reported, not revoked twice).
 //!
-//! Every revoked certificate is an audit event (`cert.revoke`), and so is the operator's
-//! action (`admin.revoke`). After revoking, the CRLs are re-issued before the answer.
+//! Every revocation is audited: one `cert.revoke` event per transaction, naming every serial it
+//! revoked (so revoking a whole CA key cannot overrun the audit queue), and one `admin.revoke`
+//! for the operator's action. After revoking, the CRLs are re-issued before the answer.
 
 use std::sync::Arc;
 
@@ -531,6 +532,9 @@ impl Revoker {
             })
             .collect();
         let outcomes = self.store.append_revocations(&batch).await?;
+        // One audit event per transaction (naming every serial it revoked), so that revoking a
+        // whole CA key cannot overrun the audit queue.
+        let mut revoked_here: Vec<(u64, Box<CertificateRow>)> = Vec::new();
         for (row, outcome) in rows.iter().zip(outcomes) {
             match outcome {
                 RevocationOutcome::Revoked {
@@ -540,18 +544,10 @@ impl Revoker {
                     if let Some(f) = &self.on_revoked {
                         f(&done.entry.cert_sha256);
                     }
-                    self.audit.record(
-                        "cert.revoke",
-                        caller,
-                        format!(
-                            "revoked serial {} ({}, CA key {}) reason {reason}, ledger event {event_seq}, by {detail}",
-                            done.entry.serial, done.entry.spiffe_id, done.entry.ca_key_id
-                        ),
-                        now,
-                    );
                     let mut l = listed(&done);
                     l.event_seq = event_seq;
                     report.add_revoked(l);
+                    revoked_here.push((event_seq, done));
                 }
                 RevocationOutcome::AlreadyRevoked { at, reason } => {
                     // Revoked by someone else since it was selected.
@@ -564,7 +560,36 @@ impl Revoker {
                 RevocationOutcome::Unknown => {}
             }
         }
+        if let Some(message) = audit_detail(&revoked_here, reason, detail) {
+            self.audit.record("cert.revoke", caller, message, now);
+        }
         Ok(())
+    }
+}
+
+/// The `cert.revoke` audit detail of one transaction's revocations (None: it revoked none).
+fn audit_detail(
+    revoked: &[(u64, Box<CertificateRow>)],
+    reason: Reason,
+    detail: &str,
+) -> Option<String> {
+    match revoked {
+        [] => None,
+        [(event_seq, row)] => Some(format!(
+            "revoked serial {} ({}, CA key {}) reason {reason}, ledger event {event_seq}, by {detail}",
+            row.entry.serial, row.entry.spiffe_id, row.entry.ca_key_id
+        )),
+        [(first, _), .., (last, _)] => {
+            let serials: Vec<&str> = revoked
+                .iter()
+                .map(|(_, r)| r.entry.serial.as_str())
+                .collect();
+            Some(format!(
+                "revoked {} certificates reason {reason}, ledger events {first}..={last}, by {detail}: serials {}",
+                revoked.len(),
+                serials.join(" ")
+            ))
+        }
     }
 }
 
@@ -635,6 +660,169 @@ mod tests {
             hash: [0; 32],
             cert_der: vec![],
         }
+    }
+
+    /// The revoker against a real SQLite store with an injected clock: a selection larger than
+    /// a page is revoked completely (listed up to MAX_LISTED, counted in full); a dry run,
+    /// an unknown target and a second run change nothing; an expired certificate is counted,
+    /// not revoked; every revocation is audited.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn revokes_page_by_page_and_a_second_run_changes_nothing() {
+        use crate::clock::fake::FakeClock;
+        use crate::store::{NewCertificate, SqliteStore};
+        const T0: i64 = 1_800_000_000;
+        let dir = tempfile::tempdir().unwrap();
+        let url = signet_testutil::sqlite_url(dir.path());
+        let store: Arc<dyn Store> = Arc::new(
+            SqliteStore::connect(&url, std::time::Duration::from_secs(5))
+                .await
+                .unwrap(),
+        );
+        let cert = |i: usize, id: &str, not_after: i64| NewCertificate {
+            serial: format!("{:032x}", i + 1),
+            spiffe_id: id.into(),
+            dns_names: vec![],
+            ip_addresses: vec![],
+            not_before: T0 - 10,
+            not_after,
+            cert_sha256: [(i % 251) as u8; 32],
+            ca_key_id: "ab".into(),
+            caller: "test".into(),
+            issued_at: T0 - 10,
+            request_id: "r".into(),
+            cert_der: vec![1],
+            provenance: String::new(),
+        };
+        let many = PAGE as usize * 2 + 100;
+        let mut batch: Vec<NewCertificate> = (0..many)
+            .map(|i| cert(i, "spiffe://example.org/many", T0 + 3600))
+            .collect();
+        batch.push(cert(many, "spiffe://example.org/other", T0 + 3600));
+        batch.push(cert(many + 1, "spiffe://example.org/many", T0 - 1));
+        for chunk in batch.chunks(400) {
+            store.append_certificates(chunk).await.unwrap();
+        }
+        let clock = Arc::new(FakeClock::at_unix(T0));
+        let audit = AuditLog::spawn(store.clone(), 10_000);
+        let forgotten = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let f = forgotten.clone();
+        let revoker = Revoker::new(store.clone(), clock, audit.clone()).on_revoked(move |_| {
+            f.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        });
+        const ADMIN: &str = "admin:spiffe://example.org/signet/admin";
+        let td = TrustDomain::new("example.org").unwrap();
+        let many_id = parse_selector(&td, "spiffe_id", "spiffe://example.org/many").unwrap();
+        let head = store.ledger_head().await.unwrap();
+
+        let dry = revoker
+            .revoke(&many_id, Reason::Superseded, ADMIN, "r1", true)
+            .await
+            .unwrap();
+        assert_eq!(dry.revoked_count, many as u64);
+        assert_eq!(
+            store.ledger_head().await.unwrap(),
+            head,
+            "a dry run changes nothing"
+        );
+        let unknown = parse_selector(&td, "spiffe_id", "spiffe://example.org/none").unwrap();
+        assert!(matches!(
+            revoker
+                .revoke(&unknown, Reason::Superseded, ADMIN, "r2", false)
+                .await,
+            Err(RevokeError::NotFound(_))
+        ));
+        let missing = Selector::Serial("0fff".into());
+        assert!(matches!(
+            revoker
+                .revoke(&missing, Reason::Superseded, ADMIN, "r2", false)
+                .await,
+            Err(RevokeError::NotFound(_))
+        ));
+        assert_eq!(store.ledger_head().await.unwrap(), head);
+
+        let done = revoker
+            .revoke(&many_id, Reason::Superseded, ADMIN, "r3", false)
+            .await
+            .unwrap();
+        assert_eq!(done.revoked_count, many as u64);
+        assert_eq!(done.revoked.len(), MAX_LISTED);
+        assert_eq!(done.already_revoked_count, 0);
+        assert_eq!(
+            forgotten.load(std::sync::atomic::Ordering::Relaxed),
+            many as u64
+        );
+        let after = store.ledger_head().await.unwrap();
+        assert_eq!(after.seq, head.seq + many as u64);
+        let other = store
+            .certificate_by_serial(&format!("{:032x}", many + 1))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(other.revoked_at, None, "another SPIFFE ID is untouched");
+
+        // Again: nothing left to revoke under the selector; by serial, already revoked.
+        let again = revoker
+            .revoke(&many_id, Reason::KeyCompromise, ADMIN, "r4", false)
+            .await
+            .unwrap();
+        assert_eq!(again.revoked_count, 0);
+        let one = Selector::Serial(format!("{:032x}", 1));
+        let again = revoker
+            .revoke(&one, Reason::KeyCompromise, ADMIN, "r5", false)
+            .await
+            .unwrap();
+        assert_eq!((again.revoked_count, again.already_revoked_count), (0, 1));
+        assert_eq!(again.already_revoked[0].reason, "superseded");
+        // Expired: counted, not revoked.
+        let expired = Selector::Serial(format!("{:032x}", many + 2));
+        let r = revoker
+            .revoke(&expired, Reason::KeyCompromise, ADMIN, "r6", false)
+            .await
+            .unwrap();
+        assert_eq!((r.revoked_count, r.expired_count), (0, 1));
+        assert_eq!(store.ledger_head().await.unwrap(), after);
+
+        // Audited: one cert.revoke per certificate, one admin.revoke per action.
+        let mut kinds = std::collections::HashMap::<String, u64>::new();
+        for _ in 0..100 {
+            kinds.clear();
+            let mut from = 0;
+            loop {
+                let page = store.audit_events(from, 1000).await.unwrap();
+                let Some(last) = page.last().map(|e| e.id) else {
+                    break;
+                };
+                for e in page {
+                    *kinds.entry(e.kind).or_default() += 1;
+                }
+                from = last;
+            }
+            if kinds.get("admin.revoke") == Some(&4) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(kinds.get("admin.revoke"), Some(&4), "{kinds:?}");
+        // One per transaction: three pages.
+        assert_eq!(kinds.get("cert.revoke"), Some(&3), "{kinds:?}");
+        assert_eq!(audit.dropped(), 0);
+        let all = store.audit_events(0, 10_000).await.unwrap();
+        let listed: usize = all
+            .iter()
+            .filter(|e| e.kind == "cert.revoke")
+            .map(|e| {
+                e.detail
+                    .split_once(": serials ")
+                    .unwrap()
+                    .1
+                    .split(' ')
+                    .count()
+            })
+            .sum();
+        assert_eq!(
+            listed, many,
+            "every revoked serial is named in the audit log"
+        );
     }
 
     #[test]
