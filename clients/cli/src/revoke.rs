@@ -75,6 +75,9 @@ pub enum CrlCmd {
     List {
         #[arg(long)]
         json: bool,
+        /// Print the CRLs themselves, PEM (for `openssl verify -crl_check -CRLfile`).
+        #[arg(long, conflicts_with = "json")]
+        pem: bool,
     },
 }
 
@@ -182,7 +185,7 @@ pub async fn revoke(socket: &Path, args: RevokeArgs) -> anyhow::Result<ExitCode>
 
 /// `signetctl crl`.
 pub async fn crl(socket: &Path, cmd: CrlCmd) -> anyhow::Result<ExitCode> {
-    let CrlCmd::List { json } = cmd;
+    let CrlCmd::List { json, pem } = cmd;
     let crls = client(socket)
         .await?
         .get_crls(GetCrlsRequest {})
@@ -191,7 +194,15 @@ pub async fn crl(socket: &Path, cmd: CrlCmd) -> anyhow::Result<ExitCode> {
         .into_inner()
         .crls;
     for c in &crls {
-        if json {
+        if pem {
+            print!(
+                "{}",
+                pem::encode_config(
+                    &pem::Pem::new("X509 CRL", c.der.clone()),
+                    pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
+                )
+            );
+        } else if json {
             println!(
                 "{}",
                 serde_json::json!({

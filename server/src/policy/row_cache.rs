@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::store::CertificateRow;
 
-/// When a row was looked up, and what was found.
+/// When a row was looked up, and what was found (`None`: not in the ledger).
 type Cached = (SystemTime, Option<Arc<CertificateRow>>);
 
 /// Keyed by the presented certificate's SHA-256.

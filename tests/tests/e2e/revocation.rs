@@ -349,6 +349,11 @@ async fn revoked_certificate_is_in_every_crl_fails_openssl_and_cannot_renew() {
     assert_eq!(listed["ca_key_id"], key_id.as_str());
     assert_eq!(listed["number"], crl.number);
     assert_eq!(listed["entries"], 1);
+    let out = server.signetctl(&["crl", "list", "--pem"]);
+    assert_eq!(
+        pem::parse(&out.stdout).unwrap().contents(),
+        crl.der.as_slice()
+    );
     let (code, _, _) = http_bytes(&server, "/crl/0000.crl").await;
     assert_eq!(code, 404);
     let (code, _, _) = http_bytes(&server, "/crl/..%2Fkek.crl").await;
