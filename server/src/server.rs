@@ -144,18 +144,21 @@ pub async fn run(
     let resolver = ServerCertResolver::new(
         tls::certified_key(&chain.chain, &key).map_err(|e| anyhow!("server certificate: {e}"))?,
     );
+    // Told when the served certificate is revoked: it is then replaced at once.
+    let server_cert_revoked = Arc::new(tokio::sync::Notify::new());
     tokio::spawn(renew_server_cert(
         issuer.clone(),
         cfg.clone(),
         resolver.clone(),
         chain.not_before,
         chain.not_after,
+        server_cert_revoked.clone(),
     ));
     // Client certificates are trusted only when Signet itself signed them: the anchor is the
     // signing CA certificate, not the root, so with a plugged-in CA a sibling intermediate under
     // the same root authenticates nobody.
     let tls_config = Arc::new(
-        tls::server_config(resolver, &[authority.cert_der().to_vec()])
+        tls::server_config(resolver.clone(), &[authority.cert_der().to_vec()])
             .map_err(|e| anyhow!("TLS: {e}"))?,
     );
 
@@ -187,6 +190,9 @@ pub async fn run(
     health_reporter.set_serving::<NodeServer<NodeApi>>().await;
     health_reporter
         .set_serving::<NodeAdminServer<NodeAdminApi>>()
+        .await;
+    health_reporter
+        .set_serving::<RevocationAdminServer<RevocationAdminApi>>()
         .await;
     // Both reflection versions: grpcurl and many tools still speak only v1alpha.
     let reflection_builder = || {
@@ -243,10 +249,16 @@ pub async fn run(
     tokio::spawn(crl_publisher.clone().run(stop_rx.clone()));
     let revoker = {
         let issuer = issuer.clone();
+        let resolver = resolver.clone();
         Arc::new(
             crate::revocation::Revoker::new(store.clone(), clock.clone(), audit.clone())
                 .with_crls(crl_publisher.clone())
-                .on_revoked(move |sha| issuer.forget_presented(sha)),
+                .on_revoked(move |sha| {
+                    issuer.forget_presented(sha);
+                    if resolver.leaf_sha256().as_ref() == Some(sha) {
+                        server_cert_revoked.notify_one();
+                    }
+                }),
         )
     };
     let revocation_admin = RevocationAdminServer::new(RevocationAdminApi::new(
@@ -632,13 +644,15 @@ async fn issue_server_cert(issuer: &Issuer, cfg: &Config) -> anyhow::Result<(Ser
     ))
 }
 
-/// Re-issues the server's TLS certificate at half its lifetime, retrying every 30 s on failure.
+/// Re-issues the server's TLS certificate at half its lifetime, or at once when `revoked` is
+/// notified (the served certificate was revoked), retrying every 30 s on failure.
 async fn renew_server_cert(
     issuer: Arc<Issuer>,
     cfg: Config,
     resolver: Arc<ServerCertResolver>,
     mut not_before: SystemTime,
     mut not_after: SystemTime,
+    revoked: Arc<tokio::sync::Notify>,
 ) {
     loop {
         let life = not_after.duration_since(not_before).unwrap_or_default();
@@ -646,7 +660,12 @@ async fn renew_server_cert(
         let wait = renew_at
             .duration_since(issuer.now())
             .unwrap_or(Duration::ZERO);
-        tokio::time::sleep(wait).await;
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = revoked.notified() => {
+                tracing::info!("the server's TLS certificate was revoked; replacing it now");
+            }
+        }
         match issue_server_cert(&issuer, &cfg).await {
             Ok((cert, key)) => match tls::certified_key(&cert.chain, &key) {
                 Ok(ck) => {

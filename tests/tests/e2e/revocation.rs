@@ -664,6 +664,25 @@ async fn revoke_by_spiffe_id_entry_node_and_ca_key() {
     }
     assert!(listed.contains(&(f1.clone(), Some(2))));
     assert!(listed.contains(&(a1.clone(), Some(3))));
+    // The server's own TLS certificate was among them: it is replaced at once, and the
+    // server keeps serving with the new one.
+    let server_id = "spiffe://example.org/signet/server";
+    let mut replaced = false;
+    for _ in 0..100 {
+        let out = server.signetctl(&["certs", "list", "--json", "--spiffe-id", server_id]);
+        let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        if rows.len() >= 2 && rows.last().unwrap()["revoked_at"].is_null() {
+            assert!(rows[0]["revoked_at"].is_string(), "{rows:?}");
+            replaced = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(replaced, "the revoked server certificate was not replaced");
+    issue(&server, &tokens, "after").await;
     let v = json(&server.signetctl(&["ledger", "verify", "--json"]));
     assert_eq!(v["ok"], true, "{v}");
 }
