@@ -491,11 +491,7 @@ pub(crate) async fn verify_ledger(socket: &Path) -> anyhow::Result<Result<u64, S
         .map_err(|s| status_err("ledger stream", s))?
     {
         while let Some(e) = events.next_before(r.seq).await? {
-            let (event, prev, hash) = revoke::event_of(&e)?;
-            if let Err(b) = v.push_event(&event, &prev, &hash) {
-                return Ok(Err(b.to_string()));
-            }
-            if let Err(why) = refs.check(&event) {
+            if let Err(why) = revoke::verify_event(&mut v, &refs, &e)? {
                 return Ok(Err(why));
             }
         }
@@ -531,11 +527,7 @@ pub(crate) async fn verify_ledger(socket: &Path) -> anyhow::Result<Result<u64, S
         refs.row(r.seq, &r.serial, &row_hash);
     }
     while let Some(e) = events.next_before(u64::MAX).await? {
-        let (event, prev, hash) = revoke::event_of(&e)?;
-        if let Err(b) = v.push_event(&event, &prev, &hash) {
-            return Ok(Err(b.to_string()));
-        }
-        if let Err(why) = refs.check(&event) {
+        if let Err(why) = revoke::verify_event(&mut v, &refs, &e)? {
             return Ok(Err(why));
         }
     }

@@ -250,6 +250,23 @@ pub fn event_of(r: &LedgerEventRecord) -> anyhow::Result<(LedgerEvent, Hash, Has
     ))
 }
 
+/// Verifies one event row in the chain (`v`) and against the rows it names (`refs`): Ok(Ok((seq,
+/// hash))) when it fits, Ok(Err(where it breaks)) when not.
+pub fn verify_event(
+    v: &mut signet_types::ledger::Verifier,
+    refs: &EventRefs,
+    e: &LedgerEventRecord,
+) -> anyhow::Result<Result<(u64, Hash), String>> {
+    let (event, prev, hash) = event_of(e)?;
+    if let Err(b) = v.push_event(&event, &prev, &hash) {
+        return Ok(Err(b.to_string()));
+    }
+    if let Err(why) = refs.check(&event) {
+        return Ok(Err(why));
+    }
+    Ok(Ok((event.seq, hash)))
+}
+
 /// The ledger's events up to `up_to_seq`, in order, as a stream. A server without
 /// revocation (no `RevocationAdmin`) has none.
 pub struct Events {
