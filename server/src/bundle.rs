@@ -15,6 +15,8 @@ pub struct Bundle {
     /// DER roots.
     pub roots: Vec<Vec<u8>>,
     pub revision: u64,
+    /// The current CRL of every issuing CA key ([`BundleHandle::set_crls`]).
+    pub crls: Vec<crate::crl::PublishedCrl>,
 }
 
 impl Bundle {
@@ -63,10 +65,30 @@ impl BundleHandle {
             trust_domain: cur.trust_domain.clone(),
             roots,
             revision: cur.revision + 1,
+            crls: cur.crls.clone(),
         };
         write_atomic(&self.path, next.to_pem().as_bytes(), 0o644)?;
         self.tx.send_replace(Arc::new(next));
         Ok(())
+    }
+}
+
+impl BundleHandle {
+    /// Replaces the CRLs if they changed: bumps the revision and wakes every watcher (the
+    /// roots file does not hold CRLs; the publisher writes them under `<data_dir>/crl/`).
+    pub fn set_crls(&self, crls: Vec<crate::crl::PublishedCrl>) {
+        self.tx.send_if_modified(|cur| {
+            if cur.crls == crls {
+                return false;
+            }
+            *cur = Arc::new(Bundle {
+                trust_domain: cur.trust_domain.clone(),
+                roots: cur.roots.clone(),
+                revision: cur.revision + 1,
+                crls,
+            });
+            true
+        });
     }
 }
 
@@ -111,6 +133,7 @@ mod tests {
                 trust_domain: td,
                 roots: vec![vec![0x30, 0x00]],
                 revision: 1,
+                crls: Vec::new(),
             },
             path.clone(),
         )
@@ -130,5 +153,24 @@ mod tests {
         assert_eq!(rx.borrow_and_update().revision, 2);
         let pem = std::fs::read_to_string(&path).expect("read");
         assert_eq!(pem.matches("BEGIN CERTIFICATE").count(), 2);
+
+        // CRLs: a change bumps the revision and wakes watchers; the same list does not; a
+        // later roots update keeps them.
+        let crl = crate::crl::PublishedCrl {
+            key_id: "0a".into(),
+            der: vec![0x30, 0x00],
+            number: 1,
+            this_update: 1,
+            next_update: 2,
+            entries: 0,
+        };
+        h.set_crls(vec![crl.clone()]);
+        assert!(rx.has_changed().expect("open"));
+        assert_eq!(rx.borrow_and_update().revision, 3);
+        h.set_crls(vec![crl.clone()]);
+        assert!(!rx.has_changed().expect("open"));
+        h.update(vec![vec![0x30, 0x00]]).expect("roots");
+        assert_eq!(h.current().crls, vec![crl]);
+        assert_eq!(h.current().revision, 4);
     }
 }

@@ -39,6 +39,8 @@ pub struct Config {
     pub database: DatabaseConfig,
     pub checkpoint: CheckpointConfig,
     pub federation: FederationConfig,
+    /// Certificate revocation lists (`[crl]`, see [`crate::crl`]).
+    pub crl: crate::crl::CrlConfig,
 }
 
 impl Default for Config {
@@ -60,6 +62,7 @@ impl Default for Config {
             database: DatabaseConfig::default(),
             checkpoint: CheckpointConfig::default(),
             federation: FederationConfig::default(),
+            crl: crate::crl::CrlConfig::default(),
         }
     }
 }
@@ -536,6 +539,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "database",
     "checkpoint",
     "federation",
+    "crl",
 ];
 
 impl Config {
@@ -590,6 +594,7 @@ impl Config {
         }
         self.validate_limits()?;
         self.validate_checkpoint_and_federation()?;
+        self.crl.validate().map_err(ConfigError::Invalid)?;
         // sqlx cannot use it, and logs unknown URL parameters with their values.
         if let Some((_, query)) = self.database_url.split_once('?')
             && query.split('&').any(|kv| {
@@ -971,6 +976,19 @@ mod tests {
         let mut listed: Vec<_> = TOP_LEVEL_KEYS.iter().map(|k| (*k).to_owned()).collect();
         listed.sort();
         assert_eq!(keys, listed);
+    }
+
+    #[test]
+    fn crl_keys_have_defaults_and_are_checked() {
+        let c = load_toml("").expect("defaults");
+        assert_eq!(c.crl.next_update, Duration::from_secs(24 * 3600));
+        assert_eq!(c.crl.poll_interval, Duration::from_secs(10));
+        let c = load_toml("[crl]\nnext_update = \"1h\"\npoll_interval = \"2s\"\n").expect("crl");
+        assert_eq!(c.crl.next_update, Duration::from_secs(3600));
+        assert_eq!(c.crl.poll_interval, Duration::from_secs(2));
+        assert!(load_toml("[crl]\nnext_update = \"1s\"\n").is_err());
+        assert!(load_toml("[crl]\npoll_interval = \"0s\"\n").is_err());
+        assert!(load_toml("[crl]\nnumber = 3\n").is_err());
     }
 
     #[test]

@@ -397,6 +397,7 @@ mod tests {
                 trust_domain: TrustDomain::new("example.org").unwrap(),
                 roots: vec![r1.clone()],
                 revision: 1,
+                crls: Vec::new(),
             },
             dir.path().join("bundle.pem"),
         )

@@ -629,6 +629,7 @@ pub fn renewal(data: &[u8]) {
             provenance,
         },
         revoked_at: (flags & 1 != 0).then_some(now),
+        revocation_reason: (flags & 1 != 0).then(|| "keyCompromise".into()),
         prev_hash: [0; 32],
         hash: [0; 32],
         cert_der: der.to_vec(),

@@ -1,5 +1,7 @@
 //! The HTTP listener: `/healthz` (the process is up), `/readyz` (it can issue: the database
-//! answers and the ledger is making progress), `/metrics` (Prometheus text).
+//! answers and the ledger is making progress), `/metrics` (Prometheus text), and
+//! `/crl/<key id>.crl` (the current CRL of that CA key, DER, `application/pkix-crl`; see
+//! [`crl_router`]).
 //!
 //! Served by [`signet_runtime::http::serve`], so that every connection is bounded: at most
 //! `limits.http_max_connections` at once (more are closed at once), headers must arrive within
@@ -10,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -48,6 +50,42 @@ pub fn router_with(
             metrics,
             ledger,
         })
+}
+
+/// `/crl/<key id>.crl`: the CRL the bundle holds for that key (DER), served from memory.
+pub fn crl_router(bundle: crate::bundle::BundleHandle) -> Router {
+    Router::new()
+        .route("/crl/{file}", get(crl))
+        .with_state(bundle)
+}
+
+async fn crl(
+    State(bundle): State<crate::bundle::BundleHandle>,
+    Path(file): Path<String>,
+) -> axum::response::Response {
+    let found = file.strip_suffix(".crl").and_then(|key_id| {
+        bundle
+            .current()
+            .crls
+            .iter()
+            .find(|c| c.key_id == key_id)
+            .map(|c| c.der.clone())
+    });
+    match found {
+        Some(der) => (
+            [
+                (header::CONTENT_TYPE, "application/pkix-crl"),
+                (header::CACHE_CONTROL, "max-age=60"),
+            ],
+            der,
+        )
+            .into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            "no CRL for that CA key (GET /crl/<key id>.crl, key id in lowercase hex)\n",
+        )
+            .into_response(),
+    }
 }
 
 async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {

@@ -210,6 +210,12 @@ impl Issuer {
         self.jwt.as_ref()
     }
 
+    /// Forgets the cached ledger row of the certificate with this SHA-256 (it was revoked), so
+    /// the next renewal over mTLS reads the revocation.
+    pub fn forget_presented(&self, leaf_sha256: &[u8; 32]) {
+        self.presented_rows.forget(leaf_sha256);
+    }
+
     pub fn audit(&self) -> &AuditLog {
         &self.audit
     }

@@ -15,6 +15,7 @@ pub mod ca;
 pub mod checkpoint;
 pub mod clock;
 pub mod config;
+pub mod crl;
 pub mod federation;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -26,6 +27,7 @@ pub mod metrics;
 pub mod nodes;
 pub mod policy;
 pub mod provenance;
+pub mod revocation;
 pub mod server;
 pub mod store;
 pub mod tls;

@@ -9,6 +9,7 @@ use anyhow::{Context, anyhow, bail};
 use signet_proto::admin::admin_server::AdminServer;
 use signet_proto::admin::ledger_admin_server::LedgerAdminServer;
 use signet_proto::admin::node_admin_server::NodeAdminServer;
+use signet_proto::admin::revocation_admin_server::RevocationAdminServer;
 use signet_proto::agent::node_server::NodeServer;
 use signet_proto::ca::certificate_authority_server::CertificateAuthorityServer;
 use signet_proto::istio_ca::istio_certificate_service_server::IstioCertificateServiceServer;
@@ -21,6 +22,7 @@ use crate::api::ledger_admin::LedgerAdminApi;
 use crate::api::native::NativeApi;
 use crate::api::node::NodeApi;
 use crate::api::node_admin::NodeAdminApi;
+use crate::api::revocation_admin::RevocationAdminApi;
 use crate::audit::AuditLog;
 use crate::authn::AuthenticatedCaller;
 use crate::authn::jwt::JwtAuthenticator;
@@ -82,6 +84,7 @@ pub async fn run(
             trust_domain: td.clone(),
             roots: authority.roots().to_vec(),
             revision: 1,
+            crls: Vec::new(),
         },
         cfg.bundle_path(),
     )
@@ -145,12 +148,15 @@ pub async fn run(
     let resolver = ServerCertResolver::new(
         tls::certified_key(&chain.chain, &key).map_err(|e| anyhow!("server certificate: {e}"))?,
     );
+    // Told when the served certificate is revoked: it is then replaced at once.
+    let server_cert_revoked = Arc::new(tokio::sync::Notify::new());
     tokio::spawn(renew_server_cert(
         issuer.clone(),
         cfg.clone(),
         resolver.clone(),
         chain.not_before,
         chain.not_after,
+        server_cert_revoked.clone(),
     ));
     // Signed ledger checkpoints: the first one now (it covers the server certificate's row).
     let checkpoints = Arc::new(
@@ -222,6 +228,9 @@ pub async fn run(
     health_reporter
         .set_serving::<NodeAdminServer<NodeAdminApi>>()
         .await;
+    health_reporter
+        .set_serving::<RevocationAdminServer<RevocationAdminApi>>()
+        .await;
     // Both reflection versions: grpcurl and many tools still speak only v1alpha.
     let reflection_builder = || {
         tonic_reflection::server::Builder::configure()
@@ -261,6 +270,44 @@ pub async fn run(
     let ledger_admin =
         LedgerAdminServer::new(LedgerAdminApi::new(checkpoints.clone(), clock.clone()))
             .max_decoding_message_size(transport_limit);
+    // Revocation and CRLs. The CA keys that publish CRLs come from one place (`CrlSigners`:
+    // the issuer's signing key today).
+    let crl_publisher = Arc::new(
+        crate::crl::CrlPublisher::new(
+            store.clone(),
+            issuer.clone(),
+            bundle.clone(),
+            cfg.data_dir.join("crl"),
+            cfg.crl.clone(),
+            clock.clone(),
+        )
+        .with_audit(audit.clone()),
+    );
+    if let Err(e) = crl_publisher.refresh().await {
+        tracing::warn!(error = %e, "publishing the CRLs at start-up; retrying in the background");
+    }
+    tokio::spawn(crl_publisher.clone().run(stop_rx.clone()));
+    let revoker = {
+        let issuer = issuer.clone();
+        let resolver = resolver.clone();
+        Arc::new(
+            crate::revocation::Revoker::new(store.clone(), clock.clone(), audit.clone())
+                .with_crls(crl_publisher.clone())
+                .on_revoked(move |sha| {
+                    issuer.forget_presented(sha);
+                    if resolver.leaf_sha256().as_ref() == Some(sha) {
+                        server_cert_revoked.notify_one();
+                    }
+                }),
+        )
+    };
+    let revocation_admin = RevocationAdminServer::new(RevocationAdminApi::new(
+        revoker,
+        store.clone(),
+        bundle.clone(),
+        td.clone(),
+    ))
+    .max_decoding_message_size(transport_limit);
 
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
@@ -305,6 +352,7 @@ pub async fn run(
         .add_service(admin)
         .add_service(node_admin)
         .add_service(ledger_admin)
+        .add_service(revocation_admin)
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(admin_listener),
             wait(stop_rx.clone()),
@@ -316,7 +364,8 @@ pub async fn run(
             metrics.clone(),
             Some(ledger_progress.clone()),
         )
-        .merge(crate::checkpoint::routes(checkpoints.clone())),
+        .merge(crate::checkpoint::routes(checkpoints.clone()))
+        .merge(crate::http::crl_router(bundle.clone())),
         limits,
         metrics.clone(),
         wait(stop_rx.clone()),
@@ -659,13 +708,15 @@ async fn issue_server_cert(issuer: &Issuer, cfg: &Config) -> anyhow::Result<(Ser
     ))
 }
 
-/// Re-issues the server's TLS certificate at half its lifetime, retrying every 30 s on failure.
+/// Re-issues the server's TLS certificate at half its lifetime, or at once when `revoked` is
+/// notified (the served certificate was revoked), retrying every 30 s on failure.
 async fn renew_server_cert(
     issuer: Arc<Issuer>,
     cfg: Config,
     resolver: Arc<ServerCertResolver>,
     mut not_before: SystemTime,
     mut not_after: SystemTime,
+    revoked: Arc<tokio::sync::Notify>,
 ) {
     loop {
         let life = not_after.duration_since(not_before).unwrap_or_default();
@@ -673,7 +724,12 @@ async fn renew_server_cert(
         let wait = renew_at
             .duration_since(issuer.now())
             .unwrap_or(Duration::ZERO);
-        tokio::time::sleep(wait).await;
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = revoked.notified() => {
+                tracing::info!("the server's TLS certificate was revoked; replacing it now");
+            }
+        }
         match issue_server_cert(&issuer, &cfg).await {
             Ok((cert, key)) => match tls::certified_key(&cert.chain, &key) {
                 Ok(ck) => {

@@ -41,6 +41,15 @@ impl ServerCertResolver {
     pub fn replace(&self, key: CertifiedKey) {
         self.current.store(Arc::new(key));
     }
+
+    /// The SHA-256 of the leaf certificate served now.
+    pub fn leaf_sha256(&self) -> Option<[u8; 32]> {
+        self.current
+            .load()
+            .cert
+            .first()
+            .map(|c| signet_types::ledger::sha256(c.as_ref()))
+    }
 }
 
 impl ResolvesServerCert for ServerCertResolver {

@@ -11,6 +11,13 @@
 //! (where the certificate's authority came from, see the server's `provenance` module) and hashes
 //! as `signet-ledger-v2`, which covers the provenance too. Blanking a row's provenance to pass it
 //! off as an old row changes its hash, so it is detected like any other alteration.
+//!
+//! The chain also holds *events*: things that happen to a certificate after it was issued (a
+//! revocation). An event is appended, never edited into the certificate's row; it takes the next
+//! `seq` of the same chain (certificates and events share one total order and one head) and
+//! hashes as `signet-ledger-event-v1` ([`event_hash`]), a domain of its own, so no event can be
+//! passed off as a certificate row or the reverse. An event names the row it is about by serial,
+//! `seq` and chain hash, and must come after it.
 
 use ring::digest;
 
@@ -22,6 +29,10 @@ pub const GENESIS: Hash = [0u8; 32];
 
 const DOMAIN_V1: &[u8] = b"signet-ledger-v1\0";
 const DOMAIN_V2: &[u8] = b"signet-ledger-v2\0";
+const DOMAIN_EVENT_V1: &[u8] = b"signet-ledger-event-v1\0";
+
+/// [`LedgerEvent::kind`] of a revocation.
+pub const EVENT_REVOKE: &str = "revoke";
 
 /// Everything a ledger row commits to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,6 +102,52 @@ pub fn chain_hash(prev: &Hash, entry: &LedgerEntry) -> Hash {
     out
 }
 
+/// Everything a ledger event commits to: something that happened to the certificate of an
+/// earlier row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerEvent {
+    /// Position in the chain (shared with certificate rows).
+    pub seq: u64,
+    /// What happened: [`EVENT_REVOKE`].
+    pub kind: String,
+    /// The certificate's serial (lowercase hex, as in its row).
+    pub serial: String,
+    /// The `seq` of the certificate's row: earlier than this event's.
+    pub cert_seq: u64,
+    /// The chain hash of the certificate's row.
+    pub cert_hash: Hash,
+    /// The RFC 5280 CRLReason by name (`keyCompromise`, `superseded`, …).
+    pub reason: String,
+    /// Unix seconds when it happened (a revocation's date in the CRL).
+    pub at: i64,
+    /// Who did it, as authenticated (e.g. `admin`).
+    pub caller: String,
+    pub request_id: String,
+    /// How the operator selected the certificate (canonical JSON, e.g.
+    /// `{"by":"node","value":"vm1"}`).
+    pub detail: String,
+}
+
+/// The hash of `event` chained onto `prev`.
+pub fn event_hash(prev: &Hash, event: &LedgerEvent) -> Hash {
+    let mut ctx = digest::Context::new(&digest::SHA256);
+    ctx.update(DOMAIN_EVENT_V1);
+    ctx.update(prev);
+    ctx.update(&event.seq.to_be_bytes());
+    put(&mut ctx, event.kind.as_bytes());
+    put(&mut ctx, event.serial.as_bytes());
+    ctx.update(&event.cert_seq.to_be_bytes());
+    ctx.update(&event.cert_hash);
+    put(&mut ctx, event.reason.as_bytes());
+    ctx.update(&event.at.to_be_bytes());
+    put(&mut ctx, event.caller.as_bytes());
+    put(&mut ctx, event.request_id.as_bytes());
+    put(&mut ctx, event.detail.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.finish().as_ref());
+    out
+}
+
 /// SHA-256 of arbitrary bytes (certificate DER).
 pub fn sha256(bytes: &[u8]) -> Hash {
     let mut out = [0u8; 32];
@@ -108,6 +165,8 @@ pub enum ChainBreak {
     PrevMismatch { seq: u64 },
     #[error("row {seq}: its content does not match its stored hash (altered)")]
     HashMismatch { seq: u64 },
+    #[error("event {seq}: it is about row {cert_seq}, which does not come before it")]
+    EventOrder { seq: u64, cert_seq: u64 },
     #[error(
         "the chain ends at row {last} with hash {last_hash}, but the head says row {head} with hash {head_hash}"
     )]
@@ -156,6 +215,36 @@ impl Verifier {
             return Err(ChainBreak::HashMismatch { seq: entry.seq });
         }
         self.last_seq = entry.seq;
+        self.last_hash = *hash;
+        Ok(())
+    }
+
+    /// Checks one event row, like [`Verifier::push`]; the row it is about must come before it.
+    pub fn push_event(
+        &mut self,
+        event: &LedgerEvent,
+        prev_hash: &Hash,
+        hash: &Hash,
+    ) -> Result<(), ChainBreak> {
+        if event.seq != self.last_seq + 1 {
+            return Err(ChainBreak::Gap {
+                after: self.last_seq,
+                found: event.seq,
+            });
+        }
+        if prev_hash != &self.last_hash {
+            return Err(ChainBreak::PrevMismatch { seq: event.seq });
+        }
+        if &event_hash(prev_hash, event) != hash {
+            return Err(ChainBreak::HashMismatch { seq: event.seq });
+        }
+        if event.cert_seq == 0 || event.cert_seq >= event.seq {
+            return Err(ChainBreak::EventOrder {
+                seq: event.seq,
+                cert_seq: event.cert_seq,
+            });
+        }
+        self.last_seq = event.seq;
         self.last_hash = *hash;
         Ok(())
     }
@@ -290,6 +379,201 @@ mod tests {
         ctx.update(&e.issued_at.to_be_bytes());
         put(&mut ctx, e.request_id.as_bytes());
         assert_eq!(chain_hash(&GENESIS, &e).as_slice(), ctx.finish().as_ref());
+    }
+
+    fn event(seq: u64, cert_seq: u64) -> LedgerEvent {
+        LedgerEvent {
+            seq,
+            kind: EVENT_REVOKE.into(),
+            serial: format!("{cert_seq:032x}"),
+            cert_seq,
+            cert_hash: sha256(&cert_seq.to_be_bytes()),
+            reason: "keyCompromise".into(),
+            at: 1_700_000_100,
+            caller: "admin".into(),
+            request_id: format!("req-ev-{seq}"),
+            detail: r#"{"by":"serial"}"#.into(),
+        }
+    }
+
+    #[derive(Clone)]
+    enum Row {
+        Cert(LedgerEntry),
+        Event(LedgerEvent),
+    }
+
+    /// Certificates at 1..=n, then events about rows 2 and 1, then one more certificate.
+    fn mixed(n: u64) -> Vec<(Row, Hash, Hash)> {
+        let mut prev = GENESIS;
+        let mut out = Vec::new();
+        let mut rows: Vec<Row> = (1..=n).map(|s| Row::Cert(entry(s))).collect();
+        rows.push(Row::Event(event(n + 1, 2)));
+        rows.push(Row::Event(event(n + 2, 1)));
+        rows.push(Row::Cert(entry(n + 3)));
+        for r in rows {
+            let h = match &r {
+                Row::Cert(e) => chain_hash(&prev, e),
+                Row::Event(e) => event_hash(&prev, e),
+            };
+            out.push((r, prev, h));
+            prev = h;
+        }
+        out
+    }
+
+    fn verify_mixed(rows: &[(Row, Hash, Hash)], head: (u64, Hash)) -> Result<u64, ChainBreak> {
+        let mut v = Verifier::default();
+        for (r, p, h) in rows {
+            match r {
+                Row::Cert(e) => v.push(e, p, h)?,
+                Row::Event(e) => v.push_event(e, p, h)?,
+            }
+        }
+        v.finish(head.0, &head.1)
+    }
+
+    #[test]
+    fn every_event_field_is_covered() {
+        let base = event(5, 2);
+        let h = event_hash(&GENESIS, &base);
+        let mutations: [fn(&mut LedgerEvent); 10] = [
+            |e| e.seq += 1,
+            |e| e.kind.push('x'),
+            |e| e.serial.push('0'),
+            |e| e.cert_seq += 1,
+            |e| e.cert_hash[31] ^= 1,
+            |e| e.reason = "superseded".into(),
+            |e| e.at += 1,
+            |e| e.caller.push('x'),
+            |e| e.request_id.push('x'),
+            |e| e.detail.push('x'),
+        ];
+        for m in mutations {
+            let mut e = base.clone();
+            m(&mut e);
+            assert_ne!(event_hash(&GENESIS, &e), h);
+        }
+        let mut prev = GENESIS;
+        prev[0] = 1;
+        assert_ne!(event_hash(&prev, &base), h);
+        // Length prefixes: moving a byte between adjacent strings changes the hash.
+        let mut a = base.clone();
+        a.caller = "ab".into();
+        a.request_id = "c".into();
+        let mut b = base;
+        b.caller = "a".into();
+        b.request_id = "bc".into();
+        assert_ne!(event_hash(&GENESIS, &a), event_hash(&GENESIS, &b));
+    }
+
+    #[test]
+    fn events_and_certificates_hash_in_separate_domains() {
+        // The same bytes after the domain never collide across the two kinds, because the
+        // domain strings differ; check the domain is really part of the hash.
+        let e = event(3, 1);
+        let mut ctx = digest::Context::new(&digest::SHA256);
+        ctx.update(b"signet-ledger-event-v1\0");
+        ctx.update(&GENESIS);
+        ctx.update(&3u64.to_be_bytes());
+        put(&mut ctx, b"revoke");
+        put(&mut ctx, e.serial.as_bytes());
+        ctx.update(&1u64.to_be_bytes());
+        ctx.update(&e.cert_hash);
+        put(&mut ctx, b"keyCompromise");
+        ctx.update(&e.at.to_be_bytes());
+        put(&mut ctx, b"admin");
+        put(&mut ctx, e.request_id.as_bytes());
+        put(&mut ctx, e.detail.as_bytes());
+        assert_eq!(event_hash(&GENESIS, &e).as_slice(), ctx.finish().as_ref());
+    }
+
+    #[test]
+    fn events_share_the_chain_and_verify_catches_their_alteration_removal_and_reordering() {
+        let rows = mixed(3);
+        let head = (6, rows[5].2);
+        assert_eq!(verify_mixed(&rows, head), Ok(6));
+
+        // Altered: the reason of the first event.
+        let mut altered = rows.clone();
+        if let Row::Event(e) = &mut altered[3].0 {
+            e.reason = "superseded".into();
+        }
+        assert_eq!(
+            verify_mixed(&altered, head),
+            Err(ChainBreak::HashMismatch { seq: 4 })
+        );
+
+        // Deleted: the second event.
+        let mut deleted = rows.clone();
+        deleted.remove(4);
+        assert_eq!(
+            verify_mixed(&deleted, head),
+            Err(ChainBreak::Gap { after: 4, found: 6 })
+        );
+
+        // Deleted at the tail (an event was the last row): the head tells.
+        let tail = &rows[..4];
+        assert!(matches!(
+            verify_mixed(tail, head),
+            Err(ChainBreak::HeadMismatch {
+                last: 4,
+                head: 6,
+                ..
+            })
+        ));
+
+        // Reordered: the two events swapped, seqs and all.
+        let mut swapped = rows.clone();
+        swapped.swap(3, 4);
+        assert_eq!(
+            verify_mixed(&swapped, head),
+            Err(ChainBreak::Gap { after: 3, found: 5 })
+        );
+        // Reordered with renumbered seqs: the stored hashes no longer fit.
+        let mut renumbered = rows.clone();
+        renumbered.swap(3, 4);
+        for (i, (r, _, _)) in renumbered.iter_mut().enumerate().skip(3).take(2) {
+            if let Row::Event(e) = r {
+                e.seq = i as u64 + 1;
+            }
+        }
+        assert!(verify_mixed(&renumbered, head).is_err());
+
+        // An event passed off as a certificate row (or the reverse) does not verify.
+        let Row::Event(ev) = &rows[3].0 else {
+            panic!("row 4 is an event")
+        };
+        let mut v = Verifier::default();
+        for (r, p, h) in &rows[..3] {
+            let Row::Cert(e) = r else { panic!() };
+            v.push(e, p, h).unwrap();
+        }
+        let as_cert = LedgerEntry {
+            seq: ev.seq,
+            serial: ev.serial.clone(),
+            ..entry(ev.seq)
+        };
+        assert_eq!(
+            v.clone().push(&as_cert, &rows[3].1, &rows[3].2),
+            Err(ChainBreak::HashMismatch { seq: 4 })
+        );
+
+        // An event about itself or a later row is refused even when its hash is right.
+        let mut future = event(4, 4);
+        let h = event_hash(&rows[3].1, &future);
+        assert_eq!(
+            v.clone().push_event(&future, &rows[3].1, &h),
+            Err(ChainBreak::EventOrder {
+                seq: 4,
+                cert_seq: 4
+            })
+        );
+        future.cert_seq = 0;
+        let h = event_hash(&rows[3].1, &future);
+        assert!(matches!(
+            v.push_event(&future, &rows[3].1, &h),
+            Err(ChainBreak::EventOrder { .. })
+        ));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 mod bench;
 mod checkpoint;
 mod nodes;
+mod revoke;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -88,6 +89,11 @@ enum Cmd {
     },
     /// Load generator: issues through the Istio API over TLS and reports throughput and latency.
     Bench(bench::BenchArgs),
+    /// Certificate revocation lists (one per issuing CA key).
+    Crl {
+        #[command(subcommand)]
+        cmd: revoke::CrlCmd,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -115,6 +121,10 @@ enum CertsCmd {
         #[arg(long)]
         pem: bool,
     },
+    /// Revoke certificates: one by serial, or every unexpired one of a SPIFFE ID, a node, a
+    /// registration entry or a CA key. Each is a hash-chained ledger event; the CRLs are
+    /// re-issued before the answer.
+    Revoke(revoke::RevokeArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -183,6 +193,10 @@ struct CertJson {
     /// Where the certificate's authority came from; null for rows written before it was
     /// recorded.
     provenance: Option<serde_json::Value>,
+    /// When it was revoked; null if it was not.
+    revoked_at: Option<String>,
+    /// The RFC 5280 reason name; null if not revoked.
+    revocation_reason: Option<String>,
 }
 
 fn rfc3339(unix: i64) -> String {
@@ -211,6 +225,8 @@ fn to_json(r: &CertificateRecord) -> CertJson {
         sha256: hex::encode(&r.cert_sha256),
         hash: hex::encode(&r.hash),
         provenance: serde_json::from_str(&r.provenance).ok(),
+        revoked_at: (r.revoked_at != 0).then(|| rfc3339(r.revoked_at)),
+        revocation_reason: (r.revoked_at != 0).then(|| r.revocation_reason.clone()),
     }
 }
 
@@ -341,6 +357,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Node { cmd } => nodes::node(&cli.socket, cmd).await,
         Cmd::Entry { cmd } => nodes::entry(&cli.socket, cmd).await,
         Cmd::Bench(args) => bench::run(&cli.socket, args).await,
+        Cmd::Crl { cmd } => revoke::crl(&cli.socket, cmd).await,
     }
 }
 
@@ -395,8 +412,17 @@ async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCode> {
                     if json {
                         println!("{}", serde_json::to_string(&to_json(r))?);
                     } else {
+                        let revoked = if r.revoked_at != 0 {
+                            format!(
+                                "  REVOKED {} ({})",
+                                rfc3339(r.revoked_at),
+                                r.revocation_reason
+                            )
+                        } else {
+                            String::new()
+                        };
                         println!(
-                            "{:>6}  {:<34}  {:<20}  {:<50}  {}",
+                            "{:>6}  {:<34}  {:<20}  {:<50}  {}{revoked}",
                             r.seq,
                             r.serial,
                             rfc3339(r.not_after),
@@ -435,6 +461,10 @@ async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCode> {
                 println!("request id:  {}", j.request_id);
                 println!("sha256:      {}", j.sha256);
                 println!("chain hash:  {}", j.hash);
+                match (&j.revoked_at, &j.revocation_reason) {
+                    (Some(at), Some(reason)) => println!("revoked:     {at} ({reason})"),
+                    _ => println!("revoked:     no"),
+                }
                 println!(
                     "provenance:  {}",
                     if r.provenance.is_empty() {
@@ -447,6 +477,7 @@ async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        CertsCmd::Revoke(args) => revoke::revoke(socket, args).await,
     }
 }
 
@@ -516,12 +547,20 @@ pub(crate) async fn verify_ledger_with(
         .await
         .map_err(|s| status_err("ledger", s))?
         .into_inner();
+    // Revocation events share the chain's seq: merged in order with the certificate rows.
+    let mut events = revoke::Events::open(socket, head.seq).await?;
+    let mut refs = revoke::EventRefs::default();
     let mut v = Verifier::default();
     while let Some(r) = stream
         .message()
         .await
         .map_err(|s| status_err("ledger stream", s))?
     {
+        while let Some(e) = events.next_before(r.seq).await? {
+            if let Err(why) = verify_event_row(&mut v, &refs, &e, expect)? {
+                return Ok(Err(why));
+            }
+        }
         let entry = LedgerEntry {
             seq: r.seq,
             serial: r.serial.clone(),
@@ -543,15 +582,21 @@ pub(crate) async fn verify_ledger_with(
                 r.seq
             )));
         }
-        let hash = hash32(&r.hash, "hash", r.seq)?;
+        let row_hash = hash32(&r.hash, "hash", r.seq)?;
         if let Err(b) = v.push(
             &entry,
             &hash32(&r.prev_hash, "previous hash", r.seq)?,
-            &hash,
+            &row_hash,
         ) {
             return Ok(Err(b.to_string()));
         }
-        if let Err(why) = expect.observe(r.seq, &hash) {
+        refs.row(r.seq, &r.serial, &row_hash);
+        if let Err(why) = expect.observe(r.seq, &row_hash) {
+            return Ok(Err(why));
+        }
+    }
+    while let Some(e) = events.next_before(u64::MAX).await? {
+        if let Err(why) = verify_event_row(&mut v, &refs, &e, expect)? {
             return Ok(Err(why));
         }
     }
@@ -559,6 +604,20 @@ pub(crate) async fn verify_ledger_with(
         Ok(n) => Ok(expect.finish(n).map(|()| n)),
         Err(b) => Ok(Err(b.to_string())),
     }
+}
+
+/// One revocation event: recomputed in the chain, checked against the row it names, and (a
+/// checkpoint's head may be an event) observed by the checkpoint expectations.
+fn verify_event_row(
+    v: &mut Verifier,
+    refs: &revoke::EventRefs,
+    e: &signet_client::admin::LedgerEventRecord,
+    expect: &checkpoint::Expectations,
+) -> anyhow::Result<Result<(), String>> {
+    Ok(match revoke::verify_event(v, refs, e)? {
+        Ok((seq, hash)) => expect.observe(seq, &hash),
+        Err(why) => Err(why),
+    })
 }
 
 pub(crate) struct Minted {

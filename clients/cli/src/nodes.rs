@@ -42,6 +42,13 @@ pub enum NodeCmd {
     Ban {
         /// Node ID (or node SPIFFE ID).
         node: String,
+        /// Also revoke what the node holds: its node SVIDs and the certificates issued for its
+        /// entries (as their ledger provenance records).
+        #[arg(long)]
+        revoke: bool,
+        /// The RFC 5280 reason for `--revoke`.
+        #[arg(long, default_value = "keyCompromise", requires = "revoke")]
+        reason: String,
     },
 }
 
@@ -163,13 +170,37 @@ pub async fn node(socket: &Path, cmd: NodeCmd) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        NodeCmd::Ban { node } => {
+        NodeCmd::Ban {
+            node,
+            revoke,
+            reason,
+        } => {
+            if revoke {
+                // Checks the reason and the node before anything changes.
+                crate::revoke::revoke_request(
+                    socket,
+                    signet_client::admin::revoke_request::Selector::Node(node.clone()),
+                    &reason,
+                    true,
+                )
+                .await?;
+            }
             let n = c
                 .ban_node(BanNodeRequest { node_id: node })
                 .await
                 .map_err(|s| status_err("node ban", s))?
                 .into_inner();
             println!("banned node {} ({})", n.node_id, n.spiffe_id);
+            if revoke {
+                let r = crate::revoke::revoke_request(
+                    socket,
+                    signet_client::admin::revoke_request::Selector::Node(n.node_id.clone()),
+                    &reason,
+                    false,
+                )
+                .await?;
+                crate::revoke::print_report(&r, false);
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -73,6 +73,7 @@ pub(crate) fn row_to_proto(r: CertificateRow) -> CertificateRecord {
         cert_der: r.cert_der,
         provenance: e.provenance,
         revoked_at,
+        revocation_reason: r.revocation_reason.unwrap_or_default(),
     }
 }
 

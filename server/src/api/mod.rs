@@ -8,6 +8,7 @@ pub mod ledger_admin;
 pub mod native;
 pub mod node;
 pub mod node_admin;
+pub mod revocation_admin;
 
 use tonic::{Code, Status};
 

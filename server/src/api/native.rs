@@ -49,9 +49,19 @@ pub(crate) fn bundle_to_proto(b: &Bundle) -> PbBundle {
         trust_domain: b.trust_domain.to_string(),
         roots: b.roots.clone(),
         revision: b.revision,
-        // CA rotation, taints and revocation are not there yet: nothing is tainted or revoked.
+        // CA rotation and taints are not there yet: nothing is tainted.
         tainted_key_ids: Vec::new(),
-        crls: Vec::new(),
+        crls: b
+            .crls
+            .iter()
+            .map(|c| signet_proto::ca::Crl {
+                key_id: c.key_id.clone(),
+                der: c.der.clone(),
+                number: c.number,
+                this_update: c.this_update,
+                next_update: c.next_update,
+            })
+            .collect(),
     }
 }
 

@@ -406,6 +406,7 @@ mod tests {
                 provenance: provenance.into(),
             },
             revoked_at: None,
+            revocation_reason: None,
             prev_hash: [0; 32],
             hash: [0; 32],
             cert_der: vec![],

@@ -82,6 +82,7 @@ mod tests {
                 provenance: String::new(),
             },
             revoked_at: None,
+            revocation_reason: None,
             prev_hash: [0; 32],
             hash: [0; 32],
             cert_der: vec![],

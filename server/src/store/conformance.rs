@@ -16,14 +16,14 @@ use super::{
 const ACQUIRE: Duration = Duration::from_secs(10);
 
 /// One database, and a way to open more store instances on it (as more replicas would).
-struct Db {
-    url: String,
-    store: Arc<dyn Store>,
+pub(super) struct Db {
+    pub(super) url: String,
+    pub(super) store: Arc<dyn Store>,
     _dir: Option<tempfile::TempDir>,
 }
 
 impl Db {
-    async fn sqlite() -> Db {
+    pub(super) async fn sqlite() -> Db {
         let dir = tempfile::tempdir().unwrap();
         // A directory that does not exist yet: connect creates it.
         let url = signet_testutil::sqlite_url(&dir.path().join("sub"));
@@ -35,7 +35,7 @@ impl Db {
         }
     }
 
-    async fn postgres() -> Option<Db> {
+    pub(super) async fn postgres() -> Option<Db> {
         let url = signet_testutil::fresh_postgres_database().await?;
         let store = Arc::new(PgStore::connect(&url, ACQUIRE).await.unwrap());
         Some(Db {
@@ -46,7 +46,7 @@ impl Db {
     }
 
     /// Another store instance on the same database (connecting runs migrations again).
-    async fn another(&self) -> Arc<dyn Store> {
+    pub(super) async fn another(&self) -> Arc<dyn Store> {
         connect(&self.url, ACQUIRE).await.unwrap()
     }
 }
@@ -89,7 +89,7 @@ conformance!(
     entries_round_trip_and_revisions_track_changes,
 );
 
-fn cert(i: usize) -> NewCertificate {
+pub(super) fn cert(i: usize) -> NewCertificate {
     NewCertificate {
         serial: format!("{:032x}", i as u128 * 0x9e37_79b9_7f4a_7c15),
         spiffe_id: format!("spiffe://example.org/ns/n{}/sa/s", i % 3),

@@ -8,8 +8,11 @@
 
 #[cfg(test)]
 mod conformance;
+#[cfg(test)]
+mod conformance_revocations;
 pub mod nodes;
 mod postgres;
+pub mod revocations;
 mod rows;
 mod sqlite;
 
@@ -21,6 +24,9 @@ use signet_types::ledger::{Hash, LedgerEntry};
 
 pub use nodes::{EntryRow, EntrySync, NewEntry, NodeRow, NodeStore, TokenUse};
 pub use postgres::PgStore;
+pub use revocations::{
+    CertFilter, EventRow, NewRevocation, RevocationOutcome, RevocationStore, RevokedRow, StoredCrl,
+};
 pub use sqlite::SqliteStore;
 
 /// A certificate to append to the ledger (seq and hashes are assigned by the store).
@@ -46,9 +52,12 @@ pub struct NewCertificate {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertificateRow {
     pub entry: LedgerEntry,
-    /// When the certificate was revoked (unix seconds), if it was. Not part of the hash: a
-    /// revocation is an event after issuance.
+    /// When the certificate was revoked (unix seconds), if it was. Not part of the row's hash:
+    /// a revocation is a later event in the chain ([`EventRow`]); this column and
+    /// `revocation_reason` are the lookup index the same transaction sets.
     pub revoked_at: Option<i64>,
+    /// The RFC 5280 reason name of the revocation, when revoked.
+    pub revocation_reason: Option<String>,
     pub prev_hash: Hash,
     pub hash: Hash,
     pub cert_der: Vec<u8>,
@@ -140,7 +149,7 @@ impl From<sqlx::Error> for StoreError {
 }
 
 #[async_trait]
-pub trait Store: NodeStore + Send + Sync + 'static {
+pub trait Store: NodeStore + RevocationStore + Send + Sync + 'static {
     /// Cheap reachability check for `/readyz`.
     async fn ping(&self) -> Result<(), StoreError>;
 

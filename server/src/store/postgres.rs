@@ -80,6 +80,7 @@ fn session_settings(cfg: &DatabaseConfig) -> [(&'static str, String); 3] {
 }
 
 super::nodes::impl_node_store!(PgStore, StoreError::from);
+super::revocations::impl_revocation_store!(PgStore, StoreError::from, "BEGIN", " FOR UPDATE");
 
 #[async_trait]
 impl Store for PgStore {

@@ -7,7 +7,7 @@ use super::{AuditEvent, CertificateRow, NewCertificate, StoreError, StoredCaKey}
 /// Columns selected for a [`CertificateRow`], in [`DbCertificate`]'s order.
 pub(super) const CERT_COLUMNS: &str = "seq, serial, spiffe_id, dns_names, ip_addresses, \
      not_before, not_after, issued_at, cert_sha256, prev_hash, hash, cert_der, ca_key_id, \
-     caller, request_id, provenance, revoked_at";
+     caller, request_id, provenance, revoked_at, revocation_reason";
 
 /// A `certificates` row as both drivers decode it.
 #[derive(sqlx::FromRow)]
@@ -29,6 +29,7 @@ pub(super) struct DbCertificate {
     request_id: String,
     provenance: String,
     revoked_at: Option<i64>,
+    revocation_reason: Option<String>,
 }
 
 impl TryFrom<DbCertificate> for CertificateRow {
@@ -54,6 +55,7 @@ impl TryFrom<DbCertificate> for CertificateRow {
                 provenance: r.provenance,
             },
             revoked_at: r.revoked_at,
+            revocation_reason: r.revocation_reason,
             prev_hash: hash(seq, "prev_hash", &r.prev_hash)?,
             hash: hash(seq, "hash", &r.hash)?,
             cert_der: r.cert_der,
@@ -69,7 +71,7 @@ fn json_list(seq: u64, column: &str, text: &str) -> Result<Vec<String>, StoreErr
     })
 }
 
-fn hash(seq: u64, column: &str, bytes: &[u8]) -> Result<Hash, StoreError> {
+pub(super) fn hash(seq: u64, column: &str, bytes: &[u8]) -> Result<Hash, StoreError> {
     Hash::try_from(bytes).map_err(|_| {
         StoreError::Corrupt(format!(
             "ledger row {seq}: {column} has {} bytes, not 32",

@@ -167,6 +167,7 @@ fn private_files(db: &Path) -> Result<(), StoreError> {
 }
 
 super::nodes::impl_node_store!(SqliteStore, map_err);
+super::revocations::impl_revocation_store!(SqliteStore, map_err, "BEGIN IMMEDIATE", "");
 
 #[async_trait]
 impl Store for SqliteStore {

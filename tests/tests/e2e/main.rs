@@ -17,6 +17,7 @@ mod lifecycle;
 mod node_psat;
 mod nodes;
 mod plugged;
+mod revocation;
 mod sink_harness;
 mod workload_clients;
 

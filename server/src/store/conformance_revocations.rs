@@ -1,0 +1,320 @@
+//! The [`super::RevocationStore`] half of the conformance suite: each case runs against SQLite
+//! and PostgreSQL (skipped locally without `SIGNET_TEST_DATABASE_URL`), like `conformance.rs`.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use signet_types::ledger::{EVENT_REVOKE, Verifier};
+
+use super::conformance::{Db, cert};
+use super::{CertFilter, NewRevocation, RevocationOutcome, Store, StoredCrl};
+
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::Db::sqlite().await).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    if let Some(db) = super::Db::postgres().await {
+                        super::$case(db).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    revocations_are_events_in_the_one_chain,
+    revocable_certificates_filter_and_page,
+    racing_revocations_of_one_certificate_revoke_it_once,
+    crl_numbers_only_increase_across_instances,
+);
+
+fn revocation(serial: &str, at: i64) -> NewRevocation {
+    NewRevocation {
+        serial: serial.into(),
+        reason: "keyCompromise".into(),
+        at,
+        caller: "admin:spiffe://example.org/signet/admin".into(),
+        request_id: "req-r".into(),
+        detail: r#"{"by":"serial","value":"x"}"#.into(),
+    }
+}
+
+/// The whole chain, certificate rows and events merged by seq, verified against the head.
+async fn verify_merged(store: &dyn Store) -> u64 {
+    let certs = store.list_certificates(0, 10_000, None).await.unwrap();
+    let events = store.ledger_events(0, 10_000).await.unwrap();
+    let mut v = Verifier::default();
+    let (mut c, mut e) = (certs.iter().peekable(), events.iter().peekable());
+    loop {
+        let take_cert = match (c.peek(), e.peek()) {
+            (Some(a), Some(b)) => a.entry.seq < b.event.seq,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => break,
+        };
+        if take_cert {
+            let r = c.next().unwrap();
+            v.push(&r.entry, &r.prev_hash, &r.hash).unwrap();
+        } else {
+            let r = e.next().unwrap();
+            v.push_event(&r.event, &r.prev_hash, &r.hash).unwrap();
+        }
+    }
+    let head = store.ledger_head().await.unwrap();
+    v.finish(head.seq, &head.hash).unwrap()
+}
+
+async fn revocations_are_events_in_the_one_chain(db: Db) {
+    let s = db.store.clone();
+    let batch: Vec<_> = (0..4).map(cert).collect();
+    s.append_certificates(&batch).await.unwrap();
+    let serial = |i: usize| cert(i).serial;
+    let out = s
+        .append_revocations(&[
+            revocation(&serial(1), 1_700_000_100),
+            revocation("00ff", 1_700_000_100),
+            revocation(&serial(1), 1_700_000_100),
+            revocation(&serial(3), 1_700_000_101),
+        ])
+        .await
+        .unwrap();
+    assert!(
+        matches!(&out[0], RevocationOutcome::Revoked { event_seq: 5, row } if row.entry.seq == 2)
+    );
+    assert_eq!(out[1], RevocationOutcome::Unknown);
+    assert!(matches!(&out[2], RevocationOutcome::AlreadyRevoked { .. }));
+    assert!(
+        matches!(&out[3], RevocationOutcome::Revoked { event_seq: 6, row } if row.entry.seq == 4)
+    );
+    // Certificates after events continue the same chain.
+    s.append_certificates(&[cert(4)]).await.unwrap();
+    assert_eq!(s.ledger_head().await.unwrap().seq, 7);
+    assert_eq!(verify_merged(s.as_ref()).await, 7);
+
+    // The rows carry the index; the events the record.
+    let row = s.certificate_by_serial(&serial(1)).await.unwrap().unwrap();
+    assert_eq!(row.revoked_at, Some(1_700_000_100));
+    assert_eq!(row.revocation_reason.as_deref(), Some("keyCompromise"));
+    let ev = s.events_for_serial(&serial(1)).await.unwrap();
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0].event.kind, EVENT_REVOKE);
+    assert_eq!(ev[0].event.cert_seq, 2);
+    assert_eq!(ev[0].event.cert_hash, row.hash);
+    assert_eq!(s.revocation_mark().await.unwrap(), 6);
+    let events = s.ledger_events(5, 10).await.unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].event.seq, 6);
+
+    // Revoking again changes nothing, not even the head.
+    let head = s.ledger_head().await.unwrap();
+    let again = s
+        .append_revocations(&[revocation(&serial(1), 1_700_000_200)])
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        vec![RevocationOutcome::AlreadyRevoked {
+            at: 1_700_000_100,
+            reason: "keyCompromise".into()
+        }]
+    );
+    assert_eq!(s.ledger_head().await.unwrap(), head);
+
+    // What the CRL of the key lists: the revoked, unexpired ones.
+    let listed = s.revoked_certificates("root-1", 0).await.unwrap();
+    let serials: Vec<_> = listed.iter().map(|r| r.serial.clone()).collect();
+    assert_eq!(serials, vec![serial(1), serial(3)]);
+    assert!(
+        s.revoked_certificates("root-1", 1_800_000_000)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(s.revoked_certificates("other", 0).await.unwrap().is_empty());
+}
+
+async fn revocable_certificates_filter_and_page(db: Db) {
+    let s = db.store.clone();
+    let batch: Vec<_> = (0..9).map(cert).collect();
+    s.append_certificates(&batch).await.unwrap();
+    s.append_revocations(&[revocation(&cert(0).serial, 1)])
+        .await
+        .unwrap();
+    let now = 1_700_003_600 + 3; // certs 0..=3 have expired (not_after = 1_700_003_600 + i)
+    let all = s
+        .revocable_certificates(&CertFilter::Any, now, 0, 100)
+        .await
+        .unwrap();
+    let seqs: Vec<u64> = all.iter().map(|r| r.entry.seq).collect();
+    assert_eq!(seqs, vec![5, 6, 7, 8, 9]);
+    let page = s
+        .revocable_certificates(&CertFilter::Any, now, 6, 2)
+        .await
+        .unwrap();
+    assert_eq!(
+        page.iter().map(|r| r.entry.seq).collect::<Vec<_>>(),
+        vec![7, 8]
+    );
+    let by_id = s
+        .revocable_certificates(
+            &CertFilter::SpiffeId("spiffe://example.org/ns/n1/sa/s".into()),
+            0,
+            0,
+            100,
+        )
+        .await
+        .unwrap();
+    // Certificates 1, 4 and 7 have that ID; none is revoked.
+    assert_eq!(by_id.len(), 3);
+    let by_key = s
+        .revocable_certificates(&CertFilter::CaKey("root-1".into()), 0, 0, 100)
+        .await
+        .unwrap();
+    assert_eq!(by_key.len(), 8);
+    assert!(
+        s.revocable_certificates(&CertFilter::CaKey("nope".into()), 0, 0, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        s.any_certificate(&CertFilter::CaKey("root-1".into()))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !s.any_certificate(&CertFilter::CaKey("nope".into()))
+            .await
+            .unwrap()
+    );
+    assert!(
+        s.any_certificate(&CertFilter::SpiffeId(
+            "spiffe://example.org/ns/n0/sa/s".into()
+        ))
+        .await
+        .unwrap()
+    );
+}
+
+/// Two instances (replicas) revoke the same certificates at once: each is revoked by exactly
+/// one event, and the chain stays one.
+async fn racing_revocations_of_one_certificate_revoke_it_once(db: Db) {
+    let a = db.store.clone();
+    let b = db.another().await;
+    let batch: Vec<_> = (0..20).map(cert).collect();
+    a.append_certificates(&batch).await.unwrap();
+    let mut tasks = Vec::new();
+    for store in [a.clone(), b.clone(), a.clone(), b.clone()] {
+        tasks.push(tokio::spawn(async move {
+            let mut revoked = 0;
+            for i in 0..20 {
+                let out = store
+                    .append_revocations(&[revocation(&cert(i).serial, 5)])
+                    .await
+                    .unwrap();
+                if matches!(out[0], RevocationOutcome::Revoked { .. }) {
+                    revoked += 1;
+                }
+            }
+            revoked
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    assert_eq!(total, 20);
+    assert_eq!(a.ledger_events(0, 100).await.unwrap().len(), 20);
+    assert_eq!(verify_merged(a.as_ref()).await, 40);
+}
+
+fn crl(number: u64, this_update: i64, mark: u64) -> StoredCrl {
+    StoredCrl {
+        ca_key_id: "k1".into(),
+        number,
+        der: vec![0x30, number as u8],
+        this_update,
+        next_update: this_update + 60,
+        mark,
+    }
+}
+
+/// CRL numbers are taken under a lock: two instances re-signing at once never use one number
+/// twice, and a stale signer (one that would re-sign what another already did) keeps the
+/// current CRL.
+async fn crl_numbers_only_increase_across_instances(db: Db) {
+    let a = db.store.clone();
+    let b = db.another().await;
+    assert_eq!(a.stored_crl("k1").await.unwrap(), None);
+    let first = a
+        .refresh_crl("k1", &|cur| {
+            Ok(Some(crl(cur.map_or(1, |c| c.number + 1), 10, 0)))
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.number, 1);
+    // Keep: the signer says nothing is due.
+    let kept = b.refresh_crl("k1", &|_| Ok(None)).await.unwrap();
+    assert_eq!(kept, Some(first.clone()));
+    // A signer that skips a number is refused.
+    assert!(
+        b.refresh_crl("k1", &|_| Ok(Some(crl(5, 10, 0))))
+            .await
+            .is_err()
+    );
+    assert_eq!(b.stored_crl("k1").await.unwrap(), Some(first));
+
+    let signed = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, store) in [a.clone(), b.clone(), a.clone(), b.clone()]
+        .into_iter()
+        .enumerate()
+    {
+        let signed = signed.clone();
+        tasks.push(tokio::spawn(async move {
+            for k in 0..10 {
+                let signed = signed.clone();
+                let sign = move |cur: Option<&StoredCrl>| {
+                    let n = cur.map_or(1, |c| c.number + 1);
+                    signed.lock().unwrap().push(n);
+                    Ok(Some(crl(n, 100 + k, i as u64)))
+                };
+                store.refresh_crl("k1", &sign).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut numbers = signed.lock().unwrap().clone();
+    numbers.sort_unstable();
+    assert_eq!(
+        numbers,
+        (2..=41).collect::<Vec<u64>>(),
+        "a CRL number was reused"
+    );
+    assert_eq!(a.stored_crl("k1").await.unwrap().unwrap().number, 41);
+    // Another key counts on its own.
+    let other = a
+        .refresh_crl("k2", &|cur| {
+            let mut c = crl(cur.map_or(1, |c| c.number + 1), 1, 0);
+            c.ca_key_id = "k2".into();
+            Ok(Some(c))
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(other.number, 1);
+}

@@ -1,0 +1,665 @@
+//! Revocations and CRLs: the [`RevocationStore`] half of the store.
+//!
+//! A revocation is a ledger *event* ([`signet_types::ledger::LedgerEvent`]): appended to the
+//! one hash chain certificates and events share, under the same `ledger_head` lock as a batch
+//! of certificates, in the same transaction that sets the certificate row's `revoked_at` and
+//! `revocation_reason` (a lookup index; the event is the record). The head lock serialises
+//! every revocation with every other ledger write, across replicas, so the check "not revoked
+//! yet" and the event that revokes cannot race: a certificate is revoked once.
+//!
+//! The last CRL each CA key signed is kept in `crl_state` (number, DER, thisUpdate,
+//! nextUpdate, and the revocation mark it covers). [`RevocationStore::refresh_crl`] reads and
+//! replaces it under a row lock (PostgreSQL `SELECT … FOR UPDATE`; SQLite `BEGIN IMMEDIATE`), so
+//! replicas sharing one database never reuse a CRL number and publish the same bytes.
+//!
+//! The SQL is the same on both databases except for how the transaction takes its lock, so
+//! one macro implements the trait for both.
+
+use async_trait::async_trait;
+use signet_types::ledger::{Hash, LedgerEvent};
+
+use super::{CertificateRow, StoreError};
+
+/// Which certificates [`RevocationStore::revocable_certificates`] narrows to (by an indexed
+/// column); the caller filters further (e.g. by provenance).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CertFilter {
+    SpiffeId(String),
+    CaKey(String),
+    /// Every unexpired, unrevoked certificate.
+    Any,
+}
+
+/// A revocation to append.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewRevocation {
+    pub serial: String,
+    /// RFC 5280 reason name.
+    pub reason: String,
+    /// Unix seconds.
+    pub at: i64,
+    pub caller: String,
+    pub request_id: String,
+    /// How the certificate was selected (canonical JSON).
+    pub detail: String,
+}
+
+/// What became of one [`NewRevocation`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RevocationOutcome {
+    /// Revoked now: the event's seq and the certificate's row.
+    Revoked {
+        event_seq: u64,
+        row: Box<CertificateRow>,
+    },
+    /// It was revoked before; nothing changed.
+    AlreadyRevoked { at: i64, reason: String },
+    /// No certificate with that serial; nothing changed.
+    Unknown,
+}
+
+/// A ledger event as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventRow {
+    pub event: LedgerEvent,
+    pub prev_hash: Hash,
+    pub hash: Hash,
+}
+
+/// A revoked certificate as a CRL lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RevokedRow {
+    pub serial: String,
+    pub revoked_at: i64,
+    pub reason: String,
+    pub not_after: i64,
+}
+
+/// The last CRL a CA key signed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoredCrl {
+    pub ca_key_id: String,
+    /// The CRL number; 1 for the first.
+    pub number: u64,
+    pub der: Vec<u8>,
+    /// Unix seconds.
+    pub this_update: i64,
+    pub next_update: i64,
+    /// The revocation mark ([`RevocationStore::revocation_mark`]) it covers.
+    pub mark: u64,
+}
+
+impl std::fmt::Debug for StoredCrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoredCrl")
+            .field("ca_key_id", &self.ca_key_id)
+            .field("number", &self.number)
+            .field("der_len", &self.der.len())
+            .field("this_update", &self.this_update)
+            .field("next_update", &self.next_update)
+            .field("mark", &self.mark)
+            .finish()
+    }
+}
+
+/// Called by [`RevocationStore::refresh_crl`] under the lock with the key's current CRL: `None`
+/// keeps it; `Some` replaces it (its number must be the current one plus one, or 1).
+pub type CrlSigner<'a> =
+    &'a (dyn Fn(Option<&StoredCrl>) -> Result<Option<StoredCrl>, String> + Send + Sync);
+
+#[async_trait]
+pub trait RevocationStore: Send + Sync + 'static {
+    /// Unrevoked certificates with `not_after > now` and `seq > after_seq`, by seq, at most
+    /// `limit`, narrowed by `filter`.
+    async fn revocable_certificates(
+        &self,
+        filter: &CertFilter,
+        now: i64,
+        after_seq: u64,
+        limit: u32,
+    ) -> Result<Vec<CertificateRow>, StoreError>;
+
+    /// Whether any certificate (revoked, expired or not) matches `filter`.
+    async fn any_certificate(&self, filter: &CertFilter) -> Result<bool, StoreError>;
+
+    /// Appends one revocation event per item, in order, in one transaction under the ledger
+    /// head lock, setting each revoked row's `revoked_at` and `revocation_reason`. Items already
+    /// revoked or unknown change nothing. All or nothing.
+    async fn append_revocations(
+        &self,
+        batch: &[NewRevocation],
+    ) -> Result<Vec<RevocationOutcome>, StoreError>;
+
+    /// Ledger events with `seq > after_seq`, ascending, at most `limit`.
+    async fn ledger_events(&self, after_seq: u64, limit: u32) -> Result<Vec<EventRow>, StoreError>;
+
+    /// The events about the certificate with `serial`, ascending.
+    async fn events_for_serial(&self, serial: &str) -> Result<Vec<EventRow>, StoreError>;
+
+    /// The revoked certificates issued by `ca_key_id` that expire after `not_after_after`, by
+    /// seq.
+    async fn revoked_certificates(
+        &self,
+        ca_key_id: &str,
+        not_after_after: i64,
+    ) -> Result<Vec<RevokedRow>, StoreError>;
+
+    /// Moves on with every revocation: the seq of the last ledger event (0: none yet). Cheap
+    /// (the primary key's maximum); replicas poll it to notice each other's revocations.
+    async fn revocation_mark(&self) -> Result<u64, StoreError>;
+
+    /// The CRL `ca_key_id` last signed, if any.
+    async fn stored_crl(&self, ca_key_id: &str) -> Result<Option<StoredCrl>, StoreError>;
+
+    /// Locks `ca_key_id`'s CRL row, lets `sign` decide from the current one whether to sign a
+    /// new one, stores that, and returns whichever is current afterwards.
+    async fn refresh_crl(
+        &self,
+        ca_key_id: &str,
+        sign: CrlSigner<'_>,
+    ) -> Result<Option<StoredCrl>, StoreError>;
+}
+
+/// A `ledger_events` row as both drivers decode it.
+#[derive(sqlx::FromRow)]
+pub(super) struct DbEvent {
+    seq: i64,
+    kind: String,
+    serial: String,
+    cert_seq: i64,
+    cert_hash: Vec<u8>,
+    reason: String,
+    at: i64,
+    caller: String,
+    request_id: String,
+    detail: String,
+    prev_hash: Vec<u8>,
+    hash: Vec<u8>,
+}
+
+pub(super) const EVENT_COLUMNS: &str = "seq, kind, serial, cert_seq, cert_hash, reason, at, caller, request_id, detail, prev_hash, hash";
+
+impl TryFrom<DbEvent> for EventRow {
+    type Error = StoreError;
+
+    fn try_from(r: DbEvent) -> Result<Self, StoreError> {
+        let seq = u64::try_from(r.seq)
+            .map_err(|_| StoreError::Corrupt(format!("negative ledger event seq {}", r.seq)))?;
+        let cert_seq = u64::try_from(r.cert_seq)
+            .map_err(|_| StoreError::Corrupt(format!("ledger event {seq}: negative cert_seq")))?;
+        Ok(EventRow {
+            event: LedgerEvent {
+                seq,
+                kind: r.kind,
+                serial: r.serial,
+                cert_seq,
+                cert_hash: super::rows::hash(seq, "cert_hash", &r.cert_hash)?,
+                reason: r.reason,
+                at: r.at,
+                caller: r.caller,
+                request_id: r.request_id,
+                detail: r.detail,
+            },
+            prev_hash: super::rows::hash(seq, "prev_hash", &r.prev_hash)?,
+            hash: super::rows::hash(seq, "hash", &r.hash)?,
+        })
+    }
+}
+
+/// A `crl_state` row as both drivers decode it.
+#[derive(sqlx::FromRow)]
+pub(super) struct DbCrl {
+    ca_key_id: String,
+    number: i64,
+    der: Vec<u8>,
+    this_update: i64,
+    next_update: i64,
+    mark: i64,
+}
+
+pub(super) const CRL_COLUMNS: &str = "ca_key_id, number, der, this_update, next_update, mark";
+
+impl TryFrom<DbCrl> for StoredCrl {
+    type Error = StoreError;
+
+    fn try_from(r: DbCrl) -> Result<Self, StoreError> {
+        let num = |v: i64, what: &str| {
+            u64::try_from(v).map_err(|_| {
+                StoreError::Corrupt(format!("CRL of {}: negative {what}", r.ca_key_id))
+            })
+        };
+        Ok(StoredCrl {
+            number: num(r.number, "number")?,
+            mark: num(r.mark, "mark")?,
+            ca_key_id: r.ca_key_id,
+            der: r.der,
+            this_update: r.this_update,
+            next_update: r.next_update,
+        })
+    }
+}
+
+/// The `WHERE` clause and bound value of a filter (`$3` in the caller's query).
+pub(super) fn filter_sql(filter: &CertFilter) -> (&'static str, Option<&str>) {
+    match filter {
+        CertFilter::SpiffeId(id) => (" AND spiffe_id = $3", Some(id.as_str())),
+        CertFilter::CaKey(k) => (" AND ca_key_id = $3", Some(k.as_str())),
+        CertFilter::Any => ("", None),
+    }
+}
+
+pub(super) fn i64_of(v: u64, what: &str) -> Result<i64, StoreError> {
+    i64::try_from(v).map_err(|_| StoreError::Database(format!("{what} {v} out of range")))
+}
+
+/// Implements [`RevocationStore`] for a store with a `pool` field. `$begin` is the statement
+/// that opens a writing transaction; `$lock` is appended to the `SELECT`s that must lock the
+/// rows they read (`FOR UPDATE` on PostgreSQL; empty on SQLite, whose `BEGIN IMMEDIATE` already
+/// holds the database's write lock).
+macro_rules! impl_revocation_store {
+    ($store:ty, $map:path, $begin:expr, $lock:expr) => {
+        #[async_trait::async_trait]
+        impl $crate::store::revocations::RevocationStore for $store {
+            async fn revocable_certificates(
+                &self,
+                filter: &$crate::store::revocations::CertFilter,
+                now: i64,
+                after_seq: u64,
+                limit: u32,
+            ) -> Result<Vec<$crate::store::CertificateRow>, StoreError> {
+                let (clause, value) = $crate::store::revocations::filter_sql(filter);
+                let sql = format!(
+                    "SELECT {} FROM certificates WHERE revoked_at IS NULL AND not_after > $1 \
+                     AND seq > $2{clause} ORDER BY seq LIMIT {}",
+                    super::rows::CERT_COLUMNS,
+                    limit.max(1)
+                );
+                let mut q = sqlx::query_as::<_, super::rows::DbCertificate>(&sql)
+                    .bind(now)
+                    .bind(super::rows::after(after_seq));
+                if let Some(v) = value {
+                    q = q.bind(v);
+                }
+                let found = q.fetch_all(&self.pool).await.map_err($map)?;
+                found
+                    .into_iter()
+                    .map($crate::store::CertificateRow::try_from)
+                    .collect()
+            }
+
+            async fn any_certificate(
+                &self,
+                filter: &$crate::store::revocations::CertFilter,
+            ) -> Result<bool, StoreError> {
+                use $crate::store::revocations::CertFilter;
+                let (sql, value) = match filter {
+                    CertFilter::SpiffeId(v) => {
+                        ("SELECT seq FROM certificates WHERE spiffe_id = $1 LIMIT 1", v)
+                    }
+                    CertFilter::CaKey(v) => {
+                        ("SELECT seq FROM certificates WHERE ca_key_id = $1 LIMIT 1", v)
+                    }
+                    CertFilter::Any => {
+                        let found: Option<(i64,)> =
+                            sqlx::query_as("SELECT seq FROM certificates LIMIT 1")
+                                .fetch_optional(&self.pool)
+                                .await
+                                .map_err($map)?;
+                        return Ok(found.is_some());
+                    }
+                };
+                let found: Option<(i64,)> = sqlx::query_as(sql)
+                    .bind(value)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err($map)?;
+                Ok(found.is_some())
+            }
+
+            async fn append_revocations(
+                &self,
+                batch: &[$crate::store::revocations::NewRevocation],
+            ) -> Result<Vec<$crate::store::revocations::RevocationOutcome>, StoreError> {
+                use $crate::store::revocations::{RevocationOutcome, i64_of};
+                use signet_types::ledger::{EVENT_REVOKE, LedgerEvent, event_hash};
+                if batch.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let mut tx = self.pool.begin_with($begin).await.map_err($map)?;
+                // The ledger's one lock: events and certificates extend a single chain.
+                let (head_seq, head_hash): (i64, Vec<u8>) = sqlx::query_as(&format!(
+                    "SELECT seq, hash FROM ledger_head WHERE id = 1{}",
+                    $lock
+                ))
+                .fetch_one(&mut *tx)
+                .await
+                .map_err($map)?;
+                let head = super::rows::head(head_seq, &head_hash)?;
+                let (mut seq, mut prev) = (head.seq, head.hash);
+                let mut out = Vec::with_capacity(batch.len());
+                for r in batch {
+                    let found: Option<super::rows::DbCertificate> = sqlx::query_as(&format!(
+                        "SELECT {} FROM certificates WHERE serial = $1",
+                        super::rows::CERT_COLUMNS
+                    ))
+                    .bind(&r.serial)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err($map)?;
+                    let Some(found) = found else {
+                        out.push(RevocationOutcome::Unknown);
+                        continue;
+                    };
+                    let row = $crate::store::CertificateRow::try_from(found)?;
+                    if let Some(at) = row.revoked_at {
+                        out.push(RevocationOutcome::AlreadyRevoked {
+                            at,
+                            reason: row.revocation_reason.clone().unwrap_or_default(),
+                        });
+                        continue;
+                    }
+                    // Twice in one batch: the first one revokes.
+                    if out.iter().any(|o| {
+                        matches!(o, RevocationOutcome::Revoked { row: done, .. }
+                            if done.entry.serial == r.serial)
+                    }) {
+                        out.push(RevocationOutcome::AlreadyRevoked {
+                            at: r.at,
+                            reason: r.reason.clone(),
+                        });
+                        continue;
+                    }
+                    seq += 1;
+                    let event = LedgerEvent {
+                        seq,
+                        kind: EVENT_REVOKE.into(),
+                        serial: r.serial.clone(),
+                        cert_seq: row.entry.seq,
+                        cert_hash: row.hash,
+                        reason: r.reason.clone(),
+                        at: r.at,
+                        caller: r.caller.clone(),
+                        request_id: r.request_id.clone(),
+                        detail: r.detail.clone(),
+                    };
+                    let hash = event_hash(&prev, &event);
+                    sqlx::query(
+                        "INSERT INTO ledger_events (seq, kind, serial, cert_seq, cert_hash, \
+                         reason, at, caller, request_id, detail, prev_hash, hash) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                    )
+                    .bind(i64_of(seq, "seq")?)
+                    .bind(&event.kind)
+                    .bind(&event.serial)
+                    .bind(i64_of(event.cert_seq, "cert_seq")?)
+                    .bind(&event.cert_hash[..])
+                    .bind(&event.reason)
+                    .bind(event.at)
+                    .bind(&event.caller)
+                    .bind(&event.request_id)
+                    .bind(&event.detail)
+                    .bind(&prev[..])
+                    .bind(&hash[..])
+                    .execute(&mut *tx)
+                    .await
+                    .map_err($map)?;
+                    sqlx::query(
+                        "UPDATE certificates SET revoked_at = $1, revocation_reason = $2 \
+                         WHERE seq = $3",
+                    )
+                    .bind(r.at)
+                    .bind(&r.reason)
+                    .bind(i64_of(row.entry.seq, "seq")?)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err($map)?;
+                    prev = hash;
+                    let mut row = row;
+                    row.revoked_at = Some(r.at);
+                    row.revocation_reason = Some(r.reason.clone());
+                    out.push(RevocationOutcome::Revoked {
+                        event_seq: seq,
+                        row: Box::new(row),
+                    });
+                }
+                if seq != head.seq {
+                    sqlx::query("UPDATE ledger_head SET seq = $1, hash = $2 WHERE id = 1")
+                        .bind(i64_of(seq, "seq")?)
+                        .bind(&prev[..])
+                        .execute(&mut *tx)
+                        .await
+                        .map_err($map)?;
+                }
+                tx.commit().await.map_err($map)?;
+                Ok(out)
+            }
+
+            async fn ledger_events(
+                &self,
+                after_seq: u64,
+                limit: u32,
+            ) -> Result<Vec<$crate::store::revocations::EventRow>, StoreError> {
+                let found: Vec<$crate::store::revocations::DbEvent> =
+                    sqlx::query_as(&format!(
+                        "SELECT {} FROM ledger_events WHERE seq > $1 ORDER BY seq LIMIT $2",
+                        $crate::store::revocations::EVENT_COLUMNS
+                    ))
+                    .bind(super::rows::after(after_seq))
+                    .bind(super::rows::limit(limit))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err($map)?;
+                found
+                    .into_iter()
+                    .map($crate::store::revocations::EventRow::try_from)
+                    .collect()
+            }
+
+            async fn events_for_serial(
+                &self,
+                serial: &str,
+            ) -> Result<Vec<$crate::store::revocations::EventRow>, StoreError> {
+                let found: Vec<$crate::store::revocations::DbEvent> =
+                    sqlx::query_as(&format!(
+                        "SELECT {} FROM ledger_events WHERE serial = $1 ORDER BY seq",
+                        $crate::store::revocations::EVENT_COLUMNS
+                    ))
+                    .bind(serial)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err($map)?;
+                found
+                    .into_iter()
+                    .map($crate::store::revocations::EventRow::try_from)
+                    .collect()
+            }
+
+            async fn revoked_certificates(
+                &self,
+                ca_key_id: &str,
+                not_after_after: i64,
+            ) -> Result<Vec<$crate::store::revocations::RevokedRow>, StoreError> {
+                let found: Vec<(String, i64, Option<String>, i64)> = sqlx::query_as(
+                    "SELECT serial, revoked_at, revocation_reason, not_after FROM certificates \
+                     WHERE ca_key_id = $1 AND revoked_at IS NOT NULL AND not_after > $2 \
+                     ORDER BY seq",
+                )
+                .bind(ca_key_id)
+                .bind(not_after_after)
+                .fetch_all(&self.pool)
+                .await
+                .map_err($map)?;
+                Ok(found
+                    .into_iter()
+                    .map(
+                        |(serial, revoked_at, reason, not_after)| {
+                            $crate::store::revocations::RevokedRow {
+                                serial,
+                                revoked_at,
+                                reason: reason.unwrap_or_default(),
+                                not_after,
+                            }
+                        },
+                    )
+                    .collect())
+            }
+
+            async fn revocation_mark(&self) -> Result<u64, StoreError> {
+                let (m,): (Option<i64>,) = sqlx::query_as("SELECT MAX(seq) FROM ledger_events")
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err($map)?;
+                let m = m.unwrap_or(0);
+                u64::try_from(m)
+                    .map_err(|_| StoreError::Corrupt(format!("negative ledger event seq {m}")))
+            }
+
+            async fn stored_crl(
+                &self,
+                ca_key_id: &str,
+            ) -> Result<Option<$crate::store::revocations::StoredCrl>, StoreError> {
+                let found: Option<$crate::store::revocations::DbCrl> = sqlx::query_as(&format!(
+                    "SELECT {} FROM crl_state WHERE ca_key_id = $1",
+                    $crate::store::revocations::CRL_COLUMNS
+                ))
+                .bind(ca_key_id)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err($map)?;
+                found
+                    .map($crate::store::revocations::StoredCrl::try_from)
+                    .transpose()
+            }
+
+            async fn refresh_crl(
+                &self,
+                ca_key_id: &str,
+                sign: $crate::store::revocations::CrlSigner<'_>,
+            ) -> Result<Option<$crate::store::revocations::StoredCrl>, StoreError> {
+                use $crate::store::revocations::{DbCrl, StoredCrl, i64_of};
+                let mut tx = self.pool.begin_with($begin).await.map_err($map)?;
+                // The row may not exist yet: create it (number 0: no CRL yet) so that there is
+                // a row to lock. Concurrent creators wait for each other on the key.
+                sqlx::query(
+                    "INSERT INTO crl_state (ca_key_id, number, der, this_update, next_update, mark) \
+                     VALUES ($1, 0, $2, 0, 0, 0) ON CONFLICT (ca_key_id) DO NOTHING",
+                )
+                .bind(ca_key_id)
+                .bind(Vec::<u8>::new())
+                .execute(&mut *tx)
+                .await
+                .map_err($map)?;
+                let current: DbCrl = sqlx::query_as(&format!(
+                    "SELECT {} FROM crl_state WHERE ca_key_id = $1{}",
+                    $crate::store::revocations::CRL_COLUMNS,
+                    $lock
+                ))
+                .bind(ca_key_id)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err($map)?;
+                let current = StoredCrl::try_from(current)?;
+                let current = (current.number > 0).then_some(current);
+                let next = sign(current.as_ref()).map_err(StoreError::Database)?;
+                let Some(next) = next else {
+                    tx.commit().await.map_err($map)?;
+                    return Ok(current);
+                };
+                let expected = current.as_ref().map_or(1, |c| c.number + 1);
+                if next.number != expected || next.ca_key_id != ca_key_id {
+                    return Err(StoreError::Database(format!(
+                        "CRL of {ca_key_id}: number {} signed where {expected} was due",
+                        next.number
+                    )));
+                }
+                sqlx::query(
+                    "UPDATE crl_state SET number = $1, der = $2, this_update = $3, \
+                     next_update = $4, mark = $5 WHERE ca_key_id = $6",
+                )
+                .bind(i64_of(next.number, "CRL number")?)
+                .bind(&next.der)
+                .bind(next.this_update)
+                .bind(next.next_update)
+                .bind(i64_of(next.mark, "mark")?)
+                .bind(ca_key_id)
+                .execute(&mut *tx)
+                .await
+                .map_err($map)?;
+                tx.commit().await.map_err($map)?;
+                Ok(Some(next))
+            }
+        }
+    };
+}
+
+pub(super) use impl_revocation_store;
+
+/// For test doubles of [`super::Store`] without revocation tables: every method fails.
+#[cfg(test)]
+macro_rules! impl_revocation_store_unsupported {
+    ($store:ty) => {
+        #[async_trait::async_trait]
+        impl $crate::store::RevocationStore for $store {
+            async fn revocable_certificates(
+                &self,
+                _: &$crate::store::CertFilter,
+                _: i64,
+                _: u64,
+                _: u32,
+            ) -> Result<Vec<$crate::store::CertificateRow>, $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn any_certificate(
+                &self,
+                _: &$crate::store::CertFilter,
+            ) -> Result<bool, $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn append_revocations(
+                &self,
+                _: &[$crate::store::NewRevocation],
+            ) -> Result<Vec<$crate::store::RevocationOutcome>, $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn ledger_events(
+                &self,
+                _: u64,
+                _: u32,
+            ) -> Result<Vec<$crate::store::EventRow>, $crate::store::StoreError> {
+                Ok(Vec::new())
+            }
+            async fn events_for_serial(
+                &self,
+                _: &str,
+            ) -> Result<Vec<$crate::store::EventRow>, $crate::store::StoreError> {
+                Ok(Vec::new())
+            }
+            async fn revoked_certificates(
+                &self,
+                _: &str,
+                _: i64,
+            ) -> Result<Vec<$crate::store::RevokedRow>, $crate::store::StoreError> {
+                Ok(Vec::new())
+            }
+            async fn revocation_mark(&self) -> Result<u64, $crate::store::StoreError> {
+                Ok(0)
+            }
+            async fn stored_crl(
+                &self,
+                _: &str,
+            ) -> Result<Option<$crate::store::StoredCrl>, $crate::store::StoreError> {
+                Ok(None)
+            }
+            async fn refresh_crl(
+                &self,
+                _: &str,
+                _: $crate::store::revocations::CrlSigner<'_>,
+            ) -> Result<Option<$crate::store::StoredCrl>, $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+        }
+    };
+}
+
+#[cfg(test)]
+pub(crate) use impl_revocation_store_unsupported;
