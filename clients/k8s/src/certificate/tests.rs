@@ -49,6 +49,49 @@ impl FakeSigner {
     }
 }
 
+impl FakeSigner {
+    /// Its CA's key ID (lowercase hex subject key identifier), as a taint names it.
+    pub fn key_id(&self) -> String {
+        use x509_parser::extensions::ParsedExtension;
+        let der = pem::parse(&self.ca_pem).unwrap().into_contents();
+        let (_, c) = x509_parser::parse_x509_certificate(&der).unwrap();
+        c.extensions()
+            .iter()
+            .find_map(|e| match e.parsed_extension() {
+                ParsedExtension::SubjectKeyIdentifier(k) => {
+                    Some(k.0.iter().map(|b| format!("{b:02x}")).collect())
+                }
+                _ => None,
+            })
+            .unwrap()
+    }
+
+    /// A DER CRL of its CA numbered `number` listing the serials (raw DER integer bytes).
+    pub fn crl(&self, number: u64, serials: &[Vec<u8>]) -> Vec<u8> {
+        let now = self.clock.now();
+        rcgen::CertificateRevocationListParams {
+            this_update: now.into(),
+            next_update: (now + Duration::from_secs(3600)).into(),
+            crl_number: rcgen::SerialNumber::from(number.to_be_bytes().to_vec()),
+            issuing_distribution_point: None,
+            revoked_certs: serials
+                .iter()
+                .map(|s| rcgen::RevokedCertParams {
+                    serial_number: rcgen::SerialNumber::from(s.clone()),
+                    revocation_time: now.into(),
+                    reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        }
+        .signed_by(&self.ca)
+        .unwrap()
+        .der()
+        .to_vec()
+    }
+}
+
 impl CertSigner for FakeSigner {
     fn sign<'a>(
         &'a self,
@@ -71,6 +114,7 @@ impl CertSigner for FakeSigner {
             req.params.not_before = time::OffsetDateTime::from_unix_timestamp(secs).unwrap();
             req.params.not_after =
                 time::OffsetDateTime::from_unix_timestamp(secs + life.as_secs() as i64).unwrap();
+            req.params.use_authority_key_identifier_extension = true;
             let leaf = req.signed_by(&self.ca).unwrap();
             Ok(Signed {
                 chain_pem: leaf.pem(),
