@@ -131,12 +131,19 @@ impl Revocations {
                     a.key_identifier.as_ref().map(|k| hex(k.0))
                 }
                 _ => None,
-            })?;
-        if self.tainted.contains(&aki) {
+            });
+        self.check_parts(aki.as_deref(), &serial_key(cert.raw_serial()))
+    }
+
+    /// As [`Self::check_der`], for a certificate's issuing key ID (its authority key
+    /// identifier) and serial (without leading zero bytes).
+    pub fn check_parts(&self, issuer_key_id: Option<&str>, serial: &[u8]) -> Option<String> {
+        let aki = issuer_key_id?;
+        if self.tainted.contains(aki) {
             return Some(format!("was issued under the tainted CA key {aki}"));
         }
-        let (number, serials) = self.revoked.get(&aki)?;
-        let serial = serial_key(cert.raw_serial());
+        let (number, serials) = self.revoked.get(aki)?;
+        let serial = serial_key(serial);
         serials.contains(&serial).then(|| {
             format!(
                 "is revoked (serial {} in CRL {number} of CA key {aki})",

@@ -305,7 +305,7 @@ pub async fn watch_bundle(
 
 /// One item each time the bundle's taints or CRLs change: every ServiceAccount is reconciled
 /// again, so a Secret issued under a newly tainted key, or newly revoked, is re-issued now.
-fn revocation_changes(
+pub fn revocation_changes(
     rx: watch::Receiver<Option<BundleInfo>>,
 ) -> impl futures::Stream<Item = ()> + Send + 'static {
     let last = rx.borrow().as_ref().map(|b| b.revocations.clone());
