@@ -592,6 +592,60 @@ mod tests {
     }
 
     #[test]
+    fn bundle_conversion_normalises_taints_and_drops_malformed_crl_entries() {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+        let root = rcgen::CertificateParams::default()
+            .self_signed(&key)
+            .expect("cert")
+            .der()
+            .to_vec();
+        let crl = |key_id: &str, der: Vec<u8>| pb_ca::Crl {
+            key_id: key_id.into(),
+            der,
+            number: 3,
+            ..Default::default()
+        };
+        let b = TrustBundle::try_from(pb_ca::Bundle {
+            trust_domain: "example.org".into(),
+            roots: vec![root.clone()],
+            revision: 5,
+            tainted_key_ids: vec!["AB01".into(), "ab01".into(), "not hex".into(), "abc".into()],
+            crls: vec![
+                crl("CD02", vec![0x30, 0]),
+                crl("zz", vec![0x30, 0]),
+                crl("cd03", vec![]),
+                crl("cd04", vec![0; MAX_CRL_BYTES + 1]),
+            ],
+        })
+        .expect("valid");
+        assert_eq!(
+            b.tainted_key_ids,
+            ["ab01"],
+            "lowercased, deduplicated, non-hex dropped"
+        );
+        assert_eq!(
+            b.crls,
+            [Crl {
+                key_id: "cd02".into(),
+                der: vec![0x30, 0],
+                number: 3
+            }],
+            "bad key IDs, empty and oversized CRLs dropped (signatures are checked later)"
+        );
+        let too_many = pb_ca::Bundle {
+            trust_domain: "example.org".into(),
+            roots: vec![root],
+            revision: 6,
+            tainted_key_ids: vec!["ab".into(); MAX_BUNDLE_REVOCATION_ITEMS + 1],
+            crls: vec![],
+        };
+        assert!(matches!(
+            TrustBundle::try_from(too_many),
+            Err(CaError::Invalid(_))
+        ));
+    }
+
+    #[test]
     fn entry_conversion_parses_selectors() {
         let e = pb::Entry {
             id: "e1".into(),
