@@ -3,7 +3,9 @@
 //! certificate, then a CRL naming the serial it holds. Each time the workload's certificate
 //! (as its files sink and the Workload API serve it) is replaced within seconds, not at half
 //! its hour-long life; the CRL is served in `crl.pem` and in both Workload API streams, and
-//! a restarted agent serves it from `data_dir` before the server answers.
+//! a restarted agent serves it from `data_dir` before the server answers. `openssl verify
+//! -crl_check` reading the written `crl.pem` refuses the revoked certificate and accepts its
+//! replacement.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -190,6 +192,43 @@ async fn agent_replaces_a_tainted_then_a_revoked_workload_certificate_within_sec
     assert_eq!(blocks.len(), 1);
     assert_eq!(blocks[0].tag(), "X509 CRL");
     assert_eq!(blocks[0].contents(), crl.der.as_slice());
+    // openssl, reading crl.pem as written: the revoked certificate fails, its replacement holds.
+    let pem_of = |serial: u64| {
+        let der = ca
+            .signed()
+            .into_iter()
+            .find(|s| s.serial == serial)
+            .unwrap()
+            .der;
+        pem::encode(&pem::Pem::new("CERTIFICATE", der))
+    };
+    let (root_file, old_file, new_file) = (
+        dir.path().join("root.pem"),
+        dir.path().join("old.pem"),
+        dir.path().join("new.pem"),
+    );
+    std::fs::write(&root_file, ca.root_pem()).unwrap();
+    std::fs::write(&old_file, pem_of(held)).unwrap();
+    std::fs::write(&new_file, pem_of(after_crl)).unwrap();
+    let verify = |leaf: &Path| {
+        std::process::Command::new("openssl")
+            .args(["verify", "-crl_check", "-CAfile"])
+            .arg(&root_file)
+            .arg("-CRLfile")
+            .arg(sink.join("crl.pem"))
+            .arg(leaf)
+            .output()
+            .unwrap()
+    };
+    let old = verify(&old_file);
+    assert!(!old.status.success());
+    assert!(
+        String::from_utf8_lossy(&old.stdout).contains("certificate revoked")
+            || String::from_utf8_lossy(&old.stderr).contains("certificate revoked"),
+        "{old:?}"
+    );
+    let new = verify(&new_file);
+    assert!(new.status.success(), "{new:?}");
     let (api_serial, api_crls) = eventually(10, "the CRL on the Workload API", || async {
         workload_api(&socket)
             .await
