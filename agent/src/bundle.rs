@@ -129,6 +129,8 @@ mod tests {
             trust_domain: td(domain),
             roots_der: roots.iter().map(|r| r.to_vec()).collect(),
             revision,
+            tainted_key_ids: Vec::new(),
+            crls: Vec::new(),
         }
     }
 

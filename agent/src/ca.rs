@@ -83,6 +83,39 @@ pub struct TrustBundle {
     /// Increases on every change, per server replica (replicas count separately, so it is
     /// for logs, not for ordering).
     pub revision: u64,
+    /// Key IDs (lowercase hex subject key identifiers) of CA keys the operator tainted: every
+    /// certificate issued under one of them is replaced now. Normalised to lowercase; an ID
+    /// that is not hex is dropped at conversion.
+    pub tainted_key_ids: Vec<String>,
+    /// The issuing CAs' CRLs as the server sent them; checked (signature, number) by
+    /// [`crate::revocation`] before anything acts on them.
+    pub crls: Vec<Crl>,
+}
+
+/// A CRL as the server publishes it (not verified yet: see [`crate::revocation`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Crl {
+    /// The issuing CA key (lowercase hex subject key identifier).
+    pub key_id: String,
+    /// DER, RFC 5280.
+    pub der: Vec<u8>,
+    /// The CRL number the server claims (the signed extension decides).
+    pub number: u64,
+}
+
+/// Most tainted key IDs and CRLs one bundle may carry; more is a malformed answer.
+pub const MAX_BUNDLE_REVOCATION_ITEMS: usize = 256;
+/// Largest CRL accepted (DER bytes).
+pub const MAX_CRL_BYTES: usize = 4 << 20;
+
+/// `id` as a key ID (lowercase hex, even length, 1 to 64 bytes), or `None`.
+pub fn normalize_key_id(id: &str) -> Option<String> {
+    let id = id.trim().to_ascii_lowercase();
+    let ok = !id.is_empty()
+        && id.len().is_multiple_of(2)
+        && id.len() <= 128
+        && id.bytes().all(|b| b.is_ascii_hexdigit());
+    ok.then_some(id)
 }
 
 /// The server's bundle at once, then again on every change; ends or fails when the
@@ -208,10 +241,46 @@ impl TryFrom<pb_ca::Bundle> for TrustBundle {
                 Err(e) => return Err(CaError::Invalid(format!("bundle root {i}: {e}"))),
             }
         }
+        if b.tainted_key_ids.len() > MAX_BUNDLE_REVOCATION_ITEMS
+            || b.crls.len() > MAX_BUNDLE_REVOCATION_ITEMS
+        {
+            return Err(CaError::Invalid(format!(
+                "bundle revision {} carries more than {MAX_BUNDLE_REVOCATION_ITEMS} taints or CRLs",
+                b.revision
+            )));
+        }
+        let mut tainted_key_ids = Vec::new();
+        for id in &b.tainted_key_ids {
+            match normalize_key_id(id) {
+                Some(k) if !tainted_key_ids.contains(&k) => tainted_key_ids.push(k),
+                Some(_) => {}
+                None => {
+                    tracing::warn!(key_id = %id.escape_debug(), "ignoring a tainted key ID that is not hex")
+                }
+            }
+        }
+        tainted_key_ids.sort();
+        let mut crls = Vec::new();
+        for c in b.crls {
+            match normalize_key_id(&c.key_id) {
+                Some(key_id) if !c.der.is_empty() && c.der.len() <= MAX_CRL_BYTES => {
+                    crls.push(Crl {
+                        key_id,
+                        der: c.der,
+                        number: c.number,
+                    })
+                }
+                _ => {
+                    tracing::warn!(key_id = %c.key_id.escape_debug(), bytes = c.der.len(), "ignoring a malformed CRL entry")
+                }
+            }
+        }
         Ok(TrustBundle {
             trust_domain,
             roots_der: b.roots,
             revision: b.revision,
+            tainted_key_ids,
+            crls,
         })
     }
 }
@@ -520,6 +589,60 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn bundle_conversion_normalises_taints_and_drops_malformed_crl_entries() {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+        let root = rcgen::CertificateParams::default()
+            .self_signed(&key)
+            .expect("cert")
+            .der()
+            .to_vec();
+        let crl = |key_id: &str, der: Vec<u8>| pb_ca::Crl {
+            key_id: key_id.into(),
+            der,
+            number: 3,
+            ..Default::default()
+        };
+        let b = TrustBundle::try_from(pb_ca::Bundle {
+            trust_domain: "example.org".into(),
+            roots: vec![root.clone()],
+            revision: 5,
+            tainted_key_ids: vec!["AB01".into(), "ab01".into(), "not hex".into(), "abc".into()],
+            crls: vec![
+                crl("CD02", vec![0x30, 0]),
+                crl("zz", vec![0x30, 0]),
+                crl("cd03", vec![]),
+                crl("cd04", vec![0; MAX_CRL_BYTES + 1]),
+            ],
+        })
+        .expect("valid");
+        assert_eq!(
+            b.tainted_key_ids,
+            ["ab01"],
+            "lowercased, deduplicated, non-hex dropped"
+        );
+        assert_eq!(
+            b.crls,
+            [Crl {
+                key_id: "cd02".into(),
+                der: vec![0x30, 0],
+                number: 3
+            }],
+            "bad key IDs, empty and oversized CRLs dropped (signatures are checked later)"
+        );
+        let too_many = pb_ca::Bundle {
+            trust_domain: "example.org".into(),
+            roots: vec![root],
+            revision: 6,
+            tainted_key_ids: vec!["ab".into(); MAX_BUNDLE_REVOCATION_ITEMS + 1],
+            crls: vec![],
+        };
+        assert!(matches!(
+            TrustBundle::try_from(too_many),
+            Err(CaError::Invalid(_))
+        ));
     }
 
     #[test]

@@ -19,7 +19,8 @@ use crate::ca::{
 };
 use crate::clock::Clock;
 use crate::node::{self, NodeIdentity, Stored};
-use crate::rotation::{backoff, renew_at};
+use crate::revocation::{CertRef, Revocations};
+use crate::rotation::{backoff, renew_at, renewal_due};
 use crate::rotator::{Random, Rotator};
 
 pub const RETRY_BASE: Duration = Duration::from_secs(1);
@@ -137,6 +138,55 @@ impl Ca for SwapCa {
     async fn watch_bundle(&self) -> Result<BundleStream, CaError> {
         self.with_current(|ca| async move { ca.watch_bundle().await })
             .await
+    }
+}
+
+/// When the node SVID is renewed: at its usual time, at once when it is compromised (tainted
+/// issuing key, or revoked: [`renewal_due`]), or after a failure's backoff.
+struct NodeRenewal {
+    scheduled: SystemTime,
+    obtained: SystemTime,
+    jitter: f64,
+    /// Renewals in a row that came back compromised.
+    reissues: u32,
+    /// Set after a failed renewal: the next attempt, whatever else says.
+    retry_at: Option<SystemTime>,
+    cert: Option<CertRef>,
+}
+
+impl NodeRenewal {
+    /// For `node`, installed at `now`, its lifetime counted from `from`.
+    fn new(
+        node: &NodeIdentity,
+        now: SystemTime,
+        from: SystemTime,
+        fraction: f64,
+        random: &Random,
+    ) -> Self {
+        Self {
+            scheduled: renew_at(from, node.not_after, fraction, random()),
+            obtained: now,
+            jitter: random(),
+            reissues: 0,
+            retry_at: None,
+            cert: node.chain_der.first().and_then(|l| CertRef::parse(l)),
+        }
+    }
+
+    fn compromise(&self, rev: &Revocations) -> Option<crate::revocation::Compromise> {
+        self.cert.as_ref().and_then(|c| rev.check(c))
+    }
+
+    fn due(&self, rev: &Revocations) -> SystemTime {
+        self.retry_at.unwrap_or_else(|| {
+            renewal_due(
+                self.scheduled,
+                self.obtained,
+                self.compromise(rev).is_some(),
+                self.reissues,
+                self.jitter,
+            )
+        })
     }
 }
 
@@ -267,6 +317,19 @@ impl Driver {
         self.server_roots().map(|(r, _)| r).unwrap_or_default()
     }
 
+    /// Applies the taints and CRLs of a bundle from the server; persists the CRLs when what is
+    /// in force changed. Returns whether it changed.
+    fn apply_revocations(&mut self, b: &crate::ca::TrustBundle) -> bool {
+        if !self.rotator.set_revocations(&b.tainted_key_ids, &b.crls) {
+            return false;
+        }
+        let crls = self.rotator.revocations().crls_der();
+        if let Err(e) = node::save_crls(&self.settings.data_dir, &crls) {
+            tracing::error!(error = %e, "cannot persist the CRLs; serving them anyway");
+        }
+        true
+    }
+
     /// Serves and persists `roots`, a new bundle from the server.
     fn replace_bundle(&mut self, td: &str, roots: Vec<Vec<u8>>) {
         if let Err(e) = node::save_bundle(&self.settings.data_dir, &roots) {
@@ -384,13 +447,19 @@ impl Driver {
         let trust_domain = node.spiffe_id.trust_domain().clone();
         let td = trust_domain.id_string();
         self.rotator.set_bundle(td.clone(), bundle.clone());
+        self.rotator.learn_issuers(&node.chain_der);
+        // The CRLs kept from before the restart are served before the server answers.
+        self.rotator
+            .restore_crls(&node::load_crls(&self.settings.data_dir));
 
         let now = self.clock.now();
         let mut connected = false;
         let mut connect_failures = 0u32;
         let mut next_connect = now;
-        let mut node_renew_at =
-            renew_at(node.not_before, node.not_after, fraction, (self.random)());
+        // A stored identity keeps its place in its lifetime: one past its renewal time renews
+        // at once.
+        let mut node_renewal =
+            NodeRenewal::new(&node, now, node.not_before, fraction, &self.random);
         let mut node_failures = 0u32;
         let mut next_sync = now;
         let mut next_tick = now;
@@ -420,18 +489,35 @@ impl Driver {
                     }
                 }
             }
-            if connected && now >= node_renew_at {
+            if connected && now >= node_renewal.due(self.rotator.revocations()) {
+                let was = node_renewal.compromise(self.rotator.revocations());
+                if let Some(why) = &was {
+                    tracing::info!(node = %node.spiffe_id, reason = %why, "replacing the compromised node certificate now");
+                }
                 match self.renew_node().await {
                     Ok(n) => {
                         tracing::info!(node = %n.spiffe_id, not_after = ?n.not_after, "node certificate renewed");
                         node = n;
                         node_failures = 0;
-                        node_renew_at = renew_at(
+                        self.rotator.learn_issuers(&node.chain_der);
+                        let reissues = node_renewal.reissues;
+                        // The server backdates not_before: count the lifetime from now.
+                        node_renewal = NodeRenewal::new(
+                            &node,
+                            now,
                             node.not_before.max(now),
-                            node.not_after,
                             fraction,
-                            (self.random)(),
+                            &self.random,
                         );
+                        if let Some(m) = self.rotator.metrics()
+                            && was.is_some()
+                        {
+                            m.compromised_replacements.inc();
+                        }
+                        if let Some(why) = node_renewal.compromise(self.rotator.revocations()) {
+                            node_renewal.reissues = reissues.saturating_add(1);
+                            tracing::warn!(reason = %why, "the new node certificate is compromised too; retrying after a backoff");
+                        }
                         // New connections present the new certificate.
                         connected = false;
                         next_connect = now;
@@ -443,7 +529,7 @@ impl Driver {
                             .max(RETRY_BASE / 2);
                         node_failures = node_failures.saturating_add(1);
                         tracing::warn!(error = %e, retry_in = ?wait, "node renewal failed");
-                        node_renew_at = now + wait;
+                        node_renewal.retry_at = Some(now + wait);
                     }
                 }
             }
@@ -504,7 +590,9 @@ impl Driver {
             }
             let mut wake = next_tick.min(node.not_after);
             if connected {
-                wake = wake.min(next_sync).min(node_renew_at);
+                wake = wake
+                    .min(next_sync)
+                    .min(node_renewal.due(self.rotator.revocations()));
                 if let Some(at) = watch.reopen_at() {
                     wake = wake.min(at);
                 }
@@ -530,7 +618,9 @@ impl Driver {
                 Some(Ok(b)) => {
                     tracing::debug!(revision = b.revision, "trust bundle from the server");
                     watch.succeeded();
-                    match crate::bundle::decide(&trust_domain, &bundle, &b) {
+                    let decision = crate::bundle::decide(&trust_domain, &bundle, &b);
+                    let accepted = !matches!(decision, Decision::Reject(_));
+                    match decision {
                         Decision::Unchanged => {}
                         Decision::Replace(roots) => {
                             tracing::info!(
@@ -545,6 +635,12 @@ impl Driver {
                         Decision::Reject(why) => {
                             tracing::warn!(reason = %why, "ignoring a trust bundle")
                         }
+                    }
+                    // After the roots: a CRL of a root new in this bundle verifies with it.
+                    if accepted && self.apply_revocations(&b) {
+                        // Compromised certificates are replaced on this pass; the node's is
+                        // due at once through `node_renewal.due`.
+                        next_tick = now;
                     }
                 }
                 Some(Err(e)) => watch.failed(now, (self.random)(), &e),
@@ -570,7 +666,7 @@ pub fn std_random() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ca::TrustBundle;
+    use crate::ca::{Crl, TrustBundle};
     use crate::clock::SystemClock;
     use crate::state::{Selector, StateReceiver, channel};
     use futures::StreamExt;
@@ -603,6 +699,8 @@ mod tests {
                 trust_domain: "example.org".parse().expect("td"),
                 roots_der: vec![root.der().to_vec()],
                 revision: 1,
+                tainted_key_ids: Vec::new(),
+                crls: Vec::new(),
             });
             Arc::new(Self {
                 issuer: rcgen::Issuer::new(p, key),
@@ -629,6 +727,7 @@ mod tests {
             let na = now + ttl;
             p.not_before = nb.into();
             p.not_after = na.into();
+            p.use_authority_key_identifier_extension = true;
             let cert = p.signed_by(&csr.public_key, &self.issuer).map_err(bad)?;
             Ok(IssuedSvid {
                 spiffe_id: id.parse().map_err(|_| CaError::Invalid("id".into()))?,
@@ -972,6 +1071,8 @@ mod tests {
             trust_domain: "example.org".parse().expect("td"),
             roots_der: both.clone(),
             revision: 2,
+            tainted_key_ids: Vec::new(),
+            crls: Vec::new(),
         });
         let svid = next_item(&mut svids).await;
         assert_eq!(svid.svids[0].bundle, both.concat(), "FetchX509SVID pushed");
@@ -990,6 +1091,8 @@ mod tests {
             trust_domain: "other.org".parse().expect("td"),
             roots_der: vec![new_root()],
             revision: 3,
+            tainted_key_ids: Vec::new(),
+            crls: Vec::new(),
         });
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(state.borrow().bundle_der, both);
@@ -1021,6 +1124,132 @@ mod tests {
             signet_types::pem::parse_certs(trusted.as_bytes()).expect("pem"),
             both
         );
+        stop(r).await;
+    }
+
+    /// A CRL of the Fake's root numbered `number` listing the serials (raw DER integer bytes).
+    fn fake_crl(fake: &Fake, number: u64, serials: &[Vec<u8>]) -> Vec<u8> {
+        let now = SystemTime::now();
+        rcgen::CertificateRevocationListParams {
+            this_update: now.into(),
+            next_update: (now + Duration::from_secs(3600)).into(),
+            crl_number: rcgen::SerialNumber::from(number.to_be_bytes().to_vec()),
+            issuing_distribution_point: None,
+            revoked_certs: serials
+                .iter()
+                .map(|s| rcgen::RevokedCertParams {
+                    serial_number: rcgen::SerialNumber::from(s.clone()),
+                    revocation_time: now.into(),
+                    reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        }
+        .signed_by(&fake.issuer)
+        .expect("crl")
+        .der()
+        .to_vec()
+    }
+
+    fn serial_bytes(der: &[u8]) -> Vec<u8> {
+        let (_, c) = x509_parser::parse_x509_certificate(der).expect("leaf");
+        c.raw_serial().to_vec()
+    }
+
+    #[tokio::test]
+    async fn a_taint_then_a_crl_from_the_bundle_stream_replace_the_certificates_now() {
+        // Hour-long certificates: nothing would be renewed during this test on its own.
+        let fake = Fake::new(Duration::from_secs(3600), 0);
+        let dir = tempfile::tempdir().expect("tmp");
+        let r = start(&fake, dir.path(), Some("tok"));
+        let state = r.state.clone();
+        wait_for(10, || state.borrow().identities.len() == 1).await;
+        wait_for(10, || Fake::count(&fake.watches) >= 1).await;
+        let leaf = || state.borrow().identities[0].svid.chain_der[0].clone();
+        let connects = || fake.connects.lock().map(|c| c.len()).unwrap_or(0);
+        let first = leaf();
+        let key_id = CertRef::parse(&first)
+            .and_then(|c| c.issuer_key_id)
+            .expect("AKI");
+        let node_before = connects();
+        let bundle = |tainted: Vec<String>, crls: Vec<Crl>| TrustBundle {
+            trust_domain: "example.org".parse().expect("td"),
+            roots_der: vec![fake.root_der.clone()],
+            revision: 2,
+            tainted_key_ids: tainted,
+            crls,
+        };
+
+        // The root's key is tainted (the fake keeps signing with it): the workload and the
+        // node certificates are replaced at once, then again only after a backoff.
+        fake.bundle
+            .send_replace(bundle(vec![key_id.clone()], vec![]));
+        wait_for(5, || leaf() != first).await;
+        wait_for(5, || connects() > node_before).await;
+        // Over two seconds, with jitter 0 (every retry at the 0.5 s floor): a handful of
+        // replacements, not a loop.
+        let (mut seen, node_soon) = (vec![leaf()], connects());
+        let until = tokio::time::Instant::now() + Duration::from_secs(2);
+        while tokio::time::Instant::now() < until {
+            let l = leaf();
+            if seen.last() != Some(&l) {
+                seen.push(l);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            seen.len() <= 6,
+            "{} workload replacements in 2 s",
+            seen.len()
+        );
+        assert!(seen.len() >= 2, "retried while the key stays tainted");
+        assert!(
+            connects() - node_soon <= 6,
+            "node: {}",
+            connects() - node_soon
+        );
+
+        // The taint is lifted and a CRL lists the workload's current serial: replaced again.
+        fake.bundle.send_replace(bundle(vec![], vec![]));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let held = leaf();
+        let crl = fake_crl(&fake, 7, &[serial_bytes(&held)]);
+        fake.bundle.send_replace(bundle(
+            vec![],
+            vec![Crl {
+                key_id: key_id.clone(),
+                der: crl.clone(),
+                number: 7,
+            }],
+        ));
+        wait_for(5, || leaf() != held).await;
+        wait_for(5, || state.borrow().crls_der == [crl.clone()]).await;
+        assert_eq!(
+            node::load_crls(dir.path()),
+            std::slice::from_ref(&crl),
+            "persisted"
+        );
+        // A forged or older CRL changes nothing.
+        fake.bundle.send_replace(bundle(
+            vec![],
+            vec![Crl {
+                key_id: key_id.clone(),
+                der: fake_crl(&fake, 6, &[]),
+                number: 6,
+            }],
+        ));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(state.borrow().crls_der, std::slice::from_ref(&crl));
+        stop(r).await;
+
+        // Restarted with the server unreachable, the agent serves the CRL it kept.
+        if let Ok(mut n) = fake.failing_connects.lock() {
+            *n = u32::MAX;
+        }
+        let r = start(&fake, dir.path(), None);
+        let state = r.state.clone();
+        wait_for(10, || state.borrow().crls_der == [crl.clone()]).await;
         stop(r).await;
     }
 

@@ -5,6 +5,7 @@
 //! - [`rotator`]: workload certificate rotation against a [`ca::Ca`], publishing to the state.
 //! - [`state`]: identities and bundle, published on a `watch` channel.
 //! - [`bundle`]: which trust bundle is served; the server's bundle stream that updates it.
+//! - [`revocation`]: tainted CA keys and verified CRLs (which held certificates to replace now).
 //! - [`attest`]: caller attestation (Unix peer credentials, pinned process, cgroup, pod);
 //!   selector matching.
 //! - [`workload`]: the SPIFFE Workload API server.
@@ -27,6 +28,7 @@ pub mod http;
 pub mod kube_https;
 pub mod metrics;
 pub mod node;
+pub mod revocation;
 pub mod rotation;
 pub mod rotator;
 pub mod sinks;

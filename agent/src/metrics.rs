@@ -24,6 +24,12 @@ pub struct Metrics {
     pub renewals: Counter,
     /// Failed renewal attempts.
     pub renewal_failures: Counter,
+    /// Certificates (workload or node) replaced before their time because they were issued
+    /// under a tainted CA key or revoked.
+    pub compromised_replacements: Counter,
+    /// CRLs from the server that were not accepted, by reason (`bad_signature`,
+    /// `unknown_issuer`, `mismatch`, `malformed`, `not_newer`).
+    pub crl_rejections: Family<SinkLabels, Counter>,
     /// Completed sink deliveries and removals, by sink.
     pub sink_deliveries: Family<SinkLabels, Counter>,
     /// Failed sink attempts, by sink and reason (`error`, `refused`, `timeout`).
@@ -67,6 +73,18 @@ impl Metrics {
             "Failed renewal attempts",
             renewal_failures.clone(),
         );
+        let compromised_replacements = Counter::default();
+        registry.register(
+            "compromised_replacements",
+            "Certificates replaced early: issued under a tainted CA key, or revoked",
+            compromised_replacements.clone(),
+        );
+        let crl_rejections = Family::<SinkLabels, Counter>::default();
+        registry.register(
+            "crl_rejections",
+            "CRLs from the server not accepted (reason: bad_signature, unknown_issuer, mismatch, malformed, not_newer)",
+            crl_rejections.clone(),
+        );
         let sink_deliveries = Family::<SinkLabels, Counter>::default();
         registry.register(
             "sink_deliveries",
@@ -99,6 +117,8 @@ impl Metrics {
             earliest_expiry_seconds,
             renewals,
             renewal_failures,
+            compromised_replacements,
+            crl_rejections,
             sink_deliveries,
             sink_failures,
             sink_warnings,

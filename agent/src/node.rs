@@ -1,6 +1,7 @@
 //! The node's own identity (its SVID and key) and the trust bundle the server gave it, kept in
 //! `data_dir` so that they survive restarts: `node.key` (PKCS#8 PEM, 0600), `node.pem` (the
-//! chain, leaf first) and `bundle.pem`. Every write is atomic (temporary file, fsync, rename,
+//! chain, leaf first), `bundle.pem` and `crls.pem` (the verified CRLs of the issuing CAs, so a
+//! restarted agent serves them before the server answers). Every write is atomic (temporary file, fsync, rename,
 //! fsync of the directory). A file that cannot be read back is reported as corrupt, never
 //! trusted.
 
@@ -17,6 +18,7 @@ use signet_types::SpiffeId;
 pub const KEY_FILE: &str = "node.key";
 pub const CERT_FILE: &str = "node.pem";
 pub const BUNDLE_FILE: &str = "bundle.pem";
+pub const CRLS_FILE: &str = "crls.pem";
 
 /// The node SVID and its key. `Debug` never shows the key.
 #[derive(Clone, PartialEq, Eq)]
@@ -179,6 +181,32 @@ pub fn save_bundle(dir: &Path, bundle_der: &[Vec<u8>]) -> std::io::Result<()> {
     write_atomic(&dir.join(BUNDLE_FILE), pem.as_bytes(), 0o644)
 }
 
+/// The CRLs persisted by [`save_crls`] (DER); none when the file is absent or corrupt.
+pub fn load_crls(dir: &Path) -> Vec<Vec<u8>> {
+    let path = dir.join(CRLS_FILE);
+    let Ok(text) = std::fs::read(&path) else {
+        return Vec::new();
+    };
+    match pem::parse_many(text) {
+        Ok(blocks) => blocks
+            .into_iter()
+            .filter(|b| b.tag() == "X509 CRL")
+            .map(|b| b.into_contents())
+            .collect(),
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "ignoring a corrupt CRL file");
+            Vec::new()
+        }
+    }
+}
+
+/// Persists the verified CRLs (PEM `X509 CRL` blocks), atomically.
+pub fn save_crls(dir: &Path, crls_der: &[Vec<u8>]) -> std::io::Result<()> {
+    ensure_dir(dir)?;
+    let pem = crate::sinks::crls_to_pem(crls_der);
+    write_atomic(&dir.join(CRLS_FILE), pem.as_bytes(), 0o644)
+}
+
 fn ensure_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -285,5 +313,25 @@ mod tests {
         assert_eq!(load_bundle(dir.path()), id.chain_der);
         std::fs::write(dir.path().join(BUNDLE_FILE), "nope").expect("w");
         assert!(load_bundle(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn crls_round_trip_atomically_and_corruption_is_ignored() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(load_crls(dir.path()).is_empty());
+        let crls = vec![vec![0x30, 1, 2], vec![0x30, 3]];
+        save_crls(dir.path(), &crls).expect("save");
+        assert_eq!(load_crls(dir.path()), crls);
+        let text = std::fs::read_to_string(dir.path().join(CRLS_FILE)).expect("read");
+        assert_eq!(text.matches("-----BEGIN X509 CRL-----").count(), 2);
+        save_crls(dir.path(), &crls[1..]).expect("replace");
+        assert_eq!(load_crls(dir.path()), &crls[1..]);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, [CRLS_FILE], "no temporary file left");
+        std::fs::write(dir.path().join(CRLS_FILE), "-----BEGIN X509 CRL-----\nnope").expect("w");
+        assert!(load_crls(dir.path()).is_empty());
     }
 }

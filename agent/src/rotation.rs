@@ -50,6 +50,40 @@ pub fn backoff(attempt: u32, base: Duration, cap: Duration, rnd: f64) -> Duratio
     ceiling.mul_f64(rnd)
 }
 
+/// First wait before replacing again a certificate that came back compromised (the server still
+/// signs with the tainted key, or lists the new serial too).
+pub const COMPROMISED_RETRY_BASE: Duration = Duration::from_secs(1);
+/// Longest such wait.
+pub const COMPROMISED_RETRY_CAP: Duration = Duration::from_secs(60);
+
+/// When a held certificate is to be renewed.
+///
+/// - Not compromised: at `scheduled` (drawn with [`renew_at`] when it was obtained).
+/// - Compromised (issued under a tainted CA key, or listed in its issuer's CRL: see
+///   [`crate::revocation::Revocations::check`]): now, not at its usual time — `obtained` (the
+///   instant the agent installed it) when it is the first compromised certificate in a row;
+///   after a capped, jittered backoff from `obtained` when `reissues` replacements in a row came
+///   back compromised too, so a server still signing with the tainted key causes no loop.
+///
+/// `jitter` in `[0, 1)`, drawn once per certificate. Never later than `scheduled`.
+pub fn renewal_due(
+    scheduled: SystemTime,
+    obtained: SystemTime,
+    compromised: bool,
+    reissues: u32,
+    jitter: f64,
+) -> SystemTime {
+    if !compromised {
+        return scheduled;
+    }
+    let wait = match reissues {
+        0 => Duration::ZERO,
+        n => backoff(n - 1, COMPROMISED_RETRY_BASE, COMPROMISED_RETRY_CAP, jitter)
+            .max(COMPROMISED_RETRY_BASE / 2),
+    };
+    (obtained + wait).min(scheduled)
+}
+
 /// Whether a certificate may be served at `now`: the last good certificate is served until it
 /// expires, even while renewal fails. Not before its `not_before` either.
 pub fn should_serve(not_before: SystemTime, not_after: SystemTime, now: SystemTime) -> bool {
@@ -112,6 +146,34 @@ mod tests {
         assert_eq!(d, Duration::ZERO);
         let d = backoff(5, Duration::from_secs(1), Duration::from_secs(60), -3.0);
         assert_eq!(d, Duration::ZERO);
+    }
+
+    #[test]
+    fn a_compromised_certificate_is_due_at_once_then_with_backoff() {
+        let (obtained, scheduled) = (t(1000), t(5000));
+        assert_eq!(renewal_due(scheduled, obtained, false, 0, 0.5), scheduled);
+        assert_eq!(renewal_due(scheduled, obtained, false, 7, 0.5), scheduled);
+        // The first compromised certificate: now (obtained is in the past).
+        assert_eq!(renewal_due(scheduled, obtained, true, 0, 0.9), obtained);
+        // Replacements that came back compromised: growing, jittered, capped, never zero.
+        let waits: Vec<Duration> = (1..=12)
+            .map(|n| {
+                renewal_due(scheduled, obtained, true, n, 0.999_999)
+                    .duration_since(obtained)
+                    .expect("after")
+            })
+            .collect();
+        assert!(waits.windows(2).all(|w| w[0] <= w[1]), "{waits:?}");
+        assert!(waits[0] >= COMPROMISED_RETRY_BASE / 2, "{waits:?}");
+        assert!(waits[11] < COMPROMISED_RETRY_CAP, "{waits:?}");
+        assert!(waits[11] > COMPROMISED_RETRY_CAP / 2, "{waits:?}");
+        assert_eq!(
+            renewal_due(scheduled, obtained, true, 3, 0.0),
+            obtained + COMPROMISED_RETRY_BASE / 2,
+            "full jitter floored at half the base"
+        );
+        // Never later than the usual time.
+        assert_eq!(renewal_due(t(1001), obtained, true, 30, 0.99), t(1001));
     }
 
     #[test]

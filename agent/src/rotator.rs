@@ -3,6 +3,11 @@
 //! fraction of its lifetime (jittered), back off on failure, keep serving the last good
 //! certificate until it expires, and publish the result to the Workload API state.
 //!
+//! A certificate issued under a CA key the server's bundle names as tainted, or listed in its
+//! issuer's verified CRL, is replaced at once, not at its usual time
+//! ([`crate::rotation::renewal_due`]); the accepted CRLs ([`crate::revocation`]) are served
+//! with the bundle.
+//!
 //! [`Rotator::tick`] is one pass at a given `now`; the caller sleeps until the instant it
 //! returns. Time and randomness are injected.
 
@@ -10,10 +15,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::ca::{Ca, CaError, EntrySpec, IssuedSvid, WorkloadCsr};
+use crate::ca::{Ca, CaError, Crl, EntrySpec, IssuedSvid, WorkloadCsr};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
-use crate::rotation::{backoff, renew_at};
+use crate::revocation::{CertRef, Compromise, CrlRejected, Issuers, Revocations};
+use crate::rotation::{backoff, renew_at, renewal_due};
 use crate::sinks::Delivered;
 use crate::sinks::worker::{SinkSet, Telemetry};
 use crate::state::{AgentState, Identity, StateSender, X509Svid};
@@ -31,7 +37,34 @@ pub const MAX_SLEEP: Duration = Duration::from_secs(60);
 struct Held {
     spec: EntrySpec,
     svid: X509Svid,
+    /// The usual renewal time, drawn when the certificate was obtained.
     renew_at: SystemTime,
+    /// When the agent installed it.
+    obtained: SystemTime,
+    /// Drawn once per certificate, for the compromised-replacement backoff.
+    jitter: f64,
+    /// Replacements in a row that came back compromised (see [`renewal_due`]).
+    reissues: u32,
+    /// The leaf's issuing key and serial (`None` if the leaf does not parse: then no taint or
+    /// CRL can name it).
+    cert: Option<CertRef>,
+}
+
+impl Held {
+    fn compromise(&self, rev: &Revocations) -> Option<Compromise> {
+        self.cert.as_ref().and_then(|c| rev.check(c))
+    }
+
+    /// When this certificate is due, given the revocations in force.
+    fn due_at(&self, rev: &Revocations) -> SystemTime {
+        renewal_due(
+            self.renew_at,
+            self.obtained,
+            self.compromise(rev).is_some(),
+            self.reissues,
+            self.jitter,
+        )
+    }
 }
 
 pub struct Rotator {
@@ -49,19 +82,28 @@ pub struct Rotator {
     /// The sinks' workers: handed the current SVIDs, never waited for.
     sink_set: Option<SinkSet>,
     metrics: Option<Arc<Metrics>>,
+    /// Taints and verified CRLs in force.
+    revocations: Revocations,
+    /// CA certificates CRLs are verified with.
+    issuers: Issuers,
+    /// The CRLs of the last bundle that could not be verified yet for want of their issuer:
+    /// offered again when a new chain teaches the agent more CA certificates.
+    unverified: Vec<Crl>,
 }
 
-/// Entries needing a certificate at `now`: none held, or held and due for renewal.
+/// Entries needing a certificate at `now`: none held, or held and due for renewal (at its
+/// usual time, or at once when it is compromised).
 fn due<'a>(
     entries: &'a [EntrySpec],
     held: &HashMap<String, Held>,
+    rev: &Revocations,
     now: SystemTime,
 ) -> Vec<&'a EntrySpec> {
     entries
         .iter()
         .filter(|e| match held.get(&e.id) {
             None => true,
-            Some(h) => now >= h.renew_at,
+            Some(h) => now >= h.due_at(rev),
         })
         .collect()
 }
@@ -87,7 +129,14 @@ impl Rotator {
             sinks: Vec::new(),
             sink_set: None,
             metrics: None,
+            revocations: Revocations::default(),
+            issuers: Issuers::default(),
+            unverified: Vec::new(),
         }
+    }
+
+    pub fn metrics(&self) -> Option<&Arc<Metrics>> {
+        self.metrics.as_ref()
     }
 
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
@@ -103,8 +152,88 @@ impl Rotator {
     /// The trust bundle served alongside the SVIDs. A change reaches the Workload API and
     /// every sink on the next [`Self::tick`].
     pub fn set_bundle(&mut self, trust_domain_id: String, bundle_der: Vec<Vec<u8>>) {
+        self.issuers.learn(&bundle_der);
         self.trust_domain_id = trust_domain_id;
         self.bundle_der = bundle_der;
+    }
+
+    /// The taints and CRLs in force.
+    pub fn revocations(&self) -> &Revocations {
+        &self.revocations
+    }
+
+    /// Learns the CA certificates in `chain` (the node's, for instance) as CRL issuers.
+    pub fn learn_issuers(&mut self, chain: &[Vec<u8>]) {
+        self.issuers.learn(chain);
+    }
+
+    /// Restores CRLs the agent persisted (see [`Revocations::restore`]); served at once.
+    pub fn restore_crls(&mut self, ders: &[Vec<u8>]) {
+        for der in ders {
+            if let Err(e) = self.revocations.restore(der) {
+                tracing::warn!(error = %e, "ignoring a persisted CRL");
+            }
+        }
+    }
+
+    /// Applies the bundle's taints (the complete current set) and CRLs: each CRL is verified
+    /// against the CA certificate it names and kept only if newer than the one kept (see
+    /// [`crate::revocation`]); one that fails is logged, counted and ignored. Returns whether
+    /// anything in force changed (then the caller persists the CRLs and runs a pass now).
+    pub fn set_revocations(&mut self, tainted: &[String], crls: &[Crl]) -> bool {
+        let mut changed = self.revocations.set_tainted(tainted);
+        if changed {
+            tracing::info!(tainted = ?tainted, "tainted CA keys changed");
+        }
+        self.unverified.clear();
+        for crl in crls {
+            changed |= self.offer_crl(crl, true);
+        }
+        changed
+    }
+
+    /// Offers one CRL; `report`: log and count a refusal (not on a silent retry).
+    fn offer_crl(&mut self, crl: &Crl, report: bool) -> bool {
+        match self.revocations.offer(crl, &self.issuers) {
+            Ok(true) => {
+                let kept = self.revocations.crls().find(|c| c.key_id == crl.key_id);
+                tracing::info!(
+                    key_id = %crl.key_id,
+                    number = kept.map(|c| c.number),
+                    revoked = kept.map(|c| c.revoked_count()),
+                    "new CRL"
+                );
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                if matches!(e, CrlRejected::UnknownIssuer(_)) {
+                    self.unverified.push(crl.clone());
+                }
+                if report {
+                    if let Some(m) = &self.metrics {
+                        m.crl_rejections
+                            .get_or_create(&vec![("reason", e.label().to_owned())])
+                            .inc();
+                    }
+                    match e {
+                        CrlRejected::NotNewer { .. } => tracing::debug!(error = %e, "CRL ignored"),
+                        _ => tracing::warn!(error = %e, "CRL ignored"),
+                    }
+                }
+                false
+            }
+        }
+    }
+
+    /// Offers again the CRLs whose issuer was unknown, after new chains were installed.
+    fn retry_unverified(&mut self) -> bool {
+        let pending = std::mem::take(&mut self.unverified);
+        let mut changed = false;
+        for crl in &pending {
+            changed |= self.offer_crl(crl, false);
+        }
+        changed
     }
 
     /// One pass over `entries` (the node's complete current set). Returns when to run again.
@@ -114,7 +243,21 @@ impl Rotator {
         // once, even if its replacement cannot be signed yet.
         self.held
             .retain(|id, h| entries.iter().any(|e| &e.id == id && *e == h.spec));
-        let want: Vec<EntrySpec> = due(entries, &self.held, now).into_iter().cloned().collect();
+        self.issuers.prune(now);
+        let want: Vec<EntrySpec> = due(entries, &self.held, &self.revocations, now)
+            .into_iter()
+            .cloned()
+            .collect();
+        for e in &want {
+            if let Some(h) = self.held.get(&e.id)
+                && let Some(why) = h.compromise(&self.revocations)
+            {
+                tracing::info!(entry = %e.id, spiffe_id = %e.spiffe_id, serial = ?h.cert.as_ref().map(|c| &c.serial_hex), reason = %why, "replacing a compromised certificate now");
+                if let Some(m) = &self.metrics {
+                    m.compromised_replacements.inc();
+                }
+            }
+        }
         let mut failed = false;
         if !want.is_empty() {
             let result = self.sign(&want).await;
@@ -137,10 +280,11 @@ impl Rotator {
         self.sync_sinks(now);
         // Upcoming renewals set the next pass; overdue ones (signing failed) are retried
         // with backoff, never in a tight loop.
+        let rev = &self.revocations;
         let mut next = self
             .held
             .values()
-            .map(|h| h.renew_at)
+            .map(|h| h.due_at(rev))
             .filter(|t| *t > now)
             .min()
             .unwrap_or(now + MAX_SLEEP)
@@ -149,7 +293,7 @@ impl Rotator {
             let wait = backoff(self.failures, BACKOFF_BASE, BACKOFF_CAP, (self.random)());
             self.failures = self.failures.saturating_add(1);
             next = next.min(now + wait);
-        } else if self.held.values().any(|h| h.renew_at <= now) {
+        } else if self.held.values().any(|h| h.due_at(rev) <= now) {
             next = next.min(now + BACKOFF_BASE);
         }
         next
@@ -170,6 +314,7 @@ impl Rotator {
         }
         let results = self.ca.sign_workloads(csrs).await?;
         let mut ok = 0;
+        let mut learnt = false;
         for (entry_id, result) in results {
             let (Some(spec), Some(key)) = (
                 want.iter().find(|e| e.id == entry_id),
@@ -181,25 +326,46 @@ impl Rotator {
                 Ok(issued) => {
                     // The server backdates not_before; the lifetime that counts is the one
                     // left from now, or a short-lived certificate would be due at once.
+                    let now = self.clock.now();
                     let renew = renew_at(
-                        issued.not_before.max(self.clock.now()),
+                        issued.not_before.max(now),
                         issued.not_after,
                         self.fraction,
                         (self.random)(),
                     );
+                    let cert = issued.chain_der.first().and_then(|l| CertRef::parse(l));
+                    let before = self.issuers.clone();
+                    self.issuers.learn(issued.chain_der.iter().skip(1));
+                    learnt |= before != self.issuers;
                     let svid = self.to_svid(issued, key.key_pkcs8_der);
-                    self.held.insert(
-                        entry_id,
-                        Held {
-                            spec: spec.clone(),
-                            svid,
-                            renew_at: renew,
-                        },
-                    );
+                    let mut held = Held {
+                        spec: spec.clone(),
+                        svid,
+                        renew_at: renew,
+                        obtained: now,
+                        jitter: (self.random)(),
+                        reissues: 0,
+                        cert,
+                    };
+                    if let Some(why) = held.compromise(&self.revocations) {
+                        // The server signed under the tainted key again (or listed this
+                        // serial): serve it, and try again after a backoff.
+                        held.reissues = self
+                            .held
+                            .get(&entry_id)
+                            .map_or(0, |h| h.reissues)
+                            .saturating_add(1);
+                        tracing::warn!(entry = %entry_id, reason = %why, retry_in = ?held.due_at(&self.revocations).duration_since(now).unwrap_or_default(), "the new certificate is compromised too");
+                    }
+                    self.held.insert(entry_id, held);
                     ok += 1;
                 }
                 Err(e) => tracing::warn!(entry = %entry_id, error = %e, "entry not signed"),
             }
+        }
+        if learnt && self.retry_unverified() {
+            // A CRL verified now that its issuer is known: apply it on the next pass.
+            tracing::debug!("a CRL verified with a newly learnt CA certificate");
         }
         Ok(ok)
     }
@@ -236,6 +402,7 @@ impl Rotator {
             ));
         }
         let (held, bundle) = (&self.held, &self.bundle_der);
+        let crls = self.revocations.crls_der();
         if let Some(set) = &mut self.sink_set {
             set.update(|spiffe_id| {
                 held.values()
@@ -246,6 +413,7 @@ impl Rotator {
                         chain_der: h.svid.chain_der.clone(),
                         key_pkcs8_der: h.svid.key_pkcs8_der.clone(),
                         bundle_der: bundle.clone(),
+                        crls_der: crls.clone(),
                     })
             });
         }
@@ -267,6 +435,7 @@ impl Rotator {
             identities,
             bundle_der: self.bundle_der.clone(),
             trust_domain_id: self.trust_domain_id.clone(),
+            crls_der: self.revocations.crls_der(),
         };
         self.state.send_if_modified(|cur| {
             if **cur == next {
@@ -606,5 +775,265 @@ mod tests {
         again.selectors = vec![Selector::Uid(3000)];
         r.tick(&[again]).await;
         assert!(rx.borrow().identities.is_empty());
+    }
+
+    // --- taints and CRLs -----------------------------------------------------------------
+
+    use crate::revocation::tests::TestCa;
+
+    /// Really signs each CSR under its current CA (switchable), serials 1, 2, 3…
+    struct PkiCa {
+        clock: Arc<FixedClock>,
+        ca: Mutex<Arc<TestCa>>,
+        serial: Mutex<u64>,
+    }
+
+    impl PkiCa {
+        fn signed(&self) -> u64 {
+            self.serial.lock().map(|s| *s).unwrap_or(0)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Ca for PkiCa {
+        async fn attest(&self, _: &AttestCredential, _: &[u8]) -> Result<Attested, CaError> {
+            Err(CaError::Unavailable("not in this test".into()))
+        }
+        async fn renew_node(&self, _: &[u8]) -> Result<IssuedSvid, CaError> {
+            Err(CaError::Unavailable("not in this test".into()))
+        }
+        async fn sync_entries(&self, _: u64) -> Result<EntriesUpdate, CaError> {
+            Ok(EntriesUpdate::Unchanged)
+        }
+        async fn sign_workloads(
+            &self,
+            csrs: Vec<WorkloadCsr>,
+        ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
+            let bad = |e: String| CaError::Invalid(e);
+            let ca = self.ca.lock().map_err(|e| bad(e.to_string()))?.clone();
+            let now = self.clock.now();
+            let mut out = Vec::new();
+            for c in csrs {
+                let serial = {
+                    let mut n = self.serial.lock().map_err(|e| bad(e.to_string()))?;
+                    *n += 1;
+                    *n
+                };
+                let csr_pem = pem::encode(&pem::Pem::new("CERTIFICATE REQUEST", c.csr_der));
+                let csr = rcgen::CertificateSigningRequestParams::from_pem(&csr_pem)
+                    .map_err(|e| bad(e.to_string()))?;
+                let id = format!("spiffe://example.org/{}", c.entry_id);
+                let mut p = rcgen::CertificateParams::default();
+                p.subject_alt_names = vec![rcgen::SanType::URI(
+                    id.as_str().try_into().map_err(|_| bad("uri".into()))?,
+                )];
+                p.serial_number = Some(rcgen::SerialNumber::from(serial.to_be_bytes().to_vec()));
+                p.not_before = now.into();
+                p.not_after = (now + Duration::from_secs(1000)).into();
+                p.use_authority_key_identifier_extension = true;
+                let cert = p
+                    .signed_by(&csr.public_key, &ca.issuer)
+                    .map_err(|e| bad(e.to_string()))?;
+                out.push((
+                    c.entry_id,
+                    Ok(IssuedSvid {
+                        spiffe_id: id.parse().map_err(|_| bad("id".into()))?,
+                        chain_der: vec![cert.der().to_vec(), ca.der.clone()],
+                        serial: format!("{serial:x}"),
+                        not_before: now,
+                        not_after: now + Duration::from_secs(1000),
+                    }),
+                ));
+            }
+            Ok(out)
+        }
+    }
+
+    fn pki_setup(
+        ca: &Arc<TestCa>,
+    ) -> (
+        Rotator,
+        Arc<FixedClock>,
+        Arc<PkiCa>,
+        crate::state::StateReceiver,
+        Arc<Metrics>,
+    ) {
+        pki_setup_with(ca, vec![ca.der.clone()])
+    }
+
+    /// Signing under `ca`, serving (and knowing as CRL issuers) `roots`.
+    fn pki_setup_with(
+        ca: &Arc<TestCa>,
+        roots: Vec<Vec<u8>>,
+    ) -> (
+        Rotator,
+        Arc<FixedClock>,
+        Arc<PkiCa>,
+        crate::state::StateReceiver,
+        Arc<Metrics>,
+    ) {
+        let t0 = SystemTime::now();
+        let clock = Arc::new(FixedClock(Mutex::new(t0)));
+        let pki = Arc::new(PkiCa {
+            clock: clock.clone(),
+            ca: Mutex::new(ca.clone()),
+            serial: Mutex::new(0),
+        });
+        let (tx, rx) = channel();
+        let (_mtx, mrx) = channel();
+        let metrics = Arc::new(Metrics::new(mrx, clock.clone()));
+        let mut r = Rotator::new(pki.clone(), clock.clone(), Arc::new(|| 0.5), 0.5, tx)
+            .with_metrics(metrics.clone());
+        r.set_bundle("spiffe://example.org".into(), roots);
+        (r, clock, pki, rx, metrics)
+    }
+
+    /// The issuing key (AKI) and serial of the certificate served for the first identity.
+    fn served(rx: &crate::state::StateReceiver) -> (String, String) {
+        let s = rx.borrow().clone();
+        let leaf = &s.identities[0].svid.chain_der[0];
+        let c = CertRef::parse(leaf).expect("leaf");
+        (c.issuer_key_id.unwrap_or_default(), c.serial_hex)
+    }
+
+    #[tokio::test]
+    async fn a_taint_replaces_now_backs_off_while_the_key_stays_tainted_then_settles() {
+        let a = Arc::new(TestCa::new("a"));
+        let b = Arc::new(TestCa::new("b"));
+        let (mut r, clock, pki, rx, metrics) = pki_setup(&a);
+        let t0 = clock.now();
+        let entries = [entry("web")];
+        r.tick(&entries).await;
+        assert_eq!(served(&rx), (a.key_id.clone(), "01".into()));
+
+        // The operator taints A; the server still signs with A for a while.
+        assert!(r.set_revocations(std::slice::from_ref(&a.key_id), &[]));
+        assert!(
+            !r.set_revocations(std::slice::from_ref(&a.key_id), &[]),
+            "unchanged"
+        );
+        let next = r.tick(&entries).await;
+        assert_eq!(pki.signed(), 2, "replaced at once, not at half-life");
+        assert_eq!(served(&rx).1, "02");
+        // Compromised again: retried after the backoff (attempt 0, jitter 0.5: 0.5 s), no loop.
+        assert_eq!(next, t0 + Duration::from_millis(500));
+        r.tick(&entries).await;
+        r.tick(&entries).await;
+        assert_eq!(pki.signed(), 2, "not before the backoff");
+        advance(&clock, t0 + Duration::from_millis(500));
+        let next = r.tick(&entries).await;
+        assert_eq!(pki.signed(), 3);
+        assert_eq!(
+            next,
+            t0 + Duration::from_millis(1500),
+            "attempt 1: half of 2 s"
+        );
+
+        // The server now signs with B (a new root in the bundle): the next one is clean.
+        *pki.ca.lock().expect("lock") = b.clone();
+        r.set_bundle(
+            "spiffe://example.org".into(),
+            vec![a.der.clone(), b.der.clone()],
+        );
+        advance(&clock, t0 + Duration::from_millis(1500));
+        let next = r.tick(&entries).await;
+        assert_eq!(pki.signed(), 4);
+        assert_eq!(served(&rx), (b.key_id.clone(), "04".into()));
+        assert_eq!(
+            next,
+            t0 + Duration::from_millis(1500) + MAX_SLEEP,
+            "back to the usual schedule"
+        );
+        advance(&clock, t0 + Duration::from_secs(100));
+        r.tick(&entries).await;
+        assert_eq!(pki.signed(), 4, "settled");
+        let text = metrics.encode();
+        assert!(
+            text.contains("signet_agent_compromised_replacements_total 3"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_listed_serial_is_replaced_now_and_bad_or_older_crls_change_nothing() {
+        let a = Arc::new(TestCa::new("a"));
+        let evil = TestCa::new("a");
+        let (mut r, clock, pki, rx, metrics) = pki_setup(&a);
+        let entries = [entry("web"), entry("api")];
+        r.tick(&entries).await;
+        assert_eq!(pki.signed(), 2);
+        let serial_of = |id: &str| {
+            let s = rx.borrow().clone();
+            let i = s.identities.iter().find(|i| i.entry_id == id).expect("id");
+            CertRef::parse(&i.svid.chain_der[0])
+                .expect("leaf")
+                .serial_hex
+        };
+        let web = serial_of("web");
+        let web_n = u64::from_str_radix(&web, 16).expect("hex");
+
+        // A CRL listing web's serial, claiming to be A's but signed by another key: refused.
+        let forged = Crl {
+            key_id: a.key_id.clone(),
+            ..evil.crl_msg(9, &[web_n])
+        };
+        assert!(!r.set_revocations(&[], std::slice::from_ref(&forged)));
+        r.tick(&entries).await;
+        assert_eq!(pki.signed(), 2, "nothing replaced");
+        assert!(rx.borrow().crls_der.is_empty(), "nothing served");
+        let text = metrics.encode();
+        assert!(
+            text.contains("signet_agent_crl_rejections_total{reason="),
+            "{text}"
+        );
+
+        // A's real CRL 5 lists it: web (only) is replaced at once; the CRL is served.
+        let crl5 = a.crl_msg(5, &[web_n]);
+        assert!(r.set_revocations(&[], std::slice::from_ref(&crl5)));
+        r.tick(&entries).await;
+        assert_eq!(pki.signed(), 3);
+        assert_ne!(serial_of("web"), web);
+        assert_eq!(rx.borrow().crls_der, std::slice::from_ref(&crl5.der));
+        let api = serial_of("api");
+        let api_n = u64::from_str_radix(&api, 16).expect("hex");
+
+        // An older CRL (4) listing api is ignored: api is not replaced, CRL 5 stays served.
+        assert!(!r.set_revocations(&[], &[a.crl_msg(4, &[api_n])]));
+        advance(&clock, clock.now() + Duration::from_secs(1));
+        r.tick(&entries).await;
+        assert_eq!(pki.signed(), 3);
+        assert_eq!(serial_of("api"), api);
+        assert_eq!(rx.borrow().crls_der, std::slice::from_ref(&crl5.der));
+        assert!(
+            metrics
+                .encode()
+                .contains("signet_agent_crl_rejections_total{reason=\"not_newer\"} 1")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_crl_of_an_issuer_learnt_from_a_chain_verifies_once_the_chain_arrives() {
+        // The CRL's issuer is an intermediate the agent only sees in the chains it is given.
+        let root = Arc::new(TestCa::new("root"));
+        let other = TestCa::new("other");
+        let (mut r, _clock, pki, rx, _m) = pki_setup_with(&root, vec![other.der.clone()]);
+        // It lists serial 1, the first certificate the agent will be given.
+        let crl = root.crl_msg(1, &[1]);
+        assert!(
+            !r.set_revocations(&[], std::slice::from_ref(&crl)),
+            "unknown issuer yet"
+        );
+        assert_eq!(r.revocations().crls().count(), 0);
+        r.tick(&[entry("web")]).await;
+        assert_eq!(pki.signed(), 1);
+        assert_eq!(
+            rx.borrow().crls_der,
+            std::slice::from_ref(&crl.der),
+            "verified with the chain's CA as soon as the chain arrived, and served"
+        );
+        // The certificate it came with is listed: replaced on the next pass.
+        r.tick(&[entry("web")]).await;
+        assert_eq!(pki.signed(), 2);
+        assert_eq!(served(&rx), (root.key_id.clone(), "02".into()));
     }
 }

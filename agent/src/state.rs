@@ -169,6 +169,9 @@ pub struct AgentState {
     /// The trust domain, `spiffe://example.org`, for `X509BundlesResponse` keys. Empty when
     /// no bundle is known yet.
     pub trust_domain_id: String,
+    /// The issuing CAs' verified CRLs (DER, one per CA key; see [`crate::revocation`]),
+    /// served in the Workload API's `crl` fields and written as `crl.pem` by the files sink.
+    pub crls_der: Vec<Vec<u8>>,
 }
 
 pub type SharedState = Arc<AgentState>;

@@ -74,7 +74,32 @@ fn state(pki: &Pki, svid: X509Svid, uid: u32) -> Arc<AgentState> {
         }],
         bundle_der: vec![pki.root_der.clone()],
         trust_domain_id: "spiffe://example.org".into(),
+        crls_der: Vec::new(),
     })
+}
+
+impl Pki {
+    /// A CRL of the root numbered `number`.
+    fn crl(&self, number: u64) -> Vec<u8> {
+        let now = SystemTime::now();
+        rcgen::CertificateRevocationListParams {
+            this_update: now.into(),
+            next_update: (now + Duration::from_secs(3600)).into(),
+            crl_number: rcgen::SerialNumber::from(number.to_be_bytes().to_vec()),
+            issuing_distribution_point: None,
+            revoked_certs: vec![rcgen::RevokedCertParams {
+                serial_number: rcgen::SerialNumber::from(vec![0x42]),
+                revocation_time: now.into(),
+                reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                invalidity_date: None,
+            }],
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        }
+        .signed_by(&self.issuer)
+        .expect("crl")
+        .der()
+        .to_vec()
+    }
 }
 
 struct Running {
@@ -205,6 +230,75 @@ async fn spiffe_client_fetches_svid_and_bundle_and_sees_rotation() {
         second.key_pkcs8_der.as_slice()
     );
     drop(stream);
+    server.stop().await;
+}
+
+fn with_header<T>(msg: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut()
+        .insert("workload.spiffe.io", "true".parse().expect("value"));
+    req
+}
+
+#[tokio::test]
+async fn both_streams_carry_the_crls_and_stream_a_new_one() {
+    let pki = Pki::new();
+    let svid = pki.leaf();
+    let crl1 = pki.crl(1);
+    let mut initial = (*state(&pki, svid.clone(), my_uid())).clone();
+    initial.crls_der = vec![crl1.clone()];
+    let server = Running::start(Arc::new(initial.clone())).await;
+    let mut raw = raw_client(&server.socket).await;
+    let mut svids = raw
+        .fetch_x509svid(with_header(pb::X509svidRequest {}))
+        .await
+        .expect("stream")
+        .into_inner();
+    let mut bundles = raw
+        .fetch_x509_bundles(with_header(pb::X509BundlesRequest {}))
+        .await
+        .expect("stream")
+        .into_inner();
+    let first = svids.message().await.expect("message").expect("some");
+    assert_eq!(
+        first.crl,
+        std::slice::from_ref(&crl1),
+        "X509SVIDResponse.crl"
+    );
+    let b = bundles.message().await.expect("message").expect("some");
+    assert_eq!(
+        b.crl,
+        std::slice::from_ref(&crl1),
+        "X509BundlesResponse.crl"
+    );
+    // Each is a DER CRL as a relying party reads it.
+    let (_, parsed) = x509_parser::parse_x509_crl(&b.crl[0]).expect("DER CRL");
+    assert_eq!(parsed.iter_revoked_certificates().count(), 1);
+
+    // A new CRL, same SVID and roots: both streams send an update.
+    let crl2 = pki.crl(2);
+    let mut next = initial.clone();
+    next.crls_der = vec![crl2.clone()];
+    server.tx.send_replace(Arc::new(next));
+    let within = Duration::from_secs(10);
+    let update = tokio::time::timeout(within, svids.message())
+        .await
+        .expect("in time")
+        .expect("message")
+        .expect("some");
+    assert_eq!(update.crl, std::slice::from_ref(&crl2));
+    assert_eq!(
+        update.svids[0].x509_svid,
+        svid.chain_der.concat(),
+        "same SVID"
+    );
+    let update = tokio::time::timeout(within, bundles.message())
+        .await
+        .expect("in time")
+        .expect("message")
+        .expect("some");
+    assert_eq!(update.crl, [crl2]);
+    drop((svids, bundles));
     server.stop().await;
 }
 

@@ -20,6 +20,14 @@
 //! If the directory cannot be written, the error names the sink and the previous generation
 //! stays in place and visible.
 //!
+//! # CRLs
+//!
+//! When the agent holds verified CRLs of its issuing CAs (see [`crate::revocation`]), every
+//! layout also gets [`CRL_FILE`] (`crl.pem`: one PEM `X509 CRL` block per issuing CA key, as
+//! `openssl verify -crl_check -CRLfile crl.pem` and nginx's `ssl_crl` read it), written in the
+//! same generation as the certificates and switched with them. A delivery without CRLs
+//! removes the `crl.pem` link the agent made.
+//!
 //! # A directory the workload can write
 //!
 //! The agent (often root) never follows a link it did not create and never works outside the
@@ -44,6 +52,9 @@ use crate::sinks::safe_dir::{Component, DATA_LINK, GenerationName, OpenError, Si
 use crate::sinks::{Applied, Delivered, Sink, SinkError};
 
 pub use crate::sinks::reload::{SIGNAL_NAMES, signal_by_name};
+
+/// The CRL file every layout gets when there are CRLs.
+pub const CRL_FILE: &str = "crl.pem";
 
 /// File names of a layout: (chain, key, bundle).
 pub fn layout_names(layout: FileLayout) -> [&'static str; 3] {
@@ -155,7 +166,7 @@ impl Inner {
     }
 
     /// Writes a new generation and switches to it. Blocking.
-    fn write_generation(&self, files: [(&str, Vec<u8>, u32); 3]) -> Result<Applied, SinkError> {
+    fn write_generation(&self, files: Vec<(&str, Vec<u8>, u32)>) -> Result<Applied, SinkError> {
         let dir = self.open_dir()?;
         let gen_name = self.generation_name();
         let result = self.fill_and_switch(&dir, &gen_name, &files);
@@ -169,7 +180,7 @@ impl Inner {
         &self,
         dir: &SinkDir,
         gen_name: &GenerationName,
-        files: &[(&str, Vec<u8>, u32); 3],
+        files: &[(&str, Vec<u8>, u32)],
     ) -> Result<Applied, SinkError> {
         let path = dir.path();
         let gen_path = path.join(gen_name.as_str());
@@ -208,6 +219,17 @@ impl Inner {
             tracing::warn!(sink = %self.name, dir = %path.display(), error = %e, "cannot sync directory after switch");
         }
         let mut applied = Applied::default();
+        // No CRL in this generation: the visible `crl.pem` link would dangle; remove ours.
+        if !files.iter().any(|(n, _, _)| *n == CRL_FILE)
+            && dir.read_link(comp(CRL_FILE)).as_deref()
+                == Some(format!("{DATA_LINK}/{CRL_FILE}").as_bytes())
+            && let Err(e) = dir.unlink(comp(CRL_FILE))
+        {
+            applied.warnings.push(format!(
+                "cannot remove {}: {e}",
+                path.join(CRL_FILE).display()
+            ));
+        }
         if let Some(prev) = previous
             && GenerationName::parse(&prev).is_none()
         {
@@ -281,7 +303,7 @@ impl Inner {
             return Ok(Applied::default());
         }
         let dir = self.open_sink_dir()?;
-        for name in layout_names(self.cfg.layout) {
+        for name in layout_names(self.cfg.layout).into_iter().chain([CRL_FILE]) {
             // Only our symlinks; a regular file someone else put there stays.
             let target = format!("{DATA_LINK}/{name}");
             if dir.read_link(comp(name)).as_deref() == Some(target.as_bytes()) {
@@ -315,11 +337,14 @@ impl Sink for FilesSink {
 
     async fn deliver(&self, svid: &Delivered) -> Result<Applied, SinkError> {
         let [chain, key, bundle] = layout_names(self.0.cfg.layout);
-        let files = [
+        let mut files = vec![
             (chain, svid.chain_pem().into_bytes(), 0o644),
             (key, svid.key_pem().into_bytes(), 0o600),
             (bundle, svid.bundle_pem().into_bytes(), 0o644),
         ];
+        if !svid.crls_der.is_empty() {
+            files.push((CRL_FILE, svid.crls_pem().into_bytes(), 0o644));
+        }
         let inner = self.0.clone();
         let applied =
             tokio::task::spawn_blocking(move || inner.exclusive(|| inner.write_generation(files)))
@@ -479,6 +504,61 @@ mod tests {
             chain_der: vec![vec![n, 1], vec![n, 2]],
             key_pkcs8_der: vec![n; 8],
             bundle_der: vec![vec![n, 3]],
+            crls_der: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn crl_pem_is_written_in_each_layout_switched_and_removed() {
+        for layout in [FileLayout::Istio, FileLayout::SpiffeHelper, FileLayout::Tls] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let sink = FilesSink::new("web", cfg(dir.path(), layout));
+            sink.deliver(&svid(1)).await.expect("without CRLs");
+            assert!(!dir.path().join(CRL_FILE).exists(), "{layout:?}");
+            let with = Delivered {
+                crls_der: vec![vec![1, 9], vec![2, 9]],
+                ..svid(2)
+            };
+            sink.deliver(&with).await.expect("with CRLs");
+            let text = std::fs::read_to_string(dir.path().join(CRL_FILE)).expect("crl.pem");
+            assert_eq!(
+                text.matches("-----BEGIN X509 CRL-----").count(),
+                2,
+                "{text}"
+            );
+            assert_eq!(
+                read_pem(&dir.path().join(CRL_FILE)),
+                [vec![1, 9], vec![2, 9]]
+            );
+            let m = std::fs::symlink_metadata(dir.path().join(CRL_FILE)).expect("meta");
+            assert!(
+                m.file_type().is_symlink(),
+                "switched with the others through ..data"
+            );
+            let mode = std::fs::metadata(dir.path().join(CRL_FILE))
+                .expect("meta")
+                .mode();
+            assert_eq!(mode & 0o777, 0o644);
+            let [_, key, _] = layout_names(layout);
+            assert_eq!(read_pem(&dir.path().join(key)), [vec![2; 8]]);
+            // A new CRL replaces it with the certificates, in one generation.
+            let newer = Delivered {
+                crls_der: vec![vec![3, 9]],
+                ..svid(3)
+            };
+            sink.deliver(&newer).await.expect("newer CRL");
+            assert_eq!(read_pem(&dir.path().join(CRL_FILE)), [vec![3, 9]]);
+            assert_eq!(generations(dir.path()).len(), 1);
+            // None any more: no dangling link.
+            sink.deliver(&svid(4)).await.expect("no CRLs");
+            assert!(std::fs::symlink_metadata(dir.path().join(CRL_FILE)).is_err());
+            sink.deliver(&newer).await.expect("again");
+            sink.remove().await.expect("remove");
+            assert_eq!(
+                std::fs::read_dir(dir.path()).expect("ls").count(),
+                0,
+                "{layout:?}"
+            );
         }
     }
 

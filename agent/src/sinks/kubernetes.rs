@@ -559,6 +559,7 @@ mod tests {
             chain_der: vec![vec![1, 2, 3]],
             key_pkcs8_der: vec![4, 5, 6],
             bundle_der: vec![vec![7, 8]],
+            crls_der: Vec::new(),
         }
     }
 

@@ -24,6 +24,8 @@ pub struct Delivered {
     pub key_pkcs8_der: Vec<u8>,
     /// DER roots.
     pub bundle_der: Vec<Vec<u8>>,
+    /// DER CRLs of the issuing CAs (verified; may be empty).
+    pub crls_der: Vec<Vec<u8>>,
 }
 
 impl fmt::Debug for Delivered {
@@ -33,6 +35,7 @@ impl fmt::Debug for Delivered {
             .field("chain_len", &self.chain_der.len())
             .field("key", &"…")
             .field("bundle_len", &self.bundle_der.len())
+            .field("crls", &self.crls_der.len())
             .finish()
     }
 }
@@ -44,10 +47,26 @@ impl Delivered {
     pub fn bundle_pem(&self) -> String {
         signet_types::pem::certs_to_pem(self.bundle_der.iter().map(Vec::as_slice))
     }
+    /// The CRLs as PEM `X509 CRL` blocks (empty when there are none).
+    pub fn crls_pem(&self) -> String {
+        crls_to_pem(&self.crls_der)
+    }
     /// The key as PEM `PRIVATE KEY` (PKCS#8). Never log it.
     pub fn key_pem(&self) -> String {
         pem::encode(&pem::Pem::new("PRIVATE KEY", self.key_pkcs8_der.clone()))
     }
+}
+
+/// DER CRLs as concatenated PEM `X509 CRL` blocks (LF line endings).
+pub fn crls_to_pem(ders: &[Vec<u8>]) -> String {
+    ders.iter()
+        .map(|d| {
+            pem::encode_config(
+                &pem::Pem::new("X509 CRL", d.clone()),
+                pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
+            )
+        })
+        .collect()
 }
 
 /// Why a sink operation did not complete.
@@ -237,6 +256,7 @@ mod tests {
             chain_der: vec![],
             key_pkcs8_der: vec![0xAB; 4],
             bundle_der: vec![],
+            crls_der: Vec::new(),
         };
         let s = format!("{d:?}");
         assert!(!s.contains("171"), "{s}");

@@ -460,6 +460,7 @@ mod tests {
             chain_der: vec![id.as_bytes().to_vec()],
             key_pkcs8_der: vec![1],
             bundle_der: vec![],
+            crls_der: Vec::new(),
         }
     }
 

@@ -10,6 +10,8 @@
 //! pid was reused, or that now runs another executable gets what it proves now. `FetchX509SVID`
 //! and `FetchX509Bundles` stream the caller's full current view at once and again whenever it
 //! changes; a caller that loses its last identity gets PermissionDenied and the stream ends.
+//! Both fill their `crl` field (DER, one per issuing CA key) with the CRLs the agent verified
+//! (SPIRE leaves it empty); a new CRL is a change, so it is streamed at once.
 //! The JWT RPCs answer Unimplemented.
 
 pub mod conn;
@@ -218,7 +220,7 @@ pub fn x509_svid_view(
                 hint: String::new(),
             })
             .collect(),
-        crl: Vec::new(),
+        crl: state.crls_der.clone(),
         federated_bundles: HashMap::new(),
     })
 }
@@ -237,7 +239,7 @@ pub fn x509_bundles_view(
         bundles.insert(state.trust_domain_id.clone(), concat(&state.bundle_der));
     }
     Some(pb::X509BundlesResponse {
-        crl: Vec::new(),
+        crl: state.crls_der.clone(),
         bundles,
     })
 }
@@ -322,6 +324,7 @@ mod tests {
             }],
             bundle_der: vec![vec![9], vec![8]],
             trust_domain_id: "spiffe://example.org".into(),
+            crls_der: Vec::new(),
         }
     }
 

@@ -298,6 +298,7 @@ mod tests {
             trust_domain: "example.org".into(),
             roots_pem: root_pem(),
             revision: 3,
+            ..Default::default()
         }))
     }
 

@@ -33,6 +33,7 @@ pub mod issuers;
 pub mod keys;
 pub mod operator;
 pub mod request;
+pub mod revocation;
 pub mod signer;
 #[cfg(any(test, feature = "testing"))]
 pub mod test_api;

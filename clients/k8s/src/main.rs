@@ -245,6 +245,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             if !enabled {
                 return;
             }
+            // Taints and CRLs come from the operator's server (`--server`), when configured.
+            let bundle = operator_bundle(&bridge);
             let signer = Arc::new(signet_k8s::certificate::IssuerSigners {
                 client: client.clone(),
                 backend,
@@ -258,6 +260,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 Arc::new(signet_k8s::backoff::SystemRandom::default()),
                 owner_ref,
                 events,
+                bundle,
             )
             .await;
         }
@@ -267,6 +270,39 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (_, _, _, _, citadel) =
         tokio::join!(requests, issuers, cluster_issuers, standalone, citadel);
     citadel
+}
+
+/// The operator's server's bundle stream (`--server`, `--bundle`, `--token`), kept current in
+/// the background (connecting with retries); always `None` without `--server`.
+fn operator_bundle(
+    bridge: &BridgeConfig,
+) -> tokio::sync::watch::Receiver<Option<signet_k8s::signer::BundleInfo>> {
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    if bridge.server.is_none() {
+        // Keep the sender alive: the receiver then simply never changes.
+        std::mem::forget(tx);
+        return rx;
+    }
+    let bridge = bridge.clone();
+    tokio::spawn(async move {
+        let channel = loop {
+            let attempt = async {
+                let target = bridge.operator_target().map_err(|e| e.to_string())?;
+                signet_client::connect(&target, None)
+                    .await
+                    .map_err(|e| e.to_string())
+            };
+            match attempt.await {
+                Ok(c) => break c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "standalone certificates: cannot reach the server for WatchBundle yet");
+                    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                }
+            }
+        };
+        signet_k8s::citadel::watch_bundle(channel, Some(bridge.token_path.clone()), tx).await;
+    });
+    rx
 }
 
 /// Citadel mode on the operator's server (`--server`, `--bundle`, `--token`).

@@ -157,12 +157,14 @@ pub struct Signed {
 }
 
 /// The server's trust bundle.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BundleInfo {
     pub trust_domain: String,
     /// PEM roots.
     pub roots_pem: String,
     pub revision: u64,
+    /// Its tainted CA keys and CRLs.
+    pub revocations: crate::revocation::Revocations,
 }
 
 /// A connected client for one issuer.
@@ -310,6 +312,7 @@ impl Signer {
             }
         };
         Ok(BundleInfo {
+            revocations: crate::revocation::Revocations::of_bundle(&b),
             trust_domain: b.trust_domain,
             roots_pem: b.roots.iter().map(|d| pem_of(d)).collect(),
             revision: b.revision,

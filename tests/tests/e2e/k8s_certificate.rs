@@ -89,6 +89,7 @@ async fn reconcile(
         peers: certificate::store_of([cert.clone()]),
         owner_ref: false,
         events: Arc::new(signet_k8s::events::NoEvents),
+        bundle: tokio::sync::watch::channel(None).1,
     });
     certificate::reconcile(Arc::new(cert), ctx).await.unwrap();
     server.await.unwrap()

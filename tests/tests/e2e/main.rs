@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod agent;
+mod agent_revocation;
 mod attacks;
 mod bad_input;
 mod bridge;

@@ -124,6 +124,9 @@ pub struct Context {
     pub owner_ref: bool,
     /// Events for issuance outcomes.
     pub events: Arc<dyn crate::events::Events>,
+    /// The server's bundle (its taints and CRLs make a compromised certificate due now);
+    /// `None` until one arrives, or always without an operator connection.
+    pub bundle: tokio::sync::watch::Receiver<Option<crate::signer::BundleInfo>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -173,6 +176,12 @@ pub async fn reconcile(cert: Arc<Certificate>, ctx: Arc<Context>) -> Result<Acti
 
     // 1. trigger
     let now = ctx.clock.now();
+    let revocations = ctx
+        .bundle
+        .borrow()
+        .as_ref()
+        .map(|b| b.revocations.clone())
+        .unwrap_or_default();
     let st = cert.status.clone().unwrap_or_default();
     let (next, wake) = steps::trigger(
         &st,
@@ -181,6 +190,7 @@ pub async fn reconcile(cert: Arc<Certificate>, ctx: Arc<Context>) -> Result<Acti
         view.as_ref(),
         now,
         generation,
+        &revocations,
     );
     wakes.extend(wake);
     patch_status(&ctx.client, &mut cert, &st, &next).await?;
@@ -198,6 +208,18 @@ pub async fn reconcile(cert: Arc<Certificate>, ctx: Arc<Context>) -> Result<Acti
         )
         .await?;
         wakes.extend(wake);
+        // Issued under a key that is still tainted (or listed already): counted as a failure,
+        // so the next attempt waits the failure backoff.
+        let new_view = applied.as_ref().map(SecretView::of);
+        let next = match steps::compromised(new_view.as_ref(), &revocations) {
+            Some(why) => {
+                let (next, wait) = steps::issued_compromised(&st, &next, ctx.clock.now());
+                tracing::warn!(certificate = %format!("{ns}/{}", cert.name_any()), retry_in = %humantime::format_duration(wait), "{}; the new certificate is compromised too", why.message);
+                wakes.push(wait);
+                next
+            }
+            None => next,
+        };
         let event = issuing_event(&st, &next, &cert.spec.secret_name);
         let regarding = cert.object_ref(&());
         patch_status(&ctx.client, &mut cert, &st, &next).await?;
@@ -442,8 +464,12 @@ pub async fn run(
     random: Arc<dyn Random>,
     owner_ref: bool,
     events: Arc<dyn crate::events::Events>,
+    bundle: tokio::sync::watch::Receiver<Option<crate::signer::BundleInfo>>,
 ) {
-    let c = controller(&client).shutdown_on_signal();
+    // A change of taints or CRLs looks at every Certificate again.
+    let c = controller(&client)
+        .reconcile_all_on(crate::citadel::revocation_changes(bundle.clone()))
+        .shutdown_on_signal();
     let ctx = Arc::new(Context {
         client,
         signer,
@@ -452,6 +478,7 @@ pub async fn run(
         peers: c.store(),
         owner_ref,
         events,
+        bundle,
     });
     c.run(reconcile, error_policy, ctx)
         .for_each(|r| async move {

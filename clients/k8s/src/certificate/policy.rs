@@ -260,6 +260,10 @@ pub struct IssuedCert {
     pub dns_names: Vec<String>,
     pub common_name: Option<String>,
     pub spki: Vec<u8>,
+    /// The issuing CA key (authority key identifier, lowercase hex), if the leaf names it.
+    pub issuer_key_id: Option<String>,
+    /// The serial number (big-endian, without the DER integer's leading zero bytes).
+    pub serial: Vec<u8>,
 }
 
 impl IssuedCert {
@@ -301,6 +305,21 @@ impl IssuedCert {
             dns_names,
             common_name,
             spki: cert.tbs_certificate.subject_pki.raw.to_vec(),
+            issuer_key_id: cert
+                .extensions()
+                .iter()
+                .find_map(|e| match e.parsed_extension() {
+                    ParsedExtension::AuthorityKeyIdentifier(a) => a
+                        .key_identifier
+                        .as_ref()
+                        .map(|k| k.0.iter().map(|b| format!("{b:02x}")).collect()),
+                    _ => None,
+                }),
+            serial: {
+                let raw = cert.raw_serial();
+                let start = raw.iter().position(|b| *b != 0).unwrap_or(raw.len());
+                raw[start..].to_vec()
+            },
         })
     }
 

@@ -12,10 +12,12 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::policy::{
-    Blocked, Desired, SecretView, clamp_note, failure_backoff, issuance_reason, renewal_time,
+    Blocked, Desired, SecretView, Trigger, clamp_note, failure_backoff, issuance_reason,
+    renewal_time,
 };
 use crate::certmanager::{CONDITION_ISSUING, CONDITION_READY, CertificateStatus};
 use crate::conditions::{self, Condition, ConditionStatus};
+use crate::revocation::Revocations;
 
 pub fn to_system(t: &Time) -> SystemTime {
     SystemTime::from(t.0)
@@ -31,7 +33,27 @@ fn until(now: SystemTime, t: SystemTime) -> Duration {
     t.duration_since(now).unwrap_or(Duration::from_secs(1))
 }
 
-/// Sets `Issuing=True` when an issuance is due, unless blocked or backing off.
+/// Why the Secret's certificate must be replaced now although it is otherwise current:
+/// issued under a CA key the server's bundle names as tainted (`IssuerKeyTainted`), or listed
+/// in its issuer's CRL (`Revoked`).
+pub fn compromised(secret: Option<&SecretView>, revocations: &Revocations) -> Option<Trigger> {
+    let Some(Some(Ok(cert))) = secret.map(|s| s.cert.as_ref()) else {
+        return None;
+    };
+    let why = revocations.check_parts(cert.issuer_key_id.as_deref(), &cert.serial)?;
+    Some(Trigger {
+        reason: if why.contains("tainted") {
+            "IssuerKeyTainted"
+        } else {
+            "Revoked"
+        },
+        message: format!("Issuing certificate as the certificate {why}"),
+    })
+}
+
+/// Sets `Issuing=True` when an issuance is due, unless blocked or backing off. A certificate
+/// issued under a tainted key or revoked is due now (see [`compromised`]); one that came back
+/// compromised again counts as a failed issuance, so the failure backoff holds the next one.
 pub fn trigger(
     st: &CertificateStatus,
     d: Option<&Desired>,
@@ -39,6 +61,7 @@ pub fn trigger(
     secret: Option<&SecretView>,
     now: SystemTime,
     generation: Option<i64>,
+    revocations: &Revocations,
 ) -> (CertificateStatus, Option<Duration>) {
     let mut next = st.clone();
     let (Some(d), None) = (d, blocked) else {
@@ -48,7 +71,9 @@ pub fn trigger(
         return (next, None);
     }
     let renewal = st.renewal_time.as_ref().map(to_system);
-    let Some(why) = issuance_reason(d, secret, renewal, now) else {
+    let Some(why) =
+        issuance_reason(d, secret, renewal, now).or_else(|| compromised(secret, revocations))
+    else {
         return (next, renewal.map(|r| until(now, r)));
     };
     if let Some(t) = backoff_until(st)
@@ -68,6 +93,21 @@ pub fn trigger(
         &conditions::time(now),
     );
     (next, None)
+}
+
+/// The status after an issuance whose new certificate is compromised too (the server still
+/// signs with the tainted key): issued, and counted as a failure so that the trigger waits the
+/// failure backoff before the next attempt instead of looping.
+pub fn issued_compromised(
+    before: &CertificateStatus,
+    after: &CertificateStatus,
+    now: SystemTime,
+) -> (CertificateStatus, Duration) {
+    let mut next = after.clone();
+    let attempts = before.failed_issuance_attempts.unwrap_or(0) + 1;
+    next.failed_issuance_attempts = Some(attempts);
+    next.last_failure_time = Some(conditions::time(now));
+    (next, failure_backoff(attempts))
 }
 
 /// The status after a successful issuance: `Issuing` removed, `revision` + 1, failures cleared.

@@ -49,6 +49,49 @@ impl FakeSigner {
     }
 }
 
+impl FakeSigner {
+    /// Its CA's key ID (lowercase hex subject key identifier), as a taint names it.
+    pub fn key_id(&self) -> String {
+        use x509_parser::extensions::ParsedExtension;
+        let der = pem::parse(&self.ca_pem).unwrap().into_contents();
+        let (_, c) = x509_parser::parse_x509_certificate(&der).unwrap();
+        c.extensions()
+            .iter()
+            .find_map(|e| match e.parsed_extension() {
+                ParsedExtension::SubjectKeyIdentifier(k) => {
+                    Some(k.0.iter().map(|b| format!("{b:02x}")).collect())
+                }
+                _ => None,
+            })
+            .unwrap()
+    }
+
+    /// A DER CRL of its CA numbered `number` listing the serials (raw DER integer bytes).
+    pub fn crl(&self, number: u64, serials: &[Vec<u8>]) -> Vec<u8> {
+        let now = self.clock.now();
+        rcgen::CertificateRevocationListParams {
+            this_update: now.into(),
+            next_update: (now + Duration::from_secs(3600)).into(),
+            crl_number: rcgen::SerialNumber::from(number.to_be_bytes().to_vec()),
+            issuing_distribution_point: None,
+            revoked_certs: serials
+                .iter()
+                .map(|s| rcgen::RevokedCertParams {
+                    serial_number: rcgen::SerialNumber::from(s.clone()),
+                    revocation_time: now.into(),
+                    reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        }
+        .signed_by(&self.ca)
+        .unwrap()
+        .der()
+        .to_vec()
+    }
+}
+
 impl CertSigner for FakeSigner {
     fn sign<'a>(
         &'a self,
@@ -71,6 +114,7 @@ impl CertSigner for FakeSigner {
             req.params.not_before = time::OffsetDateTime::from_unix_timestamp(secs).unwrap();
             req.params.not_after =
                 time::OffsetDateTime::from_unix_timestamp(secs + life.as_secs() as i64).unwrap();
+            req.params.use_authority_key_identifier_extension = true;
             let leaf = req.signed_by(&self.ca).unwrap();
             Ok(Signed {
                 chain_pem: leaf.pem(),
@@ -145,6 +189,7 @@ fn context_with(
         peers: w.as_reader(),
         owner_ref: false,
         events,
+        bundle: tokio::sync::watch::channel(None).1,
     })
 }
 
@@ -655,4 +700,172 @@ async fn a_refused_secret_write_backs_off_like_a_failure() {
         "SecretWriteFailed"
     );
     assert_eq!(action, Action::requeue(Duration::from_secs(60)));
+}
+
+// --- taints and CRLs -------------------------------------------------------------------------
+
+fn bundle_with(
+    tainted: &[String],
+    crls: &[(String, Vec<u8>)],
+) -> tokio::sync::watch::Receiver<Option<crate::signer::BundleInfo>> {
+    let info = crate::signer::BundleInfo {
+        trust_domain: "example.org".into(),
+        roots_pem: String::new(),
+        revision: 2,
+        revocations: crate::revocation::Revocations::new(
+            tainted.iter().map(String::as_str),
+            crls.iter().map(|(k, d)| (k.as_str(), d.as_slice())),
+        ),
+    };
+    let (tx, rx) = tokio::sync::watch::channel(Some(info));
+    std::mem::forget(tx);
+    rx
+}
+
+/// One reconcile of `obj` (its Secret `secret`, or none) at `now` under `bundle`: with
+/// `issues`, the five requests of an issuance, else the Secret read only. Returns the
+/// Certificate as stored after it, its Secret, and the action.
+async fn pass(
+    signer: &Arc<FakeSigner>,
+    obj: &Value,
+    secret: Option<&Value>,
+    now: u64,
+    bundle: tokio::sync::watch::Receiver<Option<crate::signer::BundleInfo>>,
+    issues: bool,
+) -> (Value, Value, Action) {
+    let stored = Stored::new(obj.clone());
+    let get = match secret {
+        Some(s) => Exchange::reply("GET", SECRET_URI, 200, s.clone()),
+        None => Exchange::reply("GET", SECRET_URI, 404, not_found("secrets", "web-tls")),
+    };
+    let query = if secret.is_some() {
+        "?&force=true&fieldManager=signet-k8s"
+    } else {
+        APPLY_QUERY
+    };
+    let mut script = vec![get];
+    if issues {
+        script.extend([
+            Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
+            Exchange::new("PATCH", format!("{SECRET_URI}{query}"), applied("s1")),
+            Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
+            Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
+        ]);
+    }
+    let (client, server) = scripted(script);
+    signer.clock.set(UNIX_EPOCH + Duration::from_secs(now));
+    let ctx = Arc::new(Context {
+        client,
+        signer: signer.clone(),
+        clock: Arc::new(signer.clock.clone()),
+        random: Arc::new(FixedRandom(0.5)),
+        peers: store_of([serde_json::from_value::<Certificate>(obj.clone()).unwrap()]),
+        owner_ref: false,
+        events: Arc::new(crate::events::NoEvents),
+        bundle,
+    });
+    let action = reconcile(parse(obj), ctx).await.unwrap();
+    let seen = server.await.unwrap();
+    let secret = if issues {
+        applied("s1")(&seen[2].body).1
+    } else {
+        secret.cloned().unwrap_or_default()
+    };
+    (stored.get(), secret, action)
+}
+
+fn issuing_reason(seen_obj: &Value) -> Option<String> {
+    seen_obj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Issuing")
+        .map(|c| c["reason"].as_str().unwrap_or_default().to_owned())
+}
+
+fn tls_crt(secret: &Value) -> String {
+    String::from_utf8(
+        STANDARD
+            .decode(secret["data"]["tls.crt"].as_str().unwrap())
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_certificate_under_a_tainted_key_is_reissued_now_with_the_failure_backoff_then_a_revoked_one()
+ {
+    let clock = FakeClock::at_unix(T0);
+    let signer = Arc::new(FakeSigner::new(clock, Duration::from_secs(24 * 3600)));
+    let none = || bundle_with(&[], &[]);
+    let (obj, secret, _) = pass(
+        &signer,
+        &certificate("web", json!({})),
+        None,
+        T0,
+        none(),
+        true,
+    )
+    .await;
+    let crt0 = tls_crt(&secret);
+    let (obj, _, _) = pass(&signer, &obj, Some(&secret), T0 + 60, none(), false).await;
+
+    // The issuing key is tainted (the server keeps signing with it): re-issued at once, with
+    // reason IssuerKeyTainted; the new certificate is compromised too, so the issuance counts
+    // as a failure and the next waits the failure backoff (1 min).
+    let tainted = || bundle_with(&[signer.key_id()], &[]);
+    let (obj1, secret1, action) =
+        pass(&signer, &obj, Some(&secret), T0 + 60, tainted(), true).await;
+    assert_ne!(tls_crt(&secret1), crt0, "re-issued at once, not at 14:48");
+    assert_eq!(obj1["status"]["revision"], json!(2));
+    assert_eq!(obj1["status"]["failedIssuanceAttempts"], json!(1));
+    assert_eq!(
+        obj1["status"]["lastFailureTime"],
+        json!("2026-01-01T00:01:00Z")
+    );
+    assert_eq!(issuing_reason(&obj1), None, "the issuance completed");
+    assert_eq!(action, Action::requeue(Duration::from_secs(60)));
+    assert_eq!(signer.calls.lock().unwrap().len(), 2);
+    // Within the backoff: nothing (no loop).
+    let (obj1, _, action) = pass(&signer, &obj1, Some(&secret1), T0 + 61, tainted(), false).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(59)));
+    // After it: again, and the next wait doubles.
+    let (obj2, secret2, action) =
+        pass(&signer, &obj1, Some(&secret1), T0 + 120, tainted(), true).await;
+    assert_eq!(obj2["status"]["failedIssuanceAttempts"], json!(2));
+    assert_eq!(action, Action::requeue(Duration::from_secs(120)));
+    assert_eq!(signer.calls.lock().unwrap().len(), 3);
+
+    // The taint is lifted: the certificate stands.
+    let (obj2, _, _) = pass(&signer, &obj2, Some(&secret2), T0 + 300, none(), false).await;
+
+    // A CRL lists its serial: re-issued (reason Revoked); the new one is clean, the failure
+    // counters are cleared.
+    let serial = policy::IssuedCert::parse(tls_crt(&secret2).as_bytes())
+        .unwrap()
+        .serial;
+    let crl = signer.crl(1, &[serial]);
+    let revoked = || bundle_with(&[], &[(signer.key_id(), crl.clone())]);
+    let trig = steps::compromised(
+        Some(&policy::SecretView::of(
+            &serde_json::from_value(secret2.clone()).unwrap(),
+        )),
+        &revoked().borrow().as_ref().unwrap().revocations,
+    )
+    .unwrap();
+    assert_eq!(trig.reason, "Revoked");
+    assert!(
+        trig.message
+            .starts_with("Issuing certificate as the certificate is revoked"),
+        "{}",
+        trig.message
+    );
+    let (obj3, secret3, action) =
+        pass(&signer, &obj2, Some(&secret2), T0 + 301, revoked(), true).await;
+    assert_ne!(tls_crt(&secret3), tls_crt(&secret2));
+    assert_eq!(obj3["status"]["failedIssuanceAttempts"], Value::Null);
+    assert_eq!(obj3["status"]["lastFailureTime"], Value::Null);
+    assert_eq!(obj3["status"]["revision"], json!(4));
+    assert_eq!(action, Action::requeue(Duration::from_secs(3600)));
+    pass(&signer, &obj3, Some(&secret3), T0 + 302, revoked(), false).await;
+    assert_eq!(signer.calls.lock().unwrap().len(), 4);
 }

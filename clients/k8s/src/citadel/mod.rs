@@ -7,8 +7,14 @@
 //!   ServiceAccount goes away. Its identity is `spiffe://<td>/ns/<ns>/sa/<sa>`; it is renewed
 //!   at the Certificate rule (a third of the lifetime before expiry, minus jitter), the
 //!   renewal time being drawn once per certificate and kept in an annotation.
-//! - Per namespace, the ConfigMap `istio-ca-root-cert` (`root-cert.pem`), rewritten when the
-//!   server's bundle changes (`WatchBundle`).
+//! - Per namespace, the ConfigMap `istio-ca-root-cert` (`root-cert.pem`, and `ca-crl.pem`: the
+//!   issuing CAs' CRLs, PEM, while there are any), rewritten when the server's bundle changes
+//!   (`WatchBundle`).
+//! - A Secret whose certificate was issued under a CA key the bundle names as tainted, or whose
+//!   serial a CRL lists, is re-issued at once (every ServiceAccount is reconciled again when the
+//!   taints or CRLs change); if the new certificate comes back compromised too (the server still
+//!   signs with that key), the Secret says so (`signet.dev/compromised-reissues`,
+//!   `signet.dev/reissue-after`) and the next attempt waits a growing backoff (5 s to 10 min).
 //!
 //! Pure decisions in [`plan`]; the reconcilers here do the I/O.
 
@@ -95,7 +101,14 @@ pub async fn reconcile_service_account(
     let existing = secrets.get_opt(&name).await?;
     let now = ctx.clock.now();
     let spiffe_id = plan::spiffe_id(&bundle.trust_domain, &ns, &sa.name_any());
-    let ours = match plan::decide(existing.as_ref(), &sa, &spiffe_id, &bundle.roots_pem, now) {
+    let ours = match plan::decide(
+        existing.as_ref(),
+        &sa,
+        &spiffe_id,
+        &bundle.roots_pem,
+        &bundle.revocations,
+        now,
+    ) {
         Renew::NotOurs(why) => {
             tracing::warn!(secret = %format!("{ns}/{name}"), "{why}; left untouched");
             return Ok(Action::requeue(Duration::from_secs(3600)));
@@ -112,12 +125,17 @@ pub async fn reconcile_service_account(
             key_pem,
             renewal,
         } => {
-            let body = plan::secret_body(&sa, &chain_pem, &key_pem, &bundle.roots_pem, renewal);
+            let body =
+                plan::secret_body(&sa, &chain_pem, &key_pem, &bundle.roots_pem, renewal, None);
             apply_secret(&secrets, &name, &body, true).await?;
             return Ok(Action::requeue(Duration::from_secs(1)));
         }
         Renew::Now(why) => {
-            tracing::debug!(secret = %format!("{ns}/{name}"), "{why}");
+            if why.contains("tainted") || why.contains("revoked") {
+                tracing::info!(secret = %format!("{ns}/{name}"), "re-issuing now: {why}");
+            } else {
+                tracing::debug!(secret = %format!("{ns}/{name}"), "{why}");
+            }
             existing.is_some()
         }
     };
@@ -145,18 +163,38 @@ pub async fn reconcile_service_account(
         None,
         ctx.random.unit(),
     );
+    // Signed under a key that is still tainted (or listed already): keep it, and try again
+    // after a growing backoff rather than in a loop.
+    let retry = bundle
+        .revocations
+        .check_pem(signed.chain_pem.as_bytes())
+        .map(|why| {
+            let n = plan::compromised_reissues(existing.as_ref()).saturating_add(1);
+            // Whole seconds, as the annotation says it.
+            let after = now + plan::compromised_retry(n, ctx.random.unit());
+            let after = std::time::SystemTime::UNIX_EPOCH
+                + Duration::from_secs(
+                    after
+                        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+                        .map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0))
+                        .unwrap_or(0),
+                );
+            tracing::warn!(secret = %format!("{ns}/{name}"), attempt = n, retry_at = %humantime::format_rfc3339_seconds(after), "the new certificate {why} too");
+            (n, after)
+        });
     let body = plan::secret_body(
         &sa,
         &signed.chain_pem,
         &key.to_pem(KeyEncoding::Pkcs8)?,
         &bundle.roots_pem,
         renewal,
+        retry,
     );
     apply_secret(&secrets, &name, &body, ours).await?;
     tracing::info!(secret = %format!("{ns}/{name}"), %spiffe_id, "citadel secret issued");
+    let next = retry.map_or(renewal, |(_, after)| after.min(renewal));
     Ok(Action::requeue(
-        renewal
-            .duration_since(now)
+        next.duration_since(now)
             .unwrap_or_default()
             .clamp(Duration::from_secs(1), Duration::from_secs(3600)),
     ))
@@ -184,11 +222,13 @@ pub async fn reconcile_root_configmap(
 ) -> Result<(), Error> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let current = api.get_opt(CONFIGMAP_NAME).await?;
-    if current
-        .as_ref()
-        .and_then(|c| c.data.as_ref())
-        .and_then(|d| d.get(plan::ROOT_KEY))
-        == Some(&bundle.roots_pem)
+    let data = current.as_ref().and_then(|c| c.data.as_ref());
+    let crls_pem = &bundle.revocations.crls_pem;
+    if data.and_then(|d| d.get(plan::ROOT_KEY)) == Some(&bundle.roots_pem)
+        && data
+            .and_then(|d| d.get(plan::CRL_KEY))
+            .map_or("", String::as_str)
+            == crls_pem.as_str()
     {
         return Ok(());
     }
@@ -196,7 +236,7 @@ pub async fn reconcile_root_configmap(
     api.patch(
         CONFIGMAP_NAME,
         &PatchParams::apply(MANAGER),
-        &Patch::Apply(plan::configmap_body(ns, &bundle.roots_pem)),
+        &Patch::Apply(plan::configmap_body(ns, &bundle.roots_pem, crls_pem)),
     )
     .await?;
     tracing::info!(
@@ -237,6 +277,7 @@ pub async fn watch_bundle(
                 while let Some(Ok(b)) = stream.next().await {
                     attempt = 0;
                     let info = BundleInfo {
+                        revocations: crate::revocation::Revocations::of_bundle(&b),
                         trust_domain: b.trust_domain,
                         roots_pem: signet_types::pem::certs_to_pem(
                             b.roots.iter().map(Vec::as_slice),
@@ -260,6 +301,26 @@ pub async fn watch_bundle(
         attempt = attempt.saturating_add(1);
         tokio::time::sleep(wait).await;
     }
+}
+
+/// One item each time the bundle's taints or CRLs change: every ServiceAccount is reconciled
+/// again, so a Secret issued under a newly tainted key, or newly revoked, is re-issued now.
+pub fn revocation_changes(
+    rx: watch::Receiver<Option<BundleInfo>>,
+) -> impl futures::Stream<Item = ()> + Send + 'static {
+    let last = rx.borrow().as_ref().map(|b| b.revocations.clone());
+    futures::stream::unfold((rx, last), |(mut rx, last)| async move {
+        loop {
+            rx.changed().await.ok()?;
+            let cur = rx
+                .borrow_and_update()
+                .as_ref()
+                .map(|b| b.revocations.clone());
+            if cur != last {
+                return Some(((), (rx, cur)));
+            }
+        }
+    })
 }
 
 /// Runs Citadel mode: the ServiceAccount controller, the deletion watcher and the
@@ -313,6 +374,7 @@ pub async fn run(ctx: Arc<Context>) {
         Api::<Secret>::all(client.clone()),
         watcher::Config::default().fields("type=istio.io/key-and-cert"),
     )
+    .reconcile_all_on(revocation_changes(ctx.bundle.clone()))
     .shutdown_on_signal()
     .run(reconcile_service_account, error_policy, ctx)
     .for_each(|r| async move {

@@ -1,6 +1,6 @@
 //! Citadel mode's pure decisions and object bodies.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use crate::certificate::policy::{IssuedCert, LABEL_MANAGED_BY, MANAGER, renewal_time};
 use crate::keys::PrivateKey;
+use crate::revocation::Revocations;
 
 pub const NAMESPACE_LABEL: &str = "signet.dev/citadel";
 pub const NAMESPACE_LABEL_VALUE: &str = "enabled";
@@ -21,6 +22,28 @@ pub const CONFIGMAP_NAME: &str = "istio-ca-root-cert";
 pub const CERT_CHAIN_KEY: &str = "cert-chain.pem";
 pub const KEY_KEY: &str = "key.pem";
 pub const ROOT_KEY: &str = "root-cert.pem";
+/// Istio's key for the CRLs in `istio-ca-root-cert` (PEM, every issuing CA's CRL).
+pub const CRL_KEY: &str = "ca-crl.pem";
+/// How many re-issuances in a row came back compromised (the server still signing with a
+/// tainted key, or listing the new serial too).
+pub const ANN_REISSUES: &str = "signet.dev/compromised-reissues";
+/// Not before this time (RFC 3339) is a certificate that came back compromised re-issued again.
+pub const ANN_REISSUE_AFTER: &str = "signet.dev/reissue-after";
+/// First wait before re-issuing a certificate that came back compromised.
+pub const COMPROMISED_RETRY_BASE: Duration = Duration::from_secs(5);
+/// Longest such wait.
+pub const COMPROMISED_RETRY_CAP: Duration = Duration::from_secs(600);
+
+/// The wait before the `attempt`-th (from 1) re-issuance of a certificate that came back
+/// compromised: doubling from [`COMPROMISED_RETRY_BASE`], capped, jittered into `[½, 1]` of it
+/// with `rnd` in `[0, 1)`.
+pub fn compromised_retry(attempt: u32, rnd: f64) -> Duration {
+    let shift = attempt.saturating_sub(1).min(16);
+    let ceiling = COMPROMISED_RETRY_BASE
+        .saturating_mul(1u32 << shift)
+        .min(COMPROMISED_RETRY_CAP);
+    ceiling.mul_f64(0.5 + rnd.clamp(0.0, 1.0) / 2.0)
+}
 
 pub fn citadel_enabled(ns: &Namespace) -> bool {
     ns.labels().get(NAMESPACE_LABEL).map(String::as_str) == Some(NAMESPACE_LABEL_VALUE)
@@ -71,11 +94,15 @@ fn data(secret: &Secret, key: &str) -> Option<Vec<u8>> {
         .filter(|b| !b.is_empty())
 }
 
+/// What to do with `sa`'s Secret `existing` at `now`, given the server's roots and its taints
+/// and CRLs: a certificate issued under a tainted key or revoked is re-issued now, or, when the
+/// last re-issuance came back compromised too, at its `signet.dev/reissue-after` time.
 pub fn decide(
     existing: Option<&Secret>,
     sa: &ServiceAccount,
     spiffe_id: &str,
     roots_pem: &str,
+    revocations: &Revocations,
     now: SystemTime,
 ) -> Renew {
     let Some(s) = existing else {
@@ -111,6 +138,16 @@ pub fn decide(
     if cert.not_after <= now {
         return Renew::Now("the certificate expired".into());
     }
+    if let Some(why) = revocations.check_pem(&chain) {
+        let after = s
+            .annotations()
+            .get(ANN_REISSUE_AFTER)
+            .and_then(|t| humantime::parse_rfc3339(t).ok());
+        return match after {
+            Some(t) if t > now => Renew::At(t),
+            _ => Renew::Now(format!("the certificate {why}")),
+        };
+    }
     let renewal = s
         .annotations()
         .get(ANN_RENEWAL_TIME)
@@ -129,15 +166,25 @@ pub fn decide(
     Renew::At(renewal)
 }
 
-/// The apply body of `istio.<sa>`.
+/// How many re-issuances in a row came back compromised, from the Secret's annotation.
+pub fn compromised_reissues(existing: Option<&Secret>) -> u32 {
+    existing
+        .and_then(|s| s.annotations().get(ANN_REISSUES).cloned())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The apply body of `istio.<sa>`. `retry`: the certificate came back compromised — the
+/// re-issuances in a row and when to try again.
 pub fn secret_body(
     sa: &ServiceAccount,
     chain_pem: &str,
     key_pem: &str,
     roots_pem: &str,
     renewal: SystemTime,
+    retry: Option<(u32, SystemTime)>,
 ) -> Value {
-    json!({
+    let mut body = json!({
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {
@@ -162,12 +209,20 @@ pub fn secret_body(
             KEY_KEY: STANDARD.encode(key_pem),
             ROOT_KEY: STANDARD.encode(roots_pem),
         },
-    })
+    });
+    if let Some((n, after)) = retry {
+        body["metadata"]["annotations"][ANN_REISSUES] = json!(n.to_string());
+        body["metadata"]["annotations"][ANN_REISSUE_AFTER] =
+            json!(humantime::format_rfc3339_seconds(after).to_string());
+    }
+    body
 }
 
-/// The apply body of `istio-ca-root-cert` in `namespace`.
-pub fn configmap_body(namespace: &str, roots_pem: &str) -> Value {
-    json!({
+/// The apply body of `istio-ca-root-cert` in `namespace`: the roots, and the CRLs
+/// (`ca-crl.pem`, PEM) when there are any (without, the key is dropped: server-side apply
+/// removes a field its manager no longer sends).
+pub fn configmap_body(namespace: &str, roots_pem: &str, crls_pem: &str) -> Value {
+    let mut body = json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
@@ -176,5 +231,9 @@ pub fn configmap_body(namespace: &str, roots_pem: &str) -> Value {
             "labels": {LABEL_MANAGED_BY: MANAGER, "istio.io/config": "true"},
         },
         "data": {ROOT_KEY: roots_pem},
-    })
+    });
+    if !crls_pem.is_empty() {
+        body["data"][CRL_KEY] = json!(crls_pem);
+    }
+    body
 }

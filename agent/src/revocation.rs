@@ -1,0 +1,707 @@
+//! What the agent knows about compromised certificates, from the server's bundle: the CA keys
+//! the operator tainted and each issuing CA's CRL. Pure: no I/O, no clock.
+//!
+//! - A **taint** names a CA key (its subject key identifier); a certificate whose authority key
+//!   identifier is that key is replaced now ([`crate::rotation::renewal_due`]).
+//! - A **CRL** is accepted only when its signature verifies with the CA certificate it names
+//!   (an issuer the agent learnt from its bundle roots and the chains it holds, [`Issuers`]),
+//!   its issuer name and authority key identifier agree with that certificate, and its CRL
+//!   number is higher than the one kept for that key: a replayed older CRL never un-revokes a
+//!   certificate. A CRL that fails any check is ignored, logged and counted; the previous one
+//!   stays. A certificate whose serial is listed is replaced now.
+//!
+//! The accepted CRLs are what the Workload API serves (`crl` fields) and the sinks write
+//! (`crl.pem`); they are persisted in `data_dir` (see [`crate::node::save_crls`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use x509_parser::certificate::X509Certificate;
+use x509_parser::extensions::ParsedExtension;
+use x509_parser::revocation_list::CertificateRevocationList;
+
+use crate::ca::Crl;
+
+/// Most CA certificates remembered as CRL issuers.
+pub const MAX_ISSUERS: usize = 256;
+
+/// Lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A serial number as unsigned big-endian bytes without leading zeros (DER encodes a positive
+/// serial with a leading 0x00 when its top bit is set; both forms compare equal here).
+fn serial_key(raw: &[u8]) -> Vec<u8> {
+    let start = raw.iter().position(|b| *b != 0).unwrap_or(raw.len());
+    raw[start..].to_vec()
+}
+
+fn aki_of(cert: &X509Certificate<'_>) -> Option<String> {
+    cert.extensions()
+        .iter()
+        .find_map(|e| match e.parsed_extension() {
+            ParsedExtension::AuthorityKeyIdentifier(a) => a.key_identifier.as_ref(),
+            _ => None,
+        })
+        .map(|k| hex(k.0))
+}
+
+fn ski_of(cert: &X509Certificate<'_>) -> Option<String> {
+    cert.extensions()
+        .iter()
+        .find_map(|e| match e.parsed_extension() {
+            ParsedExtension::SubjectKeyIdentifier(k) => Some(hex(k.0)),
+            _ => None,
+        })
+}
+
+fn unix(t: x509_parser::time::ASN1Time) -> SystemTime {
+    u64::try_from(t.timestamp())
+        .ok()
+        .and_then(|s| SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(s)))
+        .unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+/// What the revocation checks need of a certificate the agent holds: the key that issued it
+/// and its serial.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertRef {
+    /// The issuing key (the leaf's authority key identifier, lowercase hex); `None` when the
+    /// certificate carries none (then no taint can name it, but its CRL can still list it).
+    pub issuer_key_id: Option<String>,
+    /// The issuer's name (raw DER), to find its CRL when there is no AKI.
+    pub issuer_name: Vec<u8>,
+    serial: Vec<u8>,
+    /// For logs: the serial as lowercase hex.
+    pub serial_hex: String,
+}
+
+impl CertRef {
+    /// Reads a DER certificate; `None` if it does not parse.
+    pub fn parse(der: &[u8]) -> Option<Self> {
+        let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+        let serial = serial_key(cert.raw_serial());
+        Some(Self {
+            issuer_key_id: aki_of(&cert),
+            issuer_name: cert.issuer().as_raw().to_vec(),
+            serial_hex: hex(&serial),
+            serial,
+        })
+    }
+}
+
+/// Why a held certificate must be replaced now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Compromise {
+    /// Issued under a key the operator tainted.
+    Tainted { key_id: String },
+    /// Listed in its issuer's CRL.
+    Revoked { key_id: String, crl_number: u64 },
+}
+
+impl fmt::Display for Compromise {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Compromise::Tainted { key_id } => write!(f, "issued under tainted CA key {key_id}"),
+            Compromise::Revoked { key_id, crl_number } => {
+                write!(f, "revoked (CRL {crl_number} of CA key {key_id})")
+            }
+        }
+    }
+}
+
+/// A CA certificate that may sign CRLs.
+#[derive(Clone, PartialEq, Eq)]
+struct Issuer {
+    subject: Vec<u8>,
+    spki: Vec<u8>,
+    not_after: SystemTime,
+}
+
+/// The CA certificates the agent knows by key ID: its bundle roots and the intermediates in
+/// the chains it holds or held (kept until they expire, at most [`MAX_ISSUERS`]), so the CRL
+/// of an intermediate the agent no longer uses still verifies.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Issuers(BTreeMap<String, Issuer>);
+
+impl fmt::Debug for Issuers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+impl Issuers {
+    /// Remembers every CA certificate among `ders` that has a subject key identifier.
+    pub fn learn<'a>(&mut self, ders: impl IntoIterator<Item = &'a Vec<u8>>) {
+        for der in ders {
+            let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+                continue;
+            };
+            if !cert.is_ca() {
+                continue;
+            }
+            let Some(ski) = ski_of(&cert) else { continue };
+            let issuer = Issuer {
+                subject: cert.subject().as_raw().to_vec(),
+                spki: cert.public_key().raw.to_vec(),
+                not_after: unix(cert.validity().not_after),
+            };
+            if self.0.len() >= MAX_ISSUERS && !self.0.contains_key(&ski) {
+                // Forget the one expiring first.
+                if let Some(k) = self
+                    .0
+                    .iter()
+                    .min_by_key(|(_, i)| i.not_after)
+                    .map(|(k, _)| k.clone())
+                {
+                    self.0.remove(&k);
+                }
+            }
+            self.0.insert(ski, issuer);
+        }
+    }
+
+    /// Forgets issuers expired at `now` (their certificates are all expired too).
+    pub fn prune(&mut self, now: SystemTime) {
+        self.0.retain(|_, i| i.not_after > now);
+    }
+
+    pub fn knows(&self, key_id: &str) -> bool {
+        self.0.contains_key(key_id)
+    }
+}
+
+/// A CRL that passed every check.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AcceptedCrl {
+    pub key_id: String,
+    pub der: Vec<u8>,
+    pub number: u64,
+    issuer_name: Vec<u8>,
+    pub this_update: SystemTime,
+    pub next_update: Option<SystemTime>,
+    revoked: BTreeSet<Vec<u8>>,
+}
+
+impl fmt::Debug for AcceptedCrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AcceptedCrl")
+            .field("key_id", &self.key_id)
+            .field("number", &self.number)
+            .field("revoked", &self.revoked.len())
+            .finish()
+    }
+}
+
+impl AcceptedCrl {
+    pub fn revoked_count(&self) -> usize {
+        self.revoked.len()
+    }
+}
+
+/// Why a CRL was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CrlRejected {
+    #[error("CRL of key {0}: {1}")]
+    Malformed(String, String),
+    /// No CA certificate with that key ID is known (yet): it cannot be verified.
+    #[error(
+        "CRL of key {0}: no CA certificate with that key ID is known, so it cannot be verified"
+    )]
+    UnknownIssuer(String),
+    #[error("CRL of key {0}: {1}")]
+    Mismatch(String, String),
+    #[error("CRL of key {0}: the signature does not verify with that CA's key")]
+    BadSignature(String),
+    /// Not newer than the CRL kept: a replay or an older replica's; ignored.
+    #[error("CRL of key {key_id}: number {number} is not above the {kept} already kept")]
+    NotNewer {
+        key_id: String,
+        number: u64,
+        kept: u64,
+    },
+}
+
+impl CrlRejected {
+    /// The `reason` label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            CrlRejected::Malformed(..) => "malformed",
+            CrlRejected::UnknownIssuer(_) => "unknown_issuer",
+            CrlRejected::Mismatch(..) => "mismatch",
+            CrlRejected::BadSignature(_) => "bad_signature",
+            CrlRejected::NotNewer { .. } => "not_newer",
+        }
+    }
+}
+
+/// Parses `der` as a CRL and checks it against the CA known as `key_id` (when `issuers` is
+/// given; `None` skips the signature check, for CRLs the agent itself persisted).
+fn check(key_id: &str, der: &[u8], issuers: Option<&Issuers>) -> Result<AcceptedCrl, CrlRejected> {
+    let malformed = |why: String| CrlRejected::Malformed(key_id.to_owned(), why);
+    let (rest, crl) = x509_parser::parse_x509_crl(der).map_err(|e| malformed(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(malformed("trailing data after the CRL".into()));
+    }
+    let crl: CertificateRevocationList<'_> = crl;
+    let number = crl
+        .crl_number()
+        .ok_or_else(|| malformed("no CRL number extension".into()))?;
+    let number = u64::try_from(number).map_err(|_| malformed("CRL number above 2^64".into()))?;
+    let crl_aki = crl
+        .extensions()
+        .iter()
+        .find_map(|e| match e.parsed_extension() {
+            ParsedExtension::AuthorityKeyIdentifier(a) => {
+                a.key_identifier.as_ref().map(|k| hex(k.0))
+            }
+            _ => None,
+        });
+    if let Some(aki) = &crl_aki
+        && aki != key_id
+    {
+        return Err(CrlRejected::Mismatch(
+            key_id.to_owned(),
+            format!("its authority key identifier is {aki}"),
+        ));
+    }
+    if let Some(issuers) = issuers {
+        let issuer = issuers
+            .0
+            .get(key_id)
+            .ok_or_else(|| CrlRejected::UnknownIssuer(key_id.to_owned()))?;
+        if crl.issuer().as_raw() != issuer.subject.as_slice() {
+            return Err(CrlRejected::Mismatch(
+                key_id.to_owned(),
+                "its issuer name is not that CA's subject".into(),
+            ));
+        }
+        let (_, spki) =
+            <x509_parser::x509::SubjectPublicKeyInfo<'_> as x509_parser::prelude::FromDer<
+                x509_parser::error::X509Error,
+            >>::from_der(&issuer.spki)
+            .map_err(|e| malformed(format!("issuer key: {e}")))?;
+        crl.verify_signature(&spki)
+            .map_err(|_| CrlRejected::BadSignature(key_id.to_owned()))?;
+    }
+    Ok(AcceptedCrl {
+        key_id: key_id.to_owned(),
+        der: der.to_vec(),
+        number,
+        issuer_name: crl.issuer().as_raw().to_vec(),
+        this_update: unix(crl.last_update()),
+        next_update: crl.next_update().map(unix),
+        revoked: crl
+            .iter_revoked_certificates()
+            .map(|r| serial_key(r.raw_serial()))
+            .collect(),
+    })
+}
+
+/// The taints and CRLs in force.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Revocations {
+    tainted: BTreeSet<String>,
+    crls: BTreeMap<String, AcceptedCrl>,
+}
+
+impl Revocations {
+    /// Replaces the tainted key IDs (the bundle carries the full current set). Returns whether
+    /// they changed.
+    pub fn set_tainted(&mut self, ids: &[String]) -> bool {
+        let next: BTreeSet<String> = ids.iter().cloned().collect();
+        if next == self.tainted {
+            return false;
+        }
+        self.tainted = next;
+        true
+    }
+
+    pub fn tainted(&self) -> impl Iterator<Item = &str> {
+        self.tainted.iter().map(String::as_str)
+    }
+
+    /// Checks `crl` and keeps it if it verifies and is newer than the one kept for its key.
+    /// `Ok(false)`: the same CRL as kept (same number and bytes), nothing changed.
+    pub fn offer(&mut self, crl: &Crl, issuers: &Issuers) -> Result<bool, CrlRejected> {
+        if let Some(kept) = self.crls.get(&crl.key_id)
+            && kept.der == crl.der
+        {
+            return Ok(false);
+        }
+        let accepted = check(&crl.key_id, &crl.der, Some(issuers))?;
+        self.keep(accepted)
+    }
+
+    /// Restores a CRL the agent persisted itself (checked when it was received): parsed, not
+    /// verified again, and kept only if newer.
+    pub fn restore(&mut self, der: &[u8]) -> Result<bool, CrlRejected> {
+        let (_, crl) = x509_parser::parse_x509_crl(der)
+            .map_err(|e| CrlRejected::Malformed("?".into(), e.to_string()))?;
+        let key_id = crl
+            .extensions()
+            .iter()
+            .find_map(|e| match e.parsed_extension() {
+                ParsedExtension::AuthorityKeyIdentifier(a) => {
+                    a.key_identifier.as_ref().map(|k| hex(k.0))
+                }
+                _ => None,
+            })
+            .ok_or_else(|| {
+                CrlRejected::Malformed("?".into(), "no authority key identifier".into())
+            })?;
+        let accepted = check(&key_id, der, None)?;
+        self.keep(accepted)
+    }
+
+    fn keep(&mut self, accepted: AcceptedCrl) -> Result<bool, CrlRejected> {
+        if let Some(kept) = self.crls.get(&accepted.key_id)
+            && accepted.number <= kept.number
+        {
+            return Err(CrlRejected::NotNewer {
+                key_id: accepted.key_id,
+                number: accepted.number,
+                kept: kept.number,
+            });
+        }
+        self.crls.insert(accepted.key_id.clone(), accepted);
+        Ok(true)
+    }
+
+    /// Drops the CRLs of keys whose certificates are all expired (issuer certificate gone and
+    /// the CRL's next update long past is not enough reason: only an explicit `retain`).
+    pub fn retain_crls(&mut self, keep: impl Fn(&AcceptedCrl) -> bool) -> bool {
+        let before = self.crls.len();
+        self.crls.retain(|_, c| keep(c));
+        before != self.crls.len()
+    }
+
+    /// The accepted CRLs, DER, ordered by key ID.
+    pub fn crls_der(&self) -> Vec<Vec<u8>> {
+        self.crls.values().map(|c| c.der.clone()).collect()
+    }
+
+    pub fn crls(&self) -> impl Iterator<Item = &AcceptedCrl> {
+        self.crls.values()
+    }
+
+    /// Why `cert` must be replaced now, if it must.
+    pub fn check(&self, cert: &CertRef) -> Option<Compromise> {
+        if let Some(k) = &cert.issuer_key_id
+            && self.tainted.contains(k)
+        {
+            return Some(Compromise::Tainted { key_id: k.clone() });
+        }
+        let crl = match &cert.issuer_key_id {
+            Some(k) => self.crls.get(k),
+            None => self
+                .crls
+                .values()
+                .find(|c| c.issuer_name == cert.issuer_name),
+        }?;
+        crl.revoked
+            .contains(&cert.serial)
+            .then(|| Compromise::Revoked {
+                key_id: crl.key_id.clone(),
+                crl_number: crl.number,
+            })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A test CA (rcgen) that signs leaves and CRLs.
+    pub struct TestCa {
+        pub issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+        pub der: Vec<u8>,
+        pub key_id: String,
+    }
+
+    impl TestCa {
+        pub fn new(name: &str) -> Self {
+            let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+            let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+            p.distinguished_name
+                .push(rcgen::DnType::CommonName, name.to_owned());
+            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            p.key_usages = vec![
+                rcgen::KeyUsagePurpose::KeyCertSign,
+                rcgen::KeyUsagePurpose::CrlSign,
+            ];
+            p.key_identifier_method = rcgen::KeyIdMethod::Sha256;
+            let now = SystemTime::now();
+            p.not_before = (now - Duration::from_secs(3600)).into();
+            p.not_after = (now + Duration::from_secs(86_400)).into();
+            let cert = p.self_signed(&key).expect("ca");
+            let der = cert.der().to_vec();
+            let (_, c) = x509_parser::parse_x509_certificate(&der).expect("parse");
+            let key_id = ski_of(&c).expect("ski");
+            Self {
+                issuer: rcgen::Issuer::new(p, key),
+                der,
+                key_id,
+            }
+        }
+
+        /// A leaf with `serial` for `spiffe_id`, valid from `nb` for `ttl`, with its key.
+        pub fn leaf(
+            &self,
+            spiffe_id: &str,
+            serial: u64,
+            nb: SystemTime,
+            ttl: Duration,
+        ) -> (Vec<u8>, rcgen::KeyPair) {
+            let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+            let mut p = rcgen::CertificateParams::default();
+            p.subject_alt_names = vec![rcgen::SanType::URI(spiffe_id.try_into().expect("uri"))];
+            p.serial_number = Some(rcgen::SerialNumber::from(serial.to_be_bytes().to_vec()));
+            p.not_before = nb.into();
+            p.not_after = (nb + ttl).into();
+            p.use_authority_key_identifier_extension = true;
+            let cert = p.signed_by(&key, &self.issuer).expect("leaf");
+            (cert.der().to_vec(), key)
+        }
+
+        /// A CRL numbered `number` listing `serials`.
+        pub fn crl(&self, number: u64, serials: &[u64]) -> Vec<u8> {
+            let now = SystemTime::now();
+            let p = rcgen::CertificateRevocationListParams {
+                this_update: now.into(),
+                next_update: (now + Duration::from_secs(3600)).into(),
+                crl_number: rcgen::SerialNumber::from(number.to_be_bytes().to_vec()),
+                issuing_distribution_point: None,
+                revoked_certs: serials
+                    .iter()
+                    .map(|s| rcgen::RevokedCertParams {
+                        serial_number: rcgen::SerialNumber::from(s.to_be_bytes().to_vec()),
+                        revocation_time: now.into(),
+                        reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                        invalidity_date: None,
+                    })
+                    .collect(),
+                key_identifier_method: rcgen::KeyIdMethod::Sha256,
+            };
+            p.signed_by(&self.issuer).expect("crl").der().to_vec()
+        }
+
+        pub fn crl_msg(&self, number: u64, serials: &[u64]) -> Crl {
+            Crl {
+                key_id: self.key_id.clone(),
+                der: self.crl(number, serials),
+                number,
+            }
+        }
+    }
+
+    fn issuers(cas: &[&TestCa]) -> Issuers {
+        let mut i = Issuers::default();
+        let ders: Vec<Vec<u8>> = cas.iter().map(|c| c.der.clone()).collect();
+        i.learn(&ders);
+        i
+    }
+
+    fn t0() -> SystemTime {
+        SystemTime::now() - Duration::from_secs(10)
+    }
+
+    #[test]
+    fn a_leaf_names_its_issuing_key_and_serial() {
+        let ca = TestCa::new("ca");
+        let (leaf, _) = ca.leaf(
+            "spiffe://example.org/a",
+            0x80_01,
+            t0(),
+            Duration::from_secs(60),
+        );
+        let r = CertRef::parse(&leaf).expect("parse");
+        assert_eq!(r.issuer_key_id.as_deref(), Some(ca.key_id.as_str()));
+        assert_eq!(
+            r.serial_hex, "8001",
+            "leading zero of the DER integer dropped"
+        );
+        assert!(CertRef::parse(b"junk").is_none());
+    }
+
+    #[test]
+    fn a_taint_names_every_certificate_of_that_key_only() {
+        let (a, b) = (TestCa::new("a"), TestCa::new("b"));
+        let mut rev = Revocations::default();
+        assert!(rev.set_tainted(std::slice::from_ref(&a.key_id)));
+        assert!(
+            !rev.set_tainted(std::slice::from_ref(&a.key_id)),
+            "unchanged"
+        );
+        let under_a = CertRef::parse(
+            &a.leaf("spiffe://x.org/1", 1, t0(), Duration::from_secs(60))
+                .0,
+        );
+        let under_b = CertRef::parse(
+            &b.leaf("spiffe://x.org/1", 1, t0(), Duration::from_secs(60))
+                .0,
+        );
+        assert_eq!(
+            rev.check(&under_a.expect("a")),
+            Some(Compromise::Tainted {
+                key_id: a.key_id.clone()
+            })
+        );
+        assert_eq!(rev.check(&under_b.expect("b")), None);
+        assert!(rev.set_tainted(&[]));
+    }
+
+    #[test]
+    fn a_verified_crl_revokes_its_serials() {
+        let ca = TestCa::new("ca");
+        let iss = issuers(&[&ca]);
+        let mut rev = Revocations::default();
+        assert_eq!(rev.offer(&ca.crl_msg(1, &[7]), &iss), Ok(true));
+        let listed = CertRef::parse(
+            &ca.leaf("spiffe://x.org/a", 7, t0(), Duration::from_secs(60))
+                .0,
+        )
+        .expect("leaf");
+        let other = CertRef::parse(
+            &ca.leaf("spiffe://x.org/a", 8, t0(), Duration::from_secs(60))
+                .0,
+        )
+        .expect("leaf");
+        assert_eq!(
+            rev.check(&listed),
+            Some(Compromise::Revoked {
+                key_id: ca.key_id.clone(),
+                crl_number: 1
+            })
+        );
+        assert_eq!(rev.check(&other), None);
+        assert_eq!(rev.crls_der().len(), 1);
+        // The same CRL again changes nothing.
+        let same = Crl {
+            der: rev.crls_der().remove(0),
+            ..ca.crl_msg(1, &[7])
+        };
+        assert_eq!(rev.offer(&same, &iss), Ok(false));
+    }
+
+    #[test]
+    fn a_crl_that_does_not_verify_is_refused_and_the_old_one_kept() {
+        let (ca, evil) = (TestCa::new("ca"), TestCa::new("ca"));
+        let iss = issuers(&[&ca]);
+        let mut rev = Revocations::default();
+        rev.offer(&ca.crl_msg(1, &[7]), &iss).expect("good");
+        // Signed by another key under the same name, claiming to be ca's.
+        let forged = Crl {
+            key_id: ca.key_id.clone(),
+            ..evil.crl_msg(5, &[])
+        };
+        let err = rev.offer(&forged, &iss).expect_err("forged");
+        assert!(
+            matches!(
+                err,
+                CrlRejected::Mismatch(..) | CrlRejected::BadSignature(_)
+            ),
+            "{err}"
+        );
+        // Same AKI and name, other key: the signature decides.
+        let mut tampered = ca.crl(6, &[]);
+        let n = tampered.len();
+        tampered[n - 3] ^= 0x55;
+        let err = rev
+            .offer(
+                &Crl {
+                    key_id: ca.key_id.clone(),
+                    der: tampered,
+                    number: 6,
+                },
+                &iss,
+            )
+            .expect_err("tampered");
+        assert!(
+            matches!(
+                err,
+                CrlRejected::BadSignature(_) | CrlRejected::Malformed(..)
+            ),
+            "{err}"
+        );
+        // An issuer the agent does not know.
+        let err = rev.offer(&evil.crl_msg(1, &[]), &iss).expect_err("unknown");
+        assert_eq!(err, CrlRejected::UnknownIssuer(evil.key_id.clone()));
+        assert_eq!(err.label(), "unknown_issuer");
+        assert!(
+            rev.offer(
+                &Crl {
+                    der: b"junk".to_vec(),
+                    ..ca.crl_msg(9, &[])
+                },
+                &iss
+            )
+            .is_err()
+        );
+        let listed = CertRef::parse(
+            &ca.leaf("spiffe://x.org/a", 7, t0(), Duration::from_secs(60))
+                .0,
+        )
+        .expect("leaf");
+        assert!(
+            rev.check(&listed).is_some(),
+            "the verified CRL is still in force"
+        );
+    }
+
+    #[test]
+    fn a_lower_crl_number_is_ignored() {
+        let ca = TestCa::new("ca");
+        let iss = issuers(&[&ca]);
+        let mut rev = Revocations::default();
+        rev.offer(&ca.crl_msg(5, &[7]), &iss).expect("5");
+        let err = rev.offer(&ca.crl_msg(4, &[]), &iss).expect_err("older");
+        assert_eq!(
+            err,
+            CrlRejected::NotNewer {
+                key_id: ca.key_id.clone(),
+                number: 4,
+                kept: 5
+            }
+        );
+        assert!(
+            rev.offer(&ca.crl_msg(5, &[]), &iss).is_err(),
+            "same number, other content"
+        );
+        let listed = CertRef::parse(
+            &ca.leaf("spiffe://x.org/a", 7, t0(), Duration::from_secs(60))
+                .0,
+        )
+        .expect("leaf");
+        assert!(rev.check(&listed).is_some(), "never un-revoked by a replay");
+        assert_eq!(rev.offer(&ca.crl_msg(6, &[7, 8]), &iss), Ok(true));
+        assert_eq!(rev.crls().next().map(|c| c.revoked_count()), Some(2));
+    }
+
+    #[test]
+    fn persisted_crls_are_restored_by_their_aki() {
+        let ca = TestCa::new("ca");
+        let mut rev = Revocations::default();
+        assert_eq!(rev.restore(&ca.crl(3, &[1])), Ok(true));
+        assert_eq!(
+            rev.crls().next().map(|c| (c.key_id.clone(), c.number)),
+            Some((ca.key_id.clone(), 3))
+        );
+        assert!(rev.restore(&ca.crl(2, &[])).is_err());
+        assert!(rev.restore(b"junk").is_err());
+    }
+
+    #[test]
+    fn issuers_learn_only_ca_certificates_and_forget_expired_ones() {
+        let ca = TestCa::new("ca");
+        let (leaf, _) = ca.leaf("spiffe://x.org/a", 1, t0(), Duration::from_secs(60));
+        let mut i = Issuers::default();
+        i.learn(&[leaf, ca.der.clone(), b"junk".to_vec()]);
+        assert!(i.knows(&ca.key_id));
+        assert_eq!(i.0.len(), 1);
+        i.prune(SystemTime::now() + Duration::from_secs(2 * 86_400));
+        assert!(!i.knows(&ca.key_id));
+    }
+}

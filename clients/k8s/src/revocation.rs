@@ -1,0 +1,154 @@
+//! Taints and CRLs from the server's bundle, as the bridge acts on them.
+//!
+//! The bundle's `tainted_key_ids` name CA keys (lowercase hex subject key identifiers) whose
+//! certificates are replaced now; its `crls` are each issuing CA key's DER CRL. The bridge
+//! receives them over its authenticated connection to the server (the server's SPIFFE ID is
+//! verified), takes the set the server publishes as current, and parses each CRL: one that does
+//! not parse is logged and skipped. The parsed CRLs are written, as PEM, into the
+//! `istio-ca-root-cert` ConfigMaps (`ca-crl.pem`); a Citadel Secret whose certificate was issued
+//! under a tainted key or whose serial is listed is re-issued ([`crate::citadel::plan::decide`]).
+//! Unlike the agent, the bridge does not verify CRL signatures itself: it holds only the roots,
+//! not the intermediates that sign most CRLs, and its consumers (Istio) verify them.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use x509_parser::extensions::ParsedExtension;
+
+/// Most tainted keys and CRLs taken from one bundle.
+pub const MAX_ITEMS: usize = 256;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A serial number without the leading zero bytes of its DER integer.
+fn serial_key(raw: &[u8]) -> Vec<u8> {
+    let start = raw.iter().position(|b| *b != 0).unwrap_or(raw.len());
+    raw[start..].to_vec()
+}
+
+/// The taints and CRLs in force, from the server's current bundle.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Revocations {
+    tainted: BTreeSet<String>,
+    /// Per issuing key ID: the CRL number and the revoked serials.
+    revoked: BTreeMap<String, (u64, BTreeSet<Vec<u8>>)>,
+    /// Every CRL that parsed, as PEM `X509 CRL` blocks ordered by key ID (empty: none).
+    pub crls_pem: String,
+}
+
+impl Revocations {
+    /// From a bundle's `tainted_key_ids` and `crls` (key ID, DER).
+    pub fn new<'a>(
+        tainted: impl IntoIterator<Item = &'a str>,
+        crls: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    ) -> Self {
+        let tainted: BTreeSet<String> = tainted
+            .into_iter()
+            .map(|k| k.trim().to_ascii_lowercase())
+            .filter(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_hexdigit()))
+            .take(MAX_ITEMS)
+            .collect();
+        let mut revoked = BTreeMap::new();
+        let mut pems = BTreeMap::new();
+        for (key_id, der) in crls.into_iter().take(MAX_ITEMS) {
+            let crl = match x509_parser::parse_x509_crl(der) {
+                Ok(([], crl)) => crl,
+                Ok(_) => {
+                    tracing::warn!(key_id, "ignoring a CRL with trailing data");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(key_id, error = %e, "ignoring a CRL that does not parse");
+                    continue;
+                }
+            };
+            // The signed authority key identifier wins over the label beside it.
+            let key_id = crl
+                .extensions()
+                .iter()
+                .find_map(|e| match e.parsed_extension() {
+                    ParsedExtension::AuthorityKeyIdentifier(a) => {
+                        a.key_identifier.as_ref().map(|k| hex(k.0))
+                    }
+                    _ => None,
+                })
+                .unwrap_or_else(|| key_id.trim().to_ascii_lowercase());
+            let number = crl
+                .crl_number()
+                .and_then(|n| u64::try_from(n).ok())
+                .unwrap_or(0);
+            let serials = crl
+                .iter_revoked_certificates()
+                .map(|r| serial_key(r.raw_serial()))
+                .collect();
+            revoked.insert(key_id.clone(), (number, serials));
+            pems.insert(
+                key_id,
+                pem::encode_config(
+                    &pem::Pem::new("X509 CRL", der.to_vec()),
+                    pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
+                ),
+            );
+        }
+        Self {
+            tainted,
+            revoked,
+            crls_pem: pems.into_values().collect(),
+        }
+    }
+
+    /// From the server's bundle message.
+    pub fn of_bundle(b: &signet_client::ca::Bundle) -> Self {
+        Self::new(
+            b.tainted_key_ids.iter().map(String::as_str),
+            b.crls.iter().map(|c| (c.key_id.as_str(), c.der.as_slice())),
+        )
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tainted.is_empty() && self.revoked.is_empty()
+    }
+
+    /// Why the leaf of `chain_pem` must be replaced now, if it must: issued under a tainted
+    /// key, or listed in its issuer's CRL.
+    pub fn check_pem(&self, chain_pem: &[u8]) -> Option<String> {
+        let ders = signet_types::pem::parse_certs(chain_pem).ok()?;
+        self.check_der(ders.first()?)
+    }
+
+    /// As [`Self::check_pem`], for a DER leaf.
+    pub fn check_der(&self, leaf: &[u8]) -> Option<String> {
+        if self.is_empty() {
+            return None;
+        }
+        let (_, cert) = x509_parser::parse_x509_certificate(leaf).ok()?;
+        let aki = cert
+            .extensions()
+            .iter()
+            .find_map(|e| match e.parsed_extension() {
+                ParsedExtension::AuthorityKeyIdentifier(a) => {
+                    a.key_identifier.as_ref().map(|k| hex(k.0))
+                }
+                _ => None,
+            });
+        self.check_parts(aki.as_deref(), &serial_key(cert.raw_serial()))
+    }
+
+    /// As [`Self::check_der`], for a certificate's issuing key ID (its authority key
+    /// identifier) and serial (without leading zero bytes).
+    pub fn check_parts(&self, issuer_key_id: Option<&str>, serial: &[u8]) -> Option<String> {
+        let aki = issuer_key_id?;
+        if self.tainted.contains(aki) {
+            return Some(format!("was issued under the tainted CA key {aki}"));
+        }
+        let (number, serials) = self.revoked.get(aki)?;
+        let serial = serial_key(serial);
+        serials.contains(&serial).then(|| {
+            format!(
+                "is revoked (serial {} in CRL {number} of CA key {aki})",
+                hex(&serial)
+            )
+        })
+    }
+}

@@ -1,0 +1,458 @@
+//! A fake Signet CA that really signs: a TLS gRPC server on loopback (like [`crate::rogue`])
+//! speaking `CertificateAuthority` and `Node`, with its own root, a server certificate for
+//! `localhost` carrying `spiffe://example.org/signet/server`, one registration entry for the
+//! calling user (`unix:uid:<uid>`, `spiffe://example.org/app`), and a `WatchBundle` stream the
+//! test drives: [`FakeCa::push`] sends a bundle with taints and CRLs, as the real server does
+//! once the CA lifecycle fills them. For testing the real agent binary's reaction to taints and
+//! revocations before (and independently of) the server that publishes them.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use futures::Stream;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use signet_proto::agent as pb;
+use signet_proto::agent::node_server::{Node, NodeServer};
+use signet_proto::ca as pb_ca;
+use signet_proto::ca::certificate_authority_server::{
+    CertificateAuthority, CertificateAuthorityServer,
+};
+use tonic::{Request, Response, Status};
+
+pub const TRUST_DOMAIN: &str = "example.org";
+pub const NODE_ID: &str = "spiffe://example.org/signet/node/n1";
+pub const APP_ID: &str = "spiffe://example.org/app";
+
+/// One certificate the fake signed.
+#[derive(Clone, Debug)]
+pub struct Signed {
+    pub spiffe_id: String,
+    pub serial: u64,
+    pub der: Vec<u8>,
+}
+
+struct Inner {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    root_der: Vec<u8>,
+    key_id: String,
+    serial: Mutex<u64>,
+    signed: Mutex<Vec<Signed>>,
+    bundle: tokio::sync::watch::Sender<pb_ca::Bundle>,
+    uid: u32,
+}
+
+impl Inner {
+    fn sign(&self, csr_der: &[u8], spiffe_id: &str) -> Result<pb::Svid, Status> {
+        let bad = |e: String| Status::invalid_argument(e);
+        let csr_pem = pem::encode(&pem::Pem::new("CERTIFICATE REQUEST", csr_der.to_vec()));
+        let csr = rcgen::CertificateSigningRequestParams::from_pem(&csr_pem)
+            .map_err(|e| bad(e.to_string()))?;
+        let serial = {
+            let mut n = self.serial.lock().unwrap();
+            *n += 1;
+            *n
+        };
+        let now = SystemTime::now();
+        let (nb, na) = (
+            now - Duration::from_secs(5),
+            now + Duration::from_secs(3600),
+        );
+        let mut p = rcgen::CertificateParams::default();
+        p.subject_alt_names = vec![rcgen::SanType::URI(spiffe_id.try_into().unwrap())];
+        p.serial_number = Some(rcgen::SerialNumber::from(serial.to_be_bytes().to_vec()));
+        p.not_before = nb.into();
+        p.not_after = na.into();
+        p.use_authority_key_identifier_extension = true;
+        p.key_usages = vec![
+            rcgen::KeyUsagePurpose::DigitalSignature,
+            rcgen::KeyUsagePurpose::KeyAgreement,
+        ];
+        p.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = p
+            .signed_by(&csr.public_key, &self.issuer)
+            .map_err(|e| bad(e.to_string()))?;
+        let der = cert.der().to_vec();
+        self.signed.lock().unwrap().push(Signed {
+            spiffe_id: spiffe_id.to_owned(),
+            serial,
+            der: der.clone(),
+        });
+        let unix = |t: SystemTime| {
+            t.duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or(0)
+        };
+        Ok(pb::Svid {
+            spiffe_id: spiffe_id.to_owned(),
+            cert_chain: vec![der, self.root_der.clone()],
+            serial: format!("{serial:x}"),
+            not_before: unix(nb),
+            not_after: unix(na),
+        })
+    }
+}
+
+/// A running fake CA.
+pub struct FakeCa {
+    pub addr: SocketAddr,
+    /// Its root, DER (also the only root of its bundle).
+    pub root_der: Vec<u8>,
+    /// Its root's key ID (lowercase hex subject key identifier).
+    pub key_id: String,
+    inner: Arc<Inner>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeCa {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[derive(Clone)]
+struct Svc(Arc<Inner>);
+
+type BundleStream = Pin<Box<dyn Stream<Item = Result<pb_ca::Bundle, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl CertificateAuthority for Svc {
+    async fn sign_csr(
+        &self,
+        _: Request<pb_ca::SignCsrRequest>,
+    ) -> Result<Response<pb_ca::SignCsrResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn get_bundle(
+        &self,
+        _: Request<pb_ca::GetBundleRequest>,
+    ) -> Result<Response<pb_ca::Bundle>, Status> {
+        Ok(Response::new(self.0.bundle.borrow().clone()))
+    }
+    type WatchBundleStream = BundleStream;
+    async fn watch_bundle(
+        &self,
+        _: Request<pb_ca::WatchBundleRequest>,
+    ) -> Result<Response<BundleStream>, Status> {
+        let rx = self.0.bundle.subscribe();
+        let s = futures::stream::unfold((rx, true), |(mut rx, first)| async move {
+            if !first {
+                rx.changed().await.ok()?;
+            }
+            let b = rx.borrow_and_update().clone();
+            Some((Ok(b), (rx, false)))
+        });
+        Ok(Response::new(Box::pin(s)))
+    }
+}
+
+#[tonic::async_trait]
+impl Node for Svc {
+    async fn attest(
+        &self,
+        req: Request<pb::AttestRequest>,
+    ) -> Result<Response<pb::AttestResponse>, Status> {
+        let req = req.into_inner();
+        if req.join_token.is_empty() {
+            return Err(Status::unauthenticated("join token required"));
+        }
+        Ok(Response::new(pb::AttestResponse {
+            node_id: "n1".into(),
+            svid: Some(self.0.sign(&req.csr, NODE_ID)?),
+            bundle: vec![self.0.root_der.clone()],
+        }))
+    }
+    async fn renew_node(
+        &self,
+        req: Request<pb::RenewNodeRequest>,
+    ) -> Result<Response<pb::Svid>, Status> {
+        if req.peer_certs().is_none_or(|c| c.is_empty()) {
+            return Err(Status::unauthenticated("mTLS required"));
+        }
+        Ok(Response::new(self.0.sign(&req.into_inner().csr, NODE_ID)?))
+    }
+    async fn sync_entries(
+        &self,
+        req: Request<pb::SyncEntriesRequest>,
+    ) -> Result<Response<pb::SyncEntriesResponse>, Status> {
+        if req.get_ref().known_revision == 1 {
+            return Ok(Response::new(pb::SyncEntriesResponse {
+                revision: 1,
+                unchanged: true,
+                entries: vec![],
+            }));
+        }
+        Ok(Response::new(pb::SyncEntriesResponse {
+            revision: 1,
+            unchanged: false,
+            entries: vec![pb::Entry {
+                id: "e1".into(),
+                spiffe_id: APP_ID.into(),
+                parent_id: NODE_ID.into(),
+                selectors: vec![format!("unix:uid:{}", self.0.uid)],
+                ttl_seconds: 3600,
+                dns_names: vec![],
+                revision: 1,
+            }],
+        }))
+    }
+    async fn sign_workloads(
+        &self,
+        req: Request<pb::SignWorkloadsRequest>,
+    ) -> Result<Response<pb::SignWorkloadsResponse>, Status> {
+        let results = req
+            .into_inner()
+            .csrs
+            .into_iter()
+            .map(|c| match self.0.sign(&c.csr, APP_ID) {
+                Ok(svid) => pb::WorkloadResult {
+                    entry_id: c.entry_id,
+                    svid: Some(svid),
+                    code: 0,
+                    message: String::new(),
+                },
+                Err(s) => pb::WorkloadResult {
+                    entry_id: c.entry_id,
+                    svid: None,
+                    code: s.code() as i32,
+                    message: s.message().to_owned(),
+                },
+            })
+            .collect();
+        Ok(Response::new(pb::SignWorkloadsResponse { results }))
+    }
+}
+
+/// Accepts any client certificate (the fake does not authorise, it signs).
+#[derive(Debug)]
+struct AnyClientCert(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::server::danger::ClientCertVerifier for AnyClientCert {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        &[]
+    }
+    fn verify_client_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        Ok(rustls::server::danger::ClientCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+fn ski_hex(der: &[u8]) -> String {
+    use x509_parser::extensions::ParsedExtension;
+    let (_, c) = x509_parser::parse_x509_certificate(der).unwrap();
+    c.extensions()
+        .iter()
+        .find_map(|e| match e.parsed_extension() {
+            ParsedExtension::SubjectKeyIdentifier(k) => {
+                Some(k.0.iter().map(|b| format!("{b:02x}")).collect())
+            }
+            _ => None,
+        })
+        .expect("the root has a subject key identifier")
+}
+
+impl FakeCa {
+    /// Serves on 127.0.0.1:0; its one entry selects the user `uid`.
+    pub async fn start(uid: u32) -> Self {
+        let root_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut rp = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        rp.distinguished_name
+            .push(rcgen::DnType::CommonName, "fake signet CA");
+        rp.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        rp.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        rp.subject_alt_names = vec![rcgen::SanType::URI(
+            format!("spiffe://{TRUST_DOMAIN}")
+                .as_str()
+                .try_into()
+                .unwrap(),
+        )];
+        let root = rp.self_signed(&root_key).unwrap();
+        let root_der = root.der().to_vec();
+        let key_id = ski_hex(&root_der);
+        let issuer = rcgen::Issuer::new(rp, root_key);
+
+        let server_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut sp = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        sp.subject_alt_names
+            .push(rcgen::SanType::IpAddress(std::net::IpAddr::from([
+                127, 0, 0, 1,
+            ])));
+        sp.subject_alt_names.push(rcgen::SanType::URI(
+            format!("spiffe://{TRUST_DOMAIN}/signet/server")
+                .as_str()
+                .try_into()
+                .unwrap(),
+        ));
+        sp.use_authority_key_identifier_extension = true;
+        let server_cert = sp.signed_by(&server_key, &issuer).unwrap();
+
+        let (bundle, _) = tokio::sync::watch::channel(pb_ca::Bundle {
+            trust_domain: TRUST_DOMAIN.into(),
+            roots: vec![root_der.clone()],
+            revision: 1,
+            ..Default::default()
+        });
+        let inner = Arc::new(Inner {
+            issuer,
+            root_der: root_der.clone(),
+            key_id: key_id.clone(),
+            serial: Mutex::new(0),
+            signed: Mutex::new(Vec::new()),
+            bundle,
+            uid,
+        });
+
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_client_cert_verifier(Arc::new(AnyClientCert(provider)))
+            .with_single_cert(
+                vec![
+                    CertificateDer::from(server_cert.der().to_vec()),
+                    CertificateDer::from(root_der.clone()),
+                ],
+                PrivateKeyDer::try_from(server_key.serialize_der()).unwrap(),
+            )
+            .unwrap();
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let accept = tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    if let Ok(tls) = acceptor.accept(tcp).await {
+                        let _ = tx.send(Ok::<_, std::io::Error>(tls)).await;
+                    }
+                });
+            }
+        });
+        let incoming =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) });
+        let svc = Svc(inner.clone());
+        let serve = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(CertificateAuthorityServer::new(svc.clone()))
+                .add_service(NodeServer::new(svc))
+                .serve_with_incoming(incoming)
+                .await;
+        });
+        let task = tokio::spawn(async move {
+            let _ = tokio::join!(accept, serve);
+        });
+        Self {
+            addr,
+            root_der,
+            key_id,
+            inner,
+            task,
+        }
+    }
+
+    /// Its root as PEM, for the agent's `trust_bundle_file`.
+    pub fn root_pem(&self) -> String {
+        pem::encode(&pem::Pem::new("CERTIFICATE", self.root_der.clone()))
+    }
+
+    /// Every certificate signed so far, in order.
+    pub fn signed(&self) -> Vec<Signed> {
+        self.inner.signed.lock().unwrap().clone()
+    }
+
+    /// Sends a new bundle (revision + 1) on every `WatchBundle` stream.
+    pub fn push(&self, tainted_key_ids: Vec<String>, crls: Vec<pb_ca::Crl>) {
+        self.inner.bundle.send_modify(|b| {
+            b.revision += 1;
+            b.tainted_key_ids = tainted_key_ids;
+            b.crls = crls;
+        });
+    }
+
+    /// A CRL of the root numbered `number` listing `serials`, as the server publishes it.
+    pub fn crl(&self, number: u64, serials: &[u64]) -> pb_ca::Crl {
+        let now = SystemTime::now();
+        let next = now + Duration::from_secs(3600);
+        let der = rcgen::CertificateRevocationListParams {
+            this_update: now.into(),
+            next_update: next.into(),
+            crl_number: rcgen::SerialNumber::from(number.to_be_bytes().to_vec()),
+            issuing_distribution_point: None,
+            revoked_certs: serials
+                .iter()
+                .map(|s| rcgen::RevokedCertParams {
+                    serial_number: rcgen::SerialNumber::from(s.to_be_bytes().to_vec()),
+                    revocation_time: now.into(),
+                    reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        }
+        .signed_by(&self.inner.issuer)
+        .unwrap()
+        .der()
+        .to_vec();
+        let unix = |t: SystemTime| {
+            t.duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or(0)
+        };
+        pb_ca::Crl {
+            key_id: self.inner.key_id.clone(),
+            der,
+            number,
+            this_update: unix(now),
+            next_update: unix(next),
+        }
+    }
+}
