@@ -4,7 +4,13 @@ py-spiffe (PyPI package `spiffe`), an independent client, and prints them as one
 
     {"svids": [{"spiffe_id": ..., "chain_pem": [leaf, ...], "key_matches_leaf": bool}],
      "svid_bundles": {trust_domain: [root PEM, ...]},   # from FetchX509SVID
-     "bundles": {trust_domain: [root PEM, ...]}}        # from FetchX509Bundles
+     "bundles": {trust_domain: [root PEM, ...]},        # from FetchX509Bundles
+     "svid_crls": [DER hex, ...],                       # X509SVIDResponse.crl
+     "bundle_crls": [DER hex, ...]}                     # X509BundlesResponse.crl
+
+py-spiffe's typed API does not expose the CRL fields (SPIRE never fills them), so those two come
+from the first message of each stream through py-spiffe's own generated Workload API stub, on
+the same client (same channel, same security header).
 
 The socket comes from SPIFFE_ENDPOINT_SOCKET (unix:///path), as for any SPIFFE workload.
 Exits 2 with the error on stderr when the Workload API refuses or cannot be reached.
@@ -22,6 +28,7 @@ import sys
 import grpc
 from cryptography.hazmat.primitives import serialization
 from spiffe import WorkloadApiClient
+from spiffe._proto import workload_pb2
 
 _AUTHORITY = os.environ.get("SIGNET_GRPC_DEFAULT_AUTHORITY")
 if _AUTHORITY:
@@ -59,6 +66,13 @@ def main():
         with WorkloadApiClient(default_timeout=TIMEOUT_SECONDS) as client:
             context = client.fetch_x509_context()
             bundles = client.fetch_x509_bundles()
+            stub = client._spiffe_workload_api_stub
+            svid_msg = next(
+                stub.FetchX509SVID(workload_pb2.X509SVIDRequest(), timeout=TIMEOUT_SECONDS)
+            )
+            bundles_msg = next(
+                stub.FetchX509Bundles(workload_pb2.X509BundlesRequest(), timeout=TIMEOUT_SECONDS)
+            )
     except Exception as e:  # noqa: BLE001 - any failure is reported to the caller
         print(f"{type(e).__name__}: {e}", file=sys.stderr)
         return 2
@@ -74,6 +88,8 @@ def main():
         ],
         "svid_bundles": bundle_set_to_json(context.x509_bundle_set),
         "bundles": bundle_set_to_json(bundles),
+        "svid_crls": [c.hex() for c in svid_msg.crl],
+        "bundle_crls": [c.hex() for c in bundles_msg.crl],
     }
     json.dump(out, sys.stdout)
     return 0

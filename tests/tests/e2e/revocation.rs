@@ -939,3 +939,83 @@ async fn a_plugged_in_intermediate_signs_the_crl_of_what_it_issued() {
 fn hex_lower(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
+
+/// The real agent against the real server: `signetctl certs revoke` of the certificate the
+/// agent holds reaches the agent through the bundle stream (the server's CRL, verified by the
+/// agent against the issuing CA); the agent replaces it at once, writes the CRL as `crl.pem`
+/// beside the files, and serves it in both Workload API `crl` fields, as py-spiffe's own
+/// Workload API stub reads them. `openssl verify -crl_check` with that `crl.pem` refuses the
+/// revoked certificate and accepts its replacement.
+#[tokio::test]
+async fn the_agent_replaces_a_revoked_certificate_at_once_and_delivers_the_crl() {
+    use crate::agent::{Agent, create_entry, create_token, eventually, write_config};
+    let tokens = TokenIssuer::new("k1");
+    // Long-lived workload certificates: without the revocation nothing would renew.
+    let Some(server) = crate::pg_server(&tokens, "").await else {
+        return;
+    };
+    let app = "spiffe://example.org/revoked-app";
+    let token = create_token(&server, "vm-revoke");
+    create_entry(&server, app, "vm-revoke", &["--ttl", "1h"]);
+    let l = write_config(&server, &token, app);
+    let agent = Agent::start(&l.config);
+    let sink_leaf = |dir: &std::path::Path| {
+        let pem = std::fs::read_to_string(dir.join("svid.pem")).ok()?;
+        let end = pem.find("-----END CERTIFICATE-----")? + "-----END CERTIFICATE-----\n".len();
+        Some(pem[..end].to_owned())
+    };
+    let first = eventually(30, "the files sink", || async { sink_leaf(&l.sink_dir) }).await;
+    let serial = serial_of(&first);
+
+    let revoked_at = std::time::Instant::now();
+    let out = server.signetctl(&["certs", "revoke", &serial, "--reason", "keyCompromise"]);
+    assert!(out.status.success(), "{out:?}");
+    let second = eventually(15, "a replacement in the files sink", || async {
+        sink_leaf(&l.sink_dir).filter(|p| serial_of(p) != serial)
+    })
+    .await;
+    let replaced_in = revoked_at.elapsed();
+    eprintln!("revoked certificate replaced by the agent in {replaced_in:?}");
+    assert!(replaced_in < Duration::from_secs(10), "{replaced_in:?}");
+
+    // crl.pem beside the files lists the revoked serial; openssl agrees.
+    let crl_pem = eventually(10, "crl.pem listing the serial", || async {
+        let pem = std::fs::read(l.sink_dir.join("crl.pem")).ok()?;
+        let der = ::pem::parse_many(&pem).ok()?.first()?.contents().to_vec();
+        crl_serials(&der)
+            .iter()
+            .any(|(s, _)| s == &serial)
+            .then_some(der)
+    })
+    .await;
+    assert!(openssl_verify_crl(&first, &server.bundle_pem, &crl_pem).is_err());
+    openssl_verify_crl(&second, &server.bundle_pem, &crl_pem).unwrap();
+
+    // The Workload API's crl fields, through py-spiffe's stub (SPIRE leaves them empty).
+    if let Some(python) = crate::workload_clients::python() {
+        let v = eventually(15, "the CRL in py-spiffe's view", || async {
+            let v =
+                crate::workload_clients::py_fetch(&python, &l.socket, Some("localhost")).ok()?;
+            let listed = |k: &str| {
+                v[k].as_array()?.iter().find_map(|h| {
+                    let der = unhex(h.as_str()?)?;
+                    crl_serials(&der)
+                        .iter()
+                        .any(|(s, _)| s == &serial)
+                        .then_some(())
+                })
+            };
+            (listed("svid_crls").is_some() && listed("bundle_crls").is_some()).then_some(v)
+        })
+        .await;
+        assert_eq!(v["svids"][0]["chain_pem"][0], second, "{v}");
+    }
+    agent.stop().await;
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}

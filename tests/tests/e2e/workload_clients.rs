@@ -31,7 +31,7 @@ use crate::pg_server;
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/py/fetch_svid.py");
 
 /// The Python with py-spiffe; in CI its absence fails the test, locally it skips it loudly.
-fn python() -> Option<PathBuf> {
+pub(crate) fn python() -> Option<PathBuf> {
     match std::env::var_os("SIGNET_PYTHON") {
         Some(p) => Some(PathBuf::from(p)),
         None if std::env::var("CI").as_deref() == Ok("true") => {
@@ -53,7 +53,7 @@ const AUTHORITY: Option<&str> = Some("localhost");
 
 /// Runs the py-spiffe script against the agent's socket (with `authority` as the HTTP/2
 /// `:authority`, or gRPC's default); its JSON output, or its error.
-fn py_fetch(
+pub(crate) fn py_fetch(
     python: &Path,
     socket: &Path,
     authority: Option<&str>,
