@@ -411,13 +411,21 @@ impl Issuer {
             ..
         }) = caller.kind()
         else {
-            return Ok(self.store.certificate_by_serial(serial).await?.map(Arc::new));
+            return Ok(self
+                .store
+                .certificate_by_serial(serial)
+                .await?
+                .map(Arc::new));
         };
         let now = self.clock.now();
         if let Some(row) = self.presented_rows.get(leaf_sha256, now) {
             return Ok(row);
         }
-        let row = self.store.certificate_by_serial(serial).await?.map(Arc::new);
+        let row = self
+            .store
+            .certificate_by_serial(serial)
+            .await?
+            .map(Arc::new);
         self.presented_rows.put(*leaf_sha256, row.clone(), now);
         Ok(row)
     }

@@ -364,6 +364,7 @@ mod tests {
     }
 
     crate::store::nodes::impl_node_store_unsupported!(FakeStore);
+    crate::store::ca_slots::impl_ca_slot_store_unsupported!(FakeStore);
 
     #[async_trait]
     impl Store for FakeStore {
@@ -551,6 +552,7 @@ mod tests {
         /// A store whose append panics: the writer task dies with replies outstanding.
         struct Panics;
         crate::store::nodes::impl_node_store_unsupported!(Panics);
+        crate::store::ca_slots::impl_ca_slot_store_unsupported!(Panics);
         #[async_trait]
         impl Store for Panics {
             async fn ping(&self) -> Result<(), StoreError> {

@@ -16,10 +16,13 @@ use std::time::{Duration, SystemTime};
 
 use crate::store::CertificateRow;
 
+/// When a row was looked up, and the row (`None`: no such certificate).
+type Cached = (SystemTime, Option<Arc<CertificateRow>>);
+
 /// Keyed by the presented certificate's SHA-256.
 #[derive(Debug, Default)]
 pub struct RowCache {
-    entries: Mutex<HashMap<[u8; 32], (SystemTime, Option<Arc<CertificateRow>>)>>,
+    entries: Mutex<HashMap<[u8; 32], Cached>>,
 }
 
 impl RowCache {
@@ -40,9 +43,8 @@ impl RowCache {
     pub fn put(&self, sha256: [u8; 32], row: Option<Arc<CertificateRow>>, now: SystemTime) {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if entries.len() >= Self::MAX_ENTRIES {
-            entries.retain(|_, (at, _)| {
-                now.duration_since(*at).unwrap_or(Duration::MAX) < Self::TTL
-            });
+            entries
+                .retain(|_, (at, _)| now.duration_since(*at).unwrap_or(Duration::MAX) < Self::TTL);
             if entries.len() >= Self::MAX_ENTRIES {
                 entries.clear();
             }
@@ -93,7 +95,9 @@ mod tests {
         assert_eq!(c.get(&[1; 32], t0), None);
         c.put([1; 32], Some(row(7)), t0);
         c.put([2; 32], None, t0);
-        let hit = c.get(&[1; 32], t0 + Duration::from_millis(500)).expect("fresh");
+        let hit = c
+            .get(&[1; 32], t0 + Duration::from_millis(500))
+            .expect("fresh");
         assert_eq!(hit.map(|r| r.entry.seq), Some(7));
         assert_eq!(c.get(&[2; 32], t0), Some(None), "absence is cached too");
         assert_eq!(c.get(&[1; 32], t0 + RowCache::TTL), None, "expired");

@@ -17,7 +17,7 @@ use super::{
 /// Bounds the first connection at startup, so an unreachable database answers quickly.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+pub(super) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
 
 /// A [`Store`] on PostgreSQL.
 #[derive(Debug, Clone)]
@@ -80,6 +80,7 @@ fn session_settings(cfg: &DatabaseConfig) -> [(&'static str, String); 3] {
 }
 
 super::nodes::impl_node_store!(PgStore, StoreError::from);
+super::ca_slots::impl_ca_slot_store!(PgStore, StoreError::from);
 
 #[async_trait]
 impl Store for PgStore {
