@@ -14,6 +14,8 @@ pub struct Bundle {
     pub trust_domain: TrustDomain,
     /// DER roots.
     pub roots: Vec<Vec<u8>>,
+    /// CA key IDs whose certificates holders should replace (see `ca::manager`).
+    pub tainted_key_ids: Vec<String>,
     pub revision: u64,
 }
 
@@ -55,13 +57,24 @@ impl BundleHandle {
     /// Replaces the roots if they changed: bumps the revision, rewrites the file, and wakes
     /// every watcher.
     pub fn update(&self, roots: Vec<Vec<u8>>) -> std::io::Result<()> {
+        let tainted = self.current().tainted_key_ids.clone();
+        self.update_with(roots, tainted)
+    }
+
+    /// Replaces the roots and the tainted key IDs if either changed (see [`Self::update`]).
+    pub fn update_with(
+        &self,
+        roots: Vec<Vec<u8>>,
+        tainted_key_ids: Vec<String>,
+    ) -> std::io::Result<()> {
         let cur = self.current();
-        if cur.roots == roots {
+        if cur.roots == roots && cur.tainted_key_ids == tainted_key_ids {
             return Ok(());
         }
         let next = Bundle {
             trust_domain: cur.trust_domain.clone(),
             roots,
+            tainted_key_ids,
             revision: cur.revision + 1,
         };
         write_atomic(&self.path, next.to_pem().as_bytes(), 0o644)?;
@@ -110,6 +123,7 @@ mod tests {
             Bundle {
                 trust_domain: td,
                 roots: vec![vec![0x30, 0x00]],
+                tainted_key_ids: vec![],
                 revision: 1,
             },
             path.clone(),

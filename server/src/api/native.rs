@@ -49,8 +49,8 @@ pub(crate) fn bundle_to_proto(b: &Bundle) -> PbBundle {
         trust_domain: b.trust_domain.to_string(),
         roots: b.roots.clone(),
         revision: b.revision,
-        // CA rotation, taints and revocation are not there yet: nothing is tainted or revoked.
-        tainted_key_ids: Vec::new(),
+        tainted_key_ids: b.tainted_key_ids.clone(),
+        // Revocation (CRLs) is not there yet.
         crls: Vec::new(),
     }
 }

@@ -1142,6 +1142,17 @@ fn build_view(
     // The active root first, then the others oldest first.
     roots.sort_by_key(|s| (s.slot.state != State::Active, s.slot.prepared_at));
     let roots: Vec<Vec<u8>> = roots.into_iter().map(|s| s.cert_der.clone()).collect();
+    // The active intermediate's authority carries every trusted root (the Istio answer ends
+    // with all of them; `Authority::roots` is the bundle).
+    let active = Arc::new(
+        Authority::from_parts(
+            active.cert_der().to_vec(),
+            active.key_pkcs8_der(),
+            Vec::new(),
+            roots.clone(),
+        )
+        .map_err(|e| ManagerError::Key(format!("active intermediate {}: {e}", active.key_id())))?,
+    );
     let client_anchors = slots
         .iter()
         .filter(live)
@@ -1248,3 +1259,6 @@ fn plugged_view(generation: u64, authority: Arc<Authority>, previous: &[Arc<Auth
         plugged: true,
     }
 }
+
+#[cfg(test)]
+mod tests;
