@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/signet/ca/v1/ca.proto",
         "proto/signet/admin/v1/admin.proto",
+        "proto/signet/admin/v1/ca_admin.proto",
         "proto/istio/ca.proto",
         "proto/signet/agent/v1/agent.proto",
         "proto/spiffe/workload.proto",

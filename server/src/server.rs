@@ -15,6 +15,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 
 use crate::api::admin::AdminApi;
+use crate::api::ca_admin::CaAdminApi;
 use crate::api::istio::IstioApi;
 use crate::api::native::NativeApi;
 use crate::api::node::NodeApi;
@@ -39,6 +40,7 @@ use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::store::{Store, StoreError};
 use crate::tls::{self, ServerCertResolver};
+use signet_proto::admin::ca_admin_server::CaAdminServer;
 
 /// What a started server tells the operator (and tests).
 #[derive(Debug, Clone)]
@@ -243,6 +245,8 @@ pub async fn run(
         .max_decoding_message_size(transport_limit);
     let admin = AdminServer::new(AdminApi::new(issuer.clone(), store.clone(), bundle.clone()))
         .max_decoding_message_size(transport_limit);
+    let ca_admin = CaAdminServer::new(CaAdminApi::new(issuer.clone(), manager.clone()))
+        .max_decoding_message_size(transport_limit);
 
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
@@ -286,6 +290,7 @@ pub async fn run(
         .add_service(health_service)
         .add_service(admin)
         .add_service(node_admin)
+        .add_service(ca_admin)
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(admin_listener),
             wait(stop_rx.clone()),
@@ -599,21 +604,25 @@ async fn renew_server_cert(
     issuer: Arc<Issuer>,
     cfg: Config,
     resolver: Arc<ServerCertResolver>,
-    mut not_before: SystemTime,
+    not_before: SystemTime,
     mut not_after: SystemTime,
 ) {
+    // Half of the remaining life from when it was issued (not from its backdated notBefore:
+    // a certificate cut short by its issuer's notAfter would otherwise be renewed at once,
+    // over and over), and never more often than once a second.
+    let mut issued = issuer.now().max(not_before);
     loop {
-        let life = not_after.duration_since(not_before).unwrap_or_default();
-        let renew_at = not_before + life / 2;
-        let wait = renew_at
+        let left = not_after.duration_since(issued).unwrap_or_default();
+        let wait = (issued + left / 2)
             .duration_since(issuer.now())
-            .unwrap_or(Duration::ZERO);
+            .unwrap_or(Duration::ZERO)
+            .max(Duration::from_secs(1));
         tokio::time::sleep(wait).await;
         match issue_server_cert(&issuer, &cfg).await {
             Ok((cert, key)) => match tls::certified_key(&cert.chain, &key) {
                 Ok(ck) => {
                     resolver.replace(ck);
-                    not_before = cert.not_before;
+                    issued = issuer.now();
                     not_after = cert.not_after;
                     tracing::info!("renewed the server's TLS certificate");
                 }

@@ -695,6 +695,8 @@ impl CaManager {
         // Who still holds certificates under it (read before deciding).
         let (_, slots) = self.read(now).await?;
         let target = find(&slots, id)?;
+        // The state first: an active key is never removed, whatever it issued.
+        refuse_removal(target, &slots)?;
         let mut family = vec![target.slot.id.clone()];
         if target.slot.kind == Kind::Root {
             family.extend(
@@ -734,33 +736,10 @@ impl CaManager {
             }
             warnings.push(format!("forced: {msg} will no longer verify"));
         }
-        let family_for_plan = family.clone();
         let mut outcome = self
             .operate(now, actor, move |slots| {
                 let s = find(slots, id)?;
-                match s.slot.state {
-                    State::Active => {
-                        return Err(ManagerError::FailedPrecondition(format!(
-                            "{} {id} is active: prepare and activate a successor first (signetctl ca prepare{}; signetctl ca activate NEW_KEY_ID)",
-                            s.slot.kind.as_str(),
-                            if s.slot.kind == Kind::Root { " --root" } else { "" }
-                        )));
-                    }
-                    State::Removed => {
-                        return Err(ManagerError::FailedPrecondition(format!(
-                            "{id} is already removed"
-                        )));
-                    }
-                    _ => {}
-                }
-                if let Some(child) = slots.iter().find(|c| {
-                    family_for_plan.contains(&c.slot.id) && c.slot.state == State::Active
-                }) {
-                    return Err(ManagerError::FailedPrecondition(format!(
-                        "the active intermediate {} chains to {id}: activate a new root first",
-                        child.slot.id
-                    )));
-                }
+                refuse_removal(s, slots)?;
                 Ok((Step::Revoke(id.to_owned()), Outcome::default()))
             })
             .await?;
@@ -772,6 +751,12 @@ impl CaManager {
     /// Every slot with its ledger counts.
     pub async fn status(&self, now: SystemTime) -> Result<Vec<SlotStatus>, ManagerError> {
         let view = self.view();
+        // Fresh slots (another replica may have moved them since the last tick).
+        let slots = if view.plugged {
+            view.slots.clone()
+        } else {
+            self.read(now).await?.1
+        };
         let usage = self.store.ca_key_usage(unix(now)).await?;
         let direct = |id: &str| {
             usage
@@ -779,14 +764,12 @@ impl CaManager {
                 .find(|u| u.ca_key_id == id)
                 .map_or((0, None), |u| (u.unexpired, Some(u.last_not_after)))
         };
-        let out = view
-            .slots
+        let out = slots
             .iter()
             .map(|s| {
                 let (mut n, mut last) = direct(&s.slot.id);
                 if s.slot.kind == Kind::Root {
-                    for c in view
-                        .slots
+                    for c in slots
                         .iter()
                         .filter(|c| c.slot.parent.as_deref() == Some(s.slot.id.as_str()))
                     {
@@ -804,6 +787,41 @@ impl CaManager {
             .collect();
         Ok(out)
     }
+}
+
+/// Why `s` may not be removed now, if it may not: it is active, already removed, or (a root)
+/// the active intermediate chains to it.
+fn refuse_removal(s: &SlotInfo, slots: &[SlotInfo]) -> Result<(), ManagerError> {
+    let id = &s.slot.id;
+    match s.slot.state {
+        State::Active => {
+            return Err(ManagerError::FailedPrecondition(format!(
+                "{} {id} is active: prepare and activate a successor first (signetctl ca prepare{}; signetctl ca activate NEW_KEY_ID)",
+                s.slot.kind.as_str(),
+                if s.slot.kind == Kind::Root {
+                    " --root"
+                } else {
+                    ""
+                }
+            )));
+        }
+        State::Removed => {
+            return Err(ManagerError::FailedPrecondition(format!(
+                "{id} is already removed"
+            )));
+        }
+        _ => {}
+    }
+    if let Some(child) = slots
+        .iter()
+        .find(|c| c.slot.parent.as_deref() == Some(id.as_str()) && c.slot.state == State::Active)
+    {
+        return Err(ManagerError::FailedPrecondition(format!(
+            "the active intermediate {} chains to {id}: activate a new root first",
+            child.slot.id
+        )));
+    }
+    Ok(())
 }
 
 fn plugged_refusal() -> ManagerError {

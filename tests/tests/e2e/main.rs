@@ -6,6 +6,7 @@ mod agent;
 mod attacks;
 mod bad_input;
 mod bridge;
+mod ca_rotation;
 mod fake_kube;
 mod independent;
 mod issuance;
