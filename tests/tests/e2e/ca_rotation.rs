@@ -387,3 +387,172 @@ async fn ca_two_servers_on_one_postgresql_rotate_once() {
         "root, first and second intermediate activated once each: {text}"
     );
 }
+
+#[tokio::test]
+async fn ca_taint_of_the_active_key_blocks_mtls_renewal_until_an_untainted_key_signs() {
+    use signet_proto::ca::SignCsrRequest;
+    use signet_proto::ca::certificate_authority_client::CertificateAuthorityClient;
+    let tokens = TokenIssuer::new("k1");
+    let Some(server) = pg_server(&tokens, "").await else {
+        return;
+    };
+    let kc = signet_client::new_key_and_csr().unwrap();
+    let req = signet_client::with_bearer(
+        SignCsrRequest {
+            csr: kc.csr_der.clone(),
+            ttl_seconds: 600,
+            kubernetes_namespace: String::new(),
+        },
+        &tokens.token("web", "frontend"),
+    )
+    .unwrap();
+    let resp = server
+        .native()
+        .await
+        .sign_csr(req)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.cert_chain.len(), 3, "leaf, intermediate, root");
+    let id = signet_client::ClientIdentity {
+        cert_chain_pem: signet_types::pem::cert_to_pem(&resp.cert_chain[0]).into_bytes(),
+        key_pem: kc.key_pem.clone().into_bytes(),
+    };
+    let renew = || async {
+        let mut c = CertificateAuthorityClient::new(server.channel_with(&id).await);
+        let kc = signet_client::new_key_and_csr().unwrap();
+        c.sign_csr(SignCsrRequest {
+            csr: kc.csr_der,
+            ttl_seconds: 60,
+            kubernetes_namespace: String::new(),
+        })
+        .await
+    };
+    let first = status(&server)["active_key_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    renew().await.unwrap();
+    let out = server.signetctl(&["ca", "taint", &first]);
+    assert!(out.status.success(), "{out:?}");
+    // Renewing now would hand out another certificate from the tainted key: refused.
+    let err = renew().await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("tainted"), "{err:?}");
+    // A new untainted intermediate: the same certificate renews again, from the new key.
+    let out = server.signetctl(&["ca", "prepare"]);
+    assert!(out.status.success(), "{out:?}");
+    let next = String::from_utf8(out.stdout).unwrap();
+    let next = next.trim().strip_prefix("prepared ").unwrap().to_owned();
+    let out = server.signetctl(&["ca", "activate", &next]);
+    assert!(out.status.success(), "{out:?}");
+    let renewed = renew().await.unwrap().into_inner();
+    assert_ne!(renewed.cert_chain[1], resp.cert_chain[1]);
+    let pems: Vec<String> = renewed
+        .cert_chain
+        .iter()
+        .map(|d| signet_types::pem::cert_to_pem(d))
+        .collect();
+    openssl_verify(&pems, &bundle_now(&server)).unwrap();
+}
+
+#[tokio::test]
+async fn ca_plugged_in_files_that_change_are_picked_up_without_a_restart() {
+    use crate::plugged::ca_params;
+    use rcgen::{Issuer, KeyPair};
+    let tokens = TokenIssuer::new("k1");
+    let Some(url) = signet_testutil::fresh_postgres_database().await else {
+        return;
+    };
+    let root_key = KeyPair::generate().unwrap();
+    let root = ca_params("Example Root CA").self_signed(&root_key).unwrap();
+    let root_issuer = Issuer::new(ca_params("Example Root CA"), &root_key);
+    let inter = |cn: &str, issuer: &Issuer<'_, &KeyPair>| {
+        let k = KeyPair::generate().unwrap();
+        let c = ca_params(cn).signed_by(&k, issuer).unwrap();
+        (c, k)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n);
+    let write = |cert: &rcgen::Certificate, key: &KeyPair, chain: String, roots: String| {
+        // Each file atomically (the manager may read between two files: a mismatch is ignored
+        // and read again on the next tick).
+        for (name, data) in [
+            ("ca-key.pem", key.serialize_pem()),
+            ("ca-cert.pem", cert.pem()),
+            ("cert-chain.pem", chain),
+            ("root-cert.pem", roots),
+        ] {
+            let tmp = p(&format!(".{name}.tmp"));
+            std::fs::write(&tmp, data).unwrap();
+            std::fs::rename(&tmp, p(name)).unwrap();
+        }
+    };
+    let (i1, k1) = inter("Mesh Intermediate 1", &root_issuer);
+    write(&i1, &k1, format!("{}{}", i1.pem(), root.pem()), root.pem());
+    let extra = format!(
+        "[ca]\nrotation_interval = \"200ms\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n\
+         chain_file = \"{}\"\nroot_file = \"{}\"\n",
+        p("ca-cert.pem").display(),
+        p("ca-key.pem").display(),
+        p("cert-chain.pem").display(),
+        p("root-cert.pem").display()
+    );
+    let server = Server::start(ServerOpts {
+        database_url: Some(url),
+        tokens: Some(tokens.jwks_json()),
+        extra_toml: extra,
+        ..ServerOpts::default()
+    })
+    .await;
+    let chain = istio_chain(&server, &tokens).await;
+    assert_eq!(chain[1].trim(), i1.pem().trim());
+    verify(&server, &chain);
+    // The slot commands are refused: the operator rotates by replacing the files.
+    let out = server.signetctl(&["ca", "prepare"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("plugged in"),
+        "{out:?}"
+    );
+
+    // A new intermediate under the same root.
+    let (i2, k2) = inter("Mesh Intermediate 2", &root_issuer);
+    write(&i2, &k2, format!("{}{}", i2.pem(), root.pem()), root.pem());
+    eventually(10, "the new intermediate signing", || async {
+        let chain = istio_chain(&server, &tokens).await;
+        (chain[1].trim() == i2.pem().trim()).then_some(())
+    })
+    .await;
+    verify(&server, &istio_chain(&server, &tokens).await);
+
+    // A new root (both trusted while the operator rotates) with an intermediate under it.
+    let root2_key = KeyPair::generate().unwrap();
+    let root2 = ca_params("Example Root CA 2")
+        .self_signed(&root2_key)
+        .unwrap();
+    let root2_issuer = Issuer::new(ca_params("Example Root CA 2"), &root2_key);
+    let (i3, k3) = inter("Mesh Intermediate 3", &root2_issuer);
+    write(
+        &i3,
+        &k3,
+        format!("{}{}", i3.pem(), root2.pem()),
+        format!("{}{}", root.pem(), root2.pem()),
+    );
+    eventually(10, "both roots in bundle.pem", || async {
+        (signet_types::pem::parse_certs(&bundle_now(&server))
+            .unwrap()
+            .len()
+            == 2)
+            .then_some(())
+    })
+    .await;
+    let chain = istio_chain(&server, &tokens).await;
+    assert_eq!(chain[1].trim(), i3.pem().trim());
+    verify(&server, &chain);
+    // A broken change (a key that does not match) is ignored: the last good CA keeps signing.
+    std::fs::write(p("ca-key.pem"), k1.serialize_pem()).unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let chain = istio_chain(&server, &tokens).await;
+    assert_eq!(chain[1].trim(), i3.pem().trim());
+}
