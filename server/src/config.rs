@@ -807,6 +807,43 @@ mod tests {
     }
 
     #[test]
+    fn rotation_keys_parse_and_are_checked_together() {
+        let c = load_toml(
+            r#"
+            [ca]
+            intermediate_ttl = "20s"
+            root_ttl = "1h"
+            intermediate_prepare_at = 0.4
+            intermediate_activate_at = 0.7
+            root_propagation = "2s"
+            rotation_jitter = 0.0
+            rotation_interval = "200ms"
+            "#,
+        )
+        .expect("loads");
+        assert_eq!(c.ca.intermediate_ttl, Duration::from_secs(20));
+        assert_eq!(c.ca.intermediate_prepare_at, 0.4);
+        assert_eq!(c.ca.rotation_interval, Duration::from_millis(200));
+        let d = CaConfig::default();
+        assert_eq!(d.intermediate_ttl, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!((d.intermediate_prepare_at, d.root_prepare_at), (0.5, 0.5));
+        assert!((d.intermediate_activate_at - 5.0 / 6.0).abs() < 1e-9);
+        for (toml, names) in [
+            (r#"intermediate_ttl = "20d""#, "longer than ca.root_ttl"),
+            ("intermediate_prepare_at = 0.9", "intermediate_prepare_at"),
+            ("root_activate_at = 1.0", "root_prepare_at"),
+            ("rotation_jitter = 0.3", "rotation_jitter"),
+            (r#"rotation_interval = "10ms""#, "rotation_interval"),
+            (r#"intermediate_ttl = "0s""#, "positive"),
+        ] {
+            let err = load_toml(&format!("[ca]\nroot_ttl = \"10d\"\n{toml}\n"))
+                .expect_err(toml)
+                .to_string();
+            assert!(err.contains(names), "{toml}: {err}");
+        }
+    }
+
+    #[test]
     fn toml_file_sets_nested_keys() {
         let c = load_toml(
             r#"
