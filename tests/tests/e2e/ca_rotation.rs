@@ -556,3 +556,58 @@ async fn ca_plugged_in_files_that_change_are_picked_up_without_a_restart() {
     let chain = istio_chain(&server, &tokens).await;
     assert_eq!(chain[1].trim(), i3.pem().trim());
 }
+
+#[tokio::test]
+async fn ca_root_rotates_by_itself_and_the_old_root_leaves_once_nothing_chains_to_it() {
+    let tokens = TokenIssuer::new("k1");
+    let toml = "[ca]\nroot_ttl = \"30s\"\nintermediate_ttl = \"8s\"\nrotation_interval = \"200ms\"\n\
+                root_propagation = \"2s\"\nrotation_jitter = 0.0\n";
+    let Some(mut server) = pg_server(&tokens, toml).await else {
+        return;
+    };
+    let root_id = |st: &serde_json::Value| {
+        slots(st, "root", "active").next().unwrap()["key_id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let old_root = root_id(&status(&server));
+    let old_root_der = signet_types::pem::parse_certs(&bundle_now(&server)).unwrap();
+    assert_eq!(old_root_der.len(), 1);
+    verify(&server, &istio_chain(&server, &tokens).await);
+    // Prepared: two roots in the bundle and in the Istio answer, the old one still anchoring.
+    eventually(40, "a prepared root in the bundle", || async {
+        let chain = istio_chain(&server, &tokens).await;
+        (signet_types::pem::parse_certs(chain[2].as_bytes())
+            .unwrap()
+            .len()
+            == 2)
+            .then_some(())
+    })
+    .await;
+    verify(&server, &istio_chain(&server, &tokens).await);
+    // This test's client follows the bundle like any relying party (the server's own
+    // certificate moves to the new root too).
+    server.bundle_pem = bundle_now(&server);
+    // Activated: a new root anchors new chains; the old one is still trusted.
+    eventually(40, "the new root active", || async {
+        (root_id(&status(&server)) != old_root).then_some(())
+    })
+    .await;
+    let chain = istio_chain(&server, &tokens).await;
+    verify(&server, &chain);
+    // Removed once nothing chains to it (or it expires): one root again.
+    eventually(40, "the old root out of the bundle", || async {
+        let st = status(&server);
+        slots(&st, "root", "removed")
+            .any(|s| s["key_id"] == old_root.as_str())
+            .then_some(())
+    })
+    .await;
+    let chain = istio_chain(&server, &tokens).await;
+    verify(&server, &chain);
+    // (With 30 s roots the next one may already be prepared: only the old one must be gone.)
+    let roots = signet_types::pem::parse_certs(&bundle_now(&server)).unwrap();
+    assert!(!roots.contains(&old_root_der[0]));
+    assert!(!roots.is_empty());
+}
