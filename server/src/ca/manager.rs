@@ -76,7 +76,10 @@ impl ManagerConfig {
                 root_activate_at: ca.root_activate_at,
                 root_propagation: ca.root_propagation,
                 jitter: ca.rotation_jitter,
-                removal_grace: rotator::REMOVAL_GRACE,
+                // Another replica signs with a key until its next tick has seen the key
+                // retired (up to 1.1 intervals later); its last certificates must be in the
+                // ledger before the removal decision counts them.
+                removal_grace: rotator::REMOVAL_GRACE.max(ca.rotation_interval.saturating_mul(3)),
             },
         }
     }

@@ -534,3 +534,17 @@ async fn operator_actions_are_checked_against_the_slots() {
         ]
     );
 }
+
+#[test]
+fn removal_waits_for_other_replicas_to_see_a_retirement() {
+    let mut ca = crate::config::CaConfig::default();
+    let grace = |ca: &crate::config::CaConfig| {
+        ManagerConfig::from_config(testutil::td(), ca)
+            .policy
+            .removal_grace
+    };
+    ca.rotation_interval = Duration::from_secs(1);
+    assert_eq!(grace(&ca), rotator::REMOVAL_GRACE);
+    ca.rotation_interval = Duration::from_secs(30);
+    assert_eq!(grace(&ca), Duration::from_secs(90));
+}
