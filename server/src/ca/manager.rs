@@ -286,7 +286,7 @@ impl CaManager {
             ));
         };
         let built = build_view(generation, slots, &kek, &keys)?;
-        Ok(Arc::new(CaManager {
+        let manager = Arc::new(CaManager {
             store,
             kek: Some(kek),
             cfg,
@@ -297,7 +297,11 @@ impl CaManager {
             listeners: Mutex::new(Vec::new()),
             keys,
             op: tokio::sync::Mutex::new(()),
-        }))
+        });
+        // Whatever is overdue (a server down past its intermediate's rotation or expiry)
+        // happens before the first certificate is signed.
+        manager.tick(now).await?;
+        Ok(manager)
     }
 
     /// A manager of a plugged-in CA.

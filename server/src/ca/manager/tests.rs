@@ -548,3 +548,18 @@ fn removal_waits_for_other_replicas_to_see_a_retirement() {
     ca.rotation_interval = Duration::from_secs(30);
     assert_eq!(grace(&ca), Duration::from_secs(90));
 }
+
+#[tokio::test]
+async fn a_restart_after_the_intermediate_expired_replaces_it_before_signing() {
+    let (store, _dir) = sqlite().await;
+    let kek = Kek::generate();
+    let m = manager(store.clone(), kek_copy(&kek), now()).await;
+    let first = m.view().active.key_id().to_owned();
+    drop(m);
+    // Down for longer than the intermediate lives.
+    let later = after(INT_TTL * 2);
+    let m = manager(store, kek, later).await;
+    let v = m.view();
+    assert_ne!(v.active.key_id(), first);
+    assert!(v.active.not_before() <= later && later < v.active.not_after());
+}
