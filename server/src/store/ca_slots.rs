@@ -382,6 +382,30 @@ pub(crate) use impl_ca_slot_store_unsupported;
 #[cfg(test)]
 mod tests {
     #[test]
+    fn debug_never_prints_the_sealed_key() {
+        let row = super::CaSlotRow {
+            id: "k".into(),
+            slot: "k".into(),
+            kind: "root".into(),
+            state: "active".into(),
+            parent_id: None,
+            algorithm: "EcdsaP256".into(),
+            cert_pem: String::new(),
+            encrypted_key: vec![0xAB; 8],
+            created_at: 0,
+            activated_at: None,
+            retired_at: None,
+            removed_at: None,
+            tainted_at: None,
+        };
+        let text = format!("{row:?}");
+        assert!(
+            !text.contains("171") && !text.to_lowercase().contains("abab"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn placeholders_count_from_first() {
         assert_eq!(super::placeholders(3, 2), "$3, $4");
         assert_eq!(super::placeholders(1, 1), "$1");
