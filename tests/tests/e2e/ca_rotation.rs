@@ -226,6 +226,14 @@ async fn ca_signetctl_refuses_what_the_slots_do_not_allow() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(code) && err.contains(text), "{args:?}: {err}");
     };
+    // The table names every key and the signing one.
+    let out = server.signetctl(&["ca", "status"]);
+    assert!(out.status.success(), "{out:?}");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains(&root) && table.contains(&format!("signing: {active}")),
+        "{table}"
+    );
     fails(
         &["ca", "activate", &active],
         "FailedPrecondition",
