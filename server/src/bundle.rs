@@ -14,6 +14,8 @@ pub struct Bundle {
     pub trust_domain: TrustDomain,
     /// DER roots.
     pub roots: Vec<Vec<u8>>,
+    /// CA key IDs whose certificates holders should replace (see `ca::manager`).
+    pub tainted_key_ids: Vec<String>,
     pub revision: u64,
     /// The current CRL of every issuing CA key ([`BundleHandle::set_crls`]).
     pub crls: Vec<crate::crl::PublishedCrl>,
@@ -57,19 +59,37 @@ impl BundleHandle {
     /// Replaces the roots if they changed: bumps the revision, rewrites the file, and wakes
     /// every watcher.
     pub fn update(&self, roots: Vec<Vec<u8>>) -> std::io::Result<()> {
-        let cur = self.current();
-        if cur.roots == roots {
-            return Ok(());
-        }
-        let next = Bundle {
-            trust_domain: cur.trust_domain.clone(),
-            roots,
-            revision: cur.revision + 1,
-            crls: cur.crls.clone(),
-        };
-        write_atomic(&self.path, next.to_pem().as_bytes(), 0o644)?;
-        self.tx.send_replace(Arc::new(next));
-        Ok(())
+        let tainted = self.current().tainted_key_ids.clone();
+        self.update_with(roots, tainted)
+    }
+
+    /// Replaces the roots and the tainted key IDs if either changed (see [`Self::update`]).
+    pub fn update_with(
+        &self,
+        roots: Vec<Vec<u8>>,
+        tainted_key_ids: Vec<String>,
+    ) -> std::io::Result<()> {
+        // Read-modify-write under the channel's lock, so a concurrent `set_crls` is never lost.
+        let mut result = Ok(());
+        self.tx.send_if_modified(|cur| {
+            if cur.roots == roots && cur.tainted_key_ids == tainted_key_ids {
+                return false;
+            }
+            let next = Bundle {
+                trust_domain: cur.trust_domain.clone(),
+                roots: roots.clone(),
+                tainted_key_ids: tainted_key_ids.clone(),
+                revision: cur.revision + 1,
+                crls: cur.crls.clone(),
+            };
+            if let Err(e) = write_atomic(&self.path, next.to_pem().as_bytes(), 0o644) {
+                result = Err(e);
+                return false;
+            }
+            *cur = Arc::new(next);
+            true
+        });
+        result
     }
 }
 
@@ -84,6 +104,7 @@ impl BundleHandle {
             *cur = Arc::new(Bundle {
                 trust_domain: cur.trust_domain.clone(),
                 roots: cur.roots.clone(),
+                tainted_key_ids: cur.tainted_key_ids.clone(),
                 revision: cur.revision + 1,
                 crls,
             });
@@ -132,6 +153,7 @@ mod tests {
             Bundle {
                 trust_domain: td,
                 roots: vec![vec![0x30, 0x00]],
+                tainted_key_ids: vec![],
                 revision: 1,
                 crls: Vec::new(),
             },

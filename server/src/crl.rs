@@ -241,10 +241,11 @@ pub trait CrlSigners: Send + Sync + 'static {
     fn crl_signers(&self) -> Vec<Arc<Authority>>;
 }
 
-/// Today's server has one signing key: the issuer's.
-impl CrlSigners for crate::issuer::Issuer {
+/// Every CA key that has signed and is not removed (active, retired: certificates issued
+/// under a retired key may still be valid, so its CRL is published until the key is removed).
+impl CrlSigners for crate::ca::manager::CaManager {
     fn crl_signers(&self) -> Vec<Arc<Authority>> {
-        vec![self.authority()]
+        self.signing_authorities()
     }
 }
 
@@ -673,6 +674,7 @@ mod tests {
             crate::bundle::Bundle {
                 trust_domain: td,
                 roots: vec![ca.cert_der().to_vec()],
+                tainted_key_ids: Vec::new(),
                 revision: 1,
                 crls: Vec::new(),
             },

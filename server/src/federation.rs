@@ -396,6 +396,7 @@ mod tests {
             Bundle {
                 trust_domain: TrustDomain::new("example.org").unwrap(),
                 roots: vec![r1.clone()],
+                tainted_key_ids: Vec::new(),
                 revision: 1,
                 crls: Vec::new(),
             },

@@ -3,6 +3,7 @@
 //! Handlers convert their protos into [`IssueInput`] and call [`Issuer::issue`]; only a
 //! certificate the ledger has committed is ever returned.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -91,6 +92,8 @@ pub struct Issuer {
     clock: Arc<dyn Clock>,
     serials: Arc<dyn SerialSource>,
     authority: ArcSwap<Authority>,
+    /// Tainted CA key IDs (mTLS renewal of their certificates needs an untainted signer).
+    tainted: ArcSwap<BTreeSet<String>>,
     policy: Policy,
     jwt: Option<JwtAuthenticator>,
     ledger: LedgerWriter,
@@ -133,6 +136,7 @@ impl Issuer {
             clock: p.clock,
             serials: p.serials,
             authority: ArcSwap::new(p.authority),
+            tainted: ArcSwap::default(),
             policy: p.policy,
             jwt: p.jwt,
             ledger: p.ledger,
@@ -199,6 +203,13 @@ impl Issuer {
 
     pub fn authority(&self) -> Arc<Authority> {
         self.authority.load_full()
+    }
+
+    /// Signs with `authority` from now on (the CA manager's new active key); `tainted`: the
+    /// tainted CA key IDs.
+    pub fn set_ca(&self, authority: Arc<Authority>, tainted: BTreeSet<String>) {
+        self.authority.store(authority);
+        self.tainted.store(Arc::new(tainted));
     }
 
     pub fn now(&self) -> std::time::SystemTime {
@@ -391,6 +402,25 @@ impl Issuer {
         };
         let row = self.presented_row(caller, serial).await?;
         let row = row.as_deref();
+        // A certificate from a tainted key is renewed only by an untainted one: while the
+        // active key is itself tainted, renewing would hand out another tainted certificate.
+        if let Some(r) = row {
+            let tainted = self.tainted.load();
+            let active = self.authority.load();
+            if tainted.contains(&r.entry.ca_key_id) && tainted.contains(active.key_id()) {
+                return Err(Refusal::Policy(Denial {
+                    kind: DenialKind::PermissionDenied,
+                    reason: "renewal.tainted",
+                    message: format!(
+                        "the presented certificate was issued under the tainted CA key {} and the \
+                         active signing key {} is tainted too; renewal resumes once an operator \
+                         activates an untainted key",
+                        r.entry.ca_key_id,
+                        active.key_id()
+                    ),
+                }));
+            }
+        }
         let (entry, node) = match row.and_then(renewal::entry_to_check) {
             Some((entry_id, node_id)) => (
                 self.store.entry(&entry_id).await?,

@@ -365,6 +365,7 @@ mod tests {
 
     crate::store::nodes::impl_node_store_unsupported!(FakeStore);
     crate::store::revocations::impl_revocation_store_unsupported!(FakeStore);
+    crate::store::ca_slots::impl_ca_slot_store_unsupported!(FakeStore);
 
     #[async_trait]
     impl Store for FakeStore {
@@ -553,6 +554,7 @@ mod tests {
         struct Panics;
         crate::store::nodes::impl_node_store_unsupported!(Panics);
         crate::store::revocations::impl_revocation_store_unsupported!(Panics);
+        crate::store::ca_slots::impl_ca_slot_store_unsupported!(Panics);
         #[async_trait]
         impl Store for Panics {
             async fn ping(&self) -> Result<(), StoreError> {

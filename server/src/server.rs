@@ -17,6 +17,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 
 use crate::api::admin::AdminApi;
+use crate::api::ca_admin::CaAdminApi;
 use crate::api::istio::IstioApi;
 use crate::api::ledger_admin::LedgerAdminApi;
 use crate::api::native::NativeApi;
@@ -29,8 +30,10 @@ use crate::authn::jwt::JwtAuthenticator;
 use crate::authn::psat::PsatAttestor;
 use crate::bundle::{Bundle, BundleHandle, write_atomic};
 use crate::ca::kek::Kek;
-use crate::ca::{Authority, RandomSerials, RequestedNames, SerialSource};
-use crate::clock::{Clock, SystemClock, unix};
+use crate::ca::manager::{CaManager, ManagerConfig, PluggedFiles};
+use crate::ca::rotator::KeyIdJitter;
+use crate::ca::{RandomSerials, RequestedNames, SerialSource};
+use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::issuer::{IssueInput, Issuer, IssuerParts};
 use crate::ledger::LedgerWriter;
@@ -39,11 +42,9 @@ use crate::limits::conn::ConnRegistry;
 use crate::limits::layer::{GrpcLimitLayer, GrpcLimits};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
-use crate::store::{Store, StoreError, StoredCaKey};
+use crate::store::{Store, StoreError};
 use crate::tls::{self, ServerCertResolver};
-
-/// The slot of the generated root in `ca_keys`.
-const ROOT_SLOT: &str = "root";
+use signet_proto::admin::ca_admin_server::CaAdminServer;
 
 /// What a started server tells the operator (and tests).
 #[derive(Debug, Clone)]
@@ -72,17 +73,15 @@ pub async fn run(
     let db_url = cfg.database_url();
     let store = connect_store(&db_url, &cfg.database).await?;
 
-    let authority =
-        Arc::new(load_authority(&cfg, store.as_ref(), clock.now(), serials.as_ref()).await?);
-    let root_sha256 = authority
-        .roots()
-        .last()
-        .map(|r| fingerprint(r))
-        .unwrap_or_default();
+    let manager = start_ca(&cfg, store.clone(), serials.clone(), clock.now()).await?;
+    let view = manager.view();
+    let authority = view.active.clone();
+    let root_sha256 = fingerprint(&view.active_root);
     let bundle = BundleHandle::new(
         Bundle {
             trust_domain: td.clone(),
-            roots: authority.roots().to_vec(),
+            roots: view.roots.clone(),
+            tainted_key_ids: view.tainted.iter().cloned().collect(),
             revision: 1,
             crls: Vec::new(),
         },
@@ -178,13 +177,38 @@ pub async fn run(
         clock.clone(),
         cfg.checkpoint.interval,
     ));
-    // Client certificates are trusted only when Signet itself signed them: the anchor is the
-    // signing CA certificate, not the root, so with a plugged-in CA a sibling intermediate under
-    // the same root authenticates nobody.
+    // Client certificates are trusted only when Signet itself signed them: the anchors are the
+    // signing CA certificates (every non-removed key), not the roots, so with a plugged-in CA
+    // a sibling intermediate under the same root authenticates nobody.
+    let client_anchors =
+        tls::ClientAnchors::new(&view.client_anchors).map_err(|e| anyhow!("TLS: {e}"))?;
     let tls_config = Arc::new(
-        tls::server_config(resolver.clone(), &[authority.cert_der().to_vec()])
+        tls::server_config_with(resolver.clone(), client_anchors.clone())
             .map_err(|e| anyhow!("TLS: {e}"))?,
     );
+    // Every new CA view (a rotation here or on another replica, an operator's action, changed
+    // plugged-in files): the issuer signs with the new active key, the bundle and the mTLS
+    // anchors follow.
+    {
+        let issuer = issuer.clone();
+        let bundle = bundle.clone();
+        let anchors = client_anchors.clone();
+        manager.on_change(move |v| {
+            issuer.set_ca(v.active.clone(), v.tainted.clone());
+            if let Err(e) = bundle.update_with(v.roots.clone(), v.tainted.iter().cloned().collect())
+            {
+                tracing::error!(error = %e, "could not write the trust bundle");
+            }
+            if let Err(e) = anchors.replace(&v.client_anchors) {
+                tracing::error!(error = %e, "could not replace the mTLS client anchors");
+            }
+        });
+    }
+    tokio::spawn(rotate(
+        manager.clone(),
+        clock.clone(),
+        cfg.ca.rotation_interval,
+    ));
 
     let grpc_listener = TcpListener::bind(cfg.listen)
         .await
@@ -271,11 +295,11 @@ pub async fn run(
         LedgerAdminServer::new(LedgerAdminApi::new(checkpoints.clone(), clock.clone()))
             .max_decoding_message_size(transport_limit);
     // Revocation and CRLs. The CA keys that publish CRLs come from one place (`CrlSigners`:
-    // the issuer's signing key today).
+    // the key manager's keys that are not removed).
     let crl_publisher = Arc::new(
         crate::crl::CrlPublisher::new(
             store.clone(),
-            issuer.clone(),
+            manager.clone(),
             bundle.clone(),
             cfg.data_dir.join("crl"),
             cfg.crl.clone(),
@@ -308,6 +332,8 @@ pub async fn run(
         td.clone(),
     ))
     .max_decoding_message_size(transport_limit);
+    let ca_admin = CaAdminServer::new(CaAdminApi::new(issuer.clone(), manager.clone()))
+        .max_decoding_message_size(transport_limit);
 
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
@@ -353,6 +379,7 @@ pub async fn run(
         .add_service(node_admin)
         .add_service(ledger_admin)
         .add_service(revocation_admin)
+        .add_service(ca_admin)
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(admin_listener),
             wait(stop_rx.clone()),
@@ -574,70 +601,47 @@ fn load_kek(cfg: &Config) -> anyhow::Result<Kek> {
     }
 }
 
-async fn load_authority(
+/// The CA key manager: a plugged-in CA's files, or the generated keys in the database
+/// (creating the first root and intermediate on a fresh database).
+async fn start_ca(
     cfg: &Config,
-    store: &dyn Store,
+    store: Arc<dyn Store>,
+    serials: Arc<dyn SerialSource>,
     now: SystemTime,
-    serials: &dyn SerialSource,
-) -> anyhow::Result<Authority> {
+) -> anyhow::Result<Arc<CaManager>> {
+    let mcfg = ManagerConfig::from_config(cfg.trust_domain(), &cfg.ca);
     if let Some(files) = cfg.ca.plugged()? {
-        let read = |p: &Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
-        let authority = Authority::from_cacerts_pem(
-            &read(files.cert)?,
-            &read(files.key)?,
-            &read(files.chain)?,
-            &read(files.root)?,
-        )
-        .map_err(|e| anyhow!("plugged-in CA ({}): {e}", files.cert.display()))?;
-        tracing::info!(key_id = authority.key_id(), "using plugged-in CA");
-        return Ok(authority);
+        let files = PluggedFiles {
+            cert: files.cert.to_path_buf(),
+            key: files.key.to_path_buf(),
+            chain: files.chain.to_path_buf(),
+            root: files.root.to_path_buf(),
+        };
+        return CaManager::plugged(store, files, mcfg, serials).map_err(|e| anyhow!("{e}"));
     }
-
     let kek = load_kek(cfg)?;
-    let stored = match store.ca_key(ROOT_SLOT).await? {
-        Some(k) => k,
-        None => {
-            let (authority, key) = Authority::generate_root(
-                &cfg.trust_domain(),
-                cfg.ca.key_type,
-                now,
-                cfg.ca.root_ttl,
-                serials,
-            )
-            .map_err(|e| anyhow!("generating root: {e}"))?;
-            let id = authority.key_id().to_owned();
-            let ours = StoredCaKey {
-                encrypted_key: kek.seal(&key, id.as_bytes()),
-                id,
-                slot: ROOT_SLOT.into(),
-                algorithm: format!("{:?}", cfg.ca.key_type),
-                cert_pem: signet_types::pem::cert_to_pem(authority.cert_der()),
-                created_at: unix(now),
-            };
-            // Several replicas may race here; the first insert wins and all use its key.
-            let winner = store.insert_ca_key_if_absent(&ours).await?;
-            if winner.id == ours.id {
-                tracing::info!(key_id = %winner.id, "generated a new root CA");
-                return Ok(authority);
-            }
-            winner
+    let manager = CaManager::generated(store, kek, mcfg, serials, Arc::new(KeyIdJitter), now)
+        .await
+        .map_err(|e| anyhow!("CA keys: {e}"))?;
+    tracing::info!(key_id = manager.view().active.key_id(), "CA keys loaded");
+    Ok(manager)
+}
+
+/// The rotator's loop: a manager tick every `interval` (±10%, so replicas spread out).
+async fn rotate(manager: Arc<CaManager>, clock: Arc<dyn Clock>, interval: Duration) {
+    use ring::rand::SecureRandom;
+    let rng = ring::rand::SystemRandom::new();
+    loop {
+        let mut b = [0u8; 2];
+        let unit = match rng.fill(&mut b) {
+            Ok(()) => f64::from(u16::from_be_bytes(b)) / f64::from(u16::MAX),
+            Err(_) => 0.5,
+        };
+        tokio::time::sleep(interval.mul_f64(0.9 + 0.2 * unit)).await;
+        if let Err(e) = manager.tick(clock.now()).await {
+            tracing::warn!(error = %e, "CA rotation tick failed; retrying on the next one");
         }
-    };
-    let key = kek.open(&stored.encrypted_key, stored.id.as_bytes()).map_err(|e| {
-        anyhow!(
-            "cannot decrypt CA key {}: {e} (is this the key-encryption key it was stored with?)",
-            stored.id
-        )
-    })?;
-    let cert = signet_types::pem::parse_certs(stored.cert_pem.as_bytes())
-        .map_err(|e| anyhow!("stored CA certificate {}: {e}", stored.id))?
-        .into_iter()
-        .next()
-        .ok_or_else(|| anyhow!("stored CA certificate {} is empty", stored.id))?;
-    let authority = Authority::from_parts(cert.clone(), &key, Vec::new(), vec![cert])
-        .map_err(|e| anyhow!("stored CA key {}: {e}", stored.id))?;
-    tracing::info!(key_id = %stored.id, "loaded root CA");
-    Ok(authority)
+    }
 }
 
 /// SHA-256 fingerprint in the usual `AB:CD:…` spelling.
@@ -714,16 +718,20 @@ async fn renew_server_cert(
     issuer: Arc<Issuer>,
     cfg: Config,
     resolver: Arc<ServerCertResolver>,
-    mut not_before: SystemTime,
+    not_before: SystemTime,
     mut not_after: SystemTime,
     revoked: Arc<tokio::sync::Notify>,
 ) {
+    // Half of the remaining life from when it was issued (not from its backdated notBefore:
+    // a certificate cut short by its issuer's notAfter would otherwise be renewed at once,
+    // over and over), and never more often than once a second.
+    let mut issued = issuer.now().max(not_before);
     loop {
-        let life = not_after.duration_since(not_before).unwrap_or_default();
-        let renew_at = not_before + life / 2;
-        let wait = renew_at
+        let left = not_after.duration_since(issued).unwrap_or_default();
+        let wait = (issued + left / 2)
             .duration_since(issuer.now())
-            .unwrap_or(Duration::ZERO);
+            .unwrap_or(Duration::ZERO)
+            .max(Duration::from_secs(1));
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = revoked.notified() => {
@@ -734,7 +742,7 @@ async fn renew_server_cert(
             Ok((cert, key)) => match tls::certified_key(&cert.chain, &key) {
                 Ok(ck) => {
                     resolver.replace(ck);
-                    not_before = cert.not_before;
+                    issued = issuer.now();
                     not_after = cert.not_after;
                     tracing::info!("renewed the server's TLS certificate");
                 }

@@ -6,9 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use rustls::DigitallySignedStruct;
+use rustls::DistinguishedName;
 use rustls::RootCertStore;
+use rustls::SignatureScheme;
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
+use rustls::pki_types::UnixTime;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use tokio::net::{TcpListener, TcpStream};
@@ -69,26 +75,116 @@ pub fn certified_key(chain: &[Vec<u8>], key_pkcs8: &[u8]) -> Result<CertifiedKey
     Ok(CertifiedKey::new(certs, signer))
 }
 
+/// The certificates that authenticate mTLS clients, replaceable while the listener runs (CA
+/// rotation adds a new intermediate and removes old ones). Handshakes use the set current when
+/// they start. It sends no CA names in the CertificateRequest (they change with rotation);
+/// clients send the one certificate they have.
+pub struct ClientAnchors {
+    current: ArcSwap<Arc<dyn ClientCertVerifier>>,
+}
+
+impl std::fmt::Debug for ClientAnchors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientAnchors").finish_non_exhaustive()
+    }
+}
+
+fn client_verifier(anchors: &[Vec<u8>]) -> Result<Arc<dyn ClientCertVerifier>, String> {
+    let mut store = RootCertStore::empty();
+    for r in anchors {
+        store
+            .add(CertificateDer::from(r.clone()))
+            .map_err(|e| format!("client CA certificate refused by rustls: {e}"))?;
+    }
+    WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| format!("client verifier: {e}"))
+}
+
+impl ClientAnchors {
+    pub fn new(anchors: &[Vec<u8>]) -> Result<Arc<Self>, String> {
+        Ok(Arc::new(Self {
+            current: ArcSwap::from_pointee(client_verifier(anchors)?),
+        }))
+    }
+
+    /// Replaces the anchors for the handshakes that start from now on.
+    pub fn replace(&self, anchors: &[Vec<u8>]) -> Result<(), String> {
+        self.current.store(Arc::new(client_verifier(anchors)?));
+        Ok(())
+    }
+}
+
+impl ClientCertVerifier for ClientAnchors {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.current
+            .load()
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.current
+            .load()
+            .verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.current
+            .load()
+            .verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.current.load().supported_verify_schemes()
+    }
+}
+
 /// The server's rustls config: our certificate, h2 only, client certificates optional and,
 /// when sent, verified against `roots`.
 pub fn server_config(
     resolver: Arc<ServerCertResolver>,
     roots: &[Vec<u8>],
 ) -> Result<rustls::ServerConfig, String> {
-    let mut store = RootCertStore::empty();
-    for r in roots {
-        store
-            .add(CertificateDer::from(r.clone()))
-            .map_err(|e| format!("trust bundle root refused by rustls: {e}"))?;
-    }
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider())
-        .allow_unauthenticated()
-        .build()
-        .map_err(|e| format!("client verifier: {e}"))?;
+    server_config_with(resolver, ClientAnchors::new(roots)?)
+}
+
+/// [`server_config`] with client anchors the caller can replace.
+pub fn server_config_with(
+    resolver: Arc<ServerCertResolver>,
+    anchors: Arc<ClientAnchors>,
+) -> Result<rustls::ServerConfig, String> {
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS versions: {e}"))?
-        .with_client_cert_verifier(verifier)
+        .with_client_cert_verifier(anchors)
         .with_cert_resolver(resolver);
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     Ok(cfg)

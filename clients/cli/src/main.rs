@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod ca;
 mod checkpoint;
 mod nodes;
 mod revoke;
@@ -86,6 +87,11 @@ enum Cmd {
     Entry {
         #[command(subcommand)]
         cmd: nodes::EntryCmd,
+    },
+    /// The CA's keys: status, rotation, taint and removal.
+    Ca {
+        #[command(subcommand)]
+        cmd: ca::CaCmd,
     },
     /// Load generator: issues through the Istio API over TLS and reports throughput and latency.
     Bench(bench::BenchArgs),
@@ -353,6 +359,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("  {}", out.join("bundle.pem").display());
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Ca { cmd } => ca::ca(&cli.socket, cmd).await,
         Cmd::Token { cmd } => nodes::token(&cli.socket, cmd).await,
         Cmd::Node { cmd } => nodes::node(&cli.socket, cmd).await,
         Cmd::Entry { cmd } => nodes::entry(&cli.socket, cmd).await,

@@ -3,6 +3,7 @@
 //! [`ApiError`]'s one `From` impl, and nowhere else.
 
 pub mod admin;
+pub mod ca_admin;
 pub mod istio;
 pub mod ledger_admin;
 pub mod native;
@@ -29,6 +30,9 @@ pub enum ApiError {
     /// Not there.
     #[error("{0}")]
     NotFound(String),
+    /// The system is not in a state that allows it; the message says what to do first.
+    #[error("{0}")]
+    FailedPrecondition(String),
     /// Retry later (database down, queue full, CA not valid now).
     #[error("{0}")]
     Unavailable(String),
@@ -51,6 +55,7 @@ impl ApiError {
             ApiError::Unauthenticated(_) => "unauthenticated",
             ApiError::PermissionDenied(_) => "permission_denied",
             ApiError::NotFound(_) => "not_found",
+            ApiError::FailedPrecondition(_) => "failed_precondition",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::ResourceExhausted { .. } => "resource_exhausted",
             ApiError::Internal(_) => "internal",
@@ -72,6 +77,7 @@ impl From<ApiError> for Status {
             ApiError::Unauthenticated(_) => Code::Unauthenticated,
             ApiError::PermissionDenied(_) => Code::PermissionDenied,
             ApiError::NotFound(_) => Code::NotFound,
+            ApiError::FailedPrecondition(_) => Code::FailedPrecondition,
             ApiError::Unavailable(_) => Code::Unavailable,
             ApiError::ResourceExhausted { .. } => Code::ResourceExhausted,
             ApiError::Internal(_) => Code::Internal,

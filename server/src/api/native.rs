@@ -49,8 +49,7 @@ pub(crate) fn bundle_to_proto(b: &Bundle) -> PbBundle {
         trust_domain: b.trust_domain.to_string(),
         roots: b.roots.clone(),
         revision: b.revision,
-        // CA rotation and taints are not there yet: nothing is tainted.
-        tainted_key_ids: Vec::new(),
+        tainted_key_ids: b.tainted_key_ids.clone(),
         crls: b
             .crls
             .iter()

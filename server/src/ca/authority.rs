@@ -95,6 +95,37 @@ pub(crate) fn floor_secs(t: SystemTime) -> Option<SystemTime> {
     })
 }
 
+/// A CA certificate's key ID: lowercase hex of its subject key identifier, or of the SHA-256
+/// of its SubjectPublicKeyInfo if it has none (the value leaves carry as their AKI).
+pub(crate) fn key_id_of(cert: &X509Certificate<'_>) -> String {
+    match subject_key_id(cert) {
+        Some(ski) => hex::encode(ski),
+        None => hex::encode(signet_types::ledger::sha256(cert.public_key().raw)),
+    }
+}
+
+/// [`key_id_of`] for DER.
+pub fn key_id_of_der(der: &[u8]) -> Option<String> {
+    parse_cert(der).ok().map(|c| key_id_of(&c))
+}
+
+fn algorithm(key_type: KeyType) -> &'static rcgen::SignatureAlgorithm {
+    match key_type {
+        KeyType::EcdsaP256 => &rcgen::PKCS_ECDSA_P256_SHA256,
+        KeyType::EcdsaP384 => &rcgen::PKCS_ECDSA_P384_SHA384,
+    }
+}
+
+/// The organizationalUnit that tells a generated CA's generations apart: its creation time.
+fn generation_label(now: SystemTime) -> String {
+    to_offset(now)
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .map_or_else(|| "generation".to_owned(), |t| format!("generation {t}"))
+}
+
 fn child_of(child: &X509Certificate<'_>, parent: &X509Certificate<'_>) -> Result<(), String> {
     if child.issuer().as_raw() != parent.subject().as_raw() {
         return Err(format!(
@@ -127,16 +158,14 @@ impl Authority {
         ttl: Duration,
         serials: &dyn SerialSource,
     ) -> Result<(Authority, Vec<u8>), AuthorityError> {
-        let alg = match key_type {
-            KeyType::EcdsaP256 => &rcgen::PKCS_ECDSA_P256_SHA256,
-            KeyType::EcdsaP384 => &rcgen::PKCS_ECDSA_P384_SHA384,
-        };
-        let key =
-            KeyPair::generate_for(alg).map_err(|e| AuthorityError::Generate(e.to_string()))?;
+        let key = KeyPair::generate_for(algorithm(key_type))
+            .map_err(|e| AuthorityError::Generate(e.to_string()))?;
 
         let mut params = CertificateParams::default();
         let mut dn = DistinguishedName::new();
         dn.push(DnType::OrganizationName, "Signet");
+        // Roots of one trust domain differ by name too (a rotation has two at once).
+        dn.push(DnType::OrganizationalUnitName, generation_label(now));
         let cn = format!("Signet root CA for {td}");
         // X.520 caps commonName at 64 characters.
         dn.push(
@@ -179,6 +208,83 @@ impl Authority {
         let der = cert.der().to_vec();
         let pkcs8 = key.serialize_der();
         let authority = Authority::from_parts(der.clone(), &pkcs8, Vec::new(), vec![der])?;
+        Ok((authority, pkcs8))
+    }
+
+    /// Generates a key and an intermediate CA certificate for it, signed by this authority (a
+    /// root): `pathlen:0`, keyCertSign + cRLSign, the trust domain's SPIFFE ID, valid from
+    /// `now` (backdated) for `ttl`, but never beyond this authority's own validity.
+    ///
+    /// Returns the intermediate (its chain: itself, then this authority's chain) and its
+    /// private key as PKCS#8 DER, for the caller to seal.
+    pub fn sign_intermediate(
+        &self,
+        td: &TrustDomain,
+        key_type: KeyType,
+        now: SystemTime,
+        ttl: Duration,
+        serials: &dyn SerialSource,
+    ) -> Result<(Authority, Vec<u8>), AuthorityError> {
+        let key = KeyPair::generate_for(algorithm(key_type))
+            .map_err(|e| AuthorityError::Generate(e.to_string()))?;
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::OrganizationName, "Signet");
+        dn.push(DnType::OrganizationalUnitName, generation_label(now));
+        let cn = format!("Signet intermediate CA for {td}");
+        dn.push(
+            DnType::CommonName,
+            if cn.len() <= 64 {
+                cn
+            } else {
+                "Signet intermediate CA".to_owned()
+            },
+        );
+        params.distinguished_name = dn;
+        let uri = td
+            .id_string()
+            .try_into()
+            .map_err(|e| AuthorityError::Generate(format!("trust domain URI: {e}")))?;
+        params.subject_alt_names = vec![SanType::URI(uri)];
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        params.use_authority_key_identifier_extension = true;
+        let out_of_range =
+            || AuthorityError::Generate("the intermediate's validity is out of range".into());
+        let not_before = now
+            .checked_sub(BACKDATE)
+            .map_or(self.not_before, |t| t.max(self.not_before));
+        let not_after = now
+            .checked_add(ttl)
+            .map_or(self.not_after, |t| t.min(self.not_after));
+        let not_before = floor_secs(not_before).ok_or_else(out_of_range)?;
+        let not_after = floor_secs(not_after).ok_or_else(out_of_range)?;
+        if not_after <= now {
+            return Err(AuthorityError::Generate(format!(
+                "the signing root {} expires before the intermediate could be used",
+                self.key_id
+            )));
+        }
+        params.not_before = to_offset(not_before).ok_or_else(out_of_range)?;
+        params.not_after = to_offset(not_after).ok_or_else(out_of_range)?;
+        params.serial_number = Some(SerialNumber::from_slice(&serials.next_serial()));
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(|e| AuthorityError::Generate(e.to_string()))?;
+        let pkcs8 = key.serialize_der();
+        let mut intermediates = self.chain.clone();
+        // The chain ends with the anchoring root, which goes in `roots`.
+        intermediates.pop();
+        let authority = Authority::from_parts(
+            cert.der().to_vec(),
+            &pkcs8,
+            intermediates,
+            self.roots.clone(),
+        )?;
         Ok((authority, pkcs8))
     }
 
@@ -270,10 +376,7 @@ impl Authority {
             ));
         }
 
-        let key_id = match subject_key_id(&cert) {
-            Some(ski) => hex::encode(ski),
-            None => hex::encode(signet_types::ledger::sha256(cert.public_key().raw)),
-        };
+        let key_id = key_id_of(&cert);
         let not_before = to_system_time(&cert.validity().not_before);
         let not_after = to_system_time(&cert.validity().not_after);
         let issuer = Issuer::from_ca_cert_der(&CertificateDer::from(cert_der.as_slice()), key)
@@ -479,7 +582,7 @@ pub(crate) mod tests {
             let cert = parse_cert(ca.cert_der()).expect("parses");
             assert_eq!(
                 cert.subject().to_string(),
-                "O=Signet, CN=Signet root CA for example.org"
+                "O=Signet, OU=generation 2023-11-14T22:13:20Z, CN=Signet root CA for example.org"
             );
             assert_eq!(cert.issuer().as_raw(), cert.subject().as_raw());
             let san = cert.subject_alternative_name().expect("ok").expect("SAN");

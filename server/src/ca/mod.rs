@@ -12,10 +12,14 @@
 //! - [`validate`]: re-checks every certificate the core signed before it leaves.
 //! - [`kek`]: encryption of CA private keys kept in the database.
 //! - [`serial`]: serial number sources.
+//! - [`rotator`]: which CA key transition is due (pure: slots, time, seeded jitter).
+//! - [`manager`]: the CA key slots: loading, creation, sealing, transitions, the published view.
 
 pub mod authority;
 pub mod csr;
 pub mod kek;
+pub mod manager;
+pub mod rotator;
 pub mod serial;
 pub mod template;
 #[cfg(test)]

@@ -6,6 +6,9 @@
 //! locks the chain head, appends the whole batch in order, and moves the head, so replicas
 //! sharing one PostgreSQL extend a single chain in a total order.
 
+pub mod ca_slots;
+#[cfg(test)]
+mod ca_slots_tests;
 #[cfg(test)]
 mod conformance;
 #[cfg(test)]
@@ -22,6 +25,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use signet_types::ledger::{Hash, LedgerEntry};
 
+pub use ca_slots::{CaChange, CaKeyUsage, CaSlotRow, CaSlotStore, SlotUpdate};
 pub use nodes::{EntryRow, EntrySync, NewEntry, NodeRow, NodeStore, TokenUse};
 pub use postgres::PgStore;
 pub use revocations::{
@@ -149,7 +153,7 @@ impl From<sqlx::Error> for StoreError {
 }
 
 #[async_trait]
-pub trait Store: NodeStore + RevocationStore + Send + Sync + 'static {
+pub trait Store: NodeStore + RevocationStore + CaSlotStore + Send + Sync + 'static {
     /// Cheap reachability check for `/readyz`.
     async fn ping(&self) -> Result<(), StoreError>;
 

@@ -17,7 +17,7 @@ use super::{
 /// Bounds the first connection at startup, so an unreachable database answers quickly.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+pub(super) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
 
 /// A [`Store`] on PostgreSQL.
 #[derive(Debug, Clone)]
@@ -81,6 +81,7 @@ fn session_settings(cfg: &DatabaseConfig) -> [(&'static str, String); 3] {
 
 super::nodes::impl_node_store!(PgStore, StoreError::from);
 super::revocations::impl_revocation_store!(PgStore, StoreError::from, "BEGIN", " FOR UPDATE");
+super::ca_slots::impl_ca_slot_store!(PgStore, StoreError::from);
 
 #[async_trait]
 impl Store for PgStore {

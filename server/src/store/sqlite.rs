@@ -19,7 +19,7 @@ use super::{
 /// Most connections to one SQLite file (one writer at a time anyway).
 const MAX_CONNECTIONS: u32 = 8;
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
+pub(super) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 
 /// A [`Store`] on a local SQLite database.
 #[derive(Debug, Clone)]
@@ -168,6 +168,7 @@ fn private_files(db: &Path) -> Result<(), StoreError> {
 
 super::nodes::impl_node_store!(SqliteStore, map_err);
 super::revocations::impl_revocation_store!(SqliteStore, map_err, "BEGIN IMMEDIATE", "");
+super::ca_slots::impl_ca_slot_store!(SqliteStore, map_err);
 
 #[async_trait]
 impl Store for SqliteStore {

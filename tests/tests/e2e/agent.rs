@@ -139,6 +139,16 @@ fn sink_leaf(dir: &Path) -> Option<String> {
     Some(pem[..first_end + "-----END CERTIFICATE-----\n".len()].to_owned())
 }
 
+/// Every certificate in the sink's `svid.pem`, one PEM each.
+fn sink_chain(dir: &Path) -> Vec<String> {
+    let pem = std::fs::read_to_string(dir.join("svid.pem")).unwrap_or_default();
+    const END: &str = "-----END CERTIFICATE-----";
+    pem.split_inclusive(END)
+        .filter(|p| p.contains("-----BEGIN CERTIFICATE-----"))
+        .map(|p| format!("{}\n", p.trim_start()))
+        .collect()
+}
+
 pub(crate) fn create_token(server: &Server, node_id: &str) -> String {
     let out = server.signetctl(&["token", "create", "--node-id", node_id]);
     assert!(out.status.success(), "{out:?}");
@@ -259,18 +269,16 @@ async fn short_lived_certificates_rotate_and_outlive_the_server() {
     .await;
     let first_serial = serial_of(&first);
     // Renewed at about half of the six seconds: a new serial well within 15 s.
-    let second = eventually(15, "a rotated certificate in the sink", || async {
+    let _rotated = eventually(15, "a rotated certificate in the sink", || async {
         sink_leaf(&l.sink_dir).filter(|p| serial_of(p) != first_serial)
     })
     .await;
-    openssl_verify(
-        &[
-            second.clone(),
-            String::from_utf8(server.bundle_pem.clone()).unwrap(),
-        ],
-        &server.bundle_pem,
-    )
-    .unwrap();
+    // The sink holds the leaf and the intermediate (the roots are the bundle).
+    let mut chain = sink_chain(&l.sink_dir);
+    assert_eq!(chain.len(), 2, "leaf and intermediate: {chain:?}");
+    assert_ne!(serial_of(&chain[0]), first_serial);
+    chain.push(String::from_utf8(server.bundle_pem.clone()).unwrap());
+    openssl_verify(&chain, &server.bundle_pem).unwrap();
 
     // With the server gone, the workload still gets its (last good) certificate.
     server.stop().await;

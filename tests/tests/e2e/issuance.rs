@@ -33,13 +33,14 @@ async fn istio_api_issues_a_verifiable_recorded_svid() {
         .unwrap()
         .into_inner()
         .cert_chain;
-    assert_eq!(chain.len(), 2, "leaf and root");
+    assert_eq!(chain.len(), 3, "leaf, intermediate, roots");
     assert_eq!(
         uri_sans(&chain[0]),
         ["spiffe://example.org/ns/payments/sa/api"]
     );
-    // The root in the response is the one in bundle.pem.
-    assert_eq!(chain[1].as_bytes(), server.bundle_pem.as_slice());
+    // The last element holds every trusted root: bundle.pem.
+    assert_eq!(chain[2].as_bytes(), server.bundle_pem.as_slice());
+    assert_ne!(chain[1].as_bytes(), server.bundle_pem.as_slice());
     openssl_verify(&chain, &server.bundle_pem).unwrap();
 
     // The ledger row exists, with the caller and identity, found by serial via signetctl.

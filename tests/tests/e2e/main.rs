@@ -7,6 +7,7 @@ mod agent_revocation;
 mod attacks;
 mod bad_input;
 mod bridge;
+mod ca_rotation;
 mod checkpoints;
 mod fake_kube;
 mod federation;
@@ -19,6 +20,7 @@ mod node_psat;
 mod nodes;
 mod plugged;
 mod revocation;
+mod rotation_handshakes;
 mod sink_harness;
 mod workload_clients;
 

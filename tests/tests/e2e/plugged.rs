@@ -9,7 +9,7 @@ use rcgen::{
 use signet_proto::istio_ca::IstioCertificateRequest;
 use signet_tests::*;
 
-fn ca_params(cn: &str) -> CertificateParams {
+pub(crate) fn ca_params(cn: &str) -> CertificateParams {
     let mut p = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::OrganizationName, "Example Corp");

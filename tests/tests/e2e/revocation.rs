@@ -83,9 +83,32 @@ fn crl_serials(der: &[u8]) -> Vec<(String, Option<u8>)> {
         .collect()
 }
 
-/// `openssl verify -x509_strict -crl_check` of a leaf against the root and the CRL.
-fn openssl_verify_crl(leaf_pem: &str, root_pem: &[u8], crl_der: &[u8]) -> Result<(), String> {
-    openssl_verify_crl_via(leaf_pem, None, root_pem, crl_der)
+/// `openssl verify -x509_strict -crl_check` of a chain's leaf (through its intermediate, the
+/// chain's second certificate) against the root and the leaf's issuer's CRL.
+fn openssl_verify_crl(chain: &[String], root_pem: &[u8], crl_der: &[u8]) -> Result<(), String> {
+    openssl_verify_crl_via(
+        &chain[0],
+        chain.get(1).map(String::as_str),
+        root_pem,
+        crl_der,
+    )
+}
+
+/// The authority key identifier of a PEM certificate (its issuer's key ID), lowercase hex.
+fn issuer_key_id(pem: &str) -> String {
+    let der = signet_types::pem::parse_certs(pem.as_bytes())
+        .unwrap()
+        .remove(0);
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+    cert.extensions()
+        .iter()
+        .find_map(|e| match e.parsed_extension() {
+            x509_parser::extensions::ParsedExtension::AuthorityKeyIdentifier(a) => {
+                a.key_identifier.as_ref().map(|k| hex_lower(k.0))
+            }
+            _ => None,
+        })
+        .expect("an authority key identifier")
 }
 
 /// The same, through an intermediate (`-untrusted`).
@@ -186,11 +209,17 @@ async fn revoked_certificate_is_in_every_crl_fails_openssl_and_cannot_renew() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(b.crls.len(), 1, "{b:?}");
-    let key_id = b.crls[0].key_id.clone();
-    let first_number = b.crls[0].number;
-    assert!(crl_serials(&b.crls[0].der).is_empty());
-    openssl_verify_crl(&chain[0], &server.bundle_pem, &b.crls[0].der).unwrap();
+    // One per CA key: the root's and the issuing intermediate's.
+    assert_eq!(b.crls.len(), 2, "{b:?}");
+    let key_id = issuer_key_id(&chain[0]);
+    let issuing = b
+        .crls
+        .iter()
+        .find(|c| c.key_id == key_id)
+        .expect("the issuer's CRL");
+    let first_number = issuing.number;
+    assert!(crl_serials(&issuing.der).is_empty());
+    openssl_verify_crl(&chain, &server.bundle_pem, &issuing.der).unwrap();
 
     // Bad input: a clear error, nothing changes.
     let head = server.cert_count().await;
@@ -345,7 +374,11 @@ async fn revoked_certificate_is_in_every_crl_fails_openssl_and_cannot_renew() {
         crl.der
     );
     let out = server.signetctl(&["crl", "list", "--json"]);
-    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed: serde_json::Value = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|c| c["ca_key_id"] == key_id.as_str())
+        .expect("crl list shows the issuer's CRL");
     assert_eq!(listed["ca_key_id"], key_id.as_str());
     assert_eq!(listed["number"], crl.number);
     assert_eq!(listed["entries"], 1);
@@ -361,7 +394,12 @@ async fn revoked_certificate_is_in_every_crl_fails_openssl_and_cannot_renew() {
 
     // openssl: the CRL verifies; the revoked certificate is rejected, a replacement accepted.
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("root.pem"), &server.bundle_pem).unwrap();
+    // The CRL is the intermediate's: -CAfile holds the chain up to the root.
+    std::fs::write(
+        dir.path().join("root.pem"),
+        [server.bundle_pem.clone(), chain[1].clone().into_bytes()].concat(),
+    )
+    .unwrap();
     std::fs::write(dir.path().join("crl.der"), &crl.der).unwrap();
     let out = std::process::Command::new("openssl")
         .args(["crl", "-inform", "DER", "-noout", "-verify", "-in"])
@@ -374,10 +412,10 @@ async fn revoked_certificate_is_in_every_crl_fails_openssl_and_cannot_renew() {
         out.status.success() && String::from_utf8_lossy(&out.stderr).contains("verify OK"),
         "{out:?}"
     );
-    let e = openssl_verify_crl(&chain[0], &server.bundle_pem, &crl.der).unwrap_err();
+    let e = openssl_verify_crl(&chain, &server.bundle_pem, &crl.der).unwrap_err();
     assert!(e.contains("revoked"), "{e}");
     let (replacement, _, _) = issue(&server, &tokens, "frontend").await;
-    openssl_verify_crl(&replacement[0], &server.bundle_pem, &crl.der).unwrap();
+    openssl_verify_crl(&replacement, &server.bundle_pem, &crl.der).unwrap();
 
     // mTLS renewal with the revoked certificate: refused, and audited.
     let id = ClientIdentity {
@@ -669,7 +707,13 @@ async fn revoke_by_spiffe_id_entry_node_and_ca_key() {
         .await
         .unwrap()
         .into_inner();
-    let listed = crl_serials(&b.crls[0].der);
+    let listed = crl_serials(
+        &b.crls
+            .iter()
+            .find(|c| c.key_id == key_id)
+            .expect("the key's CRL")
+            .der,
+    );
     for s in [
         &a1, &a2, &f1, &e1_cert, &e2_cert, &n1_svid, &n2_svid, &n2_cert,
     ] {
@@ -700,7 +744,8 @@ async fn revoke_by_spiffe_id_entry_node_and_ca_key() {
     assert_eq!(v["ok"], true, "{v}");
 }
 
-async fn bundle_crl(server: &Server) -> signet_proto::ca::Crl {
+/// The CRL of the CA that issued `leaf_pem`, from `GetBundle`.
+async fn bundle_crl(server: &Server, leaf_pem: &str) -> signet_proto::ca::Crl {
     let b = server
         .native()
         .await
@@ -708,8 +753,12 @@ async fn bundle_crl(server: &Server) -> signet_proto::ca::Crl {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(b.crls.len(), 1, "{b:?}");
-    b.crls[0].clone()
+    let key_id = issuer_key_id(leaf_pem);
+    b.crls
+        .iter()
+        .find(|c| c.key_id == key_id)
+        .unwrap_or_else(|| panic!("no CRL of {key_id}: {b:?}"))
+        .clone()
 }
 
 /// Two replicas on one PostgreSQL: a revocation on one reaches the other's CRL (by its poll),
@@ -751,7 +800,12 @@ async fn replicas_publish_the_same_crl_and_reissue_it_before_next_update() {
         .unwrap()
         .into_inner();
     let first = watch.message().await.unwrap().unwrap();
-    assert_eq!(first.crls.len(), 1);
+    assert!(
+        first
+            .crls
+            .iter()
+            .any(|c| c.key_id == issuer_key_id(&chain[0]))
+    );
 
     let v = json(&a.signetctl(&[
         "certs",
@@ -762,7 +816,7 @@ async fn replicas_publish_the_same_crl_and_reissue_it_before_next_update() {
         "--json",
     ]));
     assert_eq!(v["revoked_count"], 1, "{v}");
-    let on_a = bundle_crl(&a).await;
+    let on_a = bundle_crl(&a, &chain[0]).await;
     assert_eq!(crl_serials(&on_a.der), vec![(serial.clone(), Some(4))]);
     // The watch stream carries the new CRL.
     let pushed = loop {
@@ -813,7 +867,7 @@ async fn replicas_publish_the_same_crl_and_reissue_it_before_next_update() {
             "no re-issue: {seen:?}"
         );
         for s in [&a, &b] {
-            let c = bundle_crl(s).await;
+            let c = bundle_crl(s, &chain[0]).await;
             let (_, parsed) = x509_parser::parse_x509_crl(&c.der).unwrap();
             let now = now_unix();
             assert!(
@@ -834,7 +888,10 @@ async fn replicas_publish_the_same_crl_and_reissue_it_before_next_update() {
     }
     // The same number is the same CRL on both replicas.
     for _ in 0..50 {
-        let (ca, cb) = (bundle_crl(&a).await, bundle_crl(&b).await);
+        let (ca, cb) = (
+            bundle_crl(&a, &chain[0]).await,
+            bundle_crl(&b, &chain[0]).await,
+        );
         if ca.number == cb.number {
             assert_eq!(ca.der, cb.der);
             break;
@@ -909,7 +966,7 @@ async fn a_plugged_in_intermediate_signs_the_crl_of_what_it_issued() {
         "--json",
     ]));
     assert_eq!(v["revoked_count"], 1, "{v}");
-    let crl = bundle_crl(&server).await;
+    let crl = bundle_crl(&server, &chain[0]).await;
     let (_, parsed) = x509_parser::parse_x509_crl(&crl.der).unwrap();
     let (_, inter_cert) = x509_parser::parse_x509_certificate(inter.der()).unwrap();
     assert_eq!(parsed.issuer(), inter_cert.subject());
@@ -959,19 +1016,25 @@ async fn the_agent_replaces_a_revoked_certificate_at_once_and_delivers_the_crl()
     create_entry(&server, app, "vm-revoke", &["--ttl", "1h"]);
     let l = write_config(&server, &token, app);
     let agent = Agent::start(&l.config);
+    // The sink's chain (leaf, intermediate), one PEM per certificate.
     let sink_leaf = |dir: &std::path::Path| {
-        let pem = std::fs::read_to_string(dir.join("svid.pem")).ok()?;
-        let end = pem.find("-----END CERTIFICATE-----")? + "-----END CERTIFICATE-----\n".len();
-        Some(pem[..end].to_owned())
+        let pem = std::fs::read(dir.join("svid.pem")).ok()?;
+        let certs = signet_types::pem::parse_certs(&pem).ok()?;
+        (!certs.is_empty()).then(|| {
+            certs
+                .iter()
+                .map(|d| signet_types::pem::cert_to_pem(d))
+                .collect::<Vec<String>>()
+        })
     };
     let first = eventually(30, "the files sink", || async { sink_leaf(&l.sink_dir) }).await;
-    let serial = serial_of(&first);
+    let serial = serial_of(&first[0]);
 
     let revoked_at = std::time::Instant::now();
     let out = server.signetctl(&["certs", "revoke", &serial, "--reason", "keyCompromise"]);
     assert!(out.status.success(), "{out:?}");
     let second = eventually(15, "a replacement in the files sink", || async {
-        sink_leaf(&l.sink_dir).filter(|p| serial_of(p) != serial)
+        sink_leaf(&l.sink_dir).filter(|c| serial_of(&c[0]) != serial)
     })
     .await;
     let replaced_in = revoked_at.elapsed();
@@ -981,11 +1044,14 @@ async fn the_agent_replaces_a_revoked_certificate_at_once_and_delivers_the_crl()
     // crl.pem beside the files lists the revoked serial; openssl agrees.
     let crl_pem = eventually(10, "crl.pem listing the serial", || async {
         let pem = std::fs::read(l.sink_dir.join("crl.pem")).ok()?;
-        let der = ::pem::parse_many(&pem).ok()?.first()?.contents().to_vec();
-        crl_serials(&der)
-            .iter()
-            .any(|(s, _)| s == &serial)
-            .then_some(der)
+        // One CRL per CA key (the root's and the intermediate's): the issuer's lists it.
+        ::pem::parse_many(&pem).ok()?.into_iter().find_map(|b| {
+            let der = b.contents().to_vec();
+            crl_serials(&der)
+                .iter()
+                .any(|(s, _)| s == &serial)
+                .then_some(der)
+        })
     })
     .await;
     assert!(openssl_verify_crl(&first, &server.bundle_pem, &crl_pem).is_err());
@@ -1008,7 +1074,7 @@ async fn the_agent_replaces_a_revoked_certificate_at_once_and_delivers_the_crl()
             (listed("svid_crls").is_some() && listed("bundle_crls").is_some()).then_some(v)
         })
         .await;
-        assert_eq!(v["svids"][0]["chain_pem"][0], second, "{v}");
+        assert_eq!(v["svids"][0]["chain_pem"][0], second[0], "{v}");
     }
     agent.stop().await;
 }

@@ -1,0 +1,165 @@
+//! `signetctl ca status|prepare|activate|taint|revoke`: the CA key slots (the
+//! `signet.admin.v1.CaAdmin` service on the admin socket).
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::anyhow;
+use clap::Subcommand;
+use signet_client::admin::ca_admin_client::CaAdminClient;
+use signet_client::admin::{
+    CaActionResponse, CaKeyRequest, CaPrepareRequest, CaRevokeRequest, CaSlot, CaStatusRequest,
+};
+use tonic::transport::Channel;
+
+use crate::{rfc3339, status_err};
+
+#[derive(Debug, Subcommand)]
+pub enum CaCmd {
+    /// Every CA key: kind, state, validity, parent, and the certificates still issued under it.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Prepare a new intermediate under the active root (with --root: a new root, published in
+    /// the trust bundle at once, signing nothing until activated).
+    Prepare {
+        #[arg(long)]
+        root: bool,
+    },
+    /// Activate a prepared key; the active key of its kind is retired.
+    Activate { key_id: String },
+    /// Taint a key: holders of certificates issued under it replace them.
+    Taint { key_id: String },
+    /// Remove a non-active key from the trust bundle. Refused while unexpired certificates
+    /// issued under it remain, unless --force.
+    Revoke {
+        key_id: String,
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+async fn client(socket: &Path) -> anyhow::Result<CaAdminClient<Channel>> {
+    let ch = signet_client::connect_admin(socket).await.map_err(|e| {
+        anyhow!("{e}\n(is signet-server running? point --socket at <data_dir>/admin.sock)")
+    })?;
+    Ok(CaAdminClient::new(ch))
+}
+
+fn time_or_none(t: i64) -> serde_json::Value {
+    if t == 0 {
+        serde_json::Value::Null
+    } else {
+        rfc3339(t).into()
+    }
+}
+
+fn slot_json(s: &CaSlot) -> serde_json::Value {
+    serde_json::json!({
+        "key_id": s.key_id,
+        "kind": s.kind,
+        "state": s.state,
+        "tainted": s.tainted,
+        "algorithm": s.algorithm,
+        "not_before": rfc3339(s.not_before),
+        "not_after": rfc3339(s.not_after),
+        "parent_key_id": if s.parent_key_id.is_empty() { serde_json::Value::Null } else { s.parent_key_id.clone().into() },
+        "unexpired_certificates": s.unexpired_certificates,
+        "last_expiry": time_or_none(s.last_expiry),
+        "prepared_at": time_or_none(s.prepared_at),
+        "activated_at": time_or_none(s.activated_at),
+        "retired_at": time_or_none(s.retired_at),
+        "removed_at": time_or_none(s.removed_at),
+        "external": s.external,
+    })
+}
+
+fn print_action(verb: &str, r: &CaActionResponse) {
+    println!("{verb} {}", r.key_id);
+    for w in &r.warnings {
+        eprintln!("warning: {w}");
+    }
+}
+
+pub async fn ca(socket: &Path, cmd: CaCmd) -> anyhow::Result<ExitCode> {
+    let mut c = client(socket).await?;
+    match cmd {
+        CaCmd::Status { json } => {
+            let r = c
+                .status(CaStatusRequest {})
+                .await
+                .map_err(|s| status_err("ca status", s))?
+                .into_inner();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "plugged": r.plugged,
+                        "active_key_id": r.active_key_id,
+                        "slots": r.slots.iter().map(slot_json).collect::<Vec<_>>(),
+                    })
+                );
+            } else {
+                if r.plugged {
+                    println!("plugged-in CA (rotate it by replacing its files)");
+                }
+                println!(
+                    "{:<42} {:<12} {:<9} {:<7} {:<20} {:<20} {:>9}  LAST EXPIRY",
+                    "KEY ID", "KIND", "STATE", "TAINTED", "NOT BEFORE", "NOT AFTER", "UNEXPIRED"
+                );
+                for s in &r.slots {
+                    println!(
+                        "{:<42} {:<12} {:<9} {:<7} {:<20} {:<20} {:>9}  {}",
+                        s.key_id,
+                        s.kind,
+                        s.state,
+                        if s.tainted { "yes" } else { "no" },
+                        rfc3339(s.not_before),
+                        rfc3339(s.not_after),
+                        s.unexpired_certificates,
+                        if s.last_expiry == 0 {
+                            "-".to_owned()
+                        } else {
+                            rfc3339(s.last_expiry)
+                        }
+                    );
+                }
+                println!("signing: {}", r.active_key_id);
+            }
+        }
+        CaCmd::Prepare { root } => {
+            let r = c
+                .prepare(CaPrepareRequest { root })
+                .await
+                .map_err(|s| status_err("ca prepare", s))?
+                .into_inner();
+            print_action("prepared", &r);
+        }
+        CaCmd::Activate { key_id } => {
+            let r = c
+                .activate(CaKeyRequest { key_id })
+                .await
+                .map_err(|s| status_err("ca activate", s))?
+                .into_inner();
+            print_action("activated", &r);
+        }
+        CaCmd::Taint { key_id } => {
+            let r = c
+                .taint(CaKeyRequest { key_id })
+                .await
+                .map_err(|s| status_err("ca taint", s))?
+                .into_inner();
+            print_action("tainted", &r);
+        }
+        CaCmd::Revoke { key_id, force } => {
+            let r = c
+                .revoke(CaRevokeRequest { key_id, force })
+                .await
+                .map_err(|s| status_err("ca revoke", s))?
+                .into_inner();
+            print_action("removed", &r);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

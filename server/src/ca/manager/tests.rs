@@ -1,0 +1,565 @@
+//! The manager against real stores (SQLite, and PostgreSQL when `SIGNET_TEST_DATABASE_URL` is
+//! set), on an injected clock without jitter.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use super::*;
+use crate::ca::RandomSerials;
+use crate::ca::rotator::NoJitter;
+use crate::ca::testutil::{self, grant, now, openssl_verify, p256_csr};
+use crate::store::{NewCertificate, PgStore, SqliteStore, StoredCaKey};
+
+const ACQUIRE: Duration = Duration::from_secs(10);
+const INT_TTL: Duration = Duration::from_secs(600);
+const ROOT_TTL: Duration = Duration::from_secs(6000);
+
+fn cfg() -> ManagerConfig {
+    ManagerConfig {
+        trust_domain: testutil::td(),
+        key_type: KeyType::EcdsaP256,
+        root_ttl: ROOT_TTL,
+        intermediate_ttl: INT_TTL,
+        policy: rotator::Policy {
+            jitter: 0.0,
+            root_propagation: Duration::from_secs(300),
+            ..rotator::Policy::default()
+        },
+    }
+}
+
+fn kek_copy(k: &Kek) -> Kek {
+    Kek::from_base64(&k.to_base64()).unwrap()
+}
+
+async fn sqlite() -> (Arc<dyn Store>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = signet_testutil::sqlite_url(dir.path());
+    (
+        Arc::new(SqliteStore::connect(&url, ACQUIRE).await.unwrap()),
+        dir,
+    )
+}
+
+async fn manager(store: Arc<dyn Store>, kek: Kek, at: SystemTime) -> Arc<CaManager> {
+    CaManager::generated(
+        store,
+        kek,
+        cfg(),
+        Arc::new(RandomSerials::default()),
+        Arc::new(NoJitter),
+        at,
+    )
+    .await
+    .unwrap()
+}
+
+fn after(d: Duration) -> SystemTime {
+    now() + d
+}
+
+/// Records a leaf the active key issued, as the ledger would.
+async fn record_leaf(store: &dyn Store, m: &CaManager, serial: u32, at: SystemTime) -> Vec<u8> {
+    let (_, csr) = p256_csr();
+    let issued = m
+        .view()
+        .active
+        .issue(
+            &csr,
+            &grant("/ns/a/sa/b", Duration::from_secs(300)),
+            at,
+            &RandomSerials::default(),
+        )
+        .unwrap();
+    store
+        .append_certificates(&[NewCertificate {
+            serial: format!("{serial:032x}"),
+            spiffe_id: issued.spiffe_id.to_string(),
+            dns_names: vec![],
+            ip_addresses: vec![],
+            not_before: unix(issued.not_before),
+            not_after: unix(issued.not_after),
+            cert_sha256: issued.sha256,
+            ca_key_id: issued.ca_key_id.clone(),
+            caller: "test".into(),
+            issued_at: unix(at),
+            request_id: format!("r{serial}"),
+            cert_der: issued.der.clone(),
+            provenance: String::new(),
+        }])
+        .await
+        .unwrap();
+    issued.der
+}
+
+fn count(slots: &[SlotInfo], kind: Kind, state: State) -> usize {
+    slots
+        .iter()
+        .filter(|s| s.slot.kind == kind && s.slot.state == state)
+        .count()
+}
+
+#[tokio::test]
+async fn first_start_makes_a_root_that_signs_only_an_intermediate_and_chains_verify_strictly() {
+    let (store, _dir) = sqlite().await;
+    let m = manager(store.clone(), Kek::generate(), now()).await;
+    let v = m.view();
+    assert_eq!(count(&v.slots, Kind::Root, State::Active), 1);
+    assert_eq!(count(&v.slots, Kind::Intermediate, State::Active), 1);
+    assert_eq!(v.roots.len(), 1);
+    assert_eq!(v.roots[0], v.active_root);
+    // The intermediate: pathlen 0, under the root, never outliving it.
+    let int = validate::parse_cert(v.active.cert_der()).unwrap();
+    let bc = int.basic_constraints().unwrap().unwrap().value;
+    assert!(bc.ca);
+    assert_eq!(bc.path_len_constraint, Some(0));
+    assert!(v.active.not_after() <= now() + INT_TTL);
+    assert_ne!(v.active.cert_der(), v.active_root.as_slice());
+    // A leaf: leaf, intermediate, root; verifies with -x509_strict against the bundle.
+    let (_, csr) = p256_csr();
+    let issued = v
+        .active
+        .issue(
+            &csr,
+            &grant("/ns/a/sa/b", Duration::from_secs(300)),
+            now(),
+            &RandomSerials::default(),
+        )
+        .unwrap();
+    assert_eq!(issued.chain.len(), 3);
+    assert_eq!(issued.chain[1], v.active.cert_der());
+    assert_eq!(issued.chain[2], v.active_root);
+    let dir = tempfile::tempdir().unwrap();
+    openssl_verify(dir.path(), &v.roots, &issued.chain[1..2], &issued.der).unwrap();
+    // Without the intermediate it does not verify: the root signs no leaves.
+    assert!(openssl_verify(dir.path(), &v.roots, &[], &issued.der).is_err());
+    // Each creation and activation is an audit event.
+    let kinds: Vec<String> = store
+        .audit_events(0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        ["ca.prepared", "ca.activated", "ca.prepared", "ca.activated"]
+    );
+    // A restart loads the same keys.
+    let again = manager(store, kek_copy(m.kek.as_ref().unwrap()), now()).await;
+    assert_eq!(again.view().active.key_id(), v.active.key_id());
+}
+
+#[tokio::test]
+async fn an_intermediate_has_no_life_beyond_its_root() {
+    let (store, _dir) = sqlite().await;
+    let m = manager(store, Kek::generate(), now()).await;
+    let v = m.view();
+    let root = v.slots.iter().find(|s| s.slot.kind == Kind::Root).unwrap();
+    let root_auth = load_authority(root, &v.slots, m.kek.as_ref().unwrap(), &m.keys).unwrap();
+    let late = root.slot.not_after - Duration::from_secs(60);
+    let (int, _) = root_auth
+        .sign_intermediate(
+            &testutil::td(),
+            KeyType::EcdsaP256,
+            late,
+            INT_TTL,
+            &RandomSerials::default(),
+        )
+        .unwrap();
+    assert_eq!(int.not_after(), root.slot.not_after);
+    assert!(
+        root_auth
+            .sign_intermediate(
+                &testutil::td(),
+                KeyType::EcdsaP256,
+                root.slot.not_after,
+                INT_TTL,
+                &RandomSerials::default()
+            )
+            .is_err()
+    );
+}
+
+#[tokio::test]
+async fn the_intermediate_rotates_on_ticks_and_the_old_one_goes_when_its_leaves_expire() {
+    let (store, _dir) = sqlite().await;
+    let m = manager(store.clone(), Kek::generate(), now()).await;
+    let first = m.view().active.key_id().to_owned();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    {
+        let seen = seen.clone();
+        m.on_change(move |v| seen.lock().unwrap().push(v.active.key_id().to_owned()));
+    }
+    let leaf_at = after(Duration::from_secs(250));
+    record_leaf(store.as_ref(), &m, 1, leaf_at).await;
+    // Before 1/2: nothing.
+    assert!(
+        m.tick(after(Duration::from_secs(290)))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // At 1/2: a prepared intermediate, still signing with the first.
+    let t = m.tick(after(Duration::from_secs(300))).await.unwrap();
+    assert!(
+        matches!(t[..], [Transition::PrepareIntermediate { .. }]),
+        "{t:?}"
+    );
+    assert_eq!(m.view().active.key_id(), first);
+    // At 5/6: the new one signs; the old one is retired, kept while its leaf lives.
+    let t = m.tick(after(Duration::from_secs(500))).await.unwrap();
+    assert!(matches!(t[..], [Transition::Activate { .. }]), "{t:?}");
+    let second = m.view().active.key_id().to_owned();
+    assert_ne!(second, first);
+    assert_eq!(
+        seen.lock().unwrap().last(),
+        Some(&second),
+        "listeners hear of it"
+    );
+    let old = |v: &CaView| {
+        v.slots
+            .iter()
+            .find(|s| s.slot.id == first)
+            .unwrap()
+            .slot
+            .state
+    };
+    assert_eq!(old(&m.view()), State::Retired);
+    assert!(
+        m.tick(after(Duration::from_secs(520)))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        m.view()
+            .client_anchors
+            .iter()
+            .any(|a| rotator_id(a) == first)
+    );
+    // The leaf (250 + 300 s) expires at 550 s: removed at the next tick after that.
+    let t = m.tick(after(Duration::from_secs(560))).await.unwrap();
+    assert_eq!(
+        t,
+        [Transition::Remove {
+            id: first.clone(),
+            reason: Reason::Unused
+        }]
+    );
+    assert_eq!(old(&m.view()), State::Removed);
+    assert!(
+        !m.view()
+            .client_anchors
+            .iter()
+            .any(|a| rotator_id(a) == first)
+    );
+}
+
+fn rotator_id(der: &[u8]) -> String {
+    super::super::authority::key_id_of_der(der).unwrap()
+}
+
+#[tokio::test]
+async fn a_root_rotation_keeps_both_roots_in_the_bundle_during_the_overlap() {
+    let (store, _dir) = sqlite().await;
+    let m = manager(store.clone(), Kek::generate(), now()).await;
+    let old_root = m.view().active_root.clone();
+    // Tick through a root life in intermediate-sized steps.
+    let mut saw_two = false;
+    let mut t = 0;
+    while t < 6000 {
+        t += 60;
+        m.tick(after(Duration::from_secs(t))).await.unwrap();
+        let v = m.view();
+        saw_two |= v.roots.len() == 2;
+        assert!(v.roots.contains(&v.active_root), "at {t}");
+        // Whatever signs chains to a root in the bundle.
+        let parent = v
+            .slots
+            .iter()
+            .find(|s| s.slot.id == v.active.key_id())
+            .unwrap()
+            .slot
+            .parent
+            .clone()
+            .unwrap();
+        assert!(v.roots.iter().any(|r| rotator_id(r) == parent), "at {t}");
+    }
+    assert!(saw_two, "the new root was published before it signed");
+    let v = m.view();
+    assert_ne!(v.active_root, old_root);
+    assert!(
+        !v.roots.contains(&old_root),
+        "the old root goes once nothing chains to it"
+    );
+}
+
+/// An existing database: one root (slot `root`) that signed leaves directly.
+#[tokio::test]
+async fn a_database_whose_root_signed_leaves_directly_upgrades_and_keeps_trusting_them() {
+    let (store, _dir) = sqlite().await;
+    let kek = Kek::generate();
+    let (root, pkcs8) = testutil::root(KeyType::EcdsaP256, ROOT_TTL);
+    store
+        .insert_ca_key_if_absent(&StoredCaKey {
+            id: root.key_id().into(),
+            slot: "root".into(),
+            algorithm: "EcdsaP256".into(),
+            cert_pem: signet_types::pem::cert_to_pem(root.cert_der()),
+            encrypted_key: kek.seal(&pkcs8, root.key_id().as_bytes()),
+            created_at: unix(now()),
+        })
+        .await
+        .unwrap();
+    // A leaf the root signed directly, before the upgrade.
+    let (_, csr) = p256_csr();
+    let old_leaf = root
+        .issue(
+            &csr,
+            &grant("/ns/a/sa/b", Duration::from_secs(3000)),
+            now(),
+            &RandomSerials::default(),
+        )
+        .unwrap();
+    store
+        .append_certificates(&[NewCertificate {
+            serial: old_leaf.serial.clone(),
+            spiffe_id: old_leaf.spiffe_id.to_string(),
+            dns_names: vec![],
+            ip_addresses: vec![],
+            not_before: unix(old_leaf.not_before),
+            not_after: unix(old_leaf.not_after),
+            cert_sha256: old_leaf.sha256,
+            ca_key_id: old_leaf.ca_key_id.clone(),
+            caller: "test".into(),
+            issued_at: unix(now()),
+            request_id: "old".into(),
+            cert_der: old_leaf.der.clone(),
+            provenance: String::new(),
+        }])
+        .await
+        .unwrap();
+    let at = after(Duration::from_secs(10));
+    let m = manager(store.clone(), kek, at).await;
+    let v = m.view();
+    // The old root is the active root and signs the new intermediate; the bundle is unchanged.
+    assert_eq!(v.roots, [root.cert_der().to_vec()]);
+    assert_eq!(v.active_root, root.cert_der());
+    let int = v
+        .slots
+        .iter()
+        .find(|s| s.slot.id == v.active.key_id())
+        .unwrap();
+    assert_eq!(int.slot.kind, Kind::Intermediate);
+    assert_eq!(int.slot.parent.as_deref(), Some(root.key_id()));
+    // Old leaves still authenticate (the root is a client anchor) and verify.
+    assert!(v.client_anchors.contains(&root.cert_der().to_vec()));
+    let dir = tempfile::tempdir().unwrap();
+    openssl_verify(dir.path(), &v.roots, &[], &old_leaf.der).unwrap();
+    // ca status counts the leaf under the root.
+    let st = m.status(at).await.unwrap();
+    let r = st.iter().find(|s| s.info.slot.id == root.key_id()).unwrap();
+    assert_eq!(
+        (r.unexpired, r.last_expiry),
+        (1, Some(unix(old_leaf.not_after)))
+    );
+}
+
+/// Two managers (two replicas) on one PostgreSQL tick at the same moment past the prepare
+/// threshold: one prepared intermediate, one audit event; both end with the same view.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_managers_racing_on_one_postgresql_prepare_once() {
+    let Some(url) = signet_testutil::fresh_postgres_database().await else {
+        return;
+    };
+    let kek = Kek::generate();
+    let s1: Arc<dyn Store> = Arc::new(PgStore::connect(&url, ACQUIRE).await.unwrap());
+    let s2: Arc<dyn Store> = Arc::new(PgStore::connect(&url, ACQUIRE).await.unwrap());
+    // Both start together on an empty database: one root, one intermediate.
+    let (a, b) = tokio::join!(
+        manager(s1.clone(), kek_copy(&kek), now()),
+        manager(s2.clone(), kek_copy(&kek), now())
+    );
+    assert_eq!(a.view().active.key_id(), b.view().active.key_id());
+    let (_, rows) = s1.ca_slots().await.unwrap();
+    assert_eq!(rows.len(), 2, "one root and one intermediate: {rows:?}");
+    for round in 0..5u64 {
+        // Every round moves past the next threshold (prepare, activate, ...).
+        let at = after(Duration::from_secs(300 + round * 200));
+        let before = s1.audit_events(0, 1000).await.unwrap().len();
+        let (ta, tb) = tokio::join!(a.tick(at), b.tick(at));
+        let (ta, tb) = (ta.unwrap(), tb.unwrap());
+        let events = s1.audit_events(0, 1000).await.unwrap();
+        let (_, rows) = s1.ca_slots().await.unwrap();
+        let prepared = rows
+            .iter()
+            .filter(|r| r.kind == "intermediate" && r.state == "prepared")
+            .count();
+        assert!(prepared <= 1, "round {round}: {rows:?}");
+        // Whatever was due happened once: the transitions applied by either replica add up to
+        // the new audit events (an activation also retires: two events).
+        let new: Vec<&str> = events[before..].iter().map(|e| e.kind.as_str()).collect();
+        let expected: usize = ta
+            .iter()
+            .chain(&tb)
+            .map(|t| match t {
+                Transition::Activate { .. } => 2,
+                _ => 1,
+            })
+            .sum();
+        assert_eq!(
+            new.len(),
+            expected,
+            "round {round}: {new:?} vs {ta:?} + {tb:?}"
+        );
+        assert!(
+            !ta.iter().any(|t| tb.contains(t)),
+            "round {round}: both applied {ta:?} / {tb:?}"
+        );
+        assert!(new.iter().filter(|k| **k == "ca.prepared").count() <= 1);
+        a.tick(at).await.unwrap();
+        b.tick(at).await.unwrap();
+        assert_eq!(a.view().active.key_id(), b.view().active.key_id());
+        assert_eq!(a.view().roots, b.view().roots);
+    }
+    let (_, rows) = s1.ca_slots().await.unwrap();
+    let ints = rows.iter().filter(|r| r.kind == "intermediate").count();
+    // Rotations at 300 (prepare), 500 (activate), 700 (prepare), 900? (activate) ...
+    assert!((3..=4).contains(&ints), "{rows:?}");
+}
+
+#[tokio::test]
+async fn operator_actions_are_checked_against_the_slots() {
+    let (store, _dir) = sqlite().await;
+    let m = manager(store.clone(), Kek::generate(), now()).await;
+    let at = after(Duration::from_secs(10));
+    let first = m.view().active.key_id().to_owned();
+    let root_id = rotator_id(&m.view().active_root);
+    // Activating the active key, or an unknown one, is refused.
+    assert!(matches!(
+        m.activate(&first, "op", at).await,
+        Err(ManagerError::FailedPrecondition(_))
+    ));
+    assert!(matches!(
+        m.activate("nope", "op", at).await,
+        Err(ManagerError::NotFound(_))
+    ));
+    // Revoking the active key is refused.
+    assert!(matches!(
+        m.revoke(&first, false, "op", at).await,
+        Err(ManagerError::FailedPrecondition(_))
+    ));
+    // Prepare, then prepare again: refused.
+    let p = m.prepare(false, "op", at).await.unwrap();
+    assert_ne!(p.key_id, first);
+    assert!(matches!(
+        m.prepare(false, "op", at).await,
+        Err(ManagerError::FailedPrecondition(_))
+    ));
+    record_leaf(store.as_ref(), &m, 7, at).await;
+    m.activate(&p.key_id, "op", at).await.unwrap();
+    assert_eq!(m.view().active.key_id(), p.key_id);
+    // The retired first intermediate still has a live leaf: revoke refused, names the holder.
+    let Err(ManagerError::FailedPrecondition(msg)) = m.revoke(&first, false, "op", at).await else {
+        panic!("revoke with live leaves must be refused");
+    };
+    assert!(
+        msg.contains("1 unexpired") && msg.contains("spiffe://example.org/ns/a/sa/b"),
+        "{msg}"
+    );
+    assert_eq!(
+        m.view()
+            .slots
+            .iter()
+            .find(|s| s.slot.id == first)
+            .unwrap()
+            .slot
+            .state,
+        State::Retired,
+        "a refusal changes nothing"
+    );
+    // Taint: in the bundle's tainted IDs; tainting the active key warns.
+    let o = m.taint(&first, "op", at).await.unwrap();
+    assert!(o.warnings.is_empty(), "{o:?}");
+    assert!(m.view().tainted.contains(&first));
+    assert!(matches!(
+        m.taint(&first, "op", at).await,
+        Err(ManagerError::FailedPrecondition(_))
+    ));
+    let o = m.taint(&p.key_id, "op", at).await.unwrap();
+    assert!(
+        o.warnings
+            .iter()
+            .any(|w| w.contains("signetctl ca prepare")),
+        "{o:?}"
+    );
+    assert!(m.view().active_is_tainted());
+    // --force removes it despite the leaf.
+    let o = m.revoke(&first, true, "op", at).await.unwrap();
+    assert!(o.warnings.iter().any(|w| w.contains("forced")), "{o:?}");
+    assert!(
+        !m.view()
+            .client_anchors
+            .iter()
+            .any(|a| rotator_id(a) == first)
+    );
+    assert!(
+        !m.view().tainted.contains(&first),
+        "a removed key is no longer listed"
+    );
+    // Tainting the root taints its intermediates.
+    m.taint(&root_id, "op", at).await.unwrap();
+    assert!(m.view().tainted.contains(&root_id));
+    // Every action is an audit event with the operator as caller.
+    let ops: Vec<String> = store
+        .audit_events(0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.caller == "op")
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            "ca.prepared",
+            "ca.activated",
+            "ca.retired",
+            "ca.tainted",
+            "ca.tainted",
+            "ca.revoked",
+            "ca.tainted"
+        ]
+    );
+}
+
+#[test]
+fn removal_waits_for_other_replicas_to_see_a_retirement() {
+    let mut ca = crate::config::CaConfig::default();
+    let grace = |ca: &crate::config::CaConfig| {
+        ManagerConfig::from_config(testutil::td(), ca)
+            .policy
+            .removal_grace
+    };
+    ca.rotation_interval = Duration::from_secs(1);
+    assert_eq!(grace(&ca), rotator::REMOVAL_GRACE);
+    ca.rotation_interval = Duration::from_secs(30);
+    assert_eq!(grace(&ca), Duration::from_secs(90));
+}
+
+#[tokio::test]
+async fn a_restart_after_the_intermediate_expired_replaces_it_before_signing() {
+    let (store, _dir) = sqlite().await;
+    let kek = Kek::generate();
+    let m = manager(store.clone(), kek_copy(&kek), now()).await;
+    let first = m.view().active.key_id().to_owned();
+    drop(m);
+    // Down for longer than the intermediate lives.
+    let later = after(INT_TTL * 2);
+    let m = manager(store, kek, later).await;
+    let v = m.view();
+    assert_ne!(v.active.key_id(), first);
+    assert!(v.active.not_before() <= later && later < v.active.not_after());
+}

@@ -1,0 +1,409 @@
+//! The rotator: which transition the CA key slots are due for, as a pure function of the slots,
+//! the time and the (seeded) jitter — [`decide`]. The manager (`super::manager`) applies what
+//! it returns, one transition at a time, on a tick; nothing here reads a clock or a database.
+//!
+//! The policy, in order:
+//! 1. No active root: activate the prepared one, or prepare one (first start).
+//! 2. No active intermediate: activate a prepared one signed by the active root, or prepare one.
+//! 3. Root rotation: prepare the next root at `root_prepare_at` of the active root's life (and
+//!    at the latest `root_propagation` before it expires); activate it at `root_activate_at`,
+//!    but never before it has been in the bundle for `root_propagation` (unless the active
+//!    root has already expired: then nothing trusts it anyway).
+//! 4. Intermediate rotation: prepare the next intermediate at `intermediate_prepare_at` of the
+//!    active one's life and activate it at `intermediate_activate_at`; at once when the active
+//!    intermediate was signed by a root that is no longer the active one (after a root
+//!    rotation). A prepared intermediate signed by a root that is no longer active is removed.
+//! 5. Removal: a retired key is removed once no unexpired certificate chains to it (the
+//!    ledger's count of unexpired certificates it issued is zero and every key it signed is
+//!    removed), or once it has expired itself; never within `removal_grace` of its retirement
+//!    (a certificate signed just before might not be committed to the ledger yet).
+//!
+//! Every threshold moves by up to ± `jitter` of the key's lifetime; the offset comes from a
+//! [`Jitter`] seeded with the key ID, so every replica computes the same thresholds.
+
+use std::time::{Duration, SystemTime};
+
+/// Root or intermediate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Root,
+    Intermediate,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Root => "root",
+            Kind::Intermediate => "intermediate",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Kind> {
+        match s {
+            "root" => Some(Kind::Root),
+            "intermediate" => Some(Kind::Intermediate),
+            _ => None,
+        }
+    }
+}
+
+/// A slot's state. `tainted` is a flag beside it, not a state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// A root: in the bundle, signing nothing yet. An intermediate: signing nothing yet.
+    Prepared,
+    /// Signing (a root: intermediates; an intermediate: workload certificates).
+    Active,
+    /// No longer signing; a root stays in the bundle while anything chains to it.
+    Retired,
+    /// Gone from the bundle and from the keys that authenticate mTLS clients.
+    Removed,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Prepared => "prepared",
+            State::Active => "active",
+            State::Retired => "retired",
+            State::Removed => "removed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<State> {
+        match s {
+            "prepared" => Some(State::Prepared),
+            "active" => Some(State::Active),
+            "retired" => Some(State::Retired),
+            "removed" => Some(State::Removed),
+            _ => None,
+        }
+    }
+}
+
+/// What [`decide`] knows about a slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    pub id: String,
+    pub kind: Kind,
+    pub state: State,
+    /// The key that signed it (intermediates).
+    pub parent: Option<String>,
+    pub not_before: SystemTime,
+    pub not_after: SystemTime,
+    /// When it was created (prepared).
+    pub prepared_at: SystemTime,
+    pub retired_at: Option<SystemTime>,
+    pub tainted: bool,
+    /// Unexpired, unrevoked certificates this key signed directly (from the ledger).
+    pub issued_unexpired: u64,
+}
+
+impl Slot {
+    fn life(&self) -> Duration {
+        self.not_after
+            .duration_since(self.not_before)
+            .unwrap_or_default()
+    }
+
+    fn at_fraction(&self, fraction: f64) -> SystemTime {
+        self.not_before + self.life().mul_f64(fraction.clamp(0.0, 1.0))
+    }
+}
+
+/// The thresholds (see `[ca]` in the configuration).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub intermediate_prepare_at: f64,
+    pub intermediate_activate_at: f64,
+    pub root_prepare_at: f64,
+    pub root_activate_at: f64,
+    pub root_propagation: Duration,
+    /// ± this fraction of the lifetime.
+    pub jitter: f64,
+    pub removal_grace: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            intermediate_prepare_at: 0.5,
+            intermediate_activate_at: 5.0 / 6.0,
+            root_prepare_at: 0.5,
+            root_activate_at: 5.0 / 6.0,
+            root_propagation: Duration::from_secs(24 * 3600),
+            jitter: 0.02,
+            removal_grace: REMOVAL_GRACE,
+        }
+    }
+}
+
+/// How long after its retirement a key is kept at least.
+pub const REMOVAL_GRACE: Duration = Duration::from_secs(10);
+
+/// Which threshold a jitter offset is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threshold {
+    Prepare,
+    Activate,
+}
+
+/// Seeded randomness for the thresholds: an offset in [-1, 1] per key and threshold.
+pub trait Jitter: Send + Sync {
+    fn offset(&self, key_id: &str, threshold: Threshold) -> f64;
+}
+
+/// The production jitter: derived from SHA-256 of the key ID (random, since the key ID is the
+/// hash of a fresh public key), so every replica agrees on a key's thresholds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KeyIdJitter;
+
+impl Jitter for KeyIdJitter {
+    fn offset(&self, key_id: &str, threshold: Threshold) -> f64 {
+        let label: &[u8] = match threshold {
+            Threshold::Prepare => b"signet rotation prepare\0",
+            Threshold::Activate => b"signet rotation activate\0",
+        };
+        let h = signet_types::ledger::sha256(&[label, key_id.as_bytes()].concat());
+        let mut eight = [0u8; 8];
+        eight.copy_from_slice(&h[..8]);
+        // 53 random bits -> [0, 1) -> [-1, 1).
+        let unit = (u64::from_be_bytes(eight) >> 11) as f64 / (1u64 << 53) as f64;
+        unit * 2.0 - 1.0
+    }
+}
+
+/// No jitter (tests that check exact thresholds).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoJitter;
+
+impl Jitter for NoJitter {
+    fn offset(&self, _: &str, _: Threshold) -> f64 {
+        0.0
+    }
+}
+
+/// Why a transition is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// There is no active key of this kind (first start, or an upgrade from a root that
+    /// signed leaves directly).
+    Bootstrap,
+    /// The active key passed its prepare or activate threshold.
+    Threshold,
+    /// The active root changed: intermediates follow it.
+    RootRotated,
+    /// The active key has expired.
+    Expired,
+    /// No unexpired certificate chains to the key any more.
+    Unused,
+    /// A prepared intermediate whose root is no longer active.
+    Superseded,
+    /// An operator asked for it.
+    Operator,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Bootstrap => "bootstrap",
+            Reason::Threshold => "threshold",
+            Reason::RootRotated => "root rotated",
+            Reason::Expired => "expired",
+            Reason::Unused => "no unexpired certificate chains to it",
+            Reason::Superseded => "its root is no longer active",
+            Reason::Operator => "operator",
+        }
+    }
+}
+
+/// One change to the slots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transition {
+    /// Generate a new root, in `prepared`.
+    PrepareRoot { reason: Reason },
+    /// Generate a new intermediate signed by `parent` (the active root), in `prepared`.
+    PrepareIntermediate { parent: String, reason: Reason },
+    /// Make `id` active; the active key of the same kind, if any, becomes retired.
+    Activate { id: String, reason: Reason },
+    /// Remove `id` (retired, or a superseded prepared intermediate).
+    Remove { id: String, reason: Reason },
+}
+
+/// When the active intermediate's successor is prepared.
+pub fn intermediate_prepare_time(active: &Slot, p: &Policy, j: &dyn Jitter) -> SystemTime {
+    active.at_fraction(
+        p.intermediate_prepare_at + p.jitter * j.offset(&active.id, Threshold::Prepare),
+    )
+}
+
+/// When the active intermediate's successor is activated.
+pub fn intermediate_activate_time(active: &Slot, p: &Policy, j: &dyn Jitter) -> SystemTime {
+    active
+        .at_fraction(
+            p.intermediate_activate_at + p.jitter * j.offset(&active.id, Threshold::Activate),
+        )
+        .max(intermediate_prepare_time(active, p, j))
+}
+
+/// When the active root's successor is prepared: at its fraction, and at the latest one
+/// propagation window before the active root expires.
+pub fn root_prepare_time(active: &Slot, p: &Policy, j: &dyn Jitter) -> SystemTime {
+    let at =
+        active.at_fraction(p.root_prepare_at + p.jitter * j.offset(&active.id, Threshold::Prepare));
+    let latest = active
+        .not_after
+        .checked_sub(p.root_propagation)
+        .unwrap_or(active.not_before)
+        .max(active.not_before);
+    at.min(latest)
+}
+
+/// When the prepared root `next` replaces `active`: at the active root's fraction, but not
+/// before `next` has been in the bundle for the propagation window.
+pub fn root_activate_time(active: &Slot, next: &Slot, p: &Policy, j: &dyn Jitter) -> SystemTime {
+    let at = active
+        .at_fraction(p.root_activate_at + p.jitter * j.offset(&active.id, Threshold::Activate))
+        .max(root_prepare_time(active, p, j));
+    at.max(next.prepared_at + p.root_propagation)
+}
+
+fn newest<'a>(slots: impl Iterator<Item = &'a Slot>) -> Option<&'a Slot> {
+    slots.max_by(|a, b| {
+        a.prepared_at
+            .cmp(&b.prepared_at)
+            .then_with(|| a.id.cmp(&b.id))
+    })
+}
+
+/// The transitions due at `now`, most urgent first. The manager applies the first, re-reads
+/// the slots and asks again.
+pub fn decide(slots: &[Slot], now: SystemTime, p: &Policy, j: &dyn Jitter) -> Vec<Transition> {
+    let find = |kind: Kind, state: State| {
+        newest(
+            slots
+                .iter()
+                .filter(move |s| s.kind == kind && s.state == state),
+        )
+    };
+    let mut out = Vec::new();
+
+    // 1. A root.
+    let Some(root) = find(Kind::Root, State::Active) else {
+        out.push(match find(Kind::Root, State::Prepared) {
+            Some(next) => Transition::Activate {
+                id: next.id.clone(),
+                reason: Reason::Bootstrap,
+            },
+            None => Transition::PrepareRoot {
+                reason: Reason::Bootstrap,
+            },
+        });
+        return out;
+    };
+    let prepared_int = find(Kind::Intermediate, State::Prepared);
+
+    // 2. An intermediate.
+    let Some(int) = find(Kind::Intermediate, State::Active) else {
+        out.push(match prepared_int {
+            Some(next) if next.parent.as_deref() == Some(root.id.as_str()) => {
+                Transition::Activate {
+                    id: next.id.clone(),
+                    reason: Reason::Bootstrap,
+                }
+            }
+            Some(stale) => Transition::Remove {
+                id: stale.id.clone(),
+                reason: Reason::Superseded,
+            },
+            None => Transition::PrepareIntermediate {
+                parent: root.id.clone(),
+                reason: Reason::Bootstrap,
+            },
+        });
+        return out;
+    };
+
+    // 3. Root rotation.
+    match find(Kind::Root, State::Prepared) {
+        None if now >= root_prepare_time(root, p, j) => {
+            out.push(Transition::PrepareRoot {
+                reason: Reason::Threshold,
+            });
+        }
+        Some(next) if root.not_after <= now => out.push(Transition::Activate {
+            id: next.id.clone(),
+            reason: Reason::Expired,
+        }),
+        Some(next) if now >= root_activate_time(root, next, p, j) => {
+            out.push(Transition::Activate {
+                id: next.id.clone(),
+                reason: Reason::Threshold,
+            });
+        }
+        _ => {}
+    }
+
+    // 4. Intermediate rotation.
+    let follows_root = int.parent.as_deref() == Some(root.id.as_str());
+    match prepared_int {
+        Some(next) if next.parent.as_deref() != Some(root.id.as_str()) => {
+            out.push(Transition::Remove {
+                id: next.id.clone(),
+                reason: Reason::Superseded,
+            });
+        }
+        None if !follows_root => out.push(Transition::PrepareIntermediate {
+            parent: root.id.clone(),
+            reason: Reason::RootRotated,
+        }),
+        None if now >= intermediate_prepare_time(int, p, j) => {
+            out.push(Transition::PrepareIntermediate {
+                parent: root.id.clone(),
+                reason: Reason::Threshold,
+            });
+        }
+        Some(next) if !follows_root => out.push(Transition::Activate {
+            id: next.id.clone(),
+            reason: Reason::RootRotated,
+        }),
+        Some(next) if int.not_after <= now => out.push(Transition::Activate {
+            id: next.id.clone(),
+            reason: Reason::Expired,
+        }),
+        Some(next) if now >= intermediate_activate_time(int, p, j) => {
+            out.push(Transition::Activate {
+                id: next.id.clone(),
+                reason: Reason::Threshold,
+            });
+        }
+        _ => {}
+    }
+
+    // 5. Removal of retired keys.
+    for s in slots.iter().filter(|s| s.state == State::Retired) {
+        if let Some(retired) = s.retired_at
+            && now < retired + p.removal_grace
+        {
+            continue;
+        }
+        let children = slots
+            .iter()
+            .any(|c| c.parent.as_deref() == Some(s.id.as_str()) && c.state != State::Removed);
+        if s.not_after <= now {
+            out.push(Transition::Remove {
+                id: s.id.clone(),
+                reason: Reason::Expired,
+            });
+        } else if s.issued_unexpired == 0 && !children {
+            out.push(Transition::Remove {
+                id: s.id.clone(),
+                reason: Reason::Unused,
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,413 @@
+//! CA key slots: the [`CaSlotStore`] half of the store (see `ca::manager`).
+//!
+//! Every change to the slots (a key prepared, activated, retired, removed, tainted) is one
+//! [`CaChange`] applied in one transaction that first moves the single `ca_generation` row
+//! from the generation the caller read to the next one (`UPDATE … WHERE gen = $expected`).
+//! That UPDATE takes the row's lock (PostgreSQL) or the database's write lock (SQLite); a
+//! concurrent replica's UPDATE waits for it, then re-evaluates its `WHERE` on the committed row
+//! and matches nothing, so its (now stale) change is rolled back. Each transition therefore
+//! happens exactly once across replicas sharing one database, and its audit events are written
+//! in the same transaction: one transition, one event. The SQL is the same on both databases.
+
+use async_trait::async_trait;
+
+use super::{AuditEvent, StoreError};
+
+/// A `ca_keys` row. The private key is sealed under the KEK (see `ca::kek`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct CaSlotRow {
+    pub id: String,
+    /// Unique per row: `root` for the root generated before slots existed, the key ID since.
+    pub slot: String,
+    /// `root` or `intermediate`.
+    pub kind: String,
+    /// `prepared`, `active`, `retired` or `removed`.
+    pub state: String,
+    /// The key that signed this one's certificate (intermediates).
+    pub parent_id: Option<String>,
+    pub algorithm: String,
+    pub cert_pem: String,
+    pub encrypted_key: Vec<u8>,
+    /// When the key was created (prepared), unix seconds.
+    pub created_at: i64,
+    pub activated_at: Option<i64>,
+    pub retired_at: Option<i64>,
+    pub removed_at: Option<i64>,
+    pub tainted_at: Option<i64>,
+}
+
+impl std::fmt::Debug for CaSlotRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaSlotRow")
+            .field("id", &self.id)
+            .field("kind", &self.kind)
+            .field("state", &self.state)
+            .field("parent_id", &self.parent_id)
+            .field("tainted_at", &self.tainted_at)
+            .field("encrypted_key", &"…")
+            .finish_non_exhaustive()
+    }
+}
+
+/// One change to a slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlotUpdate {
+    /// Moves `id` to `state` (stamping `activated_at`, `retired_at` or `removed_at`).
+    State { id: String, state: String, at: i64 },
+    /// Marks `id` tainted (keeps an earlier taint's time).
+    Taint { id: String, at: i64 },
+}
+
+/// Everything one transition writes, applied all or nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CaChange {
+    pub inserts: Vec<CaSlotRow>,
+    pub updates: Vec<SlotUpdate>,
+    /// Written in the same transaction (ids are assigned by the store).
+    pub audit: Vec<AuditEvent>,
+}
+
+/// How many unexpired, unrevoked certificates a CA key issued, and when the last expires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaKeyUsage {
+    pub ca_key_id: String,
+    pub unexpired: u64,
+    /// Unix seconds.
+    pub last_not_after: i64,
+}
+
+#[async_trait]
+pub trait CaSlotStore: Send + Sync {
+    /// The slot generation and every slot, oldest first. The generation is read first, so a
+    /// change committed between the two reads makes a change based on them stale (never the
+    /// reverse).
+    async fn ca_slots(&self) -> Result<(u64, Vec<CaSlotRow>), StoreError>;
+
+    /// Applies `change` if the generation is still `expected_generation`; returns whether it
+    /// was applied (false: another replica changed the slots first; re-read and re-decide).
+    async fn apply_ca_change(
+        &self,
+        expected_generation: u64,
+        change: &CaChange,
+    ) -> Result<bool, StoreError>;
+
+    /// Per CA key: the unexpired (`not_after > now`), unrevoked certificates it issued.
+    async fn ca_key_usage(&self, now: i64) -> Result<Vec<CaKeyUsage>, StoreError>;
+
+    /// Who holds the unexpired, unrevoked certificates issued under `key_ids`: SPIFFE IDs with
+    /// their counts, most first, at most `limit`.
+    async fn ca_key_holders(
+        &self,
+        key_ids: &[String],
+        now: i64,
+        limit: u32,
+    ) -> Result<Vec<(String, u64)>, StoreError>;
+}
+
+/// A `ca_keys` row as both drivers decode it.
+#[derive(sqlx::FromRow)]
+pub(super) struct DbCaSlot {
+    pub id: String,
+    pub slot: String,
+    pub kind: String,
+    pub state: String,
+    pub parent_id: Option<String>,
+    pub algorithm: String,
+    pub cert_pem: String,
+    pub encrypted_key: Vec<u8>,
+    pub created_at: i64,
+    pub activated_at: Option<i64>,
+    pub retired_at: Option<i64>,
+    pub removed_at: Option<i64>,
+    pub tainted_at: Option<i64>,
+}
+
+pub(super) const CA_SLOT_COLUMNS: &str = "id, slot, kind, state, parent_id, algorithm, cert_pem, \
+     encrypted_key, created_at, activated_at, retired_at, removed_at, tainted_at";
+
+impl From<DbCaSlot> for CaSlotRow {
+    fn from(r: DbCaSlot) -> Self {
+        CaSlotRow {
+            id: r.id,
+            slot: r.slot,
+            kind: r.kind,
+            state: r.state,
+            parent_id: r.parent_id,
+            algorithm: r.algorithm,
+            cert_pem: r.cert_pem,
+            encrypted_key: r.encrypted_key,
+            created_at: r.created_at,
+            activated_at: r.activated_at,
+            retired_at: r.retired_at,
+            removed_at: r.removed_at,
+            tainted_at: r.tainted_at,
+        }
+    }
+}
+
+pub(super) fn count(n: i64) -> Result<u64, StoreError> {
+    u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("negative count {n}")))
+}
+
+/// `$first, $first+1, …` for `n` values.
+pub(super) fn placeholders(first: usize, n: usize) -> String {
+    (first..first + n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+macro_rules! impl_ca_slot_store {
+    ($store:ty, $map:path) => {
+        #[async_trait::async_trait]
+        impl $crate::store::ca_slots::CaSlotStore for $store {
+            async fn ca_slots(
+                &self,
+            ) -> Result<(u64, Vec<$crate::store::ca_slots::CaSlotRow>), StoreError> {
+                use $crate::store::ca_slots::{CA_SLOT_COLUMNS, DbCaSlot, count};
+                let (generation,): (i64,) =
+                    sqlx::query_as("SELECT gen FROM ca_generation WHERE id = 1")
+                        .fetch_one(&self.pool)
+                        .await
+                        .map_err($map)?;
+                let rows: Vec<DbCaSlot> = sqlx::query_as(&format!(
+                    "SELECT {CA_SLOT_COLUMNS} FROM ca_keys ORDER BY created_at, id"
+                ))
+                .fetch_all(&self.pool)
+                .await
+                .map_err($map)?;
+                Ok((
+                    count(generation)?,
+                    rows.into_iter().map(Into::into).collect(),
+                ))
+            }
+
+            async fn apply_ca_change(
+                &self,
+                expected_generation: u64,
+                change: &$crate::store::ca_slots::CaChange,
+            ) -> Result<bool, StoreError> {
+                use $crate::store::ca_slots::SlotUpdate;
+                let expected = i64::try_from(expected_generation)
+                    .map_err(|_| StoreError::Database("CA slot generation out of range".into()))?;
+                let mut tx = self.pool.begin().await.map_err($map)?;
+                let moved =
+                    sqlx::query("UPDATE ca_generation SET gen = gen + 1 WHERE id = 1 AND gen = $1")
+                        .bind(expected)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err($map)?
+                        .rows_affected();
+                if moved != 1 {
+                    tx.rollback().await.map_err($map)?;
+                    return Ok(false);
+                }
+                for k in &change.inserts {
+                    sqlx::query(
+                        "INSERT INTO ca_keys (id, slot, kind, state, parent_id, algorithm, \
+                         cert_pem, encrypted_key, created_at, activated_at, retired_at, \
+                         removed_at, tainted_at) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                    )
+                    .bind(&k.id)
+                    .bind(&k.slot)
+                    .bind(&k.kind)
+                    .bind(&k.state)
+                    .bind(&k.parent_id)
+                    .bind(&k.algorithm)
+                    .bind(&k.cert_pem)
+                    .bind(&k.encrypted_key)
+                    .bind(k.created_at)
+                    .bind(k.activated_at)
+                    .bind(k.retired_at)
+                    .bind(k.removed_at)
+                    .bind(k.tainted_at)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err($map)?;
+                }
+                for u in &change.updates {
+                    let done = match u {
+                        SlotUpdate::State { id, state, at } => {
+                            let column = match state.as_str() {
+                                "active" => "activated_at",
+                                "retired" => "retired_at",
+                                "removed" => "removed_at",
+                                other => {
+                                    return Err(StoreError::Database(format!(
+                                        "no CA slot transition to state {other:?}"
+                                    )));
+                                }
+                            };
+                            sqlx::query(&format!(
+                                "UPDATE ca_keys SET state = $1, {column} = $2 WHERE id = $3"
+                            ))
+                            .bind(state)
+                            .bind(*at)
+                            .bind(id)
+                            .execute(&mut *tx)
+                            .await
+                        }
+                        SlotUpdate::Taint { id, at } => {
+                            sqlx::query(
+                                "UPDATE ca_keys SET tainted_at = COALESCE(tainted_at, $1) \
+                                 WHERE id = $2",
+                            )
+                            .bind(*at)
+                            .bind(id)
+                            .execute(&mut *tx)
+                            .await
+                        }
+                    }
+                    .map_err($map)?;
+                    if done.rows_affected() != 1 {
+                        return Err(StoreError::Database(format!(
+                            "CA slot change {u:?} matched no key"
+                        )));
+                    }
+                }
+                for e in &change.audit {
+                    sqlx::query(
+                        "INSERT INTO audit_events (at, kind, caller, detail) \
+                         VALUES ($1, $2, $3, $4)",
+                    )
+                    .bind(e.at)
+                    .bind(&e.kind)
+                    .bind(&e.caller)
+                    .bind(&e.detail)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err($map)?;
+                }
+                tx.commit().await.map_err($map)?;
+                Ok(true)
+            }
+
+            async fn ca_key_usage(
+                &self,
+                now: i64,
+            ) -> Result<Vec<$crate::store::ca_slots::CaKeyUsage>, StoreError> {
+                use $crate::store::ca_slots::{CaKeyUsage, count};
+                let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+                    "SELECT ca_key_id, COUNT(*), MAX(not_after) FROM certificates \
+                     WHERE not_after > $1 AND revoked_at IS NULL GROUP BY ca_key_id",
+                )
+                .bind(now)
+                .fetch_all(&self.pool)
+                .await
+                .map_err($map)?;
+                rows.into_iter()
+                    .map(|(ca_key_id, n, last)| {
+                        Ok(CaKeyUsage {
+                            ca_key_id,
+                            unexpired: count(n)?,
+                            last_not_after: last,
+                        })
+                    })
+                    .collect()
+            }
+
+            async fn ca_key_holders(
+                &self,
+                key_ids: &[String],
+                now: i64,
+                limit: u32,
+            ) -> Result<Vec<(String, u64)>, StoreError> {
+                use $crate::store::ca_slots::{count, placeholders};
+                if key_ids.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let sql = format!(
+                    "SELECT spiffe_id, COUNT(*) FROM certificates \
+                     WHERE not_after > $1 AND revoked_at IS NULL AND ca_key_id IN ({}) \
+                     GROUP BY spiffe_id ORDER BY COUNT(*) DESC, spiffe_id LIMIT $2",
+                    placeholders(3, key_ids.len())
+                );
+                let mut q = sqlx::query_as::<_, (String, i64)>(&sql)
+                    .bind(now)
+                    .bind(i64::from(limit));
+                for id in key_ids {
+                    q = q.bind(id);
+                }
+                let rows = q.fetch_all(&self.pool).await.map_err($map)?;
+                rows.into_iter()
+                    .map(|(id, n)| Ok((id, count(n)?)))
+                    .collect()
+            }
+        }
+    };
+}
+
+pub(crate) use impl_ca_slot_store;
+
+#[cfg(test)]
+macro_rules! impl_ca_slot_store_unsupported {
+    ($store:ty) => {
+        #[async_trait::async_trait]
+        impl $crate::store::ca_slots::CaSlotStore for $store {
+            async fn ca_slots(
+                &self,
+            ) -> Result<(u64, Vec<$crate::store::ca_slots::CaSlotRow>), $crate::store::StoreError>
+            {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn apply_ca_change(
+                &self,
+                _: u64,
+                _: &$crate::store::ca_slots::CaChange,
+            ) -> Result<bool, $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn ca_key_usage(
+                &self,
+                _: i64,
+            ) -> Result<Vec<$crate::store::ca_slots::CaKeyUsage>, $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+            async fn ca_key_holders(
+                &self,
+                _: &[String],
+                _: i64,
+                _: u32,
+            ) -> Result<Vec<(String, u64)>, $crate::store::StoreError> {
+                Err($crate::store::nodes::unsupported())
+            }
+        }
+    };
+}
+
+#[cfg(test)]
+pub(crate) use impl_ca_slot_store_unsupported;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn debug_never_prints_the_sealed_key() {
+        let row = super::CaSlotRow {
+            id: "k".into(),
+            slot: "k".into(),
+            kind: "root".into(),
+            state: "active".into(),
+            parent_id: None,
+            algorithm: "EcdsaP256".into(),
+            cert_pem: String::new(),
+            encrypted_key: vec![0xAB; 8],
+            created_at: 0,
+            activated_at: None,
+            retired_at: None,
+            removed_at: None,
+            tainted_at: None,
+        };
+        let text = format!("{row:?}");
+        assert!(
+            !text.contains("171") && !text.to_lowercase().contains("abab"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn placeholders_count_from_first() {
+        assert_eq!(super::placeholders(3, 2), "$3, $4");
+        assert_eq!(super::placeholders(1, 1), "$1");
+    }
+}
