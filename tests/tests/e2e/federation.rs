@@ -163,6 +163,30 @@ async fn the_bundle_endpoint_serves_a_spiffe_bundle_over_spiffe_tls() {
         "{err}"
     );
 
+    // A root rotation: `ca prepare --root` puts a second root in the bundle at once; the
+    // endpoint serves both, with a higher spiffe_sequence.
+    let server_id: SpiffeId = format!("spiffe://{td}/signet/server").parse().unwrap();
+    let before = doc["spiffe_sequence"].as_u64().unwrap();
+    let out = server.signetctl(&["ca", "prepare", "--root"]);
+    assert!(out.status.success(), "{out:?}");
+    let mut after = None;
+    for _ in 0..50 {
+        let (_, body) = fetch(addr, &server.bundle_pem, server_id.clone())
+            .await
+            .expect("fetch");
+        let d: serde_json::Value = serde_json::from_str(body.trim()).unwrap();
+        if d["keys"].as_array().unwrap().len() == 2 {
+            after = Some(d);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let after = after.expect("the prepared root in the SPIFFE bundle");
+    assert!(
+        after["spiffe_sequence"].as_u64().unwrap() > before,
+        "{before} then {after}"
+    );
+
     server.stop().await;
 }
 
