@@ -227,59 +227,6 @@ impl Node for Svc {
     }
 }
 
-/// Accepts any client certificate (the fake does not authorise, it signs).
-#[derive(Debug)]
-struct AnyClientCert(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::server::danger::ClientCertVerifier for AnyClientCert {
-    fn offer_client_auth(&self) -> bool {
-        true
-    }
-    fn client_auth_mandatory(&self) -> bool {
-        false
-    }
-    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
-        &[]
-    }
-    fn verify_client_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
-        Ok(rustls::server::danger::ClientCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 fn ski_hex(der: &[u8]) -> String {
     use x509_parser::extensions::ParsedExtension;
     let (_, c) = x509_parser::parse_x509_certificate(der).unwrap();
@@ -352,7 +299,7 @@ impl FakeCa {
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .unwrap()
-            .with_client_cert_verifier(Arc::new(AnyClientCert(provider)))
+            .with_client_cert_verifier(Arc::new(crate::rogue::AnyClientCert(provider)))
             .with_single_cert(
                 vec![
                     CertificateDer::from(server_cert.der().to_vec()),

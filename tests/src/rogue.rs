@@ -167,9 +167,9 @@ impl Node for Svc {
 }
 
 /// Accepts any client certificate (so an mTLS client gets as far as it would with the real
-/// server) without trusting it for anything.
+/// server) without trusting it for anything. Also the fake CA's ([`crate::fake_ca`]).
 #[derive(Debug)]
-struct AnyClientCert(Arc<rustls::crypto::CryptoProvider>);
+pub(crate) struct AnyClientCert(pub(crate) Arc<rustls::crypto::CryptoProvider>);
 
 impl rustls::server::danger::ClientCertVerifier for AnyClientCert {
     fn offer_client_auth(&self) -> bool {
