@@ -201,7 +201,8 @@ fn check_svid(s: Result<IssuedSvid, crate::ca::CaError>) {
 /// What the Kubernetes workload attestor reads about a caller: its `/proc/<pid>/cgroup`
 /// (first byte even) or a PodList from the kubelet or API server (first byte odd).
 ///
-/// A pod UID only ever comes from a root-owned cgroup root, in canonical form; the same path
+/// A pod UID only ever comes from a root-owned cgroup root, in canonical form (a UUID, or a
+/// static pod's 32-hex hash); the same path
 /// under a user's delegated subtree (`user.slice/…/user@<uid>.service`, where the user names
 /// the cgroups) never names a pod; container IDs are hex; an accepted PodList gives every pod
 /// a service account.
@@ -224,12 +225,16 @@ pub fn k8s_workload(data: &[u8]) {
     let Some(text) = utf8(rest) else {
         return;
     };
+    // A pod UID is a UUID, lowercase with dashes; a static pod's is its config hash: 32
+    // lowercase hex digits, undashed (what its mirror pod's `kubernetes.io/config.mirror` says).
+    let lower_hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
     let canonical_uuid = |u: &str| {
-        u.len() == 36
+        (u.len() == 36
             && u.char_indices().all(|(i, c)| match i {
                 8 | 13 | 18 | 23 => c == '-',
-                _ => c.is_ascii_digit() || ('a'..='f').contains(&c),
-            })
+                _ => lower_hex(c),
+            }))
+            || (u.len() == 32 && u.chars().all(lower_hex))
     };
     if let Some(c) = container_of(text) {
         if let Some(uid) = &c.pod_uid {
