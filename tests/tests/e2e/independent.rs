@@ -103,7 +103,12 @@ async fn grpcurl_reflection_health_and_istio_csr() {
         .iter()
         .map(|v| v.as_str().unwrap().to_owned())
         .collect();
-    assert_eq!(chain.len(), 2);
+    // Leaf, the intermediate that signed it, and (last) every trusted root.
+    assert_eq!(chain.len(), 3);
+    assert_eq!(
+        signet_types::pem::parse_certs(chain[2].as_bytes()).unwrap(),
+        signet_types::pem::parse_certs(&server.bundle_pem).unwrap()
+    );
     assert_eq!(
         uri_sans(&chain[0]),
         ["spiffe://example.org/ns/istio-system/sa/ztunnel"]
