@@ -154,39 +154,15 @@ impl Admin for AdminApi {
     ) -> Result<Response<Self::StreamLedgerStream>, Status> {
         let req = request.into_inner();
         let store = self.store.clone();
-        let up_to = if req.up_to_seq == 0 {
-            u64::MAX
-        } else {
-            req.up_to_seq
-        };
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        tokio::spawn(async move {
-            let mut after = req.after_seq;
-            while after < up_to {
-                let rows = match store.list_certificates(after, MAX_PAGE, None).await {
-                    Ok(rows) => rows,
-                    Err(e) => {
-                        let _ = tx.send(Err(Status::from(ApiError::from(e)))).await;
-                        return;
-                    }
-                };
-                if rows.is_empty() {
-                    return;
-                }
-                let chunk: Vec<_> = rows.into_iter().filter(|r| r.entry.seq <= up_to).collect();
-                let Some(last) = chunk.last().map(|r| r.entry.seq) else {
-                    return;
-                };
-                for row in chunk {
-                    if tx.send(Ok(row_to_proto(row))).await.is_err() {
-                        return;
-                    }
-                }
-                after = last;
-            }
-        });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
+        Ok(Response::new(super::paged_ledger_stream(
+            req.after_seq,
+            req.up_to_seq,
+            move |after| {
+                let store = store.clone();
+                async move { store.list_certificates(after, MAX_PAGE, None).await }
+            },
+            |r: &CertificateRow| r.entry.seq,
+            row_to_proto,
         )))
     }
 

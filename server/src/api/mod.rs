@@ -11,9 +11,58 @@ pub mod node;
 pub mod node_admin;
 pub mod revocation_admin;
 
+use std::future::Future;
+use std::pin::Pin;
+
+use tokio_stream::Stream;
 use tonic::{Code, Status};
 
 use crate::authn::AuthnError;
+use crate::store::StoreError;
+
+/// A server stream of ledger rows (certificates or revocation events) with seq in
+/// `(after_seq, up_to_seq]` (`up_to_seq` 0: to the end), read a page at a time by `fetch(after)`
+/// (rows in seq order) and sent as they come; a store error ends it with that status. Bounded:
+/// at most a few messages are buffered ahead of a slow reader.
+pub(crate) fn paged_ledger_stream<R, T, F, Fut>(
+    after_seq: u64,
+    up_to_seq: u64,
+    fetch: F,
+    seq_of: fn(&R) -> u64,
+    to_proto: fn(R) -> T,
+) -> Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>
+where
+    R: Send + 'static,
+    T: Send + 'static,
+    F: Fn(u64) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Vec<R>, StoreError>> + Send,
+{
+    let up_to = if up_to_seq == 0 { u64::MAX } else { up_to_seq };
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut after = after_seq;
+        while after < up_to {
+            let rows = match fetch(after).await {
+                Ok(rows) => rows,
+                Err(e) => {
+                    let _ = tx.send(Err(Status::from(ApiError::from(e)))).await;
+                    return;
+                }
+            };
+            let chunk: Vec<R> = rows.into_iter().filter(|r| seq_of(r) <= up_to).collect();
+            let Some(last) = chunk.last().map(seq_of) else {
+                return;
+            };
+            for row in chunk {
+                if tx.send(Ok(to_proto(row))).await.is_err() {
+                    return;
+                }
+            }
+            after = last;
+        }
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
 
 /// Everything a request can fail with, by what the caller should do about it.
 #[derive(Debug, thiserror::Error)]
