@@ -146,6 +146,42 @@ fn child_of(child: &X509Certificate<'_>, parent: &X509Certificate<'_>) -> Result
         })
 }
 
+/// What every CA certificate Signet generates has: the name `O=Signet, OU=<generation>,
+/// CN=Signet <kind> CA for <td>` (CAs of one trust domain differ by name too: a rotation has two
+/// at once; X.520 caps commonName at 64 characters), the trust domain's SPIFFE ID, and
+/// keyCertSign + cRLSign + digitalSignature.
+fn ca_params(
+    td: &TrustDomain,
+    kind: &str,
+    now: SystemTime,
+) -> Result<CertificateParams, AuthorityError> {
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "Signet");
+    dn.push(DnType::OrganizationalUnitName, generation_label(now));
+    let cn = format!("Signet {kind} CA for {td}");
+    dn.push(
+        DnType::CommonName,
+        if cn.len() <= 64 {
+            cn
+        } else {
+            format!("Signet {kind} CA")
+        },
+    );
+    params.distinguished_name = dn;
+    let uri = td
+        .id_string()
+        .try_into()
+        .map_err(|e| AuthorityError::Generate(format!("trust domain URI: {e}")))?;
+    params.subject_alt_names = vec![SanType::URI(uri)];
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok(params)
+}
+
 impl Authority {
     /// Generates a self-signed root for `td`.
     ///
@@ -161,33 +197,8 @@ impl Authority {
         let key = KeyPair::generate_for(algorithm(key_type))
             .map_err(|e| AuthorityError::Generate(e.to_string()))?;
 
-        let mut params = CertificateParams::default();
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::OrganizationName, "Signet");
-        // Roots of one trust domain differ by name too (a rotation has two at once).
-        dn.push(DnType::OrganizationalUnitName, generation_label(now));
-        let cn = format!("Signet root CA for {td}");
-        // X.520 caps commonName at 64 characters.
-        dn.push(
-            DnType::CommonName,
-            if cn.len() <= 64 {
-                cn
-            } else {
-                "Signet root CA".to_owned()
-            },
-        );
-        params.distinguished_name = dn;
-        let uri = td
-            .id_string()
-            .try_into()
-            .map_err(|e| AuthorityError::Generate(format!("trust domain URI: {e}")))?;
-        params.subject_alt_names = vec![SanType::URI(uri)];
+        let mut params = ca_params(td, "root", now)?;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
         let not_before = now
             .checked_sub(BACKDATE)
             .and_then(to_offset)
@@ -227,31 +238,8 @@ impl Authority {
     ) -> Result<(Authority, Vec<u8>), AuthorityError> {
         let key = KeyPair::generate_for(algorithm(key_type))
             .map_err(|e| AuthorityError::Generate(e.to_string()))?;
-        let mut params = CertificateParams::default();
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::OrganizationName, "Signet");
-        dn.push(DnType::OrganizationalUnitName, generation_label(now));
-        let cn = format!("Signet intermediate CA for {td}");
-        dn.push(
-            DnType::CommonName,
-            if cn.len() <= 64 {
-                cn
-            } else {
-                "Signet intermediate CA".to_owned()
-            },
-        );
-        params.distinguished_name = dn;
-        let uri = td
-            .id_string()
-            .try_into()
-            .map_err(|e| AuthorityError::Generate(format!("trust domain URI: {e}")))?;
-        params.subject_alt_names = vec![SanType::URI(uri)];
+        let mut params = ca_params(td, "intermediate", now)?;
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
         params.use_authority_key_identifier_extension = true;
         let out_of_range =
             || AuthorityError::Generate("the intermediate's validity is out of range".into());
