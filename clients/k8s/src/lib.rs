@@ -11,11 +11,11 @@
 //! - [`signer`]: one connected client per issuer; errors classified Permanent / Retryable.
 //! - [`backoff`]: capped exponential backoff with jitter, per-object attempt counters.
 //! - [`clock`]: injected time.
-//! - `testing` (feature `testing`): a mock API server for controller tests.
+//! - `testing` (feature `testing`): the one mock API server for controller tests (exact
+//!   expected requests, answers computed from merged state), and real-shaped objects.
 //! - [`certificate`]: standalone mode, `Certificate` reconcilers (trigger, issuing, readiness).
 //! - [`keys`]: private keys for Certificates (ECDSA, Ed25519, RSA; PKCS#1/SEC1/PKCS#8) and CSRs.
 //! - [`citadel`]: Citadel compatibility (`istio.<sa>` Secrets, `istio-ca-root-cert`).
-//! - `test_api` (feature `testing`): a scripted API server answering with merged state.
 #![forbid(unsafe_code)]
 
 pub mod backoff;
@@ -35,8 +35,6 @@ pub mod operator;
 pub mod request;
 pub mod revocation;
 pub mod signer;
-#[cfg(any(test, feature = "testing"))]
-pub mod test_api;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod yaml;

@@ -13,7 +13,7 @@ use signet_k8s::certificate::{self, Context, FixedSigner};
 use signet_k8s::certmanager::Certificate;
 use signet_k8s::clock::SystemClock;
 use signet_k8s::signer::{Credentials, Signer, SignerConfig};
-use signet_k8s::test_api::{Exchange, Stored, applied, not_found, scripted};
+use signet_k8s::testing::{Expect, Stored, applied, not_found, scripted};
 use signet_tests::*;
 
 use crate::pg_server;
@@ -56,29 +56,33 @@ async fn reconcile(
     obj: &Value,
     signer: Arc<FixedSigner>,
     with_apply: bool,
-) -> Vec<signet_k8s::test_api::Recorded> {
+) -> Vec<signet_k8s::testing::Received> {
     let name = obj["metadata"]["name"].as_str().unwrap();
     let secret = format!("/api/v1/namespaces/a/secrets/{name}-tls");
     let status = format!("/apis/cert-manager.io/v1/namespaces/a/certificates/{name}/status?");
     let stored = Stored::new(obj.clone());
     let mut script = vec![
-        Exchange::reply(
+        Expect::reply(
             "GET",
             secret.clone(),
             404,
             not_found("secrets", &format!("{name}-tls")),
         ),
-        Exchange::new("PATCH", status.clone(), stored.merge_patch()),
+        Expect::exchange("PATCH", status.clone(), stored.merge_patch()),
     ];
     if with_apply {
-        script.push(Exchange::new(
+        script.push(Expect::exchange(
             "PATCH",
             format!("{secret}?&fieldManager=signet-k8s"),
             applied("s1"),
         ));
     }
-    script.push(Exchange::new("PATCH", status.clone(), stored.merge_patch()));
-    script.push(Exchange::new("PATCH", status, stored.merge_patch()));
+    script.push(Expect::exchange(
+        "PATCH",
+        status.clone(),
+        stored.merge_patch(),
+    ));
+    script.push(Expect::exchange("PATCH", status, stored.merge_patch()));
     let (client, server) = scripted(script);
     let cert: Certificate = serde_json::from_value(obj.clone()).unwrap();
     let ctx = Arc::new(Context {
@@ -197,13 +201,13 @@ async fn k8s_citadel_secret_and_root_configmap_from_the_real_server() {
     // istio-ca-root-cert in a labelled namespace.
     let cm = "/api/v1/namespaces/mesh/configmaps/istio-ca-root-cert";
     let (client, api) = scripted(vec![
-        Exchange::reply(
+        Expect::reply(
             "GET",
             cm,
             404,
             not_found("configmaps", "istio-ca-root-cert"),
         ),
-        Exchange::new(
+        Expect::exchange(
             "PATCH",
             format!("{cm}?&fieldManager=signet-k8s"),
             applied("cm1"),
@@ -232,9 +236,9 @@ async fn k8s_citadel_secret_and_root_configmap_from_the_real_server() {
         "metadata": {"name": "mesh", "labels": {"signet.dev/citadel": "enabled"}}});
     let secret = "/api/v1/namespaces/mesh/secrets/istio.web";
     let (client, api) = scripted(vec![
-        Exchange::reply("GET", "/api/v1/namespaces/mesh", 200, ns),
-        Exchange::reply("GET", secret, 404, not_found("secrets", "istio.web")),
-        Exchange::new(
+        Expect::reply("GET", "/api/v1/namespaces/mesh", 200, ns),
+        Expect::reply("GET", secret, 404, not_found("secrets", "istio.web")),
+        Expect::exchange(
             "PATCH",
             format!("{secret}?&fieldManager=signet-k8s"),
             applied("s1"),

@@ -23,7 +23,7 @@ fn cert(spec: serde_json::Value) -> Certificate {
             "dnsNames": ["web.a.svc"],
         }
     });
-    crate::test_api::merge(&mut base, &json!({ "spec": spec }));
+    crate::testing::merge(&mut base, &json!({ "spec": spec }));
     serde_json::from_value(base).unwrap()
 }
 

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use super::*;
 use crate::backoff::FixedRandom;
 use crate::clock::FakeClock;
-use crate::test_api::{Exchange, Stored, applied, not_found, scripted};
+use crate::testing::{Expect, Stored, applied, not_found, scripted};
 
 const T0: u64 = 1_767_225_600; // 2026-01-01T00:00:00Z
 const T0_S: &str = "2026-01-01T00:00:00Z";
@@ -150,7 +150,7 @@ fn certificate(name: &str, spec: Value) -> Value {
             "secretTemplate": {"labels": {"app": "web"}, "annotations": {"team": "payments"}}
         }
     });
-    crate::test_api::merge(&mut c, &json!({ "spec": spec }));
+    crate::testing::merge(&mut c, &json!({ "spec": spec }));
     c
 }
 
@@ -213,11 +213,11 @@ async fn success_applies_the_secret_and_walks_the_status() {
     let obj = certificate("web", json!({}));
     let stored = Stored::new(obj.clone());
     let (client, server) = scripted(vec![
-        Exchange::reply("GET", SECRET_URI, 404, not_found("secrets", "web-tls")),
-        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
-        Exchange::new("PATCH", format!("{SECRET_URI}{APPLY_QUERY}"), applied("s1")),
-        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
-        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
+        Expect::reply("GET", SECRET_URI, 404, not_found("secrets", "web-tls")),
+        Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
+        Expect::exchange("PATCH", format!("{SECRET_URI}{APPLY_QUERY}"), applied("s1")),
+        Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
+        Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
     ]);
     let events = Arc::new(crate::testing::RecordedEvents::default());
     let ctx = context_with(
@@ -303,12 +303,7 @@ async fn success_applies_the_secret_and_walks_the_status() {
 
     // Settled: the next pass reads the Secret and writes nothing.
     let secret = applied("s1")(&seen[2].body).1;
-    let (client, server) = scripted(vec![Exchange::reply(
-        "GET",
-        SECRET_URI,
-        200,
-        secret.clone(),
-    )]);
+    let (client, server) = scripted(vec![Expect::reply("GET", SECRET_URI, 200, secret.clone())]);
     let clock = FakeClock::at_unix(T0 + 60);
     let obj = stored.get();
     let ctx = context(client, signer.clone(), clock, std::slice::from_ref(&obj));
@@ -321,15 +316,15 @@ async fn success_applies_the_secret_and_walks_the_status() {
     clock.set(UNIX_EPOCH + Duration::from_secs(T0 + 14 * 3600 + 48 * 60));
     let stored2 = Stored::new(obj.clone());
     let (client, server) = scripted(vec![
-        Exchange::reply("GET", SECRET_URI, 200, secret),
-        Exchange::new("PATCH", STATUS_URI, stored2.merge_patch()),
-        Exchange::new(
+        Expect::reply("GET", SECRET_URI, 200, secret),
+        Expect::exchange("PATCH", STATUS_URI, stored2.merge_patch()),
+        Expect::exchange(
             "PATCH",
             format!("{SECRET_URI}?&force=true&fieldManager=signet-k8s"),
             applied("s1"),
         ),
-        Exchange::new("PATCH", STATUS_URI, stored2.merge_patch()),
-        Exchange::new("PATCH", STATUS_URI, stored2.merge_patch()),
+        Expect::exchange("PATCH", STATUS_URI, stored2.merge_patch()),
+        Expect::exchange("PATCH", STATUS_URI, stored2.merge_patch()),
     ]);
     let ctx = context(client, signer, clock, std::slice::from_ref(&obj));
     reconcile(parse(&obj), ctx).await.unwrap();
@@ -349,11 +344,11 @@ async fn clamped_lifetime_is_reported_in_ready() {
     let obj = certificate("web", json!({}));
     let stored = Stored::new(obj.clone());
     let (client, server) = scripted(vec![
-        Exchange::reply("GET", SECRET_URI, 404, not_found("secrets", "web-tls")),
-        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
-        Exchange::new("PATCH", format!("{SECRET_URI}{APPLY_QUERY}"), applied("s1")),
-        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
-        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
+        Expect::reply("GET", SECRET_URI, 404, not_found("secrets", "web-tls")),
+        Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
+        Expect::exchange("PATCH", format!("{SECRET_URI}{APPLY_QUERY}"), applied("s1")),
+        Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
+        Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
     ]);
     reconcile(
         parse(&obj),
@@ -377,11 +372,11 @@ async fn refused(obj: Value, secret: Option<Value>, peers: &[Value]) -> Value {
     let mut script = Vec::new();
     if obj["spec"]["secretName"] != "" {
         script.push(match secret {
-            Some(s) => Exchange::reply("GET", SECRET_URI, 200, s),
-            None => Exchange::reply("GET", SECRET_URI, 404, not_found("secrets", "web-tls")),
+            Some(s) => Expect::reply("GET", SECRET_URI, 200, s),
+            None => Expect::reply("GET", SECRET_URI, 404, not_found("secrets", "web-tls")),
         });
     }
-    script.push(Exchange::new(
+    script.push(Expect::exchange(
         "PATCH",
         format!("/apis/cert-manager.io/v1/namespaces/a/certificates/{name}/status?"),
         stored.merge_patch(),
@@ -483,10 +478,10 @@ async fn server_unreachable_backs_off_without_a_hot_loop() {
     let obj = certificate("web", json!({}));
     let stored = Stored::new(obj.clone());
     let (client, server) = scripted(vec![
-        Exchange::reply("GET", SECRET_URI, 404, not_found("secrets", "web-tls")),
-        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
-        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
-        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
+        Expect::reply("GET", SECRET_URI, 404, not_found("secrets", "web-tls")),
+        Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
+        Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
+        Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
     ]);
     let action = reconcile(
         parse(&obj),
@@ -520,7 +515,7 @@ async fn server_unreachable_backs_off_without_a_hot_loop() {
     // Within the backoff: no call to the server, no write.
     clock.advance(Duration::from_secs(30));
     let obj = stored.get();
-    let (client, server) = scripted(vec![Exchange::reply(
+    let (client, server) = scripted(vec![Expect::reply(
         "GET",
         SECRET_URI,
         404,
@@ -544,9 +539,9 @@ async fn server_unreachable_backs_off_without_a_hot_loop() {
     // After it: a second attempt, counted, with a doubled wait.
     clock.advance(Duration::from_secs(30));
     let (client, server) = scripted(vec![
-        Exchange::reply("GET", SECRET_URI, 404, not_found("secrets", "web-tls")),
-        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
-        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
+        Expect::reply("GET", SECRET_URI, 404, not_found("secrets", "web-tls")),
+        Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
+        Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
     ]);
     let action = reconcile(
         parse(&obj),
@@ -570,10 +565,10 @@ async fn permanent_refusal_fails_the_attempt_with_the_servers_reason() {
     let obj = certificate("web", json!({"uris": ["spiffe://example.org/ns/b/sa/web"]}));
     let stored = Stored::new(obj.clone());
     let (client, server) = scripted(vec![
-        Exchange::reply("GET", SECRET_URI, 404, not_found("secrets", "web-tls")),
-        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
-        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
-        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
+        Expect::reply("GET", SECRET_URI, 404, not_found("secrets", "web-tls")),
+        Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
+        Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
+        Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
     ]);
     let events = Arc::new(crate::testing::RecordedEvents::default());
     reconcile(
@@ -668,11 +663,11 @@ async fn a_refused_secret_write_backs_off_like_a_failure() {
         "message": "Apply failed with 1 conflict: conflict with \"helm\": .data.tls.crt",
         "reason": "Conflict", "code": 409});
     let (client, server) = scripted(vec![
-        Exchange::reply("GET", SECRET_URI, 404, not_found("secrets", "web-tls")),
-        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
-        Exchange::reply("PATCH", format!("{SECRET_URI}{APPLY_QUERY}"), 409, conflict),
-        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
-        Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
+        Expect::reply("GET", SECRET_URI, 404, not_found("secrets", "web-tls")),
+        Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
+        Expect::reply("PATCH", format!("{SECRET_URI}{APPLY_QUERY}"), 409, conflict),
+        Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
+        Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
     ]);
     let action = reconcile(
         parse(&obj),
@@ -735,8 +730,8 @@ async fn pass(
 ) -> (Value, Value, Action) {
     let stored = Stored::new(obj.clone());
     let get = match secret {
-        Some(s) => Exchange::reply("GET", SECRET_URI, 200, s.clone()),
-        None => Exchange::reply("GET", SECRET_URI, 404, not_found("secrets", "web-tls")),
+        Some(s) => Expect::reply("GET", SECRET_URI, 200, s.clone()),
+        None => Expect::reply("GET", SECRET_URI, 404, not_found("secrets", "web-tls")),
     };
     let query = if secret.is_some() {
         "?&force=true&fieldManager=signet-k8s"
@@ -746,10 +741,10 @@ async fn pass(
     let mut script = vec![get];
     if issues {
         script.extend([
-            Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
-            Exchange::new("PATCH", format!("{SECRET_URI}{query}"), applied("s1")),
-            Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
-            Exchange::new("PATCH", STATUS_URI, stored.merge_patch()),
+            Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
+            Expect::exchange("PATCH", format!("{SECRET_URI}{query}"), applied("s1")),
+            Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
+            Expect::exchange("PATCH", STATUS_URI, stored.merge_patch()),
         ]);
     }
     let (client, server) = scripted(script);

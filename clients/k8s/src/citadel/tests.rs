@@ -12,7 +12,7 @@ use super::*;
 use crate::backoff::FixedRandom;
 use crate::certificate::tests::FakeSigner;
 use crate::clock::FakeClock;
-use crate::test_api::{Exchange, applied, not_found, scripted};
+use crate::testing::{Expect, applied, not_found, scripted};
 
 const T0: u64 = 1_767_225_600;
 const NS_URI: &str = "/api/v1/namespaces/mesh";
@@ -81,9 +81,9 @@ async fn service_account_gets_an_istio_secret() {
         Duration::from_secs(24 * 3600),
     ));
     let (client, server) = scripted(vec![
-        Exchange::reply("GET", NS_URI, 200, namespace(true)),
-        Exchange::reply("GET", SECRET_URI, 404, not_found("secrets", "istio.web")),
-        Exchange::new(
+        Expect::reply("GET", NS_URI, 200, namespace(true)),
+        Expect::reply("GET", SECRET_URI, 404, not_found("secrets", "istio.web")),
+        Expect::exchange(
             "PATCH",
             format!("{SECRET_URI}?&fieldManager=signet-k8s"),
             applied("s1"),
@@ -126,8 +126,8 @@ async fn service_account_gets_an_istio_secret() {
     let secret = applied("s1")(body).1;
     let clock = FakeClock::at_unix(T0 + 60);
     let (client, server) = scripted(vec![
-        Exchange::reply("GET", NS_URI, 200, namespace(true)),
-        Exchange::reply("GET", SECRET_URI, 200, secret.clone()),
+        Expect::reply("GET", NS_URI, 200, namespace(true)),
+        Expect::reply("GET", SECRET_URI, 200, secret.clone()),
     ]);
     let ctx = context(client, signer.clone(), clock, ROOT);
     reconcile_service_account(Arc::new(service_account()), ctx)
@@ -139,9 +139,9 @@ async fn service_account_gets_an_istio_secret() {
     let clock = FakeClock::at_unix(T0 + 60);
     let new_root = "-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----\n";
     let (client, server) = scripted(vec![
-        Exchange::reply("GET", NS_URI, 200, namespace(true)),
-        Exchange::reply("GET", SECRET_URI, 200, secret.clone()),
-        Exchange::new(
+        Expect::reply("GET", NS_URI, 200, namespace(true)),
+        Expect::reply("GET", SECRET_URI, 200, secret.clone()),
+        Expect::exchange(
             "PATCH",
             format!("{SECRET_URI}?&force=true&fieldManager=signet-k8s"),
             applied("s1"),
@@ -158,9 +158,9 @@ async fn service_account_gets_an_istio_secret() {
     // At the renewal time: a new certificate.
     let clock = FakeClock::at_unix(T0 + 16 * 3600);
     let (client, server) = scripted(vec![
-        Exchange::reply("GET", NS_URI, 200, namespace(true)),
-        Exchange::reply("GET", SECRET_URI, 200, secret),
-        Exchange::new(
+        Expect::reply("GET", NS_URI, 200, namespace(true)),
+        Expect::reply("GET", SECRET_URI, 200, secret),
+        Expect::exchange(
             "PATCH",
             format!("{SECRET_URI}?&force=true&fieldManager=signet-k8s"),
             applied("s1"),
@@ -179,7 +179,7 @@ async fn service_account_gets_an_istio_secret() {
 async fn namespaces_without_the_label_are_left_alone() {
     let clock = FakeClock::at_unix(T0);
     let signer = Arc::new(FakeSigner::new(clock.clone(), Duration::from_secs(3600)));
-    let (client, server) = scripted(vec![Exchange::reply("GET", NS_URI, 200, namespace(false))]);
+    let (client, server) = scripted(vec![Expect::reply("GET", NS_URI, 200, namespace(false))]);
     let action = reconcile_service_account(
         Arc::new(service_account()),
         context(client, signer.clone(), clock, ROOT),
@@ -198,8 +198,8 @@ async fn a_foreign_secret_with_the_name_is_not_touched() {
     let foreign = json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
         "metadata": {"name": "istio.web", "namespace": "mesh", "uid": "f1"}, "data": {"x": "eA=="}});
     let (client, server) = scripted(vec![
-        Exchange::reply("GET", NS_URI, 200, namespace(true)),
-        Exchange::reply("GET", SECRET_URI, 200, foreign),
+        Expect::reply("GET", NS_URI, 200, namespace(true)),
+        Expect::reply("GET", SECRET_URI, 200, foreign),
     ]);
     reconcile_service_account(
         Arc::new(service_account()),
@@ -220,13 +220,13 @@ async fn root_configmap_is_written_and_updated_on_bundle_change() {
         ..Default::default()
     };
     let (client, server) = scripted(vec![
-        Exchange::reply(
+        Expect::reply(
             "GET",
             CM_URI,
             404,
             not_found("configmaps", "istio-ca-root-cert"),
         ),
-        Exchange::new(
+        Expect::exchange(
             "PATCH",
             format!("{CM_URI}?&fieldManager=signet-k8s"),
             applied("cm1"),
@@ -248,7 +248,7 @@ async fn root_configmap_is_written_and_updated_on_bundle_change() {
     let current = applied("cm1")(&seen[1].body).1;
 
     // Same bundle: read only.
-    let (client, server) = scripted(vec![Exchange::reply("GET", CM_URI, 200, current.clone())]);
+    let (client, server) = scripted(vec![Expect::reply("GET", CM_URI, 200, current.clone())]);
     reconcile_root_configmap(&client, "mesh", &b(ROOT, 1))
         .await
         .unwrap();
@@ -257,8 +257,8 @@ async fn root_configmap_is_written_and_updated_on_bundle_change() {
     // A new root: applied again.
     let both = format!("{ROOT}-----BEGIN CERTIFICATE-----\nMIIC\n-----END CERTIFICATE-----\n");
     let (client, server) = scripted(vec![
-        Exchange::reply("GET", CM_URI, 200, current),
-        Exchange::new(
+        Expect::reply("GET", CM_URI, 200, current),
+        Expect::exchange(
             "PATCH",
             format!("{CM_URI}?&fieldManager=signet-k8s"),
             applied("cm1"),
@@ -330,9 +330,9 @@ async fn reissued(
     bundle: BundleInfo,
 ) -> (Value, Action) {
     let (client, server) = scripted(vec![
-        Exchange::reply("GET", NS_URI, 200, namespace(true)),
-        Exchange::reply("GET", SECRET_URI, 200, secret.clone()),
-        Exchange::new(
+        Expect::reply("GET", NS_URI, 200, namespace(true)),
+        Expect::reply("GET", SECRET_URI, 200, secret.clone()),
+        Expect::exchange(
             "PATCH",
             format!("{SECRET_URI}?&force=true&fieldManager=signet-k8s"),
             applied("s1"),
@@ -354,8 +354,8 @@ async fn left_alone(
     bundle: BundleInfo,
 ) -> Action {
     let (client, server) = scripted(vec![
-        Exchange::reply("GET", NS_URI, 200, namespace(true)),
-        Exchange::reply("GET", SECRET_URI, 200, secret.clone()),
+        Expect::reply("GET", NS_URI, 200, namespace(true)),
+        Expect::reply("GET", SECRET_URI, 200, secret.clone()),
     ]);
     let ctx = context_with(client, signer.clone(), FakeClock::at_unix(now), bundle);
     let action = reconcile_service_account(Arc::new(service_account()), ctx)
@@ -374,9 +374,9 @@ async fn a_secret_under_a_tainted_key_is_reissued_now_with_backoff_then_a_revoke
     ));
     // A current Secret, issued at T0.
     let (client, server) = scripted(vec![
-        Exchange::reply("GET", NS_URI, 200, namespace(true)),
-        Exchange::reply("GET", SECRET_URI, 404, not_found("secrets", "istio.web")),
-        Exchange::new(
+        Expect::reply("GET", NS_URI, 200, namespace(true)),
+        Expect::reply("GET", SECRET_URI, 404, not_found("secrets", "istio.web")),
+        Expect::exchange(
             "PATCH",
             format!("{SECRET_URI}?&fieldManager=signet-k8s"),
             applied("s1"),
@@ -458,7 +458,7 @@ async fn ca_crl_pem_is_written_to_the_root_configmap_and_follows_the_crls() {
         )
     };
     let patch = || {
-        Exchange::new(
+        Expect::exchange(
             "PATCH",
             format!("{CM_URI}?&fieldManager=signet-k8s"),
             applied("cm1"),
@@ -467,7 +467,7 @@ async fn ca_crl_pem_is_written_to_the_root_configmap_and_follows_the_crls() {
     // With a CRL: both keys.
     let b1 = bundle_with(&[], &[(signer.key_id(), crl1.clone())]);
     let (client, server) = scripted(vec![
-        Exchange::reply(
+        Expect::reply(
             "GET",
             CM_URI,
             404,
@@ -489,7 +489,7 @@ async fn ca_crl_pem_is_written_to_the_root_configmap_and_follows_the_crls() {
     assert!(x509_parser::parse_x509_crl(parsed[0].contents()).is_ok());
 
     // Same CRL: read only.
-    let (client, server) = scripted(vec![Exchange::reply("GET", CM_URI, 200, current.clone())]);
+    let (client, server) = scripted(vec![Expect::reply("GET", CM_URI, 200, current.clone())]);
     reconcile_root_configmap(&client, "mesh", &b1)
         .await
         .unwrap();
@@ -498,7 +498,7 @@ async fn ca_crl_pem_is_written_to_the_root_configmap_and_follows_the_crls() {
     // A newer CRL: rewritten.
     let b2 = bundle_with(&[], &[(signer.key_id(), crl2.clone())]);
     let (client, server) = scripted(vec![
-        Exchange::reply("GET", CM_URI, 200, current.clone()),
+        Expect::reply("GET", CM_URI, 200, current.clone()),
         patch(),
     ]);
     reconcile_root_configmap(&client, "mesh", &b2)
@@ -511,7 +511,7 @@ async fn ca_crl_pem_is_written_to_the_root_configmap_and_follows_the_crls() {
     // A CRL that does not parse is left out; none left: the key is dropped.
     let junk = bundle_with(&[], &[(signer.key_id(), b"junk".to_vec())]);
     assert!(junk.revocations.crls_pem.is_empty());
-    let (client, server) = scripted(vec![Exchange::reply("GET", CM_URI, 200, current), patch()]);
+    let (client, server) = scripted(vec![Expect::reply("GET", CM_URI, 200, current), patch()]);
     reconcile_root_configmap(&client, "mesh", &junk)
         .await
         .unwrap();

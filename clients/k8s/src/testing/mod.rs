@@ -23,12 +23,31 @@ use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
 
+mod objects;
+pub use objects::{Stored, applied, merge, not_found, object, status_failure};
+
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
 /// A `kube::Client` whose requests go to the returned [`MockApi`].
 pub fn mock_client() -> (Client, MockApi) {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     (Client::new(svc, "default"), MockApi { handle })
+}
+
+/// A client whose API server answers `script` in order, on a task; awaiting the handle
+/// yields what was received (a request out of script, or one more than the script holds,
+/// fails the test there).
+pub fn scripted(script: Vec<Expect>) -> (Client, tokio::task::JoinHandle<Vec<Received>>) {
+    let (client, mut api) = mock_client();
+    let task = tokio::spawn(async move {
+        let mut received = Vec::with_capacity(script.len());
+        for e in script {
+            received.push(api.expect(e).await);
+        }
+        api.assert_idle();
+        received
+    });
+    (client, task)
 }
 
 /// The API server's side of [`mock_client`].
@@ -45,9 +64,12 @@ pub struct Expect {
     query: Option<String>,
     content_type: Option<String>,
     body: Option<BodyCheck>,
-    status: StatusCode,
-    response: Value,
+    respond: Responder,
 }
+
+/// How an expected request is answered: a status code and a JSON body, computed from the
+/// request's body (a fixed answer ignores it; [`objects::Stored::merge_patch`] merges it).
+pub type Responder = Box<dyn FnOnce(&Value) -> (u16, Value) + Send>;
 
 impl fmt::Debug for Expect {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -78,9 +100,25 @@ impl Expect {
             query: None,
             content_type: None,
             body: None,
-            status: StatusCode::OK,
-            response: json!({}),
+            respond: Box::new(|_| (200, json!({}))),
         }
+    }
+    /// A request named by its whole URI, `path?query` (the query, or its absence, is then
+    /// checked too), answered by `respond` over the request body — the form a scripted
+    /// reconcile (a list of exchanges against merged state) reads best in.
+    pub fn exchange(
+        method: &str,
+        uri: impl Into<String>,
+        respond: impl FnOnce(&Value) -> (u16, Value) + Send + 'static,
+    ) -> Self {
+        let uri = uri.into();
+        let (path, query) = uri.split_once('?').unwrap_or((uri.as_str(), ""));
+        let method = Method::from_bytes(method.as_bytes()).unwrap_or(Method::GET);
+        Self::new(method, path).query(query).respond_with(respond)
+    }
+    /// [`Expect::exchange`] with a fixed answer.
+    pub fn reply(method: &str, uri: impl Into<String>, code: u16, body: Value) -> Self {
+        Self::exchange(method, uri, move |_| (code, body))
     }
     pub fn get(path: &str) -> Self {
         Self::new(Method::GET, path)
@@ -128,36 +166,29 @@ impl Expect {
         self
     }
     /// Answer 200 with this object.
-    pub fn respond(mut self, obj: Value) -> Self {
-        self.status = StatusCode::OK;
-        self.response = obj;
+    pub fn respond(self, obj: Value) -> Self {
+        self.respond_with(move |_| (200, obj))
+    }
+    /// Answer with what `respond` makes of the request body.
+    pub fn respond_with(
+        mut self,
+        respond: impl FnOnce(&Value) -> (u16, Value) + Send + 'static,
+    ) -> Self {
+        self.respond = Box::new(respond);
         self
     }
     /// Answer with this status code and body.
-    pub fn respond_status(mut self, code: u16, obj: Value) -> Self {
-        self.status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        self.response = obj;
-        self
+    pub fn respond_status(self, code: u16, obj: Value) -> Self {
+        self.respond_with(move |_| (code, obj))
     }
     /// Answer 404 with a real `Status` object.
     pub fn not_found(self, resource: &str, name: &str) -> Self {
-        self.respond_status(
-            404,
-            status_failure(404, "NotFound", &format!("{resource} \"{name}\" not found")),
-        )
+        self.respond_status(404, not_found(resource, name))
     }
     /// Answer 409 Conflict (e.g. a stale `resourceVersion`).
     pub fn conflict(self, message: &str) -> Self {
         self.respond_status(409, status_failure(409, "Conflict", message))
     }
-}
-
-/// A `metav1.Status` failure, as the API server writes it.
-pub fn status_failure(code: u16, reason: &str, message: &str) -> Value {
-    json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {},
-        "status": "Failure", "message": message, "reason": reason, "code": code
-    })
 }
 
 fn pairs(q: &str) -> Vec<&str> {
@@ -219,10 +250,11 @@ impl MockApi {
         if let Some(check) = &e.body {
             check(&got.body);
         }
-        let bytes = serde_json::to_vec(&e.response).unwrap_or_default();
+        let (code, response) = (e.respond)(&got.body);
+        let bytes = serde_json::to_vec(&response).unwrap_or_default();
         send.send_response(
             Response::builder()
-                .status(e.status)
+                .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
                 .header(http::header::CONTENT_TYPE, "application/json")
                 .body(Body::from(bytes))
                 .unwrap_or_else(|_| Response::new(Body::empty())),
@@ -286,49 +318,6 @@ impl Scenario {
             Err(_) => panic!("the code under test did not send every expected request"),
         }
     }
-}
-
-/// A minimal real-shaped object: `apiVersion`, `kind`, `metadata` (name, namespace when
-/// given, uid, resourceVersion, generation, creationTimestamp) merged with `rest`.
-pub fn object(
-    api_version: &str,
-    kind: &str,
-    namespace: Option<&str>,
-    name: &str,
-    resource_version: &str,
-    rest: Value,
-) -> Value {
-    let mut meta = json!({
-        "name": name,
-        "uid": format!("00000000-0000-4000-8000-{:012x}", fnv(name)),
-        "resourceVersion": resource_version,
-        "generation": 1,
-        "creationTimestamp": "2026-01-01T00:00:00Z",
-    });
-    if let Some(ns) = namespace {
-        meta["namespace"] = json!(ns);
-    }
-    let mut v = json!({"apiVersion": api_version, "kind": kind, "metadata": meta});
-    if let (Value::Object(dst), Value::Object(src)) = (&mut v, rest) {
-        for (k, val) in src {
-            if k == "metadata" {
-                if let (Some(Value::Object(m)), Value::Object(extra)) =
-                    (dst.get_mut("metadata"), val)
-                {
-                    m.extend(extra);
-                }
-            } else {
-                dst.insert(k, val);
-            }
-        }
-    }
-    v
-}
-
-fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf29ce484222325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100000001b3)
-    }) & 0xffff_ffff_ffff
 }
 
 /// A [`SignBackend`](crate::signer::SignBackend) with canned answers that records each
