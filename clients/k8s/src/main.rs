@@ -296,7 +296,7 @@ fn operator_bundle(
                 Ok(c) => break c,
                 Err(e) => {
                     tracing::warn!(error = %e, "standalone certificates: cannot reach the server for WatchBundle yet");
-                    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                    signet_k8s::clock::sleep(std::time::Duration::from_secs(5)).await;
                 }
             }
         };
@@ -329,7 +329,7 @@ async fn citadel(enabled: bool, bridge: &BridgeConfig, client: Client) -> anyhow
             Ok(ok) => break ok,
             Err(e) => {
                 tracing::warn!(error = %e, "citadel: cannot reach the server yet");
-                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                signet_k8s::clock::sleep(std::time::Duration::from_secs(5)).await;
             }
         }
     };

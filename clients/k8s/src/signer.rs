@@ -401,6 +401,27 @@ impl SignBackend for SignerCache {
     }
 }
 
+/// One item each time the bundle's taints or CRLs change: the Certificate and Citadel
+/// controllers reconcile every object again on it, so a certificate issued under a newly
+/// tainted key, or newly revoked, is re-issued now.
+pub fn revocation_changes(
+    rx: tokio::sync::watch::Receiver<Option<BundleInfo>>,
+) -> impl futures::Stream<Item = ()> + Send + 'static {
+    let last = rx.borrow().as_ref().map(|b| b.revocations.clone());
+    futures::stream::unfold((rx, last), |(mut rx, last)| async move {
+        loop {
+            rx.changed().await.ok()?;
+            let cur = rx
+                .borrow_and_update()
+                .as_ref()
+                .map(|b| b.revocations.clone());
+            if cur != last {
+                return Some(((), (rx, cur)));
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

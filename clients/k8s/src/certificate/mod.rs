@@ -468,7 +468,7 @@ pub async fn run(
 ) {
     // A change of taints or CRLs looks at every Certificate again.
     let c = controller(&client)
-        .reconcile_all_on(crate::citadel::revocation_changes(bundle.clone()))
+        .reconcile_all_on(crate::signer::revocation_changes(bundle.clone()))
         .shutdown_on_signal();
     let ctx = Arc::new(Context {
         client,

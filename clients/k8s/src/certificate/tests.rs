@@ -2,7 +2,7 @@
 //! server-side apply with its query, status merge patches) for each case.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -618,7 +618,6 @@ fn status_patch_sends_only_changes() {
         status_patch(&old, &new),
         Some(json!({"status": {"failedIssuanceAttempts": null, "revision": 2}}))
     );
-    let _ = SystemTime::now;
 }
 
 #[test]

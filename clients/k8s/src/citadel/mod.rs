@@ -299,28 +299,8 @@ pub async fn watch_bundle(
             0.5,
         );
         attempt = attempt.saturating_add(1);
-        tokio::time::sleep(wait).await;
+        crate::clock::sleep(wait).await;
     }
-}
-
-/// One item each time the bundle's taints or CRLs change: every ServiceAccount is reconciled
-/// again, so a Secret issued under a newly tainted key, or newly revoked, is re-issued now.
-pub fn revocation_changes(
-    rx: watch::Receiver<Option<BundleInfo>>,
-) -> impl futures::Stream<Item = ()> + Send + 'static {
-    let last = rx.borrow().as_ref().map(|b| b.revocations.clone());
-    futures::stream::unfold((rx, last), |(mut rx, last)| async move {
-        loop {
-            rx.changed().await.ok()?;
-            let cur = rx
-                .borrow_and_update()
-                .as_ref()
-                .map(|b| b.revocations.clone());
-            if cur != last {
-                return Some(((), (rx, cur)));
-            }
-        }
-    })
 }
 
 /// Runs Citadel mode: the ServiceAccount controller, the deletion watcher and the
@@ -358,7 +338,7 @@ pub async fn run(ctx: Arc<Context>) {
                 if let Ok(Err(_)) = tokio::time::timeout(NAMESPACE_RECHECK, bundle.changed()).await
                 {
                     // The bundle watcher is gone: no busy loop, just the periodic pass.
-                    tokio::time::sleep(NAMESPACE_RECHECK).await;
+                    crate::clock::sleep(NAMESPACE_RECHECK).await;
                 }
             }
         }
@@ -374,7 +354,7 @@ pub async fn run(ctx: Arc<Context>) {
         Api::<Secret>::all(client.clone()),
         watcher::Config::default().fields("type=istio.io/key-and-cert"),
     )
-    .reconcile_all_on(revocation_changes(ctx.bundle.clone()))
+    .reconcile_all_on(crate::signer::revocation_changes(ctx.bundle.clone()))
     .shutdown_on_signal()
     .run(reconcile_service_account, error_policy, ctx)
     .for_each(|r| async move {
