@@ -8,6 +8,12 @@
 //! choose the server and the bridge's token file are still in the `Issuer` schema only so that
 //! an Issuer that sets them is reported (`Ready=False InvalidSpec` naming the field) instead of
 //! silently changing meaning; the bridge never acts on them.
+//!
+//! The two specs share their parts ([`IssuerAuth`], [`TrustBundleSource`], [`LocalObjectRef`])
+//! but are deliberately not one flattened struct: what a ClusterIssuer must name (`server`,
+//! `trustBundle`) a namespaced Issuer may not name at all, so one struct would make the
+//! ClusterIssuer's required fields optional in its schema and move a type-level guarantee into
+//! run-time checks. The checks of both live in one place, `issuers::validate`.
 
 use kube::CustomResource;
 use schemars::JsonSchema;
