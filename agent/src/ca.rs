@@ -142,16 +142,18 @@ pub enum CaError {
 }
 
 impl From<tonic::Status> for CaError {
+    /// By the classification every client shares (`signet_client::ErrorClass`): a retryable
+    /// answer (Unauthenticated included: the agent's credential may be renewed or re-attested)
+    /// is `Unavailable`, a refusal or a malformed request `Refused`.
     fn from(s: tonic::Status) -> Self {
-        use tonic::Code::*;
-        match s.code() {
-            Unavailable | DeadlineExceeded | ResourceExhausted | Aborted | Internal | Unknown => {
-                CaError::Unavailable(s.message().to_owned())
+        match signet_client::ErrorClass::of_status(&s) {
+            signet_client::ErrorClass::Retryable => CaError::Unavailable(s.message().to_owned()),
+            signet_client::ErrorClass::Permanent | signet_client::ErrorClass::Invalid => {
+                CaError::Refused {
+                    code: s.code(),
+                    message: s.message().to_owned(),
+                }
             }
-            code => CaError::Refused {
-                code,
-                message: s.message().to_owned(),
-            },
         }
     }
 }

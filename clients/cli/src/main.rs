@@ -243,8 +243,17 @@ async fn admin(socket: &Path) -> anyhow::Result<AdminClient<Channel>> {
     Ok(AdminClient::new(ch))
 }
 
+/// A failed call, said with what to do about it (the classification every client shares).
 fn status_err(what: &str, s: tonic::Status) -> anyhow::Error {
-    anyhow!("{what}: {} ({:?})", s.message(), s.code())
+    let hint = match signet_client::ErrorClass::of_status(&s) {
+        signet_client::ErrorClass::Retryable => match signet_client::retry_pushback(&s) {
+            Some(wait) => format!("; try again in {} ms", wait.as_millis()),
+            None => "; try again".to_owned(),
+        },
+        signet_client::ErrorClass::Invalid => "; the request is malformed".to_owned(),
+        signet_client::ErrorClass::Permanent => String::new(),
+    };
+    anyhow!("{what}: {} ({:?}{hint})", s.message(), s.code())
 }
 
 #[tokio::main]

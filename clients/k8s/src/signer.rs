@@ -114,32 +114,19 @@ impl SignError {
 
 /// The one place gRPC statuses become [`SignError`]s.
 pub fn classify(status: &tonic::Status) -> SignError {
-    use tonic::Code;
     let message = if status.message().is_empty() {
         status.code().description().to_owned()
     } else {
         status.message().to_owned()
     };
     let reason = format!("{:?}", status.code());
-    match status.code() {
-        Code::InvalidArgument
-        | Code::PermissionDenied
-        | Code::FailedPrecondition
-        | Code::NotFound
-        | Code::AlreadyExists
-        | Code::OutOfRange
-        | Code::Unimplemented => SignError::Permanent { reason, message },
-        // Unauthenticated: the projected token may be renewed, the server's JWKS refreshed.
-        Code::Unauthenticated
-        | Code::Unavailable
-        | Code::DeadlineExceeded
-        | Code::ResourceExhausted
-        | Code::Aborted
-        | Code::Cancelled
-        | Code::Internal
-        | Code::Unknown
-        | Code::DataLoss
-        | Code::Ok => SignError::Retryable { reason, message },
+    // One classification for every client (signet_client::status): an Unauthenticated answer
+    // is retried, since the projected token may be renewed and the server's JWKS refreshed.
+    match signet_client::ErrorClass::of(status.code()) {
+        signet_client::ErrorClass::Permanent | signet_client::ErrorClass::Invalid => {
+            SignError::Permanent { reason, message }
+        }
+        signet_client::ErrorClass::Retryable => SignError::Retryable { reason, message },
     }
 }
 

@@ -7,6 +7,8 @@
 //! - [`connect_admin`]: the operator API on the server's admin Unix socket.
 //! - [`new_key_and_csr`]: a fresh private key (it never leaves this process) and a CSR for it.
 //! - [`with_bearer`]: attach a service-account token to a request.
+//! - [`status`]: what a failed call means to a client ([`ErrorClass`]: retryable, permanent,
+//!   invalid) and the server's retry pushback; the agent, the bridge and `signetctl` all use it.
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
@@ -16,7 +18,9 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 pub use signet_proto::{admin, ca, istio_ca};
 
+pub mod status;
 pub mod tls;
+pub use status::{ErrorClass, retry_pushback};
 pub use tls::{ServerTarget, connect, server_id, trust_domain_of_bundle};
 
 #[derive(Debug, thiserror::Error)]
