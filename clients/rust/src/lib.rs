@@ -136,16 +136,15 @@ impl std::fmt::Debug for KeyAndCsr {
 /// Generates an ECDSA P-256 key and a CSR carrying no names: the server fills in the caller's
 /// identity.
 pub fn new_key_and_csr() -> Result<KeyAndCsr, ClientError> {
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
-        .map_err(|e| ClientError::Key(e.to_string()))?;
-    let csr = rcgen::CertificateParams::default()
-        .serialize_request(&key)
-        .map_err(|e| ClientError::Key(e.to_string()))?;
+    let made = signet_pki::new_key_and_csr().map_err(|e| ClientError::Key(e.to_string()))?;
     Ok(KeyAndCsr {
-        key_pkcs8_der: key.serialize_der(),
-        key_pem: key.serialize_pem(),
-        csr_der: csr.der().to_vec(),
-        csr_pem: csr.pem().map_err(|e| ClientError::Key(e.to_string()))?,
+        key_pkcs8_der: made.key.pkcs8_der().to_vec(),
+        key_pem: made
+            .key
+            .to_pem(signet_pki::KeyEncoding::Pkcs8)
+            .map_err(|e| ClientError::Key(e.to_string()))?,
+        csr_der: made.csr_der,
+        csr_pem: made.csr_pem,
     })
 }
 

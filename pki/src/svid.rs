@@ -1,0 +1,310 @@
+//! The X509-SVID the clients hold: one type for a certificate the server issued
+//! ([`SvidCertificate`]) and one for such a certificate together with its private key
+//! ([`X509Svid`]). Their fields are private and their constructors check what the SPIFFE
+//! X509-SVID standard and Signet require, so a value of either type is always one that may be
+//! delivered:
+//!
+//! - the chain is not empty and every element parses as an X.509 certificate;
+//! - the leaf carries exactly one URI SAN and it is a SPIFFE ID (`spiffe://<td>/<path>`);
+//! - the leaf is not a CA certificate, and its validity is not inverted;
+//! - for an [`X509Svid`], the private key is the leaf's (same SubjectPublicKeyInfo).
+//!
+//! Whether the chain verifies against a trust bundle is the TLS stack's and the caller's to
+//! check (the agent verifies against its bundle before it serves); these types check the
+//! certificate's own shape. `Debug` never prints the key.
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use signet_types::SpiffeId;
+use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+
+use crate::fingerprint;
+use crate::key::PrivateKey;
+
+/// Why a chain or a key is not an X509-SVID.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SvidError {
+    #[error("the certificate chain is empty")]
+    Empty,
+    #[error("certificate {index} of the chain does not parse: {reason}")]
+    Malformed { index: usize, reason: String },
+    #[error("the leaf certificate is not an X509-SVID: {0}")]
+    NotAnSvid(String),
+    #[error("the private key does not match the leaf certificate")]
+    KeyMismatch,
+    #[error("the private key is not valid: {0}")]
+    Key(String),
+}
+
+/// An issued X509-SVID certificate chain (leaf first; intermediates may follow), with the
+/// leaf's facts read once.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SvidCertificate {
+    spiffe_id: SpiffeId,
+    chain_der: Vec<Vec<u8>>,
+    serial_hex: String,
+    not_before: SystemTime,
+    not_after: SystemTime,
+    spki_der: Vec<u8>,
+}
+
+impl fmt::Debug for SvidCertificate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SvidCertificate")
+            .field("spiffe_id", &self.spiffe_id)
+            .field("serial", &self.serial_hex)
+            .field("chain_len", &self.chain_der.len())
+            .field("not_before", &self.not_before)
+            .field("not_after", &self.not_after)
+            .finish()
+    }
+}
+
+fn unix(secs: i64) -> SystemTime {
+    match u64::try_from(secs) {
+        Ok(s) => SystemTime::UNIX_EPOCH + Duration::from_secs(s),
+        Err(_) => SystemTime::UNIX_EPOCH,
+    }
+}
+
+impl SvidCertificate {
+    /// Checks `chain_der` (leaf first) as described in the module documentation.
+    pub fn from_chain_der(chain_der: Vec<Vec<u8>>) -> Result<Self, SvidError> {
+        let leaf_der = chain_der.first().ok_or(SvidError::Empty)?;
+        for (index, der) in chain_der.iter().enumerate().skip(1) {
+            X509Certificate::from_der(der).map_err(|e| SvidError::Malformed {
+                index,
+                reason: e.to_string(),
+            })?;
+        }
+        let (rest, leaf) =
+            X509Certificate::from_der(leaf_der).map_err(|e| SvidError::Malformed {
+                index: 0,
+                reason: e.to_string(),
+            })?;
+        if !rest.is_empty() {
+            return Err(SvidError::Malformed {
+                index: 0,
+                reason: "trailing bytes after the certificate".into(),
+            });
+        }
+        let not_an_svid = |s: &str| SvidError::NotAnSvid(s.to_owned());
+        if leaf.is_ca() {
+            return Err(not_an_svid("it is a CA certificate"));
+        }
+        let uris: Vec<&str> = match leaf.subject_alternative_name() {
+            Ok(Some(san)) => san
+                .value
+                .general_names
+                .iter()
+                .filter_map(|n| match n {
+                    GeneralName::URI(u) => Some(*u),
+                    _ => None,
+                })
+                .collect(),
+            Ok(None) => Vec::new(),
+            Err(e) => return Err(SvidError::NotAnSvid(format!("subjectAltName: {e}"))),
+        };
+        let [uri] = uris.as_slice() else {
+            return Err(SvidError::NotAnSvid(format!(
+                "it carries {} URI SANs, an X509-SVID exactly one",
+                uris.len()
+            )));
+        };
+        let spiffe_id: SpiffeId = uri
+            .parse()
+            .map_err(|e| SvidError::NotAnSvid(format!("URI SAN is not a SPIFFE ID: {e}")))?;
+        let validity = leaf.validity();
+        let (nb, na) = (
+            validity.not_before.timestamp(),
+            validity.not_after.timestamp(),
+        );
+        if na < nb {
+            return Err(not_an_svid("its validity ends before it starts"));
+        }
+        Ok(Self {
+            spiffe_id,
+            serial_hex: leaf.raw_serial_as_string().replace(':', ""),
+            not_before: unix(nb),
+            not_after: unix(na),
+            spki_der: leaf.public_key().raw.to_vec(),
+            chain_der,
+        })
+    }
+
+    pub fn spiffe_id(&self) -> &SpiffeId {
+        &self.spiffe_id
+    }
+    /// DER certificates, leaf first.
+    pub fn chain_der(&self) -> &[Vec<u8>] {
+        &self.chain_der
+    }
+    pub fn leaf_der(&self) -> &[u8] {
+        &self.chain_der[0]
+    }
+    /// The leaf's serial number, lowercase hex (as the ledger and the CLI show it).
+    pub fn serial_hex(&self) -> &str {
+        &self.serial_hex
+    }
+    pub fn not_before(&self) -> SystemTime {
+        self.not_before
+    }
+    pub fn not_after(&self) -> SystemTime {
+        self.not_after
+    }
+    /// SHA-256 of the leaf's DER, lowercase hex ([`fingerprint::sha256_hex`]).
+    pub fn fingerprint(&self) -> String {
+        fingerprint::sha256_hex(self.leaf_der())
+    }
+    /// The chain as PEM, leaf first, LF line endings.
+    pub fn chain_pem(&self) -> String {
+        signet_types::pem::certs_to_pem(self.chain_der.iter().map(Vec::as_slice))
+    }
+    pub fn into_chain_der(self) -> Vec<Vec<u8>> {
+        self.chain_der
+    }
+}
+
+/// An X509-SVID and its private key: a [`SvidCertificate`] whose leaf the key matches.
+#[derive(Clone, PartialEq, Eq)]
+pub struct X509Svid {
+    certificate: SvidCertificate,
+    key: PrivateKey,
+}
+
+impl fmt::Debug for X509Svid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("X509Svid")
+            .field("certificate", &self.certificate)
+            .field("key", &"…")
+            .finish()
+    }
+}
+
+impl X509Svid {
+    /// Pairs `certificate` with `key`, refusing a key that is not the leaf's.
+    pub fn new(certificate: SvidCertificate, key: PrivateKey) -> Result<Self, SvidError> {
+        let spki = key
+            .public_key_der()
+            .map_err(|e| SvidError::Key(e.to_string()))?;
+        if spki != certificate.spki_der {
+            return Err(SvidError::KeyMismatch);
+        }
+        Ok(Self { certificate, key })
+    }
+
+    /// [`SvidCertificate::from_chain_der`] and [`PrivateKey::from_pkcs8_der`] then [`Self::new`].
+    pub fn from_der(chain_der: Vec<Vec<u8>>, key_pkcs8_der: &[u8]) -> Result<Self, SvidError> {
+        let certificate = SvidCertificate::from_chain_der(chain_der)?;
+        let key =
+            PrivateKey::from_pkcs8_der(key_pkcs8_der).map_err(|e| SvidError::Key(e.to_string()))?;
+        Self::new(certificate, key)
+    }
+
+    pub fn certificate(&self) -> &SvidCertificate {
+        &self.certificate
+    }
+    pub fn key(&self) -> &PrivateKey {
+        &self.key
+    }
+    pub fn spiffe_id(&self) -> &SpiffeId {
+        self.certificate.spiffe_id()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::{KeyAlgorithm, generate};
+
+    /// A certificate for `key` with `uris` as URI SANs, self-signed (its shape is what counts).
+    fn cert(key: &PrivateKey, uris: &[&str], ca: bool) -> Vec<u8> {
+        let mut p = rcgen::CertificateParams::default();
+        p.subject_alt_names = uris
+            .iter()
+            .map(|u| rcgen::SanType::URI((*u).try_into().unwrap()))
+            .collect();
+        if ca {
+            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        }
+        p.self_signed(&key.key_pair().unwrap())
+            .unwrap()
+            .der()
+            .to_vec()
+    }
+
+    #[test]
+    fn a_workload_certificate_and_its_key_make_an_svid() {
+        let key = generate(KeyAlgorithm::EcdsaP256).unwrap();
+        let der = cert(&key, &["spiffe://example.org/ns/a/sa/web"], false);
+        let svid = X509Svid::from_der(vec![der.clone()], key.pkcs8_der()).unwrap();
+        assert_eq!(
+            svid.spiffe_id().to_string(),
+            "spiffe://example.org/ns/a/sa/web"
+        );
+        assert_eq!(svid.certificate().leaf_der(), der.as_slice());
+        assert_eq!(svid.certificate().fingerprint().len(), 64);
+        assert!(svid.certificate().not_before() <= svid.certificate().not_after());
+        assert!(!svid.certificate().serial_hex().contains(':'));
+        assert!(
+            svid.certificate()
+                .chain_pem()
+                .starts_with("-----BEGIN CERTIFICATE-----\n")
+        );
+        // Debug never shows the key.
+        let shown = format!("{svid:?}");
+        assert!(
+            !shown.contains(&format!("{:?}", key.pkcs8_der())),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn another_key_is_refused() {
+        let key = generate(KeyAlgorithm::EcdsaP256).unwrap();
+        let other = generate(KeyAlgorithm::EcdsaP256).unwrap();
+        let der = cert(&key, &["spiffe://example.org/w"], false);
+        assert_eq!(
+            X509Svid::from_der(vec![der], other.pkcs8_der()),
+            Err(SvidError::KeyMismatch)
+        );
+    }
+
+    #[test]
+    fn what_is_not_an_x509_svid_is_refused() {
+        let key = generate(KeyAlgorithm::EcdsaP256).unwrap();
+        let refused = |chain: Vec<Vec<u8>>| SvidCertificate::from_chain_der(chain).unwrap_err();
+        assert_eq!(refused(vec![]), SvidError::Empty);
+        assert!(matches!(
+            refused(vec![b"garbage".to_vec()]),
+            SvidError::Malformed { index: 0, .. }
+        ));
+        let good = cert(&key, &["spiffe://example.org/w"], false);
+        assert!(matches!(
+            refused(vec![good.clone(), b"garbage".to_vec()]),
+            SvidError::Malformed { index: 1, .. }
+        ));
+        let mut trailing = good;
+        trailing.push(0);
+        assert!(matches!(
+            refused(vec![trailing]),
+            SvidError::Malformed { .. }
+        ));
+        for (uris, ca) in [
+            (&[][..], false),
+            (
+                &["spiffe://example.org/a", "spiffe://example.org/b"][..],
+                false,
+            ),
+            (&["https://example.org/a"][..], false),
+            (&["spiffe://example.org/a"][..], true),
+        ] {
+            let e = refused(vec![cert(&key, uris, ca)]);
+            assert!(
+                matches!(e, SvidError::NotAnSvid(_)),
+                "{uris:?} ca={ca}: {e:?}"
+            );
+        }
+    }
+}
