@@ -274,6 +274,15 @@ impl Signer {
         } else {
             self.bundle().await?.roots_pem
         };
+        // What the server answered must be an X509-SVID for the identity it says it issued.
+        let svid = signet_pki::SvidCertificate::from_chain_der(certs.clone())
+            .map_err(|e| SignError::retryable("Internal", format!("the server's answer: {e}")))?;
+        if svid.spiffe_id().to_string() != resp.spiffe_id {
+            return Err(SignError::retryable(
+                "Internal",
+                "the server's certificate names another SPIFFE ID than its answer",
+            ));
+        }
         Ok(Signed {
             chain_pem: certs.iter().map(|d| pem_of(d)).collect(),
             ca_pem,
