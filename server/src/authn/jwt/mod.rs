@@ -4,7 +4,8 @@
 //! `[auth.kubernetes]` and the JWKS document, it turns a token string into the caller it names
 //! ([`JwtAuthenticator::authenticate`]) or, for node attestation, into a [`VerifiedToken`]
 //! checked against the node audiences ([`JwtAuthenticator::authenticate_node_token`]). It takes
-//! the token only: the `authorization` header is parsed at the API edge.
+//! the token only: the `authorization` header is parsed at the API edge (`crate::api::bearer`),
+//! which hands over a [`Bearer`].
 //!
 //! The checks, in order, and the module that owns each rule:
 //! 1. [`jws`]: size cap; compact JWS shape (JWE refused); header `alg` asymmetric only (`none`
@@ -186,30 +187,33 @@ impl JwtAuthenticator {
     }
 }
 
-/// Extracts the token from an `authorization` header value: `Bearer <token>`, the scheme
-/// case-insensitive. Anything else is [`AuthnError::MalformedHeader`].
-pub fn bearer_token(header: &str) -> Result<&str, AuthnError> {
-    let header = header.trim();
-    let (scheme, rest) = header
-        .split_once([' ', '\t'])
-        .ok_or_else(|| malformed("expected 'Bearer <token>'"))?;
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return Err(malformed(
-            "only the Bearer scheme is accepted ('Bearer <token>')",
-        ));
+/// A bearer credential as the API edge read it from `authorization: Bearer <token>`
+/// (`crate::api::bearer`): the token, or why the header held none. Whoever needs the token
+/// calls [`Bearer::token`], so a malformed header is refused (and audited) exactly where a bad
+/// token would be. `Debug` never shows the token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Bearer(Result<String, AuthnError>);
+
+impl Bearer {
+    /// What the header parser made of the header.
+    pub(crate) fn new(parsed: Result<&str, AuthnError>) -> Self {
+        Self(parsed.map(str::to_owned))
     }
-    let token = rest.trim();
-    if token.is_empty() {
-        return Err(malformed("the Bearer token is empty"));
+
+    /// The token, for [`JwtAuthenticator::authenticate`]; or why the header held none
+    /// ([`AuthnError::MalformedHeader`]).
+    pub fn token(&self) -> Result<&str, AuthnError> {
+        self.0.as_deref().map_err(Clone::clone)
     }
-    if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(malformed("the Bearer token contains whitespace"));
-    }
-    Ok(token)
 }
 
-fn malformed(reason: &str) -> AuthnError {
-    AuthnError::MalformedHeader(reason.into())
+impl fmt::Debug for Bearer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Ok(_) => f.write_str("Bearer(…)"),
+            Err(e) => write!(f, "Bearer(refused: {e})"),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -257,27 +261,6 @@ mod tests {
             .authenticate_node_token(&sign_es(&f.key, Some("ec-1"), &plain), now(), &node_aud)
             .expect("valid");
         assert_eq!(t.node_name, None);
-    }
-
-    #[test]
-    fn bearer_header_is_parsed() {
-        assert_eq!(bearer_token("Bearer abc.def.ghi"), Ok("abc.def.ghi"));
-        assert_eq!(bearer_token("bearer  abc"), Ok("abc"));
-        assert_eq!(bearer_token("BEARER abc "), Ok("abc"));
-        for bad in [
-            "",
-            "Bearer",
-            "Bearer ",
-            "Basic dXNlcjpwYXNz",
-            "abc",
-            "Bearer a b",
-        ] {
-            let err = bearer_token(bad).expect_err("refused");
-            assert!(matches!(err, AuthnError::MalformedHeader(_)), "{bad:?}");
-            if bad.len() > 8 {
-                assert!(!err.to_string().contains(&bad[7..]), "{err}");
-            }
-        }
     }
 
     /// The `[auth.kubernetes]` half of `bad_configuration_is_named` (the JWKS half is in
