@@ -10,6 +10,10 @@
 //! `use: enc` are skipped; a key's own `alg`, when present, must fit the key and is then the only
 //! algorithm it verifies; at least one signing key.
 //!
+//! Each entry is read as a `jsonwebtoken` [`Jwk`], its key built by [`DecodingKey::from_jwk`],
+//! after the checks on the raw JSON: not as a `JwkSet`, which refuses a whole document without
+//! naming the entry, and not before, since a [`Jwk`] silently drops the private `d` member.
+//!
 //! Rules for choosing ([`KeySet::candidates`]): a token with a `kid` is checked against exactly
 //! that key, which must accept the header's `alg`; a token without one against every key that
 //! accepts its `alg`. The algorithms accepted at all are [`SUPPORTED`]: what some key kind here

@@ -12,12 +12,16 @@
 //! Only [`Jws::verify`] yields a [`Verified`] token, and only a verified token hands out its
 //! payload: the claims are never read from a token whose signature did not verify.
 //!
-//! `jsonwebtoken` serves here for algorithm names ([`Algorithm`]'s `FromStr`) and the signature
-//! primitive ([`jsonwebtoken::crypto::verify`], over ring); its `decode_header` does not, for three
-//! reasons: it deserializes `alg` straight into [`Algorithm`], so `none`, `HS256` or a typo
-//! would all become one anonymous "invalid algorithm" (we say which and why); its `Header`
-//! has no `crit`, so a critical extension would pass unseen; and it splits from the right, so a
-//! five-part JWE would parse as a JWS header. The header is therefore decoded here.
+//! `jsonwebtoken` serves here for algorithm names ([`Algorithm`]'s `FromStr`), keys
+//! ([`jsonwebtoken::DecodingKey`], in [`super::jwks`]) and the signature primitive
+//! ([`jsonwebtoken::crypto::verify`], over ring). Its `decode_header` does not serve, and the
+//! header is decoded here, because it would weaken or blur three checks (the test
+//! `jsonwebtokens_decode_header_would_weaken_these_checks` pins the first two): it
+//! deserializes `alg` straight into [`Algorithm`], so `none`, a lowercase `hs256` and typos all
+//! become one anonymous "invalid algorithm name" (we say which and why); its `Header` has no
+//! `crit`, so a critical extension would pass unseen; and it also parses an embedded `jwk` or
+//! `x5c`, hostile input we never use. Nor are claims checked by `jsonwebtoken::decode`:
+//! [`super::claims`] checks them against the injected clock.
 
 use std::str::FromStr;
 
@@ -371,5 +375,24 @@ mod tests {
             e.to_string(),
             "service-account token refused: token has no signature"
         );
+    }
+
+    /// Why `jsonwebtoken::decode_header` is not used (module doc): if a new version of the
+    /// crate changes these, the choice can be made again.
+    #[test]
+    fn jsonwebtokens_decode_header_would_weaken_these_checks() {
+        let token =
+            |h: serde_json::Value| format!("{}.e30.c2ln", URL_SAFE_NO_PAD.encode(h.to_string()));
+        // A critical extension passes unseen.
+        let crit = token(json!({ "alg": "ES256", "crit": ["exp"] }));
+        assert!(jsonwebtoken::decode_header(&crit).is_ok());
+        assert!(Jws::parse(&crit).is_err());
+        // `none` and HMAC are one anonymous error there; named refusals here.
+        for alg in ["none", "hs256"] {
+            let e = jsonwebtoken::decode_header(&token(json!({ "alg": alg })))
+                .expect_err(alg)
+                .to_string();
+            assert!(!e.contains("HMAC") && !e.contains("unsigned"), "{e}");
+        }
     }
 }
