@@ -279,7 +279,7 @@ pub fn jwt(data: &[u8]) {
             let Some(header) = utf8(rest) else {
                 return;
             };
-            let Ok(token) = jwt::bearer_token(header) else {
+            let Ok(token) = crate::api::bearer::bearer_token(header) else {
                 return;
             };
             assert!(!token.is_empty() && !token.contains(char::is_whitespace));
@@ -936,7 +936,7 @@ mod tests {
             .iter()
             .filter_map(|(_, d)| d.strip_prefix(&[0u8][..]))
             .filter_map(|d| std::str::from_utf8(d).ok())
-            .filter_map(|h| crate::authn::jwt::bearer_token(h).ok())
+            .filter_map(|h| crate::api::bearer::bearer_token(h).ok())
             .filter(|t| auth.authenticate(t, super::now()).is_ok())
             .count();
         assert!(genuine >= 2, "{genuine} genuine tokens in fuzz/corpus/jwt");

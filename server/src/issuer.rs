@@ -12,7 +12,7 @@ use signet_types::TrustDomain;
 
 use crate::api::ApiError;
 use crate::audit::AuditLog;
-use crate::authn::jwt::{JwtAuthenticator, bearer_token};
+use crate::authn::jwt::{Bearer, JwtAuthenticator};
 use crate::authn::{AuthenticatedCaller, AuthnError, CallerKind, mtls};
 use crate::ca::csr::VerifiedCsr;
 use crate::ca::{Authority, IssueError, IssuedCert, RequestedNames, SerialSource};
@@ -26,8 +26,8 @@ use crate::store::{NewCertificate, Store};
 /// The credentials a request carried. `Debug` never shows the token.
 #[derive(Default, Clone)]
 pub struct Credentials {
-    /// The raw `authorization` metadata value.
-    pub authorization: Option<String>,
+    /// The `authorization` header's bearer token (or why it is none), as the API edge read it.
+    pub authorization: Option<Bearer>,
     /// The verified client certificate chain's leaf (DER), if the TLS client sent one.
     pub peer_leaf: Option<Vec<u8>>,
 }
@@ -45,18 +45,7 @@ impl Credentials {
     /// Reads credentials from a tonic request: the `authorization` header and the client
     /// certificate the TLS layer verified.
     pub fn from_request<T>(req: &tonic::Request<T>) -> Result<Self, ApiError> {
-        let authorization = match req.metadata().get("authorization") {
-            None => None,
-            Some(v) => Some(
-                v.to_str()
-                    .map_err(|_| {
-                        ApiError::Unauthenticated(AuthnError::MalformedHeader(
-                            "authorization header is not ASCII".into(),
-                        ))
-                    })?
-                    .to_owned(),
-            ),
-        };
+        let authorization = crate::api::bearer::from_metadata(req.metadata())?;
         let peer_leaf = req
             .peer_certs()
             .and_then(|certs| certs.first().map(|c| c.as_ref().to_vec()));
@@ -234,8 +223,8 @@ impl Issuer {
     /// Who is calling. A bearer token, when sent, is what counts (a bad one is refused even
     /// if a client certificate was also sent); otherwise the client certificate.
     pub fn authenticate(&self, creds: &Credentials) -> Result<AuthenticatedCaller, ApiError> {
-        let result = if let Some(header) = &creds.authorization {
-            bearer_token(header).and_then(|token| match &self.jwt {
+        let result = if let Some(bearer) = &creds.authorization {
+            bearer.token().and_then(|token| match &self.jwt {
                 Some(jwt) => jwt.authenticate(token, self.clock.now()),
                 None => Err(AuthnError::JwtNotConfigured),
             })

@@ -3,6 +3,7 @@
 //! [`ApiError`]'s one `From` impl, and nowhere else.
 
 pub mod admin;
+pub(crate) mod bearer;
 pub mod ca_admin;
 pub mod istio;
 pub mod ledger_admin;

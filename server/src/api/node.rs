@@ -21,7 +21,7 @@ use signet_proto::agent::{
 use tonic::{Request, Response, Status};
 
 use super::{ApiError, check_size, request_id};
-use crate::authn::jwt::bearer_token;
+use crate::authn::jwt::Bearer;
 use crate::authn::psat::{PsatAttestor, PsatRefusal};
 use crate::authn::{AuthenticatedCaller, AuthnError, CallerKind};
 use crate::bundle::BundleHandle;
@@ -156,7 +156,7 @@ impl Node for NodeApi {
         let request_id = request_id(&request);
         let req = request.into_inner();
         check_size(&req, self.max_message_bytes)?;
-        if let Some(header) = &creds.authorization {
+        if let Some(bearer) = &creds.authorization {
             if !req.join_token.is_empty() {
                 return Err(ApiError::InvalidArgument(
                     "send a join token or a service-account token (authorization: Bearer), \
@@ -165,7 +165,7 @@ impl Node for NodeApi {
                 )
                 .into());
             }
-            let (node_id, cert) = self.attest_with_token(header, &req.csr, request_id).await?;
+            let (node_id, cert) = self.attest_with_token(bearer, &req.csr, request_id).await?;
             return Ok(Response::new(AttestResponse {
                 node_id,
                 svid: Some(svid(&cert)),
@@ -348,7 +348,7 @@ impl NodeApi {
     /// allowed service account, bound to a node; the node ID comes from the node's name.
     async fn attest_with_token(
         &self,
-        header: &str,
+        bearer: &Bearer,
         csr: &[u8],
         request_id: String,
     ) -> Result<(String, IssuedCert), ApiError> {
@@ -367,7 +367,7 @@ impl NodeApi {
                     .into(),
             )));
         };
-        let token = bearer_token(header).map_err(refuse)?;
+        let token = bearer.token().map_err(refuse)?;
         VerifiedCsr::parse(csr)
             .map_err(|e| ApiError::InvalidArgument(format!("invalid CSR: {e}")))?;
         let node = match psat.attest(self.issuer.jwt(), token, self.issuer.now()) {

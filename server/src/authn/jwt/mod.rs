@@ -1,0 +1,313 @@
+//! Kubernetes projected service-account tokens, validated offline against the issuer's JWKS.
+//!
+//! [`JwtAuthenticator`] is the API the rest of the server calls: built once from
+//! `[auth.kubernetes]` and the JWKS document, it turns a token string into the caller it names
+//! ([`JwtAuthenticator::authenticate`]) or, for node attestation, into a [`VerifiedToken`]
+//! checked against the node audiences ([`JwtAuthenticator::authenticate_node_token`]). It takes
+//! the token only: the `authorization` header is parsed at the API edge (`crate::api::bearer`),
+//! which hands over a [`Bearer`].
+//!
+//! The checks, in order, and the module that owns each rule:
+//! 1. [`jws`]: size cap; compact JWS shape (JWE refused); header `alg` asymmetric only (`none`
+//!    and HMAC refused, so a public key can never be used as an HMAC secret); no `crit`;
+//! 2. [`jwks`]: the key chosen by `kid` (or, without a `kid`, every key compatible with `alg`);
+//! 3. [`jws`]: the signature; only a verified token yields its payload;
+//! 4. [`kubernetes`]: legacy Secret-based tokens refused;
+//! 5. [`claims`]: `exp` (required), `iss`, `exp`/`nbf`/`iat` against the `now` passed in (the
+//!    injected clock's) with the configured leeway, `aud`;
+//! 6. [`kubernetes`]: `sub` and the `kubernetes.io` claim object, which make the identity.
+//!
+//! Error messages say what is wrong and what to do, and never contain the token ([`refuse`]).
+//! The submodules import only downwards (jws → jwks → refuse; kubernetes → claims → refuse);
+//! this module wires them.
+
+mod claims;
+mod jwks;
+mod jws;
+mod kubernetes;
+mod refuse;
+#[cfg(test)]
+mod test_support;
+
+use std::fmt;
+use std::time::SystemTime;
+
+use signet_types::TrustDomain;
+
+use self::claims::Expected;
+use self::jwks::KeySet;
+use self::jws::Jws;
+use self::kubernetes::{LEGACY_ISSUER, Payload};
+use self::refuse::bad;
+use super::{AuthenticatedCaller, AuthnError};
+use crate::config::KubernetesAuthConfig;
+
+pub use self::jwks::{JwksError, KeyKind};
+pub use self::jws::MAX_TOKEN_BYTES;
+pub use self::kubernetes::VerifiedToken;
+
+/// Longest leeway (clock skew) `[auth.kubernetes]` may set, in seconds.
+const MAX_LEEWAY_SECS: i64 = 3600;
+
+/// Why the Kubernetes token authenticator could not be built from configuration. Messages
+/// name the `[auth.kubernetes]` setting (without that prefix, which the caller adds).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum JwtConfigError {
+    #[error("{0}")]
+    Config(String),
+    #[error("jwks_file: {0}")]
+    Jwks(JwksError),
+}
+
+/// Validates Kubernetes projected service-account tokens offline.
+pub struct JwtAuthenticator {
+    issuer: String,
+    audiences: Vec<String>,
+    leeway_secs: i64,
+    keys: KeySet,
+    td: TrustDomain,
+}
+
+impl fmt::Debug for JwtAuthenticator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JwtAuthenticator")
+            .field("issuer", &self.issuer)
+            .field("audiences", &self.audiences)
+            .field("leeway_secs", &self.leeway_secs)
+            .field("kids", &self.keys.kids())
+            .field("trust_domain", &self.td)
+            .finish()
+    }
+}
+
+impl JwtAuthenticator {
+    /// Builds the authenticator from `[auth.kubernetes]` and the JWKS document (the caller reads
+    /// `cfg.jwks_file`). Refuses symmetric or unsupported keys by name.
+    pub fn new(
+        cfg: &KubernetesAuthConfig,
+        jwks_json: &str,
+        td: TrustDomain,
+    ) -> Result<Self, JwtConfigError> {
+        if cfg.issuer.trim().is_empty() {
+            return Err(JwtConfigError::Config("issuer is empty".into()));
+        }
+        if cfg.issuer == LEGACY_ISSUER {
+            return Err(JwtConfigError::Config(format!(
+                "issuer {LEGACY_ISSUER:?} is the issuer of legacy Secret-based tokens, which are \
+                 refused; set the cluster's service-account issuer URL (kube-apiserver \
+                 --service-account-issuer)"
+            )));
+        }
+        if cfg.audiences.is_empty() || cfg.audiences.iter().any(|a| a.is_empty()) {
+            return Err(JwtConfigError::Config(
+                "audiences must list at least one non-empty audience (e.g. \"istio-ca\")".into(),
+            ));
+        }
+        let leeway_secs = i64::try_from(cfg.leeway.as_secs())
+            .ok()
+            .filter(|s| *s <= MAX_LEEWAY_SECS)
+            .ok_or_else(|| {
+                JwtConfigError::Config(format!(
+                    "leeway {} is longer than one hour",
+                    humantime::format_duration(cfg.leeway)
+                ))
+            })?;
+        let keys = KeySet::parse(jwks_json).map_err(JwtConfigError::Jwks)?;
+        Ok(Self {
+            issuer: cfg.issuer.clone(),
+            audiences: cfg.audiences.clone(),
+            leeway_secs,
+            keys,
+            td,
+        })
+    }
+
+    /// Validates `token` at time `now` and returns the service account it names, as
+    /// `spiffe://<td>/ns/<namespace>/sa/<name>`.
+    pub fn authenticate(
+        &self,
+        token: &str,
+        now: SystemTime,
+    ) -> Result<AuthenticatedCaller, AuthnError> {
+        self.verify(token, now, &self.audiences).map(|t| t.caller)
+    }
+
+    /// Validates a node agent's token: the same checks as [`Self::authenticate`], but against
+    /// `audiences` (the node audiences, kept apart from the workload ones), and returns the
+    /// node the token is bound to as well.
+    pub fn authenticate_node_token(
+        &self,
+        token: &str,
+        now: SystemTime,
+        audiences: &[String],
+    ) -> Result<VerifiedToken, AuthnError> {
+        self.verify(token, now, audiences)
+    }
+
+    fn verify(
+        &self,
+        token: &str,
+        now: SystemTime,
+        audiences: &[String],
+    ) -> Result<VerifiedToken, AuthnError> {
+        let verified = Jws::parse(token)?.verify(&self.keys)?;
+        let payload: Payload = verified.payload()?;
+        self.check_claims(&payload, now, audiences)
+    }
+
+    /// The claim checks alone, on a payload's JSON: what a token whose signature verified may
+    /// carry. For `crate::fuzzing`, which cannot sign its mutations.
+    pub(crate) fn verify_claims_json(
+        &self,
+        json: &[u8],
+        now: SystemTime,
+        audiences: &[String],
+    ) -> Result<VerifiedToken, AuthnError> {
+        let payload: Payload = serde_json::from_slice(json)
+            .map_err(|_| bad("token payload is not the expected JSON object"))?;
+        self.check_claims(&payload, now, audiences)
+    }
+
+    /// Checks 4 to 6 of the module doc, on a payload whose signature verified.
+    fn check_claims(
+        &self,
+        payload: &Payload,
+        now: SystemTime,
+        accepted: &[String],
+    ) -> Result<VerifiedToken, AuthnError> {
+        kubernetes::refuse_legacy(payload)?;
+        let want = Expected {
+            issuer: &self.issuer,
+            audiences: accepted,
+            leeway_secs: self.leeway_secs,
+        };
+        claims::check(&payload.registered(), &want, now)?;
+        kubernetes::identity(payload, &self.td)
+    }
+}
+
+/// A bearer credential as the API edge read it from `authorization: Bearer <token>`
+/// (`crate::api::bearer`): the token, or why the header held none. Whoever needs the token
+/// calls [`Bearer::token`], so a malformed header is refused (and audited) exactly where a bad
+/// token would be. `Debug` never shows the token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Bearer(Result<String, AuthnError>);
+
+impl Bearer {
+    /// What the header parser made of the header.
+    pub(crate) fn new(parsed: Result<&str, AuthnError>) -> Self {
+        Self(parsed.map(str::to_owned))
+    }
+
+    /// The token, for [`JwtAuthenticator::authenticate`]; or why the header held none
+    /// ([`AuthnError::MalformedHeader`]).
+    pub fn token(&self) -> Result<&str, AuthnError> {
+        self.0.as_deref().map_err(Clone::clone)
+    }
+}
+
+impl fmt::Debug for Bearer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Ok(_) => f.write_str("Bearer(…)"),
+            Err(e) => write!(f, "Bearer(refused: {e})"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::*;
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn node_tokens_use_their_own_audiences_and_carry_the_node() {
+        let f = fixture();
+        let node_aud = vec!["signet-node".to_owned()];
+        let mut c = with(claims(), "aud", json!(["signet-node"]));
+        c["kubernetes.io"]["node"] = json!({ "name": "worker-1", "uid": "9f8e" });
+        let token = sign_es(&f.key, Some("ec-1"), &c);
+        let t = f
+            .auth
+            .authenticate_node_token(&token, now(), &node_aud)
+            .expect("node token");
+        assert_eq!(t.node_name.as_deref(), Some("worker-1"));
+        assert_eq!(
+            t.caller.spiffe_id().to_string(),
+            "spiffe://cluster.local/ns/default/sa/web"
+        );
+        // A node token is no workload token, and a workload token is no node token.
+        let m = refused(&f.auth, &token);
+        assert!(m.contains("audience [signet-node]"), "{m}");
+        let workload = sign_es(&f.key, Some("ec-1"), &claims());
+        let e = f
+            .auth
+            .authenticate_node_token(&workload, now(), &node_aud)
+            .expect_err("workload audience");
+        assert!(e.to_string().contains("is not one of [signet-node]"), "{e}");
+        // Every other check still applies: expiry, signature.
+        let expired = with(c.clone(), "exp", json!(NOW - 3600));
+        let e = f
+            .auth
+            .authenticate_node_token(&sign_es(&f.key, Some("ec-1"), &expired), now(), &node_aud)
+            .expect_err("expired");
+        assert!(e.to_string().contains("expired"), "{e}");
+        // Without a node claim, no node.
+        let plain = with(claims(), "aud", json!("signet-node"));
+        let t = f
+            .auth
+            .authenticate_node_token(&sign_es(&f.key, Some("ec-1"), &plain), now(), &node_aud)
+            .expect("valid");
+        assert_eq!(t.node_name, None);
+    }
+
+    /// The `[auth.kubernetes]` half of `bad_configuration_is_named` (the JWKS half is in
+    /// `jwks::tests`).
+    #[test]
+    fn bad_configuration_is_named() {
+        let key = ec_key("ec-1");
+        let good = jwks(&[&key.jwk]);
+        let mut c = cfg();
+        c.issuer = String::new();
+        assert!(JwtAuthenticator::new(&c, &good, td()).is_err());
+        let mut c = cfg();
+        c.audiences.clear();
+        let err = JwtAuthenticator::new(&c, &good, td()).expect_err("refused");
+        assert!(err.to_string().contains("audiences"), "{err}");
+    }
+
+    #[test]
+    fn configuration_errors_name_the_setting() {
+        let good = jwks(&[&ec_key("ec-1").jwk]);
+        let mut c = cfg();
+        c.issuer = LEGACY_ISSUER.into();
+        let err = JwtAuthenticator::new(&c, &good, td()).expect_err("legacy issuer");
+        assert!(matches!(err, JwtConfigError::Config(_)), "{err:?}");
+        assert!(
+            err.to_string().contains("--service-account-issuer"),
+            "{err}"
+        );
+        let mut c = cfg();
+        c.audiences = vec!["istio-ca".into(), String::new()];
+        assert!(JwtAuthenticator::new(&c, &good, td()).is_err());
+        let mut c = cfg();
+        c.leeway = std::time::Duration::from_secs(3600);
+        assert!(JwtAuthenticator::new(&c, &good, td()).is_ok());
+        c.leeway = std::time::Duration::from_secs(3601);
+        let err = JwtAuthenticator::new(&c, &good, td()).expect_err("leeway");
+        assert_eq!(err.to_string(), "leeway 1h 1s is longer than one hour");
+        let err = JwtAuthenticator::new(&cfg(), r#"{"keys": []}"#, td()).expect_err("jwks");
+        assert_eq!(err, JwtConfigError::Jwks(JwksError::NoSigningKeys));
+        assert_eq!(err.to_string(), "jwks_file: holds no signing keys");
+    }
+
+    #[test]
+    fn debug_output_names_no_key_material() {
+        let f = fixture();
+        let dbg = format!("{:?}", f.auth);
+        assert!(dbg.contains("ec-1") && dbg.contains(ISSUER), "{dbg}");
+        assert!(!dbg.contains(f.key.jwk["x"].as_str().expect("x")), "{dbg}");
+    }
+}
