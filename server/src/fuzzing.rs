@@ -15,6 +15,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use figment::Figment;
 use figment::providers::{Format, Serialized, Toml};
 use prost::Message;
+use signet_types::dns::DnsName;
 use signet_types::{SpiffeId, TrustDomain};
 use x509_parser::prelude::FromDer;
 
@@ -29,7 +30,7 @@ use crate::config::{
     Config, KubernetesAuthConfig, KubernetesBridgeConfig, NodesKubernetesConfig, PolicyConfig,
 };
 use crate::nodes::{self, JoinToken};
-use crate::policy::{self, GrantSource, IssueRequest, Policy};
+use crate::policy::{GrantSource, IssueRequest, Policy};
 use crate::provenance::{Provenance, Source};
 
 /// The fixed clock of the JWT targets (2023-11-14); the corpus tokens are valid around it.
@@ -151,7 +152,7 @@ fn issue_for(csr: &VerifiedCsr) {
             .requested()
             .dns_names
             .iter()
-            .filter(|d| policy::is_dns_name(d))
+            .filter(|d| DnsName::is_valid(d))
             .take(4)
             .cloned()
             .collect(),
@@ -735,7 +736,7 @@ pub fn dns_templates(data: &[u8]) {
     let name = next().to_owned();
     let (ns1, sa1, ns2, sa2) = (next(), next(), next(), next());
 
-    let _ = policy::is_dns_name(&name);
+    let _ = DnsName::is_valid(&name);
     let every_template_names_the_account = k8s.iter().all(|t| t.contains("{serviceaccount}"));
     let cfg = PolicyConfig {
         kubernetes_dns_templates: k8s,
@@ -784,7 +785,7 @@ pub fn dns_templates(data: &[u8]) {
         let decided = p.decide(&caller, &ask, now).is_ok();
         assert_eq!(
             decided,
-            policy::is_dns_name(&name) && p.service_account_may_have(&name, ns, sa),
+            DnsName::is_valid(&name) && p.service_account_may_have(&name, ns, sa),
             "decide and the template match disagree for {name:?}"
         );
         decided
@@ -884,7 +885,7 @@ pub fn nodes(data: &[u8]) {
                 "the join-token error depends on the input (it must never repeat it)"
             );
         }
-        if policy::is_dns_name(line) {
+        if DnsName::is_valid(line) {
             assert!(line.len() <= 253 && !line.ends_with('.'));
         }
         if let Ok(id) = SpiffeId::from_str(line) {
@@ -902,7 +903,7 @@ pub fn nodes(data: &[u8]) {
                 nodes::validate_selector(s).expect("an entry's selectors are valid");
             }
             for d in &e.dns_names {
-                assert!(policy::is_dns_name(d), "an entry's DNS name {d:?}");
+                assert!(DnsName::is_valid(d), "an entry's DNS name {d:?}");
             }
         }
     }

@@ -253,7 +253,7 @@ pub fn assess(
             if entry.id != *entry_id || entry.spiffe_id != caller.spiffe_id().to_string() {
                 return Err(gone());
             }
-            let node_spiffe_id = crate::nodes::node_spiffe_id(policy.trust_domain(), node_id)
+            let node_spiffe_id = signet_types::node::node_spiffe_id(policy.trust_domain(), node_id)
                 .map_err(|e| refused(format!("entry {entry_id}: {e}")))?;
             if entry.parent_id != node_spiffe_id.to_string() {
                 return Err(refused(format!(
