@@ -24,14 +24,14 @@ use crate::authn::psat::PsatAttestor;
 use crate::authn::{AuthenticatedCaller, CallerKind};
 use crate::ca::csr::{KeyAlgorithm, VerifiedCsr};
 use crate::ca::serial::SequentialSerials;
-use crate::ca::{Authority, Grant, IssueError, RequestedNames};
+use crate::ca::{Authority, IssueError, RequestedNames};
 use crate::config::KeyType;
 use crate::config::{
     Config, KubernetesAuthConfig, KubernetesBridgeConfig, NodesKubernetesConfig, PolicyConfig,
 };
 use crate::nodes::{self, JoinToken};
 use crate::policy::{GrantSource, IssueRequest, Policy};
-use crate::provenance::{Provenance, Source};
+use crate::provenance::Source;
 
 /// The fixed clock of the JWT targets (2023-11-14); the corpus tokens are valid around it.
 pub const NOW_UNIX: u64 = 1_700_000_000;
@@ -142,12 +142,26 @@ fn authority() -> &'static Authority {
     })
 }
 
+/// The policy the CSR target's grants come from: no templates, no server names.
+fn operator_policy() -> &'static Policy {
+    static P: OnceLock<Policy> = OnceLock::new();
+    P.get_or_init(|| {
+        Policy::new(
+            td(),
+            Duration::from_secs(3600),
+            Duration::from_secs(86400),
+            &PolicyConfig::default(),
+        )
+        .expect("the default policy is valid")
+    })
+}
+
 /// An accepted CSR goes through the CA core as the issuer would send it: for a grant of a
-/// workload identity and the CSR's valid DNS names. The core signs it (and its self-check
+/// workload identity and the CSR's valid DNS names, as the operator's grant. The core signs it (and its self-check
 /// passes), or refuses it as not granted; nothing in a CSR makes it fail otherwise.
 fn issue_for(csr: &VerifiedCsr) {
-    let grant = Grant {
-        spiffe_id: id("spiffe://cluster.local/ns/default/sa/web"),
+    let names = RequestedNames {
+        uris: vec!["spiffe://cluster.local/ns/default/sa/web".into()],
         dns_names: csr
             .requested()
             .dns_names
@@ -156,14 +170,22 @@ fn issue_for(csr: &VerifiedCsr) {
             .take(4)
             .cloned()
             .collect(),
-        ip_addresses: Vec::new(),
-        ttl: Duration::from_secs(3600),
-        provenance: Provenance::new(Source::Admin, NOW_UNIX as i64),
+        ..RequestedNames::default()
     };
+    let ask = IssueRequest {
+        source: GrantSource::Caller,
+        names: &names,
+        ttl_seconds: 3600,
+        impersonate: None,
+        renewal: None,
+    };
+    let grant = operator_policy()
+        .decide(&AuthenticatedCaller::admin(&td()), &ask, NOW_UNIX as i64)
+        .expect("the operator may have a workload ID with valid DNS names");
     match authority().issue(csr, &grant, now(), &SequentialSerials::new(1000)) {
         Ok(cert) => {
-            assert_eq!(cert.spiffe_id, grant.spiffe_id);
-            assert_eq!(cert.dns_names, grant.dns_names);
+            assert_eq!(cert.spiffe_id, *grant.spiffe_id());
+            assert_eq!(cert.dns_names, grant.dns_names());
             assert!(cert.ip_addresses.is_empty());
             assert_eq!(cert.chain.first(), Some(&cert.der));
             let (_, parsed) = x509_parser::parse_x509_certificate(&cert.der)
@@ -435,14 +457,14 @@ pub fn istio(data: &[u8]) {
     if let Ok(grant) = policy.decide(&impersonator, &ask, now)
         && impersonate.is_some()
     {
-        let got = &grant.spiffe_id;
+        let got = grant.spiffe_id();
         assert!(is_workload_id(got), "impersonation yielded {got}");
         assert!(!under_signet(got));
         assert_ne!(got, &id(IMPERSONATOR), "the impersonator's own identity");
         assert_ne!(got, &id(BRIDGE), "the bridge's identity");
         assert!(
             !grant
-                .dns_names
+                .dns_names()
                 .iter()
                 .any(|n| n == "signet.signet-system.svc"),
             "the server's own name"
@@ -460,8 +482,8 @@ pub fn istio(data: &[u8]) {
     );
     if let Ok(grant) = policy.decide(&workload, &ask, now) {
         assert_eq!(
-            grant.spiffe_id,
-            *workload.spiffe_id(),
+            grant.spiffe_id(),
+            workload.spiffe_id(),
             "a workload got another ID"
         );
     }
@@ -536,13 +558,13 @@ fn bridge_decision(namespace: &str, names: &RequestedNames, ttl: i64) {
         renewal: None,
     };
     if let Ok(grant) = istio_policy().decide(&bridge, &ask, NOW_UNIX as i64) {
-        let got = &grant.spiffe_id;
+        let got = grant.spiffe_id();
         assert!(!under_signet(got), "the bridge obtained {got}");
         assert!(
             got.path().starts_with(&format!("/ns/{namespace}/")),
             "the bridge obtained {got} for namespace {namespace}"
         );
-        for name in &grant.dns_names {
+        for name in grant.dns_names() {
             assert_ne!(name, "signet.signet-system.svc", "the server's own name");
         }
     }

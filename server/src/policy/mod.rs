@@ -15,6 +15,7 @@
 //! - [`checks`]: the chain and the checks that do not depend on the source;
 //! - [`source`]: the resolvers (who may use a source, the identity, DNS names, IPs, reserved
 //!   identities, lifetime bound and provenance of each source);
+//! - [`grant`]: the [`Grant`], which only `decide` makes;
 //! - [`config`]: building a [`Policy`] from configuration, with a typed [`PolicyConfigError`];
 //! - [`dns_template`]: the DNS templates of service accounts and of the bridge (one type);
 //! - [`renewal`]: what a certificate presented over mTLS may be renewed into;
@@ -66,11 +67,12 @@ use std::time::Duration;
 use signet_types::{SpiffeId, TrustDomain};
 
 use crate::authn::AuthenticatedCaller;
-use crate::ca::{Grant, RequestedNames};
+use crate::ca::RequestedNames;
 
 mod checks;
 mod config;
 mod dns_template;
+pub(crate) mod grant;
 pub mod renewal;
 pub mod row_cache;
 mod source;
@@ -79,6 +81,7 @@ mod tests;
 
 pub use config::PolicyConfigError;
 pub use dns_template::{TemplateError, TemplateFor};
+pub use grant::Grant;
 pub use signet_types::ttl::ABSURD_TTL_SECONDS;
 
 use checks::{CHAIN, Step};
