@@ -16,7 +16,7 @@
 //! - [`source`]: the resolvers (who may use a source, the identity, DNS names, IPs, reserved
 //!   identities, lifetime bound and provenance of each source);
 //! - [`grant`]: the [`Grant`], which only `decide` makes;
-//! - [`config`]: building a [`Policy`] from configuration, with a typed [`PolicyConfigError`];
+//! - [`config`]: building a [`Policy`] from configuration, with a typed [`config::PolicyConfigError`];
 //! - [`dns_template`]: the DNS templates of service accounts and of the bridge (one type);
 //! - [`renewal`]: what a certificate presented over mTLS may be renewed into;
 //! - [`row_cache`]: the short-lived cache of presented certificates' ledger rows.
@@ -70,19 +70,16 @@ use crate::authn::AuthenticatedCaller;
 use crate::ca::RequestedNames;
 
 mod checks;
-mod config;
-mod dns_template;
+pub(crate) mod config;
+pub(crate) mod dns_template;
 pub(crate) mod grant;
-pub mod renewal;
-pub mod row_cache;
+pub(crate) mod renewal;
+pub(crate) mod row_cache;
 mod source;
 #[cfg(test)]
 mod tests;
 
-pub use config::PolicyConfigError;
-pub use dns_template::{TemplateError, TemplateFor};
 pub use grant::Grant;
-pub use signet_types::ttl::ABSURD_TTL_SECONDS;
 
 use checks::{CHAIN, Step};
 use dns_template::DnsTemplate;

@@ -7,6 +7,7 @@ use super::*;
 use crate::authn::CallerKind;
 use crate::config::{KubernetesBridgeConfig, PolicyConfig};
 use crate::provenance::{Provenance, Source};
+use signet_types::ttl::ABSURD_TTL_SECONDS;
 use std::net::Ipv4Addr;
 
 mod bridge;
