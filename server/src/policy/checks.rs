@@ -247,3 +247,38 @@ fn dns_name_covers(granted: &str, name: &str) -> bool {
         _ => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_identity_is_resolved_once_before_the_checks_that_see_it() {
+        let identity = CHAIN
+            .iter()
+            .position(|(_, s)| matches!(s, Step::Identity))
+            .expect("an identity step");
+        assert_eq!(
+            CHAIN
+                .iter()
+                .filter(|(_, s)| matches!(s, Step::Identity))
+                .count(),
+            1
+        );
+        for (i, (name, step)) in CHAIN.iter().enumerate() {
+            match step {
+                Step::Request(_) => assert!(i < identity, "{name} runs before the identity"),
+                Step::Granted(_) => assert!(i > identity, "{name} needs the identity"),
+                Step::Identity => {}
+            }
+        }
+    }
+
+    #[test]
+    fn a_wildcard_covers_one_label() {
+        assert!(dns_name_covers("*.example.com", "signet.example.com"));
+        assert!(dns_name_covers("Signet.Example.com", "signet.example.com"));
+        assert!(!dns_name_covers("*.example.com", "a.signet.example.com"));
+        assert!(!dns_name_covers("*.example.com", "example.com"));
+    }
+}

@@ -108,3 +108,56 @@ fn ambiguous_dns_templates_are_refused_at_start_up() {
     };
     Policy::new(td(), HOUR, HOUR, &cfg).expect("unambiguous");
 }
+
+#[test]
+fn configuration_errors_are_typed() {
+    use crate::policy::config::PolicyConfigError;
+    use crate::policy::dns_template::{TemplateError, TemplateFor};
+    let ok = PolicyConfig::default();
+    assert_eq!(
+        Policy::new(td(), Duration::ZERO, HOUR, &ok).expect_err("zero"),
+        PolicyConfigError::TtlNotPositive
+    );
+    assert_eq!(
+        Policy::new(td(), 2 * HOUR, HOUR, &ok).expect_err("default above max"),
+        PolicyConfigError::DefaultTtlAboveMax {
+            default_ttl: 2 * HOUR,
+            max_ttl: HOUR
+        }
+    );
+    let ztunnel = "spiffe://example.org/ns/istio-system/sa/ztunnel";
+    let both = PolicyConfig {
+        impersonators: vec![ztunnel.into()],
+        kubernetes_bridge: KubernetesBridgeConfig {
+            callers: vec![ztunnel.into()],
+            ..KubernetesBridgeConfig::default()
+        },
+        ..PolicyConfig::default()
+    };
+    assert_eq!(
+        Policy::new(td(), HOUR, HOUR, &both).expect_err("two roles"),
+        PolicyConfigError::TwoRoles(ztunnel.parse().expect("id"))
+    );
+    let template = PolicyConfig {
+        kubernetes_bridge: KubernetesBridgeConfig {
+            dns_templates: vec!["*.svc".into()],
+            ..KubernetesBridgeConfig::default()
+        },
+        ..PolicyConfig::default()
+    };
+    let e = Policy::new(td(), HOUR, HOUR, &template).expect_err("no namespace");
+    assert_eq!(
+        e,
+        PolicyConfigError::DnsTemplate {
+            from: TemplateFor::Bridge,
+            template: "*.svc".into(),
+            why: TemplateError::NoNamespaceForBridge,
+        }
+    );
+    // The message a person reads names the key, the template and what is wrong.
+    assert_eq!(
+        e.to_string(),
+        "policy.kubernetes_bridge.dns_templates: \"*.svc\" does not contain {namespace}: it \
+         would give every namespace the same names"
+    );
+}
