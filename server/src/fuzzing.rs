@@ -15,6 +15,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use figment::Figment;
 use figment::providers::{Format, Serialized, Toml};
 use prost::Message;
+use signet_types::dns::DnsName;
 use signet_types::{SpiffeId, TrustDomain};
 use x509_parser::prelude::FromDer;
 
@@ -23,14 +24,14 @@ use crate::authn::psat::PsatAttestor;
 use crate::authn::{AuthenticatedCaller, CallerKind};
 use crate::ca::csr::{KeyAlgorithm, VerifiedCsr};
 use crate::ca::serial::SequentialSerials;
-use crate::ca::{Authority, Grant, IssueError, RequestedNames};
+use crate::ca::{Authority, IssueError, RequestedNames};
 use crate::config::KeyType;
 use crate::config::{
     Config, KubernetesAuthConfig, KubernetesBridgeConfig, NodesKubernetesConfig, PolicyConfig,
 };
 use crate::nodes::{self, JoinToken};
-use crate::policy::{self, GrantSource, IssueRequest, Policy};
-use crate::provenance::{Provenance, Source};
+use crate::policy::{GrantSource, IssueRequest, Policy};
+use crate::provenance::Source;
 
 /// The fixed clock of the JWT targets (2023-11-14); the corpus tokens are valid around it.
 pub const NOW_UNIX: u64 = 1_700_000_000;
@@ -141,28 +142,50 @@ fn authority() -> &'static Authority {
     })
 }
 
+/// The policy the CSR target's grants come from: no templates, no server names.
+fn operator_policy() -> &'static Policy {
+    static P: OnceLock<Policy> = OnceLock::new();
+    P.get_or_init(|| {
+        Policy::new(
+            td(),
+            Duration::from_secs(3600),
+            Duration::from_secs(86400),
+            &PolicyConfig::default(),
+        )
+        .expect("the default policy is valid")
+    })
+}
+
 /// An accepted CSR goes through the CA core as the issuer would send it: for a grant of a
-/// workload identity and the CSR's valid DNS names. The core signs it (and its self-check
+/// workload identity and the CSR's valid DNS names, as the operator's grant. The core signs it (and its self-check
 /// passes), or refuses it as not granted; nothing in a CSR makes it fail otherwise.
 fn issue_for(csr: &VerifiedCsr) {
-    let grant = Grant {
-        spiffe_id: id("spiffe://cluster.local/ns/default/sa/web"),
+    let names = RequestedNames {
+        uris: vec!["spiffe://cluster.local/ns/default/sa/web".into()],
         dns_names: csr
             .requested()
             .dns_names
             .iter()
-            .filter(|d| policy::is_dns_name(d))
+            .filter(|d| DnsName::is_valid(d))
             .take(4)
             .cloned()
             .collect(),
-        ip_addresses: Vec::new(),
-        ttl: Duration::from_secs(3600),
-        provenance: Provenance::new(Source::Admin, NOW_UNIX as i64),
+        ..RequestedNames::default()
     };
+    let ask = IssueRequest {
+        source: GrantSource::Caller,
+        names: &names,
+        ttl_seconds: 3600,
+        impersonate: None,
+        renewal: None,
+    };
+    let grant = operator_policy()
+        .decide(&AuthenticatedCaller::admin(&td()), &ask, NOW_UNIX as i64)
+        .expect("the operator may have a workload ID with valid DNS names");
     match authority().issue(csr, &grant, now(), &SequentialSerials::new(1000)) {
         Ok(cert) => {
-            assert_eq!(cert.spiffe_id, grant.spiffe_id);
-            assert_eq!(cert.dns_names, grant.dns_names);
+            assert_eq!(cert.spiffe_id, *grant.spiffe_id());
+            assert_eq!(cert.dns_names, grant.dns_names());
             assert!(cert.ip_addresses.is_empty());
             assert_eq!(cert.chain.first(), Some(&cert.der));
             let (_, parsed) = x509_parser::parse_x509_certificate(&cert.der)
@@ -434,14 +457,14 @@ pub fn istio(data: &[u8]) {
     if let Ok(grant) = policy.decide(&impersonator, &ask, now)
         && impersonate.is_some()
     {
-        let got = &grant.spiffe_id;
+        let got = grant.spiffe_id();
         assert!(is_workload_id(got), "impersonation yielded {got}");
         assert!(!under_signet(got));
         assert_ne!(got, &id(IMPERSONATOR), "the impersonator's own identity");
         assert_ne!(got, &id(BRIDGE), "the bridge's identity");
         assert!(
             !grant
-                .dns_names
+                .dns_names()
                 .iter()
                 .any(|n| n == "signet.signet-system.svc"),
             "the server's own name"
@@ -459,8 +482,8 @@ pub fn istio(data: &[u8]) {
     );
     if let Ok(grant) = policy.decide(&workload, &ask, now) {
         assert_eq!(
-            grant.spiffe_id,
-            *workload.spiffe_id(),
+            grant.spiffe_id(),
+            workload.spiffe_id(),
             "a workload got another ID"
         );
     }
@@ -535,13 +558,13 @@ fn bridge_decision(namespace: &str, names: &RequestedNames, ttl: i64) {
         renewal: None,
     };
     if let Ok(grant) = istio_policy().decide(&bridge, &ask, NOW_UNIX as i64) {
-        let got = &grant.spiffe_id;
+        let got = grant.spiffe_id();
         assert!(!under_signet(got), "the bridge obtained {got}");
         assert!(
             got.path().starts_with(&format!("/ns/{namespace}/")),
             "the bridge obtained {got} for namespace {namespace}"
         );
-        for name in &grant.dns_names {
+        for name in grant.dns_names() {
             assert_ne!(name, "signet.signet-system.svc", "the server's own name");
         }
     }
@@ -735,7 +758,7 @@ pub fn dns_templates(data: &[u8]) {
     let name = next().to_owned();
     let (ns1, sa1, ns2, sa2) = (next(), next(), next(), next());
 
-    let _ = policy::is_dns_name(&name);
+    let _ = DnsName::is_valid(&name);
     let every_template_names_the_account = k8s.iter().all(|t| t.contains("{serviceaccount}"));
     let cfg = PolicyConfig {
         kubernetes_dns_templates: k8s,
@@ -784,7 +807,7 @@ pub fn dns_templates(data: &[u8]) {
         let decided = p.decide(&caller, &ask, now).is_ok();
         assert_eq!(
             decided,
-            policy::is_dns_name(&name) && p.service_account_may_have(&name, ns, sa),
+            DnsName::is_valid(&name) && p.service_account_may_have(&name, ns, sa),
             "decide and the template match disagree for {name:?}"
         );
         decided
@@ -884,7 +907,7 @@ pub fn nodes(data: &[u8]) {
                 "the join-token error depends on the input (it must never repeat it)"
             );
         }
-        if policy::is_dns_name(line) {
+        if DnsName::is_valid(line) {
             assert!(line.len() <= 253 && !line.ends_with('.'));
         }
         if let Ok(id) = SpiffeId::from_str(line) {
@@ -902,7 +925,7 @@ pub fn nodes(data: &[u8]) {
                 nodes::validate_selector(s).expect("an entry's selectors are valid");
             }
             for d in &e.dns_names {
-                assert!(policy::is_dns_name(d), "an entry's DNS name {d:?}");
+                assert!(DnsName::is_valid(d), "an entry's DNS name {d:?}");
             }
         }
     }

@@ -350,7 +350,7 @@ impl Issuer {
             issued_at: unix(now),
             request_id: input.request_id.clone(),
             cert_der: cert.der.clone(),
-            provenance: grant.provenance.to_ledger_text(),
+            provenance: grant.provenance().to_ledger_text(),
         };
         let seq = self.ledger.commit(record).await.map_err(|e| {
             tracing::warn!(error = %e, request_id = %input.request_id, "ledger commit failed; certificate discarded");

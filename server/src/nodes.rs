@@ -1,54 +1,32 @@
 //! The agent's world, as pure functions: node IDs, join tokens, selectors and registration
 //! entries. No I/O; the API edge (`api::node`, `api::node_admin`) calls these to validate.
+//!
+//! The rules themselves that other layers share live in `signet-types` (node IDs in
+//! [`signet_types::node`], DNS names in [`signet_types::dns`], requested TTLs in
+//! [`signet_types::ttl`]), so this module depends on no other part of the server: it keeps
+//! only the operator-facing validation (parents, selectors, entries) and join tokens, with
+//! messages as `String`s for the API edge.
 
+use signet_types::dns::{Dns1123Label, DnsName};
+use signet_types::untrusted::quoted;
 use signet_types::{SpiffeId, TrustDomain};
 
-/// Node SPIFFE IDs live under this path: `spiffe://<td>/signet/node/<node-id>`.
-pub const NODE_PATH_PREFIX: &str = "/signet/node/";
+pub use signet_types::node::{NODE_PATH_PREFIX, node_id_of};
 
-/// Longest node ID accepted.
-const MAX_NODE_ID: usize = 128;
 /// Most selectors and DNS names on one entry.
 const MAX_SELECTORS: usize = 32;
 const MAX_DNS_NAMES: usize = 32;
 
-/// A node ID: 1–128 of `[A-Za-z0-9._-]`, not `.` or `..`.
+/// A node ID: 1–128 of `[A-Za-z0-9._-]`, not `.` or `..` ([`signet_types::node::NodeId`]).
 pub fn validate_node_id(id: &str) -> Result<(), String> {
-    if id.is_empty() || id.len() > MAX_NODE_ID {
-        return Err(format!(
-            "node ID must be 1 to {MAX_NODE_ID} characters, got {}",
-            id.len()
-        ));
-    }
-    if id == "." || id == ".." {
-        return Err(format!("node ID {id:?} is not allowed"));
-    }
-    if !id
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-    {
-        return Err(format!(
-            "node ID {:?} may contain only letters, digits, '.', '_' and '-'",
-            truncate(id)
-        ));
-    }
-    Ok(())
+    signet_types::node::NodeId::new(id)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
-/// The node's SPIFFE ID.
+/// The node's SPIFFE ID ([`signet_types::node::node_spiffe_id`]).
 pub fn node_spiffe_id(td: &TrustDomain, node_id: &str) -> Result<SpiffeId, String> {
-    validate_node_id(node_id)?;
-    td.id(&format!("{NODE_PATH_PREFIX}{node_id}"))
-        .map_err(|e| format!("node ID {node_id:?} does not make a SPIFFE ID: {e}"))
-}
-
-/// The node ID of a node SPIFFE ID of `td`, if it is one.
-pub fn node_id_of<'a>(id: &'a SpiffeId, td: &TrustDomain) -> Option<&'a str> {
-    if !id.is_member_of(td) {
-        return None;
-    }
-    let rest = id.path().strip_prefix(NODE_PATH_PREFIX)?;
-    validate_node_id(rest).ok().map(|()| rest)
+    signet_types::node::node_spiffe_id(td, node_id).map_err(|e| e.to_string())
 }
 
 /// A parent as the operator names it: a node ID, or a node SPIFFE ID of `td`.
@@ -56,7 +34,7 @@ pub fn parse_parent(td: &TrustDomain, parent: &str) -> Result<SpiffeId, String> 
     if parent.starts_with("spiffe://") {
         let id: SpiffeId = parent
             .parse()
-            .map_err(|e| format!("parent {:?} is not a SPIFFE ID: {e}", truncate(parent)))?;
+            .map_err(|e| format!("parent {} is not a SPIFFE ID: {e}", quoted(parent)))?;
         if node_id_of(&id, td).is_none() {
             return Err(format!(
                 "parent {id} is not a node ID of this trust domain \
@@ -122,7 +100,7 @@ impl JoinToken {
 /// Validates one selector: `unix:uid:<n>`, `unix:gid:<n>`, `unix:user:<name>`,
 /// `unix:path:<absolute path>`, `k8s:ns:<ns>`, `k8s:sa:<sa>`, `k8s:pod-label:<key>:<value>`.
 pub fn validate_selector(s: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(format!("selector {:?}: {why}", truncate(s)));
+    let bad = |why: &str| Err(format!("selector {}: {why}", quoted(s)));
     if s.len() > 1024 {
         return bad("is longer than 1024 bytes");
     }
@@ -159,7 +137,7 @@ pub fn validate_selector(s: &str) -> Result<(), String> {
             }
         }
         ("k8s", "ns" | "sa") => {
-            if !is_dns_label(value) {
+            if !Dns1123Label::is_valid(value) {
                 return bad("must be a DNS label (lowercase letters, digits, '-', at most 63)");
             }
         }
@@ -187,15 +165,6 @@ pub fn validate_selector(s: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-}
-
 /// What an operator asks for when creating an entry, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ValidEntry {
@@ -217,12 +186,9 @@ pub fn validate_entry(
     ttl_seconds: i64,
     dns_names: &[String],
 ) -> Result<ValidEntry, String> {
-    let id: SpiffeId = spiffe_id.parse().map_err(|e| {
-        format!(
-            "spiffe_id {:?} is not a SPIFFE ID: {e}",
-            truncate(spiffe_id)
-        )
-    })?;
+    let id: SpiffeId = spiffe_id
+        .parse()
+        .map_err(|e| format!("spiffe_id {} is not a SPIFFE ID: {e}", quoted(spiffe_id)))?;
     if !id.is_member_of(td) {
         return Err(format!("spiffe_id {id} is not in trust domain {td}"));
     }
@@ -247,7 +213,7 @@ pub fn validate_entry(
     let mut sel = selectors.to_vec();
     sel.sort();
     sel.dedup();
-    if !(0..=crate::policy::ABSURD_TTL_SECONDS).contains(&ttl_seconds) {
+    if !signet_types::ttl::is_requestable(ttl_seconds) {
         return Err(format!(
             "ttl {ttl_seconds} s is out of range (0 for the default, at most ten years; \
              the CA clamps it to its maximum)"
@@ -258,8 +224,8 @@ pub fn validate_entry(
     }
     let mut dns = Vec::new();
     for d in dns_names {
-        if !crate::policy::is_dns_name(d) {
-            return Err(format!("{:?} is not a valid DNS name", truncate(d)));
+        if !DnsName::is_valid(d) {
+            return Err(format!("{} is not a valid DNS name", quoted(d)));
         }
         let d = d.to_ascii_lowercase();
         if !dns.contains(&d) {
@@ -273,10 +239,6 @@ pub fn validate_entry(
         ttl_seconds,
         dns_names: dns,
     })
-}
-
-fn truncate(s: &str) -> String {
-    s.chars().take(128).collect()
 }
 
 #[cfg(test)]

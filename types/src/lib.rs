@@ -7,14 +7,24 @@
 //! - [`ledger`]: the canonical encoding and hash chain of the issuance ledger, shared by the
 //!   server that writes it and the CLI that verifies it.
 //! - [`checkpoint`]: the signed statement of the ledger's head (encoding, signature, JSON).
+//! - [`dns`]: DNS names and labels ([`dns::DnsName`], [`dns::DnsLabel`],
+//!   [`dns::Dns1123Label`]), only constructible valid.
+//! - [`node`]: node IDs and the node SPIFFE IDs they make.
+//! - [`ttl`]: the limits on a requested certificate lifetime.
+//! - [`untrusted`]: the one way to put text a caller sent into a message (quoted, cut short,
+//!   control characters escaped).
 #![forbid(unsafe_code)]
 
 pub mod checkpoint;
+pub mod dns;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ledger;
+pub mod node;
 pub mod pem;
 mod spiffe_id;
+pub mod ttl;
+pub mod untrusted;
 
 pub use spiffe_id::{SpiffeId, SpiffeIdError, TrustDomain};
 

@@ -79,7 +79,8 @@ impl AuthenticatedCaller {
         td: &signet_types::TrustDomain,
         node_id: &str,
     ) -> Result<Self, AuthnError> {
-        let id = crate::nodes::node_spiffe_id(td, node_id).map_err(AuthnError::BadJoinToken)?;
+        let id = signet_types::node::node_spiffe_id(td, node_id)
+            .map_err(|e| AuthnError::BadJoinToken(e.to_string()))?;
         Ok(Self::new(
             id,
             CallerKind::Node {

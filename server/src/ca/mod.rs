@@ -52,21 +52,8 @@ pub struct RequestedNames {
     pub other: Vec<String>,
 }
 
-/// What policy decided the caller may have. The only source of a certificate's names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Grant {
-    pub spiffe_id: SpiffeId,
-    /// DNS SANs to include (already checked against what the caller may have).
-    pub dns_names: Vec<String>,
-    /// IP SANs to include.
-    pub ip_addresses: Vec<IpAddr>,
-    /// Lifetime, already clamped to the configured maximum. The core also caps notAfter at the
-    /// issuing CA's notAfter.
-    pub ttl: Duration,
-    /// Where the authority for this grant came from; recorded in the ledger with the
-    /// certificate (the core itself does not look at it).
-    pub provenance: crate::provenance::Provenance,
-}
+/// What policy decided the caller may have: defined by policy, which alone makes one.
+pub use crate::policy::grant::Grant;
 
 /// A certificate the core signed and re-validated.
 #[derive(Clone, PartialEq, Eq)]

@@ -22,27 +22,31 @@ fn check_request(csr: &VerifiedCsr, grant: &Grant) -> Result<(), IssueError> {
     let req = csr.requested();
     match req.uris.as_slice() {
         [] => {}
-        [one] if one.parse::<SpiffeId>().ok().as_ref() == Some(&grant.spiffe_id) => {}
+        [one] if one.parse::<SpiffeId>().ok().as_ref() == Some(grant.spiffe_id()) => {}
         uris => {
             return Err(IssueError::NotGranted(format!(
                 "the CSR asks for URI SAN(s) {uris:?}, but the caller may only have {}",
-                grant.spiffe_id
+                grant.spiffe_id()
             )));
         }
     }
     for dns in &req.dns_names {
-        if !grant.dns_names.iter().any(|g| g.eq_ignore_ascii_case(dns)) {
+        if !grant
+            .dns_names()
+            .iter()
+            .any(|g| g.eq_ignore_ascii_case(dns))
+        {
             return Err(IssueError::NotGranted(format!(
                 "the CSR asks for DNS name {dns:?}, which {} may not have",
-                grant.spiffe_id
+                grant.spiffe_id()
             )));
         }
     }
     for ip in &req.ip_addresses {
-        if !grant.ip_addresses.contains(ip) {
+        if !grant.ip_addresses().contains(ip) {
             return Err(IssueError::NotGranted(format!(
                 "the CSR asks for IP address {ip}, which {} may not have",
-                grant.spiffe_id
+                grant.spiffe_id()
             )));
         }
     }
@@ -58,10 +62,10 @@ fn check_request(csr: &VerifiedCsr, grant: &Grant) -> Result<(), IssueError> {
             req.other.join(", ")
         )));
     }
-    if grant.spiffe_id.path().is_empty() {
+    if grant.spiffe_id().path().is_empty() {
         return Err(IssueError::NotGranted(format!(
             "{} has no path; an X509-SVID leaf needs a workload path",
-            grant.spiffe_id
+            grant.spiffe_id()
         )));
     }
     Ok(())
@@ -90,7 +94,7 @@ pub fn issue(
     }
     let out_of_range = || IssueError::Signing("the validity period is out of range".into());
     let not_before = now.checked_sub(BACKDATE).map_or(ca_nb, |t| t.max(ca_nb));
-    let not_after = now.checked_add(grant.ttl).map_or(ca_na, |t| t.min(ca_na));
+    let not_after = now.checked_add(grant.ttl()).map_or(ca_na, |t| t.min(ca_na));
     let not_before = floor_secs(not_before).ok_or_else(out_of_range)?;
     let not_after = floor_secs(not_after).ok_or_else(out_of_range)?;
     if not_after <= now {
@@ -103,7 +107,7 @@ pub fn issue(
             } else {
                 IssueError::Signing(format!(
                     "the granted lifetime {:?} is shorter than one second",
-                    grant.ttl
+                    grant.ttl()
                 ))
             },
         );
@@ -118,13 +122,13 @@ pub fn issue(
             .map_err(|e| IssueError::Signing(format!("{what} {s:?} cannot be encoded: {e}")))
     };
     let mut sans = vec![SanType::URI(ia5(
-        &grant.spiffe_id.to_string(),
+        &grant.spiffe_id().to_string(),
         "SPIFFE ID",
     )?)];
-    for dns in &grant.dns_names {
+    for dns in grant.dns_names() {
         sans.push(SanType::DnsName(ia5(dns, "DNS name")?));
     }
-    sans.extend(grant.ip_addresses.iter().copied().map(SanType::IpAddress));
+    sans.extend(grant.ip_addresses().iter().copied().map(SanType::IpAddress));
     params.subject_alt_names = sans;
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -152,9 +156,9 @@ pub fn issue(
             "the certified public key differs from the CSR's".into(),
         ));
     }
-    if info.spiffe_id != grant.spiffe_id
-        || info.dns_names != grant.dns_names
-        || info.ip_addresses != grant.ip_addresses
+    if info.spiffe_id != *grant.spiffe_id()
+        || info.dns_names != grant.dns_names()
+        || info.ip_addresses != grant.ip_addresses()
         || info.not_before != not_before
         || info.not_after != not_after
     {
@@ -219,9 +223,12 @@ mod tests {
     fn leaf_profile_field_by_field() {
         let (ca, _) = testutil::root(KeyType::EcdsaP256, 24 * HOUR);
         let (_, csr) = p256_csr();
-        let mut g = grant("/ns/default/sa/web", HOUR);
-        g.dns_names = vec!["web.default.svc".into()];
-        g.ip_addresses = vec!["10.1.2.3".parse().expect("ip"), "::1".parse().expect("ip")];
+        let g = grant("/ns/default/sa/web", HOUR)
+            .with_dns_names(vec!["web.default.svc".into()])
+            .with_ip_addresses(vec![
+                "10.1.2.3".parse().expect("ip"),
+                "::1".parse().expect("ip"),
+            ]);
         let issued = ca
             .issue(
                 &csr,
@@ -302,8 +309,8 @@ mod tests {
             vec![issued.der.clone(), ca.cert_der().to_vec()]
         );
         assert_eq!(issued.spiffe_id, id("/ns/default/sa/web"));
-        assert_eq!(issued.dns_names, g.dns_names);
-        assert_eq!(issued.ip_addresses, g.ip_addresses);
+        assert_eq!(issued.dns_names, g.dns_names());
+        assert_eq!(issued.ip_addresses, g.ip_addresses());
         assert_eq!(issued.not_before, now() - BACKDATE);
         assert_eq!(issued.not_after, now() + HOUR);
         assert_eq!(issued.sha256, signet_types::ledger::sha256(&issued.der));
@@ -366,9 +373,9 @@ mod tests {
         let (ca, _) = testutil::root(KeyType::EcdsaP256, HOUR);
         let key = KeyPair::generate().expect("key");
         let serials = SequentialSerials::new(1);
-        let mut g = grant("/ns/a/sa/web", HOUR);
-        g.dns_names = vec!["web.a.svc".into()];
-        g.ip_addresses = vec!["10.0.0.1".parse::<IpAddr>().expect("ip")];
+        let g = grant("/ns/a/sa/web", HOUR)
+            .with_dns_names(vec!["web.a.svc".into()])
+            .with_ip_addresses(vec!["10.0.0.1".parse::<IpAddr>().expect("ip")]);
         let refused = |sans: Vec<SanType>| {
             let csr = testutil::csr(&key, sans);
             match ca.issue(&csr, &g, now(), &serials) {
@@ -400,13 +407,14 @@ mod tests {
             let csr = testutil::csr(&key, sans);
             let issued = ca.issue(&csr, &g, now(), &serials).expect("granted");
             // The certificate carries the grant's names, not the CSR's.
-            assert_eq!(issued.dns_names, g.dns_names);
-            assert_eq!(issued.ip_addresses, g.ip_addresses);
+            assert_eq!(issued.dns_names, g.dns_names());
+            assert_eq!(issued.ip_addresses, g.ip_addresses());
         }
         // A grant for the trust domain itself is not a leaf identity.
         let csr = testutil::csr(&key, vec![]);
-        let mut root_grant = g.clone();
-        root_grant.spiffe_id = "spiffe://example.org".parse().expect("id");
+        let root_grant = g
+            .clone()
+            .with_spiffe_id("spiffe://example.org".parse().expect("id"));
         assert!(matches!(
             ca.issue(&csr, &root_grant, now(), &serials),
             Err(IssueError::NotGranted(_))
@@ -456,8 +464,8 @@ mod tests {
         for key_type in [KeyType::EcdsaP256, KeyType::EcdsaP384] {
             let (ca, _) = testutil::root(key_type, 24 * HOUR);
             let (_, csr) = p256_csr();
-            let mut g = grant("/ns/default/sa/web", HOUR);
-            g.dns_names = vec!["web.default.svc".into()];
+            let g =
+                grant("/ns/default/sa/web", HOUR).with_dns_names(vec!["web.default.svc".into()]);
             let issued = ca
                 .issue(&csr, &g, now(), &RandomSerials::new())
                 .expect("issues");

@@ -45,13 +45,7 @@ pub(crate) fn p256_csr() -> (KeyPair, VerifiedCsr) {
 }
 
 pub(crate) fn grant(path: &str, ttl: Duration) -> Grant {
-    Grant {
-        spiffe_id: id(path),
-        dns_names: Vec::new(),
-        ip_addresses: Vec::new(),
-        ttl,
-        provenance: crate::provenance::Provenance::new(crate::provenance::Source::Admin, 0),
-    }
+    Grant::for_tests(id(path), ttl)
 }
 
 /// Runs openssl with `args`, returning stdout; panics with stderr on failure.
