@@ -14,7 +14,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::refuse::{bad, quoted, truncate};
+use super::refuse::{bad, quoted, shown};
 use crate::authn::AuthnError;
 use crate::clock::unix;
 
@@ -103,10 +103,7 @@ pub(super) fn check(
     if !auds.iter().any(|a| want.audiences.iter().any(|c| c == a)) {
         return Err(bad(format!(
             "audience [{}] is not one of [{}]; request the token with one of those audiences",
-            auds.iter()
-                .map(|a| truncate(a))
-                .collect::<Vec<_>>()
-                .join(", "),
+            auds.iter().map(|a| shown(a)).collect::<Vec<_>>().join(", "),
             want.audiences.join(", ")
         )));
     }

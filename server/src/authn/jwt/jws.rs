@@ -31,7 +31,7 @@ use jsonwebtoken::Algorithm;
 use serde::Deserialize;
 
 use super::jwks::{KeySet, SUPPORTED, alg_name};
-use super::refuse::{bad, quoted, truncate};
+use super::refuse::{bad, quoted, shown};
 use crate::authn::AuthnError;
 
 /// Longest token accepted, in bytes. Real projected tokens are 1–2 KiB.
@@ -167,7 +167,7 @@ fn decode_part<T: serde::de::DeserializeOwned>(part: &str, what: &str) -> Result
         // may quote a (claim) value.
         bad(format!(
             "token {what} is not the expected JSON object: {}",
-            truncate(&e.to_string())
+            shown(&e.to_string())
         ))
     })
 }
