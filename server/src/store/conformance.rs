@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use signet_types::ledger::{GENESIS, Verifier, sha256};
 
 use super::{
-    AuditEvent, NewCertificate, PgStore, SqliteStore, Store, StoreError, StoredCaKey, connect,
+    AuditEvent, LedgerStore, NewCertificate, PgStore, SqliteStore, Store, StoreError, StoredCaKey,
+    connect,
 };
 
 const ACQUIRE: Duration = Duration::from_secs(10);
