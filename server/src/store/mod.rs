@@ -25,11 +25,7 @@
 pub mod audit;
 pub mod ca_slots;
 #[cfg(test)]
-mod ca_slots_tests;
-#[cfg(test)]
 mod conformance;
-#[cfg(test)]
-mod conformance_revocations;
 pub mod crls;
 pub mod ledger;
 pub mod nodes;
@@ -63,31 +59,29 @@ pub enum StoreError {
     Corrupt(String),
 }
 
-impl From<sqlx::Error> for StoreError {
-    fn from(e: sqlx::Error) -> Self {
+impl StoreError {
+    /// What both drivers classify the same way: a connection that cannot be made, is lost or
+    /// timed out is retryable; anything else is a database error. Each backend's `map_err`
+    /// first recognises its own retryable database codes, then falls back to this; there is
+    /// deliberately no `From<sqlx::Error>`, so a query cannot skip its backend's
+    /// classification with `?`.
+    fn from_driver(e: sqlx::Error) -> Self {
         match e {
             sqlx::Error::Io(_)
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed
             | sqlx::Error::Tls(_) => StoreError::Unavailable(e.to_string()),
-            sqlx::Error::Database(ref db) => {
-                // PostgreSQL: class 08 (connection), 57P0x (shutdown), 53 (resources),
-                // 55P03 (lock_timeout), 57014 (statement_timeout), 25P03 (idle in
-                // transaction timeout): all retryable.
-                match db.code().as_deref() {
-                    Some(c)
-                        if c.starts_with("08")
-                            || c.starts_with("57P")
-                            || c.starts_with("53")
-                            || matches!(c, "55P03" | "57014" | "25P03") =>
-                    {
-                        StoreError::Unavailable(e.to_string())
-                    }
-                    _ => StoreError::Database(e.to_string()),
-                }
-            }
             other => StoreError::Database(other.to_string()),
+        }
+    }
+
+    /// A failed migration run, its database errors classified by `map` (the backend's).
+    fn from_migration(e: sqlx::migrate::MigrateError, map: fn(sqlx::Error) -> Self) -> Self {
+        match e {
+            sqlx::migrate::MigrateError::Execute(e) => map(e),
+            sqlx::migrate::MigrateError::ExecuteMigration(e, _) => map(e),
+            other => StoreError::Database(format!("migrations: {other}")),
         }
     }
 }

@@ -18,7 +18,6 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use crate::config::DatabaseConfig;
 
 use super::rows::Chained;
-use super::sqlite::map_migrate_err;
 use super::{AuditEvent, StoreError};
 
 /// Bounds the first connection at startup, so an unreachable database answers quickly.
@@ -67,10 +66,36 @@ impl PgStore {
             StoreError::Unavailable(format!(
                 "no connection to PostgreSQL within {CONNECT_TIMEOUT:?}"
             ))
-        })??;
-        MIGRATOR.run(&pool).await.map_err(map_migrate_err)?;
+        })?
+        .map_err(map_err)?;
+        MIGRATOR
+            .run(&pool)
+            .await
+            .map_err(|e| StoreError::from_migration(e, map_err))?;
         Ok(Self { pool })
     }
+}
+
+/// Classifies a PostgreSQL error: the retryable SQLSTATEs ([`retryable_sqlstate`]) are
+/// Unavailable; the rest as every driver's (see [`StoreError`]).
+fn map_err(e: sqlx::Error) -> StoreError {
+    if let sqlx::Error::Database(db) = &e
+        && db.code().is_some_and(|c| retryable_sqlstate(&c))
+    {
+        return StoreError::Unavailable(e.to_string());
+    }
+    StoreError::from_driver(e)
+}
+
+/// Class 08 (connection exception), 57P0x (the server is shutting down or cannot connect
+/// now), class 53 (insufficient resources), 55P03 (`lock_timeout`), 57014
+/// (`statement_timeout`, or a cancel), 25P03 (`idle_in_transaction_session_timeout`): the
+/// database is unreachable or busy for now, so a retry can succeed.
+fn retryable_sqlstate(code: &str) -> bool {
+    code.starts_with("08")
+        || code.starts_with("57P")
+        || code.starts_with("53")
+        || matches!(code, "55P03" | "57014" | "25P03")
 }
 
 /// The settings every session starts with (PostgreSQL's startup `options`), in milliseconds.
@@ -93,12 +118,12 @@ const BEGIN_WRITE: &str = "BEGIN";
 /// concurrent replicas wait for each other's commit instead of reading a stale row.
 const LOCK_READ: &str = " FOR UPDATE";
 
-super::ledger::impl_ledger_store!(PgStore, StoreError::from, BEGIN_WRITE, LOCK_READ);
-super::audit::impl_audit_store!(PgStore, StoreError::from);
-super::revocations::impl_revocation_store!(PgStore, StoreError::from, BEGIN_WRITE, LOCK_READ);
-super::crls::impl_crl_store!(PgStore, StoreError::from, BEGIN_WRITE, LOCK_READ);
-super::ca_slots::impl_ca_slot_store!(PgStore, StoreError::from);
-super::nodes::impl_node_store!(PgStore, StoreError::from);
+super::ledger::impl_ledger_store!(PgStore, map_err, BEGIN_WRITE, LOCK_READ);
+super::audit::impl_audit_store!(PgStore, map_err);
+super::revocations::impl_revocation_store!(PgStore, map_err, BEGIN_WRITE, LOCK_READ);
+super::crls::impl_crl_store!(PgStore, map_err, BEGIN_WRITE, LOCK_READ);
+super::ca_slots::impl_ca_slot_store!(PgStore, map_err);
+super::nodes::impl_node_store!(PgStore, map_err);
 
 /// The batch inserts: the whole batch in one statement (`UNNEST` of one array per column), one
 /// round trip however large the batch.
@@ -167,7 +192,8 @@ impl PgStore {
         .bind(&request_id)
         .bind(&provenance)
         .execute(&mut **tx)
-        .await?;
+        .await
+        .map_err(map_err)?;
         Ok(())
     }
 
@@ -188,7 +214,30 @@ impl PgStore {
         .bind(&caller)
         .bind(&detail)
         .execute(&self.pool)
-        .await?;
+        .await
+        .map_err(map_err)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn connection_shutdown_resource_and_timeout_states_are_retryable() {
+        for code in [
+            "08000", "08003", "08006", "08001", "57P01", "57P02", "57P03", "53000", "53100",
+            "53200", "53300", "55P03", "57014", "25P03",
+        ] {
+            assert!(super::retryable_sqlstate(code), "{code}");
+        }
+        // unique_violation, foreign_key_violation, serialization_failure, deadlock_detected,
+        // undefined_table, syntax_error, operator_intervention, invalid_text_representation:
+        // not retryable today (a retry of the same request fails the same way, or the caller
+        // decides).
+        for code in [
+            "23505", "23503", "40001", "40P01", "42P01", "42601", "57000", "22P02",
+        ] {
+            assert!(!super::retryable_sqlstate(code), "{code}");
+        }
     }
 }

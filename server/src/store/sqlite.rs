@@ -33,24 +33,24 @@ pub struct SqliteStore {
     pool: SqlitePool,
 }
 
-/// SQLite's "database is busy/locked" (the busy timeout ran out) is retryable: Unavailable.
+/// Classifies a SQLite error: "database is busy/locked" (the busy timeout ran out) is
+/// retryable, Unavailable; the rest as every driver's (see [`StoreError`]).
 fn map_err(e: sqlx::Error) -> StoreError {
-    // Primary result codes SQLITE_BUSY (5) and SQLITE_LOCKED (6), with any extension.
     if let sqlx::Error::Database(db) = &e
-        && let Some(code) = db.code().and_then(|c| c.parse::<i32>().ok())
-        && matches!(code & 0xff, 5 | 6)
+        && db
+            .code()
+            .and_then(|c| c.parse::<i32>().ok())
+            .is_some_and(busy_or_locked)
     {
         return StoreError::Unavailable(e.to_string());
     }
-    StoreError::from(e)
+    StoreError::from_driver(e)
 }
 
-pub(super) fn map_migrate_err(e: sqlx::migrate::MigrateError) -> StoreError {
-    match e {
-        sqlx::migrate::MigrateError::Execute(e) => StoreError::from(e),
-        sqlx::migrate::MigrateError::ExecuteMigration(e, _) => StoreError::from(e),
-        other => StoreError::Database(format!("migrations: {other}")),
-    }
+/// Whether a SQLite result code is `SQLITE_BUSY` (5) or `SQLITE_LOCKED` (6), with any
+/// extended code (`SQLITE_BUSY_SNAPSHOT` is 5 | 2 << 8): another writer holds the lock.
+fn busy_or_locked(code: i32) -> bool {
+    matches!(code & 0xff, 5 | 6)
 }
 
 impl SqliteStore {
@@ -127,7 +127,7 @@ impl SqliteStore {
                     tracing::debug!(error = %e, attempt, "retrying SQLite migrations");
                     tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
                 }
-                Err(e) => return Err(map_migrate_err(e)),
+                Err(e) => return Err(StoreError::from_migration(e, map_err)),
             }
         }
         Ok(Self { pool })
@@ -239,5 +239,38 @@ impl SqliteStore {
         }
         tx.commit().await.map_err(map_err)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_busy_and_locked_codes_are_retryable() {
+        // SQLITE_BUSY, SQLITE_LOCKED, and their extended codes (BUSY_RECOVERY, BUSY_SNAPSHOT,
+        // BUSY_TIMEOUT, LOCKED_SHAREDCACHE, LOCKED_VTAB).
+        for code in [5, 6, 261, 517, 773, 262, 518] {
+            assert!(super::busy_or_locked(code), "{code}");
+        }
+        // SQLITE_ERROR, SQLITE_READONLY, SQLITE_CORRUPT, SQLITE_FULL, SQLITE_CONSTRAINT,
+        // SQLITE_CONSTRAINT_UNIQUE, SQLITE_CONSTRAINT_PRIMARYKEY.
+        for code in [1, 8, 11, 13, 19, 2067, 1555] {
+            assert!(!super::busy_or_locked(code), "{code}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_table_is_a_database_error_not_retryable() {
+        use crate::store::{LedgerStore, StoreError};
+        let store =
+            super::SqliteStore::connect("sqlite::memory:", std::time::Duration::from_secs(5))
+                .await
+                .unwrap();
+        let err = sqlx::query("INSERT INTO no_such_table VALUES (1)")
+            .execute(&store.pool)
+            .await
+            .map_err(super::map_err)
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Database(_)), "{err:?}");
+        store.ping().await.unwrap();
     }
 }
