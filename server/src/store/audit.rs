@@ -9,7 +9,7 @@
 
 use async_trait::async_trait;
 
-use super::StoreError;
+use super::error::StoreError;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditEvent {

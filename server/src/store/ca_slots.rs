@@ -17,7 +17,8 @@
 
 use async_trait::async_trait;
 
-use super::{AuditEvent, StoreError};
+use super::audit::AuditEvent;
+use super::error::StoreError;
 
 /// A CA key as kept in the database. The private key is encrypted (see `ca::kek`).
 #[derive(Clone, PartialEq, Eq)]

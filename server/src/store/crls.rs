@@ -12,7 +12,7 @@
 
 use async_trait::async_trait;
 
-use super::StoreError;
+use super::error::StoreError;
 
 /// A revoked certificate as a CRL lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]

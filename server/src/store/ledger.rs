@@ -13,7 +13,7 @@
 use async_trait::async_trait;
 use signet_types::ledger::{Hash, LedgerEntry};
 
-use super::StoreError;
+use super::error::StoreError;
 
 /// A certificate to append to the ledger (seq and hashes are assigned by the store).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,7 +39,7 @@ pub struct NewCertificate {
 pub struct CertificateRow {
     pub entry: LedgerEntry,
     /// When the certificate was revoked (unix seconds), if it was. Not part of the row's hash:
-    /// a revocation is a later event in the chain ([`super::EventRow`]); this column and
+    /// a revocation is a later event in the chain ([`super::revocations::EventRow`]); this column and
     /// `revocation_reason` are the lookup index the same transaction sets.
     pub revoked_at: Option<i64>,
     /// The RFC 5280 reason name of the revocation, when revoked.

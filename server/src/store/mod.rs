@@ -20,13 +20,15 @@
 //! driver accepts `$N` placeholders, and both speak `RETURNING` and `ON CONFLICT`). A backend
 //! (`sqlite`, `postgres`) keeps only connecting, classifying its errors, the batch inserts, and
 //! how a writing transaction takes its lock; its module doc says why each differs.
-//! `rows` holds the row shapes and integer conversions the concerns share.
+//! `rows` holds the row shapes and integer conversions the concerns share; `error` the one
+//! error type. Nothing in the store imports this module: it only assembles and re-exports.
 
 pub mod audit;
 pub mod ca_slots;
 #[cfg(test)]
 mod conformance;
 pub mod crls;
+mod error;
 pub mod ledger;
 pub mod nodes;
 mod postgres;
@@ -40,51 +42,12 @@ use std::time::Duration;
 pub use audit::{AuditEvent, AuditStore};
 pub use ca_slots::{CaChange, CaKeyUsage, CaSlotRow, CaSlotStore, SlotUpdate, StoredCaKey};
 pub use crls::{CrlSigner, CrlStore, RevokedRow, StoredCrl};
+pub use error::StoreError;
 pub use ledger::{CertificateRow, LedgerHead, LedgerStore, NewCertificate};
 pub use nodes::{EntryRow, EntrySync, NewEntry, NodeRow, NodeStore, TokenUse};
 pub use postgres::PgStore;
 pub use revocations::{CertFilter, EventRow, NewRevocation, RevocationOutcome, RevocationStore};
 pub use sqlite::SqliteStore;
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The database cannot be reached or timed out: retryable.
-    #[error("database unavailable: {0}")]
-    Unavailable(String),
-    /// Anything else the database said.
-    #[error("database error: {0}")]
-    Database(String),
-    /// Stored data that does not decode (corruption or tampering).
-    #[error("corrupt row: {0}")]
-    Corrupt(String),
-}
-
-impl StoreError {
-    /// What both drivers classify the same way: a connection that cannot be made, is lost or
-    /// timed out is retryable; anything else is a database error. Each backend's `map_err`
-    /// first recognises its own retryable database codes, then falls back to this; there is
-    /// deliberately no `From<sqlx::Error>`, so a query cannot skip its backend's
-    /// classification with `?`.
-    fn from_driver(e: sqlx::Error) -> Self {
-        match e {
-            sqlx::Error::Io(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::WorkerCrashed
-            | sqlx::Error::Tls(_) => StoreError::Unavailable(e.to_string()),
-            other => StoreError::Database(other.to_string()),
-        }
-    }
-
-    /// A failed migration run, its database errors classified by `map` (the backend's).
-    fn from_migration(e: sqlx::migrate::MigrateError, map: fn(sqlx::Error) -> Self) -> Self {
-        match e {
-            sqlx::migrate::MigrateError::Execute(e) => map(e),
-            sqlx::migrate::MigrateError::ExecuteMigration(e, _) => map(e),
-            other => StoreError::Database(format!("migrations: {other}")),
-        }
-    }
-}
 
 /// Everything the server stores, for the wiring that needs all of it. Components take the
 /// narrowest part they use (an `Arc<dyn Store>` coerces to any of them), so a test double

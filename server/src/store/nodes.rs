@@ -11,7 +11,7 @@
 
 use async_trait::async_trait;
 
-use super::StoreError;
+use super::error::StoreError;
 
 /// How [`NodeStore::consume_join_token`] went. Only `Consumed` attests.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,8 +17,9 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::config::DatabaseConfig;
 
+use super::audit::AuditEvent;
+use super::error::StoreError;
 use super::rows::Chained;
-use super::{AuditEvent, StoreError};
 
 /// Bounds the first connection at startup, so an unreachable database answers quickly.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

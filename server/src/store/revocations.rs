@@ -14,7 +14,8 @@
 use async_trait::async_trait;
 use signet_types::ledger::{Hash, LedgerEvent};
 
-use super::{CertificateRow, StoreError};
+use super::error::StoreError;
+use super::ledger::CertificateRow;
 
 /// Which certificates [`RevocationStore::revocable_certificates`] narrows to (by an indexed
 /// column); the caller filters further (e.g. by provenance).
@@ -161,7 +162,7 @@ macro_rules! impl_revocation_store {
                 now: i64,
                 after_seq: u64,
                 limit: u32,
-            ) -> Result<Vec<$crate::store::CertificateRow>, StoreError> {
+            ) -> Result<Vec<$crate::store::ledger::CertificateRow>, StoreError> {
                 let (clause, value) = $crate::store::revocations::filter_sql(filter);
                 let sql = format!(
                     "SELECT {} FROM certificates WHERE revoked_at IS NULL AND not_after > $1 \
@@ -178,7 +179,7 @@ macro_rules! impl_revocation_store {
                 let found = q.fetch_all(&self.pool).await.map_err($map)?;
                 found
                     .into_iter()
-                    .map($crate::store::CertificateRow::try_from)
+                    .map($crate::store::ledger::CertificateRow::try_from)
                     .collect()
             }
 
@@ -246,7 +247,7 @@ macro_rules! impl_revocation_store {
                         out.push(RevocationOutcome::Unknown);
                         continue;
                     };
-                    let row = $crate::store::CertificateRow::try_from(found)?;
+                    let row = $crate::store::ledger::CertificateRow::try_from(found)?;
                     if let Some(at) = row.revoked_at {
                         out.push(RevocationOutcome::AlreadyRevoked {
                             at,

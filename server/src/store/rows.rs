@@ -5,7 +5,8 @@
 
 use signet_types::ledger::{Hash, LedgerEntry, chain_hash};
 
-use super::{CertificateRow, NewCertificate, StoreError};
+use super::error::StoreError;
+use super::ledger::{CertificateRow, LedgerHead, NewCertificate};
 
 /// Columns selected for a [`CertificateRow`], in [`DbCertificate`]'s order.
 pub(super) const CERT_COLUMNS: &str = "seq, serial, spiffe_id, dns_names, ip_addresses, \
@@ -84,7 +85,7 @@ pub(super) fn hash(seq: u64, column: &str, bytes: &[u8]) -> Result<Hash, StoreEr
 }
 
 /// Decodes the `ledger_head` row.
-pub(super) fn head(seq: i64, hash_bytes: &[u8]) -> Result<super::LedgerHead, StoreError> {
+pub(super) fn head(seq: i64, hash_bytes: &[u8]) -> Result<LedgerHead, StoreError> {
     let seq = u64::try_from(seq)
         .map_err(|_| StoreError::Corrupt(format!("negative ledger head seq {seq}")))?;
     let hash = Hash::try_from(hash_bytes).map_err(|_| {
@@ -93,7 +94,7 @@ pub(super) fn head(seq: i64, hash_bytes: &[u8]) -> Result<super::LedgerHead, Sto
             hash_bytes.len()
         ))
     })?;
-    Ok(super::LedgerHead { seq, hash })
+    Ok(LedgerHead { seq, hash })
 }
 
 /// One row ready to insert: the entry with its seq and both hashes.

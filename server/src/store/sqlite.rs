@@ -19,8 +19,9 @@ use sqlx::sqlite::{
 
 use crate::config::DatabaseConfig;
 
+use super::audit::AuditEvent;
+use super::error::StoreError;
 use super::rows::Chained;
-use super::{AuditEvent, StoreError};
 
 /// Most connections to one SQLite file (one writer at a time anyway).
 const MAX_CONNECTIONS: u32 = 8;
