@@ -32,6 +32,11 @@ pub trait AuditStore: Send + Sync + 'static {
     async fn audit_events(&self, after_id: u64, limit: u32) -> Result<Vec<AuditEvent>, StoreError>;
 }
 
+/// Inserts one event (`$1`..`$4`: at, kind, caller, detail), for the row-by-row inserts: SQLite's
+/// batch and a CA transition's own events (`store::ca_slots`).
+pub(super) const INSERT_ONE: &str =
+    "INSERT INTO audit_events (at, kind, caller, detail) VALUES ($1, $2, $3, $4)";
+
 /// An `audit_events` row as both drivers decode it.
 #[derive(sqlx::FromRow)]
 pub(super) struct DbAuditEvent {

@@ -369,10 +369,7 @@ macro_rules! impl_ca_slot_store {
                     }
                 }
                 for e in &change.audit {
-                    sqlx::query(
-                        "INSERT INTO audit_events (at, kind, caller, detail) \
-                         VALUES ($1, $2, $3, $4)",
-                    )
+                    sqlx::query($crate::store::audit::INSERT_ONE)
                     .bind(e.at)
                     .bind(&e.kind)
                     .bind(&e.caller)

@@ -227,16 +227,14 @@ impl SqliteStore {
     async fn insert_audit_events(&self, events: &[AuditEvent]) -> Result<(), StoreError> {
         let mut tx = self.pool.begin_with(BEGIN_WRITE).await.map_err(map_err)?;
         for e in events {
-            sqlx::query(
-                "INSERT INTO audit_events (at, kind, caller, detail) VALUES ($1, $2, $3, $4)",
-            )
-            .bind(e.at)
-            .bind(&e.kind)
-            .bind(&e.caller)
-            .bind(&e.detail)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
+            sqlx::query(super::audit::INSERT_ONE)
+                .bind(e.at)
+                .bind(&e.kind)
+                .bind(&e.caller)
+                .bind(&e.detail)
+                .execute(&mut *tx)
+                .await
+                .map_err(map_err)?;
         }
         tx.commit().await.map_err(map_err)?;
         Ok(())
