@@ -260,3 +260,26 @@ async fn postgres_that_stops_is_unavailable_within_the_acquire_timeout() {
         );
     }
 }
+
+/// The wiring hands one `Arc<dyn Store>` to components that each take the one part they use:
+/// every part answers through its own narrowed handle.
+#[tokio::test]
+async fn one_store_serves_as_each_of_its_parts() {
+    use crate::store::{AuditStore, CaSlotStore, CertFilter, CrlStore, NodeStore, RevocationStore};
+    let store = connect("sqlite::memory:", ACQUIRE).await.unwrap();
+    let ledger: Arc<dyn LedgerStore> = store.clone();
+    assert_eq!(
+        ledger.append_certificates(&certs(0..2)).await.unwrap(),
+        [1, 2]
+    );
+    let audit: Arc<dyn AuditStore> = store.clone();
+    assert!(audit.audit_events(0, 10).await.unwrap().is_empty());
+    let slots: Arc<dyn CaSlotStore> = store.clone();
+    assert!(slots.ca_slots().await.unwrap().1.is_empty());
+    let crls: Arc<dyn CrlStore> = store.clone();
+    assert_eq!(crls.revocation_mark().await.unwrap(), 0);
+    let nodes: Arc<dyn NodeStore> = store.clone();
+    assert!(nodes.list_nodes().await.unwrap().is_empty());
+    let revocations: Arc<dyn RevocationStore> = store.clone();
+    assert!(revocations.any_certificate(&CertFilter::Any).await.unwrap());
+}
