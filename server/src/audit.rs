@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use crate::store::{AuditEvent, Store};
+use crate::store::{AuditEvent, AuditStore};
 
 /// Most events written in one store call.
 const MAX_BATCH: usize = 256;
@@ -185,11 +185,11 @@ impl AuditLog {
     /// Starts the writer task on the current tokio runtime, with queues of `capacity` events
     /// and the default aggregation. It stops when every handle is dropped (after writing what
     /// is queued).
-    pub fn spawn(store: Arc<dyn Store>, capacity: usize) -> AuditLog {
+    pub fn spawn(store: Arc<dyn AuditStore>, capacity: usize) -> AuditLog {
         Self::spawn_with(store, AuditLimits::new(capacity))
     }
 
-    pub fn spawn_with(store: Arc<dyn Store>, limits: AuditLimits) -> AuditLog {
+    pub fn spawn_with(store: Arc<dyn AuditStore>, limits: AuditLimits) -> AuditLog {
         let capacity = limits.capacity.max(1);
         let (admin, admin_rx) = mpsc::channel(capacity);
         let (authenticated, authenticated_rx) = mpsc::channel(capacity);
@@ -280,7 +280,7 @@ impl AuditLog {
 }
 
 async fn run(
-    store: Arc<dyn Store>,
+    store: Arc<dyn AuditStore>,
     lanes: [mpsc::Receiver<AuditEvent>; 3],
     aggregator: Arc<Mutex<Aggregator>>,
     dropped: Arc<AtomicU64>,
@@ -334,7 +334,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::store::SqliteStore;
+    use crate::store::{SqliteStore, Store};
 
     async fn sqlite() -> (tempfile::TempDir, Arc<dyn Store>) {
         let dir = tempfile::tempdir().unwrap();

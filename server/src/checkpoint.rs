@@ -38,7 +38,7 @@ use crate::audit::AuditLog;
 use crate::authn::AuthenticatedCaller;
 use crate::bundle::write_atomic;
 use crate::clock::{Clock, unix};
-use crate::store::{LedgerHead, Store, StoreError};
+use crate::store::{LedgerHead, LedgerStore, StoreError};
 
 /// The server's checkpoint signing key. Its `Debug` shows only the public key id.
 pub struct CheckpointKey {
@@ -158,7 +158,7 @@ pub fn head_moved(latest: Option<&Head>, head: &LedgerHead) -> bool {
 
 /// Makes, keeps and publishes checkpoints.
 pub struct Checkpointer {
-    store: Arc<dyn Store>,
+    store: Arc<dyn LedgerStore>,
     key: CheckpointKey,
     trust_domain: TrustDomain,
     dir: PathBuf,
@@ -182,7 +182,7 @@ impl Checkpointer {
     /// Creates `dir` (mode 0755) if needed and picks up the newest checkpoint in it that this
     /// key signed, so that a restart does not re-sign an unchanged head.
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn LedgerStore>,
         key: CheckpointKey,
         trust_domain: TrustDomain,
         dir: PathBuf,
@@ -440,7 +440,7 @@ async fn public_pem(State(cp): State<Arc<Checkpointer>>) -> impl IntoResponse {
 mod tests {
     use super::*;
     use crate::clock::fake::FakeClock;
-    use crate::store::{NewCertificate, SqliteStore};
+    use crate::store::{NewCertificate, SqliteStore, Store};
     use signet_types::ledger::{GENESIS, sha256};
 
     fn cert(i: usize) -> NewCertificate {

@@ -10,7 +10,7 @@
 //!   out well before relying parties consider the old one stale).
 //! - [`CrlPublisher`] is the thin async shell. It takes the set of CA keys to publish for from
 //!   one place ([`CrlSigners`]: today the issuer's one signing key; the CA key manager at
-//!   merge), signs through the store ([`crate::store::RevocationStore::refresh_crl`], under a
+//!   merge), signs through the store ([`crate::store::CrlStore::refresh_crl`], under a
 //!   row lock, so CRL numbers only increase across restarts and replicas, and replicas
 //!   sharing a database serve the same bytes), and publishes: in the native bundle
 //!   (`Bundle.crls`, so `GetBundle` and `WatchBundle` carry them), over HTTP at
@@ -34,7 +34,7 @@ use crate::ca::Authority;
 use crate::ca::authority::to_offset;
 use crate::clock::{Clock, from_unix, unix};
 use crate::revocation::Reason;
-use crate::store::{RevokedRow, Store, StoreError, StoredCrl};
+use crate::store::{CrlStore, RevokedRow, StoreError, StoredCrl};
 
 /// `[crl]` in the server configuration.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -260,7 +260,7 @@ pub fn valid_key_id(key_id: &str) -> bool {
 
 /// Signs, stores and publishes the CRLs; see the module docs.
 pub struct CrlPublisher {
-    store: Arc<dyn Store>,
+    store: Arc<dyn CrlStore>,
     signers: Arc<dyn CrlSigners>,
     bundle: BundleHandle,
     dir: PathBuf,
@@ -291,7 +291,7 @@ pub enum PublishError {
 
 impl CrlPublisher {
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn CrlStore>,
         signers: Arc<dyn CrlSigners>,
         bundle: BundleHandle,
         dir: PathBuf,
@@ -654,7 +654,7 @@ mod tests {
     #[tokio::test]
     async fn the_publisher_numbers_increase_and_reissue_follows_the_clock() {
         use crate::clock::fake::FakeClock;
-        use crate::store::{NewCertificate, NewRevocation, SqliteStore};
+        use crate::store::{NewCertificate, NewRevocation, SqliteStore, Store};
         let dir = tempfile::tempdir().unwrap();
         let url = signet_testutil::sqlite_url(dir.path());
         let store: Arc<dyn Store> = Arc::new(

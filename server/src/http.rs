@@ -22,22 +22,22 @@ use tokio::net::TcpListener;
 use crate::config::LimitsConfig;
 use crate::ledger::LedgerProgress;
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::store::LedgerStore;
 
 #[derive(Clone)]
 struct HttpState {
-    store: Arc<dyn Store>,
+    store: Arc<dyn LedgerStore>,
     metrics: Arc<Metrics>,
     ledger: Option<Arc<LedgerProgress>>,
 }
 
-pub fn router(store: Arc<dyn Store>, metrics: Arc<Metrics>) -> Router {
+pub fn router(store: Arc<dyn LedgerStore>, metrics: Arc<Metrics>) -> Router {
     router_with(store, metrics, None)
 }
 
 /// The router, with `/readyz` also checking the ledger writer's progress.
 pub fn router_with(
-    store: Arc<dyn Store>,
+    store: Arc<dyn LedgerStore>,
     metrics: Arc<Metrics>,
     ledger: Option<Arc<LedgerProgress>>,
 ) -> Router {

@@ -2,7 +2,7 @@
 //!
 //! Every issuance sends its record to one background task and waits for the answer. The task
 //! takes everything already queued (up to `max_batch`) into a single
-//! [`Store::append_certificates`] transaction, then answers each waiter with its sequence
+//! [`LedgerStore::append_certificates`] transaction, then answers each waiter with its sequence
 //! number, or all of them with the same error. While one batch commits, the next accumulates
 //! in the queue, so durability costs one commit per batch rather than per certificate.
 //!
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::LedgerConfig;
-use crate::store::{NewCertificate, Store};
+use crate::store::{LedgerStore, NewCertificate};
 
 /// Why a certificate was not recorded. The caller must not return the certificate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -190,7 +190,11 @@ impl std::fmt::Debug for LedgerWriter {
 impl LedgerWriter {
     /// Starts the writer task on the current tokio runtime. It stops when every handle is
     /// dropped (after committing what is queued).
-    pub fn spawn(store: Arc<dyn Store>, cfg: &LedgerConfig, on_batch: OnBatch) -> LedgerWriter {
+    pub fn spawn(
+        store: Arc<dyn LedgerStore>,
+        cfg: &LedgerConfig,
+        on_batch: OnBatch,
+    ) -> LedgerWriter {
         let (tx, rx) = mpsc::channel(cfg.queue_depth.max(1));
         let progress = Arc::new(LedgerProgress::new(ReadyThresholds {
             max_wait: cfg.ready_max_wait,
@@ -235,7 +239,7 @@ impl LedgerWriter {
 }
 
 async fn run(
-    store: Arc<dyn Store>,
+    store: Arc<dyn LedgerStore>,
     mut rx: mpsc::Receiver<(NewCertificate, Reply)>,
     max_batch: usize,
     on_batch: OnBatch,
@@ -309,9 +313,7 @@ mod tests {
     use tokio::sync::Semaphore;
 
     use super::*;
-    use crate::store::{
-        AuditEvent, CertificateRow, LedgerHead, SqliteStore, StoreError, StoredCaKey,
-    };
+    use crate::store::{CertificateRow, LedgerHead, SqliteStore, Store, StoreError};
 
     fn cert(i: usize) -> NewCertificate {
         NewCertificate {
@@ -363,23 +365,10 @@ mod tests {
         }
     }
 
-    crate::store::nodes::impl_node_store_unsupported!(FakeStore);
-    crate::store::revocations::impl_revocation_store_unsupported!(FakeStore);
-    crate::store::ca_slots::impl_ca_slot_store_unsupported!(FakeStore);
-
     #[async_trait]
-    impl Store for FakeStore {
+    impl LedgerStore for FakeStore {
         async fn ping(&self) -> Result<(), StoreError> {
             Ok(())
-        }
-        async fn ca_key(&self, _: &str) -> Result<Option<StoredCaKey>, StoreError> {
-            Ok(None)
-        }
-        async fn insert_ca_key_if_absent(
-            &self,
-            k: &StoredCaKey,
-        ) -> Result<StoredCaKey, StoreError> {
-            Ok(k.clone())
         }
         async fn append_certificates(
             &self,
@@ -423,12 +412,6 @@ mod tests {
         }
         async fn count_certificates(&self) -> Result<u64, StoreError> {
             Ok(self.rows.lock().unwrap().len() as u64)
-        }
-        async fn record_audit_events(&self, _: &[AuditEvent]) -> Result<(), StoreError> {
-            Ok(())
-        }
-        async fn audit_events(&self, _: u64, _: u32) -> Result<Vec<AuditEvent>, StoreError> {
-            Ok(vec![])
         }
     }
 
@@ -552,22 +535,10 @@ mod tests {
     async fn a_dead_writer_answers_closed() {
         /// A store whose append panics: the writer task dies with replies outstanding.
         struct Panics;
-        crate::store::nodes::impl_node_store_unsupported!(Panics);
-        crate::store::revocations::impl_revocation_store_unsupported!(Panics);
-        crate::store::ca_slots::impl_ca_slot_store_unsupported!(Panics);
         #[async_trait]
-        impl Store for Panics {
+        impl LedgerStore for Panics {
             async fn ping(&self) -> Result<(), StoreError> {
                 Ok(())
-            }
-            async fn ca_key(&self, _: &str) -> Result<Option<StoredCaKey>, StoreError> {
-                Ok(None)
-            }
-            async fn insert_ca_key_if_absent(
-                &self,
-                k: &StoredCaKey,
-            ) -> Result<StoredCaKey, StoreError> {
-                Ok(k.clone())
             }
             async fn append_certificates(
                 &self,
@@ -593,12 +564,6 @@ mod tests {
                 unreachable!()
             }
             async fn count_certificates(&self) -> Result<u64, StoreError> {
-                unreachable!()
-            }
-            async fn record_audit_events(&self, _: &[AuditEvent]) -> Result<(), StoreError> {
-                unreachable!()
-            }
-            async fn audit_events(&self, _: u64, _: u32) -> Result<Vec<AuditEvent>, StoreError> {
                 unreachable!()
             }
         }

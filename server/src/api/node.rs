@@ -33,14 +33,14 @@ use crate::issuer::{Credentials, IssueInput, Issuer};
 use crate::nodes::JoinToken;
 use crate::policy::{EntryGrant, GrantSource};
 use crate::store::nodes::{ATTESTATION_JOIN_TOKEN, ATTESTATION_K8S_PSAT};
-use crate::store::{EntryRow, NodeRow, Store, TokenUse};
+use crate::store::{EntryRow, NodeRow, NodeStore, TokenUse};
 
 /// Most CSRs in one `SignWorkloads` call.
 pub const MAX_WORKLOADS_PER_CALL: usize = 256;
 
 pub struct NodeApi {
     issuer: Arc<Issuer>,
-    store: Arc<dyn Store>,
+    store: Arc<dyn NodeStore>,
     bundle: BundleHandle,
     max_message_bytes: usize,
     psat: Option<PsatAttestor>,
@@ -49,7 +49,7 @@ pub struct NodeApi {
 impl NodeApi {
     pub fn new(
         issuer: Arc<Issuer>,
-        store: Arc<dyn Store>,
+        store: Arc<dyn NodeStore>,
         bundle: BundleHandle,
         max_message_bytes: usize,
     ) -> Self {

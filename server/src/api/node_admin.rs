@@ -15,7 +15,7 @@ use crate::authn::AuthenticatedCaller;
 use crate::clock::unix;
 use crate::issuer::Issuer;
 use crate::nodes::{JoinToken, parse_parent, validate_entry, validate_node_id};
-use crate::store::{EntryRow, NewEntry, NodeRow, Store};
+use crate::store::{EntryRow, NewEntry, NodeRow, NodeStore};
 
 /// A join token's default and longest lifetime.
 const DEFAULT_TOKEN_TTL: i64 = 3600;
@@ -23,11 +23,11 @@ const MAX_TOKEN_TTL: i64 = 30 * 24 * 3600;
 
 pub struct NodeAdminApi {
     issuer: Arc<Issuer>,
-    store: Arc<dyn Store>,
+    store: Arc<dyn NodeStore>,
 }
 
 impl NodeAdminApi {
-    pub fn new(issuer: Arc<Issuer>, store: Arc<dyn Store>) -> Self {
+    pub fn new(issuer: Arc<Issuer>, store: Arc<dyn NodeStore>) -> Self {
         Self { issuer, store }
     }
 

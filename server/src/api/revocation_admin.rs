@@ -18,13 +18,13 @@ use crate::authn::AuthenticatedCaller;
 use crate::bundle::BundleHandle;
 use crate::crl::PublishedCrl;
 use crate::revocation::{Reason, RevokeError, Revoked, Revoker, parse_selector};
-use crate::store::{EventRow, Store};
+use crate::store::{EventRow, RevocationStore};
 
 const PAGE: u32 = 1000;
 
 pub struct RevocationAdminApi {
     revoker: Arc<Revoker>,
-    store: Arc<dyn Store>,
+    store: Arc<dyn RevocationStore>,
     bundle: BundleHandle,
     td: signet_types::TrustDomain,
 }
@@ -32,7 +32,7 @@ pub struct RevocationAdminApi {
 impl RevocationAdminApi {
     pub fn new(
         revoker: Arc<Revoker>,
-        store: Arc<dyn Store>,
+        store: Arc<dyn RevocationStore>,
         bundle: BundleHandle,
         td: signet_types::TrustDomain,
     ) -> Self {

@@ -1,4 +1,4 @@
-//! CA key slots: the [`CaSlotStore`] half of the store (see `ca::manager`).
+//! CA keys and their slots: the [`CaSlotStore`] part of the store (see `ca::manager`).
 //!
 //! Every change to the slots (a key prepared, activated, retired, removed, tainted) is one
 //! [`CaChange`] applied in one transaction that first moves the single `ca_generation` row
@@ -7,11 +7,41 @@
 //! concurrent replica's UPDATE waits for it, then re-evaluates its `WHERE` on the committed row
 //! and matches nothing, so its (now stale) change is rolled back. Each transition therefore
 //! happens exactly once across replicas sharing one database, and its audit events are written
-//! in the same transaction: one transition, one event. The SQL is the same on both databases.
+//! in the same transaction: one transition, one event.
+//!
+//! The first root is created once across replicas starting together: the insert of
+//! [`CaSlotStore::insert_ca_key_if_absent`] loses to a concurrent one on the `slot` unique
+//! constraint and reads the winner back.
+//!
+//! The SQL is the same on both databases, so it is written once ([`impl_ca_slot_store`]).
 
 use async_trait::async_trait;
 
-use super::{AuditEvent, StoreError};
+use super::audit::AuditEvent;
+use super::error::StoreError;
+
+/// A CA key as kept in the database. The private key is encrypted (see `ca::kek`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoredCaKey {
+    pub id: String,
+    /// At most one key per slot (`root` for the generated root): the insert race's referee.
+    pub slot: String,
+    pub algorithm: String,
+    pub cert_pem: String,
+    pub encrypted_key: Vec<u8>,
+    pub created_at: i64,
+}
+
+impl std::fmt::Debug for StoredCaKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoredCaKey")
+            .field("id", &self.id)
+            .field("slot", &self.slot)
+            .field("algorithm", &self.algorithm)
+            .field("encrypted_key", &"…")
+            .finish_non_exhaustive()
+    }
+}
 
 /// A `ca_keys` row. The private key is sealed under the KEK (see `ca::kek`).
 #[derive(Clone, PartialEq, Eq)]
@@ -77,7 +107,14 @@ pub struct CaKeyUsage {
 }
 
 #[async_trait]
-pub trait CaSlotStore: Send + Sync {
+pub trait CaSlotStore: Send + Sync + 'static {
+    /// The CA key in `slot`, if any.
+    async fn ca_key(&self, slot: &str) -> Result<Option<StoredCaKey>, StoreError>;
+
+    /// Inserts `key` unless its slot is taken; returns whichever key holds the slot afterwards
+    /// (ours, or the one a concurrent replica inserted first).
+    async fn insert_ca_key_if_absent(&self, key: &StoredCaKey) -> Result<StoredCaKey, StoreError>;
+
     /// The slot generation and every slot, oldest first. The generation is read first, so a
     /// change committed between the two reads makes a change based on them stale (never the
     /// reverse).
@@ -145,8 +182,31 @@ impl From<DbCaSlot> for CaSlotRow {
     }
 }
 
-pub(super) fn count(n: i64) -> Result<u64, StoreError> {
-    u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("negative count {n}")))
+/// The `ca_keys` columns of a [`StoredCaKey`], in [`DbCaKey`]'s order.
+pub(super) const CA_KEY_COLUMNS: &str = "id, slot, algorithm, cert_pem, encrypted_key, created_at";
+
+/// A `ca_keys` row as [`StoredCaKey`] sees it, as both drivers decode it.
+#[derive(sqlx::FromRow)]
+pub(super) struct DbCaKey {
+    id: String,
+    slot: String,
+    algorithm: String,
+    cert_pem: String,
+    encrypted_key: Vec<u8>,
+    created_at: i64,
+}
+
+impl From<DbCaKey> for StoredCaKey {
+    fn from(r: DbCaKey) -> Self {
+        StoredCaKey {
+            id: r.id,
+            slot: r.slot,
+            algorithm: r.algorithm,
+            cert_pem: r.cert_pem,
+            encrypted_key: r.encrypted_key,
+            created_at: r.created_at,
+        }
+    }
 }
 
 /// `$first, $first+1, …` for `n` values.
@@ -157,14 +217,56 @@ pub(super) fn placeholders(first: usize, n: usize) -> String {
         .join(", ")
 }
 
+/// Implements [`CaSlotStore`] for a backend with a `pool` field.
 macro_rules! impl_ca_slot_store {
     ($store:ty, $map:path) => {
         #[async_trait::async_trait]
         impl $crate::store::ca_slots::CaSlotStore for $store {
+            async fn ca_key(
+                &self,
+                slot: &str,
+            ) -> Result<Option<$crate::store::ca_slots::StoredCaKey>, StoreError> {
+                use $crate::store::ca_slots::{CA_KEY_COLUMNS, DbCaKey};
+                let row: Option<DbCaKey> = sqlx::query_as(&format!(
+                    "SELECT {CA_KEY_COLUMNS} FROM ca_keys WHERE slot = $1"
+                ))
+                .bind(slot)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err($map)?;
+                Ok(row.map(Into::into))
+            }
+
+            async fn insert_ca_key_if_absent(
+                &self,
+                key: &$crate::store::ca_slots::StoredCaKey,
+            ) -> Result<$crate::store::ca_slots::StoredCaKey, StoreError> {
+                // ON CONFLICT waits for a concurrent inserter of the same slot to commit
+                // (PostgreSQL; SQLite has one writer at a time), so the read below (a fresh
+                // snapshot under READ COMMITTED) sees the winner.
+                sqlx::query(
+                    "INSERT INTO ca_keys (id, slot, algorithm, cert_pem, encrypted_key, \
+                     created_at) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (slot) DO NOTHING",
+                )
+                .bind(&key.id)
+                .bind(&key.slot)
+                .bind(&key.algorithm)
+                .bind(&key.cert_pem)
+                .bind(&key.encrypted_key)
+                .bind(key.created_at)
+                .execute(&self.pool)
+                .await
+                .map_err($map)?;
+                self.ca_key(&key.slot).await?.ok_or_else(|| {
+                    StoreError::Database(format!("CA key slot {:?} empty after insert", key.slot))
+                })
+            }
+
             async fn ca_slots(
                 &self,
             ) -> Result<(u64, Vec<$crate::store::ca_slots::CaSlotRow>), StoreError> {
-                use $crate::store::ca_slots::{CA_SLOT_COLUMNS, DbCaSlot, count};
+                use $crate::store::ca_slots::{CA_SLOT_COLUMNS, DbCaSlot};
+                use $crate::store::rows::count;
                 let (generation,): (i64,) =
                     sqlx::query_as("SELECT gen FROM ca_generation WHERE id = 1")
                         .fetch_one(&self.pool)
@@ -267,10 +369,7 @@ macro_rules! impl_ca_slot_store {
                     }
                 }
                 for e in &change.audit {
-                    sqlx::query(
-                        "INSERT INTO audit_events (at, kind, caller, detail) \
-                         VALUES ($1, $2, $3, $4)",
-                    )
+                    sqlx::query($crate::store::audit::INSERT_ONE)
                     .bind(e.at)
                     .bind(&e.kind)
                     .bind(&e.caller)
@@ -287,7 +386,8 @@ macro_rules! impl_ca_slot_store {
                 &self,
                 now: i64,
             ) -> Result<Vec<$crate::store::ca_slots::CaKeyUsage>, StoreError> {
-                use $crate::store::ca_slots::{CaKeyUsage, count};
+                use $crate::store::ca_slots::CaKeyUsage;
+                use $crate::store::rows::count;
                 let rows: Vec<(String, i64, i64)> = sqlx::query_as(
                     "SELECT ca_key_id, COUNT(*), MAX(not_after) FROM certificates \
                      WHERE not_after > $1 AND revoked_at IS NULL GROUP BY ca_key_id",
@@ -313,7 +413,8 @@ macro_rules! impl_ca_slot_store {
                 now: i64,
                 limit: u32,
             ) -> Result<Vec<(String, u64)>, StoreError> {
-                use $crate::store::ca_slots::{count, placeholders};
+                use $crate::store::ca_slots::placeholders;
+                use $crate::store::rows::count;
                 if key_ids.is_empty() {
                     return Ok(Vec::new());
                 }
@@ -339,45 +440,6 @@ macro_rules! impl_ca_slot_store {
 }
 
 pub(crate) use impl_ca_slot_store;
-
-#[cfg(test)]
-macro_rules! impl_ca_slot_store_unsupported {
-    ($store:ty) => {
-        #[async_trait::async_trait]
-        impl $crate::store::ca_slots::CaSlotStore for $store {
-            async fn ca_slots(
-                &self,
-            ) -> Result<(u64, Vec<$crate::store::ca_slots::CaSlotRow>), $crate::store::StoreError>
-            {
-                Err($crate::store::nodes::unsupported())
-            }
-            async fn apply_ca_change(
-                &self,
-                _: u64,
-                _: &$crate::store::ca_slots::CaChange,
-            ) -> Result<bool, $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-            async fn ca_key_usage(
-                &self,
-                _: i64,
-            ) -> Result<Vec<$crate::store::ca_slots::CaKeyUsage>, $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-            async fn ca_key_holders(
-                &self,
-                _: &[String],
-                _: i64,
-                _: u32,
-            ) -> Result<Vec<(String, u64)>, $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-        }
-    };
-}
-
-#[cfg(test)]
-pub(crate) use impl_ca_slot_store_unsupported;
 
 #[cfg(test)]
 mod tests {

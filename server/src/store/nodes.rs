@@ -1,4 +1,4 @@
-//! Join tokens, attested nodes and registration entries: the [`NodeStore`] half of the store.
+//! Join tokens, attested nodes and registration entries: the [`NodeStore`] part of the store.
 //!
 //! The SQL is the same on both databases (sqlx's SQLite driver accepts `$N` placeholders, and
 //! both speak `RETURNING` and `ON CONFLICT`), so one macro implements the trait for both.
@@ -11,7 +11,7 @@
 
 use async_trait::async_trait;
 
-use super::StoreError;
+use super::error::StoreError;
 
 /// How [`NodeStore::consume_join_token`] went. Only `Consumed` attests.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -533,104 +533,3 @@ macro_rules! impl_node_store {
 }
 
 pub(super) use impl_node_store;
-
-/// For test doubles of [`super::Store`] that have no node tables: every method fails.
-#[cfg(test)]
-macro_rules! impl_node_store_unsupported {
-    ($store:ty) => {
-        #[async_trait::async_trait]
-        impl $crate::store::NodeStore for $store {
-            async fn create_join_token(
-                &self,
-                _: &str,
-                _: &str,
-                _: i64,
-                _: i64,
-            ) -> Result<(), $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-            async fn consume_join_token(
-                &self,
-                _: &str,
-                _: i64,
-            ) -> Result<$crate::store::TokenUse, $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-            async fn release_join_token(
-                &self,
-                _: &str,
-                _: i64,
-            ) -> Result<bool, $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-            async fn upsert_attested_node(
-                &self,
-                _: &$crate::store::NodeRow,
-            ) -> Result<(), $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-            async fn update_node_certificate(
-                &self,
-                _: &str,
-                _: &str,
-                _: i64,
-            ) -> Result<(), $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-            async fn node(
-                &self,
-                _: &str,
-            ) -> Result<Option<$crate::store::NodeRow>, $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-            async fn list_nodes(
-                &self,
-            ) -> Result<Vec<$crate::store::NodeRow>, $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-            async fn ban_node(
-                &self,
-                _: &str,
-                _: i64,
-            ) -> Result<Option<$crate::store::NodeRow>, $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-            async fn create_entry(
-                &self,
-                _: &$crate::store::NewEntry,
-            ) -> Result<$crate::store::EntryRow, $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-            async fn entry(
-                &self,
-                _: &str,
-            ) -> Result<Option<$crate::store::EntryRow>, $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-            async fn list_entries(
-                &self,
-                _: Option<&str>,
-            ) -> Result<Vec<$crate::store::EntryRow>, $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-            async fn delete_entry(&self, _: &str) -> Result<bool, $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-            async fn entries_for_parent_since(
-                &self,
-                _: &str,
-                _: u64,
-            ) -> Result<$crate::store::EntrySync, $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-        }
-    };
-}
-
-#[cfg(test)]
-pub(crate) use impl_node_store_unsupported;
-
-#[cfg(test)]
-pub(crate) fn unsupported() -> StoreError {
-    StoreError::Database("this test store has no node tables".into())
-}

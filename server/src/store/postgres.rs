@@ -1,25 +1,32 @@
 //! The production store: PostgreSQL, shared by any number of replicas.
+//!
+//! Only what differs from SQLite lives here; every query is shared (see `store`):
+//! - connecting: a bounded first connection, sqlx's advisory-locked migrations (replicas
+//!   starting together migrate once), and per-session `lock_timeout`, `statement_timeout` and
+//!   `idle_in_transaction_session_timeout`;
+//! - error classification: connection, shutdown, resource and timeout SQLSTATEs are retryable;
+//! - locking: row locks (`SELECT … FOR UPDATE`) on the ledger head and CRL rows, since
+//!   replicas write concurrently;
+//! - batch inserts: one `UNNEST` statement per batch (one round trip), where SQLite inserts row
+//!   by row.
 
 use std::str::FromStr;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::config::DatabaseConfig;
 
-use super::rows::{self, CA_KEY_COLUMNS, CERT_COLUMNS, DbAuditEvent, DbCaKey, DbCertificate};
-use super::sqlite::map_migrate_err;
-use super::{
-    AuditEvent, CertificateRow, LedgerHead, NewCertificate, Store, StoreError, StoredCaKey,
-};
+use super::audit::AuditEvent;
+use super::error::StoreError;
+use super::rows::Chained;
 
 /// Bounds the first connection at startup, so an unreachable database answers quickly.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(super) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
 
-/// A [`Store`] on PostgreSQL.
+/// A [`super::Store`] on PostgreSQL.
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
@@ -60,10 +67,36 @@ impl PgStore {
             StoreError::Unavailable(format!(
                 "no connection to PostgreSQL within {CONNECT_TIMEOUT:?}"
             ))
-        })??;
-        MIGRATOR.run(&pool).await.map_err(map_migrate_err)?;
+        })?
+        .map_err(map_err)?;
+        MIGRATOR
+            .run(&pool)
+            .await
+            .map_err(|e| StoreError::from_migration(e, map_err))?;
         Ok(Self { pool })
     }
+}
+
+/// Classifies a PostgreSQL error: the retryable SQLSTATEs ([`retryable_sqlstate`]) are
+/// Unavailable; the rest as every driver's (see [`StoreError`]).
+fn map_err(e: sqlx::Error) -> StoreError {
+    if let sqlx::Error::Database(db) = &e
+        && db.code().is_some_and(|c| retryable_sqlstate(&c))
+    {
+        return StoreError::Unavailable(e.to_string());
+    }
+    StoreError::from_driver(e)
+}
+
+/// Class 08 (connection exception), 57P0x (the server is shutting down or cannot connect
+/// now), class 53 (insufficient resources), 55P03 (`lock_timeout`), 57014
+/// (`statement_timeout`, or a cancel), 25P03 (`idle_in_transaction_session_timeout`): the
+/// database is unreachable or busy for now, so a retry can succeed.
+fn retryable_sqlstate(code: &str) -> bool {
+    code.starts_with("08")
+        || code.starts_with("57P")
+        || code.starts_with("53")
+        || matches!(code, "55P03" | "57014" | "25P03")
 }
 
 /// The settings every session starts with (PostgreSQL's startup `options`), in milliseconds.
@@ -79,60 +112,27 @@ fn session_settings(cfg: &DatabaseConfig) -> [(&'static str, String); 3] {
     ]
 }
 
-super::nodes::impl_node_store!(PgStore, StoreError::from);
-super::revocations::impl_revocation_store!(PgStore, StoreError::from, "BEGIN", " FOR UPDATE");
-super::ca_slots::impl_ca_slot_store!(PgStore, StoreError::from);
+/// Opens a writing transaction (READ COMMITTED); the rows it must serialize on are locked
+/// explicitly with [`LOCK_READ`].
+const BEGIN_WRITE: &str = "BEGIN";
+/// Appended to a `SELECT` that must lock the rows it reads (the ledger head, a CRL row), so
+/// concurrent replicas wait for each other's commit instead of reading a stale row.
+const LOCK_READ: &str = " FOR UPDATE";
 
-#[async_trait]
-impl Store for PgStore {
-    async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
-    }
+super::ledger::impl_ledger_store!(PgStore, map_err, BEGIN_WRITE, LOCK_READ);
+super::audit::impl_audit_store!(PgStore, map_err);
+super::revocations::impl_revocation_store!(PgStore, map_err, BEGIN_WRITE, LOCK_READ);
+super::crls::impl_crl_store!(PgStore, map_err, BEGIN_WRITE, LOCK_READ);
+super::ca_slots::impl_ca_slot_store!(PgStore, map_err);
+super::nodes::impl_node_store!(PgStore, map_err);
 
-    async fn ca_key(&self, slot: &str) -> Result<Option<StoredCaKey>, StoreError> {
-        let row: Option<DbCaKey> = sqlx::query_as(&format!(
-            "SELECT {CA_KEY_COLUMNS} FROM ca_keys WHERE slot = $1"
-        ))
-        .bind(slot)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(StoredCaKey::from))
-    }
-
-    async fn insert_ca_key_if_absent(&self, key: &StoredCaKey) -> Result<StoredCaKey, StoreError> {
-        // ON CONFLICT waits for a concurrent inserter of the same slot to commit, so the
-        // read below (a fresh snapshot under READ COMMITTED) sees the winner.
-        sqlx::query(
-            "INSERT INTO ca_keys (id, slot, algorithm, cert_pem, encrypted_key, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (slot) DO NOTHING",
-        )
-        .bind(&key.id)
-        .bind(&key.slot)
-        .bind(&key.algorithm)
-        .bind(&key.cert_pem)
-        .bind(&key.encrypted_key)
-        .bind(key.created_at)
-        .execute(&self.pool)
-        .await?;
-        self.ca_key(&key.slot).await?.ok_or_else(|| {
-            StoreError::Database(format!("CA key slot {:?} empty after insert", key.slot))
-        })
-    }
-
-    async fn append_certificates(&self, batch: &[NewCertificate]) -> Result<Vec<u64>, StoreError> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut tx = self.pool.begin().await?;
-        // The one lock per batch: replicas extend a single chain in a total order.
-        let (head_seq, head_hash): (i64, Vec<u8>) =
-            sqlx::query_as("SELECT seq, hash FROM ledger_head WHERE id = 1 FOR UPDATE")
-                .fetch_one(&mut *tx)
-                .await?;
-        let head = rows::head(head_seq, &head_hash)?;
-        let (chained, new_seq, new_hash) = rows::chain(head.seq, head.hash, batch)?;
-
+/// The batch inserts: the whole batch in one statement (`UNNEST` of one array per column), one
+/// round trip however large the batch.
+impl PgStore {
+    async fn insert_chained(
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        chained: Vec<Chained<'_>>,
+    ) -> Result<(), StoreError> {
         let n = chained.len();
         let mut seq = Vec::with_capacity(n);
         let mut serial = Vec::with_capacity(n);
@@ -168,7 +168,6 @@ impl Store for PgStore {
             request_id.push(r.cert.request_id.as_str());
             provenance.push(r.cert.provenance.as_str());
         }
-        // The whole batch in one statement: one round trip however large the batch.
         sqlx::query(
             "INSERT INTO certificates (seq, serial, spiffe_id, dns_names, ip_addresses, \
              not_before, not_after, issued_at, cert_sha256, prev_hash, hash, cert_der, \
@@ -193,79 +192,13 @@ impl Store for PgStore {
         .bind(&caller)
         .bind(&request_id)
         .bind(&provenance)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query("UPDATE ledger_head SET seq = $1, hash = $2 WHERE id = 1")
-            .bind(rows::db_seq(new_seq)?)
-            .bind(&new_hash[..])
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok((head.seq + 1..=new_seq).collect())
+        .execute(&mut **tx)
+        .await
+        .map_err(map_err)?;
+        Ok(())
     }
 
-    async fn ledger_head(&self) -> Result<LedgerHead, StoreError> {
-        let (seq, hash): (i64, Vec<u8>) =
-            sqlx::query_as("SELECT seq, hash FROM ledger_head WHERE id = 1")
-                .fetch_one(&self.pool)
-                .await?;
-        rows::head(seq, &hash)
-    }
-
-    async fn list_certificates(
-        &self,
-        after_seq: u64,
-        limit: u32,
-        spiffe_id: Option<&str>,
-    ) -> Result<Vec<CertificateRow>, StoreError> {
-        let found: Vec<DbCertificate> =
-            match spiffe_id {
-                Some(id) => {
-                    sqlx::query_as(&format!(
-                        "SELECT {CERT_COLUMNS} FROM certificates \
-                     WHERE spiffe_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
-                    ))
-                    .bind(id)
-                    .bind(rows::after(after_seq))
-                    .bind(rows::limit(limit))
-                    .fetch_all(&self.pool)
-                    .await?
-                }
-                None => sqlx::query_as(&format!(
-                    "SELECT {CERT_COLUMNS} FROM certificates WHERE seq > $1 ORDER BY seq LIMIT $2"
-                ))
-                .bind(rows::after(after_seq))
-                .bind(rows::limit(limit))
-                .fetch_all(&self.pool)
-                .await?,
-            };
-        found.into_iter().map(CertificateRow::try_from).collect()
-    }
-
-    async fn certificate_by_serial(
-        &self,
-        serial: &str,
-    ) -> Result<Option<CertificateRow>, StoreError> {
-        let found: Option<DbCertificate> = sqlx::query_as(&format!(
-            "SELECT {CERT_COLUMNS} FROM certificates WHERE serial = $1"
-        ))
-        .bind(serial)
-        .fetch_optional(&self.pool)
-        .await?;
-        found.map(CertificateRow::try_from).transpose()
-    }
-
-    async fn count_certificates(&self) -> Result<u64, StoreError> {
-        let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM certificates")
-            .fetch_one(&self.pool)
-            .await?;
-        u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("negative count {n}")))
-    }
-
-    async fn record_audit_events(&self, events: &[AuditEvent]) -> Result<(), StoreError> {
-        if events.is_empty() {
-            return Ok(());
-        }
+    async fn insert_audit_events(&self, events: &[AuditEvent]) -> Result<(), StoreError> {
         let at: Vec<i64> = events.iter().map(|e| e.at).collect();
         let kind: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
         let caller: Vec<&str> = events.iter().map(|e| e.caller.as_str()).collect();
@@ -282,19 +215,30 @@ impl Store for PgStore {
         .bind(&caller)
         .bind(&detail)
         .execute(&self.pool)
-        .await?;
+        .await
+        .map_err(map_err)?;
         Ok(())
     }
+}
 
-    async fn audit_events(&self, after_id: u64, limit: u32) -> Result<Vec<AuditEvent>, StoreError> {
-        let found: Vec<DbAuditEvent> = sqlx::query_as(
-            "SELECT id, at, kind, caller, detail FROM audit_events \
-             WHERE id > $1 ORDER BY id LIMIT $2",
-        )
-        .bind(rows::after(after_id))
-        .bind(rows::limit(limit))
-        .fetch_all(&self.pool)
-        .await?;
-        found.into_iter().map(AuditEvent::try_from).collect()
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn connection_shutdown_resource_and_timeout_states_are_retryable() {
+        for code in [
+            "08000", "08003", "08006", "08001", "57P01", "57P02", "57P03", "53000", "53100",
+            "53200", "53300", "55P03", "57014", "25P03",
+        ] {
+            assert!(super::retryable_sqlstate(code), "{code}");
+        }
+        // unique_violation, foreign_key_violation, serialization_failure, deadlock_detected,
+        // undefined_table, syntax_error, operator_intervention, invalid_text_representation:
+        // not retryable today (a retry of the same request fails the same way, or the caller
+        // decides).
+        for code in [
+            "23505", "23503", "40001", "40P01", "42P01", "42601", "57000", "22P02",
+        ] {
+            assert!(!super::retryable_sqlstate(code), "{code}");
+        }
     }
 }

@@ -1,24 +1,21 @@
-//! Revocations and CRLs: the [`RevocationStore`] half of the store.
+//! Revocations: the [`RevocationStore`] part of the store.
 //!
 //! A revocation is a ledger *event* ([`signet_types::ledger::LedgerEvent`]): appended to the
 //! one hash chain certificates and events share, under the same `ledger_head` lock as a batch
 //! of certificates, in the same transaction that sets the certificate row's `revoked_at` and
-//! `revocation_reason` (a lookup index; the event is the record). The head lock serialises
-//! every revocation with every other ledger write, across replicas, so the check "not revoked
-//! yet" and the event that revokes cannot race: a certificate is revoked once.
-//!
-//! The last CRL each CA key signed is kept in `crl_state` (number, DER, thisUpdate,
-//! nextUpdate, and the revocation mark it covers). [`RevocationStore::refresh_crl`] reads and
-//! replaces it under a row lock (PostgreSQL `SELECT … FOR UPDATE`; SQLite `BEGIN IMMEDIATE`), so
-//! replicas sharing one database never reuse a CRL number and publish the same bytes.
+//! `revocation_reason` (a lookup index; the event is the record). Invariant: the head lock
+//! serialises every revocation with every other ledger write, across replicas, so the check
+//! "not revoked yet" and the event that revokes cannot race: a certificate is revoked once.
+//! The CRLs built from the index are `store::crls`.
 //!
 //! The SQL is the same on both databases except for how the transaction takes its lock, so
-//! one macro implements the trait for both.
+//! it is written once ([`impl_revocation_store`]).
 
 use async_trait::async_trait;
 use signet_types::ledger::{Hash, LedgerEvent};
 
-use super::{CertificateRow, StoreError};
+use super::error::StoreError;
+use super::ledger::CertificateRow;
 
 /// Which certificates [`RevocationStore::revocable_certificates`] narrows to (by an indexed
 /// column); the caller filters further (e.g. by provenance).
@@ -66,47 +63,6 @@ pub struct EventRow {
     pub hash: Hash,
 }
 
-/// A revoked certificate as a CRL lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RevokedRow {
-    pub serial: String,
-    pub revoked_at: i64,
-    pub reason: String,
-    pub not_after: i64,
-}
-
-/// The last CRL a CA key signed.
-#[derive(Clone, PartialEq, Eq)]
-pub struct StoredCrl {
-    pub ca_key_id: String,
-    /// The CRL number; 1 for the first.
-    pub number: u64,
-    pub der: Vec<u8>,
-    /// Unix seconds.
-    pub this_update: i64,
-    pub next_update: i64,
-    /// The revocation mark ([`RevocationStore::revocation_mark`]) it covers.
-    pub mark: u64,
-}
-
-impl std::fmt::Debug for StoredCrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StoredCrl")
-            .field("ca_key_id", &self.ca_key_id)
-            .field("number", &self.number)
-            .field("der_len", &self.der.len())
-            .field("this_update", &self.this_update)
-            .field("next_update", &self.next_update)
-            .field("mark", &self.mark)
-            .finish()
-    }
-}
-
-/// Called by [`RevocationStore::refresh_crl`] under the lock with the key's current CRL: `None`
-/// keeps it; `Some` replaces it (its number must be the current one plus one, or 1).
-pub type CrlSigner<'a> =
-    &'a (dyn Fn(Option<&StoredCrl>) -> Result<Option<StoredCrl>, String> + Send + Sync);
-
 #[async_trait]
 pub trait RevocationStore: Send + Sync + 'static {
     /// Unrevoked certificates with `not_after > now` and `seq > after_seq`, by seq, at most
@@ -135,29 +91,6 @@ pub trait RevocationStore: Send + Sync + 'static {
 
     /// The events about the certificate with `serial`, ascending.
     async fn events_for_serial(&self, serial: &str) -> Result<Vec<EventRow>, StoreError>;
-
-    /// The revoked certificates issued by `ca_key_id` that expire after `not_after_after`, by
-    /// seq.
-    async fn revoked_certificates(
-        &self,
-        ca_key_id: &str,
-        not_after_after: i64,
-    ) -> Result<Vec<RevokedRow>, StoreError>;
-
-    /// Moves on with every revocation: the seq of the last ledger event (0: none yet). Cheap
-    /// (the primary key's maximum); replicas poll it to notice each other's revocations.
-    async fn revocation_mark(&self) -> Result<u64, StoreError>;
-
-    /// The CRL `ca_key_id` last signed, if any.
-    async fn stored_crl(&self, ca_key_id: &str) -> Result<Option<StoredCrl>, StoreError>;
-
-    /// Locks `ca_key_id`'s CRL row, lets `sign` decide from the current one whether to sign a
-    /// new one, stores that, and returns whichever is current afterwards.
-    async fn refresh_crl(
-        &self,
-        ca_key_id: &str,
-        sign: CrlSigner<'_>,
-    ) -> Result<Option<StoredCrl>, StoreError>;
 }
 
 /// A `ledger_events` row as both drivers decode it.
@@ -206,39 +139,6 @@ impl TryFrom<DbEvent> for EventRow {
     }
 }
 
-/// A `crl_state` row as both drivers decode it.
-#[derive(sqlx::FromRow)]
-pub(super) struct DbCrl {
-    ca_key_id: String,
-    number: i64,
-    der: Vec<u8>,
-    this_update: i64,
-    next_update: i64,
-    mark: i64,
-}
-
-pub(super) const CRL_COLUMNS: &str = "ca_key_id, number, der, this_update, next_update, mark";
-
-impl TryFrom<DbCrl> for StoredCrl {
-    type Error = StoreError;
-
-    fn try_from(r: DbCrl) -> Result<Self, StoreError> {
-        let num = |v: i64, what: &str| {
-            u64::try_from(v).map_err(|_| {
-                StoreError::Corrupt(format!("CRL of {}: negative {what}", r.ca_key_id))
-            })
-        };
-        Ok(StoredCrl {
-            number: num(r.number, "number")?,
-            mark: num(r.mark, "mark")?,
-            ca_key_id: r.ca_key_id,
-            der: r.der,
-            this_update: r.this_update,
-            next_update: r.next_update,
-        })
-    }
-}
-
 /// The `WHERE` clause and bound value of a filter (`$3` in the caller's query).
 pub(super) fn filter_sql(filter: &CertFilter) -> (&'static str, Option<&str>) {
     match filter {
@@ -246,10 +146,6 @@ pub(super) fn filter_sql(filter: &CertFilter) -> (&'static str, Option<&str>) {
         CertFilter::CaKey(k) => (" AND ca_key_id = $3", Some(k.as_str())),
         CertFilter::Any => ("", None),
     }
-}
-
-pub(super) fn i64_of(v: u64, what: &str) -> Result<i64, StoreError> {
-    i64::try_from(v).map_err(|_| StoreError::Database(format!("{what} {v} out of range")))
 }
 
 /// Implements [`RevocationStore`] for a store with a `pool` field. `$begin` is the statement
@@ -266,7 +162,7 @@ macro_rules! impl_revocation_store {
                 now: i64,
                 after_seq: u64,
                 limit: u32,
-            ) -> Result<Vec<$crate::store::CertificateRow>, StoreError> {
+            ) -> Result<Vec<$crate::store::ledger::CertificateRow>, StoreError> {
                 let (clause, value) = $crate::store::revocations::filter_sql(filter);
                 let sql = format!(
                     "SELECT {} FROM certificates WHERE revoked_at IS NULL AND not_after > $1 \
@@ -283,7 +179,7 @@ macro_rules! impl_revocation_store {
                 let found = q.fetch_all(&self.pool).await.map_err($map)?;
                 found
                     .into_iter()
-                    .map($crate::store::CertificateRow::try_from)
+                    .map($crate::store::ledger::CertificateRow::try_from)
                     .collect()
             }
 
@@ -320,7 +216,8 @@ macro_rules! impl_revocation_store {
                 &self,
                 batch: &[$crate::store::revocations::NewRevocation],
             ) -> Result<Vec<$crate::store::revocations::RevocationOutcome>, StoreError> {
-                use $crate::store::revocations::{RevocationOutcome, i64_of};
+                use $crate::store::revocations::RevocationOutcome;
+                use $crate::store::rows::i64_of;
                 use signet_types::ledger::{EVENT_REVOKE, LedgerEvent, event_hash};
                 if batch.is_empty() {
                     return Ok(Vec::new());
@@ -350,7 +247,7 @@ macro_rules! impl_revocation_store {
                         out.push(RevocationOutcome::Unknown);
                         continue;
                     };
-                    let row = $crate::store::CertificateRow::try_from(found)?;
+                    let row = $crate::store::ledger::CertificateRow::try_from(found)?;
                     if let Some(at) = row.revoked_at {
                         out.push(RevocationOutcome::AlreadyRevoked {
                             at,
@@ -473,193 +370,8 @@ macro_rules! impl_revocation_store {
                     .map($crate::store::revocations::EventRow::try_from)
                     .collect()
             }
-
-            async fn revoked_certificates(
-                &self,
-                ca_key_id: &str,
-                not_after_after: i64,
-            ) -> Result<Vec<$crate::store::revocations::RevokedRow>, StoreError> {
-                let found: Vec<(String, i64, Option<String>, i64)> = sqlx::query_as(
-                    "SELECT serial, revoked_at, revocation_reason, not_after FROM certificates \
-                     WHERE ca_key_id = $1 AND revoked_at IS NOT NULL AND not_after > $2 \
-                     ORDER BY seq",
-                )
-                .bind(ca_key_id)
-                .bind(not_after_after)
-                .fetch_all(&self.pool)
-                .await
-                .map_err($map)?;
-                Ok(found
-                    .into_iter()
-                    .map(
-                        |(serial, revoked_at, reason, not_after)| {
-                            $crate::store::revocations::RevokedRow {
-                                serial,
-                                revoked_at,
-                                reason: reason.unwrap_or_default(),
-                                not_after,
-                            }
-                        },
-                    )
-                    .collect())
-            }
-
-            async fn revocation_mark(&self) -> Result<u64, StoreError> {
-                let (m,): (Option<i64>,) = sqlx::query_as("SELECT MAX(seq) FROM ledger_events")
-                    .fetch_one(&self.pool)
-                    .await
-                    .map_err($map)?;
-                let m = m.unwrap_or(0);
-                u64::try_from(m)
-                    .map_err(|_| StoreError::Corrupt(format!("negative ledger event seq {m}")))
-            }
-
-            async fn stored_crl(
-                &self,
-                ca_key_id: &str,
-            ) -> Result<Option<$crate::store::revocations::StoredCrl>, StoreError> {
-                let found: Option<$crate::store::revocations::DbCrl> = sqlx::query_as(&format!(
-                    "SELECT {} FROM crl_state WHERE ca_key_id = $1",
-                    $crate::store::revocations::CRL_COLUMNS
-                ))
-                .bind(ca_key_id)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err($map)?;
-                found
-                    .map($crate::store::revocations::StoredCrl::try_from)
-                    .transpose()
-            }
-
-            async fn refresh_crl(
-                &self,
-                ca_key_id: &str,
-                sign: $crate::store::revocations::CrlSigner<'_>,
-            ) -> Result<Option<$crate::store::revocations::StoredCrl>, StoreError> {
-                use $crate::store::revocations::{DbCrl, StoredCrl, i64_of};
-                let mut tx = self.pool.begin_with($begin).await.map_err($map)?;
-                // The row may not exist yet: create it (number 0: no CRL yet) so that there is
-                // a row to lock. Concurrent creators wait for each other on the key.
-                sqlx::query(
-                    "INSERT INTO crl_state (ca_key_id, number, der, this_update, next_update, mark) \
-                     VALUES ($1, 0, $2, 0, 0, 0) ON CONFLICT (ca_key_id) DO NOTHING",
-                )
-                .bind(ca_key_id)
-                .bind(Vec::<u8>::new())
-                .execute(&mut *tx)
-                .await
-                .map_err($map)?;
-                let current: DbCrl = sqlx::query_as(&format!(
-                    "SELECT {} FROM crl_state WHERE ca_key_id = $1{}",
-                    $crate::store::revocations::CRL_COLUMNS,
-                    $lock
-                ))
-                .bind(ca_key_id)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err($map)?;
-                let current = StoredCrl::try_from(current)?;
-                let current = (current.number > 0).then_some(current);
-                let next = sign(current.as_ref()).map_err(StoreError::Database)?;
-                let Some(next) = next else {
-                    tx.commit().await.map_err($map)?;
-                    return Ok(current);
-                };
-                let expected = current.as_ref().map_or(1, |c| c.number + 1);
-                if next.number != expected || next.ca_key_id != ca_key_id {
-                    return Err(StoreError::Database(format!(
-                        "CRL of {ca_key_id}: number {} signed where {expected} was due",
-                        next.number
-                    )));
-                }
-                sqlx::query(
-                    "UPDATE crl_state SET number = $1, der = $2, this_update = $3, \
-                     next_update = $4, mark = $5 WHERE ca_key_id = $6",
-                )
-                .bind(i64_of(next.number, "CRL number")?)
-                .bind(&next.der)
-                .bind(next.this_update)
-                .bind(next.next_update)
-                .bind(i64_of(next.mark, "mark")?)
-                .bind(ca_key_id)
-                .execute(&mut *tx)
-                .await
-                .map_err($map)?;
-                tx.commit().await.map_err($map)?;
-                Ok(Some(next))
-            }
         }
     };
 }
 
 pub(super) use impl_revocation_store;
-
-/// For test doubles of [`super::Store`] without revocation tables: every method fails.
-#[cfg(test)]
-macro_rules! impl_revocation_store_unsupported {
-    ($store:ty) => {
-        #[async_trait::async_trait]
-        impl $crate::store::RevocationStore for $store {
-            async fn revocable_certificates(
-                &self,
-                _: &$crate::store::CertFilter,
-                _: i64,
-                _: u64,
-                _: u32,
-            ) -> Result<Vec<$crate::store::CertificateRow>, $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-            async fn any_certificate(
-                &self,
-                _: &$crate::store::CertFilter,
-            ) -> Result<bool, $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-            async fn append_revocations(
-                &self,
-                _: &[$crate::store::NewRevocation],
-            ) -> Result<Vec<$crate::store::RevocationOutcome>, $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-            async fn ledger_events(
-                &self,
-                _: u64,
-                _: u32,
-            ) -> Result<Vec<$crate::store::EventRow>, $crate::store::StoreError> {
-                Ok(Vec::new())
-            }
-            async fn events_for_serial(
-                &self,
-                _: &str,
-            ) -> Result<Vec<$crate::store::EventRow>, $crate::store::StoreError> {
-                Ok(Vec::new())
-            }
-            async fn revoked_certificates(
-                &self,
-                _: &str,
-                _: i64,
-            ) -> Result<Vec<$crate::store::RevokedRow>, $crate::store::StoreError> {
-                Ok(Vec::new())
-            }
-            async fn revocation_mark(&self) -> Result<u64, $crate::store::StoreError> {
-                Ok(0)
-            }
-            async fn stored_crl(
-                &self,
-                _: &str,
-            ) -> Result<Option<$crate::store::StoredCrl>, $crate::store::StoreError> {
-                Ok(None)
-            }
-            async fn refresh_crl(
-                &self,
-                _: &str,
-                _: $crate::store::revocations::CrlSigner<'_>,
-            ) -> Result<Option<$crate::store::StoredCrl>, $crate::store::StoreError> {
-                Err($crate::store::nodes::unsupported())
-            }
-        }
-    };
-}
-
-#[cfg(test)]
-pub(crate) use impl_revocation_store_unsupported;

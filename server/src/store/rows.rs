@@ -1,8 +1,12 @@
-//! Row shapes and conversions shared by the two store implementations.
+//! Row shapes and conversions shared by both backends and by the ledger and revocation queries:
+//! the `certificates` row, the chain-head decoding, the chaining of a batch, and the integer
+//! conversions between the domain's unsigned numbers and the databases' signed 64-bit columns
+//! (a negative stored value is [`StoreError::Corrupt`], never a panic).
 
 use signet_types::ledger::{Hash, LedgerEntry, chain_hash};
 
-use super::{AuditEvent, CertificateRow, NewCertificate, StoreError, StoredCaKey};
+use super::error::StoreError;
+use super::ledger::{CertificateRow, LedgerHead, NewCertificate};
 
 /// Columns selected for a [`CertificateRow`], in [`DbCertificate`]'s order.
 pub(super) const CERT_COLUMNS: &str = "seq, serial, spiffe_id, dns_names, ip_addresses, \
@@ -81,7 +85,7 @@ pub(super) fn hash(seq: u64, column: &str, bytes: &[u8]) -> Result<Hash, StoreEr
 }
 
 /// Decodes the `ledger_head` row.
-pub(super) fn head(seq: i64, hash_bytes: &[u8]) -> Result<super::LedgerHead, StoreError> {
+pub(super) fn head(seq: i64, hash_bytes: &[u8]) -> Result<LedgerHead, StoreError> {
     let seq = u64::try_from(seq)
         .map_err(|_| StoreError::Corrupt(format!("negative ledger head seq {seq}")))?;
     let hash = Hash::try_from(hash_bytes).map_err(|_| {
@@ -90,7 +94,7 @@ pub(super) fn head(seq: i64, hash_bytes: &[u8]) -> Result<super::LedgerHead, Sto
             hash_bytes.len()
         ))
     })?;
-    Ok(super::LedgerHead { seq, hash })
+    Ok(LedgerHead { seq, hash })
 }
 
 /// One row ready to insert: the entry with its seq and both hashes.
@@ -151,57 +155,6 @@ fn to_json(list: &[String]) -> Result<String, StoreError> {
     serde_json::to_string(list).map_err(|e| StoreError::Database(format!("encoding a list: {e}")))
 }
 
-/// A `ca_keys` row as both drivers decode it.
-#[derive(sqlx::FromRow)]
-pub(super) struct DbCaKey {
-    id: String,
-    slot: String,
-    algorithm: String,
-    cert_pem: String,
-    encrypted_key: Vec<u8>,
-    created_at: i64,
-}
-
-pub(super) const CA_KEY_COLUMNS: &str = "id, slot, algorithm, cert_pem, encrypted_key, created_at";
-
-impl From<DbCaKey> for StoredCaKey {
-    fn from(r: DbCaKey) -> Self {
-        StoredCaKey {
-            id: r.id,
-            slot: r.slot,
-            algorithm: r.algorithm,
-            cert_pem: r.cert_pem,
-            encrypted_key: r.encrypted_key,
-            created_at: r.created_at,
-        }
-    }
-}
-
-/// An `audit_events` row as both drivers decode it.
-#[derive(sqlx::FromRow)]
-pub(super) struct DbAuditEvent {
-    id: i64,
-    at: i64,
-    kind: String,
-    caller: String,
-    detail: String,
-}
-
-impl TryFrom<DbAuditEvent> for AuditEvent {
-    type Error = StoreError;
-
-    fn try_from(r: DbAuditEvent) -> Result<Self, StoreError> {
-        Ok(AuditEvent {
-            id: u64::try_from(r.id)
-                .map_err(|_| StoreError::Corrupt(format!("negative audit event id {}", r.id)))?,
-            at: r.at,
-            kind: r.kind,
-            caller: r.caller,
-            detail: r.detail,
-        })
-    }
-}
-
 /// SQLite's `LIMIT` and PostgreSQL's both take a signed 64-bit integer.
 pub(super) fn limit(limit: u32) -> i64 {
     i64::from(limit)
@@ -210,4 +163,14 @@ pub(super) fn limit(limit: u32) -> i64 {
 /// `after` as a signed key for `>` comparisons (anything beyond `i64::MAX` matches nothing).
 pub(super) fn after(after: u64) -> i64 {
     i64::try_from(after).unwrap_or(i64::MAX)
+}
+
+/// A stored count (never negative unless the row is corrupt).
+pub(super) fn count(n: i64) -> Result<u64, StoreError> {
+    u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("negative count {n}")))
+}
+
+/// A number to store in a signed 64-bit column.
+pub(super) fn i64_of(v: u64, what: &str) -> Result<i64, StoreError> {
+    i64::try_from(v).map_err(|_| StoreError::Database(format!("{what} {v} out of range")))
 }

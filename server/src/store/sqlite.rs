@@ -1,50 +1,57 @@
-//! The embedded store: one SQLite file (WAL, `synchronous=FULL`).
+//! The embedded store: one SQLite file (WAL, `synchronous=FULL`), owner-only (0600).
+//!
+//! Only what differs from PostgreSQL lives here; every query is shared (see `store`):
+//! - connecting: creating the file and its directory with private modes, WAL, retries while
+//!   processes open or migrate a new file together (SQLite does not wait for those locks);
+//! - error classification: `SQLITE_BUSY`/`SQLITE_LOCKED` (the busy timeout ran out) is
+//!   retryable;
+//! - locking: a writing transaction is `BEGIN IMMEDIATE` (the database's one write lock), so
+//!   `SELECT`s need no `FOR UPDATE`;
+//! - batch inserts: one statement per row, as SQLite has no array parameters.
 
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
 use crate::config::DatabaseConfig;
 
-use super::rows::{self, CA_KEY_COLUMNS, CERT_COLUMNS, DbAuditEvent, DbCaKey, DbCertificate};
-use super::{
-    AuditEvent, CertificateRow, LedgerHead, NewCertificate, Store, StoreError, StoredCaKey,
-};
+use super::audit::AuditEvent;
+use super::error::StoreError;
+use super::rows::Chained;
 
 /// Most connections to one SQLite file (one writer at a time anyway).
 const MAX_CONNECTIONS: u32 = 8;
 
 pub(super) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 
-/// A [`Store`] on a local SQLite database.
+/// A [`super::Store`] on a local SQLite database.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
 }
 
-/// SQLite's "database is busy/locked" (the busy timeout ran out) is retryable: Unavailable.
+/// Classifies a SQLite error: "database is busy/locked" (the busy timeout ran out) is
+/// retryable, Unavailable; the rest as every driver's (see [`StoreError`]).
 fn map_err(e: sqlx::Error) -> StoreError {
-    // Primary result codes SQLITE_BUSY (5) and SQLITE_LOCKED (6), with any extension.
     if let sqlx::Error::Database(db) = &e
-        && let Some(code) = db.code().and_then(|c| c.parse::<i32>().ok())
-        && matches!(code & 0xff, 5 | 6)
+        && db
+            .code()
+            .and_then(|c| c.parse::<i32>().ok())
+            .is_some_and(busy_or_locked)
     {
         return StoreError::Unavailable(e.to_string());
     }
-    StoreError::from(e)
+    StoreError::from_driver(e)
 }
 
-pub(super) fn map_migrate_err(e: sqlx::migrate::MigrateError) -> StoreError {
-    match e {
-        sqlx::migrate::MigrateError::Execute(e) => StoreError::from(e),
-        sqlx::migrate::MigrateError::ExecuteMigration(e, _) => StoreError::from(e),
-        other => StoreError::Database(format!("migrations: {other}")),
-    }
+/// Whether a SQLite result code is `SQLITE_BUSY` (5) or `SQLITE_LOCKED` (6), with any
+/// extended code (`SQLITE_BUSY_SNAPSHOT` is 5 | 2 << 8): another writer holds the lock.
+fn busy_or_locked(code: i32) -> bool {
+    matches!(code & 0xff, 5 | 6)
 }
 
 impl SqliteStore {
@@ -121,7 +128,7 @@ impl SqliteStore {
                     tracing::debug!(error = %e, attempt, "retrying SQLite migrations");
                     tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
                 }
-                Err(e) => return Err(map_migrate_err(e)),
+                Err(e) => return Err(StoreError::from_migration(e, map_err)),
             }
         }
         Ok(Self { pool })
@@ -166,74 +173,33 @@ fn private_files(db: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
-super::nodes::impl_node_store!(SqliteStore, map_err);
-super::revocations::impl_revocation_store!(SqliteStore, map_err, "BEGIN IMMEDIATE", "");
+/// Opens a writing transaction: IMMEDIATE takes the database's write lock up front, so writers
+/// (in this or another process) serialize on it instead of failing to upgrade a read snapshot.
+const BEGIN_WRITE: &str = "BEGIN IMMEDIATE";
+/// Appended to a `SELECT` that must lock what it reads: nothing, since [`BEGIN_WRITE`] already
+/// holds the whole database's write lock (SQLite has no row locks).
+const LOCK_READ: &str = "";
+
+super::ledger::impl_ledger_store!(SqliteStore, map_err, BEGIN_WRITE, LOCK_READ);
+super::audit::impl_audit_store!(SqliteStore, map_err);
+super::revocations::impl_revocation_store!(SqliteStore, map_err, BEGIN_WRITE, LOCK_READ);
+super::crls::impl_crl_store!(SqliteStore, map_err, BEGIN_WRITE, LOCK_READ);
 super::ca_slots::impl_ca_slot_store!(SqliteStore, map_err);
+super::nodes::impl_node_store!(SqliteStore, map_err);
 
-#[async_trait]
-impl Store for SqliteStore {
-    async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1")
-            .execute(&self.pool)
-            .await
-            .map_err(map_err)?;
-        Ok(())
-    }
-
-    async fn ca_key(&self, slot: &str) -> Result<Option<StoredCaKey>, StoreError> {
-        let row: Option<DbCaKey> = sqlx::query_as(&format!(
-            "SELECT {CA_KEY_COLUMNS} FROM ca_keys WHERE slot = ?1"
-        ))
-        .bind(slot)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(row.map(StoredCaKey::from))
-    }
-
-    async fn insert_ca_key_if_absent(&self, key: &StoredCaKey) -> Result<StoredCaKey, StoreError> {
-        sqlx::query(
-            "INSERT INTO ca_keys (id, slot, algorithm, cert_pem, encrypted_key, created_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (slot) DO NOTHING",
-        )
-        .bind(&key.id)
-        .bind(&key.slot)
-        .bind(&key.algorithm)
-        .bind(&key.cert_pem)
-        .bind(&key.encrypted_key)
-        .bind(key.created_at)
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
-        self.ca_key(&key.slot).await?.ok_or_else(|| {
-            StoreError::Database(format!("CA key slot {:?} empty after insert", key.slot))
-        })
-    }
-
-    async fn append_certificates(&self, batch: &[NewCertificate]) -> Result<Vec<u64>, StoreError> {
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        // IMMEDIATE takes the write lock up front, so writers (in this or another process)
-        // serialize on it instead of failing to upgrade a read snapshot.
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(map_err)?;
-        let (head_seq, head_hash): (i64, Vec<u8>) =
-            sqlx::query_as("SELECT seq, hash FROM ledger_head WHERE id = 1")
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        let head = rows::head(head_seq, &head_hash)?;
-        let (chained, new_seq, new_hash) = rows::chain(head.seq, head.hash, batch)?;
+/// The batch inserts: one statement per row (SQLite has no array parameters; inside one
+/// transaction the rows cost no extra fsync).
+impl SqliteStore {
+    async fn insert_chained(
+        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        chained: Vec<Chained<'_>>,
+    ) -> Result<(), StoreError> {
         for r in &chained {
             sqlx::query(
                 "INSERT INTO certificates (seq, serial, spiffe_id, dns_names, ip_addresses, \
                  not_before, not_after, issued_at, cert_sha256, prev_hash, hash, cert_der, \
                  ca_key_id, caller, request_id, provenance) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
             )
             .bind(r.seq)
             .bind(&r.cert.serial)
@@ -251,117 +217,59 @@ impl Store for SqliteStore {
             .bind(&r.cert.caller)
             .bind(&r.cert.request_id)
             .bind(&r.cert.provenance)
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await
             .map_err(map_err)?;
         }
-        sqlx::query("UPDATE ledger_head SET seq = ?1, hash = ?2 WHERE id = 1")
-            .bind(rows::db_seq(new_seq)?)
-            .bind(&new_hash[..])
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-        Ok((head.seq + 1..=new_seq).collect())
+        Ok(())
     }
 
-    async fn ledger_head(&self) -> Result<LedgerHead, StoreError> {
-        let (seq, hash): (i64, Vec<u8>) =
-            sqlx::query_as("SELECT seq, hash FROM ledger_head WHERE id = 1")
-                .fetch_one(&self.pool)
+    async fn insert_audit_events(&self, events: &[AuditEvent]) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin_with(BEGIN_WRITE).await.map_err(map_err)?;
+        for e in events {
+            sqlx::query(super::audit::INSERT_ONE)
+                .bind(e.at)
+                .bind(&e.kind)
+                .bind(&e.caller)
+                .bind(&e.detail)
+                .execute(&mut *tx)
                 .await
                 .map_err(map_err)?;
-        rows::head(seq, &hash)
-    }
-
-    async fn list_certificates(
-        &self,
-        after_seq: u64,
-        limit: u32,
-        spiffe_id: Option<&str>,
-    ) -> Result<Vec<CertificateRow>, StoreError> {
-        let found: Vec<DbCertificate> =
-            match spiffe_id {
-                Some(id) => {
-                    sqlx::query_as(&format!(
-                        "SELECT {CERT_COLUMNS} FROM certificates \
-                     WHERE spiffe_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3"
-                    ))
-                    .bind(id)
-                    .bind(rows::after(after_seq))
-                    .bind(rows::limit(limit))
-                    .fetch_all(&self.pool)
-                    .await
-                }
-                None => sqlx::query_as(&format!(
-                    "SELECT {CERT_COLUMNS} FROM certificates WHERE seq > ?1 ORDER BY seq LIMIT ?2"
-                ))
-                .bind(rows::after(after_seq))
-                .bind(rows::limit(limit))
-                .fetch_all(&self.pool)
-                .await,
-            }
-            .map_err(map_err)?;
-        found.into_iter().map(CertificateRow::try_from).collect()
-    }
-
-    async fn certificate_by_serial(
-        &self,
-        serial: &str,
-    ) -> Result<Option<CertificateRow>, StoreError> {
-        let found: Option<DbCertificate> = sqlx::query_as(&format!(
-            "SELECT {CERT_COLUMNS} FROM certificates WHERE serial = ?1"
-        ))
-        .bind(serial)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(map_err)?;
-        found.map(CertificateRow::try_from).transpose()
-    }
-
-    async fn count_certificates(&self) -> Result<u64, StoreError> {
-        let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM certificates")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(map_err)?;
-        u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("negative count {n}")))
-    }
-
-    async fn record_audit_events(&self, events: &[AuditEvent]) -> Result<(), StoreError> {
-        if events.is_empty() {
-            return Ok(());
-        }
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(map_err)?;
-        for e in events {
-            sqlx::query(
-                "INSERT INTO audit_events (at, kind, caller, detail) VALUES (?1, ?2, ?3, ?4)",
-            )
-            .bind(e.at)
-            .bind(&e.kind)
-            .bind(&e.caller)
-            .bind(&e.detail)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
         }
         tx.commit().await.map_err(map_err)?;
         Ok(())
     }
+}
 
-    async fn audit_events(&self, after_id: u64, limit: u32) -> Result<Vec<AuditEvent>, StoreError> {
-        let found: Vec<DbAuditEvent> = sqlx::query_as(
-            "SELECT id, at, kind, caller, detail FROM audit_events \
-             WHERE id > ?1 ORDER BY id LIMIT ?2",
-        )
-        .bind(rows::after(after_id))
-        .bind(rows::limit(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(map_err)?;
-        found.into_iter().map(AuditEvent::try_from).collect()
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_busy_and_locked_codes_are_retryable() {
+        // SQLITE_BUSY, SQLITE_LOCKED, and their extended codes (BUSY_RECOVERY, BUSY_SNAPSHOT,
+        // BUSY_TIMEOUT, LOCKED_SHAREDCACHE, LOCKED_VTAB).
+        for code in [5, 6, 261, 517, 773, 262, 518] {
+            assert!(super::busy_or_locked(code), "{code}");
+        }
+        // SQLITE_ERROR, SQLITE_READONLY, SQLITE_CORRUPT, SQLITE_FULL, SQLITE_CONSTRAINT,
+        // SQLITE_CONSTRAINT_UNIQUE, SQLITE_CONSTRAINT_PRIMARYKEY.
+        for code in [1, 8, 11, 13, 19, 2067, 1555] {
+            assert!(!super::busy_or_locked(code), "{code}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_table_is_a_database_error_not_retryable() {
+        use crate::store::{LedgerStore, StoreError};
+        let store =
+            super::SqliteStore::connect("sqlite::memory:", std::time::Duration::from_secs(5))
+                .await
+                .unwrap();
+        let err = sqlx::query("INSERT INTO no_such_table VALUES (1)")
+            .execute(&store.pool)
+            .await
+            .map_err(super::map_err)
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Database(_)), "{err:?}");
+        store.ping().await.unwrap();
     }
 }

@@ -1,42 +1,16 @@
-//! The [`super::RevocationStore`] half of the conformance suite: each case runs against SQLite
-//! and PostgreSQL (skipped locally without `SIGNET_TEST_DATABASE_URL`), like `conformance.rs`.
+//! The [`RevocationStore`] part of the conformance suite: revocations as events in the one
+//! chain, revocable selections, and racing revocations of one certificate.
 #![allow(clippy::unwrap_used)]
-
-use std::sync::Arc;
 
 use signet_types::ledger::{EVENT_REVOKE, Verifier};
 
-use super::conformance::{Db, cert};
-use super::{CertFilter, NewRevocation, RevocationOutcome, Store, StoredCrl};
-
-macro_rules! conformance {
-    ($($case:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(super::Db::sqlite().await).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    if let Some(db) = super::Db::postgres().await {
-                        super::$case(db).await;
-                    }
-                }
-            )*
-        }
-    };
-}
+use super::{Db, cert};
+use crate::store::{CertFilter, NewRevocation, RevocationOutcome, Store};
 
 conformance!(
     revocations_are_events_in_the_one_chain,
     revocable_certificates_filter_and_page,
     racing_revocations_of_one_certificate_revoke_it_once,
-    crl_numbers_only_increase_across_instances,
 );
 
 fn revocation(serial: &str, at: i64) -> NewRevocation {
@@ -237,84 +211,4 @@ async fn racing_revocations_of_one_certificate_revoke_it_once(db: Db) {
     assert_eq!(total, 20);
     assert_eq!(a.ledger_events(0, 100).await.unwrap().len(), 20);
     assert_eq!(verify_merged(a.as_ref()).await, 40);
-}
-
-fn crl(number: u64, this_update: i64, mark: u64) -> StoredCrl {
-    StoredCrl {
-        ca_key_id: "k1".into(),
-        number,
-        der: vec![0x30, number as u8],
-        this_update,
-        next_update: this_update + 60,
-        mark,
-    }
-}
-
-/// CRL numbers are taken under a lock: two instances re-signing at once never use one number
-/// twice, and a stale signer (one that would re-sign what another already did) keeps the
-/// current CRL.
-async fn crl_numbers_only_increase_across_instances(db: Db) {
-    let a = db.store.clone();
-    let b = db.another().await;
-    assert_eq!(a.stored_crl("k1").await.unwrap(), None);
-    let first = a
-        .refresh_crl("k1", &|cur| {
-            Ok(Some(crl(cur.map_or(1, |c| c.number + 1), 10, 0)))
-        })
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(first.number, 1);
-    // Keep: the signer says nothing is due.
-    let kept = b.refresh_crl("k1", &|_| Ok(None)).await.unwrap();
-    assert_eq!(kept, Some(first.clone()));
-    // A signer that skips a number is refused.
-    assert!(
-        b.refresh_crl("k1", &|_| Ok(Some(crl(5, 10, 0))))
-            .await
-            .is_err()
-    );
-    assert_eq!(b.stored_crl("k1").await.unwrap(), Some(first));
-
-    let signed = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for (i, store) in [a.clone(), b.clone(), a.clone(), b.clone()]
-        .into_iter()
-        .enumerate()
-    {
-        let signed = signed.clone();
-        tasks.push(tokio::spawn(async move {
-            for k in 0..10 {
-                let signed = signed.clone();
-                let sign = move |cur: Option<&StoredCrl>| {
-                    let n = cur.map_or(1, |c| c.number + 1);
-                    signed.lock().unwrap().push(n);
-                    Ok(Some(crl(n, 100 + k, i as u64)))
-                };
-                store.refresh_crl("k1", &sign).await.unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let mut numbers = signed.lock().unwrap().clone();
-    numbers.sort_unstable();
-    assert_eq!(
-        numbers,
-        (2..=41).collect::<Vec<u64>>(),
-        "a CRL number was reused"
-    );
-    assert_eq!(a.stored_crl("k1").await.unwrap().unwrap().number, 41);
-    // Another key counts on its own.
-    let other = a
-        .refresh_crl("k2", &|cur| {
-            let mut c = crl(cur.map_or(1, |c| c.number + 1), 1, 0);
-            c.ca_key_id = "k2".into();
-            Ok(Some(c))
-        })
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(other.number, 1);
 }

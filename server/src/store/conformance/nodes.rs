@@ -1,0 +1,217 @@
+//! The [`NodeStore`] part of the conformance suite: single-use join tokens (also when raced),
+//! attested nodes, registration entries and their revisions.
+#![allow(clippy::unwrap_used)]
+
+use super::Db;
+
+conformance!(
+    join_tokens_are_single_use_and_expire,
+    racing_consumers_of_one_token_have_one_winner,
+    nodes_are_upserted_renewed_and_banned,
+    entries_round_trip_and_revisions_track_changes,
+);
+
+async fn join_tokens_are_single_use_and_expire(db: Db) {
+    use crate::store::TokenUse;
+    let s = &db.store;
+    s.create_join_token("h1", "n1", 100, 200).await.unwrap();
+    s.create_join_token("h2", "n2", 100, 200).await.unwrap();
+    // Expired at exactly expires_at.
+    assert_eq!(
+        s.consume_join_token("h2", 200).await.unwrap(),
+        TokenUse::Expired
+    );
+    assert_eq!(
+        s.consume_join_token("nope", 150).await.unwrap(),
+        TokenUse::Unknown
+    );
+    assert_eq!(
+        s.consume_join_token("h1", 150).await.unwrap(),
+        TokenUse::Consumed {
+            node_id: "n1".into()
+        }
+    );
+    assert_eq!(
+        s.consume_join_token("h1", 151).await.unwrap(),
+        TokenUse::AlreadyUsed
+    );
+    // Used, then expired: still reported as used.
+    assert_eq!(
+        s.consume_join_token("h1", 500).await.unwrap(),
+        TokenUse::AlreadyUsed
+    );
+    // A duplicate hash is refused.
+    assert!(s.create_join_token("h1", "n3", 100, 200).await.is_err());
+
+    // Released after a failed issuance: usable again, once.
+    assert!(!s.release_join_token("h1", 999).await.unwrap());
+    assert!(s.release_join_token("h1", 150).await.unwrap());
+    assert_eq!(
+        s.consume_join_token("h1", 160).await.unwrap(),
+        TokenUse::Consumed {
+            node_id: "n1".into()
+        }
+    );
+    assert_eq!(
+        s.consume_join_token("h1", 161).await.unwrap(),
+        TokenUse::AlreadyUsed
+    );
+    assert!(!s.release_join_token("nope", 160).await.unwrap());
+}
+
+async fn racing_consumers_of_one_token_have_one_winner(db: Db) {
+    use crate::store::TokenUse;
+    db.store
+        .create_join_token("race", "n1", 0, i64::MAX)
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        // Half of them through other store instances, as other replicas would.
+        let store = if i % 2 == 0 {
+            db.store.clone()
+        } else {
+            db.another().await
+        };
+        tasks.push(tokio::spawn(async move {
+            store.consume_join_token("race", 10).await.unwrap()
+        }));
+    }
+    let mut won = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            TokenUse::Consumed { node_id } => {
+                assert_eq!(node_id, "n1");
+                won += 1;
+            }
+            TokenUse::AlreadyUsed => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(won, 1);
+}
+
+async fn nodes_are_upserted_renewed_and_banned(db: Db) {
+    use crate::store::NodeRow;
+    let s = &db.store;
+    assert_eq!(s.node("n1").await.unwrap(), None);
+    assert_eq!(s.ban_node("n1", 5).await.unwrap(), None);
+    let n1 = NodeRow {
+        node_id: "n1".into(),
+        spiffe_id: "spiffe://example.org/signet/node/n1".into(),
+        attested_at: 10,
+        banned_at: None,
+        last_serial: "aa".into(),
+        not_after: 100,
+        attestation: crate::store::nodes::ATTESTATION_JOIN_TOKEN.into(),
+    };
+    s.upsert_attested_node(&n1).await.unwrap();
+    assert_eq!(s.node("n1").await.unwrap(), Some(n1.clone()));
+    s.update_node_certificate("n1", "bb", 200).await.unwrap();
+    let got = s.node("n1").await.unwrap().unwrap();
+    assert_eq!((got.last_serial.as_str(), got.not_after), ("bb", 200));
+    // Re-attestation updates the times.
+    // Re-attestation records how the node attested this time.
+    let again = NodeRow {
+        attested_at: 20,
+        last_serial: "cc".into(),
+        not_after: 300,
+        attestation: crate::store::nodes::ATTESTATION_K8S_PSAT.into(),
+        ..n1.clone()
+    };
+    s.upsert_attested_node(&again).await.unwrap();
+    assert_eq!(s.node("n1").await.unwrap(), Some(again.clone()));
+    let n0 = NodeRow {
+        node_id: "n0".into(),
+        spiffe_id: "spiffe://example.org/signet/node/n0".into(),
+        ..n1.clone()
+    };
+    s.upsert_attested_node(&n0).await.unwrap();
+    let ids: Vec<String> = s
+        .list_nodes()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|n| n.node_id)
+        .collect();
+    assert_eq!(ids, ["n0", "n1"]);
+    // Ban keeps the first time; re-attestation does not lift a ban.
+    let banned = s.ban_node("n1", 50).await.unwrap().unwrap();
+    assert_eq!(banned.banned_at, Some(50));
+    let banned = s.ban_node("n1", 60).await.unwrap().unwrap();
+    assert_eq!(banned.banned_at, Some(50));
+    s.upsert_attested_node(&again).await.unwrap();
+    assert_eq!(s.node("n1").await.unwrap().unwrap().banned_at, Some(50));
+    assert_eq!(s.node("n0").await.unwrap().unwrap().banned_at, None);
+}
+
+async fn entries_round_trip_and_revisions_track_changes(db: Db) {
+    use crate::store::NewEntry;
+    let s = &db.store;
+    let p1 = "spiffe://example.org/signet/node/n1";
+    let p2 = "spiffe://example.org/signet/node/n2";
+    let entry = |id: &str, parent: &str| NewEntry {
+        id: id.into(),
+        spiffe_id: format!("spiffe://example.org/app/{id}"),
+        parent_id: parent.into(),
+        selectors: vec!["unix:uid:1000".into(), "unix:path:/usr/bin/app".into()],
+        ttl_seconds: 600,
+        dns_names: vec![format!("{id}.example.org")],
+        created_at: 42,
+    };
+    // Nothing yet: revision 0, unchanged for a caller that knows 0.
+    let sync = s.entries_for_parent_since(p1, 0).await.unwrap();
+    assert_eq!((sync.revision, sync.unchanged), (0, true));
+
+    let a = s.create_entry(&entry("a", p1)).await.unwrap();
+    let b = s.create_entry(&entry("b", p2)).await.unwrap();
+    let c = s.create_entry(&entry("c", p1)).await.unwrap();
+    assert!(a.revision < b.revision && b.revision < c.revision);
+    assert_eq!(s.entry("a").await.unwrap(), Some(a.clone()));
+    assert_eq!(s.entry("zz").await.unwrap(), None);
+    assert_eq!(
+        s.list_entries(None).await.unwrap(),
+        vec![a.clone(), b.clone(), c.clone()]
+    );
+    assert_eq!(
+        s.list_entries(Some(p1)).await.unwrap(),
+        vec![a.clone(), c.clone()]
+    );
+    // A duplicate id is refused, and moves nothing.
+    assert!(s.create_entry(&entry("a", p2)).await.is_err());
+
+    let sync = s.entries_for_parent_since(p1, 0).await.unwrap();
+    assert_eq!(sync.revision, c.revision);
+    assert!(!sync.unchanged);
+    assert_eq!(sync.entries, vec![a.clone(), c.clone()]);
+    let sync = s.entries_for_parent_since(p1, c.revision).await.unwrap();
+    assert!(sync.unchanged);
+    assert!(sync.entries.is_empty());
+    // Another parent's change does not disturb p1.
+    s.create_entry(&entry("d", p2)).await.unwrap();
+    assert!(
+        s.entries_for_parent_since(p1, c.revision)
+            .await
+            .unwrap()
+            .unchanged
+    );
+
+    // A deletion moves the revision.
+    assert!(s.delete_entry("a").await.unwrap());
+    assert!(!s.delete_entry("a").await.unwrap());
+    let sync = s.entries_for_parent_since(p1, c.revision).await.unwrap();
+    assert!(!sync.unchanged);
+    assert!(sync.revision > c.revision);
+    assert_eq!(sync.entries, vec![c.clone()]);
+    // Deleting the last entry still shows as a change, with no entries.
+    assert!(s.delete_entry("c").await.unwrap());
+    let last = s.entries_for_parent_since(p1, sync.revision).await.unwrap();
+    assert!(!last.unchanged);
+    assert!(last.entries.is_empty());
+    assert!(
+        s.entries_for_parent_since(p1, last.revision)
+            .await
+            .unwrap()
+            .unchanged
+    );
+}

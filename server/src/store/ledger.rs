@@ -1,0 +1,207 @@
+//! The ledger of issued certificates: the [`LedgerStore`] part of the store.
+//!
+//! Invariant: the hash chain is extended only inside [`LedgerStore::append_certificates`], in
+//! one transaction that locks the chain head (`ledger_head`), appends the whole batch in order
+//! and moves the head, so replicas sharing one PostgreSQL extend a single chain in a total
+//! order at the cost of one lock per batch. Revocation events extend the same chain under the
+//! same lock (`store::revocations`).
+//!
+//! The SQL is written once here ([`impl_ledger_store`]) for both databases; a backend supplies
+//! only how a writing transaction begins and locks the head, and how it inserts the chained
+//! batch (one multi-row statement on PostgreSQL, one statement per row on SQLite).
+
+use async_trait::async_trait;
+use signet_types::ledger::{Hash, LedgerEntry};
+
+use super::error::StoreError;
+
+/// A certificate to append to the ledger (seq and hashes are assigned by the store).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewCertificate {
+    pub serial: String,
+    pub spiffe_id: String,
+    pub dns_names: Vec<String>,
+    pub ip_addresses: Vec<String>,
+    pub not_before: i64,
+    pub not_after: i64,
+    pub cert_sha256: Hash,
+    pub ca_key_id: String,
+    pub caller: String,
+    pub issued_at: i64,
+    pub request_id: String,
+    pub cert_der: Vec<u8>,
+    /// Where the authority came from ([`crate::provenance::Provenance`], canonical JSON).
+    pub provenance: String,
+}
+
+/// A ledger row as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertificateRow {
+    pub entry: LedgerEntry,
+    /// When the certificate was revoked (unix seconds), if it was. Not part of the row's hash:
+    /// a revocation is a later event in the chain ([`super::revocations::EventRow`]); this column and
+    /// `revocation_reason` are the lookup index the same transaction sets.
+    pub revoked_at: Option<i64>,
+    /// The RFC 5280 reason name of the revocation, when revoked.
+    pub revocation_reason: Option<String>,
+    pub prev_hash: Hash,
+    pub hash: Hash,
+    pub cert_der: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LedgerHead {
+    /// 0 when the ledger is empty.
+    pub seq: u64,
+    /// `GENESIS` when the ledger is empty.
+    pub hash: Hash,
+}
+
+#[async_trait]
+pub trait LedgerStore: Send + Sync + 'static {
+    /// Cheap reachability check of the ledger's database, for `/readyz`.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Appends `batch` in order in one transaction, extending the hash chain; returns the rows'
+    /// sequence numbers. All or nothing.
+    async fn append_certificates(&self, batch: &[NewCertificate]) -> Result<Vec<u64>, StoreError>;
+
+    async fn ledger_head(&self) -> Result<LedgerHead, StoreError>;
+
+    /// Rows with `seq > after_seq`, ascending, at most `limit`; only `spiffe_id` if given.
+    async fn list_certificates(
+        &self,
+        after_seq: u64,
+        limit: u32,
+        spiffe_id: Option<&str>,
+    ) -> Result<Vec<CertificateRow>, StoreError>;
+
+    async fn certificate_by_serial(
+        &self,
+        serial: &str,
+    ) -> Result<Option<CertificateRow>, StoreError>;
+
+    async fn count_certificates(&self) -> Result<u64, StoreError>;
+}
+
+/// Implements [`LedgerStore`] for a backend with a `pool` field and an associated
+/// `async fn insert_chained(tx, Vec<rows::Chained>) -> Result<(), StoreError>` (the batch
+/// insert, the one part that differs). `$begin` opens a writing transaction; `$lock` is
+/// appended to the `SELECT` of the chain head to lock it (see the backend's module doc).
+macro_rules! impl_ledger_store {
+    ($store:ty, $map:path, $begin:expr, $lock:expr) => {
+        #[async_trait::async_trait]
+        impl $crate::store::ledger::LedgerStore for $store {
+            async fn ping(&self) -> Result<(), StoreError> {
+                sqlx::query("SELECT 1")
+                    .execute(&self.pool)
+                    .await
+                    .map_err($map)?;
+                Ok(())
+            }
+
+            async fn append_certificates(
+                &self,
+                batch: &[$crate::store::ledger::NewCertificate],
+            ) -> Result<Vec<u64>, StoreError> {
+                use $crate::store::rows;
+                if batch.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let mut tx = self.pool.begin_with($begin).await.map_err($map)?;
+                // The one lock per batch: replicas extend a single chain in a total order.
+                let (head_seq, head_hash): (i64, Vec<u8>) = sqlx::query_as(&format!(
+                    "SELECT seq, hash FROM ledger_head WHERE id = 1{}",
+                    $lock
+                ))
+                .fetch_one(&mut *tx)
+                .await
+                .map_err($map)?;
+                let head = rows::head(head_seq, &head_hash)?;
+                let (chained, new_seq, new_hash) = rows::chain(head.seq, head.hash, batch)?;
+                Self::insert_chained(&mut tx, chained).await?;
+                sqlx::query("UPDATE ledger_head SET seq = $1, hash = $2 WHERE id = 1")
+                    .bind(rows::db_seq(new_seq)?)
+                    .bind(&new_hash[..])
+                    .execute(&mut *tx)
+                    .await
+                    .map_err($map)?;
+                tx.commit().await.map_err($map)?;
+                Ok((head.seq + 1..=new_seq).collect())
+            }
+
+            async fn ledger_head(&self) -> Result<$crate::store::ledger::LedgerHead, StoreError> {
+                let (seq, hash): (i64, Vec<u8>) =
+                    sqlx::query_as("SELECT seq, hash FROM ledger_head WHERE id = 1")
+                        .fetch_one(&self.pool)
+                        .await
+                        .map_err($map)?;
+                $crate::store::rows::head(seq, &hash)
+            }
+
+            async fn list_certificates(
+                &self,
+                after_seq: u64,
+                limit: u32,
+                spiffe_id: Option<&str>,
+            ) -> Result<Vec<$crate::store::ledger::CertificateRow>, StoreError> {
+                use $crate::store::rows::{self, CERT_COLUMNS, DbCertificate};
+                let found: Vec<DbCertificate> = match spiffe_id {
+                    Some(id) => {
+                        sqlx::query_as(&format!(
+                            "SELECT {CERT_COLUMNS} FROM certificates \
+                             WHERE spiffe_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+                        ))
+                        .bind(id)
+                        .bind(rows::after(after_seq))
+                        .bind(rows::limit(limit))
+                        .fetch_all(&self.pool)
+                        .await
+                    }
+                    None => {
+                        sqlx::query_as(&format!(
+                            "SELECT {CERT_COLUMNS} FROM certificates \
+                             WHERE seq > $1 ORDER BY seq LIMIT $2"
+                        ))
+                        .bind(rows::after(after_seq))
+                        .bind(rows::limit(limit))
+                        .fetch_all(&self.pool)
+                        .await
+                    }
+                }
+                .map_err($map)?;
+                found
+                    .into_iter()
+                    .map($crate::store::ledger::CertificateRow::try_from)
+                    .collect()
+            }
+
+            async fn certificate_by_serial(
+                &self,
+                serial: &str,
+            ) -> Result<Option<$crate::store::ledger::CertificateRow>, StoreError> {
+                use $crate::store::rows::{CERT_COLUMNS, DbCertificate};
+                let found: Option<DbCertificate> = sqlx::query_as(&format!(
+                    "SELECT {CERT_COLUMNS} FROM certificates WHERE serial = $1"
+                ))
+                .bind(serial)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err($map)?;
+                found
+                    .map($crate::store::ledger::CertificateRow::try_from)
+                    .transpose()
+            }
+
+            async fn count_certificates(&self) -> Result<u64, StoreError> {
+                let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM certificates")
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err($map)?;
+                $crate::store::rows::count(n)
+            }
+        }
+    };
+}
+
+pub(super) use impl_ledger_store;
