@@ -19,7 +19,6 @@
 pub mod attest;
 pub mod bundle;
 pub mod ca;
-pub mod clock;
 pub mod config;
 pub mod driver;
 #[doc(hidden)]

@@ -57,6 +57,15 @@ impl Backoff {
         Self { floor, ..self }
     }
 
+    /// The same, never shorter than half the base (a full jitter that cannot retry at once).
+    pub const fn with_half_base_floor(self) -> Self {
+        let floor = match self.base.checked_div(2) {
+            Some(h) => h,
+            None => Duration::ZERO,
+        };
+        self.with_floor(floor)
+    }
+
     /// The wait before attempt `attempt + 1` (`attempt` counts failures from 0).
     pub fn delay(&self, attempt: u32, rnd: f64) -> Duration {
         backoff(attempt, self.base, self.cap, self.jitter, rnd).max(self.floor)
@@ -216,7 +225,8 @@ mod tests {
 
     #[test]
     fn floor_holds_under_full_jitter() {
-        let p = Backoff::full(S, 30 * S).with_floor(S / 2);
+        let p = Backoff::full(S, 30 * S).with_half_base_floor();
+        assert_eq!(p, Backoff::full(S, 30 * S).with_floor(S / 2));
         assert_eq!(p.delay(0, 0.0), S / 2);
         assert_eq!(p.delay(4, 0.0), S / 2);
         assert_eq!(p.delay(4, 0.5), 8 * S);

@@ -56,6 +56,32 @@ impl Clock for FakeClock {
     }
 }
 
+/// Wall time that moves with tokio's clock, from `start`: under
+/// `#[tokio::test(start_paused = true)]` it advances only as the runtime's timers do, so a
+/// loop that sleeps and reads the clock runs in virtual time, without waiting. Make it inside
+/// the runtime.
+#[derive(Debug, Clone, Copy)]
+pub struct TokioClock {
+    start: SystemTime,
+    at: tokio::time::Instant,
+}
+
+impl TokioClock {
+    pub fn starting_at(start: SystemTime) -> Self {
+        Self {
+            start,
+            at: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> SystemTime {
+        let d = tokio::time::Instant::now().saturating_duration_since(self.at);
+        self.start.checked_add(d).unwrap_or(self.start)
+    }
+}
+
 /// Unix seconds of `t`, rounded towards the epoch (negative before 1970; saturating).
 pub fn unix(t: SystemTime) -> i64 {
     match t.duration_since(SystemTime::UNIX_EPOCH) {
@@ -123,6 +149,14 @@ mod tests {
         assert_eq!(whole_seconds(Duration::MAX), i64::MAX);
         assert_eq!(from_seconds(90), Duration::from_secs(90));
         assert_eq!(from_seconds(-5), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tokio_clock_follows_the_runtime_s_virtual_time() {
+        let c = TokioClock::starting_at(from_unix(1_000));
+        assert_eq!(c.now(), from_unix(1_000));
+        tokio::time::sleep(Duration::from_secs(3_600)).await;
+        assert_eq!(c.now(), from_unix(4_600));
     }
 
     #[test]

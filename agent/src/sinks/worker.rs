@@ -15,16 +15,18 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 
-use crate::clock::Clock;
 use crate::config::DeletionPolicy;
 use crate::metrics::{Metrics, SinkLabels};
-use crate::rotation::backoff;
 use crate::rotator::Random;
 use crate::sinks::{Applied, Delivered, Sink, SinkError, SinkErrorKind};
+use signet_runtime::backoff::Backoff;
+use signet_runtime::clock::Clock;
 use signet_types::SpiffeId;
 
 pub const RETRY_BASE: Duration = Duration::from_secs(1);
 pub const RETRY_CAP: Duration = Duration::from_secs(300);
+/// How a failed delivery is retried: capped exponential, full jitter.
+pub const RETRY: Backoff = Backoff::full(RETRY_BASE, RETRY_CAP);
 
 /// A sink bound to the SPIFFE ID whose certificate it receives.
 pub struct SinkBinding {
@@ -194,7 +196,7 @@ async fn run(
                 telemetry.succeeded(&name, what, &applied, clock.now());
             }
             Err(e) => {
-                let wait = backoff(failures, RETRY_BASE, RETRY_CAP, random());
+                let wait = RETRY.delay(failures, random.unit());
                 failures = failures.saturating_add(1);
                 telemetry.failed(&name, what, &e, failures, wait, clock.now());
                 tokio::select! {
@@ -427,7 +429,7 @@ impl Telemetry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::SystemClock;
+    use signet_runtime::clock::SystemClock;
 
     /// Hangs on the first delivery; records the others.
     struct Hanging {
