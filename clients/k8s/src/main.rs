@@ -256,8 +256,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             signet_k8s::certificate::run(
                 client,
                 signer,
-                Arc::new(signet_k8s::clock::SystemClock),
-                Arc::new(signet_k8s::backoff::SystemRandom::default()),
+                Arc::new(signet_runtime::clock::SystemClock),
+                Arc::new(signet_runtime::random::SystemRandom::default()),
                 owner_ref,
                 events,
                 bundle,
@@ -342,8 +342,8 @@ async fn citadel(enabled: bool, bridge: &BridgeConfig, client: Client) -> anyhow
     let ctx = Arc::new(signet_k8s::citadel::Context {
         client,
         signer: Arc::new(signet_k8s::certificate::FixedSigner(signer)),
-        clock: Arc::new(signet_k8s::clock::SystemClock),
-        random: Arc::new(signet_k8s::backoff::SystemRandom::default()),
+        clock: Arc::new(signet_runtime::clock::SystemClock),
+        random: Arc::new(signet_runtime::random::SystemRandom::default()),
         bundle: rx,
     });
     signet_k8s::citadel::run(ctx).await;

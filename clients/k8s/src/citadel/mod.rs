@@ -31,14 +31,14 @@ use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
-use crate::backoff::Random;
 use crate::certificate::CertSigner;
 use crate::certificate::policy::MANAGER;
-use crate::clock::Clock;
 use crate::issuers::{IssuerKey, IssuerKind};
 use crate::keys::{self, CsrNames, KeyAlgorithm, KeyEncoding};
 use crate::signer::BundleInfo;
 use plan::{CONFIGMAP_NAME, Renew};
+use signet_runtime::clock::Clock;
+use signet_runtime::random::Random;
 
 /// How often namespaces are looked at again for the label.
 pub const NAMESPACE_RECHECK: Duration = Duration::from_secs(300);
@@ -292,12 +292,12 @@ pub async fn watch_bundle(
         if tx.is_closed() {
             return;
         }
-        let wait = crate::backoff::backoff(
-            attempt,
+        // Equal jitter, drawn at the middle: three quarters of the ceiling.
+        let wait = signet_runtime::backoff::Backoff::equal(
             Duration::from_secs(1),
             Duration::from_secs(60),
-            0.5,
-        );
+        )
+        .delay(attempt, 0.5);
         attempt = attempt.saturating_add(1);
         tokio::time::sleep(wait).await;
     }
