@@ -9,6 +9,7 @@
 //! - [`attest`]: caller attestation (Unix peer credentials, pinned process, cgroup, pod);
 //!   selector matching.
 //! - [`workload`]: the SPIFFE Workload API server.
+//! - [`signal`]: the reload signals a files sink may send, by name.
 //! - [`sinks`]: delivery of SVIDs to files and Kubernetes Secrets.
 //! - [`ca`]: the seam to the Signet server (trait [`ca::Ca`], gRPC implementation [`ca::GrpcCa`]).
 //! - [`node`]: the node identity and bundle persisted in `data_dir`.
@@ -30,6 +31,7 @@ pub mod node;
 pub mod revocation;
 pub mod rotation;
 pub mod rotator;
+pub mod signal;
 pub mod sinks;
 pub mod state;
 pub mod workload;

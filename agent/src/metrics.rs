@@ -9,7 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::sinks::worker::SinkHealth;
+use crate::sinks::health::SinkHealth;
 use crate::state::{AgentState, StateReceiver};
 use signet_runtime::clock::Clock;
 
