@@ -30,6 +30,10 @@ struct Fake {
     /// What `WatchBundle` streams: the current value, then each change.
     bundle: tokio::sync::watch::Sender<TrustBundle>,
     watches: Mutex<u32>,
+    /// Statuses the next node renewals are refused with, in order.
+    renew_refusals: Mutex<Vec<tonic::Code>>,
+    /// When each node renewal was asked for.
+    renewals: Mutex<Vec<SystemTime>>,
 }
 
 impl Fake {
@@ -56,6 +60,8 @@ impl Fake {
             attests: Mutex::new(0),
             bundle,
             watches: Mutex::new(0),
+            renew_refusals: Mutex::new(Vec::new()),
+            renewals: Mutex::new(Vec::new()),
         })
     }
 
@@ -111,6 +117,19 @@ impl Ca for Fake {
         })
     }
     async fn renew_node(&self, csr: &[u8]) -> Result<IssuedSvid, CaError> {
+        if let Ok(mut r) = self.renewals.lock() {
+            r.push(self.clock.now());
+        }
+        let refusal = self.renew_refusals.lock().ok().and_then(|mut r| {
+            if r.is_empty() {
+                None
+            } else {
+                Some(r.remove(0))
+            }
+        });
+        if let Some(code) = refusal {
+            return Err(tonic::Status::new(code, "refused by the test").into());
+        }
         self.issue(csr, "/signet/node/n1", self.node_ttl)
     }
     async fn sync_entries(&self, known: u64) -> Result<EntriesUpdate, CaError> {
@@ -608,5 +627,37 @@ async fn bundle_stream_is_reopened_after_the_connection_is_replaced() {
     })
     .await;
     wait_for(10, || Fake::count(&fake.watches) >= 2).await;
+    stop(r).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_node_renewal_is_retried_with_backoff_whatever_the_status() {
+    // Today's behaviour: Unauthenticated, Unavailable and ResourceExhausted alike are retried
+    // after the backoff (jitter 0: the half-second floor each time), while the agent keeps
+    // its node certificate and serves; no new attestation.
+    let fake = Fake::new(Duration::from_secs(20), 0);
+    if let Ok(mut r) = fake.renew_refusals.lock() {
+        *r = vec![
+            tonic::Code::Unauthenticated,
+            tonic::Code::Unavailable,
+            tonic::Code::ResourceExhausted,
+        ];
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let r = start(&fake, dir.path(), Some("tok"));
+    let state = r.state.clone();
+    let connects = || fake.connects.lock().map(|c| c.len()).unwrap_or(0);
+    wait_for(60, || connects() >= 2).await;
+    let renewals = fake.renewals.lock().expect("lock").clone();
+    assert_eq!(renewals.len(), 4, "three refusals, then the renewal");
+    for pair in renewals.windows(2) {
+        let gap = pair[1].duration_since(pair[0]).expect("later");
+        assert!(
+            gap >= RETRY_BASE / 2 && gap < RETRY_BASE / 2 + Duration::from_millis(20),
+            "{gap:?}"
+        );
+    }
+    assert_eq!(Fake::count(&fake.attests), 1);
+    assert_eq!(state.borrow().identities.len(), 1, "served throughout");
     stop(r).await;
 }
