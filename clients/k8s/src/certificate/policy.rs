@@ -683,7 +683,7 @@ pub fn renewal_time(
 /// a server that was briefly down, the cap keeps a broken request from hot-looping).
 pub fn failure_backoff(attempts: i32) -> Duration {
     let n = attempts.clamp(1, 16) as u32 - 1;
-    Duration::from_secs(60u64 << n).min(Duration::from_secs(3600))
+    signet_runtime::backoff::ceiling(n, Duration::from_secs(60), Duration::from_secs(3600))
 }
 
 /// Whether the key in the Secret may be reused for the next issuance.
