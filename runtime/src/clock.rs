@@ -105,6 +105,19 @@ pub fn from_unix(s: i64) -> SystemTime {
     }
 }
 
+/// The `SystemTime` of Unix seconds `s` read from the wire or a certificate, where a time
+/// before 1970 is malformed: `None` for it and for one `SystemTime` cannot hold.
+pub fn from_unix_checked(s: i64) -> Option<SystemTime> {
+    u64::try_from(s)
+        .ok()
+        .and_then(|s| SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(s)))
+}
+
+/// The same, clamped: a time before 1970 (or out of range) counts as the epoch.
+pub fn from_unix_clamped(s: i64) -> SystemTime {
+    from_unix_checked(s).unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
 /// Whole seconds of `d` as an `i64` (for a proto `int64 *_seconds` field; saturating).
 pub fn whole_seconds(d: Duration) -> i64 {
     i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
@@ -115,9 +128,10 @@ pub fn from_seconds(s: i64) -> Duration {
     Duration::from_secs(u64::try_from(s).unwrap_or(0))
 }
 
-/// `t`, truncated to whole Unix seconds (as X.509 validity and the wire carry it).
+/// `t`, truncated to whole Unix seconds (as X.509 validity, the wire and Kubernetes status
+/// carry it); a time before 1970 counts as the epoch.
 pub fn truncate_to_seconds(t: SystemTime) -> SystemTime {
-    from_unix(unix(t))
+    from_unix_clamped(unix(t))
 }
 
 /// Where `from_unix` saturates on a platform whose `SystemTime` cannot hold the instant: the
@@ -141,6 +155,18 @@ mod tests {
         // Neither end panics.
         assert!(from_unix(i64::MAX) >= far_future());
         assert!(from_unix(i64::MIN) <= SystemTime::UNIX_EPOCH);
+    }
+
+    #[test]
+    fn checked_and_clamped_refuse_or_floor_times_before_1970() {
+        assert_eq!(from_unix_checked(5), Some(from_unix(5)));
+        assert_eq!(from_unix_checked(-1), None);
+        assert_eq!(from_unix_clamped(-1), SystemTime::UNIX_EPOCH);
+        assert_eq!(from_unix_clamped(7), from_unix(7));
+        assert_eq!(
+            truncate_to_seconds(SystemTime::UNIX_EPOCH - Duration::from_secs(9)),
+            SystemTime::UNIX_EPOCH
+        );
     }
 
     #[test]
