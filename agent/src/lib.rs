@@ -13,7 +13,8 @@
 //! - [`sinks`]: delivery of SVIDs to files and Kubernetes Secrets.
 //! - [`ca`]: the seam to the Signet server (trait [`ca::Ca`], gRPC implementation [`ca::GrpcCa`]).
 //! - [`node`]: the node identity and bundle persisted in `data_dir`.
-//! - [`driver`]: the main loop: attestation, node renewal, entry sync, rotation.
+//! - [`driver`]: the main loop (attestation, node renewal, entry sync, bundle stream, rotation):
+//!   a pure schedule decides what is due, a thin `select!` loop executes it.
 //! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
 #![forbid(unsafe_code)]
 

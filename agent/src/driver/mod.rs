@@ -13,7 +13,7 @@
 mod connector;
 mod node;
 mod roots;
-pub mod schedule;
+mod schedule;
 
 use std::path::PathBuf;
 use std::sync::Arc;

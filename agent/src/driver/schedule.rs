@@ -224,6 +224,7 @@ impl Schedule {
             .max(MIN_PAUSE)
     }
 
+    #[cfg(test)]
     pub fn is_connected(&self) -> bool {
         self.connected
     }
