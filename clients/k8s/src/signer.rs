@@ -256,7 +256,9 @@ impl Signer {
         let req = self
             .request(SignCsrRequest {
                 csr: csr.to_vec(),
-                ttl_seconds: ttl.map(|d| d.as_secs().max(1) as i64).unwrap_or(0),
+                ttl_seconds: ttl
+                    .map(|d| signet_runtime::clock::whole_seconds(d).max(1))
+                    .unwrap_or(0),
                 kubernetes_namespace: namespace.to_owned(),
             })
             .await?;
