@@ -12,10 +12,12 @@ use futures::StreamExt;
 use signet_types::TrustDomain;
 
 use crate::ca::{BundleStream, Ca, CaError, TrustBundle};
-use crate::rotation::backoff;
+use signet_runtime::backoff::{Backoff, Retry};
 
 pub const REOPEN_BASE: Duration = Duration::from_secs(1);
 pub const REOPEN_CAP: Duration = Duration::from_secs(30);
+/// How the stream is reopened: capped exponential, full jitter, at least half the base.
+pub const REOPEN: Backoff = Backoff::full(REOPEN_BASE, REOPEN_CAP).with_half_base_floor();
 
 /// What to do with a bundle from the server.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,23 +50,22 @@ pub fn decide(td: &TrustDomain, current: &[Vec<u8>], received: &TrustBundle) -> 
 /// The bundle stream over the current connection, reopened with backoff when it fails.
 pub struct BundleWatch {
     stream: Option<BundleStream>,
-    next_open: SystemTime,
-    failures: u32,
+    /// When to (re)open it, and the failures in a row.
+    open: Retry,
 }
 
 impl BundleWatch {
     pub fn new(now: SystemTime) -> Self {
         Self {
             stream: None,
-            next_open: now,
-            failures: 0,
+            open: Retry::new(REOPEN, now),
         }
     }
 
     /// The connection was replaced or lost: drop the stream; open again at `now`.
     pub fn reset(&mut self, now: SystemTime) {
         self.stream = None;
-        self.next_open = now;
+        self.open.reschedule(now);
     }
 
     pub fn is_open(&self) -> bool {
@@ -73,12 +74,12 @@ impl BundleWatch {
 
     /// When the stream should be (re)opened; `None` while it is open.
     pub fn reopen_at(&self) -> Option<SystemTime> {
-        (self.stream.is_none()).then_some(self.next_open)
+        (self.stream.is_none()).then_some(self.open.due())
     }
 
     /// Opens the stream on `ca` if it is closed and due; on failure, schedules the next try.
     pub async fn open_if_due(&mut self, ca: &dyn Ca, now: SystemTime, rnd: f64) {
-        if self.stream.is_some() || now < self.next_open {
+        if self.stream.is_some() || !self.open.is_due(now) {
             return;
         }
         match ca.watch_bundle().await {
@@ -93,15 +94,14 @@ impl BundleWatch {
     /// The stream failed or ended: drop it and reopen after a capped, jittered backoff.
     pub fn failed(&mut self, now: SystemTime, rnd: f64, why: &dyn std::fmt::Display) {
         self.stream = None;
-        let wait = backoff(self.failures, REOPEN_BASE, REOPEN_CAP, rnd).max(REOPEN_BASE / 2);
-        self.failures = self.failures.saturating_add(1);
+        let wait = self.open.failed(now, rnd);
         tracing::warn!(error = %why, retry_in = ?wait, "trust bundle stream interrupted");
-        self.next_open = now + wait;
     }
 
     /// A bundle arrived: the stream works.
     pub fn succeeded(&mut self) {
-        self.failures = 0;
+        let due = self.open.due();
+        self.open.succeeded(due);
     }
 
     /// The next item of the open stream; `None` when it ended. Pending forever while no

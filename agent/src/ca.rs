@@ -189,9 +189,7 @@ pub trait Ca: Send + Sync {
 // --- proto conversions ------------------------------------------------------------------
 
 fn unix_time(secs: i64) -> Result<SystemTime, CaError> {
-    u64::try_from(secs)
-        .ok()
-        .and_then(|s| SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(s)))
+    signet_runtime::clock::from_unix_checked(secs)
         .ok_or_else(|| CaError::Invalid(format!("time {secs} out of range")))
 }
 

@@ -672,12 +672,12 @@ impl Config {
                     )));
                 }
                 if let Some(sig) = &f.reload_signal
-                    && crate::sinks::files::signal_by_name(sig).is_none()
+                    && crate::signal::signal_by_name(sig).is_none()
                 {
                     return Err(ConfigError::Invalid(format!(
                         "sink {:?}: reload_signal {sig:?} is not a signal name (one of {})",
                         s.name,
-                        crate::sinks::files::SIGNAL_NAMES.join(", ")
+                        crate::signal::SIGNAL_NAMES.join(", ")
                     )));
                 }
                 if f.reload_timeout.is_zero() {

@@ -71,7 +71,7 @@ async fn metrics_text(State(s): State<HttpState>) -> impl IntoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::SystemClock;
+    use signet_runtime::clock::SystemClock;
     use tower::ServiceExt;
 
     async fn get_status(app: &Router, path: &str) -> (StatusCode, String) {

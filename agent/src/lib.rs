@@ -9,17 +9,18 @@
 //! - [`attest`]: caller attestation (Unix peer credentials, pinned process, cgroup, pod);
 //!   selector matching.
 //! - [`workload`]: the SPIFFE Workload API server.
+//! - [`signal`]: the reload signals a files sink may send, by name.
 //! - [`sinks`]: delivery of SVIDs to files and Kubernetes Secrets.
 //! - [`ca`]: the seam to the Signet server (trait [`ca::Ca`], gRPC implementation [`ca::GrpcCa`]).
 //! - [`node`]: the node identity and bundle persisted in `data_dir`.
-//! - [`driver`]: the main loop: attestation, node renewal, entry sync, rotation.
+//! - [`driver`]: the main loop (attestation, node renewal, entry sync, bundle stream, rotation):
+//!   a pure schedule decides what is due, a thin `select!` loop executes it.
 //! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
 #![forbid(unsafe_code)]
 
 pub mod attest;
 pub mod bundle;
 pub mod ca;
-pub mod clock;
 pub mod config;
 pub mod driver;
 #[doc(hidden)]
@@ -31,6 +32,7 @@ pub mod node;
 pub mod revocation;
 pub mod rotation;
 pub mod rotator;
+pub mod signal;
 pub mod sinks;
 pub mod state;
 pub mod workload;

@@ -12,9 +12,8 @@ use std::sync::Arc;
 
 use clap::Parser;
 use signet_agent::attest::{Attestor, K8sAttestor};
-use signet_agent::clock::SystemClock;
 use signet_agent::config::{Config, SinkKind};
-use signet_agent::driver::{Driver, GrpcConnector, Settings, SwapCa, std_random};
+use signet_agent::driver::{Driver, GrpcConnector, Settings, SwapCa};
 use signet_agent::http::{Readiness, router};
 use signet_agent::metrics::Metrics;
 use signet_agent::rotator::{Rotator, SinkBinding};
@@ -22,6 +21,8 @@ use signet_agent::sinks::apiserver::ApiServer;
 use signet_agent::sinks::{Deps, Registry};
 use signet_agent::state;
 use signet_agent::workload::{self, ServeOptions, WorkloadApi};
+use signet_runtime::clock::SystemClock;
+use signet_runtime::random::SystemRandom;
 
 /// Signet node agent: SPIFFE Workload API, certificate rotation, file and Secret sinks.
 #[derive(Debug, Parser)]
@@ -174,7 +175,7 @@ async fn run(cfg: Config) -> Result<(), String> {
     let rotator = Rotator::new(
         ca.clone(),
         clock.clone(),
-        Arc::new(std_random),
+        Arc::new(SystemRandom::default()),
         cfg.renew_fraction,
         state_tx,
     )
@@ -196,7 +197,7 @@ async fn run(cfg: Config) -> Result<(), String> {
         settings,
         connector,
         clock,
-        Arc::new(std_random),
+        Arc::new(SystemRandom::default()),
         ca,
         rotator,
     )

@@ -9,9 +9,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::clock::Clock;
-use crate::sinks::worker::SinkHealth;
+use crate::sinks::health::SinkHealth;
 use crate::state::{AgentState, StateReceiver};
+use signet_runtime::clock::Clock;
 
 /// Labels of the per-sink metrics: `sink`, and for failures `reason`.
 pub type SinkLabels = Vec<(&'static str, String)>;
@@ -164,15 +164,15 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::FixedClock;
     use crate::state::{Identity, Selector, X509Svid, channel};
+    use signet_runtime::clock::FakeClock;
     use std::time::{Duration, SystemTime};
 
     #[test]
     fn reports_held_certificates_and_earliest_expiry() {
         let (tx, rx) = channel();
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let m = Metrics::new(rx, Arc::new(FixedClock(std::sync::Mutex::new(t0))));
+        let m = Metrics::new(rx, Arc::new(FakeClock::at(t0)));
         assert!(m.encode().contains("signet_agent_certificates 0"));
         let id = |secs| Identity {
             entry_id: "e".into(),

@@ -9,7 +9,7 @@ use std::fmt;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use rcgen::PublicKeyData;
 use signet_client::ClientIdentity;
@@ -45,9 +45,7 @@ impl fmt::Debug for NodeIdentity {
 }
 
 fn unix(secs: i64) -> Result<SystemTime, String> {
-    u64::try_from(secs)
-        .ok()
-        .and_then(|s| SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(s)))
+    signet_runtime::clock::from_unix_checked(secs)
         .ok_or_else(|| format!("time {secs} out of range"))
 }
 
@@ -242,6 +240,7 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> 
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+    use std::time::Duration;
 
     /// A self-signed SPIFFE certificate and its key.
     fn identity(secs: u64) -> NodeIdentity {

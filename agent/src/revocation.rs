@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::ParsedExtension;
@@ -58,10 +58,7 @@ fn ski_of(cert: &X509Certificate<'_>) -> Option<String> {
 }
 
 fn unix(t: x509_parser::time::ASN1Time) -> SystemTime {
-    u64::try_from(t.timestamp())
-        .ok()
-        .and_then(|s| SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(s)))
-        .unwrap_or(SystemTime::UNIX_EPOCH)
+    signet_runtime::clock::from_unix_clamped(t.timestamp())
 }
 
 /// What the revocation checks need of a certificate the agent holds: the key that issued it
@@ -413,6 +410,7 @@ impl Revocations {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// A test CA (rcgen) that signs leaves and CRLs.
     pub struct TestCa {

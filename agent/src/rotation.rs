@@ -1,7 +1,10 @@
-//! Rotation policy as pure functions: when to renew, how long to back off after a failure,
-//! and whether a certificate may still be served. Time and randomness come in as arguments.
+//! Rotation policy as pure functions: when to renew, when to replace a compromised
+//! certificate, and whether a certificate may still be served. Time and randomness come in as
+//! arguments; the backoff arithmetic is `signet_runtime::backoff`'s.
 
 use std::time::{Duration, SystemTime};
+
+use signet_runtime::backoff::Backoff;
 
 /// Jitter spreads renewals over ±this fraction of the lifetime around the target.
 pub const JITTER_SPAN: f64 = 0.10;
@@ -35,26 +38,14 @@ pub fn renew_at(
     not_before + lifetime.mul_f64(at)
 }
 
-/// Capped exponential backoff with full jitter: a uniform wait in
-/// `[0, min(cap, base * 2^attempt))`, `rnd` in `[0, 1)`. `attempt` counts from 0.
-pub fn backoff(attempt: u32, base: Duration, cap: Duration, rnd: f64) -> Duration {
-    let ceiling = base
-        .checked_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX))
-        .unwrap_or(cap)
-        .min(cap);
-    let rnd = if rnd.is_finite() {
-        rnd.clamp(0.0, 1.0)
-    } else {
-        0.0
-    };
-    ceiling.mul_f64(rnd)
-}
-
 /// First wait before replacing again a certificate that came back compromised (the server still
 /// signs with the tainted key, or lists the new serial too).
 pub const COMPROMISED_RETRY_BASE: Duration = Duration::from_secs(1);
 /// Longest such wait.
 pub const COMPROMISED_RETRY_CAP: Duration = Duration::from_secs(60);
+/// How such replacements back off: capped exponential, full jitter, at least half the base.
+pub const COMPROMISED_RETRY: Backoff =
+    Backoff::full(COMPROMISED_RETRY_BASE, COMPROMISED_RETRY_CAP).with_half_base_floor();
 
 /// When a held certificate is to be renewed.
 ///
@@ -78,8 +69,7 @@ pub fn renewal_due(
     }
     let wait = match reissues {
         0 => Duration::ZERO,
-        n => backoff(n - 1, COMPROMISED_RETRY_BASE, COMPROMISED_RETRY_CAP, jitter)
-            .max(COMPROMISED_RETRY_BASE / 2),
+        n => COMPROMISED_RETRY.delay(n - 1, jitter),
     };
     (obtained + wait).min(scheduled)
 }
@@ -93,6 +83,17 @@ pub fn should_serve(not_before: SystemTime, not_after: SystemTime, now: SystemTi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The full-jitter backoff the agent retries with.
+    fn backoff(attempt: u32, base: Duration, cap: Duration, rnd: f64) -> Duration {
+        signet_runtime::backoff::backoff(
+            attempt,
+            base,
+            cap,
+            signet_runtime::backoff::Jitter::Full,
+            rnd,
+        )
+    }
 
     fn t(secs: u64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_secs(secs)

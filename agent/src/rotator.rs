@@ -16,21 +16,24 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::ca::{Ca, CaError, Crl, EntrySpec, IssuedSvid, WorkloadCsr};
-use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::revocation::{CertRef, Compromise, CrlRejected, Issuers, Revocations};
-use crate::rotation::{backoff, renew_at, renewal_due};
+use crate::rotation::{renew_at, renewal_due};
 use crate::sinks::Delivered;
 use crate::sinks::worker::{SinkSet, Telemetry};
 use crate::state::{AgentState, Identity, StateSender, X509Svid};
+use signet_runtime::backoff::Backoff;
+use signet_runtime::clock::Clock;
 
 pub use crate::sinks::worker::SinkBinding;
 
-/// A source of uniform numbers in `[0, 1)`.
-pub type Random = Arc<dyn Fn() -> f64 + Send + Sync>;
+/// A source of uniform numbers in `[0, 1)` for jitter (injected; seeded in tests).
+pub type Random = Arc<dyn signet_runtime::random::Random>;
 
 pub const BACKOFF_BASE: Duration = Duration::from_secs(1);
 pub const BACKOFF_CAP: Duration = Duration::from_secs(300);
+/// How a failed pass is retried: capped exponential, full jitter.
+pub const BACKOFF: Backoff = Backoff::full(BACKOFF_BASE, BACKOFF_CAP);
 /// Longest sleep between passes, so new entries are picked up.
 pub const MAX_SLEEP: Duration = Duration::from_secs(60);
 
@@ -290,7 +293,7 @@ impl Rotator {
             .unwrap_or(now + MAX_SLEEP)
             .min(now + MAX_SLEEP);
         if failed {
-            let wait = backoff(self.failures, BACKOFF_BASE, BACKOFF_CAP, (self.random)());
+            let wait = BACKOFF.delay(self.failures, self.random.unit());
             self.failures = self.failures.saturating_add(1);
             next = next.min(now + wait);
         } else if self.held.values().any(|h| h.due_at(rev) <= now) {
@@ -331,7 +334,7 @@ impl Rotator {
                         issued.not_before.max(now),
                         issued.not_after,
                         self.fraction,
-                        (self.random)(),
+                        self.random.unit(),
                     );
                     let cert = issued.chain_der.first().and_then(|l| CertRef::parse(l));
                     let before = self.issuers.clone();
@@ -343,7 +346,7 @@ impl Rotator {
                         svid,
                         renew_at: renew,
                         obtained: now,
-                        jitter: (self.random)(),
+                        jitter: self.random.unit(),
                         reissues: 0,
                         cert,
                     };
@@ -452,17 +455,17 @@ impl Rotator {
 mod tests {
     use super::*;
     use crate::ca::{AttestCredential, Attested, EntriesUpdate};
-    use crate::clock::FixedClock;
     use crate::config::DeletionPolicy;
     use crate::sinks::{Applied, Sink};
     use crate::state::{Selector, channel};
+    use signet_runtime::clock::FakeClock;
     use std::sync::Mutex;
 
     const ROOT: &[u8] = b"root";
 
     /// Signs with a 1000 s lifetime from the fake clock's now; can be switched off.
     struct FakeCa {
-        clock: Arc<FixedClock>,
+        clock: Arc<FakeClock>,
         down: Mutex<bool>,
         signed: Mutex<u32>,
     }
@@ -527,12 +530,12 @@ mod tests {
 
     fn setup() -> (
         Rotator,
-        Arc<FixedClock>,
+        Arc<FakeClock>,
         Arc<FakeCa>,
         crate::state::StateReceiver,
     ) {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let clock = Arc::new(FixedClock(Mutex::new(t0)));
+        let clock = Arc::new(FakeClock::at(t0));
         let ca = Arc::new(FakeCa {
             clock: clock.clone(),
             down: Mutex::new(false),
@@ -544,10 +547,8 @@ mod tests {
         (r, clock, ca, rx)
     }
 
-    fn advance(clock: &FixedClock, to: SystemTime) {
-        if let Ok(mut t) = clock.0.lock() {
-            *t = to;
-        }
+    fn advance(clock: &FakeClock, to: SystemTime) {
+        clock.set(to);
     }
 
     #[tokio::test]
@@ -783,7 +784,7 @@ mod tests {
 
     /// Really signs each CSR under its current CA (switchable), serials 1, 2, 3…
     struct PkiCa {
-        clock: Arc<FixedClock>,
+        clock: Arc<FakeClock>,
         ca: Mutex<Arc<TestCa>>,
         serial: Mutex<u64>,
     }
@@ -853,7 +854,7 @@ mod tests {
         ca: &Arc<TestCa>,
     ) -> (
         Rotator,
-        Arc<FixedClock>,
+        Arc<FakeClock>,
         Arc<PkiCa>,
         crate::state::StateReceiver,
         Arc<Metrics>,
@@ -867,13 +868,13 @@ mod tests {
         roots: Vec<Vec<u8>>,
     ) -> (
         Rotator,
-        Arc<FixedClock>,
+        Arc<FakeClock>,
         Arc<PkiCa>,
         crate::state::StateReceiver,
         Arc<Metrics>,
     ) {
         let t0 = SystemTime::now();
-        let clock = Arc::new(FixedClock(Mutex::new(t0)));
+        let clock = Arc::new(FakeClock::at(t0));
         let pki = Arc::new(PkiCa {
             clock: clock.clone(),
             ca: Mutex::new(ca.clone()),

@@ -8,4 +8,7 @@
 //! follow here (ARCHITECTURE.md); today each binary still has its own.
 #![forbid(unsafe_code)]
 
+pub mod backoff;
+pub mod clock;
 pub mod http;
+pub mod random;

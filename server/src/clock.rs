@@ -1,61 +1,13 @@
-//! Injected time. Decisions take `now` as an argument; only the async shell reads a [`Clock`].
+//! Injected time: the server reads the wall clock only through `signet_runtime::clock`'s
+//! [`Clock`] (decisions take `now` as an argument; only the async shell calls `now()`), and
+//! converts with its saturating [`unix`] / [`from_unix`].
+//!
+//! A thin re-export, kept so the server's many `crate::clock` imports need no edit; change the
+//! clock or the conversions in `runtime/src/clock.rs`.
 
-use std::time::SystemTime;
-
-pub trait Clock: Send + Sync + 'static {
-    fn now(&self) -> SystemTime;
-}
-
-/// The real wall clock.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> SystemTime {
-        SystemTime::now()
-    }
-}
-
-/// Unix seconds of `t` (negative before 1970).
-pub fn unix(t: SystemTime) -> i64 {
-    match t.duration_since(SystemTime::UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        Err(e) => -i64::try_from(e.duration().as_secs()).unwrap_or(i64::MAX),
-    }
-}
-
-/// The `SystemTime` of unix seconds `s`.
-pub fn from_unix(s: i64) -> SystemTime {
-    if s >= 0 {
-        SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(s.unsigned_abs())
-    } else {
-        SystemTime::UNIX_EPOCH - std::time::Duration::from_secs(s.unsigned_abs())
-    }
-}
+pub use signet_runtime::clock::{Clock, SystemClock, from_unix, unix};
 
 #[cfg(test)]
 pub mod fake {
-    use super::*;
-    use std::sync::Mutex;
-    use std::time::Duration;
-
-    /// A clock tests move by hand.
-    #[derive(Debug)]
-    pub struct FakeClock(Mutex<SystemTime>);
-
-    impl FakeClock {
-        pub fn at_unix(secs: i64) -> Self {
-            Self(Mutex::new(from_unix(secs)))
-        }
-        pub fn advance(&self, d: Duration) {
-            let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            *t += d;
-        }
-    }
-
-    impl Clock for FakeClock {
-        fn now(&self) -> SystemTime {
-            *self.0.lock().unwrap_or_else(|e| e.into_inner())
-        }
-    }
+    pub use signet_runtime::clock::FakeClock;
 }

@@ -51,7 +51,7 @@ use crate::sinks::reload;
 use crate::sinks::safe_dir::{Component, DATA_LINK, GenerationName, OpenError, SinkDir};
 use crate::sinks::{Applied, Delivered, Sink, SinkError};
 
-pub use crate::sinks::reload::{SIGNAL_NAMES, signal_by_name};
+use crate::signal::signal_by_name;
 
 /// The CRL file every layout gets when there are CRLs.
 pub const CRL_FILE: &str = "crl.pem";

@@ -9,6 +9,7 @@ use crate::config::{SinkConfig, SinkKind};
 
 pub mod apiserver;
 pub mod files;
+pub mod health;
 pub mod kubernetes;
 pub mod reload;
 pub mod safe_dir;

@@ -31,29 +31,6 @@ use tokio::io::AsyncReadExt;
 use crate::sinks::SinkError;
 use crate::sinks::safe_dir::{OpenError, open_trusted_dir};
 
-/// Signal names `reload_signal` accepts (with or without `SIG`).
-pub const SIGNAL_NAMES: &[&str] = &[
-    "HUP", "INT", "QUIT", "USR1", "USR2", "TERM", "WINCH", "ALRM", "CONT",
-];
-
-/// The signal named `name` (`HUP`, `SIGHUP`, any case), among [`SIGNAL_NAMES`].
-pub fn signal_by_name(name: &str) -> Option<Signal> {
-    let upper = name.to_ascii_uppercase();
-    let n = upper.strip_prefix("SIG").unwrap_or(&upper);
-    Some(match n {
-        "HUP" => Signal::HUP,
-        "INT" => Signal::INT,
-        "QUIT" => Signal::QUIT,
-        "USR1" => Signal::USR1,
-        "USR2" => Signal::USR2,
-        "TERM" => Signal::TERM,
-        "WINCH" => Signal::WINCH,
-        "ALRM" => Signal::ALARM,
-        "CONT" => Signal::CONT,
-        _ => return None,
-    })
-}
-
 /// Reads the pid from `pid_file` (see the module docs for what is checked). With
 /// `trusted_path`, the directory holding it is opened with
 /// [`crate::sinks::safe_dir::open_trusted_dir`].
@@ -298,15 +275,6 @@ pub async fn run_command(
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
-
-    #[test]
-    fn signal_names() {
-        assert_eq!(signal_by_name("HUP"), Some(Signal::HUP));
-        assert_eq!(signal_by_name("sigusr1"), Some(Signal::USR1));
-        assert_eq!(signal_by_name("KILL"), None);
-        assert_eq!(signal_by_name("9"), None);
-        assert_eq!(signal_by_name(""), None);
-    }
 
     fn me() -> u32 {
         rustix::process::geteuid().as_raw()

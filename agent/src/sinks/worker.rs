@@ -9,22 +9,24 @@
 //! sink, not the Workload API. Its state is kept in [`SinkHealth`] (shown on `/readyz`), in
 //! the `signet_agent_sink_*` metrics and in the logs.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 
-use crate::clock::Clock;
 use crate::config::DeletionPolicy;
 use crate::metrics::{Metrics, SinkLabels};
-use crate::rotation::backoff;
-use crate::rotator::Random;
+use crate::sinks::health::{SinkHealth, SinkReport, SinkState};
 use crate::sinks::{Applied, Delivered, Sink, SinkError, SinkErrorKind};
+use signet_runtime::backoff::Backoff;
+use signet_runtime::clock::Clock;
+use signet_runtime::random::Random;
 use signet_types::SpiffeId;
 
 pub const RETRY_BASE: Duration = Duration::from_secs(1);
 pub const RETRY_CAP: Duration = Duration::from_secs(300);
+/// How a failed delivery is retried: capped exponential, full jitter.
+pub const RETRY: Backoff = Backoff::full(RETRY_BASE, RETRY_CAP);
 
 /// A sink bound to the SPIFFE ID whose certificate it receives.
 pub struct SinkBinding {
@@ -78,7 +80,7 @@ impl SinkSet {
         bindings: Vec<SinkBinding>,
         telemetry: Telemetry,
         clock: Arc<dyn Clock>,
-        random: Random,
+        random: Arc<dyn Random>,
     ) -> Self {
         let workers = bindings
             .into_iter()
@@ -157,7 +159,7 @@ async fn run(
     timeout: Duration,
     telemetry: Telemetry,
     clock: Arc<dyn Clock>,
-    random: Random,
+    random: Arc<dyn Random>,
 ) {
     let name = sink.name().to_owned();
     let mut applied_seq = 0u64;
@@ -194,7 +196,7 @@ async fn run(
                 telemetry.succeeded(&name, what, &applied, clock.now());
             }
             Err(e) => {
-                let wait = backoff(failures, RETRY_BASE, RETRY_CAP, random());
+                let wait = RETRY.delay(failures, random.unit());
                 failures = failures.saturating_add(1);
                 telemetry.failed(&name, what, &e, failures, wait, clock.now());
                 tokio::select! {
@@ -203,83 +205,6 @@ async fn run(
                 }
             }
         }
-    }
-}
-
-/// A sink's state as `/readyz` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SinkState {
-    /// Nothing delivered yet, or nothing to hold.
-    Idle,
-    /// Holds what it should.
-    Healthy,
-    /// The last attempt failed, was refused or timed out; being retried.
-    Failing,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SinkReport {
-    pub state: SinkState,
-    /// Since when `state` holds.
-    pub since: SystemTime,
-    /// An attempt running since then.
-    pub busy_since: Option<SystemTime>,
-    pub last_error: Option<String>,
-    pub last_error_kind: Option<SinkErrorKind>,
-    /// What the last completed attempt refused to touch.
-    pub warnings: Vec<String>,
-    /// Consecutive failed attempts.
-    pub failures: u32,
-}
-
-/// Every sink's [`SinkReport`], by name.
-#[derive(Clone, Default)]
-pub struct SinkHealth(Arc<Mutex<BTreeMap<String, SinkReport>>>);
-
-impl SinkHealth {
-    fn with(&self, f: impl FnOnce(&mut BTreeMap<String, SinkReport>)) {
-        match self.0.lock() {
-            Ok(mut g) => f(&mut g),
-            Err(p) => f(&mut p.into_inner()),
-        }
-    }
-
-    pub fn reports(&self) -> Vec<(String, SinkReport)> {
-        let mut out = Vec::new();
-        self.with(|m| out = m.iter().map(|(k, v)| (k.clone(), v.clone())).collect());
-        out
-    }
-
-    /// One line per sink that fails, is busy for long, or refused something; empty when all
-    /// is well.
-    pub fn problems(&self, now: SystemTime) -> Vec<String> {
-        let ago = |t: SystemTime| now.duration_since(t).unwrap_or_default().as_secs();
-        let mut out = Vec::new();
-        for (name, r) in self.reports() {
-            if r.state == SinkState::Failing {
-                out.push(format!(
-                    "sink {name:?}: failing for {}s ({} attempts, {}): {}",
-                    ago(r.since),
-                    r.failures,
-                    r.last_error_kind
-                        .map(SinkErrorKind::label)
-                        .unwrap_or("error"),
-                    r.last_error.as_deref().unwrap_or("")
-                ));
-            }
-            if let Some(b) = r.busy_since
-                && ago(b) >= 5
-            {
-                out.push(format!(
-                    "sink {name:?}: an attempt has been running for {}s",
-                    ago(b)
-                ));
-            }
-            for w in &r.warnings {
-                out.push(format!("sink {name:?}: {w}"));
-            }
-        }
-        out
     }
 }
 
@@ -427,7 +352,8 @@ impl Telemetry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::SystemClock;
+    use signet_runtime::clock::SystemClock;
+    use std::sync::Mutex;
 
     /// Hangs on the first delivery; records the others.
     struct Hanging {

@@ -121,7 +121,8 @@ struct Accepting {
     opts: ServeOptions,
     limiter: Arc<ConnLimiter>,
     metrics: Arc<WorkloadMetrics>,
-    backoff: Duration,
+    /// Failed accepts in a row: the pause is `signet_runtime::backoff::ceiling` of it.
+    accept_failures: u32,
     /// Failed accepts / refused connections since the last log line about them.
     failed_unlogged: u64,
     refused_unlogged: u64,
@@ -161,12 +162,17 @@ impl Accepting {
                         );
                         self.failed_unlogged = 0;
                     }
-                    tokio::time::sleep(self.backoff).await;
-                    self.backoff = (self.backoff * 2).min(self.opts.accept_backoff_max);
+                    let pause = signet_runtime::backoff::ceiling(
+                        self.accept_failures,
+                        ACCEPT_BACKOFF_START,
+                        self.opts.accept_backoff_max,
+                    );
+                    self.accept_failures = self.accept_failures.saturating_add(1);
+                    tokio::time::sleep(pause).await;
                     continue;
                 }
             };
-            self.backoff = ACCEPT_BACKOFF_START;
+            self.accept_failures = 0;
             let process = match PeerProcess::from_socket(&stream, &self.opts.proc_root) {
                 Ok(p) => p,
                 Err(e) => {
@@ -231,7 +237,7 @@ pub async fn serve_with(
         listener,
         limiter: limiter.clone(),
         metrics: metrics.clone(),
-        backoff: ACCEPT_BACKOFF_START,
+        accept_failures: 0,
         failed_unlogged: 0,
         refused_unlogged: 0,
         quiet_failed_until: None,

@@ -1,5 +1,6 @@
-//! Capped exponential backoff with full jitter, and a per-object attempt counter for
-//! reconcilers. Randomness is injected ([`Random`]); the default draws from ring's
+//! The reconcilers' per-object attempt counter: capped exponential backoff with equal jitter
+//! (`signet_runtime::backoff`, never zero, so a failing object is not retried at once).
+//! Randomness is injected (`signet_runtime::random::Random`); the default draws from ring's
 //! `SystemRandom`, as the rest of Signet does.
 
 use std::collections::HashMap;
@@ -7,56 +8,8 @@ use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// A source of uniform numbers in `[0, 1)`.
-pub trait Random: Send + Sync {
-    fn unit(&self) -> f64;
-}
-
-/// ring's `SystemRandom`.
-pub struct SystemRandom(ring::rand::SystemRandom);
-
-impl Default for SystemRandom {
-    fn default() -> Self {
-        Self(ring::rand::SystemRandom::new())
-    }
-}
-
-impl Random for SystemRandom {
-    fn unit(&self) -> f64 {
-        use ring::rand::SecureRandom;
-        let mut b = [0u8; 8];
-        if self.0.fill(&mut b).is_err() {
-            return 0.5;
-        }
-        // 53 random bits -> [0, 1).
-        (u64::from_le_bytes(b) >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-/// A fixed number, for tests.
-pub struct FixedRandom(pub f64);
-
-impl Random for FixedRandom {
-    fn unit(&self) -> f64 {
-        self.0
-    }
-}
-
-/// A uniform wait in `[min(cap, base·2^attempt)/2, min(cap, base·2^attempt))` ("equal
-/// jitter": never zero, so a failing object is not retried at once; `rnd` in `[0, 1)`).
-/// `attempt` counts from 0.
-pub fn backoff(attempt: u32, base: Duration, cap: Duration, rnd: f64) -> Duration {
-    let ceiling = base
-        .checked_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX))
-        .unwrap_or(cap)
-        .min(cap);
-    let rnd = if rnd.is_finite() {
-        rnd.clamp(0.0, 1.0)
-    } else {
-        0.0
-    };
-    ceiling / 2 + (ceiling / 2).mul_f64(rnd)
-}
+use signet_runtime::backoff::Backoff;
+use signet_runtime::random::{Random, SystemRandom};
 
 /// Backoff settings: first wait around `base`, never more than `cap`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,7 +57,7 @@ impl<K: Eq + Hash + Clone> Backoffs<K> {
             *n = n.saturating_add(1);
             a
         };
-        backoff(attempt, self.policy.base, self.policy.cap, self.rng.unit())
+        Backoff::equal(self.policy.base, self.policy.cap).delay(attempt, self.rng.unit())
     }
 
     /// How many failures in a row `key` has had.
@@ -123,6 +76,18 @@ impl<K: Eq + Hash + Clone> Backoffs<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use signet_runtime::random::FixedRandom;
+
+    /// The equal-jitter backoff the reconcilers retry with.
+    fn backoff(attempt: u32, base: Duration, cap: Duration, rnd: f64) -> Duration {
+        signet_runtime::backoff::backoff(
+            attempt,
+            base,
+            cap,
+            signet_runtime::backoff::Jitter::Equal,
+            rnd,
+        )
+    }
 
     #[test]
     fn grows_then_caps_never_zero() {

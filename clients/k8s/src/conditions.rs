@@ -101,10 +101,7 @@ pub fn set(conditions: &mut Vec<Condition>, mut new: Condition, now: &Time) -> b
 
 /// A `Time` from a `SystemTime`, truncated to whole seconds as the API server stores it.
 pub fn time(t: std::time::SystemTime) -> Time {
-    let secs = match t.duration_since(std::time::UNIX_EPOCH) {
-        Ok(d) => d.as_secs() as i64,
-        Err(e) => -(e.duration().as_secs() as i64),
-    };
+    let secs = signet_runtime::clock::unix(t);
     Time(
         k8s_openapi::jiff::Timestamp::from_second(secs)
             .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),

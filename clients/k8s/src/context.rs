@@ -7,10 +7,10 @@ use std::time::Duration;
 use kube::Client;
 
 use crate::backoff::{Backoffs, Policy};
-use crate::clock::{Clock, SystemClock};
 use crate::events::Events;
 use crate::operator::BridgeConfig;
 use crate::signer::{SignBackend, SignerCache};
+use signet_runtime::clock::{Clock, SystemClock};
 
 pub struct Context {
     pub client: Client,

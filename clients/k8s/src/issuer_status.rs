@@ -220,10 +220,11 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::backoff::{Backoffs, FixedRandom, Policy};
-    use crate::clock::FakeClock;
+    use crate::backoff::{Backoffs, Policy};
     use crate::signer::SignBackend;
     use crate::testing::{Expect, FakeBackend, TestBridge, mock_client, object};
+    use signet_runtime::clock::FakeClock;
+    use signet_runtime::random::FixedRandom;
 
     const NOW_STR: &str = "2027-01-15T08:00:00Z";
     const ISSUER_STATUS: &str = "/apis/signet.dev/v1/namespaces/a/issuers/signet/status";

@@ -9,8 +9,7 @@
 //! - [`operator`]: what only the operator decides (the server of namespaced Issuers, the
 //!   bridge's token), from the flags.
 //! - [`signer`]: one connected client per issuer; errors classified Permanent / Retryable.
-//! - [`backoff`]: capped exponential backoff with jitter, per-object attempt counters.
-//! - [`clock`]: injected time.
+//! - [`backoff`]: per-object attempt counters over the runtime's capped exponential backoff.
 //! - `testing` (feature `testing`): the one mock API server for controller tests (exact
 //!   expected requests, answers computed from merged state), and real-shaped objects.
 //! - [`certificate`]: standalone mode, `Certificate` reconcilers (trigger, issuing, readiness).
@@ -22,7 +21,6 @@ pub mod backoff;
 pub mod certificate;
 pub mod certmanager;
 pub mod citadel;
-pub mod clock;
 pub mod conditions;
 pub mod context;
 pub mod crd;

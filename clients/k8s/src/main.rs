@@ -256,8 +256,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             signet_k8s::certificate::run(
                 client,
                 signer,
-                Arc::new(signet_k8s::clock::SystemClock),
-                Arc::new(signet_k8s::backoff::SystemRandom::default()),
+                Arc::new(signet_runtime::clock::SystemClock),
+                Arc::new(signet_runtime::random::SystemRandom::default()),
                 owner_ref,
                 events,
                 bundle,
@@ -296,7 +296,7 @@ fn operator_bundle(
                 Ok(c) => break c,
                 Err(e) => {
                     tracing::warn!(error = %e, "standalone certificates: cannot reach the server for WatchBundle yet");
-                    signet_k8s::clock::sleep(std::time::Duration::from_secs(5)).await;
+                    signet_runtime::clock::sleep(std::time::Duration::from_secs(5)).await;
                 }
             }
         };
@@ -329,7 +329,7 @@ async fn citadel(enabled: bool, bridge: &BridgeConfig, client: Client) -> anyhow
             Ok(ok) => break ok,
             Err(e) => {
                 tracing::warn!(error = %e, "citadel: cannot reach the server yet");
-                signet_k8s::clock::sleep(std::time::Duration::from_secs(5)).await;
+                signet_runtime::clock::sleep(std::time::Duration::from_secs(5)).await;
             }
         }
     };
@@ -342,8 +342,8 @@ async fn citadel(enabled: bool, bridge: &BridgeConfig, client: Client) -> anyhow
     let ctx = Arc::new(signet_k8s::citadel::Context {
         client,
         signer: Arc::new(signet_k8s::certificate::FixedSigner(signer)),
-        clock: Arc::new(signet_k8s::clock::SystemClock),
-        random: Arc::new(signet_k8s::backoff::SystemRandom::default()),
+        clock: Arc::new(signet_runtime::clock::SystemClock),
+        random: Arc::new(signet_runtime::random::SystemRandom::default()),
         bundle: rx,
     });
     signet_k8s::citadel::run(ctx).await;

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use signet_client::ca::certificate_authority_client::CertificateAuthorityClient;
 use signet_client::ca::{GetBundleRequest, SignCsrRequest};
@@ -178,11 +178,7 @@ fn pem_of(der: &[u8]) -> String {
 }
 
 fn unix(secs: i64) -> SystemTime {
-    if secs >= 0 {
-        UNIX_EPOCH + Duration::from_secs(secs as u64)
-    } else {
-        UNIX_EPOCH
-    }
+    signet_runtime::clock::from_unix_clamped(secs)
 }
 
 impl Signer {
@@ -247,7 +243,9 @@ impl Signer {
         let req = self
             .request(SignCsrRequest {
                 csr: csr.to_vec(),
-                ttl_seconds: ttl.map(|d| d.as_secs().max(1) as i64).unwrap_or(0),
+                ttl_seconds: ttl
+                    .map(|d| signet_runtime::clock::whole_seconds(d).max(1))
+                    .unwrap_or(0),
                 kubernetes_namespace: namespace.to_owned(),
             })
             .await?;

@@ -11,14 +11,15 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};
 use signet_k8s::Action;
-use signet_k8s::backoff::{Backoffs, FixedRandom, Policy};
+use signet_k8s::backoff::{Backoffs, Policy};
 use signet_k8s::certmanager::CertificateRequest;
-use signet_k8s::clock::SystemClock;
 use signet_k8s::context::Context;
 use signet_k8s::crd::Issuer;
 use signet_k8s::signer::SignerCache;
 use signet_k8s::testing::{Expect, MockApi, Received, TestBridge, mock_client, object};
 use signet_k8s::{issuer_status, request};
+use signet_runtime::clock::SystemClock;
+use signet_runtime::random::FixedRandom;
 use signet_tests::{Server, TokenIssuer, csr_with, openssl_verify};
 
 use crate::pg_server;

@@ -8,12 +8,12 @@ use std::time::{Duration, SystemTime};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};
-use signet_k8s::backoff::SystemRandom;
 use signet_k8s::certificate::{self, Context, FixedSigner};
 use signet_k8s::certmanager::Certificate;
-use signet_k8s::clock::SystemClock;
 use signet_k8s::signer::{Credentials, Signer, SignerConfig};
 use signet_k8s::testing::{Expect, Stored, applied, not_found, scripted};
+use signet_runtime::clock::SystemClock;
+use signet_runtime::random::SystemRandom;
 use signet_tests::*;
 
 use crate::pg_server;

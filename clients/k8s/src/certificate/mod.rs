@@ -33,13 +33,13 @@ use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Map, Value, json};
 
-use crate::backoff::Random;
 use crate::certmanager::{Certificate, CertificateStatus};
-use crate::clock::Clock;
 use crate::issuers::IssuerKey;
 use crate::keys::{self, CsrNames};
 use crate::signer::{SignBackend, SignError, Signed, Signer};
 use policy::{Blocked, Desired, MANAGER, SecretView};
+use signet_runtime::clock::Clock;
+use signet_runtime::random::Random;
 
 /// Signs a CSR for the issuer a Certificate names. Production resolves the issuer
 /// ([`IssuerSigners`]); a bridge-wide server ([`FixedSigner`]) serves tests and Citadel mode.

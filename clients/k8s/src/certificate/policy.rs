@@ -290,14 +290,7 @@ impl IssuedCert {
             .next()
             .and_then(|c| c.as_str().ok())
             .map(str::to_owned);
-        let t = |x: ASN1Time| {
-            let s = x.timestamp();
-            if s >= 0 {
-                SystemTime::UNIX_EPOCH + Duration::from_secs(s as u64)
-            } else {
-                SystemTime::UNIX_EPOCH
-            }
-        };
+        let t = |x: ASN1Time| signet_runtime::clock::from_unix_clamped(x.timestamp());
         Ok(Self {
             not_before: t(cert.validity().not_before),
             not_after: t(cert.validity().not_after),
@@ -670,12 +663,7 @@ pub fn renewal_time(
     let room = nominal.duration_since(not_before).unwrap_or_default();
     let early = lifetime.mul_f64(JITTER_FRACTION * jitter).min(room);
     // Whole seconds: status times are stored to the second.
-    let t = nominal - early;
-    let secs = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    signet_runtime::clock::truncate_to_seconds(nominal - early)
 }
 
 /// How long to wait after the `attempts`-th consecutive failure before trying again: one
@@ -683,7 +671,7 @@ pub fn renewal_time(
 /// a server that was briefly down, the cap keeps a broken request from hot-looping).
 pub fn failure_backoff(attempts: i32) -> Duration {
     let n = attempts.clamp(1, 16) as u32 - 1;
-    Duration::from_secs(60u64 << n).min(Duration::from_secs(3600))
+    signet_runtime::backoff::ceiling(n, Duration::from_secs(60), Duration::from_secs(3600))
 }
 
 /// Whether the key in the Secret may be reused for the next issuance.

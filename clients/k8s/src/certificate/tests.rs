@@ -11,9 +11,9 @@ use kube::runtime::watcher;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::backoff::FixedRandom;
-use crate::clock::FakeClock;
 use crate::testing::{Expect, Stored, applied, not_found, scripted};
+use signet_runtime::clock::FakeClock;
+use signet_runtime::random::FixedRandom;
 
 const T0: u64 = 1_767_225_600; // 2026-01-01T00:00:00Z
 const T0_S: &str = "2026-01-01T00:00:00Z";

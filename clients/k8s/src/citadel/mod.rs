@@ -31,14 +31,14 @@ use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
-use crate::backoff::Random;
 use crate::certificate::CertSigner;
 use crate::certificate::policy::MANAGER;
-use crate::clock::Clock;
 use crate::issuers::{IssuerKey, IssuerKind};
 use crate::keys::{self, CsrNames, KeyAlgorithm, KeyEncoding};
 use crate::signer::BundleInfo;
 use plan::{CONFIGMAP_NAME, Renew};
+use signet_runtime::clock::Clock;
+use signet_runtime::random::Random;
 
 /// How often namespaces are looked at again for the label.
 pub const NAMESPACE_RECHECK: Duration = Duration::from_secs(300);
@@ -292,14 +292,14 @@ pub async fn watch_bundle(
         if tx.is_closed() {
             return;
         }
-        let wait = crate::backoff::backoff(
-            attempt,
+        // Equal jitter, drawn at the middle: three quarters of the ceiling.
+        let wait = signet_runtime::backoff::Backoff::equal(
             Duration::from_secs(1),
             Duration::from_secs(60),
-            0.5,
-        );
+        )
+        .delay(attempt, 0.5);
         attempt = attempt.saturating_add(1);
-        crate::clock::sleep(wait).await;
+        signet_runtime::clock::sleep(wait).await;
     }
 }
 
@@ -338,7 +338,7 @@ pub async fn run(ctx: Arc<Context>) {
                 if let Ok(Err(_)) = tokio::time::timeout(NAMESPACE_RECHECK, bundle.changed()).await
                 {
                     // The bundle watcher is gone: no busy loop, just the periodic pass.
-                    crate::clock::sleep(NAMESPACE_RECHECK).await;
+                    signet_runtime::clock::sleep(NAMESPACE_RECHECK).await;
                 }
             }
         }

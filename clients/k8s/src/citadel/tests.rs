@@ -9,10 +9,10 @@ use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::backoff::FixedRandom;
 use crate::certificate::tests::FakeSigner;
-use crate::clock::FakeClock;
 use crate::testing::{Expect, applied, not_found, scripted};
+use signet_runtime::clock::FakeClock;
+use signet_runtime::random::FixedRandom;
 
 const T0: u64 = 1_767_225_600;
 const NS_URI: &str = "/api/v1/namespaces/mesh";

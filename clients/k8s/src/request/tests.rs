@@ -3,10 +3,11 @@ use base64::engine::general_purpose::STANDARD;
 use serde_json::json;
 
 use super::*;
-use crate::backoff::{Backoffs, FixedRandom, Policy};
-use crate::clock::FakeClock;
+use crate::backoff::{Backoffs, Policy};
 use crate::signer::SignBackend;
 use crate::testing::{Expect, FakeBackend, mock_client, object};
+use signet_runtime::clock::FakeClock;
+use signet_runtime::random::FixedRandom;
 
 const NOW: u64 = 1_800_000_000;
 const NOW_STR: &str = "2027-01-15T08:00:00Z";

@@ -16,13 +16,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use signet_k8s::backoff::{Backoffs, FixedRandom, Policy};
-use signet_k8s::clock::SystemClock;
+use signet_k8s::backoff::{Backoffs, Policy};
 use signet_k8s::context::Context;
 use signet_k8s::crd::{ClusterIssuer, Issuer};
 use signet_k8s::issuer_status;
 use signet_k8s::signer::{Credentials, Signer, SignerCache, SignerConfig};
 use signet_k8s::testing::{Expect, TestBridge, mock_client, object};
+use signet_runtime::clock::SystemClock;
+use signet_runtime::random::FixedRandom;
 use signet_tests::rogue::{Rogue, identity_with_server_name};
 use signet_tests::{Server, TokenIssuer, bin};
 use tokio::io::AsyncBufReadExt;

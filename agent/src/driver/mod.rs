@@ -1,0 +1,318 @@
+//! The agent's main loop: obtain the node identity ([`node`]: reuse the one in `data_dir`, or
+//! attest), connect to the server over mTLS with it ([`connector`]), renew it at the configured
+//! fraction of its lifetime, poll `SyncEntries`, hold the server's trust bundle stream
+//! ([`roots`], [`crate::bundle`]), and drive the [`Rotator`] that signs the workloads'
+//! certificates and publishes them and the bundle to the Workload API state and the sinks.
+//!
+//! What to do next and when is decided by the pure [`schedule`]; this module only executes
+//! its steps and sleeps (waking early for a bundle from the server or the stop signal).
+//!
+//! Nothing here exits on a server error: every failure is logged and retried with backoff
+//! until the stop signal.
+
+mod connector;
+mod node;
+mod roots;
+mod schedule;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use signet_types::TrustDomain;
+
+use crate::bundle::BundleWatch;
+use crate::ca::{AttestCredential, Ca, EntriesUpdate, EntrySpec};
+use crate::node::NodeIdentity;
+use crate::rotator::{Random, Rotator};
+use schedule::{NodeCert, Schedule, Step};
+use signet_runtime::clock::Clock;
+
+pub use connector::{CONNECT_TIMEOUT, Connector, GrpcConnector, RPC_TIMEOUT, SwapCa};
+pub use schedule::{RETRY_BASE, RETRY_CAP};
+
+/// What the loop needs from the configuration.
+#[derive(Clone)]
+pub struct Settings {
+    pub data_dir: PathBuf,
+    pub trust_bundle_file: Option<PathBuf>,
+    pub renew_fraction: f64,
+    pub sync_interval: Duration,
+    /// Reads the attestation credential: the join token, or the Kubernetes service-account
+    /// token (called at each attestation attempt, so a token file written or rotated later is
+    /// picked up). Never logged.
+    pub credential: Arc<dyn Fn() -> Result<Option<AttestCredential>, String> + Send + Sync>,
+}
+
+pub struct Driver {
+    settings: Settings,
+    connector: Arc<dyn Connector>,
+    clock: Arc<dyn Clock>,
+    random: Random,
+    ca: Arc<SwapCa>,
+    rotator: Rotator,
+    ready: Option<crate::http::Readiness>,
+    entries: Vec<EntrySpec>,
+    revision: u64,
+}
+
+/// The loop's state for one node identity.
+struct Serving {
+    node: NodeIdentity,
+    trust_domain: TrustDomain,
+    /// `trust_domain` as a SPIFFE ID string (what the state publishes).
+    td: String,
+    /// The roots served now.
+    bundle: Vec<Vec<u8>>,
+    watch: BundleWatch,
+    schedule: Schedule,
+}
+
+/// Why the loop for one node identity returned.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Stopped,
+    /// The node SVID expired: obtain a new one.
+    NodeExpired,
+}
+
+/// What the pass does after a step.
+enum Flow {
+    /// On to the next due step of this pass.
+    Next,
+    /// Start a new pass (the connection was replaced).
+    Restart,
+}
+
+/// Sleeps for `d` or until stopped; returns false when stopped.
+async fn sleep(d: Duration, stop: &mut tokio::sync::watch::Receiver<bool>) -> bool {
+    if *stop.borrow() {
+        return false;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(d) => true,
+        _ = stop.wait_for(|s| *s) => false,
+    }
+}
+
+impl Driver {
+    /// `rotator` must have been built over `ca`.
+    pub fn new(
+        settings: Settings,
+        connector: Arc<dyn Connector>,
+        clock: Arc<dyn Clock>,
+        random: Random,
+        ca: Arc<SwapCa>,
+        rotator: Rotator,
+    ) -> Self {
+        Self {
+            settings,
+            connector,
+            clock,
+            random,
+            ca,
+            rotator,
+            ready: None,
+            entries: Vec::new(),
+            revision: 0,
+        }
+    }
+
+    /// Marks `ready` once the node is connected and its entries have been synced and signed
+    /// for the first time.
+    pub fn with_readiness(mut self, ready: crate::http::Readiness) -> Self {
+        self.ready = Some(ready);
+        self
+    }
+
+    /// Runs until `stop` turns true.
+    pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        loop {
+            let Some(node) = self.obtain_node(&mut stop).await else {
+                return;
+            };
+            match self.serve(node, &mut stop).await {
+                Outcome::Stopped => return,
+                Outcome::NodeExpired => {
+                    self.ca.set(None);
+                    tracing::error!(
+                        "the node certificate expired before it could be renewed; \
+                         attesting again (with a join token, this needs a new one)"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The loop for one node identity: passes of the steps [`Schedule::plan`] says are due,
+    /// and sleeps between them that a bundle from the server or the stop signal cut short.
+    async fn serve(
+        &mut self,
+        node: NodeIdentity,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Outcome {
+        let now = self.clock.now();
+        let mut s = self.start_serving(node, now);
+        loop {
+            let now = self.clock.now();
+            if !s.node.is_valid_at(now) {
+                return Outcome::NodeExpired;
+            }
+            let mut done = None;
+            let restarted = loop {
+                let stream_due = s.watch.reopen_at().is_some_and(|at| now >= at);
+                let Some(step) = s
+                    .schedule
+                    .plan(now, done, self.rotator.revocations(), stream_due)
+                else {
+                    break false;
+                };
+                if let Flow::Restart = self.execute(step, &mut s, now).await {
+                    break true;
+                }
+                done = Some(step);
+            };
+            if restarted {
+                continue;
+            }
+            let wait = s.schedule.wait(
+                self.clock.now(),
+                self.rotator.revocations(),
+                s.watch.reopen_at(),
+            );
+            if *stop.borrow() {
+                return Outcome::Stopped;
+            }
+            // Sleep, but wake for a bundle from the server.
+            let received = tokio::select! {
+                _ = tokio::time::sleep(wait) => continue,
+                _ = stop.wait_for(|s| *s) => return Outcome::Stopped,
+                item = s.watch.next() => item,
+            };
+            let now = self.clock.now();
+            match received {
+                Some(Ok(b)) => self.bundle_received(&mut s, b, now),
+                Some(Err(e)) => s.watch.failed(now, self.random.unit(), &e),
+                None => s
+                    .watch
+                    .failed(now, self.random.unit(), &"the server ended the stream"),
+            }
+        }
+    }
+
+    /// Installs `node` at `now`: the rotator learns its chain and serves the known bundle and
+    /// the CRLs kept from before a restart, before the server answers.
+    fn start_serving(&mut self, node: NodeIdentity, now: SystemTime) -> Serving {
+        let bundle = self.served_bundle();
+        let trust_domain = node.spiffe_id.trust_domain().clone();
+        let td = trust_domain.id_string();
+        self.rotator.set_bundle(td.clone(), bundle.clone());
+        self.rotator.learn_issuers(&node.chain_der);
+        self.rotator
+            .restore_crls(&crate::node::load_crls(&self.settings.data_dir));
+        let schedule = Schedule::new(
+            &NodeCert::of(&node),
+            now,
+            self.settings.renew_fraction,
+            self.settings.sync_interval,
+            self.random.as_ref(),
+        );
+        Serving {
+            node,
+            trust_domain,
+            td,
+            bundle,
+            watch: BundleWatch::new(now),
+            schedule,
+        }
+    }
+
+    /// Executes one step at `now` and reports its result to the schedule.
+    async fn execute(&mut self, step: Step, s: &mut Serving, now: SystemTime) -> Flow {
+        match step {
+            Step::Connect => match self.connect(&s.node).await {
+                Ok(()) => {
+                    s.schedule.connect_succeeded();
+                    s.watch.reset(now);
+                    tracing::info!(node = %s.node.spiffe_id, "connected to the server");
+                }
+                Err(e) => {
+                    let wait = s.schedule.connect_failed(now, self.random.unit());
+                    tracing::warn!(error = %e, retry_in = ?wait, "cannot reach the server");
+                }
+            },
+            Step::RenewNode => {
+                let was = s.schedule.node_compromise(self.rotator.revocations());
+                if let Some(why) = &was {
+                    tracing::info!(node = %s.node.spiffe_id, reason = %why, "replacing the compromised node certificate now");
+                }
+                match self.renew_node().await {
+                    Ok(n) => {
+                        tracing::info!(node = %n.spiffe_id, not_after = ?n.not_after, "node certificate renewed");
+                        self.rotator.learn_issuers(&n.chain_der);
+                        if let Some(m) = self.rotator.metrics()
+                            && was.is_some()
+                        {
+                            m.compromised_replacements.inc();
+                        }
+                        let again = s.schedule.node_renewed(
+                            &NodeCert::of(&n),
+                            now,
+                            self.rotator.revocations(),
+                            self.random.as_ref(),
+                        );
+                        if let Some(why) = again {
+                            tracing::warn!(reason = %why, "the new node certificate is compromised too; retrying after a backoff");
+                        }
+                        s.node = n;
+                        s.watch.reset(now);
+                        return Flow::Restart;
+                    }
+                    Err(e) => {
+                        let wait = s.schedule.node_renewal_failed(now, self.random.unit());
+                        tracing::warn!(error = %e, retry_in = ?wait, "node renewal failed");
+                    }
+                }
+            }
+            Step::SyncEntries => {
+                match self.ca.sync_entries(self.revision).await {
+                    Ok(EntriesUpdate::Unchanged) => s.schedule.sync_succeeded(now, false),
+                    Ok(EntriesUpdate::Changed { revision, entries }) => {
+                        tracing::info!(
+                            revision,
+                            entries = entries.len(),
+                            "registration entries changed"
+                        );
+                        self.revision = revision;
+                        self.entries = entries;
+                        s.schedule.sync_succeeded(now, true);
+                    }
+                    Err(e) => {
+                        let failures = s.schedule.sync_failed(now);
+                        tracing::warn!(error = %e, failures, "entry sync failed; keeping the known entries");
+                    }
+                }
+                if self.refresh_served_bundle(s) {
+                    s.schedule.rotate_now(now);
+                }
+            }
+            Step::OpenBundleStream => {
+                s.watch
+                    .open_if_due(self.ca.as_ref(), now, self.random.unit())
+                    .await;
+            }
+            Step::Rotate => {
+                let next = self.rotator.tick(&self.entries).await;
+                if s.schedule.rotated(next)
+                    && let Some(r) = &self.ready
+                {
+                    r.set_ready();
+                }
+            }
+        }
+        Flow::Next
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,112 @@
+//! The node identity, as the loop obtains and renews it: reuse the one stored in `data_dir`
+//! while it is valid, else attest with the configured credential (join token or Kubernetes
+//! service-account token); renew it over the node's mTLS connection; persist each new one
+//! ([`crate::node`] owns the files).
+//!
+//! Invariant: an attested identity is kept in memory even when it cannot be persisted (the
+//! join token is spent); every failure is an error string for the loop to log and retry,
+//! never a panic or an exit.
+
+use signet_runtime::backoff::Retry;
+
+use super::connector::RPC_TIMEOUT;
+use super::schedule::RETRY;
+use super::{Driver, sleep};
+use crate::ca::Ca;
+use crate::node::{self, NodeIdentity, Stored};
+
+impl Driver {
+    /// Retries [`Self::try_obtain_node`] with backoff until it succeeds or the agent stops.
+    pub(super) async fn obtain_node(
+        &self,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Option<NodeIdentity> {
+        let mut retry = Retry::new(RETRY, self.clock.now());
+        loop {
+            match self.try_obtain_node().await {
+                Ok(n) => return Some(n),
+                Err(e) => {
+                    let wait = retry.failed(self.clock.now(), self.random.unit());
+                    tracing::warn!(error = %e, retry_in = ?wait, "no node identity yet");
+                    if !sleep(wait, stop).await {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn try_obtain_node(&self) -> Result<NodeIdentity, String> {
+        let dir = &self.settings.data_dir;
+        let now = self.clock.now();
+        match node::load(dir) {
+            Stored::Found(n) if n.is_valid_at(now) => {
+                tracing::info!(node = %n.spiffe_id, "reusing the node identity in data_dir");
+                return Ok(n);
+            }
+            Stored::Found(n) => {
+                tracing::warn!(node = %n.spiffe_id, "the stored node certificate is no longer valid")
+            }
+            Stored::Corrupt(why) => {
+                tracing::warn!(reason = %why, "ignoring a corrupt node identity in data_dir")
+            }
+            Stored::Absent => {}
+        }
+        let cred = (self.settings.credential)()?.ok_or_else(|| {
+            format!(
+                "no valid node identity in {} and no join token configured (join_token or \
+                 join_token_file, or attestation = \"kubernetes\")",
+                dir.display()
+            )
+        })?;
+        let (_, roots_pem) = self.server_roots()?;
+        let ca = self
+            .connector
+            .connect(roots_pem.as_bytes(), None)
+            .await
+            .map_err(|e| format!("attestation: {e}"))?;
+        let kc = signet_client::new_key_and_csr().map_err(|e| e.to_string())?;
+        let attested = tokio::time::timeout(RPC_TIMEOUT, ca.attest(&cred, &kc.csr_der))
+            .await
+            .map_err(|_| "attestation: the server did not answer in time".to_owned())?
+            .map_err(|e| format!("attestation: {e}"))?;
+        let n = NodeIdentity::from_parts(attested.svid.chain_der, kc.key_pkcs8_der)
+            .map_err(|e| format!("attestation answer: {e}"))?;
+        // The token is spent: keep the identity in memory even if it cannot be persisted.
+        if let Err(e) = node::save_bundle(dir, &attested.bundle_der) {
+            tracing::error!(error = %e, dir = %dir.display(), "cannot persist the trust bundle");
+        }
+        if let Err(e) = node::save(dir, &n) {
+            tracing::error!(error = %e, dir = %dir.display(), "cannot persist the node identity; a restart will need a new join token");
+        }
+        tracing::info!(node = %n.spiffe_id, node_id = %attested.node_id, "node attested");
+        Ok(n)
+    }
+
+    /// Connects with `node`, installing the connection in the shared [`super::SwapCa`].
+    pub(super) async fn connect(&self, node: &NodeIdentity) -> Result<(), String> {
+        let (_, roots_pem) = self.server_roots()?;
+        let ca = self
+            .connector
+            .connect(roots_pem.as_bytes(), Some(node))
+            .await
+            .map_err(|e| e.to_string())?;
+        self.ca.set(Some(ca));
+        Ok(())
+    }
+
+    /// Renews the node SVID over the current connection and persists it.
+    pub(super) async fn renew_node(&self) -> Result<NodeIdentity, String> {
+        let kc = signet_client::new_key_and_csr().map_err(|e| e.to_string())?;
+        let svid = self
+            .ca
+            .renew_node(&kc.csr_der)
+            .await
+            .map_err(|e| e.to_string())?;
+        let n = NodeIdentity::from_parts(svid.chain_der, kc.key_pkcs8_der)?;
+        if let Err(e) = node::save(&self.settings.data_dir, &n) {
+            tracing::error!(error = %e, "cannot persist the renewed node identity");
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,308 @@
+//! What the agent's loop does next, and when: a pure state machine over the results so far and
+//! `now`. The loop ([`super::Driver`]) asks [`Schedule::plan`] for the next due [`Step`],
+//! executes it, reports the result back (`*_succeeded` / `*_failed`), and when nothing is due
+//! sleeps for [`Schedule::wait`].
+//!
+//! Invariants (today's behaviour, one place each):
+//! - A pass runs the due steps in the fixed order of [`Step`]: connect, renew the node SVID,
+//!   sync the entries, open the bundle stream, rotate the workloads. Each runs at most once per
+//!   pass; a renewed node SVID starts a new pass (its connection is replaced).
+//! - Every failure is retried, whatever the server's status (Unavailable, Unauthenticated,
+//!   ResourceExhausted…): connection and node renewal with [`RETRY`] (capped exponential, full
+//!   jitter, at least half the base), the entry sync at a linearly growing pause
+//!   ([`sync_pause`]); a success forgets the failures. Each keeps one [`Retry`].
+//! - The node SVID is renewed at its jittered time ([`renew_at`]), at once when it is
+//!   compromised, after a backoff when its replacement came back compromised too
+//!   ([`renewal_due`]), and after a failure's backoff, whatever else says.
+//! - The loop never sleeps longer than the sync interval nor shorter than [`MIN_PAUSE`].
+
+use std::time::{Duration, SystemTime};
+
+use signet_runtime::backoff::{Backoff, Retry};
+use signet_runtime::random::Random;
+
+use crate::node::NodeIdentity;
+use crate::revocation::{CertRef, Compromise, Revocations};
+use crate::rotation::{renew_at, renewal_due};
+
+pub const RETRY_BASE: Duration = Duration::from_secs(1);
+pub const RETRY_CAP: Duration = Duration::from_secs(30);
+/// How attestation, connection and node renewal are retried.
+pub const RETRY: Backoff = Backoff::full(RETRY_BASE, RETRY_CAP).with_half_base_floor();
+/// The shortest sleep between two passes, so a step that is due again at once cannot spin.
+pub const MIN_PAUSE: Duration = Duration::from_millis(10);
+
+/// One thing the loop does, in the order a pass runs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Step {
+    /// Open the mTLS connection with the node SVID.
+    Connect,
+    /// Renew the node SVID over the connection.
+    RenewNode,
+    /// Poll `SyncEntries`.
+    SyncEntries,
+    /// (Re)open the `WatchBundle` stream.
+    OpenBundleStream,
+    /// One pass of the workload rotator.
+    Rotate,
+}
+
+impl Step {
+    const ORDER: [Step; 5] = [
+        Step::Connect,
+        Step::RenewNode,
+        Step::SyncEntries,
+        Step::OpenBundleStream,
+        Step::Rotate,
+    ];
+}
+
+/// What the schedule needs of a node certificate.
+#[derive(Debug, Clone)]
+pub struct NodeCert {
+    pub not_before: SystemTime,
+    pub not_after: SystemTime,
+    /// The leaf's issuing key and serial, for taints and CRLs (`None`: it does not parse).
+    pub leaf: Option<CertRef>,
+}
+
+impl NodeCert {
+    pub fn of(n: &NodeIdentity) -> Self {
+        Self {
+            not_before: n.not_before,
+            not_after: n.not_after,
+            leaf: n.chain_der.first().and_then(|l| CertRef::parse(l)),
+        }
+    }
+}
+
+/// When the node SVID is renewed: at its usual time, at once when it is compromised (tainted
+/// issuing key, or revoked: [`renewal_due`]), or after a failure's backoff.
+#[derive(Debug, Clone)]
+struct NodeRenewal {
+    scheduled: SystemTime,
+    obtained: SystemTime,
+    not_after: SystemTime,
+    jitter: f64,
+    /// Renewals in a row that came back compromised.
+    reissues: u32,
+    /// Failed renewals: while there is one, the next attempt is its retry, whatever else says.
+    retry: Retry,
+    cert: Option<CertRef>,
+}
+
+impl NodeRenewal {
+    /// For `node`, installed at `now`, its lifetime counted from `from`.
+    fn new(
+        node: &NodeCert,
+        now: SystemTime,
+        from: SystemTime,
+        fraction: f64,
+        random: &dyn Random,
+    ) -> Self {
+        Self {
+            scheduled: renew_at(from, node.not_after, fraction, random.unit()),
+            obtained: now,
+            not_after: node.not_after,
+            jitter: random.unit(),
+            reissues: 0,
+            retry: Retry::new(RETRY, now),
+            cert: node.leaf.clone(),
+        }
+    }
+
+    fn compromise(&self, rev: &Revocations) -> Option<Compromise> {
+        self.cert.as_ref().and_then(|c| rev.check(c))
+    }
+
+    fn due(&self, rev: &Revocations) -> SystemTime {
+        if self.retry.failures() > 0 {
+            return self.retry.due();
+        }
+        renewal_due(
+            self.scheduled,
+            self.obtained,
+            self.compromise(rev).is_some(),
+            self.reissues,
+            self.jitter,
+        )
+    }
+}
+
+/// The pause before the next entry sync after `failures` failures in a row: the interval, and
+/// while the server fails, longer (linearly, up to [`RETRY_CAP`]) so the agent polls and logs
+/// less.
+pub fn sync_pause(interval: Duration, failures: u32) -> Duration {
+    if failures == 0 {
+        interval
+    } else {
+        interval.max(RETRY_CAP.min(interval * failures.min(64)))
+    }
+}
+
+/// The loop's state for one node identity.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    fraction: f64,
+    sync_interval: Duration,
+    connected: bool,
+    connect: Retry,
+    node: NodeRenewal,
+    sync: Retry,
+    /// Entries were synced at least once (readiness).
+    synced: bool,
+    rotate_at: SystemTime,
+}
+
+impl Schedule {
+    /// For `node` at `now`: connect, sync and rotate at once. A stored identity keeps its place
+    /// in its lifetime: one past its renewal time renews as soon as it is connected.
+    pub fn new(
+        node: &NodeCert,
+        now: SystemTime,
+        fraction: f64,
+        sync_interval: Duration,
+        random: &dyn Random,
+    ) -> Self {
+        Self {
+            fraction,
+            sync_interval,
+            connected: false,
+            connect: Retry::new(RETRY, now),
+            node: NodeRenewal::new(node, now, node.not_before, fraction, random),
+            sync: Retry::new(RETRY, now),
+            synced: false,
+            rotate_at: now,
+        }
+    }
+
+    /// The first step after `after` (None: from the start of a pass) that is due at `now`.
+    /// `stream_due`: the bundle stream is closed and its reopening is due.
+    pub fn plan(
+        &self,
+        now: SystemTime,
+        after: Option<Step>,
+        rev: &Revocations,
+        stream_due: bool,
+    ) -> Option<Step> {
+        Step::ORDER
+            .into_iter()
+            .filter(|s| after.is_none_or(|a| *s > a))
+            .find(|s| self.is_due(*s, now, rev, stream_due))
+    }
+
+    fn is_due(&self, step: Step, now: SystemTime, rev: &Revocations, stream_due: bool) -> bool {
+        match step {
+            Step::Connect => !self.connected && self.connect.is_due(now),
+            Step::RenewNode => self.connected && now >= self.node.due(rev),
+            Step::SyncEntries => self.connected && self.sync.is_due(now),
+            Step::OpenBundleStream => self.connected && stream_due,
+            Step::Rotate => now >= self.rotate_at,
+        }
+    }
+
+    /// How long to sleep at `now` when nothing is due (`stream_reopen_at`: when the closed
+    /// bundle stream is to be reopened).
+    pub fn wait(
+        &self,
+        now: SystemTime,
+        rev: &Revocations,
+        stream_reopen_at: Option<SystemTime>,
+    ) -> Duration {
+        let mut wake = self.rotate_at.min(self.node.not_after);
+        if self.connected {
+            wake = wake.min(self.sync.due()).min(self.node.due(rev));
+            if let Some(at) = stream_reopen_at {
+                wake = wake.min(at);
+            }
+        } else {
+            wake = wake.min(self.connect.due());
+        }
+        wake.duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .min(self.sync_interval)
+            .max(MIN_PAUSE)
+    }
+
+    #[cfg(test)]
+    pub fn is_connected(&self) -> bool {
+        self.connected
+    }
+
+    pub fn connect_succeeded(&mut self) {
+        self.connected = true;
+        let due = self.connect.due();
+        self.connect.succeeded(due);
+    }
+
+    /// Returns the wait before the next attempt.
+    pub fn connect_failed(&mut self, now: SystemTime, rnd: f64) -> Duration {
+        self.connect.failed(now, rnd)
+    }
+
+    /// Why the node SVID is being replaced before its time, if it is compromised.
+    pub fn node_compromise(&self, rev: &Revocations) -> Option<Compromise> {
+        self.node.compromise(rev)
+    }
+
+    /// The node SVID was renewed at `now`: schedule the new one (its lifetime counted from
+    /// `now`, as the server backdates `not_before`) and reconnect at once with it. Returns the
+    /// compromise of the new certificate if it is compromised too (then it is replaced after a
+    /// growing backoff, not in a loop).
+    pub fn node_renewed(
+        &mut self,
+        new: &NodeCert,
+        now: SystemTime,
+        rev: &Revocations,
+        random: &dyn Random,
+    ) -> Option<Compromise> {
+        let reissues = self.node.reissues;
+        self.node = NodeRenewal::new(new, now, new.not_before.max(now), self.fraction, random);
+        let again = self.node.compromise(rev);
+        if again.is_some() {
+            self.node.reissues = reissues.saturating_add(1);
+        }
+        // New connections present the new certificate.
+        self.connected = false;
+        self.connect.reschedule(now);
+        again
+    }
+
+    /// Returns the wait before the next attempt.
+    pub fn node_renewal_failed(&mut self, now: SystemTime, rnd: f64) -> Duration {
+        self.node.retry.failed(now, rnd)
+    }
+
+    /// The entries were synced at `now`; `changed`: they differ from the known ones.
+    pub fn sync_succeeded(&mut self, now: SystemTime, changed: bool) {
+        self.synced = true;
+        self.sync.succeeded(now + sync_pause(self.sync_interval, 0));
+        if changed {
+            self.rotate_at = now;
+        }
+    }
+
+    /// Returns the failures in a row.
+    pub fn sync_failed(&mut self, now: SystemTime) -> u32 {
+        let failures = self.sync.failures().saturating_add(1);
+        self.sync
+            .failed_after(now, sync_pause(self.sync_interval, failures));
+        failures
+    }
+
+    /// Something the rotator works from changed (bundle, revocations): rotate at `now`.
+    pub fn rotate_now(&mut self, now: SystemTime) {
+        self.rotate_at = now;
+    }
+
+    /// The rotator ran and wants to run again at `next`. Returns whether the agent is ready
+    /// (entries synced at least once and signed).
+    pub fn rotated(&mut self, next: SystemTime) -> bool {
+        self.rotate_at = next;
+        self.synced
+    }
+}
+
+#[cfg(test)]
+#[path = "schedule_tests.rs"]
+mod tests;

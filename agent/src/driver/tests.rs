@@ -1,0 +1,663 @@
+//! The loop against a fake server that really signs, in tokio's virtual time: every test
+//! runs paused (`start_paused`), and the driver, the rotator and the fake read a
+//! [`TokioClock`], so certificate lifetimes, backoffs and polls pass without waiting.
+
+use super::*;
+use crate::ca::{
+    Attested, BundleStream, CaError, Crl, EntriesUpdate, IssuedSvid, TrustBundle, WorkloadCsr,
+};
+use crate::node::{self, Stored};
+use crate::revocation::CertRef;
+use crate::state::{Selector, StateReceiver, channel};
+use futures::StreamExt;
+use signet_runtime::clock::TokioClock;
+use std::sync::Mutex;
+
+/// A CA that really signs (so node identities pass their key check), counts calls and
+/// can refuse connections.
+struct Fake {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    root_der: Vec<u8>,
+    /// Virtual wall time, shared with the driver.
+    clock: TokioClock,
+    node_ttl: Duration,
+    failing_connects: Mutex<u32>,
+    /// The leaf presented on each mTLS connection.
+    connects: Mutex<Vec<Vec<u8>>>,
+    /// The PEM roots trusted on each connection attempt.
+    roots_seen: Mutex<Vec<String>>,
+    attests: Mutex<u32>,
+    /// What `WatchBundle` streams: the current value, then each change.
+    bundle: tokio::sync::watch::Sender<TrustBundle>,
+    watches: Mutex<u32>,
+    /// Statuses the next node renewals are refused with, in order.
+    renew_refusals: Mutex<Vec<tonic::Code>>,
+    /// When each node renewal was asked for.
+    renewals: Mutex<Vec<SystemTime>>,
+}
+
+impl Fake {
+    fn new(node_ttl: Duration, failing_connects: u32) -> Arc<Self> {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+        let mut p = rcgen::CertificateParams::default();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let root = p.self_signed(&key).expect("root");
+        let (bundle, _) = tokio::sync::watch::channel(TrustBundle {
+            trust_domain: "example.org".parse().expect("td"),
+            roots_der: vec![root.der().to_vec()],
+            revision: 1,
+            tainted_key_ids: Vec::new(),
+            crls: Vec::new(),
+        });
+        Arc::new(Self {
+            issuer: rcgen::Issuer::new(p, key),
+            root_der: root.der().to_vec(),
+            clock: TokioClock::starting_at(SystemTime::now()),
+            node_ttl,
+            failing_connects: Mutex::new(failing_connects),
+            connects: Mutex::new(Vec::new()),
+            roots_seen: Mutex::new(Vec::new()),
+            attests: Mutex::new(0),
+            bundle,
+            watches: Mutex::new(0),
+            renew_refusals: Mutex::new(Vec::new()),
+            renewals: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn issue(&self, csr: &[u8], path: &str, ttl: Duration) -> Result<IssuedSvid, CaError> {
+        let bad = |e: rcgen::Error| CaError::Invalid(e.to_string());
+        let csr_pem = pem::encode(&pem::Pem::new("CERTIFICATE REQUEST", csr.to_vec()));
+        let csr = rcgen::CertificateSigningRequestParams::from_pem(&csr_pem).map_err(bad)?;
+        let id = format!("spiffe://example.org{path}");
+        let mut p = rcgen::CertificateParams::default();
+        p.subject_alt_names = vec![rcgen::SanType::URI(id.as_str().try_into().map_err(bad)?)];
+        let now = self.clock.now();
+        let nb = now - Duration::from_secs(1);
+        let na = now + ttl;
+        p.not_before = nb.into();
+        p.not_after = na.into();
+        p.use_authority_key_identifier_extension = true;
+        let cert = p.signed_by(&csr.public_key, &self.issuer).map_err(bad)?;
+        Ok(IssuedSvid {
+            spiffe_id: id.parse().map_err(|_| CaError::Invalid("id".into()))?,
+            chain_der: vec![cert.der().to_vec(), self.root_der.clone()],
+            serial: String::new(),
+            // Whole seconds, as in the certificate.
+            not_before: SystemTime::UNIX_EPOCH
+                + Duration::from_secs(
+                    nb.duration_since(SystemTime::UNIX_EPOCH)
+                        .map(|d| d.as_secs())
+                        .unwrap_or(0),
+                ),
+            not_after: SystemTime::UNIX_EPOCH
+                + Duration::from_secs(
+                    na.duration_since(SystemTime::UNIX_EPOCH)
+                        .map(|d| d.as_secs())
+                        .unwrap_or(0),
+                ),
+        })
+    }
+
+    fn count(m: &Mutex<u32>) -> u32 {
+        m.lock().map(|g| *g).unwrap_or(0)
+    }
+}
+
+#[async_trait::async_trait]
+impl Ca for Fake {
+    async fn attest(&self, _: &AttestCredential, csr: &[u8]) -> Result<Attested, CaError> {
+        if let Ok(mut n) = self.attests.lock() {
+            *n += 1;
+        }
+        Ok(Attested {
+            node_id: "n1".into(),
+            svid: self.issue(csr, "/signet/node/n1", self.node_ttl)?,
+            bundle_der: vec![self.root_der.clone()],
+        })
+    }
+    async fn renew_node(&self, csr: &[u8]) -> Result<IssuedSvid, CaError> {
+        if let Ok(mut r) = self.renewals.lock() {
+            r.push(self.clock.now());
+        }
+        let refusal = self.renew_refusals.lock().ok().and_then(|mut r| {
+            if r.is_empty() {
+                None
+            } else {
+                Some(r.remove(0))
+            }
+        });
+        if let Some(code) = refusal {
+            return Err(tonic::Status::new(code, "refused by the test").into());
+        }
+        self.issue(csr, "/signet/node/n1", self.node_ttl)
+    }
+    async fn sync_entries(&self, known: u64) -> Result<EntriesUpdate, CaError> {
+        Ok(if known == 0 {
+            EntriesUpdate::Changed {
+                revision: 1,
+                entries: vec![EntrySpec {
+                    id: "e1".into(),
+                    spiffe_id: "spiffe://example.org/app"
+                        .parse()
+                        .map_err(|_| CaError::Invalid("id".into()))?,
+                    parent_id: "spiffe://example.org/signet/node/n1".into(),
+                    selectors: vec![Selector::Uid(1000)],
+                    ttl: Duration::from_secs(3600),
+                    dns_names: vec![],
+                    revision: 1,
+                }],
+            }
+        } else {
+            EntriesUpdate::Unchanged
+        })
+    }
+    async fn sign_workloads(
+        &self,
+        csrs: Vec<WorkloadCsr>,
+    ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
+        Ok(csrs
+            .into_iter()
+            .map(|c| {
+                let r = self.issue(&c.csr_der, "/app", Duration::from_secs(3600));
+                (c.entry_id, r)
+            })
+            .collect())
+    }
+    async fn watch_bundle(&self) -> Result<BundleStream, CaError> {
+        if let Ok(mut n) = self.watches.lock() {
+            *n += 1;
+        }
+        let rx = self.bundle.subscribe();
+        let s = futures::stream::unfold((rx, true), |(mut rx, first)| async move {
+            if !first {
+                rx.changed().await.ok()?;
+            }
+            let b = rx.borrow_and_update().clone();
+            Some((Ok(b), (rx, false)))
+        });
+        Ok(Box::pin(s))
+    }
+}
+
+struct FakeConnector(Arc<Fake>);
+
+#[async_trait::async_trait]
+impl Connector for FakeConnector {
+    async fn connect(
+        &self,
+        roots_pem: &[u8],
+        identity: Option<&NodeIdentity>,
+    ) -> Result<Arc<dyn Ca>, CaError> {
+        if let Ok(mut r) = self.0.roots_seen.lock() {
+            r.push(String::from_utf8_lossy(roots_pem).into_owned());
+        }
+        if let Ok(mut n) = self.0.failing_connects.lock()
+            && *n > 0
+        {
+            *n -= 1;
+            return Err(CaError::Unavailable("connection refused".into()));
+        }
+        if let (Some(id), Ok(mut c)) = (identity, self.0.connects.lock()) {
+            c.push(id.chain_der[0].clone());
+        }
+        Ok(self.0.clone())
+    }
+}
+
+struct Running {
+    ready: crate::http::Readiness,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    state: StateReceiver,
+    _bundle: tempfile::NamedTempFile,
+}
+
+fn start(fake: &Arc<Fake>, data_dir: &std::path::Path, token: Option<&str>) -> Running {
+    start_with_sinks(fake, data_dir, token, Vec::new())
+}
+
+fn start_with_sinks(
+    fake: &Arc<Fake>,
+    data_dir: &std::path::Path,
+    token: Option<&str>,
+    sinks: Vec<crate::rotator::SinkBinding>,
+) -> Running {
+    let bundle = tempfile::NamedTempFile::new().expect("tmp");
+    std::fs::write(
+        bundle.path(),
+        signet_types::pem::cert_to_pem(&fake.root_der),
+    )
+    .expect("write");
+    let token = token.map(str::to_owned);
+    let settings = Settings {
+        data_dir: data_dir.to_owned(),
+        trust_bundle_file: Some(bundle.path().to_owned()),
+        renew_fraction: 0.5,
+        sync_interval: Duration::from_millis(100),
+        credential: Arc::new(move || Ok(token.clone().map(AttestCredential::JoinToken))),
+    };
+    let (tx, state) = channel();
+    let ca = Arc::new(SwapCa::default());
+    let random: Random = Arc::new(|| 0.0);
+    let rotator =
+        Rotator::new(ca.clone(), Arc::new(fake.clock), random.clone(), 0.5, tx).with_sinks(sinks);
+    let ready = crate::http::Readiness::default();
+    let driver = Driver::new(
+        settings,
+        Arc::new(FakeConnector(fake.clone())),
+        Arc::new(fake.clock),
+        random,
+        ca,
+        rotator,
+    )
+    .with_readiness(ready.clone());
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(driver.run(stop_rx));
+    Running {
+        ready,
+        stop,
+        task,
+        state,
+        _bundle: bundle,
+    }
+}
+
+async fn wait_for(secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn stop(r: Running) {
+    let _ = r.stop.send(true);
+    tokio::time::timeout(Duration::from_secs(5), r.task)
+        .await
+        .expect("stops promptly")
+        .expect("no panic");
+}
+
+#[tokio::test(start_paused = true)]
+async fn unreachable_server_is_retried_then_attests_persists_and_serves() {
+    let fake = Fake::new(Duration::from_secs(3600), 2);
+    let dir = tempfile::tempdir().expect("tmp");
+    let r = start(&fake, dir.path(), Some("tok"));
+    let state = r.state.clone();
+    wait_for(10, || state.borrow().identities.len() == 1).await;
+    wait_for(10, || r.ready.is_ready()).await;
+    let s = state.borrow().clone();
+    assert_eq!(s.trust_domain_id, "spiffe://example.org");
+    assert_eq!(s.bundle_der, std::slice::from_ref(&fake.root_der));
+    assert_eq!(s.identities[0].svid.chain_der.len(), 1, "root not in chain");
+    assert!(matches!(node::load(dir.path()), Stored::Found(_)));
+    assert_eq!(Fake::count(&fake.attests), 1);
+    stop(r).await;
+
+    // A restart reuses the stored identity: no second attestation.
+    let r = start(&fake, dir.path(), None);
+    let state = r.state.clone();
+    wait_for(10, || state.borrow().identities.len() == 1).await;
+    assert_eq!(Fake::count(&fake.attests), 1);
+    stop(r).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn corrupt_identity_without_a_token_is_retried_not_fatal() {
+    let fake = Fake::new(Duration::from_secs(3600), 0);
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(dir.path().join(node::KEY_FILE), "garbage").expect("w");
+    std::fs::write(dir.path().join(node::CERT_FILE), "garbage").expect("w");
+    let r = start(&fake, dir.path(), None);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!r.task.is_finished(), "keeps trying");
+    assert!(!r.ready.is_ready());
+    assert_eq!(Fake::count(&fake.attests), 0);
+    assert!(r.state.borrow().identities.is_empty());
+    stop(r).await;
+
+    // With a token, the corrupt files are replaced by a fresh attestation.
+    let r = start(&fake, dir.path(), Some("tok"));
+    let state = r.state.clone();
+    wait_for(10, || state.borrow().identities.len() == 1).await;
+    assert!(matches!(node::load(dir.path()), Stored::Found(_)));
+    stop(r).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn node_renewal_is_persisted_and_used_for_new_connections() {
+    // Four seconds of life (backdated by one): renewed within about a second.
+    let fake = Fake::new(Duration::from_secs(3), 0);
+    let dir = tempfile::tempdir().expect("tmp");
+    let r = start(&fake, dir.path(), Some("tok"));
+    let connects = || fake.connects.lock().map(|c| c.clone()).unwrap_or_default();
+    wait_for(10, || connects().len() >= 2).await;
+    let c = connects();
+    assert_ne!(c[0], c[1], "reconnected with the renewed certificate");
+    match node::load(dir.path()) {
+        Stored::Found(n) => assert!(c.contains(&n.chain_der[0])),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(Fake::count(&fake.attests), 1);
+    stop(r).await;
+}
+
+/// A request from a workload of uid 1000, the Fake's entry's selector.
+fn workload_request<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut().insert(
+        crate::workload::SECURITY_HEADER,
+        "true".parse().expect("value"),
+    );
+    r.extensions_mut().insert(crate::workload::PeerInfo::fixed(
+        crate::attest::Caller::host(1000, 1000, None, None),
+    ));
+    r
+}
+
+fn new_root() -> Vec<u8> {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut p = rcgen::CertificateParams::default();
+    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    p.self_signed(&key).expect("root").der().to_vec()
+}
+
+async fn next_item<T>(
+    s: &mut (impl futures::Stream<Item = Result<T, tonic::Status>> + Unpin),
+) -> T {
+    tokio::time::timeout(Duration::from_secs(10), s.next())
+        .await
+        .expect("an update in time")
+        .expect("an item")
+        .expect("ok")
+}
+
+#[tokio::test(start_paused = true)]
+async fn bundle_stream_reaches_workload_api_sinks_and_survives_restart() {
+    use crate::config::{DeletionPolicy, FileLayout, FilesSinkConfig};
+    use signet_proto::workload as wpb;
+    use signet_proto::workload::spiffe_workload_api_server::SpiffeWorkloadApi;
+
+    let fake = Fake::new(Duration::from_secs(3600), 0);
+    let dir = tempfile::tempdir().expect("tmp");
+    let sink_dir = tempfile::tempdir().expect("tmp");
+    let files = crate::sinks::files::FilesSink::new(
+        "app",
+        FilesSinkConfig {
+            layout: FileLayout::Istio,
+            ..FilesSinkConfig::new(sink_dir.path())
+        },
+    );
+    let sinks = vec![crate::rotator::SinkBinding {
+        spiffe_id: "spiffe://example.org/app".parse().expect("id"),
+        deletion_policy: DeletionPolicy::Delete,
+        timeout: Duration::from_secs(30),
+        sink: Arc::new(files),
+    }];
+    let r = start_with_sinks(&fake, dir.path(), Some("tok"), sinks);
+    let state = r.state.clone();
+    wait_for(10, || state.borrow().identities.len() == 1).await;
+    let sink_roots = || {
+        std::fs::read(sink_dir.path().join("root-cert.pem"))
+            .ok()
+            .and_then(|p| signet_types::pem::parse_certs(&p).ok())
+            .unwrap_or_default()
+    };
+    let root1 = fake.root_der.clone();
+    wait_for(10, || sink_roots() == [root1.clone()]).await;
+    wait_for(10, || Fake::count(&fake.watches) >= 1).await;
+
+    // A workload holds both Workload API streams open.
+    let api =
+        crate::workload::WorkloadApi::new(r.state.clone(), crate::attest::Attestor::default());
+    let mut svids = api
+        .fetch_x509svid(workload_request(wpb::X509svidRequest {}))
+        .await
+        .expect("stream")
+        .into_inner();
+    let mut bundles = api
+        .fetch_x509_bundles(workload_request(wpb::X509BundlesRequest {}))
+        .await
+        .expect("stream")
+        .into_inner();
+    assert_eq!(next_item(&mut svids).await.svids[0].bundle, root1);
+    assert_eq!(
+        next_item(&mut bundles).await.bundles["spiffe://example.org"],
+        root1
+    );
+
+    // The server publishes revision 2: a second root, as in a CA rotation.
+    let root2 = new_root();
+    let both = vec![root1.clone(), root2.clone()];
+    fake.bundle.send_replace(TrustBundle {
+        trust_domain: "example.org".parse().expect("td"),
+        roots_der: both.clone(),
+        revision: 2,
+        tainted_key_ids: Vec::new(),
+        crls: Vec::new(),
+    });
+    let svid = next_item(&mut svids).await;
+    assert_eq!(svid.svids[0].bundle, both.concat(), "FetchX509SVID pushed");
+    assert_eq!(svid.svids[0].spiffe_id, "spiffe://example.org/app");
+    let b = next_item(&mut bundles).await;
+    assert_eq!(
+        b.bundles["spiffe://example.org"],
+        both.concat(),
+        "FetchX509Bundles pushed"
+    );
+    wait_for(10, || sink_roots() == both).await;
+    assert_eq!(node::load_bundle(dir.path()), both, "persisted");
+
+    // A bundle for another trust domain is ignored.
+    fake.bundle.send_replace(TrustBundle {
+        trust_domain: "other.org".parse().expect("td"),
+        roots_der: vec![new_root()],
+        revision: 3,
+        tainted_key_ids: Vec::new(),
+        crls: Vec::new(),
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(state.borrow().bundle_der, both);
+    assert_eq!(node::load_bundle(dir.path()), both);
+    drop((svids, bundles));
+    stop(r).await;
+
+    // Restarted with the server unreachable, the agent serves and trusts the newest
+    // bundle, not only the bootstrap file's root.
+    if let Ok(mut n) = fake.failing_connects.lock() {
+        *n = u32::MAX;
+    }
+    let seen_before = fake.roots_seen.lock().map(|r| r.len()).unwrap_or(0);
+    let r = start(&fake, dir.path(), None);
+    let state = r.state.clone();
+    wait_for(10, || state.borrow().bundle_der == both).await;
+    wait_for(10, || {
+        fake.roots_seen.lock().map(|r| r.len()).unwrap_or(0) > seen_before
+    })
+    .await;
+    let trusted = fake
+        .roots_seen
+        .lock()
+        .expect("lock")
+        .last()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        signet_types::pem::parse_certs(trusted.as_bytes()).expect("pem"),
+        both
+    );
+    stop(r).await;
+}
+
+/// A CRL of the Fake's root numbered `number` listing the serials (raw DER integer bytes).
+fn fake_crl(fake: &Fake, number: u64, serials: &[Vec<u8>]) -> Vec<u8> {
+    let now = fake.clock.now();
+    rcgen::CertificateRevocationListParams {
+        this_update: now.into(),
+        next_update: (now + Duration::from_secs(3600)).into(),
+        crl_number: rcgen::SerialNumber::from(number.to_be_bytes().to_vec()),
+        issuing_distribution_point: None,
+        revoked_certs: serials
+            .iter()
+            .map(|s| rcgen::RevokedCertParams {
+                serial_number: rcgen::SerialNumber::from(s.clone()),
+                revocation_time: now.into(),
+                reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                invalidity_date: None,
+            })
+            .collect(),
+        key_identifier_method: rcgen::KeyIdMethod::Sha256,
+    }
+    .signed_by(&fake.issuer)
+    .expect("crl")
+    .der()
+    .to_vec()
+}
+
+fn serial_bytes(der: &[u8]) -> Vec<u8> {
+    let (_, c) = x509_parser::parse_x509_certificate(der).expect("leaf");
+    c.raw_serial().to_vec()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_taint_then_a_crl_from_the_bundle_stream_replace_the_certificates_now() {
+    // Hour-long certificates: nothing would be renewed during this test on its own.
+    let fake = Fake::new(Duration::from_secs(3600), 0);
+    let dir = tempfile::tempdir().expect("tmp");
+    let r = start(&fake, dir.path(), Some("tok"));
+    let state = r.state.clone();
+    wait_for(10, || state.borrow().identities.len() == 1).await;
+    wait_for(10, || Fake::count(&fake.watches) >= 1).await;
+    let leaf = || state.borrow().identities[0].svid.chain_der[0].clone();
+    let connects = || fake.connects.lock().map(|c| c.len()).unwrap_or(0);
+    let first = leaf();
+    let key_id = CertRef::parse(&first)
+        .and_then(|c| c.issuer_key_id)
+        .expect("AKI");
+    let node_before = connects();
+    let bundle = |tainted: Vec<String>, crls: Vec<Crl>| TrustBundle {
+        trust_domain: "example.org".parse().expect("td"),
+        roots_der: vec![fake.root_der.clone()],
+        revision: 2,
+        tainted_key_ids: tainted,
+        crls,
+    };
+
+    // The root's key is tainted (the fake keeps signing with it): the workload and the
+    // node certificates are replaced at once, then again only after a backoff.
+    fake.bundle
+        .send_replace(bundle(vec![key_id.clone()], vec![]));
+    wait_for(5, || leaf() != first).await;
+    wait_for(5, || connects() > node_before).await;
+    // Over two seconds, with jitter 0 (every retry at the 0.5 s floor): a handful of
+    // replacements, not a loop.
+    let (mut seen, node_soon) = (vec![leaf()], connects());
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    while tokio::time::Instant::now() < until {
+        let l = leaf();
+        if seen.last() != Some(&l) {
+            seen.push(l);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        seen.len() <= 6,
+        "{} workload replacements in 2 s",
+        seen.len()
+    );
+    assert!(seen.len() >= 2, "retried while the key stays tainted");
+    assert!(
+        connects() - node_soon <= 6,
+        "node: {}",
+        connects() - node_soon
+    );
+
+    // The taint is lifted and a CRL lists the workload's current serial: replaced again.
+    fake.bundle.send_replace(bundle(vec![], vec![]));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let held = leaf();
+    let crl = fake_crl(&fake, 7, &[serial_bytes(&held)]);
+    fake.bundle.send_replace(bundle(
+        vec![],
+        vec![Crl {
+            key_id: key_id.clone(),
+            der: crl.clone(),
+            number: 7,
+        }],
+    ));
+    wait_for(5, || leaf() != held).await;
+    wait_for(5, || state.borrow().crls_der == [crl.clone()]).await;
+    assert_eq!(
+        node::load_crls(dir.path()),
+        std::slice::from_ref(&crl),
+        "persisted"
+    );
+    // A forged or older CRL changes nothing.
+    fake.bundle.send_replace(bundle(
+        vec![],
+        vec![Crl {
+            key_id: key_id.clone(),
+            der: fake_crl(&fake, 6, &[]),
+            number: 6,
+        }],
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(state.borrow().crls_der, std::slice::from_ref(&crl));
+    stop(r).await;
+
+    // Restarted with the server unreachable, the agent serves the CRL it kept.
+    if let Ok(mut n) = fake.failing_connects.lock() {
+        *n = u32::MAX;
+    }
+    let r = start(&fake, dir.path(), None);
+    let state = r.state.clone();
+    wait_for(10, || state.borrow().crls_der == [crl.clone()]).await;
+    stop(r).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn bundle_stream_is_reopened_after_the_connection_is_replaced() {
+    // Renewed within about a second: the new connection opens a new stream.
+    let fake = Fake::new(Duration::from_secs(3), 0);
+    let dir = tempfile::tempdir().expect("tmp");
+    let r = start(&fake, dir.path(), Some("tok"));
+    wait_for(10, || {
+        fake.connects.lock().map(|c| c.len()).unwrap_or(0) >= 2
+    })
+    .await;
+    wait_for(10, || Fake::count(&fake.watches) >= 2).await;
+    stop(r).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_node_renewal_is_retried_with_backoff_whatever_the_status() {
+    // Today's behaviour: Unauthenticated, Unavailable and ResourceExhausted alike are retried
+    // after the backoff (jitter 0: the half-second floor each time), while the agent keeps
+    // its node certificate and serves; no new attestation.
+    let fake = Fake::new(Duration::from_secs(20), 0);
+    if let Ok(mut r) = fake.renew_refusals.lock() {
+        *r = vec![
+            tonic::Code::Unauthenticated,
+            tonic::Code::Unavailable,
+            tonic::Code::ResourceExhausted,
+        ];
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let r = start(&fake, dir.path(), Some("tok"));
+    let state = r.state.clone();
+    let connects = || fake.connects.lock().map(|c| c.len()).unwrap_or(0);
+    wait_for(60, || connects() >= 2).await;
+    let renewals = fake.renewals.lock().expect("lock").clone();
+    assert_eq!(renewals.len(), 4, "three refusals, then the renewal");
+    for pair in renewals.windows(2) {
+        let gap = pair[1].duration_since(pair[0]).expect("later");
+        assert!(
+            gap >= RETRY_BASE / 2 && gap < RETRY_BASE / 2 + Duration::from_millis(20),
+            "{gap:?}"
+        );
+    }
+    assert_eq!(Fake::count(&fake.attests), 1);
+    assert_eq!(state.borrow().identities.len(), 1, "served throughout");
+    stop(r).await;
+}
