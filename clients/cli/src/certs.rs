@@ -1,0 +1,217 @@
+//! `signetctl certs`: list, show and revoke issued certificates, as text or JSON (one object per
+//! line), paging by sequence number.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use clap::Subcommand;
+use serde::Serialize;
+use signet_client::admin::{CertificateRecord, GetCertificateRequest, ListCertificatesRequest};
+
+use crate::{admin, revoke, status_err};
+
+#[derive(Debug, Serialize)]
+struct CertJson {
+    seq: u64,
+    serial: String,
+    spiffe_id: String,
+    dns_names: Vec<String>,
+    ip_addresses: Vec<String>,
+    not_before: String,
+    not_after: String,
+    issued_at: String,
+    caller: String,
+    ca_key_id: String,
+    request_id: String,
+    sha256: String,
+    hash: String,
+    /// Where the certificate's authority came from; null for rows written before it was
+    /// recorded.
+    provenance: Option<serde_json::Value>,
+    /// When it was revoked; null if it was not.
+    revoked_at: Option<String>,
+    /// The RFC 5280 reason name; null if not revoked.
+    revocation_reason: Option<String>,
+}
+
+pub(crate) fn rfc3339(unix: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp(unix)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| unix.to_string())
+}
+
+fn to_json(r: &CertificateRecord) -> CertJson {
+    CertJson {
+        seq: r.seq,
+        serial: r.serial.clone(),
+        spiffe_id: r.spiffe_id.clone(),
+        dns_names: r.dns_names.clone(),
+        ip_addresses: r.ip_addresses.clone(),
+        not_before: rfc3339(r.not_before),
+        not_after: rfc3339(r.not_after),
+        issued_at: rfc3339(r.issued_at),
+        caller: r.caller.clone(),
+        ca_key_id: r.ca_key_id.clone(),
+        request_id: r.request_id.clone(),
+        sha256: hex::encode(&r.cert_sha256),
+        hash: hex::encode(&r.hash),
+        provenance: serde_json::from_str(&r.provenance).ok(),
+        revoked_at: (r.revoked_at != 0).then(|| rfc3339(r.revoked_at)),
+        revocation_reason: (r.revoked_at != 0).then(|| r.revocation_reason.clone()),
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum CertsCmd {
+    /// List issued certificates, oldest first.
+    List {
+        #[arg(long)]
+        json: bool,
+        /// Only this SPIFFE ID.
+        #[arg(long)]
+        spiffe_id: Option<String>,
+        /// Start after this ledger sequence number.
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        /// At most this many (0: all).
+        #[arg(long, default_value_t = 100)]
+        limit: u64,
+    },
+    /// Show one certificate by serial (hex, colons allowed).
+    Show {
+        serial: String,
+        #[arg(long)]
+        json: bool,
+        /// Print only the certificate as PEM.
+        #[arg(long)]
+        pem: bool,
+    },
+    /// Revoke certificates: one by serial, or every unexpired one of a SPIFFE ID, a node, a
+    /// registration entry or a CA key. Each is a hash-chained ledger event; the CRLs are
+    /// re-issued before the answer.
+    Revoke(revoke::RevokeArgs),
+}
+
+pub(crate) fn fingerprint(der: &[u8]) -> String {
+    signet_types::ledger::sha256(der)
+        .iter()
+        .map(|b| format!("{b:02X}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+pub(crate) async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCode> {
+    let mut client = admin(socket).await?;
+    match cmd {
+        CertsCmd::List {
+            json,
+            spiffe_id,
+            after,
+            limit,
+        } => {
+            let mut after = after;
+            let mut shown = 0u64;
+            if !json {
+                println!(
+                    "{:>6}  {:<34}  {:<20}  {:<50}  CALLER",
+                    "SEQ", "SERIAL", "NOT AFTER", "SPIFFE ID"
+                );
+            }
+            loop {
+                let want = if limit == 0 {
+                    1000
+                } else {
+                    (limit - shown).min(1000)
+                };
+                if want == 0 {
+                    break;
+                }
+                let page = client
+                    .list_certificates(ListCertificatesRequest {
+                        after_seq: after,
+                        limit: u32::try_from(want).unwrap_or(1000),
+                        spiffe_id: spiffe_id.clone().unwrap_or_default(),
+                    })
+                    .await
+                    .map_err(|s| status_err("list", s))?
+                    .into_inner()
+                    .certificates;
+                let Some(last) = page.last().map(|r| r.seq) else {
+                    break;
+                };
+                for r in &page {
+                    if json {
+                        println!("{}", serde_json::to_string(&to_json(r))?);
+                    } else {
+                        let revoked = if r.revoked_at != 0 {
+                            format!(
+                                "  REVOKED {} ({})",
+                                rfc3339(r.revoked_at),
+                                r.revocation_reason
+                            )
+                        } else {
+                            String::new()
+                        };
+                        println!(
+                            "{:>6}  {:<34}  {:<20}  {:<50}  {}{revoked}",
+                            r.seq,
+                            r.serial,
+                            rfc3339(r.not_after),
+                            r.spiffe_id,
+                            r.caller
+                        );
+                    }
+                }
+                shown += page.len() as u64;
+                after = last;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        CertsCmd::Show { serial, json, pem } => {
+            let r = client
+                .get_certificate(GetCertificateRequest { serial })
+                .await
+                .map_err(|s| status_err("show", s))?
+                .into_inner();
+            if pem {
+                print!("{}", signet_types::pem::cert_to_pem(&r.cert_der));
+            } else if json {
+                println!("{}", serde_json::to_string_pretty(&to_json(&r))?);
+            } else {
+                let j = to_json(&r);
+                println!("seq:         {}", j.seq);
+                println!("serial:      {}", j.serial);
+                println!("spiffe id:   {}", j.spiffe_id);
+                println!("dns names:   {}", j.dns_names.join(", "));
+                println!("ip addrs:    {}", j.ip_addresses.join(", "));
+                println!("not before:  {}", j.not_before);
+                println!("not after:   {}", j.not_after);
+                println!("issued at:   {}", j.issued_at);
+                println!("caller:      {}", j.caller);
+                println!("ca key:      {}", j.ca_key_id);
+                println!("request id:  {}", j.request_id);
+                println!("sha256:      {}", j.sha256);
+                println!("chain hash:  {}", j.hash);
+                match (&j.revoked_at, &j.revocation_reason) {
+                    (Some(at), Some(reason)) => println!("revoked:     {at} ({reason})"),
+                    _ => println!("revoked:     no"),
+                }
+                println!(
+                    "provenance:  {}",
+                    if r.provenance.is_empty() {
+                        "(not recorded)"
+                    } else {
+                        r.provenance.as_str()
+                    }
+                );
+                print!("{}", signet_types::pem::cert_to_pem(&r.cert_der));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        CertsCmd::Revoke(args) => revoke::revoke(socket, args).await,
+    }
+}

@@ -1,0 +1,178 @@
+//! `signetctl ledger verify`: the hash chain recomputed here, in the CLI, from the raw rows (the
+//! server is not trusted to say its own chain is intact), and checked against signed
+//! checkpoints and expected heads.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::anyhow;
+use clap::Subcommand;
+use signet_client::admin::{GetLedgerHeadRequest, StreamLedgerRequest};
+use signet_types::ledger::{Hash, LedgerEntry, Verifier};
+
+use crate::{admin, checkpoint, revoke, status_err};
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum LedgerCmd {
+    /// Recompute the hash chain from the first row to the head; say where it breaks.
+    Verify {
+        #[arg(long)]
+        json: bool,
+        /// A signed checkpoint (JSON file) the chain must still contain: catches a deleted
+        /// tail and a rewritten history, which the chain alone cannot. Repeatable.
+        #[arg(long = "checkpoint", value_name = "FILE")]
+        checkpoints: Vec<PathBuf>,
+        /// The checkpoint public key (PEM), e.g. from `ledger checkpoint key` or
+        /// `/checkpoint.pub`, kept apart from the server.
+        #[arg(long, value_name = "PUBKEY.pem")]
+        checkpoint_key: Option<PathBuf>,
+        /// A head written down earlier (SEQ:HASH, HASH in hex) the chain must still contain.
+        /// Repeatable.
+        #[arg(long = "expect-head", value_name = "SEQ:HASH")]
+        expect_heads: Vec<String>,
+    },
+    /// Signed checkpoints of the ledger's head.
+    Checkpoint {
+        #[command(subcommand)]
+        cmd: checkpoint::CheckpointCmd,
+    },
+}
+
+fn hash32(v: &[u8], what: &str, seq: u64) -> anyhow::Result<Hash> {
+    v.try_into()
+        .map_err(|_| anyhow!("row {seq}: {what} is {} bytes, not 32", v.len()))
+}
+
+/// Verifies the ledger here, in the CLI, from the raw rows: the server is not trusted to
+/// say its own chain is intact.
+pub(crate) async fn ledger_verify(
+    socket: &Path,
+    json: bool,
+    expect: &checkpoint::Expectations,
+) -> anyhow::Result<ExitCode> {
+    let report = verify_ledger_with(socket, expect).await?;
+    match &report {
+        Ok(n) => {
+            if json && expect.is_empty() {
+                println!("{}", serde_json::json!({"ok": true, "rows": n}));
+            } else if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"ok": true, "rows": n, "consistent_with": expect.checked()})
+                );
+            } else {
+                println!("ledger OK: {n} rows verified, hash chain intact up to the head");
+                for what in expect.checked() {
+                    println!("  consistent with {what}");
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(msg) => {
+            if json {
+                println!("{}", serde_json::json!({"ok": false, "error": msg}));
+            } else {
+                println!("ledger BROKEN: {msg}");
+            }
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// Ok(Ok(rows)) when intact, Ok(Err(where it breaks)) when not.
+pub(crate) async fn verify_ledger(socket: &Path) -> anyhow::Result<Result<u64, String>> {
+    verify_ledger_with(socket, &checkpoint::Expectations::default()).await
+}
+
+/// [`verify_ledger`], and the chain must also contain every head of `expect` (checkpoints).
+pub(crate) async fn verify_ledger_with(
+    socket: &Path,
+    expect: &checkpoint::Expectations,
+) -> anyhow::Result<Result<u64, String>> {
+    let mut client = admin(socket).await?;
+    let head = client
+        .get_ledger_head(GetLedgerHeadRequest {})
+        .await
+        .map_err(|s| status_err("ledger head", s))?
+        .into_inner();
+    let head_hash = hash32(&head.hash, "head hash", head.seq)?;
+    let mut stream = client
+        .stream_ledger(StreamLedgerRequest {
+            after_seq: 0,
+            up_to_seq: head.seq,
+        })
+        .await
+        .map_err(|s| status_err("ledger", s))?
+        .into_inner();
+    // Revocation events share the chain's seq: merged in order with the certificate rows.
+    let mut events = revoke::Events::open(socket, head.seq).await?;
+    let mut refs = revoke::EventRefs::default();
+    let mut v = Verifier::default();
+    while let Some(r) = stream
+        .message()
+        .await
+        .map_err(|s| status_err("ledger stream", s))?
+    {
+        while let Some(e) = events.next_before(r.seq).await? {
+            if let Err(why) = verify_event_row(&mut v, &refs, &e, expect)? {
+                return Ok(Err(why));
+            }
+        }
+        let entry = LedgerEntry {
+            seq: r.seq,
+            serial: r.serial.clone(),
+            spiffe_id: r.spiffe_id.clone(),
+            dns_names: r.dns_names.clone(),
+            ip_addresses: r.ip_addresses.clone(),
+            not_before: r.not_before,
+            not_after: r.not_after,
+            cert_sha256: hash32(&r.cert_sha256, "certificate hash", r.seq)?,
+            ca_key_id: r.ca_key_id.clone(),
+            caller: r.caller.clone(),
+            issued_at: r.issued_at,
+            request_id: r.request_id.clone(),
+            provenance: r.provenance.clone(),
+        };
+        if signet_types::ledger::sha256(&r.cert_der) != entry.cert_sha256 {
+            return Ok(Err(format!(
+                "row {}: the stored certificate does not match its recorded SHA-256 (altered)",
+                r.seq
+            )));
+        }
+        let row_hash = hash32(&r.hash, "hash", r.seq)?;
+        if let Err(b) = v.push(
+            &entry,
+            &hash32(&r.prev_hash, "previous hash", r.seq)?,
+            &row_hash,
+        ) {
+            return Ok(Err(b.to_string()));
+        }
+        refs.row(r.seq, &r.serial, &row_hash);
+        if let Err(why) = expect.observe(r.seq, &row_hash) {
+            return Ok(Err(why));
+        }
+    }
+    while let Some(e) = events.next_before(u64::MAX).await? {
+        if let Err(why) = verify_event_row(&mut v, &refs, &e, expect)? {
+            return Ok(Err(why));
+        }
+    }
+    match v.finish(head.seq, &head_hash) {
+        Ok(n) => Ok(expect.finish(n).map(|()| n)),
+        Err(b) => Ok(Err(b.to_string())),
+    }
+}
+
+/// One revocation event: recomputed in the chain, checked against the row it names, and (a
+/// checkpoint's head may be an event) observed by the checkpoint expectations.
+fn verify_event_row(
+    v: &mut Verifier,
+    refs: &revoke::EventRefs,
+    e: &signet_client::admin::LedgerEventRecord,
+    expect: &checkpoint::Expectations,
+) -> anyhow::Result<Result<(), String>> {
+    Ok(match revoke::verify_event(v, refs, e)? {
+        Ok((seq, hash)) => expect.observe(seq, &hash),
+        Err(why) => Err(why),
+    })
+}
