@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use signet_client::ServerTarget;
 use signet_types::TrustDomain;
 
-use crate::issuers::ResolveError;
+use crate::issuers::validate::{ResolveError, check_pem_roots};
 
 /// The bridge's own configuration (flags / environment of `signet-k8s run`).
 #[derive(Clone, Debug)]
@@ -90,7 +90,7 @@ impl BridgeConfig {
         let from = format!("the bridge's --bundle file {}", s.bundle_file.display());
         let pem = std::fs::read(&s.bundle_file)
             .map_err(|e| ResolveError::BundleNotFound(format!("{from}: {e}")))?;
-        let pem = crate::issuers::check_pem_roots(&pem, &from)?;
+        let pem = check_pem_roots(&pem, &from)?;
         let td = self.trust_domain_for(None, &pem, &from)?;
         Ok(ServerTarget::new(s.address.clone(), pem, td).with_server_name(s.server_name.clone()))
     }

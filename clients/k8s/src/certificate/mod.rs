@@ -19,6 +19,7 @@
 pub mod policy;
 pub mod secret;
 pub mod steps;
+pub mod triggers;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,6 +4,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::json;
 
 use super::*;
+use crate::certificate::triggers::issuance_reason;
+use crate::keys::KeyEncoding;
 use crate::keys::{KeyAlgorithm, generate};
 
 const T0: u64 = 1_767_225_600; // 2026-01-01T00:00:00Z

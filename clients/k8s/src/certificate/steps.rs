@@ -11,10 +11,8 @@ use std::time::{Duration, SystemTime};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::policy::{
-    Blocked, Desired, SecretView, Trigger, clamp_note, failure_backoff, issuance_reason,
-    renewal_time,
-};
+use super::policy::{Blocked, Desired, SecretView, clamp_note, failure_backoff, renewal_time};
+use super::triggers::{Trigger, issuance_reason};
 use crate::certmanager::{CONDITION_ISSUING, CONDITION_READY, CertificateStatus};
 use crate::conditions::{self, Condition, ConditionStatus};
 use crate::revocation::Revocations;

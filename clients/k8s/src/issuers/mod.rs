@@ -24,7 +24,7 @@ use crate::crd::{
 use crate::operator::BridgeConfig;
 use crate::signer::{Credentials, SignerConfig};
 
-mod validate;
+pub(crate) mod validate;
 use signet_client::{ClientIdentity, ServerTarget};
 pub(crate) use validate::check_pem_roots;
 pub use validate::{ResolveError, validate_cluster, validate_namespaced};
