@@ -152,7 +152,7 @@ impl Node for NodeApi {
         &self,
         request: Request<AttestRequest>,
     ) -> Result<Response<AttestResponse>, Status> {
-        let creds = Credentials::from_request(&request)?;
+        let creds = super::credentials(&request)?;
         let request_id = request_id(&request);
         let req = request.into_inner();
         check_size(&req, self.max_message_bytes)?;
@@ -248,7 +248,7 @@ impl Node for NodeApi {
         &self,
         request: Request<RenewNodeRequest>,
     ) -> Result<Response<Svid>, Status> {
-        let creds = Credentials::from_request(&request)?;
+        let creds = super::credentials(&request)?;
         let request_id = request_id(&request);
         let req = request.into_inner();
         check_size(&req, self.max_message_bytes)?;
@@ -280,7 +280,7 @@ impl Node for NodeApi {
         &self,
         request: Request<SyncEntriesRequest>,
     ) -> Result<Response<SyncEntriesResponse>, Status> {
-        let creds = Credentials::from_request(&request)?;
+        let creds = super::credentials(&request)?;
         let req = request.into_inner();
         let caller = self.node_caller(&creds).await?;
         let sync = self
@@ -298,7 +298,7 @@ impl Node for NodeApi {
         &self,
         request: Request<SignWorkloadsRequest>,
     ) -> Result<Response<SignWorkloadsResponse>, Status> {
-        let creds = Credentials::from_request(&request)?;
+        let creds = super::credentials(&request)?;
         let request_id = request_id(&request);
         let req = request.into_inner();
         check_size(&req, self.max_message_bytes)?;
@@ -497,5 +497,6 @@ impl NodeApi {
                 },
             )
             .await
+            .map_err(ApiError::from)
     }
 }
