@@ -67,13 +67,7 @@ impl Default for Config {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum KeyType {
-    #[default]
-    EcdsaP256,
-    EcdsaP384,
-}
+pub use crate::ca::KeyType;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use crate::audit::AuditLog;
 use crate::bundle::{BundleHandle, write_atomic};
 use crate::ca::Authority;
-use crate::ca::authority::to_offset;
+use crate::ca::time::to_offset;
 use crate::clock::{Clock, from_unix, unix};
 use crate::revocation::Reason;
 use crate::store::{RevokedRow, Store, StoreError, StoredCrl};

@@ -282,9 +282,9 @@ mod tests {
     };
 
     use super::*;
-    use crate::ca::authority::to_offset;
     use crate::ca::serial::SequentialSerials;
     use crate::ca::testutil::{self, grant, now, p256_csr};
+    use crate::ca::time::to_offset;
     use crate::config::KeyType;
 
     const HOUR: Duration = Duration::from_secs(3600);
