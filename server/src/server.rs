@@ -28,10 +28,8 @@ use crate::audit::AuditLog;
 use crate::authn::AuthenticatedCaller;
 use crate::authn::jwt::JwtAuthenticator;
 use crate::authn::psat::PsatAttestor;
-use crate::bundle::{Bundle, BundleHandle, write_atomic};
-use crate::ca::kek::Kek;
-use crate::ca::manager::{CaManager, ManagerConfig, PluggedFiles};
-use crate::ca::rotator::KeyIdJitter;
+use crate::bundle::{Bundle, BundleHandle};
+use crate::ca::manager::CaManager;
 use crate::ca::{RandomSerials, RequestedNames, SerialSource};
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
@@ -73,7 +71,16 @@ pub async fn run(
     let db_url = cfg.database_url();
     let store = connect_store(&db_url, &cfg.database).await?;
 
-    let manager = start_ca(&cfg, store.clone(), serials.clone(), clock.now()).await?;
+    let manager = crate::ca::manager::start(
+        td.clone(),
+        &cfg.ca,
+        &cfg.data_dir,
+        store.clone(),
+        serials.clone(),
+        clock.now(),
+    )
+    .await
+    .map_err(|e| anyhow!("{e}"))?;
     let view = manager.view();
     let authority = view.active.clone();
     let root_sha256 = fingerprint(&view.active_root);
@@ -576,55 +583,6 @@ fn redact_query(s: &str) -> String {
         })
         .collect();
     format!("{base}?{}", params.join("&"))
-}
-
-fn load_kek(cfg: &Config) -> anyhow::Result<Kek> {
-    let path = cfg
-        .ca
-        .kek_file
-        .clone()
-        .unwrap_or_else(|| cfg.data_dir.join("kek"));
-    match std::fs::read_to_string(&path) {
-        Ok(s) => Kek::from_base64(s.trim())
-            .map_err(|e| anyhow!("key-encryption key {}: {e}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && cfg.ca.kek_file.is_none() => {
-            let kek = Kek::generate();
-            write_atomic(&path, format!("{}\n", kek.to_base64()).as_bytes(), 0o600)
-                .with_context(|| format!("writing {}", path.display()))?;
-            tracing::info!(path = %path.display(), "generated key-encryption key");
-            Ok(kek)
-        }
-        Err(e) => Err(anyhow!(
-            "reading key-encryption key {}: {e}",
-            path.display()
-        )),
-    }
-}
-
-/// The CA key manager: a plugged-in CA's files, or the generated keys in the database
-/// (creating the first root and intermediate on a fresh database).
-async fn start_ca(
-    cfg: &Config,
-    store: Arc<dyn Store>,
-    serials: Arc<dyn SerialSource>,
-    now: SystemTime,
-) -> anyhow::Result<Arc<CaManager>> {
-    let mcfg = ManagerConfig::from_config(cfg.trust_domain(), &cfg.ca);
-    if let Some(files) = cfg.ca.plugged()? {
-        let files = PluggedFiles {
-            cert: files.cert.to_path_buf(),
-            key: files.key.to_path_buf(),
-            chain: files.chain.to_path_buf(),
-            root: files.root.to_path_buf(),
-        };
-        return CaManager::plugged(store, files, mcfg, serials).map_err(|e| anyhow!("{e}"));
-    }
-    let kek = load_kek(cfg)?;
-    let manager = CaManager::generated(store, kek, mcfg, serials, Arc::new(KeyIdJitter), now)
-        .await
-        .map_err(|e| anyhow!("CA keys: {e}"))?;
-    tracing::info!(key_id = manager.view().active.key_id(), "CA keys loaded");
-    Ok(manager)
 }
 
 /// The rotator's loop: a manager tick every `interval` (±10%, so replicas spread out).
