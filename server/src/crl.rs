@@ -29,10 +29,11 @@ use rcgen::{CertificateRevocationListParams, KeyIdMethod, RevokedCertParams, Ser
 use serde::{Deserialize, Serialize};
 
 use crate::audit::AuditLog;
-use crate::bundle::{BundleHandle, write_atomic};
+use crate::bundle::BundleHandle;
 use crate::ca::Authority;
 use crate::ca::time::to_offset;
 use crate::clock::{Clock, from_unix, unix};
+use crate::files::write_atomic;
 use crate::revocation::Reason;
 use crate::store::{RevokedRow, Store, StoreError, StoredCrl};
 
@@ -475,8 +476,8 @@ impl CrlPublisher {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::ca::KeyType;
     use crate::ca::RandomSerials;
-    use crate::config::KeyType;
     use x509_parser::prelude::*;
 
     const T0: i64 = 1_800_000_000;

@@ -17,6 +17,7 @@ pub mod clock;
 pub mod config;
 pub mod crl;
 pub mod federation;
+pub(crate) mod files;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;

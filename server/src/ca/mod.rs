@@ -16,9 +16,11 @@
 //! - [`kek`]: encryption of CA private keys kept in the database.
 //! - [`serial`]: serial number sources.
 //! - [`rotator`]: which CA key transition is due (pure: slots, time, seeded jitter).
+//! - [`config`]: the `[ca]` configuration section.
 //! - [`manager`]: the CA key slots: loading, creation, sealing, transitions, the published view.
 
 pub mod authority;
+pub mod config;
 pub mod csr;
 mod issue;
 pub mod kek;

@@ -287,7 +287,9 @@ pub async fn start(
     now: SystemTime,
 ) -> Result<Arc<CaManager>, ManagerError> {
     let mcfg = ManagerConfig::from_config(td, ca);
-    let plugged = ca.plugged().map_err(|e| ManagerError::Key(e.to_string()))?;
+    let plugged = ca
+        .plugged()
+        .map_err(|e| ManagerError::Key(format!("configuration: {e}")))?;
     if let Some(files) = plugged {
         let files = PluggedFiles {
             cert: files.cert.to_path_buf(),
@@ -315,7 +317,7 @@ pub fn load_kek(ca: &CaConfig, data_dir: &Path) -> Result<Kek, ManagerError> {
             .map_err(|e| ManagerError::Key(format!("key-encryption key {}: {e}", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && ca.kek_file.is_none() => {
             let kek = Kek::generate();
-            crate::bundle::write_atomic(&path, format!("{}\n", kek.to_base64()).as_bytes(), 0o600)
+            crate::files::write_atomic(&path, format!("{}\n", kek.to_base64()).as_bytes(), 0o600)
                 .map_err(|e| ManagerError::Key(format!("writing {}: {e}", path.display())))?;
             tracing::info!(path = %path.display(), "generated key-encryption key");
             Ok(kek)

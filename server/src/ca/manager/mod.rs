@@ -31,12 +31,13 @@ use std::time::{Duration, SystemTime};
 use arc_swap::ArcSwap;
 use signet_types::TrustDomain;
 
+use super::KeyType;
+use super::config::CaConfig;
 use super::kek::Kek;
 use super::rotator::{self, Jitter, Kind, Reason, Slot, State, Transition};
 use super::serial::SerialSource;
 use super::{Authority, validate};
 use crate::clock::{from_unix, unix};
-use crate::config::{CaConfig, KeyType};
 use crate::store::{AuditEvent, CaChange, CaSlotRow, SlotUpdate, Store, StoreError};
 
 /// Why a manager operation failed, by what the caller should do about it.
