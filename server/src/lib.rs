@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod attestation;
 pub mod audit;
 pub mod authn;
 pub mod bundle;
