@@ -1,4 +1,7 @@
-//! Start-up and wiring: data directory, store, CA key, bundle, ledger, listeners.
+//! Start-up and wiring, top-down in [`run`]: data directory, store, CA key manager, bundle,
+//! ledger, issuer, background tasks, then the listeners (gRPC over TLS, the admin socket,
+//! HTTP, the SPIFFE bundle endpoint) until shutdown. Host-facing steps are in `setup.rs`,
+//! background tasks in `tasks.rs`.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
@@ -42,7 +45,14 @@ use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::store::{Store, StoreError};
 use crate::tls::{self, ServerCertResolver};
+
+mod setup;
+mod tasks;
+
+pub use setup::redact_url;
+use setup::{bind_admin_socket, connect_store, create_private_dir};
 use signet_proto::admin::ca_admin_server::CaAdminServer;
+use tasks::{issue_server_cert, renew_server_cert, rotate, server_names};
 
 /// What a started server tells the operator (and tests).
 #[derive(Debug, Clone)]
@@ -425,34 +435,12 @@ pub async fn run(
         .await
     };
 
-    // Publish audit-drop counts and ledger progress to metrics.
-    {
-        let audit = audit.clone();
-        let metrics = metrics.clone();
-        let progress = ledger_progress.clone();
-        let conns = conns.clone();
-        tokio::spawn(async move {
-            let mut failures = 0;
-            loop {
-                metrics
-                    .audit_dropped
-                    .set(i64::try_from(audit.dropped()).unwrap_or(i64::MAX));
-                metrics
-                    .audit_aggregated
-                    .set(i64::try_from(audit.aggregated()).unwrap_or(i64::MAX));
-                metrics
-                    .ledger_pending
-                    .set(i64::try_from(progress.pending()).unwrap_or(i64::MAX));
-                metrics
-                    .connections_open
-                    .set(i64::try_from(conns.len()).unwrap_or(i64::MAX));
-                let now = progress.failures();
-                metrics.ledger_failures.inc_by(now.saturating_sub(failures));
-                failures = now;
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        });
-    }
+    tasks::spawn_metrics_publisher(
+        audit.clone(),
+        metrics.clone(),
+        ledger_progress.clone(),
+        conns.clone(),
+    );
 
     on_started(&started);
     tokio::spawn(async move {
@@ -469,139 +457,6 @@ pub async fn run(
     Ok(())
 }
 
-/// Creates `data_dir` with mode 0700, or forces an existing one to 0700. Refuses a directory
-/// owned by another user (whoever owns it can read the CA's key-encryption key and replace
-/// the admin socket), or something that is not a directory.
-fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-    if !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .with_context(|| format!("creating data_dir {}", dir.display()))?;
-    }
-    // Not following a symlink: the directory itself must be ours.
-    let meta = std::fs::symlink_metadata(dir)
-        .with_context(|| format!("reading data_dir {}", dir.display()))?;
-    if !meta.is_dir() {
-        bail!(
-            "data_dir {} is not a directory{}",
-            dir.display(),
-            if meta.file_type().is_symlink() {
-                " (it is a symlink: point data_dir at the real directory)"
-            } else {
-                ""
-            }
-        );
-    }
-    let me = rustix::process::geteuid().as_raw();
-    if meta.uid() != me {
-        bail!(
-            "data_dir {} is owned by uid {}, but signet-server runs as uid {me}: it holds the \
-             CA's keys and admin socket, so it must belong to the server's own user \
-             (chown it, or choose another data_dir)",
-            dir.display(),
-            meta.uid()
-        );
-    }
-    if meta.permissions().mode() & 0o7777 != 0o700 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("chmod 0700 data_dir {}", dir.display()))?;
-        tracing::info!(data_dir = %dir.display(), "data_dir mode set to 0700");
-    }
-    Ok(())
-}
-
-async fn connect_store(
-    url: &str,
-    db: &crate::config::DatabaseConfig,
-) -> anyhow::Result<Arc<dyn Store>> {
-    let mut delay = Duration::from_millis(250);
-    loop {
-        match crate::store::connect_with(url, db).await {
-            Ok(s) => return Ok(s),
-            Err(StoreError::Unavailable(e)) => {
-                tracing::warn!(database = %redact_url(url), error = %e, retry_in = ?delay, "database unavailable; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
-            }
-            Err(e) => bail!("database {}: {e}", redact_url(url)),
-        }
-    }
-}
-
-/// The URL with its secrets replaced by `…`: the password in the userinfo
-/// (`postgres://user:secret@host/db` -> `postgres://user:…@host/db`, a password containing `@`
-/// included) and `password` / `sslpassword` query parameters. The URL is read the way sqlx
-/// reads it (the `url` crate, WHATWG rules); one that does not parse is hidden entirely.
-pub fn redact_url(raw: &str) -> String {
-    // SQLite URLs carry no credentials, but may carry parameters.
-    if raw.starts_with("sqlite:") {
-        return redact_query(raw);
-    }
-    let Ok(u) = url::Url::parse(raw) else {
-        let scheme = raw.split_once(':').map_or("", |(s, _)| s);
-        return format!("{scheme}://… (unparsable URL hidden)");
-    };
-    let mut out = format!("{}://", u.scheme());
-    if !u.username().is_empty() || u.password().is_some() {
-        out.push_str(u.username());
-        if u.password().is_some() {
-            out.push_str(":…");
-        }
-        out.push('@');
-    }
-    out.push_str(u.host_str().unwrap_or_default());
-    if let Some(port) = u.port() {
-        out.push_str(&format!(":{port}"));
-    }
-    out.push_str(u.path());
-    if let Some(q) = u.query() {
-        out.push_str(&redact_query(&format!("?{q}")));
-    }
-    out
-}
-
-/// Hides the values of secret query parameters.
-fn redact_query(s: &str) -> String {
-    let Some((base, query)) = s.split_once('?') else {
-        return s.to_owned();
-    };
-    let params: Vec<String> = query
-        .split('&')
-        .map(|kv| {
-            let key = kv.split_once('=').map_or(kv, |(k, _)| k);
-            let secret = ["password", "sslpassword"]
-                .iter()
-                .any(|k| key.eq_ignore_ascii_case(k));
-            if secret && kv.contains('=') {
-                format!("{key}=…")
-            } else {
-                kv.to_owned()
-            }
-        })
-        .collect();
-    format!("{base}?{}", params.join("&"))
-}
-
-/// The rotator's loop: a manager tick every `interval` (±10%, so replicas spread out).
-async fn rotate(manager: Arc<CaManager>, clock: Arc<dyn Clock>, interval: Duration) {
-    use ring::rand::SecureRandom;
-    let rng = ring::rand::SystemRandom::new();
-    loop {
-        let mut b = [0u8; 2];
-        let unit = match rng.fill(&mut b) {
-            Ok(()) => f64::from(u16::from_be_bytes(b)) / f64::from(u16::MAX),
-            Err(_) => 0.5,
-        };
-        tokio::time::sleep(interval.mul_f64(0.9 + 0.2 * unit)).await;
-        if let Err(e) = manager.tick(clock.now()).await {
-            tracing::warn!(error = %e, "CA rotation tick failed; retrying on the next one");
-        }
-    }
-}
-
 /// SHA-256 fingerprint in the usual `AB:CD:…` spelling.
 pub fn fingerprint(der: &[u8]) -> String {
     signet_types::ledger::sha256(der)
@@ -609,256 +464,4 @@ pub fn fingerprint(der: &[u8]) -> String {
         .map(|b| format!("{b:02X}"))
         .collect::<Vec<_>>()
         .join(":")
-}
-
-/// The server's own DNS names and addresses: in its certificate, and in no other.
-fn server_names(cfg: &Config) -> (Vec<String>, Vec<IpAddr>) {
-    let mut dns_names = vec!["localhost".to_owned()];
-    dns_names.extend(cfg.server_names.iter().cloned());
-    let mut ips: Vec<IpAddr> = vec![Ipv4Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()];
-    if !cfg.listen.ip().is_unspecified() && !ips.contains(&cfg.listen.ip()) {
-        ips.push(cfg.listen.ip());
-    }
-    (dns_names, ips)
-}
-
-struct ServerCert {
-    chain: Vec<Vec<u8>>,
-    not_before: SystemTime,
-    not_after: SystemTime,
-}
-
-async fn issue_server_cert(issuer: &Issuer, cfg: &Config) -> anyhow::Result<(ServerCert, Vec<u8>)> {
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
-        .map_err(|e| anyhow!("server key: {e}"))?;
-    let csr = rcgen::CertificateParams::default()
-        .serialize_request(&key)
-        .map_err(|e| anyhow!("server CSR: {e}"))?;
-    let td = issuer.trust_domain();
-    let id = td
-        .id(crate::authn::SERVER_PATH)
-        .map_err(|e| anyhow!("server SPIFFE ID: {e}"))?;
-    let (dns_names, ips) = server_names(cfg);
-    let caller = AuthenticatedCaller::server(td);
-    let cert = issuer
-        .issue(
-            &caller,
-            IssueInput {
-                source: crate::policy::GrantSource::Caller,
-                csr: csr.der().as_ref(),
-                ttl_seconds: i64::try_from(cfg.ca.max_ttl.as_secs()).unwrap_or(86400),
-                impersonate: None,
-                request_id: "server-tls".into(),
-                api: "self",
-                extra_names: Some(RequestedNames {
-                    uris: vec![id.to_string()],
-                    dns_names,
-                    ip_addresses: ips,
-                    ..RequestedNames::default()
-                }),
-            },
-        )
-        .await
-        .map_err(|e| anyhow!("issuing the server's TLS certificate: {e}"))?;
-    Ok((
-        ServerCert {
-            chain: cert.chain,
-            not_before: cert.not_before,
-            not_after: cert.not_after,
-        },
-        key.serialize_der(),
-    ))
-}
-
-/// Re-issues the server's TLS certificate at half its lifetime, or at once when `revoked` is
-/// notified (the served certificate was revoked), retrying every 30 s on failure.
-async fn renew_server_cert(
-    issuer: Arc<Issuer>,
-    cfg: Config,
-    resolver: Arc<ServerCertResolver>,
-    not_before: SystemTime,
-    mut not_after: SystemTime,
-    revoked: Arc<tokio::sync::Notify>,
-) {
-    // Half of the remaining life from when it was issued (not from its backdated notBefore:
-    // a certificate cut short by its issuer's notAfter would otherwise be renewed at once,
-    // over and over), and never more often than once a second.
-    let mut issued = issuer.now().max(not_before);
-    loop {
-        let left = not_after.duration_since(issued).unwrap_or_default();
-        let wait = (issued + left / 2)
-            .duration_since(issuer.now())
-            .unwrap_or(Duration::ZERO)
-            .max(Duration::from_secs(1));
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = revoked.notified() => {
-                tracing::info!("the server's TLS certificate was revoked; replacing it now");
-            }
-        }
-        match issue_server_cert(&issuer, &cfg).await {
-            Ok((cert, key)) => match tls::certified_key(&cert.chain, &key) {
-                Ok(ck) => {
-                    resolver.replace(ck);
-                    issued = issuer.now();
-                    not_after = cert.not_after;
-                    tracing::info!("renewed the server's TLS certificate");
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "renewed server certificate unusable");
-                    tokio::time::sleep(Duration::from_secs(30)).await;
-                }
-            },
-            Err(e) => {
-                tracing::warn!(error = %e, "renewing the server's TLS certificate failed; retrying in 30s");
-                tokio::time::sleep(Duration::from_secs(30)).await;
-            }
-        }
-    }
-}
-
-/// Binds the admin socket so that no other user can ever connect to it: it is created inside
-/// a fresh private directory (mode 0700, ours), set to 0600 there, and only then renamed into
-/// place. There is no moment at which the socket is reachable with a wider mode (chmod after
-/// bind leaves such a window, and a connection made in it keeps working).
-fn bind_admin_socket(path: &Path) -> anyhow::Result<UnixListener> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    if path.exists() {
-        // A socket left by a previous run that did not shut down cleanly.
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            bail!(
-                "admin socket {} is in use: is another signet-server running with this data_dir?",
-                path.display()
-            );
-        }
-        std::fs::remove_file(path)
-            .with_context(|| format!("removing stale admin socket {}", path.display()))?;
-    }
-    let parent = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut random = [0u8; 8];
-    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut random)
-        .map_err(|_| anyhow!("no randomness for the admin socket's staging directory"))?;
-    let staging = parent.join(format!(".admin-sock-{}", hex::encode(random)));
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&staging)
-        .with_context(|| format!("creating {}", staging.display()))?;
-    let result = (|| {
-        let staged = staging.join("admin.sock");
-        let listener = UnixListener::bind(&staged)
-            .with_context(|| format!("binding admin socket {}", staged.display()))?;
-        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))
-            .with_context(|| format!("chmod 0600 {}", staged.display()))?;
-        std::fs::rename(&staged, path)
-            .with_context(|| format!("moving the admin socket into place at {}", path.display()))?;
-        Ok(listener)
-    })();
-    let _ = std::fs::remove_dir_all(&staging);
-    result
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_are_redacted() {
-        assert_eq!(
-            redact_url("postgres://signet:hunter2@db:5432/signet"),
-            "postgres://signet:…@db:5432/signet"
-        );
-        assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
-        assert_eq!(
-            redact_url("postgres://signet@db/signet"),
-            "postgres://signet@db/signet"
-        );
-    }
-
-    #[test]
-    fn passwords_in_query_parameters_are_redacted() {
-        let r = redact_url("postgres://db/signet?user=signet&password=hunter2&sslmode=require");
-        assert_eq!(
-            r,
-            "postgres://db/signet?user=signet&password=…&sslmode=require"
-        );
-        let r = redact_url("postgresql://u@db/x?PassWord=hunter2&sslpassword=k3y");
-        assert_eq!(r, "postgresql://u@db/x?PassWord=…&sslpassword=…");
-        assert!(!redact_url("sqlite:x.db?password=hunter2").contains("hunter2"));
-    }
-
-    #[test]
-    fn passwords_containing_at_signs_are_redacted() {
-        let r = redact_url("postgres://signet:p@ss@w0rd@db:5432/signet");
-        assert_eq!(r, "postgres://signet:…@db:5432/signet");
-        assert!(!r.contains("ss"), "{r}");
-        let r = redact_url("postgres://signet:a:b@c@db/signet?password=x@y");
-        assert_eq!(r, "postgres://signet:…@db/signet?password=…");
-        // An @ in another query parameter keeps the host readable.
-        let r = redact_url("postgres://u@127.0.0.1:1/x?password=s3cr@t&sslmode=disable");
-        assert_eq!(r, "postgres://u@127.0.0.1:1/x?password=…&sslmode=disable");
-        // Unparsable (a password with '/', '?' or '#' unescaped): hidden entirely.
-        for bad in [
-            "postgres://u:p/ss@db/x",
-            "postgres://u:p?ss@db/x",
-            "postgres://u:p#ss@db/x",
-        ] {
-            let r = redact_url(bad);
-            assert!(!r.contains("ss"), "{bad}: {r}");
-        }
-        assert_eq!(
-            redact_url("postgres://[::1]:5432/x"),
-            "postgres://[::1]:5432/x"
-        );
-    }
-
-    #[test]
-    fn the_admin_socket_is_0600_from_the_start_and_nothing_is_left_behind() {
-        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("admin.sock");
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let _l = bind_admin_socket(&path).unwrap();
-            let meta = std::fs::symlink_metadata(&path).unwrap();
-            assert!(meta.file_type().is_socket());
-            assert_eq!(meta.permissions().mode() & 0o777, 0o600);
-            // Connectable at its final path.
-            std::os::unix::net::UnixStream::connect(&path).unwrap();
-            let names: Vec<_> = std::fs::read_dir(dir.path())
-                .unwrap()
-                .map(|e| e.unwrap().file_name().into_string().unwrap())
-                .collect();
-            assert_eq!(names, ["admin.sock"]);
-            // A second server on the same data_dir is refused, naming the socket.
-            let err = bind_admin_socket(&path).unwrap_err().to_string();
-            assert!(err.contains("in use"), "{err}");
-        });
-    }
-
-    #[test]
-    fn data_dir_is_forced_private() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        std::fs::create_dir(&data).unwrap();
-        std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
-        create_private_dir(&data).unwrap();
-        let mode = std::fs::metadata(&data).unwrap().permissions().mode() & 0o7777;
-        assert_eq!(mode, 0o700);
-        let fresh = dir.path().join("a/b");
-        create_private_dir(&fresh).unwrap();
-        let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o7777;
-        assert_eq!(mode, 0o700);
-        // A symlink is refused rather than followed.
-        let link = dir.path().join("link");
-        std::os::unix::fs::symlink(&data, &link).unwrap();
-        let err = create_private_dir(&link).unwrap_err().to_string();
-        assert!(err.contains("symlink"), "{err}");
-    }
 }
