@@ -11,6 +11,19 @@ use tokio::sync::watch;
 /// Kept here for the callers that import it from the bundle; it lives in [`crate::files`].
 pub use crate::files::write_atomic;
 
+/// A CRL as published with the bundle: one per issuing CA key (see `crate::crl`, which signs
+/// and refreshes them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedCrl {
+    pub key_id: String,
+    pub der: Vec<u8>,
+    pub number: u64,
+    pub this_update: i64,
+    pub next_update: i64,
+    /// Serials listed.
+    pub entries: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bundle {
     pub trust_domain: TrustDomain,
@@ -20,7 +33,7 @@ pub struct Bundle {
     pub tainted_key_ids: Vec<String>,
     pub revision: u64,
     /// The current CRL of every issuing CA key ([`BundleHandle::set_crls`]).
-    pub crls: Vec<crate::crl::PublishedCrl>,
+    pub crls: Vec<PublishedCrl>,
 }
 
 impl Bundle {
@@ -98,7 +111,7 @@ impl BundleHandle {
 impl BundleHandle {
     /// Replaces the CRLs if they changed: bumps the revision and wakes every watcher (the
     /// roots file does not hold CRLs; the publisher writes them under `<data_dir>/crl/`).
-    pub fn set_crls(&self, crls: Vec<crate::crl::PublishedCrl>) {
+    pub fn set_crls(&self, crls: Vec<PublishedCrl>) {
         self.tx.send_if_modified(|cur| {
             if cur.crls == crls {
                 return false;
@@ -153,7 +166,7 @@ mod tests {
 
         // CRLs: a change bumps the revision and wakes watchers; the same list does not; a
         // later roots update keeps them.
-        let crl = crate::crl::PublishedCrl {
+        let crl = PublishedCrl {
             key_id: "0a".into(),
             der: vec![0x30, 0x00],
             number: 1,

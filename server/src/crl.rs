@@ -208,17 +208,8 @@ pub fn refresh_at(s: &StoredCrl, next_update: Duration) -> i64 {
     s.this_update.saturating_add(half).min(s.next_update)
 }
 
-/// A CRL as published.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PublishedCrl {
-    pub key_id: String,
-    pub der: Vec<u8>,
-    pub number: u64,
-    pub this_update: i64,
-    pub next_update: i64,
-    /// Serials listed.
-    pub entries: u64,
-}
+/// A CRL as published (defined with the bundle, which carries them).
+pub use crate::bundle::PublishedCrl;
 
 impl PublishedCrl {
     fn from_stored(s: &StoredCrl) -> Self {
