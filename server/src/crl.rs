@@ -34,7 +34,7 @@ use crate::ca::Authority;
 use crate::ca::time::to_offset;
 use crate::clock::{Clock, from_unix, unix};
 use crate::files::write_atomic;
-use crate::revocation::Reason;
+use crate::revocation::reason::Reason;
 use crate::store::{RevokedRow, Store, StoreError, StoredCrl};
 
 /// `[crl]` in the server configuration.
