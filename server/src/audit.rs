@@ -223,9 +223,9 @@ impl AuditLog {
     pub fn record(&self, kind: &str, caller: &str, detail: String, at_unix: i64) {
         let lane = Lane::of(kind, caller);
         if lane != Lane::Admin {
-            let source = crate::limits::current()
+            let source = crate::limits::context::current()
                 .peer
-                .map(|p| crate::limits::rate::source_key(p.ip()));
+                .map(|p| crate::limits::context::source_key(p.ip()));
             let key = Key {
                 lane,
                 kind: kind.to_owned(),
@@ -432,12 +432,15 @@ mod tests {
             },
         );
         let peer: std::net::SocketAddr = "192.0.2.7:5000".parse().unwrap();
-        crate::limits::CONTEXT
-            .scope(crate::limits::RequestContext { peer: Some(peer) }, async {
-                for i in 0..5000 {
-                    log.record("authn.refused", "anonymous", format!("bad token {i}"), 100);
-                }
-            })
+        crate::limits::context::CONTEXT
+            .scope(
+                crate::limits::context::RequestContext { peer: Some(peer) },
+                async {
+                    for i in 0..5000 {
+                        log.record("authn.refused", "anonymous", format!("bad token {i}"), 100);
+                    }
+                },
+            )
             .await;
         log.record(
             "admin.token_create",

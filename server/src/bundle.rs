@@ -2,12 +2,27 @@
 //! native API's `WatchBundle` streams it) and written atomically to `<data_dir>/bundle.pem`
 //! on start and on every change.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use signet_types::TrustDomain;
 use tokio::sync::watch;
+
+/// Kept here for the callers that import it from the bundle; it lives in [`crate::files`].
+pub use crate::files::write_atomic;
+
+/// A CRL as published with the bundle: one per issuing CA key (see `crate::crl`, which signs
+/// and refreshes them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedCrl {
+    pub key_id: String,
+    pub der: Vec<u8>,
+    pub number: u64,
+    pub this_update: i64,
+    pub next_update: i64,
+    /// Serials listed.
+    pub entries: u64,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bundle {
@@ -18,7 +33,7 @@ pub struct Bundle {
     pub tainted_key_ids: Vec<String>,
     pub revision: u64,
     /// The current CRL of every issuing CA key ([`BundleHandle::set_crls`]).
-    pub crls: Vec<crate::crl::PublishedCrl>,
+    pub crls: Vec<PublishedCrl>,
 }
 
 impl Bundle {
@@ -96,7 +111,7 @@ impl BundleHandle {
 impl BundleHandle {
     /// Replaces the CRLs if they changed: bumps the revision and wakes every watcher (the
     /// roots file does not hold CRLs; the publisher writes them under `<data_dir>/crl/`).
-    pub fn set_crls(&self, crls: Vec<crate::crl::PublishedCrl>) {
+    pub fn set_crls(&self, crls: Vec<PublishedCrl>) {
         self.tx.send_if_modified(|cur| {
             if cur.crls == crls {
                 return false;
@@ -111,33 +126,6 @@ impl BundleHandle {
             true
         });
     }
-}
-
-/// Writes `data` to `path` so that a reader sees the old or the new file, never a mix:
-/// temp file in the same directory, fsync, rename, fsync the directory.
-pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path.parent().unwrap_or_else(|| Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "file".into());
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(data)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -178,7 +166,7 @@ mod tests {
 
         // CRLs: a change bumps the revision and wakes watchers; the same list does not; a
         // later roots update keeps them.
-        let crl = crate::crl::PublishedCrl {
+        let crl = PublishedCrl {
             key_id: "0a".into(),
             der: vec![0x30, 0x00],
             number: 1,

@@ -29,11 +29,12 @@ use rcgen::{CertificateRevocationListParams, KeyIdMethod, RevokedCertParams, Ser
 use serde::{Deserialize, Serialize};
 
 use crate::audit::AuditLog;
-use crate::bundle::{BundleHandle, write_atomic};
+use crate::bundle::BundleHandle;
 use crate::ca::Authority;
-use crate::ca::authority::to_offset;
+use crate::ca::time::to_offset;
 use crate::clock::{Clock, from_unix, unix};
-use crate::revocation::Reason;
+use crate::files::write_atomic;
+use crate::revocation::reason::Reason;
 use crate::store::{CrlStore, RevokedRow, StoreError, StoredCrl};
 
 /// `[crl]` in the server configuration.
@@ -207,17 +208,8 @@ pub fn refresh_at(s: &StoredCrl, next_update: Duration) -> i64 {
     s.this_update.saturating_add(half).min(s.next_update)
 }
 
-/// A CRL as published.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PublishedCrl {
-    pub key_id: String,
-    pub der: Vec<u8>,
-    pub number: u64,
-    pub this_update: i64,
-    pub next_update: i64,
-    /// Serials listed.
-    pub entries: u64,
-}
+/// A CRL as published (defined with the bundle, which carries them).
+pub use crate::bundle::PublishedCrl;
 
 impl PublishedCrl {
     fn from_stored(s: &StoredCrl) -> Self {
@@ -475,8 +467,8 @@ impl CrlPublisher {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::ca::KeyType;
     use crate::ca::RandomSerials;
-    use crate::config::KeyType;
     use x509_parser::prelude::*;
 
     const T0: i64 = 1_800_000_000;

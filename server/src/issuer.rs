@@ -1,7 +1,9 @@
 //! The issuance flow, shared by every API: authenticate -> policy -> CA core -> ledger.
 //!
-//! Handlers convert their protos into [`IssueInput`] and call [`Issuer::issue`]; only a
-//! certificate the ledger has committed is ever returned.
+//! Handlers convert their protos into [`IssueInput`] and the request's metadata into
+//! [`Credentials`] (plain values: this module never sees a tonic type), and call
+//! [`Issuer::issue`]; only a certificate the ledger has committed is ever returned. Every
+//! refusal is an [`IssuerError`], which the API edge (`crate::api`) turns into a gRPC status.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -10,7 +12,6 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use signet_types::TrustDomain;
 
-use crate::api::ApiError;
 use crate::audit::AuditLog;
 use crate::authn::jwt::{Bearer, JwtAuthenticator};
 use crate::authn::{AuthenticatedCaller, AuthnError, CallerKind, mtls};
@@ -21,7 +22,7 @@ use crate::ledger::{LedgerError, LedgerWriter};
 use crate::metrics::Metrics;
 use crate::policy::renewal::{self, EntryFacts, RenewalBasis};
 use crate::policy::{Denial, DenialKind, GrantSource, IssueRequest, Policy};
-use crate::store::{NewCertificate, Store};
+use crate::store::{NewCertificate, Store, StoreError};
 
 /// The credentials a request carried. `Debug` never shows the token.
 #[derive(Default, Clone)]
@@ -41,18 +42,62 @@ impl std::fmt::Debug for Credentials {
     }
 }
 
-impl Credentials {
-    /// Reads credentials from a tonic request: the `authorization` header and the client
-    /// certificate the TLS layer verified.
-    pub fn from_request<T>(req: &tonic::Request<T>) -> Result<Self, ApiError> {
-        let authorization = crate::api::bearer::from_metadata(req.metadata())?;
-        let peer_leaf = req
-            .peer_certs()
-            .and_then(|certs| certs.first().map(|c| c.as_ref().to_vec()));
-        Ok(Self {
-            authorization,
-            peer_leaf,
-        })
+/// Why the issuer refused or failed a request, by what the caller should do about it. Each
+/// variant's `Display` is the message the caller gets; the API edge picks the gRPC code.
+#[derive(Debug, thiserror::Error)]
+pub enum IssuerError {
+    /// No or bad credentials (audited as `authn.refused`).
+    #[error("{0}")]
+    Unauthenticated(#[from] AuthnError),
+    /// Malformed or hostile input, e.g. a CSR that does not parse (audited as `issue.invalid`).
+    #[error("{0}")]
+    Invalid(String),
+    /// Authenticated, but policy or the CA core refused (audited as `issue.denied`).
+    #[error("{0}")]
+    Denied(String),
+    /// A per-caller rate limit: retry after the hint.
+    #[error("{message}")]
+    RateLimited {
+        message: String,
+        retry_after: std::time::Duration,
+    },
+    /// The signing CA is not valid now (retryable).
+    #[error("the CA cannot issue right now: {0}")]
+    CaNotValid(String),
+    /// The ledger's queue is full (retryable, with backoff).
+    #[error("the CA is overloaded (ledger queue full); retry with backoff")]
+    LedgerOverloaded,
+    /// The ledger did not commit the record, so the certificate was discarded (retryable).
+    #[error("the certificate could not be recorded, so it was not issued; retry later ({0})")]
+    NotRecorded(LedgerError),
+    /// The database could not be read (the API edge decides what the caller sees).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Our bug; details are logged, not returned.
+    #[error("internal error (see server log, request {request_id})")]
+    Internal { request_id: String },
+}
+
+impl IssuerError {
+    /// Short outcome label for metrics (the same labels as the API edge's errors).
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            IssuerError::Unauthenticated(_) => "unauthenticated",
+            IssuerError::Invalid(_) => "invalid_argument",
+            IssuerError::Denied(_) => "permission_denied",
+            IssuerError::RateLimited { .. } => "resource_exhausted",
+            IssuerError::CaNotValid(_)
+            | IssuerError::LedgerOverloaded
+            | IssuerError::NotRecorded(_)
+            | IssuerError::Store(StoreError::Unavailable(_)) => "unavailable",
+            IssuerError::Store(_) | IssuerError::Internal { .. } => "internal",
+        }
+    }
+
+    /// A fault that may go away on retry (database or ledger unavailable, CA not valid now),
+    /// as opposed to a refusal of this request.
+    pub fn is_retryable(&self) -> bool {
+        self.outcome() == "unavailable"
     }
 }
 
@@ -144,7 +189,7 @@ impl Issuer {
     }
 
     /// Takes one attestation from node `node_id`'s rate limit (a node token re-attesting).
-    pub fn check_attestation_rate(&self, node_id: &str) -> Result<(), ApiError> {
+    pub fn check_attestation_rate(&self, node_id: &str) -> Result<(), IssuerError> {
         let Some(limits) = &self.caller_limits else {
             return Ok(());
         };
@@ -152,7 +197,7 @@ impl Issuer {
             .check_attestation(node_id, Instant::now())
             .map_err(|l| {
                 self.metrics.limited("per_caller");
-                ApiError::ResourceExhausted {
+                IssuerError::RateLimited {
                     message: l.message,
                     retry_after: l.retry_after,
                 }
@@ -165,7 +210,7 @@ impl Issuer {
         &self,
         caller: &AuthenticatedCaller,
         impersonate: Option<&str>,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), IssuerError> {
         let Some(limits) = &self.caller_limits else {
             return Ok(());
         };
@@ -179,7 +224,7 @@ impl Issuer {
                 l.message.clone(),
                 unix(self.clock.now()),
             );
-            ApiError::ResourceExhausted {
+            IssuerError::RateLimited {
                 message: l.message,
                 retry_after: l.retry_after,
             }
@@ -222,7 +267,7 @@ impl Issuer {
 
     /// Who is calling. A bearer token, when sent, is what counts (a bad one is refused even
     /// if a client certificate was also sent); otherwise the client certificate.
-    pub fn authenticate(&self, creds: &Credentials) -> Result<AuthenticatedCaller, ApiError> {
+    pub fn authenticate(&self, creds: &Credentials) -> Result<AuthenticatedCaller, IssuerError> {
         let result = if let Some(bearer) = &creds.authorization {
             bearer.token().and_then(|token| match &self.jwt {
                 Some(jwt) => jwt.authenticate(token, self.clock.now()),
@@ -240,7 +285,7 @@ impl Issuer {
                 e.to_string(),
                 unix(self.clock.now()),
             );
-            ApiError::Unauthenticated(e)
+            IssuerError::Unauthenticated(e)
         })
     }
 
@@ -249,7 +294,7 @@ impl Issuer {
         &self,
         creds: &Credentials,
         input: IssueInput<'_>,
-    ) -> Result<IssuedCert, ApiError> {
+    ) -> Result<IssuedCert, IssuerError> {
         let started = Instant::now();
         let api = input.api;
         let result = match self.authenticate(creds) {
@@ -269,7 +314,7 @@ impl Issuer {
         &self,
         caller: &AuthenticatedCaller,
         input: IssueInput<'_>,
-    ) -> Result<IssuedCert, ApiError> {
+    ) -> Result<IssuedCert, IssuerError> {
         let started = Instant::now();
         let api = input.api;
         let result = self.issue_inner(caller, input).await;
@@ -277,7 +322,12 @@ impl Issuer {
         result
     }
 
-    fn observe(&self, api: &'static str, result: &Result<IssuedCert, ApiError>, started: Instant) {
+    fn observe(
+        &self,
+        api: &'static str,
+        result: &Result<IssuedCert, IssuerError>,
+        started: Instant,
+    ) {
         let outcome = match result {
             Ok(_) => "issued",
             Err(e) => e.outcome(),
@@ -290,7 +340,7 @@ impl Issuer {
         &self,
         caller: &AuthenticatedCaller,
         input: IssueInput<'_>,
-    ) -> Result<IssuedCert, ApiError> {
+    ) -> Result<IssuedCert, IssuerError> {
         let csr = VerifiedCsr::parse(input.csr)
             .map_err(|e| self.deny(caller, "issue.invalid", format!("invalid CSR: {e}"), true))?;
         let merged;
@@ -329,11 +379,13 @@ impl Issuer {
                 IssueError::NotGranted(m) => self.deny(caller, "issue.not_granted", m, false),
                 IssueError::CaNotValid(m) => {
                     tracing::error!(error = %m, "issuing CA is not valid now");
-                    ApiError::Unavailable(format!("the CA cannot issue right now: {m}"))
+                    IssuerError::CaNotValid(m)
                 }
                 other => {
                     tracing::error!(error = %other, request_id = %input.request_id, "issuance failed");
-                    ApiError::Internal(input.request_id.clone())
+                    IssuerError::Internal {
+                        request_id: input.request_id.clone(),
+                    }
                 }
             })?;
 
@@ -355,12 +407,8 @@ impl Issuer {
         let seq = self.ledger.commit(record).await.map_err(|e| {
             tracing::warn!(error = %e, request_id = %input.request_id, "ledger commit failed; certificate discarded");
             match e {
-                LedgerError::Overloaded => ApiError::Unavailable(
-                    "the CA is overloaded (ledger queue full); retry with backoff".into(),
-                ),
-                other => ApiError::Unavailable(format!(
-                    "the certificate could not be recorded, so it was not issued; retry later ({other})"
-                )),
+                LedgerError::Overloaded => IssuerError::LedgerOverloaded,
+                other => IssuerError::NotRecorded(other),
             }
         })?;
         tracing::info!(
@@ -429,7 +477,7 @@ impl Issuer {
         &self,
         caller: &AuthenticatedCaller,
         serial: &str,
-    ) -> Result<Option<Arc<crate::store::CertificateRow>>, crate::store::StoreError> {
+    ) -> Result<Option<Arc<crate::store::CertificateRow>>, StoreError> {
         let (CallerKind::Mtls { leaf_sha256, .. }
         | CallerKind::Node {
             leaf_sha256: Some(leaf_sha256),
@@ -460,7 +508,7 @@ impl Issuer {
     pub async fn check_node_certificate(
         &self,
         caller: &AuthenticatedCaller,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), IssuerError> {
         let CallerKind::Node {
             serial: Some(serial),
             ..
@@ -485,13 +533,13 @@ impl Issuer {
     }
 
     /// A refusal, audited (a policy denial) or logged (a store failure, retryable).
-    fn denial(&self, caller: &AuthenticatedCaller, refusal: Refusal) -> ApiError {
+    fn denial(&self, caller: &AuthenticatedCaller, refusal: Refusal) -> IssuerError {
         match refusal {
             Refusal::Policy(d) => {
                 let invalid = matches!(d.kind, DenialKind::InvalidArgument);
                 self.deny(caller, d.reason, d.message, invalid)
             }
-            Refusal::Store(e) => ApiError::from(e),
+            Refusal::Store(e) => IssuerError::Store(e),
         }
     }
 
@@ -502,7 +550,7 @@ impl Issuer {
         reason: &str,
         message: String,
         invalid_argument: bool,
-    ) -> ApiError {
+    ) -> IssuerError {
         self.audit.record(
             if invalid_argument {
                 "issue.invalid"
@@ -514,9 +562,9 @@ impl Issuer {
             unix(self.clock.now()),
         );
         if invalid_argument {
-            ApiError::InvalidArgument(message)
+            IssuerError::Invalid(message)
         } else {
-            ApiError::PermissionDenied(message)
+            IssuerError::Denied(message)
         }
     }
 }
@@ -525,11 +573,11 @@ impl Issuer {
 enum Refusal {
     Policy(Denial),
     /// The database could not be read (retryable).
-    Store(crate::store::StoreError),
+    Store(StoreError),
 }
 
-impl From<crate::store::StoreError> for Refusal {
-    fn from(e: crate::store::StoreError) -> Self {
+impl From<StoreError> for Refusal {
+    fn from(e: StoreError) -> Self {
         Refusal::Store(e)
     }
 }

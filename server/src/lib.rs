@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod attestation;
 pub mod audit;
 pub mod authn;
 pub mod bundle;
@@ -17,6 +18,7 @@ pub mod clock;
 pub mod config;
 pub mod crl;
 pub mod federation;
+pub(crate) mod files;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;

@@ -11,7 +11,7 @@ use signet_proto::istio_ca::{
 use tonic::{Request, Response, Status};
 
 use super::{ApiError, check_size, request_id};
-use crate::issuer::{Credentials, IssueInput, Issuer};
+use crate::issuer::{IssueInput, Issuer};
 
 pub struct IstioApi {
     issuer: Arc<Issuer>,
@@ -47,7 +47,7 @@ impl IstioCertificateService for IstioApi {
         &self,
         request: Request<IstioCertificateRequest>,
     ) -> Result<Response<IstioCertificateResponse>, Status> {
-        let creds = Credentials::from_request(&request)?;
+        let creds = super::credentials(&request)?;
         let request_id = request_id(&request);
         let req = request.into_inner();
         check_size(&req, self.max_message_bytes)?;

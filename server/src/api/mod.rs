@@ -1,6 +1,8 @@
 //! The API edge: tonic services. Each handler converts its proto to a domain request, calls
 //! [`crate::issuer::Issuer`], and converts back. Errors become gRPC statuses here, in
-//! [`ApiError`]'s one `From` impl, and nowhere else.
+//! [`ApiError`]'s one `From` impl, and nowhere else; the issuer's own [`IssuerError`] becomes an
+//! [`ApiError`] here too. The request's metadata is read here ([`credentials`], [`request_id`]):
+//! the layers below take plain values.
 
 pub mod admin;
 pub(crate) mod bearer;
@@ -19,6 +21,7 @@ use tokio_stream::Stream;
 use tonic::{Code, Status};
 
 use crate::authn::AuthnError;
+use crate::issuer::{Credentials, IssuerError};
 use crate::store::StoreError;
 
 /// A server stream of ledger rows (certificates or revocation events) with seq in
@@ -136,6 +139,51 @@ impl From<ApiError> for Status {
     }
 }
 
+/// The issuer's refusals keep the codes and messages callers have always seen: refusals of the
+/// request map one to one; every retryable fault is `Unavailable` with the issuer's message; a
+/// store failure maps as everywhere else (see `admin.rs`).
+impl From<IssuerError> for ApiError {
+    fn from(e: IssuerError) -> Self {
+        match e {
+            IssuerError::Unauthenticated(e) => ApiError::Unauthenticated(e),
+            IssuerError::Invalid(m) => ApiError::InvalidArgument(m),
+            IssuerError::Denied(m) => ApiError::PermissionDenied(m),
+            IssuerError::RateLimited {
+                message,
+                retry_after,
+            } => ApiError::ResourceExhausted {
+                message,
+                retry_after,
+            },
+            e @ (IssuerError::CaNotValid(_)
+            | IssuerError::LedgerOverloaded
+            | IssuerError::NotRecorded(_)) => ApiError::Unavailable(e.to_string()),
+            IssuerError::Store(e) => ApiError::from(e),
+            IssuerError::Internal { request_id } => ApiError::Internal(request_id),
+        }
+    }
+}
+
+impl From<IssuerError> for Status {
+    fn from(e: IssuerError) -> Self {
+        Status::from(ApiError::from(e))
+    }
+}
+
+/// The credentials a request carries: the bearer token of the `authorization` header
+/// ([`bearer::from_metadata`]: refused at once unless ASCII) and
+/// the client certificate the TLS layer verified.
+pub(crate) fn credentials<T>(req: &tonic::Request<T>) -> Result<Credentials, ApiError> {
+    let authorization = bearer::from_metadata(req.metadata())?;
+    let peer_leaf = req
+        .peer_certs()
+        .and_then(|certs| certs.first().map(|c| c.as_ref().to_vec()));
+    Ok(Credentials {
+        authorization,
+        peer_leaf,
+    })
+}
+
 /// Store failures reach the caller through [`ApiError`] too (see `admin.rs` for the mapping).
 impl From<crate::store::StoreError> for Status {
     fn from(e: crate::store::StoreError) -> Self {
@@ -173,4 +221,94 @@ pub fn request_id<T>(req: &tonic::Request<T>) -> String {
         return "unknown".into();
     }
     hex::encode(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::LedgerError;
+
+    fn status(e: IssuerError) -> (Code, String) {
+        let s = Status::from(e);
+        (s.code(), s.message().to_owned())
+    }
+
+    #[test]
+    fn issuer_errors_keep_their_codes_and_messages() {
+        let cases = [
+            (
+                IssuerError::Unauthenticated(AuthnError::Missing),
+                Code::Unauthenticated,
+                AuthnError::Missing.to_string(),
+            ),
+            (
+                IssuerError::Invalid("invalid CSR: x".into()),
+                Code::InvalidArgument,
+                "invalid CSR: x".into(),
+            ),
+            (
+                IssuerError::Denied("no".into()),
+                Code::PermissionDenied,
+                "no".into(),
+            ),
+            (
+                IssuerError::CaNotValid("expired".into()),
+                Code::Unavailable,
+                "the CA cannot issue right now: expired".into(),
+            ),
+            (
+                IssuerError::LedgerOverloaded,
+                Code::Unavailable,
+                "the CA is overloaded (ledger queue full); retry with backoff".into(),
+            ),
+            (
+                IssuerError::NotRecorded(LedgerError::Closed),
+                Code::Unavailable,
+                "the certificate could not be recorded, so it was not issued; retry later \
+                 (ledger writer has stopped)"
+                    .into(),
+            ),
+            (
+                IssuerError::Store(StoreError::Unavailable("down".into())),
+                Code::Unavailable,
+                "down".into(),
+            ),
+            (
+                IssuerError::Store(StoreError::Corrupt("row 3".into())),
+                Code::Internal,
+                "internal error (see server log, request store)".into(),
+            ),
+            (
+                IssuerError::Internal {
+                    request_id: "r1".into(),
+                },
+                Code::Internal,
+                "internal error (see server log, request r1)".into(),
+            ),
+        ];
+        for (e, code, message) in cases {
+            let outcome = e.outcome();
+            let retryable = e.is_retryable();
+            let (c, m) = status(e);
+            assert_eq!((c, m.as_str()), (code, message.as_str()));
+            assert_eq!(retryable, c == Code::Unavailable, "{m}");
+            assert_eq!(outcome == "unavailable", c == Code::Unavailable, "{m}");
+        }
+    }
+
+    #[test]
+    fn a_rate_limit_keeps_its_retry_hint() {
+        let s = Status::from(IssuerError::RateLimited {
+            message: "slow down".into(),
+            retry_after: std::time::Duration::from_millis(1500),
+        });
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        assert_eq!(s.message(), "slow down");
+        assert_eq!(
+            s.metadata()
+                .get("grpc-retry-pushback-ms")
+                .and_then(|v| v.to_str().ok()),
+            Some("1500")
+        );
+    }
 }

@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status};
 use super::{check_size, request_id};
 use crate::bundle::{Bundle, BundleHandle};
 use crate::clock::unix;
-use crate::issuer::{Credentials, IssueInput, Issuer};
+use crate::issuer::{IssueInput, Issuer};
 use crate::policy::GrantSource;
 
 pub struct NativeApi {
@@ -70,7 +70,7 @@ impl CertificateAuthority for NativeApi {
         &self,
         request: Request<SignCsrRequest>,
     ) -> Result<Response<SignCsrResponse>, Status> {
-        let creds = Credentials::from_request(&request)?;
+        let creds = super::credentials(&request)?;
         let request_id = request_id(&request);
         let req = request.into_inner();
         check_size(&req, self.max_message_bytes)?;

@@ -1,10 +1,7 @@
 //! `signet.agent.v1.Node`: what signet-agent speaks to the server, on the TLS listener.
 //!
-//! - `Attest`: the join token is the credential (no bearer, no client certificate needed); it is
-//!   consumed atomically before anything is issued, so two agents racing with one token cannot
-//!   both attest. The node ID comes from the token. Or, in Kubernetes (`[nodes.kubernetes]`),
-//!   the agent's projected service-account token in `authorization: Bearer` (see
-//!   [`crate::authn::psat`]): the node ID is `k8s-<node name>` from the token's node claim.
+//! - `Attest`: the protocol is [`crate::attestation`] (join token or Kubernetes
+//!   service-account token); this handler reads the request and converts the outcome.
 //! - `RenewNode`, `SyncEntries`, `SignWorkloads`: mTLS with the node SVID only. A banned node is
 //!   refused (PermissionDenied, audit event) before anything else happens.
 //!
@@ -21,19 +18,16 @@ use signet_proto::agent::{
 use tonic::{Request, Response, Status};
 
 use super::{ApiError, check_size, request_id};
-use crate::authn::jwt::Bearer;
-use crate::authn::psat::{PsatAttestor, PsatRefusal};
+use crate::attestation::{AttestInput, Attestation, node_refusal};
+use crate::authn::psat::PsatAttestor;
 use crate::authn::{AuthenticatedCaller, AuthnError, CallerKind};
 use crate::bundle::BundleHandle;
 use crate::ca::IssuedCert;
 use crate::ca::RequestedNames;
-use crate::ca::csr::VerifiedCsr;
 use crate::clock::unix;
 use crate::issuer::{Credentials, IssueInput, Issuer};
-use crate::nodes::JoinToken;
 use crate::policy::{EntryGrant, GrantSource};
-use crate::store::nodes::{ATTESTATION_JOIN_TOKEN, ATTESTATION_K8S_PSAT};
-use crate::store::{EntryRow, NodeRow, NodeStore, TokenUse};
+use crate::store::{EntryRow, NodeRow, NodeStore};
 
 /// Most CSRs in one `SignWorkloads` call.
 pub const MAX_WORKLOADS_PER_CALL: usize = 256;
@@ -43,7 +37,7 @@ pub struct NodeApi {
     store: Arc<dyn NodeStore>,
     bundle: BundleHandle,
     max_message_bytes: usize,
-    psat: Option<PsatAttestor>,
+    attestation: Attestation,
 }
 
 impl NodeApi {
@@ -54,18 +48,20 @@ impl NodeApi {
         max_message_bytes: usize,
     ) -> Self {
         Self {
+            attestation: Attestation::new(issuer.clone(), store.clone()),
             issuer,
             store,
             bundle,
             max_message_bytes,
-            psat: None,
         }
     }
 
     /// Accepts Kubernetes projected service-account tokens for attestation.
-    pub fn with_kubernetes_attestation(mut self, psat: PsatAttestor) -> Self {
-        self.psat = Some(psat);
-        self
+    pub fn with_kubernetes_attestation(self, psat: PsatAttestor) -> Self {
+        Self {
+            attestation: self.attestation.with_kubernetes(psat),
+            ..self
+        }
     }
 
     fn now(&self) -> i64 {
@@ -112,12 +108,8 @@ impl NodeApi {
         node_id: &str,
         node: Option<&NodeRow>,
     ) -> Result<(), ApiError> {
-        let msg = match node {
-            Some(n) if n.banned_at.is_some() => {
-                format!("node {node_id} is banned; it can renew nothing and sign nothing")
-            }
-            Some(_) => return Ok(()),
-            None => format!("node {node_id} is not attested (unknown to this CA)"),
+        let Some(msg) = node_refusal(node_id, node, true) else {
+            return Ok(());
         };
         self.audit("node.denied", &caller.label(), msg.clone());
         Err(ApiError::PermissionDenied(msg))
@@ -152,103 +144,28 @@ impl Node for NodeApi {
         &self,
         request: Request<AttestRequest>,
     ) -> Result<Response<AttestResponse>, Status> {
-        let creds = Credentials::from_request(&request)?;
+        let creds = super::credentials(&request)?;
         let request_id = request_id(&request);
         let req = request.into_inner();
         check_size(&req, self.max_message_bytes)?;
-        if let Some(bearer) = &creds.authorization {
-            if !req.join_token.is_empty() {
-                return Err(ApiError::InvalidArgument(
-                    "send a join token or a service-account token (authorization: Bearer), \
-                     not both"
-                        .into(),
-                )
-                .into());
-            }
-            let (node_id, cert) = self.attest_with_token(bearer, &req.csr, request_id).await?;
-            return Ok(Response::new(AttestResponse {
-                node_id,
-                svid: Some(svid(&cert)),
-                bundle: self.bundle.current().roots.clone(),
-            }));
-        }
-        if req.join_token.is_empty() {
-            let e = AuthnError::BadJoinToken(
-                "no join token: create one with `signetctl token create` (or, in Kubernetes, \
-                 send the agent's projected service-account token as authorization: Bearer)"
-                    .into(),
-            );
-            self.audit("authn.refused", "anonymous", e.to_string());
-            return Err(ApiError::Unauthenticated(e).into());
-        }
-        // The token is never logged, returned, or stored: only its hash.
-        let token = JoinToken::parse(&req.join_token).map_err(|m| {
-            let e = AuthnError::BadJoinToken(m);
-            self.audit("authn.refused", "anonymous", e.to_string());
-            ApiError::Unauthenticated(e)
-        })?;
-        // A malformed CSR should not burn the token.
-        VerifiedCsr::parse(&req.csr)
-            .map_err(|e| ApiError::InvalidArgument(format!("invalid CSR: {e}")))?;
-
-        let hash = token.hash();
-        let used_at = self.now();
-        let node_id = match self.store.consume_join_token(&hash, used_at).await? {
-            TokenUse::Consumed { node_id } => node_id,
-            refused => {
-                let why = match refused {
-                    TokenUse::AlreadyUsed => "it has already been used (a join token attests once)",
-                    TokenUse::Expired => "it has expired",
-                    _ => "it is not known to this CA",
-                };
-                let e = AuthnError::BadJoinToken(format!(
-                    "{why}; create a new one with `signetctl token create`"
-                ));
-                // The hash prefix identifies the token in the audit log without revealing it.
-                self.audit(
-                    "authn.refused",
-                    "anonymous",
-                    format!("{e} (token hash {}…)", hash.get(..12).unwrap_or_default()),
-                );
-                return Err(ApiError::Unauthenticated(e).into());
-            }
+        let input = AttestInput {
+            join_token: &req.join_token,
+            authorization: creds.authorization.as_ref(),
+            csr: &req.csr,
         };
-        match self
-            .attest_node(
-                &node_id,
-                &req.csr,
-                request_id,
-                "a join token",
-                ATTESTATION_JOIN_TOKEN,
-            )
-            .await
-        {
-            Ok(cert) => Ok(Response::new(AttestResponse {
-                node_id,
-                svid: Some(svid(&cert)),
-                bundle: self.bundle.current().roots.clone(),
-            })),
-            Err(e) => {
-                // A retryable failure (ledger or database unavailable) gives the token back,
-                // so the agent can retry with it; any other refusal keeps it spent.
-                if matches!(e, ApiError::Unavailable(_)) {
-                    match self.store.release_join_token(&hash, used_at).await {
-                        Ok(_) => {}
-                        Err(re) => {
-                            tracing::warn!(error = %re, node_id = %node_id, "could not release the join token after a failed attestation");
-                        }
-                    }
-                }
-                Err(e.into())
-            }
-        }
+        let (node_id, cert) = self.attestation.attest(input, request_id).await?;
+        Ok(Response::new(AttestResponse {
+            node_id,
+            svid: Some(svid(&cert)),
+            bundle: self.bundle.current().roots.clone(),
+        }))
     }
 
     async fn renew_node(
         &self,
         request: Request<RenewNodeRequest>,
     ) -> Result<Response<Svid>, Status> {
-        let creds = Credentials::from_request(&request)?;
+        let creds = super::credentials(&request)?;
         let request_id = request_id(&request);
         let req = request.into_inner();
         check_size(&req, self.max_message_bytes)?;
@@ -280,7 +197,7 @@ impl Node for NodeApi {
         &self,
         request: Request<SyncEntriesRequest>,
     ) -> Result<Response<SyncEntriesResponse>, Status> {
-        let creds = Credentials::from_request(&request)?;
+        let creds = super::credentials(&request)?;
         let req = request.into_inner();
         let caller = self.node_caller(&creds).await?;
         let sync = self
@@ -298,7 +215,7 @@ impl Node for NodeApi {
         &self,
         request: Request<SignWorkloadsRequest>,
     ) -> Result<Response<SignWorkloadsResponse>, Status> {
-        let creds = Credentials::from_request(&request)?;
+        let creds = super::credentials(&request)?;
         let request_id = request_id(&request);
         let req = request.into_inner();
         check_size(&req, self.max_message_bytes)?;
@@ -344,106 +261,6 @@ impl Node for NodeApi {
 }
 
 impl NodeApi {
-    /// Attestation with a Kubernetes projected service-account token: validated offline, an
-    /// allowed service account, bound to a node; the node ID comes from the node's name.
-    async fn attest_with_token(
-        &self,
-        bearer: &Bearer,
-        csr: &[u8],
-        request_id: String,
-    ) -> Result<(String, IssuedCert), ApiError> {
-        let refuse = |e: AuthnError| {
-            self.audit(
-                "authn.refused",
-                "anonymous",
-                format!("node attestation: {e}"),
-            );
-            ApiError::Unauthenticated(e)
-        };
-        let Some(psat) = &self.psat else {
-            return Err(refuse(AuthnError::BadToken(
-                "Kubernetes node attestation is not configured on this server \
-                 ([nodes.kubernetes]); attest with a join token"
-                    .into(),
-            )));
-        };
-        let token = bearer.token().map_err(refuse)?;
-        VerifiedCsr::parse(csr)
-            .map_err(|e| ApiError::InvalidArgument(format!("invalid CSR: {e}")))?;
-        let node = match psat.attest(self.issuer.jwt(), token, self.issuer.now()) {
-            Ok(node) => node,
-            Err(PsatRefusal::Unauthenticated(e)) => return Err(refuse(e)),
-            Err(PsatRefusal::Denied { caller, message }) => {
-                self.audit("node.denied", &caller, message.clone());
-                return Err(ApiError::PermissionDenied(message));
-            }
-        };
-        // One node token re-attesting in a loop: limits.attestation_per_caller.
-        self.issuer.check_attestation_rate(&node.node_id)?;
-        let how = format!(
-            "the Kubernetes service-account token of {} (pod {}, node {})",
-            node.service_account,
-            node.pod.as_deref().unwrap_or("?"),
-            node.node_name
-        );
-        let cert = self
-            .attest_node(&node.node_id, csr, request_id, &how, ATTESTATION_K8S_PSAT)
-            .await?;
-        Ok((node.node_id, cert))
-    }
-
-    /// After the credential was checked (a join token consumed): refuses a banned node,
-    /// issues the node identity through the issuer (policy, CA, ledger) and records the node.
-    async fn attest_node(
-        &self,
-        node_id: &str,
-        csr: &[u8],
-        request_id: String,
-        how: &str,
-        attestation: &str,
-    ) -> Result<IssuedCert, ApiError> {
-        let caller = AuthenticatedCaller::attested_node(self.issuer.trust_domain(), node_id)
-            .map_err(ApiError::Unauthenticated)?;
-        let existing = self.store.node(node_id).await?;
-        if existing.as_ref().is_some_and(|n| n.banned_at.is_some()) {
-            self.check_not_banned(&caller, node_id, existing.as_ref())?;
-        }
-        let cert = self
-            .issuer
-            .issue(
-                &caller,
-                IssueInput {
-                    csr,
-                    ttl_seconds: 0,
-                    impersonate: None,
-                    request_id,
-                    api: "node",
-                    extra_names: None,
-                    source: GrantSource::NodeAttestation {
-                        method: attestation,
-                    },
-                },
-            )
-            .await?;
-        self.store
-            .upsert_attested_node(&NodeRow {
-                node_id: node_id.to_owned(),
-                spiffe_id: cert.spiffe_id.to_string(),
-                attested_at: self.now(),
-                banned_at: None,
-                last_serial: cert.serial.clone(),
-                not_after: unix(cert.not_after),
-                attestation: attestation.to_owned(),
-            })
-            .await?;
-        self.audit(
-            "node.attested",
-            &caller.label(),
-            format!("node {node_id} attested with {how}; serial {}", cert.serial),
-        );
-        Ok(cert)
-    }
-
     async fn sign_one(
         &self,
         caller: &AuthenticatedCaller,
@@ -497,5 +314,6 @@ impl NodeApi {
                 },
             )
             .await
+            .map_err(ApiError::from)
     }
 }

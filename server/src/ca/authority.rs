@@ -6,22 +6,21 @@
 //! and that it chains (by signature) to one of the roots.
 
 use std::fmt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, PublicKeyData, SanType, SerialNumber,
-};
+use pkcs8::der::asn1::{AnyRef, ContextSpecific, ObjectIdentifier, OctetStringRef};
+use pkcs8::der::{Encode, Reader, SliceReader, TagNumber};
+use pkcs8::{AlgorithmIdentifierRef, PrivateKeyInfo};
+use rcgen::{BasicConstraints, IsCa, Issuer, KeyPair, PublicKeyData, SerialNumber};
 use rustls::pki_types::CertificateDer;
 use signet_types::TrustDomain;
-use time::OffsetDateTime;
 use x509_parser::certificate::X509Certificate;
 
-use super::csr::VerifiedCsr;
 use super::serial::SerialSource;
+use super::template::ca_params;
+use super::time::{floor_secs, to_offset};
 use super::validate::{ca_basics, parse_cert, subject_key_id, to_system_time};
-use super::{BACKDATE, Grant, IssueError, IssuedCert};
-use crate::config::KeyType;
+use super::{BACKDATE, KeyType};
 
 const CONVERT_HINT: &str = "convert it to unencrypted PKCS#8 with `openssl pkcs8 -topk8 -nocrypt -in ca-key.pem -out ca-key.pkcs8.pem`";
 
@@ -71,30 +70,6 @@ impl fmt::Debug for Authority {
     }
 }
 
-/// `t` as an `OffsetDateTime`, rounded down to whole seconds (certificates hold seconds).
-pub(crate) fn to_offset(t: SystemTime) -> Option<OffsetDateTime> {
-    let secs = match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_secs()).ok()?,
-        Err(e) => {
-            let d = e.duration();
-            let whole = i64::try_from(d.as_secs()).ok()?;
-            -whole - i64::from(d.subsec_nanos() > 0)
-        }
-    };
-    OffsetDateTime::from_unix_timestamp(secs).ok()
-}
-
-/// `t` rounded down to whole seconds.
-pub(crate) fn floor_secs(t: SystemTime) -> Option<SystemTime> {
-    let odt = to_offset(t)?;
-    let secs = odt.unix_timestamp();
-    Some(if secs >= 0 {
-        UNIX_EPOCH + Duration::from_secs(secs.unsigned_abs())
-    } else {
-        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
-    })
-}
-
 /// A CA certificate's key ID: lowercase hex of its subject key identifier, or of the SHA-256
 /// of its SubjectPublicKeyInfo if it has none (the value leaves carry as their AKI).
 pub(crate) fn key_id_of(cert: &X509Certificate<'_>) -> String {
@@ -114,16 +89,6 @@ fn algorithm(key_type: KeyType) -> &'static rcgen::SignatureAlgorithm {
         KeyType::EcdsaP256 => &rcgen::PKCS_ECDSA_P256_SHA256,
         KeyType::EcdsaP384 => &rcgen::PKCS_ECDSA_P384_SHA384,
     }
-}
-
-/// The organizationalUnit that tells a generated CA's generations apart: its creation time.
-fn generation_label(now: SystemTime) -> String {
-    to_offset(now)
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .map_or_else(|| "generation".to_owned(), |t| format!("generation {t}"))
 }
 
 fn child_of(child: &X509Certificate<'_>, parent: &X509Certificate<'_>) -> Result<(), String> {
@@ -146,42 +111,6 @@ fn child_of(child: &X509Certificate<'_>, parent: &X509Certificate<'_>) -> Result
         })
 }
 
-/// What every CA certificate Signet generates has: the name `O=Signet, OU=<generation>,
-/// CN=Signet <kind> CA for <td>` (CAs of one trust domain differ by name too: a rotation has two
-/// at once; X.520 caps commonName at 64 characters), the trust domain's SPIFFE ID, and
-/// keyCertSign + cRLSign + digitalSignature.
-fn ca_params(
-    td: &TrustDomain,
-    kind: &str,
-    now: SystemTime,
-) -> Result<CertificateParams, AuthorityError> {
-    let mut params = CertificateParams::default();
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::OrganizationName, "Signet");
-    dn.push(DnType::OrganizationalUnitName, generation_label(now));
-    let cn = format!("Signet {kind} CA for {td}");
-    dn.push(
-        DnType::CommonName,
-        if cn.len() <= 64 {
-            cn
-        } else {
-            format!("Signet {kind} CA")
-        },
-    );
-    params.distinguished_name = dn;
-    let uri = td
-        .id_string()
-        .try_into()
-        .map_err(|e| AuthorityError::Generate(format!("trust domain URI: {e}")))?;
-    params.subject_alt_names = vec![SanType::URI(uri)];
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    Ok(params)
-}
-
 impl Authority {
     /// Generates a self-signed root for `td`.
     ///
@@ -197,7 +126,7 @@ impl Authority {
         let key = KeyPair::generate_for(algorithm(key_type))
             .map_err(|e| AuthorityError::Generate(e.to_string()))?;
 
-        let mut params = ca_params(td, "root", now)?;
+        let mut params = ca_params(td, "root", now).map_err(AuthorityError::Generate)?;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         let not_before = now
             .checked_sub(BACKDATE)
@@ -238,7 +167,7 @@ impl Authority {
     ) -> Result<(Authority, Vec<u8>), AuthorityError> {
         let key = KeyPair::generate_for(algorithm(key_type))
             .map_err(|e| AuthorityError::Generate(e.to_string()))?;
-        let mut params = ca_params(td, "intermediate", now)?;
+        let mut params = ca_params(td, "intermediate", now).map_err(AuthorityError::Generate)?;
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
         params.use_authority_key_identifier_extension = true;
         let out_of_range =
@@ -420,17 +349,6 @@ impl Authority {
         Authority::from_parts(cert, &pkcs8, intermediates, roots)
     }
 
-    /// Signs an X509-SVID for `grant` with the key from `csr`. See [`super::template::issue`].
-    pub fn issue(
-        &self,
-        csr: &VerifiedCsr,
-        grant: &Grant,
-        now: SystemTime,
-        serials: &dyn SerialSource,
-    ) -> Result<IssuedCert, IssueError> {
-        super::template::issue(self, csr, grant, now, serials)
-    }
-
     /// Lowercase hex of the signing certificate's subject key identifier (or of the SHA-256 of
     /// its SubjectPublicKeyInfo if it has none).
     pub fn key_id(&self) -> &str {
@@ -478,42 +396,42 @@ impl Authority {
 }
 
 // --- private key formats ---------------------------------------------------------------
+// Encoded and decoded with the RustCrypto `pkcs8` crate (and its `der`), not by hand.
 
-fn der_tlv(tag: u8, content: &[u8]) -> Vec<u8> {
-    let mut out = vec![tag];
-    let len = content.len();
-    if len < 0x80 {
-        out.push(len as u8);
-    } else {
-        let bytes = len.to_be_bytes();
-        let skip = bytes.iter().take_while(|b| **b == 0).count();
-        out.push(0x80 | (bytes.len() - skip) as u8);
-        out.extend_from_slice(&bytes[skip..]);
-    }
-    out.extend_from_slice(content);
-    out
+/// rsaEncryption (RFC 8017), with NULL parameters.
+const OID_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.1");
+/// id-ecPublicKey (RFC 5480), with the named curve as parameters.
+const OID_EC: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.2.1");
+/// The named curves ring can load: secp256r1 (P-256), secp384r1 (P-384).
+const OID_P256: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.3.1.7");
+const OID_P384: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.132.0.34");
+
+/// PrivateKeyInfo { version 0, `algorithm` with `parameters`, privateKey OCTET STRING }.
+fn wrap_pkcs8(
+    algorithm: ObjectIdentifier,
+    parameters: AnyRef<'_>,
+    private_key: &[u8],
+) -> Option<Vec<u8>> {
+    let alg = AlgorithmIdentifierRef {
+        oid: algorithm,
+        parameters: Some(parameters),
+    };
+    PrivateKeyInfo::new(alg, private_key).to_der().ok()
 }
 
-/// PrivateKeyInfo { version 0, algorithm, privateKey OCTET STRING }.
-fn wrap_pkcs8(algorithm_identifier: &[u8], private_key: &[u8]) -> Vec<u8> {
-    let mut body = vec![0x02, 0x01, 0x00];
-    body.extend_from_slice(algorithm_identifier);
-    body.extend_from_slice(&der_tlv(0x04, private_key));
-    der_tlv(0x30, &body)
+/// The named curve a SEC1 `ECPrivateKey` (RFC 5915) states in its optional `parameters`
+/// field; `Ok(None)` if it states none. `Err` if it is not an `ECPrivateKey` at all.
+fn sec1_curve(der: &[u8]) -> Result<Option<ObjectIdentifier>, pkcs8::der::Error> {
+    let mut reader = SliceReader::new(der)?;
+    let curve = reader.sequence(|r| {
+        let _version: u8 = r.decode()?;
+        let _private_key: OctetStringRef<'_> = r.decode()?;
+        let curve = ContextSpecific::<ObjectIdentifier>::decode_explicit(r, TagNumber::N0)?;
+        let _public_key = ContextSpecific::<AnyRef<'_>>::decode_explicit(r, TagNumber::N1)?;
+        Ok(curve.map(|c| c.value))
+    })?;
+    reader.finish(curve)
 }
-
-// AlgorithmIdentifier DER for the key types ring can load.
-const ALG_RSA: &[u8] = &[
-    0x30, 0x0d, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01, 0x05, 0x00,
-];
-const ALG_EC_P256: &[u8] = &[
-    0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a, 0x86, 0x48,
-    0xce, 0x3d, 0x03, 0x01, 0x07,
-];
-const ALG_EC_P384: &[u8] = &[
-    0x30, 0x10, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x05, 0x2b, 0x81, 0x04,
-    0x00, 0x22,
-];
 
 /// Converts a PEM private key (PKCS#8, SEC1 `EC PRIVATE KEY`, PKCS#1 `RSA PRIVATE KEY`) to
 /// PKCS#8 DER that ring accepts.
@@ -533,19 +451,22 @@ fn key_to_pkcs8(key_pem: &[u8]) -> Result<Vec<u8>, AuthorityError> {
     let bad = |what: &str| AuthorityError::Key(format!("{what}; {CONVERT_HINT}"));
     match block.tag() {
         "PRIVATE KEY" => Ok(block.contents().to_vec()),
-        "RSA PRIVATE KEY" => {
-            let der = wrap_pkcs8(ALG_RSA, block.contents());
-            if loads(&der) {
-                Ok(der)
-            } else {
-                Err(bad("the PKCS#1 RSA key cannot be loaded"))
-            }
+        "RSA PRIVATE KEY" => wrap_pkcs8(OID_RSA, AnyRef::NULL, block.contents())
+            .filter(|der| loads(der))
+            .ok_or_else(|| bad("the PKCS#1 RSA key cannot be loaded")),
+        "EC PRIVATE KEY" => {
+            // The curve the key names, or (none named) each curve Signet can load in turn.
+            let curves = match sec1_curve(block.contents()) {
+                Ok(Some(curve)) => vec![curve],
+                Ok(None) | Err(_) => vec![OID_P256, OID_P384],
+            };
+            curves
+                .iter()
+                .filter(|c| [OID_P256, OID_P384].contains(c))
+                .filter_map(|c| wrap_pkcs8(OID_EC, AnyRef::from(c), block.contents()))
+                .find(|der| loads(der))
+                .ok_or_else(|| bad("the SEC1 EC key is not a P-256 or P-384 key Signet can load"))
         }
-        "EC PRIVATE KEY" => [ALG_EC_P256, ALG_EC_P384]
-            .iter()
-            .map(|alg| wrap_pkcs8(alg, block.contents()))
-            .find(|der| loads(der))
-            .ok_or_else(|| bad("the SEC1 EC key is not a P-256 or P-384 key Signet can load")),
         "ENCRYPTED PRIVATE KEY" => Err(AuthorityError::Key(format!(
             "the key is encrypted; decrypt it and {CONVERT_HINT}"
         ))),
@@ -557,7 +478,7 @@ fn key_to_pkcs8(key_pem: &[u8]) -> Result<Vec<u8>, AuthorityError> {
 pub(crate) mod tests {
     use super::*;
     use crate::ca::testutil::{self, now, openssl, td};
-    use rcgen::{CertificateParams, Issuer};
+    use rcgen::{CertificateParams, DistinguishedName, DnType, Issuer, KeyUsagePurpose};
     use x509_parser::extensions::GeneralName;
 
     const HOUR: Duration = Duration::from_secs(3600);
@@ -718,6 +639,20 @@ pub(crate) mod tests {
         ]);
         let key = KeyPair::from_pem(std::str::from_utf8(&p8).expect("utf8")).expect("pkcs8 key");
         (pem, key)
+    }
+
+    #[test]
+    fn sec1_keys_name_their_curve() {
+        for (name, oid) in [("prime256v1", OID_P256), ("secp384r1", OID_P384)] {
+            let (key_pem, _) = key_pem_of(&["ecparam", "-name", name, "-genkey", "-noout"]);
+            let block = pem::parse(&key_pem).expect("pem");
+            assert_eq!(block.tag(), "EC PRIVATE KEY");
+            assert_eq!(sec1_curve(block.contents()), Ok(Some(oid)), "{name}");
+        }
+        assert!(sec1_curve(b"not der").is_err());
+        // A PKCS#8 document is not an ECPrivateKey.
+        let key = KeyPair::generate().expect("key");
+        assert!(sec1_curve(&key.serialize_der()).is_err());
     }
 
     #[test]

@@ -8,15 +8,21 @@
 //!
 //! - [`csr`]: parse and verify PKCS#10 requests into [`csr::VerifiedCsr`].
 //! - [`authority`]: a signing CA ([`Authority`]): generated root or plugged-in Istio `cacerts`.
-//! - [`template`]: the X509-SVID leaf profile and signing.
+//! - [`issue`]: issuing one leaf, the one-way pipeline template -> sign -> validate.
+//! - [`template`]: what goes into a certificate before signing (the X509-SVID leaf profile, the
+//!   CA certificates Signet generates).
 //! - [`validate`]: re-checks every certificate the core signed before it leaves.
+//! - `time`: whole-second certificate time.
 //! - [`kek`]: encryption of CA private keys kept in the database.
 //! - [`serial`]: serial number sources.
 //! - [`rotator`]: which CA key transition is due (pure: slots, time, seeded jitter).
+//! - [`config`]: the `[ca]` configuration section.
 //! - [`manager`]: the CA key slots: loading, creation, sealing, transitions, the published view.
 
 pub mod authority;
+pub mod config;
 pub mod csr;
+mod issue;
 pub mod kek;
 pub mod manager;
 pub mod rotator;
@@ -24,6 +30,7 @@ pub mod serial;
 pub mod template;
 #[cfg(test)]
 mod testutil;
+pub(crate) mod time;
 pub mod validate;
 
 use std::net::IpAddr;
@@ -36,6 +43,15 @@ pub use csr::{CsrError, KeyAlgorithm, VerifiedCsr};
 pub use kek::{Kek, KekError};
 pub use serial::{RandomSerials, SequentialSerials, SerialSource};
 pub use validate::{LeafInfo, check_ca, check_leaf};
+
+/// The CA key algorithm Signet generates (`[ca] key_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeyType {
+    #[default]
+    EcdsaP256,
+    EcdsaP384,
+}
 
 /// How far notBefore is backdated, to tolerate clock skew between hosts.
 pub const BACKDATE: Duration = Duration::from_secs(10);

@@ -10,7 +10,7 @@ use signet_types::{SpiffeId, TrustDomain};
 use super::csr::VerifiedCsr;
 use super::serial::SequentialSerials;
 use super::{Authority, Grant};
-use crate::config::KeyType;
+use crate::ca::KeyType;
 
 /// The injected clock: 2023-11-14T22:13:20Z.
 pub(crate) const NOW_SECS: u64 = 1_700_000_000;

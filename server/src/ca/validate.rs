@@ -282,10 +282,10 @@ mod tests {
     };
 
     use super::*;
-    use crate::ca::authority::to_offset;
+    use crate::ca::KeyType;
     use crate::ca::serial::SequentialSerials;
     use crate::ca::testutil::{self, grant, now, p256_csr};
-    use crate::config::KeyType;
+    use crate::ca::time::to_offset;
 
     const HOUR: Duration = Duration::from_secs(3600);
 

@@ -1,6 +1,8 @@
 //! Resource limits (`[limits]`): every listener, stream and queue is bounded and timed out.
 //!
 //! - [`conn`]: the gRPC listener's connection cap and per-connection idle timeout;
+//! - [`context`]: the request context (its peer) and the source key, a leaf that the audit log
+//!   may use without depending on the limits themselves;
 //! - [`layer`]: server-wide caps on requests and long-lived streams, per-source rate limits on
 //!   issuance and attestation, and the request context (the peer address);
 //! - [`rate`]: the keyed token buckets behind every rate limit;
@@ -12,11 +14,11 @@
 //! pushback). Nothing waits in a queue for a slot: excess is refused at once.
 
 pub mod conn;
+pub mod context;
 pub mod layer;
 pub mod rate;
 pub mod source;
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use tonic::metadata::MetadataMap;
@@ -27,21 +29,8 @@ use rate::{RateLimiter, human};
 /// The metadata key of gRPC's retry pushback (milliseconds).
 pub const RETRY_PUSHBACK: &str = "grpc-retry-pushback-ms";
 
-/// What the request layer knows about the request being handled.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RequestContext {
-    /// The TCP peer of the gRPC connection.
-    pub peer: Option<SocketAddr>,
-}
-
-tokio::task_local! {
-    pub(crate) static CONTEXT: RequestContext;
-}
-
-/// The current request's context (outside a request: empty).
-pub fn current() -> RequestContext {
-    CONTEXT.try_with(|c| *c).unwrap_or_default()
-}
+pub(crate) use context::CONTEXT;
+pub use context::{RequestContext, current};
 
 /// A ResourceExhausted status with a retry hint, in the message and in
 /// `grpc-retry-pushback-ms`.
@@ -158,7 +147,7 @@ mod tests {
     #[tokio::test]
     async fn the_context_is_scoped_to_the_request() {
         assert!(current().peer.is_none());
-        let peer: SocketAddr = "192.0.2.9:7".parse().unwrap();
+        let peer: std::net::SocketAddr = "192.0.2.9:7".parse().unwrap();
         let seen = CONTEXT
             .scope(RequestContext { peer: Some(peer) }, async {
                 current().peer

@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::net::IpAddr;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -128,20 +127,7 @@ impl<K: Hash + Eq + Clone> RateLimiter<K> {
     }
 }
 
-/// The rate-limit key of a source address: IPv4 as is (IPv4-mapped IPv6 too), IPv6 by its /64,
-/// since one host or customer usually holds a whole /64.
-pub fn source_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(v4) => IpAddr::V4(v4),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let s = v6.segments();
-                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
-            }
-        },
-    }
-}
+pub use super::context::source_key;
 
 /// "1.2s", "250ms": how long, for a person.
 pub fn human(d: Duration) -> String {
@@ -155,6 +141,8 @@ pub fn human(d: Duration) -> String {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use std::net::IpAddr;
+
     use super::*;
 
     fn secs(s: f64) -> Duration {

@@ -537,8 +537,8 @@ async fn operator_actions_are_checked_against_the_slots() {
 
 #[test]
 fn removal_waits_for_other_replicas_to_see_a_retirement() {
-    let mut ca = crate::config::CaConfig::default();
-    let grace = |ca: &crate::config::CaConfig| {
+    let mut ca = crate::ca::config::CaConfig::default();
+    let grace = |ca: &crate::ca::config::CaConfig| {
         ManagerConfig::from_config(testutil::td(), ca)
             .policy
             .removal_grace
@@ -562,4 +562,35 @@ async fn a_restart_after_the_intermediate_expired_replaces_it_before_signing() {
     let v = m.view();
     assert_ne!(v.active.key_id(), first);
     assert!(v.active.not_before() <= later && later < v.active.not_after());
+}
+
+#[test]
+fn the_kek_is_generated_once_0600_and_a_configured_one_is_never_replaced() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = crate::ca::config::CaConfig::default();
+    let first = super::load_kek(&ca, dir.path()).expect("generated");
+    let path = dir.path().join("kek");
+    let mode = std::fs::metadata(&path)
+        .expect("kek file")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let again = super::load_kek(&ca, dir.path()).expect("read back");
+    assert_eq!(first.to_base64(), again.to_base64());
+
+    let configured = crate::ca::config::CaConfig {
+        kek_file: Some(dir.path().join("missing")),
+        ..Default::default()
+    };
+    let e = super::load_kek(&configured, dir.path()).expect_err("a configured KEK must exist");
+    assert!(
+        e.to_string().starts_with("reading key-encryption key"),
+        "{e}"
+    );
+    assert!(!dir.path().join("missing").exists());
+
+    std::fs::write(&path, "not base64!").expect("write");
+    let e = super::load_kek(&ca, dir.path()).expect_err("a broken KEK is refused");
+    assert!(e.to_string().starts_with("key-encryption key"), "{e}");
 }

@@ -1,0 +1,508 @@
+//! The CA key manager (SPIRE's `ca/manager`): loads, creates, seals and moves the CA key slots,
+//! and publishes what the rest of the server needs from them — the key that signs workload
+//! certificates, the trust bundle's roots, the tainted key IDs, the keys that authenticate mTLS
+//! clients — to the listeners registered with [`CaManager::on_change`].
+//!
+//! Two modes:
+//! - **Generated** (the default): a root Signet generated (its key sealed under the KEK in the
+//!   database) signs only intermediates; the active intermediate signs leaves. Slots move
+//!   prepared → active → retired → removed as [`super::rotator::decide`] says, on every
+//!   [`CaManager::tick`], or as the operator says ([`CaManager::prepare`], [`CaManager::activate`],
+//!   [`CaManager::taint`], [`CaManager::revoke`]). Each transition is one
+//!   [`crate::store::CaChange`] applied only if the slots did not change since they were read
+//!   (see `store::ca_slots`): exactly once across replicas, with its audit event in the same
+//!   transaction. A replica that lost the race re-reads the slots and decides again; the tick
+//!   also picks up transitions made by other replicas.
+//! - **Plugged** (`ca.cert_file` …, Istio's `cacerts`): the operator's signing certificate is
+//!   the intermediate and `root-cert.pem` is the bundle. The files are re-read on every tick
+//!   and a change is loaded without a restart (a broken change is logged and ignored). The
+//!   operator rotates by replacing the files; the slot commands are refused.
+//!
+//! Files: this one holds the types, the two constructors, the tick and publishing;
+//! `commands.rs` the operator's commands; `staging.rs` how one change is sealed and persisted;
+//! `loading.rs` decoding slots, decrypting keys, the published view, and [`start`] (the KEK and
+//! the manager from `[ca]`: what `server.rs` calls at start-up).
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwap;
+use signet_types::TrustDomain;
+
+use super::KeyType;
+use super::config::CaConfig;
+use super::kek::Kek;
+use super::rotator::{self, Jitter, Kind, Reason, Slot, State, Transition};
+use super::serial::SerialSource;
+use super::{Authority, validate};
+use crate::clock::{from_unix, unix};
+use crate::store::{AuditEvent, CaChange, CaSlotRow, SlotUpdate, Store, StoreError};
+
+/// Why a manager operation failed, by what the caller should do about it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManagerError {
+    /// No such key.
+    #[error("{0}")]
+    NotFound(String),
+    /// The slots are not in a state that allows it (the message says what to do first).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The database could not be reached (retryable) or failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A key could not be generated, decrypted or loaded.
+    #[error("{0}")]
+    Key(String),
+}
+
+/// The lifetimes and thresholds, from `[ca]`.
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    pub trust_domain: TrustDomain,
+    pub key_type: KeyType,
+    pub root_ttl: Duration,
+    pub intermediate_ttl: Duration,
+    pub policy: rotator::Policy,
+}
+
+impl ManagerConfig {
+    pub fn from_config(td: TrustDomain, ca: &CaConfig) -> Self {
+        Self {
+            trust_domain: td,
+            key_type: ca.key_type,
+            root_ttl: ca.root_ttl,
+            intermediate_ttl: ca.intermediate_ttl,
+            policy: rotator::Policy {
+                intermediate_prepare_at: ca.intermediate_prepare_at,
+                intermediate_activate_at: ca.intermediate_activate_at,
+                root_prepare_at: ca.root_prepare_at,
+                root_activate_at: ca.root_activate_at,
+                root_propagation: ca.root_propagation,
+                jitter: ca.rotation_jitter,
+                // Another replica signs with a key until its next tick has seen the key
+                // retired (up to 1.1 intervals later); its last certificates must be in the
+                // ledger before the removal decision counts them.
+                removal_grace: rotator::REMOVAL_GRACE.max(ca.rotation_interval.saturating_mul(3)),
+            },
+        }
+    }
+}
+
+/// One slot as the manager knows it.
+#[derive(Debug, Clone)]
+pub struct SlotInfo {
+    pub slot: Slot,
+    pub algorithm: String,
+    /// The key's certificate, DER.
+    pub cert_der: Vec<u8>,
+    pub activated_at: Option<i64>,
+    pub retired_at: Option<i64>,
+    pub removed_at: Option<i64>,
+    pub tainted_at: Option<i64>,
+    /// A plugged-in CA's certificate (not a slot in the database).
+    pub external: bool,
+    sealed: Sealed,
+}
+
+/// A private key sealed under the KEK; `Debug` prints only its length.
+#[derive(Clone, Default)]
+struct Sealed(Vec<u8>);
+
+impl std::fmt::Debug for Sealed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Sealed({} bytes)", self.0.len())
+    }
+}
+
+/// A change to the slots: one of the rotator's transitions, or an operator's taint or
+/// revocation. All go through the same apply path and its exactly-once rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Step {
+    Rotate(Transition),
+    Taint(String),
+    Revoke(String),
+}
+
+/// What the manager publishes; every field is derived from the slots.
+#[derive(Debug)]
+pub struct CaView {
+    /// The slot generation this was built from (plugged: counts file reloads).
+    pub generation: u64,
+    pub slots: Vec<SlotInfo>,
+    /// Signs workload certificates.
+    pub active: Arc<Authority>,
+    /// Every key that has signed (active or retired, not removed) and whose private key is
+    /// loaded: the issuing keys a CRL is signed with. A prepared key has issued nothing, and
+    /// relying parties do not know its certificate yet, so it publishes no CRL.
+    pub signers: Vec<Arc<Authority>>,
+    /// The trust bundle: every root that is prepared, active, or retired (still trusted).
+    pub roots: Vec<Vec<u8>>,
+    /// The root the active intermediate chains to.
+    pub active_root: Vec<u8>,
+    /// Certificates that authenticate mTLS clients: every non-removed key Signet generated;
+    /// with a plugged-in CA only its signing certificate(s), never a sibling under its root.
+    pub client_anchors: Vec<Vec<u8>>,
+    /// Tainted keys that are not removed, and the intermediates under a tainted root.
+    pub tainted: BTreeSet<String>,
+    pub plugged: bool,
+}
+
+impl CaView {
+    /// Whether the active signing key (or the root above it) is tainted: renewing then
+    /// replaces nothing.
+    pub fn active_is_tainted(&self) -> bool {
+        self.tainted.contains(self.active.key_id())
+    }
+}
+
+type Listener = Box<dyn Fn(&Arc<CaView>) + Send + Sync>;
+
+struct Plugged {
+    files: PluggedFiles,
+    loaded: [Vec<u8>; 4],
+    /// Signing certificates of earlier file versions, kept as mTLS anchors until they expire.
+    previous: Vec<Arc<Authority>>,
+}
+
+/// What an operator's activation reports besides success.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcome {
+    pub key_id: String,
+    /// Something the operator should know (printed by `signetctl`).
+    pub warnings: Vec<String>,
+}
+
+/// One slot in `ca status`.
+#[derive(Debug, Clone)]
+pub struct SlotStatus {
+    pub info: SlotInfo,
+    /// Unexpired, unrevoked certificates issued under the key (for a root: directly and under
+    /// its intermediates).
+    pub unexpired: u64,
+    /// When the last of them expires (unix seconds).
+    pub last_expiry: Option<i64>,
+}
+
+pub struct CaManager {
+    store: Arc<dyn Store>,
+    kek: Option<Kek>,
+    cfg: ManagerConfig,
+    serials: Arc<dyn SerialSource>,
+    jitter: Arc<dyn Jitter>,
+    plugged: Mutex<Option<Plugged>>,
+    view: ArcSwap<CaView>,
+    listeners: Mutex<Vec<Listener>>,
+    /// Decrypted keys by ID (a slot's key never changes).
+    keys: Mutex<HashMap<String, Arc<Authority>>>,
+    /// One tick or operator action at a time in this process.
+    op: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for CaManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaManager")
+            .field("active", &self.view.load().active.key_id())
+            .finish_non_exhaustive()
+    }
+}
+
+const ROTATOR: &str = "rotator";
+
+impl CaManager {
+    /// A manager of generated keys: loads the slots, creating the first root and intermediate
+    /// (or, on a database from before slots, the first intermediate) if needed.
+    pub async fn generated(
+        store: Arc<dyn Store>,
+        kek: Kek,
+        cfg: ManagerConfig,
+        serials: Arc<dyn SerialSource>,
+        jitter: Arc<dyn Jitter>,
+        now: SystemTime,
+    ) -> Result<Arc<CaManager>, ManagerError> {
+        let mut generation = u64::MAX;
+        let mut view = None;
+        let keys = Mutex::new(HashMap::new());
+        // Bootstrap: a handful of transitions at most; other replicas may be racing.
+        for _ in 0..16 {
+            let (g, rows) = store.ca_slots().await?;
+            let slots = parse_slots(&rows)?;
+            let has = |k: Kind| {
+                slots
+                    .iter()
+                    .any(|s| s.slot.kind == k && s.slot.state == State::Active)
+            };
+            if has(Kind::Root) && has(Kind::Intermediate) {
+                generation = g;
+                view = Some(slots);
+                break;
+            }
+            let bare: Vec<Slot> = slots.iter().map(|s| s.slot.clone()).collect();
+            let Some(t) = rotator::decide(&bare, now, &cfg.policy, jitter.as_ref())
+                .into_iter()
+                .next()
+            else {
+                return Err(ManagerError::Key(
+                    "the CA slots have no active key and nothing to do".into(),
+                ));
+            };
+            let staging = Staging {
+                store: store.as_ref(),
+                kek: &kek,
+                cfg: &cfg,
+                serials: serials.as_ref(),
+                keys: &keys,
+            };
+            staging
+                .apply(g, &slots, &Step::Rotate(t), ROTATOR, now)
+                .await?;
+        }
+        let Some(slots) = view else {
+            return Err(ManagerError::Key(
+                "could not create the first CA keys (another replica keeps changing them?)".into(),
+            ));
+        };
+        let built = build_view(generation, slots, &kek, &keys)?;
+        let manager = Arc::new(CaManager {
+            store,
+            kek: Some(kek),
+            cfg,
+            serials,
+            jitter,
+            plugged: Mutex::new(None),
+            view: ArcSwap::from_pointee(built),
+            listeners: Mutex::new(Vec::new()),
+            keys,
+            op: tokio::sync::Mutex::new(()),
+        });
+        // Whatever is overdue (a server down past its intermediate's rotation or expiry)
+        // happens before the first certificate is signed.
+        manager.tick(now).await?;
+        Ok(manager)
+    }
+
+    /// A manager of a plugged-in CA.
+    pub fn plugged(
+        store: Arc<dyn Store>,
+        files: PluggedFiles,
+        cfg: ManagerConfig,
+        serials: Arc<dyn SerialSource>,
+    ) -> Result<Arc<CaManager>, ManagerError> {
+        let loaded = files.read()?;
+        let authority = Arc::new(files.load(&loaded)?);
+        tracing::info!(key_id = authority.key_id(), "using plugged-in CA");
+        let view = plugged_view(0, authority, &[]);
+        Ok(Arc::new(CaManager {
+            store,
+            kek: None,
+            cfg,
+            serials,
+            jitter: Arc::new(rotator::KeyIdJitter),
+            plugged: Mutex::new(Some(Plugged {
+                files,
+                loaded,
+                previous: Vec::new(),
+            })),
+            view: ArcSwap::from_pointee(view),
+            listeners: Mutex::new(Vec::new()),
+            keys: Mutex::new(HashMap::new()),
+            op: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    /// The current view.
+    pub fn view(&self) -> Arc<CaView> {
+        self.view.load_full()
+    }
+
+    /// Calls `f` with the current view now and with every new one, synchronously, in the
+    /// order views are published.
+    pub fn on_change(&self, f: impl Fn(&Arc<CaView>) + Send + Sync + 'static) {
+        let view = self.view();
+        f(&view);
+        self.listeners
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(Box::new(f));
+    }
+
+    /// For each key that is not removed, something that can sign with it (CRLs).
+    pub fn signing_authorities(&self) -> Vec<Arc<Authority>> {
+        self.view().signers.clone()
+    }
+
+    pub fn config(&self) -> &ManagerConfig {
+        &self.cfg
+    }
+
+    fn publish(&self, view: CaView) {
+        let view = Arc::new(view);
+        self.view.store(view.clone());
+        let listeners = self
+            .listeners
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for l in listeners.iter() {
+            l(&view);
+        }
+    }
+
+    fn staging(&self) -> Result<Staging<'_>, ManagerError> {
+        let kek = self.kek.as_ref().ok_or_else(plugged_refusal)?;
+        Ok(Staging {
+            store: self.store.as_ref(),
+            kek,
+            cfg: &self.cfg,
+            serials: self.serials.as_ref(),
+            keys: &self.keys,
+        })
+    }
+
+    /// Reads the slots and the ledger's usage; the slots with usage filled in.
+    async fn read(&self, now: SystemTime) -> Result<(u64, Vec<SlotInfo>), ManagerError> {
+        let (generation, rows) = self.store.ca_slots().await?;
+        let mut slots = parse_slots(&rows)?;
+        let usage = self.store.ca_key_usage(unix(now)).await?;
+        for s in &mut slots {
+            s.slot.issued_unexpired = usage
+                .iter()
+                .find(|u| u.ca_key_id == s.slot.id)
+                .map_or(0, |u| u.unexpired);
+        }
+        Ok((generation, slots))
+    }
+
+    /// One rotator step: re-reads the slots (picking up other replicas' transitions), applies
+    /// every transition due at `now`, and publishes a new view if anything changed. Returns the
+    /// transitions this replica applied.
+    pub async fn tick(&self, now: SystemTime) -> Result<Vec<Transition>, ManagerError> {
+        let _op = self.op.lock().await;
+        if self.kek.is_none() {
+            self.reload_plugged(now).await;
+            return Ok(Vec::new());
+        }
+        self.settle(now).await
+    }
+
+    /// Applies due transitions until there are none (the caller holds `op`).
+    async fn settle(&self, now: SystemTime) -> Result<Vec<Transition>, ManagerError> {
+        let staging = self.staging()?;
+        let mut applied = Vec::new();
+        let mut last = None;
+        for _ in 0..16 {
+            let (generation, slots) = self.read(now).await?;
+            let bare: Vec<Slot> = slots.iter().map(|s| s.slot.clone()).collect();
+            let due = rotator::decide(&bare, now, &self.cfg.policy, self.jitter.as_ref());
+            let Some(t) = due.into_iter().next() else {
+                last = Some((generation, slots));
+                break;
+            };
+            if staging
+                .apply(generation, &slots, &Step::Rotate(t.clone()), ROTATOR, now)
+                .await?
+            {
+                tracing::info!(transition = ?t, "CA slot transition");
+                applied.push(t);
+            }
+        }
+        let (generation, slots) = match last {
+            Some(l) => l,
+            None => self.read(now).await?,
+        };
+        if generation != self.view().generation {
+            let kek = self.kek.as_ref().ok_or_else(plugged_refusal)?;
+            let view = build_view(generation, slots, kek, &self.keys)?;
+            self.publish(view);
+        }
+        Ok(applied)
+    }
+
+    async fn reload_plugged(&self, now: SystemTime) {
+        let (files, changed) = {
+            let guard = self
+                .plugged
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let Some(p) = guard.as_ref() else { return };
+            match p.files.read() {
+                Ok(bytes) if bytes != p.loaded => (p.files.clone(), bytes),
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "plugged-in CA files unreadable; keeping the loaded CA");
+                    return;
+                }
+            }
+        };
+        let authority = match files.load(&changed) {
+            Ok(a) => Arc::new(a),
+            Err(e) => {
+                tracing::warn!(error = %e, "plugged-in CA files changed but do not load; keeping the loaded CA");
+                return;
+            }
+        };
+        let old = self.view();
+        let view = {
+            let mut guard = self
+                .plugged
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let Some(p) = guard.as_mut() else { return };
+            p.loaded = changed;
+            if old.active.key_id() != authority.key_id() {
+                p.previous.push(old.active.clone());
+            }
+            p.previous
+                .retain(|a| a.not_after() > now && a.key_id() != authority.key_id());
+            plugged_view(old.generation + 1, authority.clone(), &p.previous)
+        };
+        tracing::info!(key_id = authority.key_id(), "reloaded the plugged-in CA");
+        let event = AuditEvent {
+            id: 0,
+            at: unix(now),
+            kind: "ca.plugged.reloaded".into(),
+            caller: ROTATOR.into(),
+            detail: format!(
+                "plugged-in CA files changed: signing key {} (was {}), {} root(s)",
+                authority.key_id(),
+                old.active.key_id(),
+                view.roots.len()
+            ),
+        };
+        if let Err(e) = self.store.record_audit_events(&[event]).await {
+            tracing::warn!(error = %e, "could not record the plugged-in CA reload");
+        }
+        self.publish(view);
+    }
+}
+
+fn plugged_refusal() -> ManagerError {
+    ManagerError::FailedPrecondition(
+        "the CA is plugged in (ca.cert_file): rotate it by replacing its files, which are reloaded without a restart".into(),
+    )
+}
+
+fn find<'a>(slots: &'a [SlotInfo], id: &str) -> Result<&'a SlotInfo, ManagerError> {
+    slots.iter().find(|s| s.slot.id == id).ok_or_else(|| {
+        ManagerError::NotFound(format!("no CA key {id:?} (see signetctl ca status)"))
+    })
+}
+
+fn active_of(slots: &[SlotInfo], kind: Kind) -> Option<&SlotInfo> {
+    slots
+        .iter()
+        .filter(|s| s.slot.kind == kind && s.slot.state == State::Active)
+        .max_by_key(|s| s.slot.prepared_at)
+}
+
+mod commands;
+mod loading;
+mod staging;
+
+pub use loading::{PluggedFiles, load_kek, start};
+use loading::{build_view, load_authority, parse_slots, plugged_view};
+use staging::Staging;
+
+#[cfg(test)]
+mod tests;

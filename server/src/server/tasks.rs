@@ -1,0 +1,161 @@
+//! The server's background tasks: the CA rotator's tick, the server's own TLS certificate
+//! (issued like any other, renewed before expiry or at once when revoked), and publishing
+//! internal counters to metrics.
+
+use super::*;
+
+/// The rotator's loop: a manager tick every `interval` (±10%, so replicas spread out).
+pub(super) async fn rotate(manager: Arc<CaManager>, clock: Arc<dyn Clock>, interval: Duration) {
+    use ring::rand::SecureRandom;
+    let rng = ring::rand::SystemRandom::new();
+    loop {
+        let mut b = [0u8; 2];
+        let unit = match rng.fill(&mut b) {
+            Ok(()) => f64::from(u16::from_be_bytes(b)) / f64::from(u16::MAX),
+            Err(_) => 0.5,
+        };
+        tokio::time::sleep(interval.mul_f64(0.9 + 0.2 * unit)).await;
+        if let Err(e) = manager.tick(clock.now()).await {
+            tracing::warn!(error = %e, "CA rotation tick failed; retrying on the next one");
+        }
+    }
+}
+
+/// The server's own DNS names and addresses: in its certificate, and in no other.
+pub(super) fn server_names(cfg: &Config) -> (Vec<String>, Vec<IpAddr>) {
+    let mut dns_names = vec!["localhost".to_owned()];
+    dns_names.extend(cfg.server_names.iter().cloned());
+    let mut ips: Vec<IpAddr> = vec![Ipv4Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()];
+    if !cfg.listen.ip().is_unspecified() && !ips.contains(&cfg.listen.ip()) {
+        ips.push(cfg.listen.ip());
+    }
+    (dns_names, ips)
+}
+
+pub(super) struct ServerCert {
+    pub(super) chain: Vec<Vec<u8>>,
+    pub(super) not_before: SystemTime,
+    pub(super) not_after: SystemTime,
+}
+
+pub(super) async fn issue_server_cert(
+    issuer: &Issuer,
+    cfg: &Config,
+) -> anyhow::Result<(ServerCert, Vec<u8>)> {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+        .map_err(|e| anyhow!("server key: {e}"))?;
+    let csr = rcgen::CertificateParams::default()
+        .serialize_request(&key)
+        .map_err(|e| anyhow!("server CSR: {e}"))?;
+    let td = issuer.trust_domain();
+    let id = td
+        .id(crate::authn::SERVER_PATH)
+        .map_err(|e| anyhow!("server SPIFFE ID: {e}"))?;
+    let (dns_names, ips) = server_names(cfg);
+    let caller = AuthenticatedCaller::server(td);
+    let cert = issuer
+        .issue(
+            &caller,
+            IssueInput {
+                source: crate::policy::GrantSource::Caller,
+                csr: csr.der().as_ref(),
+                ttl_seconds: i64::try_from(cfg.ca.max_ttl.as_secs()).unwrap_or(86400),
+                impersonate: None,
+                request_id: "server-tls".into(),
+                api: "self",
+                extra_names: Some(RequestedNames {
+                    uris: vec![id.to_string()],
+                    dns_names,
+                    ip_addresses: ips,
+                    ..RequestedNames::default()
+                }),
+            },
+        )
+        .await
+        .map_err(|e| anyhow!("issuing the server's TLS certificate: {e}"))?;
+    Ok((
+        ServerCert {
+            chain: cert.chain,
+            not_before: cert.not_before,
+            not_after: cert.not_after,
+        },
+        key.serialize_der(),
+    ))
+}
+
+/// Re-issues the server's TLS certificate at half its lifetime, or at once when `revoked` is
+/// notified (the served certificate was revoked), retrying every 30 s on failure.
+pub(super) async fn renew_server_cert(
+    issuer: Arc<Issuer>,
+    cfg: Config,
+    resolver: Arc<ServerCertResolver>,
+    not_before: SystemTime,
+    mut not_after: SystemTime,
+    revoked: Arc<tokio::sync::Notify>,
+) {
+    // Half of the remaining life from when it was issued (not from its backdated notBefore:
+    // a certificate cut short by its issuer's notAfter would otherwise be renewed at once,
+    // over and over), and never more often than once a second.
+    let mut issued = issuer.now().max(not_before);
+    loop {
+        let left = not_after.duration_since(issued).unwrap_or_default();
+        let wait = (issued + left / 2)
+            .duration_since(issuer.now())
+            .unwrap_or(Duration::ZERO)
+            .max(Duration::from_secs(1));
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = revoked.notified() => {
+                tracing::info!("the server's TLS certificate was revoked; replacing it now");
+            }
+        }
+        match issue_server_cert(&issuer, &cfg).await {
+            Ok((cert, key)) => match tls::certified_key(&cert.chain, &key) {
+                Ok(ck) => {
+                    resolver.replace(ck);
+                    issued = issuer.now();
+                    not_after = cert.not_after;
+                    tracing::info!("renewed the server's TLS certificate");
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "renewed server certificate unusable");
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "renewing the server's TLS certificate failed; retrying in 30s");
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            }
+        }
+    }
+}
+
+/// Publishes audit-drop counts, ledger progress and open connections to metrics, every second.
+pub(super) fn spawn_metrics_publisher(
+    audit: AuditLog,
+    metrics: Arc<Metrics>,
+    progress: Arc<crate::ledger::LedgerProgress>,
+    conns: Arc<ConnRegistry>,
+) {
+    tokio::spawn(async move {
+        let mut failures = 0;
+        loop {
+            metrics
+                .audit_dropped
+                .set(i64::try_from(audit.dropped()).unwrap_or(i64::MAX));
+            metrics
+                .audit_aggregated
+                .set(i64::try_from(audit.aggregated()).unwrap_or(i64::MAX));
+            metrics
+                .ledger_pending
+                .set(i64::try_from(progress.pending()).unwrap_or(i64::MAX));
+            metrics
+                .connections_open
+                .set(i64::try_from(conns.len()).unwrap_or(i64::MAX));
+            let now = progress.failures();
+            metrics.ledger_failures.inc_by(now.saturating_sub(failures));
+            failures = now;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+}
