@@ -13,6 +13,8 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 use signet_types::TrustDomain;
 
+pub use crate::store::DatabaseConfig;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -325,44 +327,6 @@ impl Default for LimitsConfig {
             rate_limit_max_keys: 100_000,
             audit_burst: 5,
             audit_window: Duration::from_secs(10),
-        }
-    }
-}
-
-/// `[database]`: bounds on every database session, so one stalled session cannot stop
-/// issuance (PostgreSQL: set on each session at connect; SQLite: the busy timeout).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DatabaseConfig {
-    /// Connections in the pool.
-    pub max_connections: u32,
-    /// How long a request waits for a pool connection before answering Unavailable.
-    #[serde(with = "humantime_serde")]
-    pub acquire_timeout: Duration,
-    /// PostgreSQL `lock_timeout`: longest wait for a row or table lock (the ledger head).
-    #[serde(with = "humantime_serde")]
-    pub lock_timeout: Duration,
-    /// PostgreSQL `statement_timeout`: longest a statement may run.
-    #[serde(with = "humantime_serde")]
-    pub statement_timeout: Duration,
-    /// PostgreSQL `idle_in_transaction_session_timeout`: a session idle inside a transaction
-    /// this long is ended by the server (its locks released).
-    #[serde(with = "humantime_serde")]
-    pub idle_in_transaction_timeout: Duration,
-    /// SQLite: how long a writer waits for another writer's lock.
-    #[serde(with = "humantime_serde")]
-    pub sqlite_busy_timeout: Duration,
-}
-
-impl Default for DatabaseConfig {
-    fn default() -> Self {
-        Self {
-            max_connections: 16,
-            acquire_timeout: Duration::from_secs(3),
-            lock_timeout: Duration::from_secs(2),
-            statement_timeout: Duration::from_secs(10),
-            idle_in_transaction_timeout: Duration::from_secs(30),
-            sqlite_busy_timeout: Duration::from_secs(2),
         }
     }
 }

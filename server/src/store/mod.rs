@@ -25,6 +25,7 @@
 
 pub mod audit;
 pub mod ca_slots;
+mod config;
 #[cfg(test)]
 mod conformance;
 pub mod crls;
@@ -41,6 +42,7 @@ use std::time::Duration;
 
 pub use audit::{AuditEvent, AuditStore};
 pub use ca_slots::{CaChange, CaKeyUsage, CaSlotRow, CaSlotStore, SlotUpdate, StoredCaKey};
+pub use config::DatabaseConfig;
 pub use crls::{CrlSigner, CrlStore, RevokedRow, StoredCrl};
 pub use error::StoreError;
 pub use ledger::{CertificateRow, LedgerHead, LedgerStore, NewCertificate};
@@ -66,18 +68,15 @@ impl<T> Store for T where
 /// store. `acquire_timeout` bounds how long a request waits for a connection before the store
 /// answers Unavailable; the other `[database]` settings keep their defaults.
 pub async fn connect(url: &str, acquire_timeout: Duration) -> Result<Arc<dyn Store>, StoreError> {
-    let cfg = crate::config::DatabaseConfig {
+    let cfg = DatabaseConfig {
         acquire_timeout,
-        ..crate::config::DatabaseConfig::default()
+        ..DatabaseConfig::default()
     };
     connect_with(url, &cfg).await
 }
 
 /// [`connect`] with every `[database]` setting (session timeouts, pool size, busy timeout).
-pub async fn connect_with(
-    url: &str,
-    cfg: &crate::config::DatabaseConfig,
-) -> Result<Arc<dyn Store>, StoreError> {
+pub async fn connect_with(url: &str, cfg: &DatabaseConfig) -> Result<Arc<dyn Store>, StoreError> {
     if url.starts_with("sqlite:") {
         Ok(Arc::new(SqliteStore::connect_with(url, cfg).await?))
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-use crate::config::DatabaseConfig;
+use super::DatabaseConfig;
 
 use super::audit::AuditEvent;
 use super::error::StoreError;

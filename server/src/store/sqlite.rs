@@ -17,7 +17,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use crate::config::DatabaseConfig;
+use super::DatabaseConfig;
 
 use super::audit::AuditEvent;
 use super::error::StoreError;
