@@ -296,7 +296,7 @@ impl Checkpointer {
             ),
             Trigger::Admin => (
                 "admin.ledger_checkpoint",
-                AuthenticatedCaller::admin(&self.trust_domain).label(),
+                AuthenticatedCaller::admin_label(&self.trust_domain),
                 "requested by the operator",
             ),
         };

@@ -15,7 +15,7 @@ use signet_proto::admin::{
 use tonic::{Request, Response, Status};
 
 use super::{ApiError, request_id};
-use crate::authn::AuthenticatedCaller;
+use crate::authn::{AdminSocket, AuthenticatedCaller};
 use crate::bundle::BundleHandle;
 use crate::ca::RequestedNames;
 use crate::issuer::{IssueInput, Issuer};
@@ -28,14 +28,22 @@ pub struct AdminApi {
     issuer: Arc<Issuer>,
     store: Arc<dyn Store>,
     bundle: BundleHandle,
+    socket: AdminSocket,
 }
 
 impl AdminApi {
-    pub fn new(issuer: Arc<Issuer>, store: Arc<dyn Store>, bundle: BundleHandle) -> Self {
+    /// `socket`: the proof that this API is served on the admin socket (and only there).
+    pub(crate) fn new(
+        issuer: Arc<Issuer>,
+        store: Arc<dyn Store>,
+        bundle: BundleHandle,
+        socket: AdminSocket,
+    ) -> Self {
         Self {
             issuer,
             store,
             bundle,
+            socket,
         }
     }
 }
@@ -175,7 +183,7 @@ impl Admin for AdminApi {
         if req.spiffe_id.is_empty() {
             return Err(ApiError::InvalidArgument("spiffe_id is required".into()).into());
         }
-        let caller = AuthenticatedCaller::admin(self.issuer.trust_domain());
+        let caller = AuthenticatedCaller::admin(self.issuer.trust_domain(), self.socket);
         let extra = RequestedNames {
             uris: vec![req.spiffe_id.clone()],
             dns_names: req.dns_names.clone(),

@@ -29,7 +29,7 @@ impl CaAdminApi {
     }
 
     fn actor(&self) -> String {
-        AuthenticatedCaller::admin(self.issuer.trust_domain()).label()
+        AuthenticatedCaller::admin_label(self.issuer.trust_domain())
     }
 
     /// Maps a manager failure, recording the refusal.

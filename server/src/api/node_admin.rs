@@ -36,7 +36,7 @@ impl NodeAdminApi {
     }
 
     fn audit(&self, kind: &str, detail: String) {
-        let caller = AuthenticatedCaller::admin(self.issuer.trust_domain()).label();
+        let caller = AuthenticatedCaller::admin_label(self.issuer.trust_domain());
         self.issuer
             .audit()
             .record(kind, &caller, detail, self.now());

@@ -128,7 +128,7 @@ impl RevocationAdmin for RevocationAdminApi {
             .into());
         }
         let reason: Reason = req.reason.parse().map_err(ApiError::InvalidArgument)?;
-        let caller = AuthenticatedCaller::admin(&self.td).label();
+        let caller = AuthenticatedCaller::admin_label(&self.td);
         let report = self
             .revoker
             .revoke(&selector, reason, &caller, &request_id, req.dry_run)

@@ -53,6 +53,26 @@ pub enum CallerKind {
     Server,
 }
 
+/// Proof that a call came in on the admin socket. The only way to make an admin caller
+/// ([`AuthenticatedCaller::admin`]), and made only from the bound admin listener
+/// ([`AdminSocket::listening_on`], called where the server binds it), so no request path of the
+/// network listeners can produce an operator.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AdminSocket(());
+
+impl AdminSocket {
+    /// The admin listener, bound at `listener`'s path with the socket's owner-only mode.
+    pub(crate) fn listening_on(_listener: &tokio::net::UnixListener) -> Self {
+        Self(())
+    }
+
+    /// For the fuzz bodies only (`crate::fuzzing`), which decide as the operator to reach the
+    /// policy checks no other caller reaches; never a request path.
+    pub(crate) fn for_fuzzing() -> Self {
+        Self(())
+    }
+}
+
 /// An authenticated caller. Constructed only by this module's authenticators.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuthenticatedCaller {
@@ -61,16 +81,33 @@ pub struct AuthenticatedCaller {
 }
 
 impl AuthenticatedCaller {
+    /// Any caller but the operator, who is made only by [`Self::admin`].
     pub(crate) fn new(spiffe_id: SpiffeId, kind: CallerKind) -> Self {
+        debug_assert!(
+            !matches!(kind, CallerKind::Admin),
+            "an admin caller is made only by AuthenticatedCaller::admin"
+        );
         Self { spiffe_id, kind }
     }
 
-    /// The operator on the admin socket (its socket's file mode is the authentication).
-    pub(crate) fn admin(td: &signet_types::TrustDomain) -> Self {
-        let id = td
-            .id("/signet/admin")
-            .unwrap_or_else(|_| td.id("").expect("a trust domain ID is valid"));
-        Self::new(id, CallerKind::Admin)
+    /// The operator on the admin socket (its socket's file mode is the authentication): only
+    /// with the [`AdminSocket`] proof the admin listener hands to the admin APIs.
+    pub(crate) fn admin(td: &signet_types::TrustDomain, _on: AdminSocket) -> Self {
+        Self {
+            spiffe_id: Self::admin_id(td),
+            kind: CallerKind::Admin,
+        }
+    }
+
+    /// The operator's label in audit events (`spiffe://<td>/signet/admin`), for what the
+    /// operator does that is not an issuance. Names an actor; grants nothing.
+    pub(crate) fn admin_label(td: &signet_types::TrustDomain) -> String {
+        Self::admin_id(td).to_string()
+    }
+
+    fn admin_id(td: &signet_types::TrustDomain) -> SpiffeId {
+        td.id("/signet/admin")
+            .unwrap_or_else(|_| td.id("").expect("a trust domain ID is valid"))
     }
 
     /// A node that has just proved itself (join token, or Kubernetes service-account token)
@@ -120,9 +157,10 @@ impl AuthenticatedCaller {
         format!("{how}:{}", self.spiffe_id)
     }
 
+    /// Any caller, the operator included, for unit tests.
     #[cfg(test)]
     pub fn for_tests(spiffe_id: SpiffeId, kind: CallerKind) -> Self {
-        Self::new(spiffe_id, kind)
+        Self { spiffe_id, kind }
     }
 }
 

@@ -306,8 +306,13 @@ pub async fn run(
     let node = NodeServer::new(node_api).max_decoding_message_size(transport_limit);
     let node_admin = NodeAdminServer::new(NodeAdminApi::new(issuer.clone(), store.clone()))
         .max_decoding_message_size(transport_limit);
-    let admin = AdminServer::new(AdminApi::new(issuer.clone(), store.clone(), bundle.clone()))
-        .max_decoding_message_size(transport_limit);
+    let admin = AdminServer::new(AdminApi::new(
+        issuer.clone(),
+        store.clone(),
+        bundle.clone(),
+        crate::authn::AdminSocket::listening_on(&admin_listener),
+    ))
+    .max_decoding_message_size(transport_limit);
     let ledger_admin =
         LedgerAdminServer::new(LedgerAdminApi::new(checkpoints.clone(), clock.clone()))
             .max_decoding_message_size(transport_limit);
