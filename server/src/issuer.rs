@@ -249,7 +249,9 @@ impl Issuer {
         } else {
             Err(AuthnError::Missing)
         };
-        if let Ok(c) = &result {
+        if let Ok(c) = &result
+            && !span.is_disabled()
+        {
             span.record("caller", c.label());
         }
         record_outcome(&span, &result, |_| "unauthenticated");

@@ -2,8 +2,9 @@
 //! ([`signet_tests::otlp`]). An Istio CreateCertificate carrying a W3C `traceparent` is one
 //! trace continuing the caller's (handler span, then authn, policy, sign and the ledger commit
 //! as its children), with the SPIFFE ID, serial and outcome as attributes and never the token,
-//! the CSR or a key; an agent's renewal is one trace across the agent and the server; and a
-//! dead collector neither blocks issuance nor the shutdown.
+//! the CSR or a key, and the spans still queued at shutdown are flushed; an agent's renewal is
+//! one trace across the agent and the server; and a dead collector neither blocks issuance
+//! nor the shutdown.
 
 use std::time::{Duration, Instant};
 
@@ -18,9 +19,9 @@ const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
 const ISTIO: &str = "istio.v1.auth.IstioCertificateService/CreateCertificate";
 
-/// `[telemetry]` sending to `endpoint`, with a short batch delay so tests wait little.
-fn telemetry_toml(endpoint: &str) -> String {
-    format!("\n[telemetry]\notlp_endpoint = \"{endpoint}\"\nbatch_delay = \"50ms\"\n")
+/// `[telemetry]` sending to `endpoint`, batches sent after `delay`.
+fn telemetry_toml(endpoint: &str, delay: &str) -> String {
+    format!("\n[telemetry]\notlp_endpoint = \"{endpoint}\"\nbatch_delay = \"{delay}\"\n")
 }
 
 fn named<'a>(spans: &'a [ReceivedSpan], name: &str) -> Option<&'a ReceivedSpan> {
@@ -31,7 +32,9 @@ fn named<'a>(spans: &'a [ReceivedSpan], name: &str) -> Option<&'a ReceivedSpan> 
 async fn an_istio_issuance_is_one_trace_that_continues_the_callers() {
     let receiver = OtlpReceiver::start().await;
     let tokens = TokenIssuer::new("k1");
-    let Some(server) = pg_server(&tokens, &telemetry_toml(&receiver.endpoint())).await else {
+    // No batch is due before the server stops: the spans arrive through the flush at shutdown.
+    let toml = telemetry_toml(&receiver.endpoint(), "1h");
+    let Some(server) = pg_server(&tokens, &toml).await else {
         return;
     };
     let token = tokens.token("payments", "api");
@@ -58,6 +61,7 @@ async fn an_istio_issuance_is_one_trace_that_continues_the_callers() {
         .into_inner()
         .cert_chain;
     let serial = serial_of(&chain[0]);
+    server.stop().await;
 
     let steps = ["authn", "policy", "sign", "ledger.commit"];
     let spans = receiver
@@ -126,14 +130,14 @@ async fn an_istio_issuance_is_one_trace_that_continues_the_callers() {
             }
         }
     }
-    server.stop().await;
 }
 
 #[tokio::test]
 async fn an_agent_renewal_is_one_trace_across_agent_and_server() {
     let receiver = OtlpReceiver::start().await;
     let tokens = TokenIssuer::new("k1");
-    let Some(server) = pg_server(&tokens, &telemetry_toml(&receiver.endpoint())).await else {
+    let Some(server) = pg_server(&tokens, &telemetry_toml(&receiver.endpoint(), "50ms")).await
+    else {
         return;
     };
     let app = "spiffe://example.org/traced-app";
@@ -141,7 +145,7 @@ async fn an_agent_renewal_is_one_trace_across_agent_and_server() {
     create_entry(&server, app, "vm-traced", &[]);
     let l = write_config(&server, &token, app);
     let mut toml = std::fs::read_to_string(&l.config).unwrap();
-    toml.push_str(&telemetry_toml(&receiver.endpoint()));
+    toml.push_str(&telemetry_toml(&receiver.endpoint(), "50ms"));
     std::fs::write(&l.config, toml).unwrap();
     let agent = Agent::start(&l.config);
     eventually(30, "an SVID from the Workload API", || {
@@ -206,7 +210,7 @@ async fn a_dead_collector_blocks_neither_issuance_nor_shutdown() {
     let tokens = TokenIssuer::new("k1");
     let extra = format!(
         "{}export_timeout = \"1s\"\nmax_queue_size = 16\n",
-        telemetry_toml(&format!("http://{dead}"))
+        telemetry_toml(&format!("http://{dead}"), "50ms")
     );
     let Some(server) = pg_server(&tokens, &extra).await else {
         return;
