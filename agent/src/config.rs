@@ -1,5 +1,6 @@
 //! Agent configuration: defaults, then a TOML file (`--config FILE`), then `SIGNET_AGENT_*`
-//! environment variables (layered by [`signet_runtime::config`]). Unknown keys are refused, by name.
+//! environment variables (layered by [`signet_runtime::config`]). Unknown keys are refused,
+//! by name.
 //!
 //! Nested keys use a double underscore in the environment: `SIGNET_AGENT_RENEW_FRACTION=0.6`,
 //! `SIGNET_AGENT_HTTP_LISTEN=127.0.0.1:9090`. Only variables naming a known top-level key are

@@ -306,9 +306,17 @@ impl Rotator {
     }
 
     /// Signs `want`; returns how many succeeded. One span per renewal round.
-    #[tracing::instrument(target = "signet_trace", name = "agent.renew_workloads", skip_all,
-        fields(entries = want.len(), spiffe_ids = %spiffe_ids(want), signed = tracing::field::Empty),
-        err(Display))]
+    #[tracing::instrument(
+        target = "signet_trace",
+        name = "agent.renew_workloads",
+        skip_all,
+        fields(
+            entries = want.len(),
+            spiffe_ids = %spiffe_ids(want),
+            signed = tracing::field::Empty,
+        ),
+        err(Display)
+    )]
     async fn sign(&mut self, want: &[EntrySpec]) -> Result<usize, CaError> {
         let mut keys = HashMap::new();
         let mut csrs = Vec::new();

@@ -1,5 +1,6 @@
 //! Server configuration: defaults, then a TOML file, then `SIGNET_*` environment variables,
-//! then command-line flags (layered by [`signet_runtime::config`]). Unknown keys are refused, by name.
+//! then command-line flags (layered by [`signet_runtime::config`]). Unknown keys are refused,
+//! by name.
 //!
 //! Nested keys use a double underscore in the environment: `SIGNET_CA__DEFAULT_TTL=30m`,
 //! `SIGNET_AUTH__KUBERNETES__ISSUER=…`; top-level ones a single prefix: `SIGNET_TRUST_DOMAIN`.

@@ -346,7 +346,13 @@ impl Issuer {
         let grant = grant.map_err(|d| self.denial(caller, Refusal::Policy(d)))?;
 
         let authority = self.authority.load();
-        let span = tracing::info_span!(target: TRACE, "sign", spiffe_id = Empty, serial = Empty, outcome = Empty);
+        let span = tracing::info_span!(
+            target: TRACE,
+            "sign",
+            spiffe_id = Empty,
+            serial = Empty,
+            outcome = Empty
+        );
         let cert = span.in_scope(|| authority.issue(&csr, &grant, now, self.serials.as_ref()));
         if let Ok(c) = &cert {
             span.record("spiffe_id", tracing::field::display(&c.spiffe_id));
@@ -380,7 +386,15 @@ impl Issuer {
             cert_der: cert.der.clone(),
             provenance: grant.provenance.to_ledger_text(),
         };
-        let span = tracing::info_span!(target: TRACE, "ledger.commit", serial = %cert.serial, seq = Empty, batch_size = Empty, batch_first_seq = Empty, outcome = Empty);
+        let span = tracing::info_span!(
+            target: TRACE,
+            "ledger.commit",
+            serial = %cert.serial,
+            seq = Empty,
+            batch_size = Empty,
+            batch_first_seq = Empty,
+            outcome = Empty
+        );
         let seq = self.ledger.commit(record).instrument(span.clone()).await;
         record_outcome(&span, &seq, |_| "not_recorded");
         let seq = seq.map_err(|e| {
