@@ -200,21 +200,8 @@ pub fn init(
     cfg.validate()?;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(logs.default_filter));
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    let fmt = if logs.json {
-        fmt.json().boxed()
-    } else {
-        fmt.boxed()
-    };
-    // Logs never see the trace spans (see the module doc).
-    let fmt = fmt
-        .with_filter(tracing_subscriber::filter::filter_fn(|m| {
-            m.target() != TARGET
-        }))
-        .with_filter(filter);
-
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let fmt = log_layer(logs, std::io::stderr, ansi, filter);
     let provider = match &cfg.otlp_endpoint {
         None => None,
         Some(endpoint) => Some(provider(binary, endpoint, cfg)?),
@@ -227,6 +214,7 @@ pub fn init(
                     .with_target(TARGET, tracing::Level::TRACE),
             )
     });
+    // For any library that propagates through the global API; ours use the W3C one directly.
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     tracing_subscriber::registry()
         .with(fmt)
@@ -240,6 +228,40 @@ pub fn init(
         provider,
         timeout: cfg.export_timeout,
     })
+}
+
+/// The log output: text or JSON lines to `writer`, filtered by `filter`, never seeing the
+/// trace spans of [`TARGET`] (see the module doc).
+fn log_layer<W>(
+    logs: LogOptions,
+    writer: W,
+    ansi: bool,
+    filter: tracing_subscriber::EnvFilter,
+) -> impl tracing_subscriber::Layer<tracing_subscriber::Registry>
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(writer)
+        .with_ansi(ansi);
+    let fmt = if logs.json {
+        fmt.json().boxed()
+    } else {
+        fmt.boxed()
+    };
+    // One filter (nested per-layer filters would leave the span enabled for the outer one):
+    // with traces off, the trace spans' call sites are then disabled for good.
+    fmt.with_filter(without_trace_spans(filter))
+}
+
+/// `filter` plus `signet_trace=off`, which replaces any directive for [`TARGET`] that
+/// `RUST_LOG` had.
+fn without_trace_spans(filter: tracing_subscriber::EnvFilter) -> tracing_subscriber::EnvFilter {
+    match format!("{TARGET}=off").parse() {
+        Ok(off) => filter.add_directive(off),
+        // A constant target and level always parse.
+        Err(_) => filter,
+    }
 }
 
 fn provider(
@@ -537,6 +559,62 @@ mod tests {
         );
         assert_eq!(sc.span_id().to_string(), "00f067aa0ba902b7");
         assert!(sc.is_remote() && sc.is_sampled());
+    }
+
+    /// With traces off, a trace span is disabled at its call site (what makes tracing off
+    /// free), while logs flow as before and never show trace spans.
+    #[test]
+    fn with_traces_off_trace_spans_are_disabled_and_logs_unchanged() {
+        #[derive(Clone, Default)]
+        struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let out = buf.clone();
+        let logs = LogOptions {
+            json: false,
+            default_filter: "info",
+        };
+        let layer = log_layer(
+            logs,
+            move || out.clone(),
+            false,
+            tracing_subscriber::EnvFilter::new("info"),
+        );
+        let subscriber = tracing_subscriber::registry().with(layer);
+        tracing::subscriber::with_default(subscriber, || {
+            let traced = tracing::info_span!(target: TARGET, "sign", serial = "ab");
+            assert!(traced.is_disabled());
+            let _in = traced.enter();
+            let plain = tracing::info_span!("plain");
+            assert!(!plain.is_disabled());
+            tracing::info!(seq = 7, "issued");
+            tracing::debug!("not at info");
+        });
+        // RUST_LOG naming the target does not bring the spans into the logs.
+        let subscriber = tracing_subscriber::registry().with(log_layer(
+            logs,
+            std::io::sink,
+            false,
+            tracing_subscriber::EnvFilter::new("info,signet_trace=trace"),
+        ));
+        tracing::subscriber::with_default(subscriber, || {
+            assert!(tracing::info_span!(target: TARGET, "sign").is_disabled());
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("issued seq=7"), "{text}");
+        // No `sign{serial="ab"}:` span context before the message.
+        assert!(
+            !text.contains("serial") && !text.contains("not at info"),
+            "{text}"
+        );
     }
 
     #[test]
