@@ -437,7 +437,7 @@ impl Ca for GrpcCa {
         };
         self.client
             .clone()
-            .renew_node(req)
+            .renew_node(signet_runtime::telemetry::traced_request(req))
             .await?
             .into_inner()
             .try_into()
@@ -478,6 +478,8 @@ impl Ca for GrpcCa {
                     })
                     .collect(),
             };
+            // The server's spans join the renewal's trace.
+            let req = signet_runtime::telemetry::traced_request(req);
             let resp = self.client.clone().sign_workloads(req).await?.into_inner();
             results.extend(convert_sign_results(resp));
         }

@@ -1,5 +1,6 @@
 //! Agent configuration: defaults, then a TOML file (`--config FILE`), then `SIGNET_AGENT_*`
-//! environment variables (layered with figment). Unknown keys are refused, by name.
+//! environment variables (layered by [`signet_runtime::config`]). Unknown keys are refused,
+//! by name.
 //!
 //! Nested keys use a double underscore in the environment: `SIGNET_AGENT_RENEW_FRACTION=0.6`,
 //! `SIGNET_AGENT_HTTP_LISTEN=127.0.0.1:9090`. Only variables naming a known top-level key are
@@ -9,9 +10,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use figment::Figment;
-use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
+use signet_runtime::config::Layers;
 use signet_types::SpiffeId;
 
 use crate::ca::AttestCredential;
@@ -56,6 +56,8 @@ pub struct Config {
     pub kubernetes_api: KubernetesApiConfig,
     /// Limits, socket permissions and workload attestation of the Workload API.
     pub workload_api: WorkloadApiConfig,
+    /// Traces over OTLP (`[telemetry]`, see [`signet_runtime::telemetry`]); off by default.
+    pub telemetry: signet_runtime::telemetry::TelemetryConfig,
 }
 
 impl std::fmt::Debug for Config {
@@ -76,6 +78,7 @@ impl std::fmt::Debug for Config {
             .field("sinks", &self.sinks)
             .field("kubernetes_api", &self.kubernetes_api)
             .field("workload_api", &self.workload_api)
+            .field("telemetry", &self.telemetry)
             .finish()
     }
 }
@@ -99,6 +102,7 @@ impl Default for Config {
             sinks: Vec::new(),
             kubernetes_api: KubernetesApiConfig::default(),
             workload_api: WorkloadApiConfig::default(),
+            telemetry: Default::default(),
         }
     }
 }
@@ -490,10 +494,9 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-impl From<figment::Error> for ConfigError {
-    fn from(e: figment::Error) -> Self {
-        let msgs: Vec<String> = e.into_iter().map(|e| e.to_string()).collect();
-        ConfigError::Load(msgs.join("; "))
+impl From<signet_runtime::config::LoadError> for ConfigError {
+    fn from(e: signet_runtime::config::LoadError) -> Self {
+        ConfigError::Load(e.to_string())
     }
 }
 
@@ -514,6 +517,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "sinks",
     "kubernetes_api",
     "workload_api",
+    "telemetry",
 ];
 
 /// `[http]`: the bounds of the `http_listen` listener (`/healthz`, `/readyz`, `/metrics`), so
@@ -571,25 +575,14 @@ impl Config {
     /// Layers defaults, the optional TOML file and the environment (`SIGNET_AGENT_*`), then
     /// validates.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        Self::load_with_env(file, Env::prefixed("SIGNET_AGENT_"))
+        Self::load_with_env(file, "SIGNET_AGENT_")
     }
 
-    fn load_with_env(file: Option<&Path>, env: Env) -> Result<Self, ConfigError> {
-        let mut fig = Figment::from(Serialized::defaults(Config::default()));
-        if let Some(f) = file {
-            if !f.exists() {
-                return Err(ConfigError::Load(format!(
-                    "config file {} does not exist",
-                    f.display()
-                )));
-            }
-            fig = fig.merge(Toml::file_exact(f));
-        }
-        let env = env.split("__").filter(|key| {
-            let top = key.as_str().split('.').next().unwrap_or_default();
-            TOP_LEVEL_KEYS.iter().any(|k| k.eq_ignore_ascii_case(top))
-        });
-        let cfg: Config = fig.merge(env).extract()?;
+    fn load_with_env(file: Option<&Path>, env_prefix: &str) -> Result<Self, ConfigError> {
+        let cfg: Config = Layers::new(Config::default())
+            .file(file)?
+            .env(env_prefix, TOP_LEVEL_KEYS)
+            .extract()?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -611,6 +604,9 @@ impl Config {
             ));
         }
         self.http.validate()?;
+        self.telemetry
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if self.join_token.is_some() && self.join_token_file.is_some() {
             return Err(ConfigError::Invalid(
                 "set join_token or join_token_file, not both".into(),
@@ -753,7 +749,7 @@ mod tests {
     fn load_toml(s: &str) -> Result<Config, ConfigError> {
         let mut f = tempfile::NamedTempFile::new().expect("temp file");
         f.write_all(s.as_bytes()).expect("write");
-        Config::load_with_env(Some(f.path()), Env::prefixed("SIGNET_AGENT_TEST_NONE_"))
+        Config::load_with_env(Some(f.path()), "SIGNET_AGENT_TEST_NONE_")
     }
 
     #[test]

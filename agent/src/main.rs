@@ -23,6 +23,8 @@ use signet_agent::state;
 use signet_agent::workload::{self, ServeOptions, WorkloadApi};
 use signet_runtime::clock::SystemClock;
 use signet_runtime::random::SystemRandom;
+use signet_runtime::shutdown;
+use signet_runtime::telemetry::{self, LogOptions};
 
 /// Signet node agent: SPIFFE Workload API, certificate rotation, file and Secret sinks.
 #[derive(Debug, Parser)]
@@ -37,36 +39,8 @@ struct Args {
     log_json: bool,
 }
 
-fn init_tracing(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,h2=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-    tracing::info!("shutting down");
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_tracing(args.log_json);
     let cfg = match Config::load(args.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
@@ -81,7 +55,22 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(cfg)) {
+    // Inside the runtime: the trace exporter's connection lives on it.
+    let logs = LogOptions {
+        json: args.log_json,
+        default_filter: "info,h2=warn",
+    };
+    let telemetry =
+        match rt.block_on(async { telemetry::init("signet-agent", logs, &cfg.telemetry) }) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("signet-agent: {e}");
+                return ExitCode::from(2);
+            }
+        };
+    let result = rt.block_on(run(cfg));
+    telemetry.shutdown();
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
@@ -220,7 +209,7 @@ async fn run(cfg: Config) -> Result<(), String> {
         wait_stop(stop_rx),
     ));
 
-    shutdown_signal().await;
+    shutdown::signal().await;
     // Stops the main loop, which drops the state sender and so ends the open Workload API
     // streams; then the listeners stop.
     let _ = stop_tx.send(true);

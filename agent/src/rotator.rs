@@ -96,6 +96,12 @@ pub struct Rotator {
 
 /// Entries needing a certificate at `now`: none held, or held and due for renewal (at its
 /// usual time, or at once when it is compromised).
+/// The SPIFFE IDs of a renewal round, for its trace span.
+fn spiffe_ids(entries: &[EntrySpec]) -> String {
+    let ids: Vec<String> = entries.iter().map(|e| e.spiffe_id.to_string()).collect();
+    ids.join(",")
+}
+
 fn due<'a>(
     entries: &'a [EntrySpec],
     held: &HashMap<String, Held>,
@@ -302,7 +308,18 @@ impl Rotator {
         next
     }
 
-    /// Signs `want`; returns how many succeeded.
+    /// Signs `want`; returns how many succeeded. One span per renewal round.
+    #[tracing::instrument(
+        target = "signet_trace",
+        name = "agent.renew_workloads",
+        skip_all,
+        fields(
+            entries = want.len(),
+            spiffe_ids = %spiffe_ids(want),
+            signed = tracing::field::Empty,
+        ),
+        err(Display)
+    )]
     async fn sign(&mut self, want: &[EntrySpec]) -> Result<usize, CaError> {
         let mut keys = HashMap::new();
         let mut csrs = Vec::new();
@@ -370,6 +387,7 @@ impl Rotator {
             // A CRL verified now that its issuer is known: apply it on the next pass.
             tracing::debug!("a CRL verified with a newly learnt CA certificate");
         }
+        tracing::Span::current().record("signed", ok);
         Ok(ok)
     }
 

@@ -1,5 +1,6 @@
 //! Server configuration: defaults, then a TOML file, then `SIGNET_*` environment variables,
-//! then command-line flags (layered with figment). Unknown keys are refused, by name.
+//! then command-line flags (layered by [`signet_runtime::config`]). Unknown keys are refused,
+//! by name.
 //!
 //! Nested keys use a double underscore in the environment: `SIGNET_CA__DEFAULT_TTL=30m`,
 //! `SIGNET_AUTH__KUBERNETES__ISSUER=…`; top-level ones a single prefix: `SIGNET_TRUST_DOMAIN`.
@@ -8,9 +9,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use figment::Figment;
-use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
+use signet_runtime::config::Layers;
 use signet_types::TrustDomain;
 
 pub use crate::store::DatabaseConfig;
@@ -43,6 +43,8 @@ pub struct Config {
     pub federation: FederationConfig,
     /// Certificate revocation lists (`[crl]`, see [`crate::crl`]).
     pub crl: crate::crl::CrlConfig,
+    /// Traces over OTLP (`[telemetry]`, see [`signet_runtime::telemetry`]); off by default.
+    pub telemetry: signet_runtime::telemetry::TelemetryConfig,
 }
 
 impl Default for Config {
@@ -65,6 +67,7 @@ impl Default for Config {
             checkpoint: CheckpointConfig::default(),
             federation: FederationConfig::default(),
             crl: crate::crl::CrlConfig::default(),
+            telemetry: Default::default(),
         }
     }
 }
@@ -404,11 +407,10 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-impl From<figment::Error> for ConfigError {
-    fn from(e: figment::Error) -> Self {
+impl From<signet_runtime::config::LoadError> for ConfigError {
+    fn from(e: signet_runtime::config::LoadError) -> Self {
         // figment's messages name the offending key and where it came from; keep all of them.
-        let msgs: Vec<String> = e.into_iter().map(|e| e.to_string()).collect();
-        ConfigError::Load(msgs.join("; "))
+        ConfigError::Load(e.to_string())
     }
 }
 
@@ -431,31 +433,21 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "checkpoint",
     "federation",
     "crl",
+    "telemetry",
 ];
 
 impl Config {
     /// Layers defaults, the optional TOML file, the environment (`SIGNET_*`) and `overrides`
     /// (already-serialized flag values, highest priority), then validates.
     pub fn load(file: Option<&Path>, overrides: impl Serialize) -> Result<Self, ConfigError> {
-        let mut fig = Figment::from(Serialized::defaults(Config::default()));
-        if let Some(f) = file {
-            if !f.exists() {
-                return Err(ConfigError::Load(format!(
-                    "config file {} does not exist",
-                    f.display()
-                )));
-            }
-            fig = fig.merge(Toml::file_exact(f));
-        }
         // Only variables naming one of our top-level keys are configuration: other tools'
         // SIGNET_* variables (SIGNET_ADMIN_SOCKET for signetctl, test settings) are not ours.
         // Below a known key, unknown names are still refused (SIGNET_CA__MAX_TLL).
-        let env = Env::prefixed("SIGNET_").split("__").filter(|key| {
-            let top = key.as_str().split('.').next().unwrap_or_default();
-            TOP_LEVEL_KEYS.iter().any(|k| k.eq_ignore_ascii_case(top))
-        });
-        fig = fig.merge(env).merge(Serialized::defaults(overrides));
-        let cfg: Config = fig.extract()?;
+        let cfg: Config = Layers::new(Config::default())
+            .file(file)?
+            .env("SIGNET_", TOP_LEVEL_KEYS)
+            .flags(overrides)
+            .extract()?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -487,6 +479,9 @@ impl Config {
         self.validate_limits()?;
         self.validate_checkpoint_and_federation()?;
         self.crl.validate().map_err(ConfigError::Invalid)?;
+        self.telemetry
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         // sqlx cannot use it, and logs unknown URL parameters with their values.
         if let Some((_, query)) = self.database_url.split_once('?')
             && query.split('&').any(|kv| {

@@ -23,6 +23,9 @@ use crate::metrics::Metrics;
 use crate::policy::renewal::{self, EntryFacts, RenewalBasis};
 use crate::policy::{Denial, DenialKind, GrantSource, IssueRequest, Policy};
 use crate::store::{NewCertificate, Store, StoreError};
+use signet_runtime::telemetry::{TARGET as TRACE, record_outcome};
+use tracing::Instrument as _;
+use tracing::field::Empty;
 
 /// The credentials a request carried. `Debug` never shows the token.
 #[derive(Default, Clone)]
@@ -268,6 +271,8 @@ impl Issuer {
     /// Who is calling. A bearer token, when sent, is what counts (a bad one is refused even
     /// if a client certificate was also sent); otherwise the client certificate.
     pub fn authenticate(&self, creds: &Credentials) -> Result<AuthenticatedCaller, IssuerError> {
+        let span = tracing::info_span!(target: TRACE, "authn", caller = Empty, outcome = Empty);
+        let _entered = span.enter();
         let result = if let Some(bearer) = &creds.authorization {
             bearer.token().and_then(|token| match &self.jwt {
                 Some(jwt) => jwt.authenticate(token, self.clock.now()),
@@ -278,6 +283,12 @@ impl Issuer {
         } else {
             Err(AuthnError::Missing)
         };
+        if let Ok(c) = &result
+            && !span.is_disabled()
+        {
+            span.record("caller", c.label());
+        }
+        record_outcome(&span, &result, |_| "unauthenticated");
         result.map_err(|e| {
             self.audit.record(
                 "authn.refused",
@@ -355,6 +366,7 @@ impl Issuer {
         let basis = match caller.kind() {
             CallerKind::Mtls { .. } => Some(
                 self.renewal_basis(caller, unix(now))
+                    .instrument(tracing::info_span!(target: TRACE, "policy.renewal_basis"))
                     .await
                     .map_err(|e| self.denial(caller, e))?,
             ),
@@ -367,27 +379,38 @@ impl Issuer {
             impersonate: input.impersonate,
             renewal: basis.as_ref(),
         };
-        let grant = self
-            .policy
-            .decide(caller, &request, unix(now))
-            .map_err(|d| self.denial(caller, Refusal::Policy(d)))?;
+        let span = tracing::info_span!(target: TRACE, "policy", outcome = Empty);
+        let grant = span.in_scope(|| self.policy.decide(caller, &request, unix(now)));
+        record_outcome(&span, &grant, |d| d.reason);
+        let grant = grant.map_err(|d| self.denial(caller, Refusal::Policy(d)))?;
 
         let authority = self.authority.load();
-        let cert = authority
-            .issue(&csr, &grant, now, self.serials.as_ref())
-            .map_err(|e| match e {
-                IssueError::NotGranted(m) => self.deny(caller, "issue.not_granted", m, false),
-                IssueError::CaNotValid(m) => {
-                    tracing::error!(error = %m, "issuing CA is not valid now");
-                    IssuerError::CaNotValid(m)
+        let span = tracing::info_span!(
+            target: TRACE,
+            "sign",
+            spiffe_id = Empty,
+            serial = Empty,
+            outcome = Empty
+        );
+        let cert = span.in_scope(|| authority.issue(&csr, &grant, now, self.serials.as_ref()));
+        if let Ok(c) = &cert {
+            span.record("spiffe_id", tracing::field::display(&c.spiffe_id));
+            span.record("serial", c.serial.as_str());
+        }
+        record_outcome(&span, &cert, |_| "refused");
+        let cert = cert.map_err(|e| match e {
+            IssueError::NotGranted(m) => self.deny(caller, "issue.not_granted", m, false),
+            IssueError::CaNotValid(m) => {
+                tracing::error!(error = %m, "issuing CA is not valid now");
+                IssuerError::CaNotValid(m)
+            }
+            other => {
+                tracing::error!(error = %other, request_id = %input.request_id, "issuance failed");
+                IssuerError::Internal {
+                    request_id: input.request_id.clone(),
                 }
-                other => {
-                    tracing::error!(error = %other, request_id = %input.request_id, "issuance failed");
-                    IssuerError::Internal {
-                        request_id: input.request_id.clone(),
-                    }
-                }
-            })?;
+            }
+        })?;
 
         let record = NewCertificate {
             serial: cert.serial.clone(),
@@ -404,7 +427,18 @@ impl Issuer {
             cert_der: cert.der.clone(),
             provenance: grant.provenance().to_ledger_text(),
         };
-        let seq = self.ledger.commit(record).await.map_err(|e| {
+        let span = tracing::info_span!(
+            target: TRACE,
+            "ledger.commit",
+            serial = %cert.serial,
+            seq = Empty,
+            batch_size = Empty,
+            batch_first_seq = Empty,
+            outcome = Empty
+        );
+        let seq = self.ledger.commit(record).instrument(span.clone()).await;
+        record_outcome(&span, &seq, |_| "not_recorded");
+        let seq = seq.map_err(|e| {
             tracing::warn!(error = %e, request_id = %input.request_id, "ledger commit failed; certificate discarded");
             match e {
                 LedgerError::Overloaded => IssuerError::LedgerOverloaded,

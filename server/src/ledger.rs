@@ -166,7 +166,9 @@ impl Drop for Waiting {
     }
 }
 
-type Reply = oneshot::Sender<Result<u64, LedgerError>>;
+/// The record's sequence number, and the batch it was committed in (its first sequence
+/// number and size, for the issuance's trace).
+type Reply = oneshot::Sender<Result<(u64, u64, usize), LedgerError>>;
 
 /// Called after each commit attempt with the batch size and how long the commit took.
 pub type OnBatch = Arc<dyn Fn(usize, Duration) + Send + Sync>;
@@ -230,11 +232,17 @@ impl LedgerWriter {
             mpsc::error::TrySendError::Full(_) => LedgerError::Overloaded,
             mpsc::error::TrySendError::Closed(_) => LedgerError::Closed,
         })?;
-        match tokio::time::timeout(self.deadline, answer).await {
+        let (seq, first, size) = match tokio::time::timeout(self.deadline, answer).await {
             // A dropped reply means the writer task died before answering.
-            Ok(answer) => answer.unwrap_or(Err(LedgerError::Closed)),
-            Err(_) => Err(LedgerError::DeadlineExceeded(self.deadline)),
-        }
+            Ok(answer) => answer.unwrap_or(Err(LedgerError::Closed))?,
+            Err(_) => return Err(LedgerError::DeadlineExceeded(self.deadline)),
+        };
+        // Into the caller's `ledger.commit` span, when it is traced.
+        let span = tracing::Span::current();
+        span.record("seq", seq);
+        span.record("batch_first_seq", first);
+        span.record("batch_size", size);
+        Ok(seq)
     }
 }
 
@@ -275,9 +283,10 @@ async fn run(
         }
         match result {
             Ok(seqs) if seqs.len() == replies.len() => {
+                let (first, size) = (seqs.first().copied().unwrap_or_default(), seqs.len());
                 for (reply, seq) in replies.drain(..).zip(seqs) {
                     // The requester may have gone away; the record is committed regardless.
-                    let _ = reply.send(Ok(seq));
+                    let _ = reply.send(Ok((seq, first, size)));
                 }
             }
             Ok(seqs) => {

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use serde::Serialize;
+use signet_runtime::shutdown;
+use signet_runtime::telemetry::{self, LogOptions};
 use signet_server::config::Config;
 
 /// Signet certificate authority: SPIFFE X.509 identities over gRPC, every one recorded.
@@ -41,36 +43,8 @@ struct Args {
     data_dir: Option<PathBuf>,
 }
 
-fn init_tracing(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,h2=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-    tracing::info!("shutting down");
-}
-
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    init_tracing(args.log_json);
     let cfg = match Config::load(args.config.as_deref(), &args) {
         Ok(c) => c,
         Err(e) => {
@@ -88,9 +62,22 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    // Inside the runtime: the trace exporter's connection lives on it.
+    let logs = LogOptions {
+        json: args.log_json,
+        default_filter: "info,sqlx=warn,h2=warn",
+    };
+    let telemetry =
+        match rt.block_on(async { telemetry::init("signet-server", logs, &cfg.telemetry) }) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("signet-server: {e}");
+                return std::process::ExitCode::from(2);
+            }
+        };
     let db = signet_server::server::redact_url(&cfg.database_url());
     let td = cfg.trust_domain.clone();
-    let result = rt.block_on(signet_server::server::run(cfg, shutdown_signal(), |s| {
+    let result = rt.block_on(signet_server::server::run(cfg, shutdown::signal(), |s| {
         println!("signet-server: CA for trust domain {td}");
         println!("  gRPC (TLS):    {}", s.grpc);
         println!("  HTTP:          {}", s.http);
@@ -103,6 +90,7 @@ fn main() -> std::process::ExitCode {
         println!("  database:      {db}");
         println!("ready");
     }));
+    telemetry.shutdown();
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -20,6 +20,7 @@ use tokio::process::{Child, Command};
 use tonic::transport::Channel;
 
 pub mod fake_ca;
+pub mod otlp;
 pub mod rogue;
 pub mod workload;
 

@@ -96,6 +96,12 @@ impl Driver {
     }
 
     /// Renews the node SVID over the current connection and persists it.
+    #[tracing::instrument(
+        target = "signet_trace",
+        name = "agent.renew_node",
+        skip_all,
+        err(Display)
+    )]
     pub(super) async fn renew_node(&self) -> Result<NodeIdentity, String> {
         let kc = signet_client::new_key_and_csr().map_err(|e| e.to_string())?;
         let svid = self

@@ -165,6 +165,16 @@ fn ready_event(cond: &Condition) -> Note {
     )
 }
 
+#[tracing::instrument(
+    target = "signet_trace",
+    name = "reconcile.issuer",
+    skip_all,
+    fields(
+        k8s.namespace = %i.namespace().unwrap_or_default(),
+        k8s.name = %i.name_any(),
+    ),
+    err(Display)
+)]
 pub async fn reconcile_issuer(i: Arc<Issuer>, ctx: Arc<Context>) -> Result<Action, Error> {
     let (name, ns) = (i.name_any(), i.namespace().unwrap_or_default());
     let (action, patch, cond) = reconcile_obj(IssuerObj::from((*i).clone()), &ctx).await?;
@@ -179,6 +189,13 @@ pub async fn reconcile_issuer(i: Arc<Issuer>, ctx: Arc<Context>) -> Result<Actio
     Ok(action)
 }
 
+#[tracing::instrument(
+    target = "signet_trace",
+    name = "reconcile.cluster_issuer",
+    skip_all,
+    fields(k8s.name = %i.name_any()),
+    err(Display)
+)]
 pub async fn reconcile_cluster_issuer(
     i: Arc<ClusterIssuer>,
     ctx: Arc<Context>,

@@ -32,6 +32,7 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once at start
 enum Cmd {
     /// Run the controllers.
     Run(RunArgs),
@@ -85,6 +86,31 @@ struct RunArgs {
     /// Serve `/healthz` and `/readyz` here (e.g. `0.0.0.0:8081`).
     #[arg(long, env = "SIGNET_K8S_HEALTH_ADDR")]
     health_addr: Option<SocketAddr>,
+    /// Log as JSON lines instead of text.
+    #[arg(long, env = "SIGNET_K8S_LOG_JSON")]
+    log_json: bool,
+    /// Export traces (a span per reconcile) over OTLP/gRPC to this collector,
+    /// `http://host:port`; no traces when unset.
+    #[arg(long, env = "SIGNET_K8S_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
+    /// The traces' `service.name`. Default: `signet-k8s`.
+    #[arg(long, env = "SIGNET_K8S_OTEL_SERVICE_NAME")]
+    otel_service_name: Option<String>,
+    /// The share of new traces kept, from 0 to 1.
+    #[arg(long, env = "SIGNET_K8S_OTEL_SAMPLING", default_value_t = 1.0)]
+    otel_sampling: f64,
+}
+
+impl RunArgs {
+    /// `[telemetry]` as the server and agent read it, from the flags.
+    fn telemetry(&self) -> signet_runtime::telemetry::TelemetryConfig {
+        signet_runtime::telemetry::TelemetryConfig {
+            otlp_endpoint: self.otlp_endpoint.clone(),
+            service_name: self.otel_service_name.clone(),
+            sampling: self.otel_sampling,
+            ..Default::default()
+        }
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -108,10 +134,22 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Cmd::Run(args) => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()?
-            .block_on(run(args)),
+        Cmd::Run(args) => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            // Inside the runtime: the trace exporter's connection lives on it.
+            let logs = signet_runtime::telemetry::LogOptions {
+                json: args.log_json,
+                default_filter: "info,kube=warn",
+            };
+            let cfg = args.telemetry();
+            let telemetry =
+                rt.block_on(async { signet_runtime::telemetry::init("signet-k8s", logs, &cfg) })?;
+            let result = rt.block_on(run(args));
+            telemetry.shutdown();
+            result
+        }
     }
 }
 
@@ -162,12 +200,6 @@ fn bridge_config(args: &RunArgs) -> anyhow::Result<BridgeConfig> {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,kube=warn".into()),
-        )
-        .init();
     let bridge = Arc::new(bridge_config(&args)?);
     match &bridge.server {
         Some(s) => tracing::info!(

@@ -311,6 +311,16 @@ async fn sign_step(
 }
 
 /// Reconciles one CertificateRequest.
+#[tracing::instrument(
+    target = "signet_trace",
+    name = "reconcile.certificate_request",
+    skip_all,
+    fields(
+        k8s.namespace = %cr.namespace().unwrap_or_default(),
+        k8s.name = %cr.name_any(),
+    ),
+    err(Display)
+)]
 pub async fn reconcile(cr: Arc<CertificateRequest>, ctx: Arc<Context>) -> Result<Action, Error> {
     let okey = object_key(&cr);
     let out = match triage(&cr) {

@@ -383,6 +383,8 @@ pub async fn run(
         // tonic's default (None) would turn h2's own bounds off: HTTP/2 rapid reset.
         .http2_max_pending_accept_reset_streams(Some(limits.http2_max_pending_accept_reset_streams))
         .http2_max_local_error_reset_streams(Some(limits.http2_max_local_error_reset_streams))
+        // One span per call, continuing the caller's trace (outermost: refusals are traced).
+        .layer(signet_runtime::telemetry::GrpcTraceLayer)
         .layer(GrpcLimitLayer(GrpcLimits::new(
             limits,
             conns.clone(),

@@ -22,6 +22,7 @@ mod plugged;
 mod revocation;
 mod rotation_handshakes;
 mod sink_harness;
+mod telemetry;
 mod workload_clients;
 
 use signet_tests::{Server, ServerOpts, TokenIssuer};

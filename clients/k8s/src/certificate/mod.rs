@@ -143,6 +143,16 @@ const RESYNC: Duration = Duration::from_secs(3600);
 
 /// Runs the three reconcilers on one Certificate, in order, each on the status the one before
 /// wrote.
+#[tracing::instrument(
+    target = "signet_trace",
+    name = "reconcile.certificate",
+    skip_all,
+    fields(
+        k8s.namespace = %cert.namespace().unwrap_or_default(),
+        k8s.name = %cert.name_any(),
+    ),
+    err(Display)
+)]
 pub async fn reconcile(cert: Arc<Certificate>, ctx: Arc<Context>) -> Result<Action, Error> {
     let d = match policy::validate(&cert) {
         Ok(None) => return Ok(Action::await_change()),

@@ -81,6 +81,16 @@ async fn namespace_enabled(client: &Client, ns: &str) -> Result<bool, kube::Erro
 }
 
 /// Makes `istio.<sa>` current for one ServiceAccount.
+#[tracing::instrument(
+    target = "signet_trace",
+    name = "reconcile.citadel_service_account",
+    skip_all,
+    fields(
+        k8s.namespace = %sa.namespace().unwrap_or_default(),
+        k8s.name = %sa.name_any(),
+    ),
+    err(Display)
+)]
 pub async fn reconcile_service_account(
     sa: Arc<ServiceAccount>,
     ctx: Arc<Context>,

@@ -1,0 +1,627 @@
+//! Logs and traces, set up the same way by every binary.
+//!
+//! [`init`] installs one `tracing` subscriber with two independent outputs:
+//!
+//! - **Logs** on standard error, text or JSON lines, filtered by `RUST_LOG` (or the binary's
+//!   default filter), exactly as each binary logged before this module existed.
+//! - **Traces** exported over OTLP/gRPC when `[telemetry] otlp_endpoint` is set (off when it
+//!   is absent). Only spans of the target [`TARGET`] become OpenTelemetry spans, and logs
+//!   never see those spans: so traces add no fields to log lines, log events never travel to
+//!   the collector, and with tracing off every traced call site is disabled at its first use
+//!   (one atomic load per span afterwards: nothing measurable on the issuance benchmark).
+//!
+//! The invariant: **a dead or slow collector never blocks a request nor grows memory.** Spans
+//! wait in a bounded queue ([`TelemetryConfig::max_queue_size`]; when full, new spans are
+//! dropped) for a background exporter thread whose every export is cut off after
+//! [`TelemetryConfig::export_timeout`]; the final flush at shutdown is bounded the same way.
+//!
+//! Sampling is parent-based: a caller that sends a sampled W3C `traceparent` is traced, one
+//! that sends an unsampled one is not, and a trace that starts here is kept with probability
+//! [`TelemetryConfig::sampling`]. [`GrpcTraceLayer`] opens the server-side span of every gRPC
+//! call and continues the caller's trace; [`inject_context`] carries the current span to an
+//! outgoing call. What a span may carry: identities (SPIFFE IDs, serials, object names),
+//! outcomes and counts — never a key, CSR, token or certificate body.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider,
+};
+use serde::{Deserialize, Serialize};
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+
+/// The `tracing` target of every span that becomes an OpenTelemetry span:
+/// `tracing::info_span!(target: signet_runtime::telemetry::TARGET, "sign", …)`.
+pub const TARGET: &str = "signet_trace";
+
+/// `[telemetry]`: where traces go. Absent `otlp_endpoint`: no traces, no exporter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// The OTLP/gRPC collector, `http://host:port` (e.g. `http://127.0.0.1:4317`, a local
+    /// collector or mesh sidecar). No TLS to the collector yet: `https://` is refused.
+    pub otlp_endpoint: Option<String>,
+    /// The `service.name` resource attribute. Default: the binary's name.
+    pub service_name: Option<String>,
+    /// The share of new traces kept, from 0 to 1 (a caller's sampled trace is always
+    /// continued, its unsampled one never).
+    pub sampling: f64,
+    /// Spans waiting for export at most; more are dropped (never blocking, never growing).
+    pub max_queue_size: usize,
+    /// How long spans may wait before a batch is sent.
+    #[serde(with = "humantime_serde")]
+    pub batch_delay: Duration,
+    /// The longest one export (and the final flush) may take.
+    #[serde(with = "humantime_serde")]
+    pub export_timeout: Duration,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            service_name: None,
+            sampling: 1.0,
+            max_queue_size: 2048,
+            batch_delay: Duration::from_secs(5),
+            export_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Why telemetry could not be set up (a configuration error: the binary exits).
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("telemetry.{field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+    #[error("telemetry: cannot build the OTLP exporter: {0}")]
+    Exporter(String),
+    #[error("telemetry: a tracing subscriber is already installed")]
+    AlreadyInstalled,
+}
+
+impl TelemetryConfig {
+    /// Checks every field; the binaries call it while validating their configuration.
+    pub fn validate(&self) -> Result<(), TelemetryError> {
+        let bad = |field, message: &str| {
+            Err(TelemetryError::Invalid {
+                field,
+                message: message.into(),
+            })
+        };
+        if let Some(ep) = &self.otlp_endpoint {
+            let uri: http::Uri = match ep.parse() {
+                Ok(u) => u,
+                Err(_) => return bad("otlp_endpoint", "is not a URL (http://host:port)"),
+            };
+            match uri.scheme_str() {
+                Some("http") if uri.authority().is_some() => {}
+                Some("https") => {
+                    return bad(
+                        "otlp_endpoint",
+                        "https:// is not supported: send to a local collector over http://",
+                    );
+                }
+                _ => return bad("otlp_endpoint", "must be http://host:port"),
+            }
+        }
+        if self.service_name.as_deref().is_some_and(str::is_empty) {
+            return bad("service_name", "must not be empty");
+        }
+        if !(0.0..=1.0).contains(&self.sampling) {
+            return bad("sampling", "must be between 0 and 1");
+        }
+        if self.max_queue_size == 0 {
+            return bad("max_queue_size", "must be more than zero");
+        }
+        if self.batch_delay.is_zero() || self.export_timeout.is_zero() {
+            return bad(
+                "batch_delay",
+                "telemetry.batch_delay and telemetry.export_timeout must be more than zero",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogOptions {
+    /// JSON lines instead of text.
+    pub json: bool,
+    /// The filter used when `RUST_LOG` is unset or invalid, e.g. `info,h2=warn`.
+    pub default_filter: &'static str,
+}
+
+/// The installed telemetry; [`Telemetry::shutdown`] (or dropping it) flushes the spans still
+/// queued, within the export timeout.
+#[must_use = "dropping it at once shuts the trace exporter down"]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Telemetry")
+            .field("traces", &self.provider.is_some())
+            .finish()
+    }
+}
+
+impl Telemetry {
+    /// Whether spans are exported.
+    pub fn traces_enabled(&self) -> bool {
+        self.provider.is_some()
+    }
+
+    /// Exports what is queued and stops the exporter (bounded by the export timeout). Call
+    /// it outside the async runtime, while the runtime is still alive (the exporter's
+    /// connection runs on it).
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if let Some(p) = self.provider.take()
+            && let Err(e) = p.shutdown_with_timeout(self.timeout)
+        {
+            tracing::warn!(error = %e, "telemetry: spans not flushed at shutdown");
+        }
+    }
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Installs logs and (when configured) traces for `binary`. With an `otlp_endpoint` it must
+/// run inside a tokio runtime (`Runtime::enter`): the exporter's gRPC connection lives there.
+pub fn init(
+    binary: &'static str,
+    logs: LogOptions,
+    cfg: &TelemetryConfig,
+) -> Result<Telemetry, TelemetryError> {
+    cfg.validate()?;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(logs.default_filter));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let fmt = log_layer(logs, std::io::stderr, ansi, filter);
+    let provider = match &cfg.otlp_endpoint {
+        None => None,
+        Some(endpoint) => Some(provider(binary, endpoint, cfg)?),
+    };
+    let traces = provider.as_ref().map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer(binary))
+            .with_filter(
+                tracing_subscriber::filter::Targets::new()
+                    .with_target(TARGET, tracing::Level::TRACE),
+            )
+    });
+    // For any library that propagates through the global API; ours use the W3C one directly.
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    tracing_subscriber::registry()
+        .with(fmt)
+        .with(traces)
+        .try_init()
+        .map_err(|_| TelemetryError::AlreadyInstalled)?;
+    if let Some(ep) = &cfg.otlp_endpoint {
+        tracing::info!(endpoint = %ep, sampling = cfg.sampling, "exporting traces over OTLP/gRPC");
+    }
+    Ok(Telemetry {
+        provider,
+        timeout: cfg.export_timeout,
+    })
+}
+
+/// The log output: text or JSON lines to `writer`, filtered by `filter`, never seeing the
+/// trace spans of [`TARGET`] (see the module doc).
+fn log_layer<W>(
+    logs: LogOptions,
+    writer: W,
+    ansi: bool,
+    filter: tracing_subscriber::EnvFilter,
+) -> impl tracing_subscriber::Layer<tracing_subscriber::Registry>
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(writer)
+        .with_ansi(ansi);
+    let fmt = if logs.json {
+        fmt.json().boxed()
+    } else {
+        fmt.boxed()
+    };
+    // One filter (nested per-layer filters would leave the span enabled for the outer one):
+    // with traces off, the trace spans' call sites are then disabled for good.
+    fmt.with_filter(without_trace_spans(filter))
+}
+
+/// `filter` plus `signet_trace=off`, which replaces any directive for [`TARGET`] that
+/// `RUST_LOG` had.
+fn without_trace_spans(filter: tracing_subscriber::EnvFilter) -> tracing_subscriber::EnvFilter {
+    match format!("{TARGET}=off").parse() {
+        Ok(off) => filter.add_directive(off),
+        // A constant target and level always parse.
+        Err(_) => filter,
+    }
+}
+
+fn provider(
+    binary: &'static str,
+    endpoint: &str,
+    cfg: &TelemetryConfig,
+) -> Result<SdkTracerProvider, TelemetryError> {
+    use opentelemetry_otlp::WithExportConfig as _;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        .with_timeout(cfg.export_timeout)
+        .build()
+        .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+    let batch = BatchConfigBuilder::default()
+        .with_max_queue_size(cfg.max_queue_size)
+        .with_max_export_batch_size(cfg.max_queue_size.min(512))
+        .with_scheduled_delay(cfg.batch_delay)
+        .build();
+    let processor = BatchSpanProcessor::builder(exporter)
+        .with_batch_config(batch)
+        .build();
+    let name = cfg
+        .service_name
+        .clone()
+        .unwrap_or_else(|| binary.to_owned());
+    Ok(SdkTracerProvider::builder()
+        .with_span_processor(processor)
+        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+            cfg.sampling,
+        ))))
+        .with_resource(
+            opentelemetry_sdk::Resource::builder()
+                .with_service_name(name)
+                .build(),
+        )
+        .build())
+}
+
+// --- propagation ----------------------------------------------------------------------------
+
+struct HeaderExtractor<'a>(&'a http::HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(http::HeaderName::as_str).collect()
+    }
+}
+
+struct MetadataInjector<'a>(&'a mut tonic::metadata::MetadataMap);
+
+impl Injector for MetadataInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(k), Ok(v)) = (
+            tonic::metadata::MetadataKey::from_bytes(key.as_bytes()),
+            tonic::metadata::MetadataValue::try_from(value),
+        ) {
+            self.0.insert(k, v);
+        }
+    }
+}
+
+/// Makes `span` continue the trace of the W3C `traceparent`/`tracestate` in `headers`, if
+/// any (a disabled span, with tracing off, costs nothing here).
+pub fn set_remote_parent(span: &Span, headers: &http::HeaderMap) {
+    if span.is_disabled() || !headers.contains_key("traceparent") {
+        return;
+    }
+    let cx = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
+    // Fails only when the span has already started a trace of its own: it just has no parent.
+    let _ = span.set_parent(cx);
+}
+
+/// Adds the current span's `traceparent` (and `tracestate`) to an outgoing call's metadata,
+/// so the server's spans join this trace. Nothing when no span is being traced.
+pub fn inject_context(metadata: &mut tonic::metadata::MetadataMap) {
+    let span = Span::current();
+    if span.is_disabled() {
+        return;
+    }
+    TraceContextPropagator::new().inject_context(&span.context(), &mut MetadataInjector(metadata));
+}
+
+/// A request carrying the current span's trace context (see [`inject_context`]).
+pub fn traced_request<T>(message: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(message);
+    inject_context(req.metadata_mut());
+    req
+}
+
+// --- the server side of every gRPC call -----------------------------------------------------
+
+/// A tower layer for a tonic server: each call is one span `grpc.server` named
+/// `package.Service/Method`, continuing the caller's W3C trace context, with its gRPC status
+/// (`rpc.grpc.status_code`, `outcome`) recorded when the handler answers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GrpcTraceLayer;
+
+impl<S> tower::Layer<S> for GrpcTraceLayer {
+    type Service = GrpcTrace<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GrpcTrace { inner }
+    }
+}
+
+/// See [`GrpcTraceLayer`].
+#[derive(Debug, Clone)]
+pub struct GrpcTrace<S> {
+    inner: S,
+}
+
+impl<S, B, RB> tower::Service<http::Request<B>> for GrpcTrace<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = GrpcTraceFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let path = req.uri().path();
+        let name = path.strip_prefix('/').unwrap_or(path);
+        let span = tracing::info_span!(
+            target: TARGET,
+            "grpc.server",
+            otel.name = name,
+            otel.kind = "server",
+            rpc.system = "grpc",
+            rpc.method = name,
+            rpc.grpc.status_code = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        set_remote_parent(&span, req.headers());
+        let inner = span.in_scope(|| self.inner.call(req));
+        GrpcTraceFuture { inner, span }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// See [`GrpcTraceLayer`].
+    pub struct GrpcTraceFuture<F> {
+        #[pin]
+        inner: F,
+        span: Span,
+    }
+}
+
+impl<F, RB, E> Future for GrpcTraceFuture<F>
+where
+    F: Future<Output = Result<http::Response<RB>, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let _entered = this.span.enter();
+        let out = std::task::ready!(this.inner.poll(cx));
+        if !this.span.is_disabled() {
+            // A unary answer carries its status in the headers when it failed; without one it
+            // succeeded (the trailers will say 0).
+            let code = match &out {
+                Ok(resp) => resp
+                    .headers()
+                    .get("grpc-status")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .unwrap_or(0),
+                Err(_) => 2,
+            };
+            this.span.record("rpc.grpc.status_code", code);
+            this.span.record(
+                "outcome",
+                if code == 0 {
+                    "ok"
+                } else {
+                    grpc_code_name(code)
+                },
+            );
+        }
+        Poll::Ready(out)
+    }
+}
+
+/// The canonical name of a gRPC status code (`PERMISSION_DENIED`), for the `outcome`.
+fn grpc_code_name(code: i64) -> &'static str {
+    match code {
+        0 => "OK",
+        1 => "CANCELLED",
+        3 => "INVALID_ARGUMENT",
+        4 => "DEADLINE_EXCEEDED",
+        5 => "NOT_FOUND",
+        6 => "ALREADY_EXISTS",
+        7 => "PERMISSION_DENIED",
+        8 => "RESOURCE_EXHAUSTED",
+        9 => "FAILED_PRECONDITION",
+        10 => "ABORTED",
+        11 => "OUT_OF_RANGE",
+        12 => "UNIMPLEMENTED",
+        13 => "INTERNAL",
+        14 => "UNAVAILABLE",
+        15 => "DATA_LOSS",
+        16 => "UNAUTHENTICATED",
+        _ => "UNKNOWN",
+    }
+}
+
+/// Records `outcome` on `span`: `ok`, or the error's short name from `name`.
+pub fn record_outcome<T, E>(span: &Span, result: &Result<T, E>, name: impl FnOnce(&E) -> &str) {
+    match result {
+        Ok(_) => span.record("outcome", "ok"),
+        Err(e) => span.record("outcome", name(e)),
+    };
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_off_and_valid() {
+        let c = TelemetryConfig::default();
+        assert_eq!(c.otlp_endpoint, None);
+        assert_eq!(c.sampling, 1.0);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn bad_settings_are_refused_by_name() {
+        let with = |f: fn(&mut TelemetryConfig)| {
+            let mut c = TelemetryConfig::default();
+            f(&mut c);
+            c.validate().unwrap_err().to_string()
+        };
+        let e = with(|c| c.otlp_endpoint = Some("https://collector:4317".into()));
+        assert!(
+            e.contains("telemetry.otlp_endpoint") && e.contains("https"),
+            "{e}"
+        );
+        let e = with(|c| c.otlp_endpoint = Some("collector:4317".into()));
+        assert!(e.contains("telemetry.otlp_endpoint"), "{e}");
+        let e = with(|c| c.sampling = 1.5);
+        assert!(e.contains("telemetry.sampling"), "{e}");
+        let e = with(|c| c.max_queue_size = 0);
+        assert!(e.contains("telemetry.max_queue_size"), "{e}");
+        let e = with(|c| c.export_timeout = Duration::ZERO);
+        assert!(e.contains("export_timeout"), "{e}");
+        let e = with(|c| c.service_name = Some(String::new()));
+        assert!(e.contains("telemetry.service_name"), "{e}");
+        let mut ok = TelemetryConfig {
+            otlp_endpoint: Some("http://127.0.0.1:4317".into()),
+            ..TelemetryConfig::default()
+        };
+        ok.validate().unwrap();
+        ok.sampling = 0.0;
+        ok.validate().unwrap();
+    }
+
+    #[test]
+    fn config_reads_durations_and_refuses_unknown_keys() {
+        let c: TelemetryConfig = serde_json::from_str(
+            r#"{"otlp_endpoint":"http://127.0.0.1:4317","batch_delay":"100ms","sampling":0.5}"#,
+        )
+        .unwrap();
+        assert_eq!(c.batch_delay, Duration::from_millis(100));
+        assert_eq!(c.sampling, 0.5);
+        let e = serde_json::from_str::<TelemetryConfig>(r#"{"otlp_endpont":"x"}"#).unwrap_err();
+        assert!(e.to_string().contains("otlp_endpont"), "{e}");
+    }
+
+    #[test]
+    fn remote_parent_is_read_from_w3c_headers() {
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            "traceparent",
+            http::HeaderValue::from_static(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+        );
+        let cx = TraceContextPropagator::new().extract(&HeaderExtractor(&h));
+        use opentelemetry::trace::TraceContextExt as _;
+        let sc = cx.span().span_context().clone();
+        assert_eq!(
+            sc.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(sc.span_id().to_string(), "00f067aa0ba902b7");
+        assert!(sc.is_remote() && sc.is_sampled());
+    }
+
+    /// With traces off, a trace span is disabled at its call site (what makes tracing off
+    /// free), while logs flow as before and never show trace spans.
+    #[test]
+    fn with_traces_off_trace_spans_are_disabled_and_logs_unchanged() {
+        #[derive(Clone, Default)]
+        struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let out = buf.clone();
+        let logs = LogOptions {
+            json: false,
+            default_filter: "info",
+        };
+        let layer = log_layer(
+            logs,
+            move || out.clone(),
+            false,
+            tracing_subscriber::EnvFilter::new("info"),
+        );
+        let subscriber = tracing_subscriber::registry().with(layer);
+        tracing::subscriber::with_default(subscriber, || {
+            let traced = tracing::info_span!(target: TARGET, "sign", serial = "ab");
+            assert!(traced.is_disabled());
+            let _in = traced.enter();
+            let plain = tracing::info_span!("plain");
+            assert!(!plain.is_disabled());
+            tracing::info!(seq = 7, "issued");
+            tracing::debug!("not at info");
+        });
+        // RUST_LOG naming the target does not bring the spans into the logs.
+        let subscriber = tracing_subscriber::registry().with(log_layer(
+            logs,
+            std::io::sink,
+            false,
+            tracing_subscriber::EnvFilter::new("info,signet_trace=trace"),
+        ));
+        tracing::subscriber::with_default(subscriber, || {
+            assert!(tracing::info_span!(target: TARGET, "sign").is_disabled());
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("issued seq=7"), "{text}");
+        // No `sign{serial="ab"}:` span context before the message.
+        assert!(
+            !text.contains("serial") && !text.contains("not at info"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn nothing_is_injected_without_a_traced_span() {
+        let mut md = tonic::metadata::MetadataMap::new();
+        inject_context(&mut md);
+        assert!(md.is_empty());
+        assert_eq!(grpc_code_name(7), "PERMISSION_DENIED");
+    }
+}
