@@ -2,6 +2,10 @@
 //! environment variables (layered by [`signet_runtime::config`]). Unknown keys are refused,
 //! by name.
 //!
+//! About 740 lines, on purpose: the agent's whole configuration surface (entries, sinks,
+//! the Workload API, Kubernetes attestation) and its validation, so a setting and its check
+//! are found in one file.
+//!
 //! Nested keys use a double underscore in the environment: `SIGNET_AGENT_RENEW_FRACTION=0.6`,
 //! `SIGNET_AGENT_HTTP_LISTEN=127.0.0.1:9090`. Only variables naming a known top-level key are
 //! read, so other tools' `SIGNET_AGENT_*` variables do not break the agent.

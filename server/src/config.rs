@@ -2,6 +2,11 @@
 //! then command-line flags (layered by [`signet_runtime::config`]). Unknown keys are refused,
 //! by name.
 //!
+//! About 730 lines, on purpose: this is the operator's whole `signet.toml` surface and every
+//! rule that spans sections, so a setting and its check are found in one file. Sections owned by
+//! one subsystem live with it and are re-exported here (`ca::config`, `store::DatabaseConfig`,
+//! `crl::CrlConfig`, `signet_runtime::telemetry::TelemetryConfig`).
+//!
 //! Nested keys use a double underscore in the environment: `SIGNET_CA__DEFAULT_TTL=30m`,
 //! `SIGNET_AUTH__KUBERNETES__ISSUER=…`; top-level ones a single prefix: `SIGNET_TRUST_DOMAIN`.
 

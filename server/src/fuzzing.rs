@@ -5,6 +5,9 @@
 //! function, so a fixed crash stays fixed: the test feeds every file of `fuzz/corpus/<name>` and
 //! `fuzz/regressions/<name>` through it. Private parsers are reached from here (`pub(crate)`),
 //! not through the public API.
+//!
+//! Longer than most modules (about 940 lines) on purpose: one self-contained body per target,
+//! each next to the fixtures it shares with the others, so a target is read in one place.
 
 use std::str::FromStr;
 use std::sync::OnceLock;

@@ -4,6 +4,9 @@
 //! [`Credentials`] (plain values: this module never sees a tonic type), and call
 //! [`Issuer::issue`]; only a certificate the ledger has committed is ever returned. Every
 //! refusal is an [`IssuerError`], which the API edge (`crate::api`) turns into a gRPC status.
+//!
+//! About 640 lines, on purpose: the one issuance flow, read top to bottom with its audit events
+//! and trace spans; its decisions live elsewhere (`authn`, `policy`, `ca`, `ledger`).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
