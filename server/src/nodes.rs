@@ -17,6 +17,11 @@ pub use signet_types::node::{NODE_PATH_PREFIX, node_id_of};
 const MAX_SELECTORS: usize = 32;
 const MAX_DNS_NAMES: usize = 32;
 
+/// Most entries in one `BatchCreateEntries` call (about 150 kB on the wire at typical sizes,
+/// well inside the admin socket's transport limit; one transaction of this size commits in
+/// well under a second on either database).
+pub const MAX_BATCH_ENTRIES: usize = 1000;
+
 /// A node ID: 1–128 of `[A-Za-z0-9._-]`, not `.` or `..` ([`signet_types::node::NodeId`]).
 pub fn validate_node_id(id: &str) -> Result<(), String> {
     signet_types::node::NodeId::new(id)
@@ -241,6 +246,67 @@ pub fn validate_entry(
     })
 }
 
+/// One entry of a batch as the operator sent it (the fields of `CreateEntryRequest`).
+#[derive(Debug, Clone, Copy)]
+pub struct EntryInput<'a> {
+    pub spiffe_id: &'a str,
+    pub parent: &'a str,
+    pub selectors: &'a [String],
+    pub ttl_seconds: i64,
+    pub dns_names: &'a [String],
+}
+
+/// Validates a batch: 1 to [`MAX_BATCH_ENTRIES`] entries, each exactly as [`validate_entry`]
+/// validates one, and no two the same registration. Two entries are the same registration when
+/// their SPIFFE ID, parent and (sorted, deduplicated) selectors are equal, as SPIRE's "similar
+/// entry" rule: TTL and DNS names do not count, since two such entries would hand the same
+/// workload the same identity twice. (The store applies the same rule against stored entries,
+/// inside the batch's transaction.) The first fault refuses the whole batch; its message names
+/// the entry's index (from 0).
+pub fn validate_batch(
+    td: &TrustDomain,
+    entries: &[EntryInput<'_>],
+) -> Result<Vec<ValidEntry>, String> {
+    if entries.is_empty() {
+        return Err("the batch is empty; send at least one entry".into());
+    }
+    if entries.len() > MAX_BATCH_ENTRIES {
+        return Err(format!(
+            "{} entries in one batch; send at most {MAX_BATCH_ENTRIES}",
+            entries.len()
+        ));
+    }
+    let mut valid: Vec<ValidEntry> = Vec::with_capacity(entries.len());
+    // Registration key -> index, to find a duplicate in one pass.
+    let mut seen: std::collections::HashMap<(String, String, Vec<String>), usize> =
+        std::collections::HashMap::with_capacity(entries.len());
+    for (i, e) in entries.iter().enumerate() {
+        let v = validate_entry(
+            td,
+            e.spiffe_id,
+            e.parent,
+            e.selectors,
+            e.ttl_seconds,
+            e.dns_names,
+        )
+        .map_err(|why| format!("entry {i}: {why}"))?;
+        let key = (
+            v.spiffe_id.to_string(),
+            v.parent_id.to_string(),
+            v.selectors.clone(),
+        );
+        if let Some(first) = seen.insert(key, i) {
+            return Err(format!(
+                "entry {i}: duplicates entry {first} of this batch (same spiffe_id {}, parent \
+                 and selectors)",
+                v.spiffe_id
+            ));
+        }
+        valid.push(v);
+    }
+    Ok(valid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,6 +404,58 @@ mod tests {
         assert!(bad("spiffe://example.org/app", &one, 0, &["bad name!".into()]).contains("DNS"));
         // /signetx is not /signet/.
         assert!(validate_entry(&td(), "spiffe://example.org/signetx", "n1", &one, 0, &[]).is_ok());
+    }
+
+    fn input<'a>(id: &'a str, sel: &'a [String]) -> EntryInput<'a> {
+        EntryInput {
+            spiffe_id: id,
+            parent: "n1",
+            selectors: sel,
+            ttl_seconds: 0,
+            dns_names: &[],
+        }
+    }
+
+    #[test]
+    fn batches_are_validated_whole() {
+        let one = vec!["unix:uid:1".to_owned()];
+        let two = vec!["unix:uid:2".to_owned()];
+        let ids: Vec<String> = (0..3)
+            .map(|i| format!("spiffe://example.org/w{i}"))
+            .collect();
+        let ok: Vec<EntryInput<'_>> = ids.iter().map(|id| input(id, &one)).collect();
+        let v = validate_batch(&td(), &ok).expect("valid");
+        assert_eq!(v.len(), 3);
+        assert_eq!(v[2].spiffe_id.to_string(), "spiffe://example.org/w2");
+
+        // One bad entry: the index and CreateEntry's own reason.
+        let mut bad = ok.clone();
+        bad[1] = input("spiffe://example.org/signet/x", &one);
+        let err = validate_batch(&td(), &bad).expect_err("refused");
+        assert!(err.starts_with("entry 1: "), "{err}");
+        assert!(err.contains("reserved"), "{err}");
+
+        // The same registration twice (selectors compared after sorting and dedup).
+        let dup_sel = vec!["unix:uid:1".to_owned(), "unix:uid:1".to_owned()];
+        let mut dup = ok.clone();
+        dup.push(input("spiffe://example.org/w0", &dup_sel));
+        let err = validate_batch(&td(), &dup).expect_err("refused");
+        assert!(err.starts_with("entry 3: duplicates entry 0"), "{err}");
+        // Same SPIFFE ID under other selectors is another registration.
+        let mut other = ok.clone();
+        other.push(input("spiffe://example.org/w0", &two));
+        assert!(validate_batch(&td(), &other).is_ok());
+
+        assert!(
+            validate_batch(&td(), &[])
+                .expect_err("empty")
+                .contains("empty")
+        );
+        let many: Vec<EntryInput<'_>> = (0..=MAX_BATCH_ENTRIES)
+            .map(|_| input("spiffe://example.org/w", &one))
+            .collect();
+        let err = validate_batch(&td(), &many).expect_err("too many");
+        assert!(err.contains("at most 1000"), "{err}");
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod bench;
 mod ca;
 mod certs;
 mod checkpoint;
+mod entry_file;
 mod ledger;
 mod mint;
 mod nodes;

@@ -4,9 +4,10 @@
 use std::sync::Arc;
 
 use signet_proto::admin::{
-    BanNodeRequest, CreateEntryRequest, CreateJoinTokenRequest, CreateJoinTokenResponse,
-    DeleteEntryRequest, DeleteEntryResponse, EntryRecord, ListEntriesRequest, ListEntriesResponse,
-    ListNodesRequest, ListNodesResponse, NodeRecord, node_admin_server::NodeAdmin,
+    BanNodeRequest, BatchCreateEntriesRequest, BatchCreateEntriesResponse, CreateEntryRequest,
+    CreateJoinTokenRequest, CreateJoinTokenResponse, DeleteEntryRequest, DeleteEntryResponse,
+    EntryRecord, ListEntriesRequest, ListEntriesResponse, ListNodesRequest, ListNodesResponse,
+    NodeRecord, node_admin_server::NodeAdmin,
 };
 use tonic::{Request, Response, Status};
 
@@ -14,8 +15,11 @@ use super::ApiError;
 use crate::authn::AuthenticatedCaller;
 use crate::clock::unix;
 use crate::issuer::Issuer;
-use crate::nodes::{JoinToken, parse_parent, validate_entry, validate_node_id};
-use crate::store::{EntryRow, NewEntry, NodeRow, NodeStore};
+use crate::nodes::{
+    EntryInput, JoinToken, ValidEntry, parse_parent, validate_batch, validate_entry,
+    validate_node_id,
+};
+use crate::store::{BatchCreate, EntryRow, NewEntry, NodeRow, NodeStore};
 
 /// A join token's default and longest lifetime.
 const DEFAULT_TOKEN_TTL: i64 = 3600;
@@ -48,6 +52,19 @@ fn random_hex(bytes: usize) -> Result<String, ApiError> {
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b)
         .map_err(|_| ApiError::Internal("randomness".into()))?;
     Ok(hex::encode(b))
+}
+
+/// A validated entry, with a fresh id, as the store takes it.
+fn new_entry(v: ValidEntry, created_at: i64) -> Result<NewEntry, ApiError> {
+    Ok(NewEntry {
+        id: random_hex(16)?,
+        spiffe_id: v.spiffe_id.to_string(),
+        parent_id: v.parent_id.to_string(),
+        selectors: v.selectors,
+        ttl_seconds: v.ttl_seconds,
+        dns_names: v.dns_names,
+        created_at,
+    })
 }
 
 fn node_to_proto(n: NodeRow) -> NodeRecord {
@@ -165,15 +182,7 @@ impl NodeAdmin for NodeAdminApi {
             &req.dns_names,
         )
         .map_err(ApiError::InvalidArgument)?;
-        let entry = NewEntry {
-            id: random_hex(16)?,
-            spiffe_id: v.spiffe_id.to_string(),
-            parent_id: v.parent_id.to_string(),
-            selectors: v.selectors,
-            ttl_seconds: v.ttl_seconds,
-            dns_names: v.dns_names,
-            created_at: self.now(),
-        };
+        let entry = new_entry(v, self.now())?;
         let row = self.store.create_entry(&entry).await?;
         self.audit(
             "admin.entry_create",
@@ -183,6 +192,67 @@ impl NodeAdmin for NodeAdminApi {
             ),
         );
         Ok(Response::new(entry_to_record(row)))
+    }
+
+    async fn batch_create_entries(
+        &self,
+        request: Request<BatchCreateEntriesRequest>,
+    ) -> Result<Response<BatchCreateEntriesResponse>, Status> {
+        let req = request.into_inner();
+        let inputs: Vec<EntryInput<'_>> = req
+            .entries
+            .iter()
+            .map(|e| EntryInput {
+                spiffe_id: &e.spiffe_id,
+                parent: &e.parent,
+                selectors: &e.selectors,
+                ttl_seconds: e.ttl_seconds,
+                dns_names: &e.dns_names,
+            })
+            .collect();
+        let valid = validate_batch(self.issuer.trust_domain(), &inputs)
+            .map_err(ApiError::InvalidArgument)?;
+        let now = self.now();
+        let batch = valid
+            .into_iter()
+            .map(|v| new_entry(v, now))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (revision, rows) = match self.store.create_entries(&batch).await? {
+            BatchCreate::Created { revision, entries } => (revision, entries),
+            BatchCreate::Duplicate { index, existing_id } => {
+                return Err(ApiError::InvalidArgument(format!(
+                    "entry {index}: {} under {} with these selectors is already registered \
+                     (entry {existing_id}); nothing was created",
+                    batch[index].spiffe_id, batch[index].parent_id
+                ))
+                .into());
+            }
+        };
+        let mut parents: Vec<&str> = rows.iter().map(|r| r.parent_id.as_str()).collect();
+        parents.sort_unstable();
+        parents.dedup();
+        // One event for the batch: the revision names its entries exactly (the batch alone
+        // took it), so the event stays small and one flood of entries cannot fill the lane.
+        self.audit(
+            "admin.entry_batch_create",
+            format!(
+                "{} entries created in one batch at revision {revision} (every entry of the \
+                 batch carries it) under {} parent(s): {}{}",
+                rows.len(),
+                parents.len(),
+                parents
+                    .iter()
+                    .take(8)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if parents.len() > 8 { ", …" } else { "" }
+            ),
+        );
+        Ok(Response::new(BatchCreateEntriesResponse {
+            entries: rows.into_iter().map(entry_to_record).collect(),
+            revision,
+        }))
     }
 
     async fn list_entries(

@@ -46,7 +46,7 @@ pub use config::DatabaseConfig;
 pub use crls::{CrlSigner, CrlStore, RevokedRow, StoredCrl};
 pub use error::StoreError;
 pub use ledger::{CertificateRow, LedgerHead, LedgerStore, NewCertificate};
-pub use nodes::{EntryRow, EntrySync, NewEntry, NodeRow, NodeStore, TokenUse};
+pub use nodes::{BatchCreate, EntryRow, EntrySync, NewEntry, NodeRow, NodeStore, TokenUse};
 pub use postgres::PgStore;
 pub use revocations::{CertFilter, EventRow, NewRevocation, RevocationOutcome, RevocationStore};
 pub use sqlite::SqliteStore;

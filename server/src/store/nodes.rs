@@ -71,6 +71,19 @@ pub struct EntryRow {
     pub created_at: i64,
 }
 
+/// How [`NodeStore::create_entries`] went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchCreate {
+    /// Every entry was created, all with this one revision (in the batch's order).
+    Created {
+        revision: u64,
+        entries: Vec<EntryRow>,
+    },
+    /// Entry `index` of the batch (the first such) is the same registration (SPIFFE ID,
+    /// parent, selectors) as the stored entry `existing_id`; nothing was written.
+    Duplicate { index: usize, existing_id: String },
+}
+
 /// The answer to a node's poll.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntrySync {
@@ -121,6 +134,12 @@ pub trait NodeStore: Send + Sync + 'static {
 
     /// Creates an entry with the next revision, bumping its parent's revision.
     async fn create_entry(&self, entry: &NewEntry) -> Result<EntryRow, StoreError>;
+
+    /// Creates every entry of a non-empty batch in one transaction with one new revision,
+    /// bumping each parent's revision, unless one is the same registration as a stored entry
+    /// (then nothing is written). The revision counter's row lock (PostgreSQL) or the write
+    /// lock (SQLite) is taken first, so the duplicate check cannot race another writer.
+    async fn create_entries(&self, batch: &[NewEntry]) -> Result<BatchCreate, StoreError>;
 
     async fn entry(&self, id: &str) -> Result<Option<EntryRow>, StoreError>;
 
@@ -426,6 +445,110 @@ macro_rules! impl_node_store {
                     dns_names: e.dns_names.clone(),
                     revision: revision(rev)?,
                     created_at: e.created_at,
+                })
+            }
+
+            async fn create_entries(
+                &self,
+                batch: &[$crate::store::nodes::NewEntry],
+            ) -> Result<$crate::store::nodes::BatchCreate, StoreError> {
+                use $crate::store::nodes::{BatchCreate, EntryRow, json, revision};
+                if batch.is_empty() {
+                    return Err(StoreError::Database("an empty batch of entries".into()));
+                }
+                let mut tx = self.pool.begin().await.map_err($map)?;
+                // The counter first: it serializes entry writers (and takes SQLite's write
+                // lock at once), so the duplicate check below sees every committed entry.
+                let (rev,): (i64,) = sqlx::query_as(
+                    "UPDATE entry_revision_seq SET value = value + 1 WHERE id = 1 RETURNING value",
+                )
+                .fetch_one(&mut *tx)
+                .await
+                .map_err($map)?;
+                let mut parents: Vec<&str> = batch.iter().map(|e| e.parent_id.as_str()).collect();
+                parents.sort_unstable();
+                parents.dedup();
+                let mut first_duplicate: Option<(usize, String)> = None;
+                for parent in &parents {
+                    let stored: Vec<(String, String, String)> = sqlx::query_as(
+                        "SELECT id, spiffe_id, selectors FROM entries WHERE parent_id = $1",
+                    )
+                    .bind(*parent)
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err($map)?;
+                    let mut known = std::collections::HashMap::with_capacity(stored.len());
+                    for (id, spiffe_id, selectors) in stored {
+                        let mut sel: Vec<String> =
+                            serde_json::from_str(&selectors).map_err(|e| {
+                                StoreError::Corrupt(format!(
+                                    "entry {id}: selectors is not a JSON list: {e}"
+                                ))
+                            })?;
+                        sel.sort();
+                        sel.dedup();
+                        known.insert((spiffe_id, sel), id);
+                    }
+                    for (i, e) in batch.iter().enumerate() {
+                        if e.parent_id != *parent
+                            || first_duplicate.as_ref().is_some_and(|(f, _)| *f < i)
+                        {
+                            continue;
+                        }
+                        if let Some(id) = known.get(&(e.spiffe_id.clone(), e.selectors.clone())) {
+                            first_duplicate = Some((i, id.clone()));
+                        }
+                    }
+                }
+                if let Some((index, existing_id)) = first_duplicate {
+                    tx.rollback().await.map_err($map)?;
+                    return Ok(BatchCreate::Duplicate { index, existing_id });
+                }
+                for e in batch {
+                    sqlx::query(
+                        "INSERT INTO entries (id, spiffe_id, parent_id, selectors, ttl_seconds, \
+                         dns_names, revision, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                    )
+                    .bind(&e.id)
+                    .bind(&e.spiffe_id)
+                    .bind(&e.parent_id)
+                    .bind(json(&e.selectors)?)
+                    .bind(e.ttl_seconds)
+                    .bind(json(&e.dns_names)?)
+                    .bind(rev)
+                    .bind(e.created_at)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err($map)?;
+                }
+                for parent in &parents {
+                    sqlx::query(
+                        "INSERT INTO node_revisions (parent_id, revision) VALUES ($1, $2) \
+                         ON CONFLICT (parent_id) DO UPDATE SET revision = excluded.revision",
+                    )
+                    .bind(*parent)
+                    .bind(rev)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err($map)?;
+                }
+                tx.commit().await.map_err($map)?;
+                let revision = revision(rev)?;
+                Ok(BatchCreate::Created {
+                    revision,
+                    entries: batch
+                        .iter()
+                        .map(|e| EntryRow {
+                            id: e.id.clone(),
+                            spiffe_id: e.spiffe_id.clone(),
+                            parent_id: e.parent_id.clone(),
+                            selectors: e.selectors.clone(),
+                            ttl_seconds: e.ttl_seconds,
+                            dns_names: e.dns_names.clone(),
+                            revision,
+                            created_at: e.created_at,
+                        })
+                        .collect(),
                 })
             }
 

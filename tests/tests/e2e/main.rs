@@ -9,6 +9,7 @@ mod bad_input;
 mod bridge;
 mod ca_rotation;
 mod checkpoints;
+mod entries;
 mod fake_kube;
 mod federation;
 mod independent;

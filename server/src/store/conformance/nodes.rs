@@ -9,6 +9,7 @@ conformance!(
     racing_consumers_of_one_token_have_one_winner,
     nodes_are_upserted_renewed_and_banned,
     entries_round_trip_and_revisions_track_changes,
+    entry_batches_are_all_or_nothing,
 );
 
 async fn join_tokens_are_single_use_and_expire(db: Db) {
@@ -214,4 +215,84 @@ async fn entries_round_trip_and_revisions_track_changes(db: Db) {
             .unwrap()
             .unchanged
     );
+}
+
+async fn entry_batches_are_all_or_nothing(db: Db) {
+    use crate::store::{BatchCreate, NewEntry};
+    let s = &db.store;
+    let p1 = "spiffe://example.org/signet/node/n1";
+    let p2 = "spiffe://example.org/signet/node/n2";
+    let entry = |id: &str, parent: &str| NewEntry {
+        id: id.into(),
+        spiffe_id: format!("spiffe://example.org/app/{id}"),
+        parent_id: parent.into(),
+        selectors: vec!["unix:path:/usr/bin/app".into(), "unix:uid:1000".into()],
+        ttl_seconds: 600,
+        dns_names: vec![],
+        created_at: 42,
+    };
+    let before = s.create_entry(&entry("x", p1)).await.unwrap();
+    let batch: Vec<NewEntry> = (0..300)
+        .map(|i| entry(&format!("b{i:03}"), if i % 2 == 0 { p1 } else { p2 }))
+        .collect();
+    let BatchCreate::Created { revision, entries } = s.create_entries(&batch).await.unwrap() else {
+        panic!("refused")
+    };
+    // One revision for the whole batch, newer than anything before; order kept.
+    assert!(revision > before.revision);
+    assert_eq!(entries.len(), 300);
+    assert!(entries.iter().all(|e| e.revision == revision));
+    assert_eq!(entries[7].id, "b007");
+    assert_eq!(s.entry("b007").await.unwrap().as_ref(), Some(&entries[7]));
+    // Both parents moved to the batch's revision.
+    for p in [p1, p2] {
+        let sync = s
+            .entries_for_parent_since(p, before.revision)
+            .await
+            .unwrap();
+        assert_eq!(sync.revision, revision);
+        assert!(!sync.unchanged);
+    }
+    assert_eq!(s.list_entries(Some(p1)).await.unwrap().len(), 151);
+
+    // The same registration as a stored entry (selectors in another order): refused whole,
+    // naming the first such index; nothing written, no revision taken.
+    let mut again = vec![entry("n0", p2), entry("n1", p2)];
+    let mut dup = entry("n2", p1);
+    dup.spiffe_id = "spiffe://example.org/app/b004".into();
+    dup.selectors.reverse();
+    dup.selectors.sort();
+    again.push(dup);
+    again.push(entry("n3", p2));
+    let mut dup2 = entry("n4", p1);
+    dup2.spiffe_id = "spiffe://example.org/app/x".into();
+    again.push(dup2);
+    assert_eq!(
+        s.create_entries(&again).await.unwrap(),
+        BatchCreate::Duplicate {
+            index: 2,
+            existing_id: "b004".into()
+        }
+    );
+    assert_eq!(s.entry("n0").await.unwrap(), None);
+    assert!(
+        s.entries_for_parent_since(p2, revision)
+            .await
+            .unwrap()
+            .unchanged
+    );
+    // The same SPIFFE ID under another parent is another registration.
+    let mut elsewhere = entry("n5", p2);
+    elsewhere.spiffe_id = "spiffe://example.org/app/b004".into();
+    assert!(matches!(
+        s.create_entries(&[elsewhere]).await.unwrap(),
+        BatchCreate::Created { .. }
+    ));
+    // A clashing id anywhere in the batch rolls the whole batch back.
+    let mut same_id = entry("b010", p1);
+    same_id.spiffe_id = "spiffe://example.org/app/other".into();
+    let clash = vec![entry("n6", p1), same_id];
+    assert!(s.create_entries(&clash).await.is_err());
+    assert_eq!(s.entry("n6").await.unwrap(), None);
+    assert!(s.create_entries(&[]).await.is_err());
 }

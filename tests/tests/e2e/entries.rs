@@ -1,0 +1,252 @@
+//! Registration entries in bulk and pushed to nodes: `BatchCreateEntries` (all or nothing, each
+//! entry validated as CreateEntry validates one) over the admin socket and through
+//! `signetctl entry create --file`, on the embedded SQLite and on PostgreSQL; the real binaries.
+
+use signet_proto::admin::node_admin_client::NodeAdminClient;
+use signet_proto::admin::{
+    BatchCreateEntriesRequest, CreateEntryRequest, ListAuditEventsRequest, ListEntriesRequest,
+};
+use signet_tests::*;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::pg_server;
+
+async fn node_admin(server: &Server) -> NodeAdminClient<Channel> {
+    NodeAdminClient::new(
+        signet_client::connect_admin(&server.admin_socket())
+            .await
+            .unwrap(),
+    )
+}
+
+fn req(td: &str, name: &str, parent: &str) -> CreateEntryRequest {
+    CreateEntryRequest {
+        spiffe_id: format!("spiffe://{td}/batch/{name}"),
+        parent: parent.into(),
+        selectors: vec!["unix:uid:1000".into()],
+        ttl_seconds: 0,
+        dns_names: vec![],
+    }
+}
+
+async fn entry_count(server: &Server) -> usize {
+    node_admin(server)
+        .await
+        .list_entries(ListEntriesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+        .len()
+}
+
+/// Every case of the batch RPC against one server.
+async fn batch_rpc_cases(server: &Server) {
+    let td = server.trust_domain.clone();
+    let mut admin = node_admin(server).await;
+
+    // 1,000 entries under two nodes in one call: one revision, the request's order.
+    let entries: Vec<_> = (0..1000)
+        .map(|i| req(&td, &format!("w{i}"), if i % 2 == 0 { "n1" } else { "n2" }))
+        .collect();
+    let r = admin
+        .batch_create_entries(BatchCreateEntriesRequest { entries })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.entries.len(), 1000);
+    assert!(r.revision > 0);
+    assert!(r.entries.iter().all(|e| e.revision == r.revision));
+    assert_eq!(
+        r.entries[999].spiffe_id,
+        format!("spiffe://{td}/batch/w999")
+    );
+    assert_eq!(
+        r.entries[999].parent_id,
+        format!("spiffe://{td}/signet/node/n2")
+    );
+    assert_eq!(entry_count(server).await, 1000);
+
+    let refused = |entries: Vec<CreateEntryRequest>| {
+        let mut admin = admin.clone();
+        async move {
+            admin
+                .batch_create_entries(BatchCreateEntriesRequest { entries })
+                .await
+                .unwrap_err()
+        }
+    };
+    // One bad entry refuses the whole batch, naming its index and CreateEntry's reason.
+    let mut bad: Vec<_> = (0..10).map(|i| req(&td, &format!("x{i}"), "n1")).collect();
+    bad[6].selectors = vec!["unix:uid:root".into()];
+    let err = refused(bad).await;
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().starts_with("entry 6: selector"), "{err:?}");
+    // Too many, and none.
+    let many: Vec<_> = (0..1001)
+        .map(|i| req(&td, &format!("m{i}"), "n1"))
+        .collect();
+    let err = refused(many).await;
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("at most 1000"), "{err:?}");
+    assert_eq!(refused(Vec::new()).await.code(), Code::InvalidArgument);
+    // The same registration twice in the batch.
+    let twice = vec![
+        req(&td, "d0", "n1"),
+        req(&td, "d1", "n1"),
+        req(&td, "d0", "n1"),
+    ];
+    let err = refused(twice).await;
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().starts_with("entry 2: duplicates entry 0"),
+        "{err:?}"
+    );
+    // The same registration as a stored entry (here the parent named by its SPIFFE ID).
+    let stored = vec![
+        req(&td, "new", "n1"),
+        req(&td, "w3", &format!("spiffe://{td}/signet/node/n2")),
+    ];
+    let err = refused(stored).await;
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().starts_with("entry 1: "), "{err:?}");
+    assert!(err.message().contains(&r.entries[3].id), "{err:?}");
+    assert!(err.message().contains("already registered"), "{err:?}");
+    // Nothing of any refused batch was written.
+    assert_eq!(entry_count(server).await, 1000);
+    // The single-entry call still takes what it always took.
+    admin.create_entry(req(&td, "single", "n1")).await.unwrap();
+
+    // Audited as one event naming the batch's revision.
+    let mut found = false;
+    for _ in 0..50 {
+        let events = server
+            .admin()
+            .await
+            .list_audit_events(ListAuditEventsRequest {
+                after_id: 0,
+                limit: 1000,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .events;
+        found = events.iter().any(|e| {
+            e.kind == "admin.entry_batch_create"
+                && e.detail.contains("1000 entries")
+                && e.detail.contains(&format!("revision {}", r.revision))
+        });
+        if found {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(found, "no admin.entry_batch_create audit event");
+}
+
+#[tokio::test]
+async fn batch_create_is_all_or_nothing_on_sqlite() {
+    let server = Server::start(ServerOpts::default()).await;
+    batch_rpc_cases(&server).await;
+}
+
+#[tokio::test]
+async fn batch_create_is_all_or_nothing_on_postgres() {
+    let tokens = TokenIssuer::new("k1");
+    let Some(server) = pg_server(&tokens, "").await else {
+        return;
+    };
+    batch_rpc_cases(&server).await;
+}
+
+async fn cli_file_cases(server: &Server) {
+    let td = server.trust_domain.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("entries.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            "- spiffe_id: spiffe://{td}/f/a\n  parent: n1\n  selectors: [unix:uid:1]\n  ttl: 10m\n  \
+             dns_names: [a.example.org]\n- spiffe_id: spiffe://{td}/f/b\n  parent: n1\n  \
+             selectors: [unix:uid:2]\n"
+        ),
+    )
+    .unwrap();
+    let out = server.signetctl(&["entry", "create", "--file", yaml.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let ids: Vec<&str> = std::str::from_utf8(&out.stdout).unwrap().lines().collect();
+    assert_eq!(ids.len(), 2, "{out:?}");
+
+    let json = dir.path().join("entries.json");
+    std::fs::write(
+        &json,
+        format!(
+            r#"[{{"spiffe_id":"spiffe://{td}/f/c","parent":"n2","selectors":["unix:uid:3"],"ttl":600}}]"#
+        ),
+    )
+    .unwrap();
+    let out = server.signetctl(&[
+        "entry",
+        "create",
+        "--file",
+        json.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(e["spiffe_id"], format!("spiffe://{td}/f/c"));
+    assert_eq!(e["ttl_seconds"], 600);
+    assert_eq!(entry_count(server).await, 3);
+
+    // An unknown field is refused by name, before anything reaches the server.
+    std::fs::write(
+        &yaml,
+        format!("- spiffe_id: spiffe://{td}/f/d\n  parent: n1\n  selector: [unix:uid:1]\n"),
+    )
+    .unwrap();
+    let out = server.signetctl(&["entry", "create", "--file", yaml.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("unknown field `selector`"), "{stderr}");
+    // A bad entry: the server's reason, with its index; nothing created.
+    std::fs::write(
+        &yaml,
+        format!(
+            "- {{spiffe_id: spiffe://{td}/f/e, parent: n1, selectors: [unix:uid:5]}}\n\
+             - {{spiffe_id: spiffe://{td}/signet/f, parent: n1, selectors: [unix:uid:5]}}\n"
+        ),
+    )
+    .unwrap();
+    let out = server.signetctl(&["entry", "create", "--file", yaml.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("entry 1: "), "{stderr}");
+    assert!(stderr.contains("reserved"), "{stderr}");
+    assert_eq!(entry_count(server).await, 3);
+    // --file and the one-entry flags do not mix.
+    let out = server.signetctl(&[
+        "entry",
+        "create",
+        "--file",
+        yaml.to_str().unwrap(),
+        "--parent",
+        "n1",
+    ]);
+    assert!(!out.status.success());
+}
+
+#[tokio::test]
+async fn signetctl_entry_create_file_on_sqlite() {
+    let server = Server::start(ServerOpts::default()).await;
+    cli_file_cases(&server).await;
+}
+
+#[tokio::test]
+async fn signetctl_entry_create_file_on_postgres() {
+    let tokens = TokenIssuer::new("k1");
+    let Some(server) = pg_server(&tokens, "").await else {
+        return;
+    };
+    cli_file_cases(&server).await;
+}
