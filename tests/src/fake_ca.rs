@@ -175,6 +175,15 @@ impl Node for Svc {
         }
         Ok(Response::new(self.0.sign(&req.into_inner().csr, NODE_ID)?))
     }
+    type WatchEntriesStream =
+        Pin<Box<dyn Stream<Item = Result<pb::EntriesChanged, Status>> + Send>>;
+    async fn watch_entries(
+        &self,
+        _: Request<pb::WatchEntriesRequest>,
+    ) -> Result<Response<Self::WatchEntriesStream>, Status> {
+        // As a server without the push stream: the agent keeps polling.
+        Err(Status::unimplemented("no entry stream here"))
+    }
     async fn sync_entries(
         &self,
         req: Request<pb::SyncEntriesRequest>,

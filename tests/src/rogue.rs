@@ -146,6 +146,16 @@ impl Node for Svc {
         self.log.record("RenewNode", &req, None);
         Err(Status::unavailable("rogue"))
     }
+    type WatchEntriesStream =
+        Pin<Box<dyn Stream<Item = Result<pb::EntriesChanged, Status>> + Send>>;
+    async fn watch_entries(
+        &self,
+        req: Request<pb::WatchEntriesRequest>,
+    ) -> Result<Response<Self::WatchEntriesStream>, Status> {
+        self.log.record("WatchEntries", &req, None);
+        // As a server without the push stream: the agent keeps polling.
+        Err(Status::unimplemented("no entry stream here"))
+    }
     async fn sync_entries(
         &self,
         req: Request<pb::SyncEntriesRequest>,

@@ -12,6 +12,7 @@ pub mod ledger_admin;
 pub mod native;
 pub mod node;
 pub mod node_admin;
+pub(crate) mod node_watch;
 pub mod revocation_admin;
 
 use std::future::Future;

@@ -2,7 +2,8 @@
 //!
 //! - `Attest`: the protocol is [`crate::attestation`] (join token or Kubernetes
 //!   service-account token); this handler reads the request and converts the outcome.
-//! - `RenewNode`, `SyncEntries`, `SignWorkloads`: mTLS with the node SVID only. A banned node is
+//! - `RenewNode`, `SyncEntries`, `WatchEntries` (the push stream, [`super::node_watch`]),
+//!   `SignWorkloads`: mTLS with the node SVID only. A banned node is
 //!   refused (PermissionDenied, audit event) before anything else happens.
 //!
 //! Every certificate goes through [`Issuer::issue`] (policy, CA core, ledger commit) with a
@@ -12,11 +13,12 @@ use std::sync::Arc;
 
 use signet_proto::agent::{
     AttestRequest, AttestResponse, Entry as PbEntry, RenewNodeRequest, SignWorkloadsRequest,
-    SignWorkloadsResponse, Svid, SyncEntriesRequest, SyncEntriesResponse, WorkloadResult,
-    node_server::Node,
+    SignWorkloadsResponse, Svid, SyncEntriesRequest, SyncEntriesResponse, WatchEntriesRequest,
+    WorkloadResult, node_server::Node,
 };
 use tonic::{Request, Response, Status};
 
+use super::node_watch::{EntryStream, WatchLimits};
 use super::{ApiError, check_size, request_id};
 use crate::attestation::{AttestInput, Attestation, node_refusal};
 use crate::authn::psat::PsatAttestor;
@@ -38,6 +40,9 @@ pub struct NodeApi {
     bundle: BundleHandle,
     max_message_bytes: usize,
     attestation: Attestation,
+    watch_limits: WatchLimits,
+    /// Turns true when the server shuts down: `WatchEntries` streams end then.
+    stop: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl NodeApi {
@@ -53,7 +58,15 @@ impl NodeApi {
             store,
             bundle,
             max_message_bytes,
+            watch_limits: WatchLimits::default(),
+            stop: None,
         }
+    }
+
+    /// Ends the `WatchEntries` streams when `stop` turns true.
+    pub fn with_shutdown(mut self, stop: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.stop = Some(stop);
+        self
     }
 
     /// Accepts Kubernetes projected service-account tokens for attestation.
@@ -209,6 +222,28 @@ impl Node for NodeApi {
             unchanged: sync.unchanged,
             entries: sync.entries.into_iter().map(entry_to_proto).collect(),
         }))
+    }
+
+    type WatchEntriesStream = EntryStream;
+
+    async fn watch_entries(
+        &self,
+        request: Request<WatchEntriesRequest>,
+    ) -> Result<Response<Self::WatchEntriesStream>, Status> {
+        let creds = super::credentials(&request)?;
+        let caller = self.node_caller(&creds).await?;
+        let CallerKind::Node { node_id, .. } = caller.kind() else {
+            // node_caller admits nodes only.
+            return Err(ApiError::Internal(request_id(&request)).into());
+        };
+        let stream = super::node_watch::watch(
+            self.store.clone(),
+            caller.spiffe_id().to_string(),
+            node_id.to_owned(),
+            self.watch_limits,
+            self.stop.clone(),
+        )?;
+        Ok(Response::new(stream))
     }
 
     async fn sign_workloads(

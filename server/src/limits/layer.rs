@@ -1,7 +1,7 @@
 //! The tower layer in front of every gRPC service on the TLS listener. Per request it:
 //!
 //! 1. marks the request in flight on its connection (idle timeout, see [`super::conn`]);
-//! 2. takes a slot of its source's cap (`max_requests_per_source`) and of the server-wide cap: long-lived streams (`WatchBundle`, health `Watch`,
+//! 2. takes a slot of its source's cap (`max_requests_per_source`) and of the server-wide cap: long-lived streams (`WatchBundle`, `WatchEntries`, health `Watch`,
 //!    reflection) from `max_watch_streams`, everything else from `max_concurrent_requests`;
 //!    a full cap answers ResourceExhausted at once (load shedding, never a queue);
 //! 3. applies the per-source rate limits on issuance and attestation;
@@ -48,6 +48,7 @@ pub enum CallKind {
 pub fn classify(path: &str) -> CallKind {
     match path {
         "/signet.ca.v1.CertificateAuthority/WatchBundle"
+        | "/signet.agent.v1.Node/WatchEntries"
         | "/grpc.health.v1.Health/Watch"
         | "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
         | "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo" => CallKind::Stream,

@@ -12,6 +12,7 @@
 //! | `ca_slots` | [`CaSlotStore`] | CA keys and their slot transitions (one per generation) |
 //! | `audit` | [`AuditStore`] | denials and admin actions |
 //! | `nodes` | [`NodeStore`] | join tokens, attested nodes, registration entries |
+//! | `entry_events` | (part of [`NodeStore`]) | entry-change notifications to every replica (LISTEN/NOTIFY) |
 //!
 //! [`Store`] is all of them, for the wiring; a component takes the narrowest trait it uses.
 //!
@@ -29,6 +30,7 @@ mod config;
 #[cfg(test)]
 mod conformance;
 pub mod crls;
+pub mod entry_events;
 mod error;
 pub mod ledger;
 pub mod nodes;
@@ -44,6 +46,7 @@ pub use audit::{AuditEvent, AuditStore};
 pub use ca_slots::{CaChange, CaKeyUsage, CaSlotRow, CaSlotStore, SlotUpdate, StoredCaKey};
 pub use config::DatabaseConfig;
 pub use crls::{CrlSigner, CrlStore, RevokedRow, StoredCrl};
+pub use entry_events::{EntryEvents, EntrySubscription, TooManyWatchers};
 pub use error::StoreError;
 pub use ledger::{CertificateRow, LedgerHead, LedgerStore, NewCertificate};
 pub use nodes::{BatchCreate, EntryRow, EntrySync, NewEntry, NodeRow, NodeStore, TokenUse};

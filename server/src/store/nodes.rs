@@ -149,6 +149,14 @@ pub trait NodeStore: Send + Sync + 'static {
     /// Deletes an entry, bumping its parent's revision; false if there was none.
     async fn delete_entry(&self, id: &str) -> Result<bool, StoreError>;
 
+    /// The parent's current entry revision (0: none was ever created for it): one indexed
+    /// read, for the node streams.
+    async fn entry_revision(&self, parent_id: &str) -> Result<u64, StoreError>;
+
+    /// This replica's feed of entry changes (every replica's, on PostgreSQL): see
+    /// [`super::entry_events`].
+    fn entry_events(&self) -> super::entry_events::EntryEvents;
+
     /// The parent's entries, unless it already holds the current revision.
     async fn entries_for_parent_since(
         &self,
@@ -232,8 +240,12 @@ pub(super) fn json(list: &[String]) -> Result<String, StoreError> {
     serde_json::to_string(list).map_err(|e| StoreError::Database(format!("encoding a list: {e}")))
 }
 
-/// Implements [`NodeStore`] for a store type with a `pool` field; `$map` turns a `sqlx::Error`
-/// into a [`StoreError`].
+/// Implements [`NodeStore`] for a store type with a `pool` and an `events`
+/// ([`super::entry_events::EntryEvents`]) field and an associated
+/// `async fn notify_entries_in_tx(&mut Transaction, parent: &str) -> Result<(), StoreError>`
+/// (PostgreSQL: `pg_notify`, delivered on commit; SQLite: nothing); `$map` turns a
+/// `sqlx::Error` into a [`StoreError`]. Every entry write notifies each parent it touched, in
+/// its transaction and again in-process after the commit.
 macro_rules! impl_node_store {
     ($store:ty, $map:path) => {
         #[async_trait::async_trait]
@@ -435,7 +447,9 @@ macro_rules! impl_node_store {
                 .execute(&mut *tx)
                 .await
                 .map_err($map)?;
+                Self::notify_entries_in_tx(&mut tx, &e.parent_id).await?;
                 tx.commit().await.map_err($map)?;
+                self.events.notify(&e.parent_id);
                 Ok($crate::store::nodes::EntryRow {
                     id: e.id.clone(),
                     spiffe_id: e.spiffe_id.clone(),
@@ -531,8 +545,12 @@ macro_rules! impl_node_store {
                     .execute(&mut *tx)
                     .await
                     .map_err($map)?;
+                    Self::notify_entries_in_tx(&mut tx, parent).await?;
                 }
                 tx.commit().await.map_err($map)?;
+                for parent in &parents {
+                    self.events.notify(parent);
+                }
                 let revision = revision(rev)?;
                 Ok(BatchCreate::Created {
                     revision,
@@ -616,8 +634,27 @@ macro_rules! impl_node_store {
                 .execute(&mut *tx)
                 .await
                 .map_err($map)?;
+                Self::notify_entries_in_tx(&mut tx, &parent_id).await?;
                 tx.commit().await.map_err($map)?;
+                self.events.notify(&parent_id);
                 Ok(true)
+            }
+
+            async fn entry_revision(&self, parent_id: &str) -> Result<u64, StoreError> {
+                let found: Option<(i64,)> =
+                    sqlx::query_as("SELECT revision FROM node_revisions WHERE parent_id = $1")
+                        .bind(parent_id)
+                        .fetch_optional(&self.pool)
+                        .await
+                        .map_err($map)?;
+                match found {
+                    Some((r,)) => $crate::store::nodes::revision(r),
+                    None => Ok(0),
+                }
+            }
+
+            fn entry_events(&self) -> $crate::store::entry_events::EntryEvents {
+                self.events.clone()
             }
 
             async fn entries_for_parent_since(

@@ -7,6 +7,8 @@
 //! - error classification: connection, shutdown, resource and timeout SQLSTATEs are retryable;
 //! - locking: row locks (`SELECT … FOR UPDATE`) on the ledger head and CRL rows, since
 //!   replicas write concurrently;
+//! - entry notifications: `pg_notify` in the writing transaction, and a `LISTEN` session per
+//!   replica (`store::entry_events`), so every replica's node streams learn of a change;
 //! - batch inserts: one `UNNEST` statement per batch (one round trip), where SQLite inserts row
 //!   by row.
 
@@ -30,6 +32,7 @@ pub(super) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrati
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
+    events: super::entry_events::EntryEvents,
 }
 
 impl PgStore {
@@ -73,7 +76,23 @@ impl PgStore {
             .run(&pool)
             .await
             .map_err(|e| StoreError::from_migration(e, map_err))?;
-        Ok(Self { pool })
+        let events = super::entry_events::EntryEvents::postgres(pool.clone());
+        Ok(Self { pool, events })
+    }
+
+    /// Tells every replica's listener that `parent`'s entries changed, when (and only if) `tx`
+    /// commits (see `store::entry_events`).
+    async fn notify_entries_in_tx(
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        parent: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(super::entry_events::PG_CHANNEL)
+            .bind(parent)
+            .execute(&mut **tx)
+            .await
+            .map_err(map_err)?;
+        Ok(())
     }
 }
 

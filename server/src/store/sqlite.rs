@@ -7,6 +7,7 @@
 //!   retryable;
 //! - locking: a writing transaction is `BEGIN IMMEDIATE` (the database's one write lock), so
 //!   `SELECT`s need no `FOR UPDATE`;
+//! - entry notifications: in-process only (`store::entry_events`);
 //! - batch inserts: one statement per row, as SQLite has no array parameters.
 
 use std::path::Path;
@@ -32,6 +33,7 @@ pub(super) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrati
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    events: super::entry_events::EntryEvents,
 }
 
 /// Classifies a SQLite error: "database is busy/locked" (the busy timeout ran out) is
@@ -131,7 +133,19 @@ impl SqliteStore {
                 Err(e) => return Err(StoreError::from_migration(e, map_err)),
             }
         }
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            events: super::entry_events::EntryEvents::local(),
+        })
+    }
+
+    /// One process holds the file: the in-process notification after the commit is the
+    /// whole story (see `store::entry_events`).
+    async fn notify_entries_in_tx(
+        _tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        _parent: &str,
+    ) -> Result<(), StoreError> {
+        Ok(())
     }
 }
 

@@ -1,11 +1,19 @@
 //! Registration entries in bulk and pushed to nodes: `BatchCreateEntries` (all or nothing, each
 //! entry validated as CreateEntry validates one) over the admin socket and through
-//! `signetctl entry create --file`, on the embedded SQLite and on PostgreSQL; the real binaries.
+//! `signetctl entry create --file`, on the embedded SQLite and on PostgreSQL; and
+//! `WatchEntries` across two server processes sharing one PostgreSQL (LISTEN/NOTIFY). The
+//! real binaries.
 
+use std::time::Duration;
+
+use signet_client::ClientIdentity;
 use signet_proto::admin::node_admin_client::NodeAdminClient;
 use signet_proto::admin::{
-    BatchCreateEntriesRequest, CreateEntryRequest, ListAuditEventsRequest, ListEntriesRequest,
+    BanNodeRequest, BatchCreateEntriesRequest, CreateEntryRequest, CreateJoinTokenRequest,
+    ListAuditEventsRequest, ListEntriesRequest,
 };
+use signet_proto::agent::node_client::NodeClient;
+use signet_proto::agent::{AttestRequest, WatchEntriesRequest};
 use signet_tests::*;
 use tonic::Code;
 use tonic::transport::Channel;
@@ -140,7 +148,7 @@ async fn batch_rpc_cases(server: &Server) {
         if found {
             break;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(found, "no admin.entry_batch_create audit event");
 }
@@ -249,4 +257,136 @@ async fn signetctl_entry_create_file_on_postgres() {
         return;
     };
     cli_file_cases(&server).await;
+}
+
+/// Attests `node_id` through `server` with a fresh join token; its mTLS identity.
+async fn attest(server: &Server, node_id: &str) -> ClientIdentity {
+    let token = node_admin(server)
+        .await
+        .create_join_token(CreateJoinTokenRequest {
+            ttl_seconds: 0,
+            node_id: node_id.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .token;
+    let kc = signet_client::new_key_and_csr().unwrap();
+    let r = NodeClient::new(server.channel().await)
+        .attest(AttestRequest {
+            join_token: token,
+            csr: kc.csr_der.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let chain: String = r
+        .svid
+        .unwrap()
+        .cert_chain
+        .iter()
+        .map(|d| signet_types::pem::cert_to_pem(d))
+        .collect();
+    ClientIdentity {
+        cert_chain_pem: chain.into_bytes(),
+        key_pem: kc.key_pem.into_bytes(),
+    }
+}
+
+#[tokio::test]
+async fn an_entry_created_through_one_replica_wakes_a_stream_on_another() {
+    let Some(url) = signet_testutil::fresh_postgres_database().await else {
+        return;
+    };
+    let a = Server::start(ServerOpts {
+        database_url: Some(url.clone()),
+        ..ServerOpts::default()
+    })
+    .await;
+    // B is a replica of A: the same database and the same key-encryption key.
+    let shared = tempfile::tempdir().unwrap();
+    let kek = shared.path().join("kek");
+    std::fs::copy(a.data_dir.join("kek"), &kek).unwrap();
+    let b = Server::start(ServerOpts {
+        database_url: Some(url),
+        extra_toml: format!("[ca]\nkek_file = \"{}\"\n", kek.display()),
+        ..ServerOpts::default()
+    })
+    .await;
+    let td = a.trust_domain.clone();
+    let n1 = attest(&a, "n1").await;
+    let mut watch = NodeClient::new(b.channel_with(&n1).await);
+    let mut stream = watch
+        .watch_entries(WatchEntriesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    // The revision at once.
+    assert_eq!(stream.message().await.unwrap().unwrap().revision, 0);
+
+    // Well inside the first keep-alive (15 s): only the notification can bring these.
+    let within = Duration::from_secs(8);
+    let mut next = async || {
+        tokio::time::timeout(within, stream.message())
+            .await
+            .expect("B's stream was not woken by a change made through A")
+            .unwrap()
+            .expect("stream ended")
+            .revision
+    };
+    let mut admin_a = node_admin(&a).await;
+    let e1 = admin_a
+        .create_entry(req(&td, "one", "n1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(next().await, e1.revision);
+
+    // Another node's entry is not this node's business: it moves nothing on n1's stream, so
+    // the next message is the batch's revision.
+    admin_a.create_entry(req(&td, "other", "n2")).await.unwrap();
+    let batch: Vec<_> = (0..100).map(|i| req(&td, &format!("b{i}"), "n1")).collect();
+    let r = admin_a
+        .batch_create_entries(BatchCreateEntriesRequest { entries: batch })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(next().await, r.revision);
+
+    // At most 4 streams per node on one replica.
+    let mut extra = Vec::new();
+    for _ in 0..3 {
+        extra.push(
+            watch
+                .watch_entries(WatchEntriesRequest {})
+                .await
+                .unwrap()
+                .into_inner(),
+        );
+    }
+    let err = watch
+        .watch_entries(WatchEntriesRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    // Not a node (no client certificate): refused as SyncEntries refuses it.
+    let err = NodeClient::new(b.channel().await)
+        .watch_entries(WatchEntriesRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    // A banned node opens no new stream.
+    drop(extra);
+    node_admin(&a)
+        .await
+        .ban_node(BanNodeRequest {
+            node_id: "n1".into(),
+        })
+        .await
+        .unwrap();
+    let err = watch
+        .watch_entries(WatchEntriesRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
 }

@@ -10,6 +10,7 @@ conformance!(
     nodes_are_upserted_renewed_and_banned,
     entries_round_trip_and_revisions_track_changes,
     entry_batches_are_all_or_nothing,
+    entry_changes_wake_watchers_on_every_replica,
 );
 
 async fn join_tokens_are_single_use_and_expire(db: Db) {
@@ -295,4 +296,45 @@ async fn entry_batches_are_all_or_nothing(db: Db) {
     assert!(s.create_entries(&clash).await.is_err());
     assert_eq!(s.entry("n6").await.unwrap(), None);
     assert!(s.create_entries(&[]).await.is_err());
+}
+
+async fn entry_changes_wake_watchers_on_every_replica(db: Db) {
+    use std::time::Duration;
+
+    use crate::store::NewEntry;
+    let p1 = "spiffe://example.org/signet/node/n1";
+    let postgres = !db.url.starts_with("sqlite");
+    // PostgreSQL: the change is made through another store instance (another replica) and
+    // must arrive through LISTEN/NOTIFY. SQLite is one process: the same instance.
+    let writer = if postgres {
+        db.another().await
+    } else {
+        db.store.clone()
+    };
+    let mut sub = db.store.entry_events().subscribe(p1, 4).unwrap();
+    let wait = Duration::from_secs(10);
+    if postgres {
+        // The listener wakes every subscriber once it listens (it cannot know what it missed).
+        tokio::time::timeout(wait, sub.changed()).await.unwrap();
+    }
+    let entry = |id: &str| NewEntry {
+        id: id.into(),
+        spiffe_id: format!("spiffe://example.org/app/{id}"),
+        parent_id: p1.into(),
+        selectors: vec!["unix:uid:1000".into()],
+        ttl_seconds: 0,
+        dns_names: vec![],
+        created_at: 42,
+    };
+    assert_eq!(db.store.entry_revision(p1).await.unwrap(), 0);
+    let a = writer.create_entry(&entry("a")).await.unwrap();
+    tokio::time::timeout(wait, sub.changed()).await.unwrap();
+    assert_eq!(db.store.entry_revision(p1).await.unwrap(), a.revision);
+    writer
+        .create_entries(&[entry("b"), entry("c")])
+        .await
+        .unwrap();
+    tokio::time::timeout(wait, sub.changed()).await.unwrap();
+    assert!(writer.delete_entry("a").await.unwrap());
+    tokio::time::timeout(wait, sub.changed()).await.unwrap();
 }
