@@ -164,6 +164,18 @@ impl SvidCertificate {
     pub fn into_chain_der(self) -> Vec<Vec<u8>> {
         self.chain_der
     }
+
+    /// The same certificate with every certificate after the leaf that `certs` holds removed
+    /// (the agent serves the chain without the roots: they are the bundle). The leaf stays,
+    /// so the checks of [`Self::from_chain_der`] still hold.
+    pub fn without(mut self, certs: &[Vec<u8>]) -> Self {
+        let mut index = 0;
+        self.chain_der.retain(|der| {
+            index += 1;
+            index == 1 || !certs.contains(der)
+        });
+        self
+    }
 }
 
 /// An X509-SVID and its private key: a [`SvidCertificate`] whose leaf the key matches.
@@ -210,6 +222,9 @@ impl X509Svid {
     }
     pub fn spiffe_id(&self) -> &SpiffeId {
         self.certificate.spiffe_id()
+    }
+    pub fn into_parts(self) -> (SvidCertificate, PrivateKey) {
+        (self.certificate, self.key)
     }
 }
 
@@ -258,6 +273,22 @@ mod tests {
             !shown.contains(&format!("{:?}", key.pkcs8_der())),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn without_removes_the_given_certificates_after_the_leaf_only() {
+        let key = generate(KeyAlgorithm::EcdsaP256).unwrap();
+        let leaf = cert(&key, &["spiffe://example.org/w"], false);
+        let ca = cert(&key, &[], true);
+        let other = cert(&generate(KeyAlgorithm::EcdsaP256).unwrap(), &[], true);
+        let c =
+            SvidCertificate::from_chain_der(vec![leaf.clone(), other.clone(), ca.clone()]).unwrap();
+        let stripped = c.clone().without(std::slice::from_ref(&ca));
+        assert_eq!(stripped.chain_der(), [leaf.clone(), other.clone()]);
+        assert_eq!(stripped.spiffe_id(), c.spiffe_id());
+        // The leaf is never removed, even when `certs` holds it.
+        let kept = c.without(&[leaf.clone(), other, ca]);
+        assert_eq!(kept.chain_der(), [leaf]);
     }
 
     #[test]
