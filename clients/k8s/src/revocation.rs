@@ -99,7 +99,7 @@ impl Revocations {
     }
 
     /// From the server's bundle message.
-    pub fn of_bundle(b: &signet_client::ca::Bundle) -> Self {
+    pub fn of_bundle(b: &signet_client::proto::ca::Bundle) -> Self {
         Self::new(
             b.tainted_key_ids.iter().map(String::as_str),
             b.crls.iter().map(|c| (c.key_id.as_str(), c.der.as_slice())),

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use signet_client::ca::certificate_authority_client::CertificateAuthorityClient;
-use signet_client::ca::{GetBundleRequest, SignCsrRequest};
+use signet_client::proto::ca::certificate_authority_client::CertificateAuthorityClient;
+use signet_client::proto::ca::{GetBundleRequest, SignCsrRequest};
 use signet_client::{ClientError, ClientIdentity, ServerTarget};
 use tonic::transport::Channel;
 

@@ -269,8 +269,8 @@ pub async fn watch_bundle(
     token_file: Option<std::path::PathBuf>,
     tx: watch::Sender<Option<BundleInfo>>,
 ) {
-    use signet_client::ca::WatchBundleRequest;
-    use signet_client::ca::certificate_authority_client::CertificateAuthorityClient;
+    use signet_client::proto::ca::WatchBundleRequest;
+    use signet_client::proto::ca::certificate_authority_client::CertificateAuthorityClient;
     let mut attempt = 0u32;
     loop {
         let mut req = tonic::Request::new(WatchBundleRequest {});
