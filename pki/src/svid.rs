@@ -125,7 +125,7 @@ impl SvidCertificate {
         }
         Ok(Self {
             spiffe_id,
-            serial_hex: leaf.raw_serial_as_string().replace(':', ""),
+            serial_hex: signet_types::serial_hex(leaf.raw_serial()),
             not_before: unix(nb),
             not_after: unix(na),
             spki_der: leaf.public_key().raw.to_vec(),
@@ -143,7 +143,8 @@ impl SvidCertificate {
     pub fn leaf_der(&self) -> &[u8] {
         &self.chain_der[0]
     }
-    /// The leaf's serial number, lowercase hex (as the ledger and the CLI show it).
+    /// The leaf's serial number, lowercase hex without the DER integer's leading zero byte
+    /// ([`signet_types::serial_hex`]: as the server, the ledger and the CLI spell it).
     pub fn serial_hex(&self) -> &str {
         &self.serial_hex
     }
@@ -289,6 +290,24 @@ mod tests {
         // The leaf is never removed, even when `certs` holds it.
         let kept = c.without(&[leaf.clone(), other, ca]);
         assert_eq!(kept.chain_der(), [leaf]);
+    }
+
+    #[test]
+    fn the_serial_is_spelled_as_the_server_spells_it() {
+        let key = generate(KeyAlgorithm::EcdsaP256).unwrap();
+        let mut p = rcgen::CertificateParams::default();
+        p.subject_alt_names = vec![rcgen::SanType::URI(
+            "spiffe://example.org/w".try_into().unwrap(),
+        )];
+        // A high first bit: DER adds a leading zero byte, which the spelling drops.
+        p.serial_number = Some(rcgen::SerialNumber::from_slice(&[0x8f, 0x01]));
+        let der = p
+            .self_signed(&key.key_pair().unwrap())
+            .unwrap()
+            .der()
+            .to_vec();
+        let svid = SvidCertificate::from_chain_der(vec![der]).unwrap();
+        assert_eq!(svid.serial_hex(), "8f01");
     }
 
     #[test]
