@@ -117,7 +117,8 @@ impl BundleWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ca::{AttestCredential, Attested, EntriesUpdate, IssuedSvid, WorkloadCsr};
+    use crate::ca::{AttestCredential, Attested, EntriesUpdate, WorkloadCsr};
+    use signet_pki::SvidCertificate;
     use std::sync::Mutex;
 
     fn td(s: &str) -> TrustDomain {
@@ -164,7 +165,7 @@ mod tests {
         async fn attest(&self, _: &AttestCredential, _: &[u8]) -> Result<Attested, CaError> {
             Err(CaError::Unavailable("n/a".into()))
         }
-        async fn renew_node(&self, _: &[u8]) -> Result<IssuedSvid, CaError> {
+        async fn renew_node(&self, _: &[u8]) -> Result<SvidCertificate, CaError> {
             Err(CaError::Unavailable("n/a".into()))
         }
         async fn sync_entries(&self, _: u64) -> Result<EntriesUpdate, CaError> {
@@ -173,7 +174,7 @@ mod tests {
         async fn sign_workloads(
             &self,
             _: Vec<WorkloadCsr>,
-        ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
+        ) -> Result<Vec<(String, Result<SvidCertificate, CaError>)>, CaError> {
             Ok(vec![])
         }
         async fn watch_bundle(&self) -> Result<BundleStream, CaError> {

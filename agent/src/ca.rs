@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use futures::{Stream, StreamExt};
 use signet_client::ClientIdentity;
+use signet_pki::SvidCertificate;
 use signet_proto::agent as pb;
 use signet_proto::agent::node_client::NodeClient;
 use signet_proto::ca as pb_ca;
@@ -36,20 +37,11 @@ impl fmt::Debug for AttestCredential {
     }
 }
 
-/// A certificate the CA issued: chain leaf first, root last (as the server sends it).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IssuedSvid {
-    pub spiffe_id: SpiffeId,
-    pub chain_der: Vec<Vec<u8>>,
-    pub serial: String,
-    pub not_before: SystemTime,
-    pub not_after: SystemTime,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attested {
     pub node_id: String,
-    pub svid: IssuedSvid,
+    /// The node SVID, chain leaf first, root last (as the server sends it).
+    pub svid: SvidCertificate,
     pub bundle_der: Vec<Vec<u8>>,
 }
 
@@ -170,13 +162,13 @@ pub const MAX_CSRS_PER_CALL: usize = 256;
 #[async_trait::async_trait]
 pub trait Ca: Send + Sync {
     async fn attest(&self, cred: &AttestCredential, csr_der: &[u8]) -> Result<Attested, CaError>;
-    async fn renew_node(&self, csr_der: &[u8]) -> Result<IssuedSvid, CaError>;
+    async fn renew_node(&self, csr_der: &[u8]) -> Result<SvidCertificate, CaError>;
     async fn sync_entries(&self, known_revision: u64) -> Result<EntriesUpdate, CaError>;
     /// One result per CSR, in order.
     async fn sign_workloads(
         &self,
         csrs: Vec<WorkloadCsr>,
-    ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError>;
+    ) -> Result<Vec<(String, Result<SvidCertificate, CaError>)>, CaError>;
     /// Opens the server's trust bundle stream. The default: a CA without one.
     async fn watch_bundle(&self) -> Result<BundleStream, CaError> {
         Err(CaError::Refused {
@@ -193,29 +185,38 @@ fn unix_time(secs: i64) -> Result<SystemTime, CaError> {
         .ok_or_else(|| CaError::Invalid(format!("time {secs} out of range")))
 }
 
-impl TryFrom<pb::Svid> for IssuedSvid {
-    type Error = CaError;
-    fn try_from(s: pb::Svid) -> Result<Self, CaError> {
-        let spiffe_id = s
-            .spiffe_id
-            .parse()
-            .map_err(|e| CaError::Invalid(format!("SPIFFE ID {:?}: {e}", s.spiffe_id)))?;
-        if s.cert_chain.is_empty() {
-            return Err(CaError::Invalid("empty certificate chain".into()));
-        }
-        let not_before = unix_time(s.not_before)?;
-        let not_after = unix_time(s.not_after)?;
-        if not_after <= not_before {
-            return Err(CaError::Invalid("not_after is not after not_before".into()));
-        }
-        Ok(IssuedSvid {
-            spiffe_id,
-            chain_der: s.cert_chain,
-            serial: s.serial,
-            not_before,
-            not_after,
-        })
+/// A certificate from the server's answer: the chain must be an X509-SVID
+/// ([`SvidCertificate::from_chain_der`]: leaf first, exactly one SPIFFE ID, not a CA), the
+/// answer's own fields must be sane (a SPIFFE ID, times in range, `not_after` after
+/// `not_before`) and its SPIFFE ID must be the certificate's. What the agent then uses (SPIFFE
+/// ID, validity) is read from the certificate; the answer's serial is not used.
+pub fn svid_from_pb(s: pb::Svid) -> Result<SvidCertificate, CaError> {
+    let spiffe_id: SpiffeId = s
+        .spiffe_id
+        .parse()
+        .map_err(|e| CaError::Invalid(format!("SPIFFE ID {:?}: {e}", s.spiffe_id)))?;
+    if s.cert_chain.is_empty() {
+        return Err(CaError::Invalid("empty certificate chain".into()));
     }
+    let not_before = unix_time(s.not_before)?;
+    let not_after = unix_time(s.not_after)?;
+    if not_after <= not_before {
+        return Err(CaError::Invalid("not_after is not after not_before".into()));
+    }
+    let cert = SvidCertificate::from_chain_der(s.cert_chain)
+        .map_err(|e| CaError::Invalid(e.to_string()))?;
+    if *cert.spiffe_id() != spiffe_id {
+        return Err(CaError::Invalid(format!(
+            "the answer names {spiffe_id}, its certificate {}",
+            cert.spiffe_id()
+        )));
+    }
+    if cert.not_after() <= cert.not_before() {
+        return Err(CaError::Invalid(
+            "the certificate's not_after is not after its not_before".into(),
+        ));
+    }
+    Ok(cert)
 }
 
 impl TryFrom<pb_ca::Bundle> for TrustBundle {
@@ -327,14 +328,14 @@ pub(crate) fn convert_entries(entries: Vec<pb::Entry>) -> Vec<EntrySpec> {
 
 pub(crate) fn convert_sign_results(
     resp: pb::SignWorkloadsResponse,
-) -> Vec<(String, Result<IssuedSvid, CaError>)> {
+) -> Vec<(String, Result<SvidCertificate, CaError>)> {
     resp.results
         .into_iter()
         .map(|r| {
             let result = if r.code == 0 {
                 r.svid
                     .ok_or_else(|| CaError::Invalid("success without a certificate".into()))
-                    .and_then(IssuedSvid::try_from)
+                    .and_then(svid_from_pb)
             } else {
                 Err(CaError::from(tonic::Status::new(
                     tonic::Code::from_i32(r.code),
@@ -423,24 +424,24 @@ impl Ca for GrpcCa {
         let resp = self.client.clone().attest(req).await?.into_inner();
         Ok(Attested {
             node_id: resp.node_id,
-            svid: resp
-                .svid
-                .ok_or_else(|| CaError::Invalid("attestation answer without a certificate".into()))?
-                .try_into()?,
+            svid: svid_from_pb(resp.svid.ok_or_else(|| {
+                CaError::Invalid("attestation answer without a certificate".into())
+            })?)?,
             bundle_der: resp.bundle,
         })
     }
 
-    async fn renew_node(&self, csr_der: &[u8]) -> Result<IssuedSvid, CaError> {
+    async fn renew_node(&self, csr_der: &[u8]) -> Result<SvidCertificate, CaError> {
         let req = pb::RenewNodeRequest {
             csr: csr_der.to_vec(),
         };
-        self.client
-            .clone()
-            .renew_node(signet_runtime::telemetry::traced_request(req))
-            .await?
-            .into_inner()
-            .try_into()
+        svid_from_pb(
+            self.client
+                .clone()
+                .renew_node(signet_runtime::telemetry::traced_request(req))
+                .await?
+                .into_inner(),
+        )
     }
 
     async fn sync_entries(&self, known_revision: u64) -> Result<EntriesUpdate, CaError> {
@@ -462,7 +463,7 @@ impl Ca for GrpcCa {
     async fn sign_workloads(
         &self,
         csrs: Vec<WorkloadCsr>,
-    ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
+    ) -> Result<Vec<(String, Result<SvidCertificate, CaError>)>, CaError> {
         // The server takes at most MAX_CSRS_PER_CALL CSRs per call; a node with more entries
         // due at once (a fresh start with a thousand entries) sends several calls.
         let mut results = Vec::with_capacity(csrs.len());
@@ -504,51 +505,87 @@ mod tests {
     use super::*;
     use std::sync::Mutex;
 
-    fn pb_svid() -> pb::Svid {
+    use crate::testing::TestCa;
+
+    /// A node SVID valid from 1000 s to 2000 s after the epoch, chain leaf then root, as
+    /// the server answers.
+    fn pb_svid_of(ca: &TestCa) -> pb::Svid {
+        let (leaf, _) = ca.leaf(
+            "spiffe://example.org/signet/node/n1",
+            1,
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1000),
+            Duration::from_secs(1000),
+        );
         pb::Svid {
             spiffe_id: "spiffe://example.org/signet/node/n1".into(),
-            cert_chain: vec![vec![1], vec![2]],
+            cert_chain: vec![leaf, ca.der.clone()],
             serial: "01".into(),
             not_before: 1000,
             not_after: 2000,
         }
     }
 
+    fn pb_svid() -> pb::Svid {
+        pb_svid_of(&TestCa::new("ca"))
+    }
+
     #[test]
     fn svid_conversion_checks_fields() {
-        let s = IssuedSvid::try_from(pb_svid()).expect("valid");
+        let ca = TestCa::new("ca");
+        let pb_svid = || pb_svid_of(&ca);
+        let answer = pb_svid();
+        let s = svid_from_pb(answer.clone()).expect("valid");
         assert_eq!(
-            s.not_after,
+            s.not_after(),
             SystemTime::UNIX_EPOCH + Duration::from_secs(2000)
         );
-        assert!(
-            IssuedSvid::try_from(pb::Svid {
-                cert_chain: vec![],
-                ..pb_svid()
-            })
-            .is_err()
+        assert_eq!(s.chain_der(), answer.cert_chain, "the root is kept");
+        let refused = |svid: pb::Svid| match svid_from_pb(svid) {
+            Err(CaError::Invalid(why)) => why,
+            other => panic!("unexpected {other:?}"),
+        };
+        refused(pb::Svid {
+            cert_chain: vec![],
+            ..pb_svid()
+        });
+        refused(pb::Svid {
+            not_before: -1,
+            ..pb_svid()
+        });
+        refused(pb::Svid {
+            not_after: 1000,
+            ..pb_svid()
+        });
+        refused(pb::Svid {
+            spiffe_id: "http://x".into(),
+            ..pb_svid()
+        });
+        // The certificate itself: it must parse and be an X509-SVID (not the CA's)…
+        refused(pb::Svid {
+            cert_chain: vec![vec![1], vec![2]],
+            ..pb_svid()
+        });
+        refused(pb::Svid {
+            cert_chain: vec![ca.der.clone()],
+            ..pb_svid()
+        });
+        // …of the SPIFFE ID the answer names.
+        let why = refused(pb::Svid {
+            spiffe_id: "spiffe://example.org/signet/node/n2".into(),
+            ..pb_svid()
+        });
+        assert!(why.contains("its certificate"), "{why}");
+        // A certificate valid for no time at all.
+        let (empty, _) = ca.leaf(
+            "spiffe://example.org/signet/node/n1",
+            2,
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1000),
+            Duration::ZERO,
         );
-        assert!(
-            IssuedSvid::try_from(pb::Svid {
-                not_before: -1,
-                ..pb_svid()
-            })
-            .is_err()
-        );
-        assert!(
-            IssuedSvid::try_from(pb::Svid {
-                not_after: 1000,
-                ..pb_svid()
-            })
-            .is_err()
-        );
-        assert!(
-            IssuedSvid::try_from(pb::Svid {
-                spiffe_id: "http://x".into(),
-                ..pb_svid()
-            })
-            .is_err()
-        );
+        refused(pb::Svid {
+            cert_chain: vec![empty],
+            ..pb_svid()
+        });
     }
 
     #[test]
@@ -760,11 +797,11 @@ mod tests {
                 .push("attest".into());
             Ok(Attested {
                 node_id: "n1".into(),
-                svid: IssuedSvid::try_from(pb_svid())?,
+                svid: svid_from_pb(pb_svid())?,
                 bundle_der: vec![vec![9]],
             })
         }
-        async fn renew_node(&self, _: &[u8]) -> Result<IssuedSvid, CaError> {
+        async fn renew_node(&self, _: &[u8]) -> Result<SvidCertificate, CaError> {
             Err(CaError::Unavailable("down".into()))
         }
         async fn sync_entries(&self, known: u64) -> Result<EntriesUpdate, CaError> {
@@ -780,10 +817,10 @@ mod tests {
         async fn sign_workloads(
             &self,
             csrs: Vec<WorkloadCsr>,
-        ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
+        ) -> Result<Vec<(String, Result<SvidCertificate, CaError>)>, CaError> {
             Ok(csrs
                 .into_iter()
-                .map(|c| (c.entry_id, IssuedSvid::try_from(pb_svid())))
+                .map(|c| (c.entry_id, svid_from_pb(pb_svid())))
                 .collect())
         }
     }

@@ -16,10 +16,11 @@ use signet_proto::workload as pb;
 use signet_types::TrustDomain;
 
 use crate::bundle::{self, Decision};
-use crate::ca::{EntrySpec, IssuedSvid, TrustBundle};
+use crate::ca::{EntrySpec, TrustBundle};
 use crate::config::Config;
 use crate::state::Selector;
 use crate::workload::{SECURITY_HEADER, WorkloadApi};
+use signet_pki::SvidCertificate;
 
 fn utf8(data: &[u8]) -> Option<&str> {
     std::str::from_utf8(data).ok()
@@ -142,14 +143,14 @@ pub fn server_responses(data: &[u8]) {
     match which % 5 {
         0 => {
             if let Ok(s) = pb_agent::Svid::decode(msg) {
-                check_svid(IssuedSvid::try_from(s));
+                check_svid(crate::ca::svid_from_pb(s));
             }
         }
         1 => {
             if let Ok(r) = pb_agent::AttestResponse::decode(msg)
                 && let Some(s) = r.svid
             {
-                check_svid(IssuedSvid::try_from(s));
+                check_svid(crate::ca::svid_from_pb(s));
             }
         }
         2 => {
@@ -191,10 +192,10 @@ pub fn server_responses(data: &[u8]) {
     }
 }
 
-fn check_svid(s: Result<IssuedSvid, crate::ca::CaError>) {
+fn check_svid(s: Result<SvidCertificate, crate::ca::CaError>) {
     if let Ok(svid) = s {
-        assert!(!svid.chain_der.is_empty(), "an SVID without certificates");
-        assert!(svid.not_after > svid.not_before);
+        assert!(!svid.chain_der().is_empty(), "an SVID without certificates");
+        assert!(svid.not_after() > svid.not_before());
     }
 }
 

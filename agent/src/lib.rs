@@ -16,6 +16,11 @@
 //! - [`driver`]: the main loop (attestation, node renewal, entry sync, bundle stream, rotation):
 //!   a pure schedule decides what is due, a thin `select!` loop executes it.
 //! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
+//!
+//! Every certificate the agent holds is a `signet_pki` type, checked when it is made: what
+//! the CA answers is a [`signet_pki::SvidCertificate`], the node identity and each workload
+//! SVID a [`signet_pki::X509Svid`] (chain and its key), what a sink delivers a
+//! [`sinks::Delivered`] (an `X509Svid` with the bundle and CRLs).
 #![forbid(unsafe_code)]
 
 pub mod attest;
@@ -35,4 +40,6 @@ pub mod rotator;
 pub mod signal;
 pub mod sinks;
 pub mod state;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod workload;

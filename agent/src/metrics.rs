@@ -137,7 +137,7 @@ impl Metrics {
         let earliest = state
             .identities
             .iter()
-            .map(|i| i.svid.not_after)
+            .map(|i| i.svid.certificate().not_after())
             .min()
             .and_then(|t| t.duration_since(now).ok())
             .map(|d| d.as_secs_f64())
@@ -164,7 +164,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{Identity, Selector, X509Svid, channel};
+    use crate::state::{Identity, Selector, channel};
     use signet_runtime::clock::FakeClock;
     use std::time::{Duration, SystemTime};
 
@@ -177,13 +177,11 @@ mod tests {
         let id = |secs| Identity {
             entry_id: "e".into(),
             selectors: vec![Selector::Uid(1)],
-            svid: X509Svid {
-                spiffe_id: "spiffe://example.org/a".parse().expect("id"),
-                chain_der: vec![],
-                key_pkcs8_der: vec![],
-                not_before: t0,
-                not_after: t0 + Duration::from_secs(secs),
-            },
+            svid: crate::testing::self_signed_svid(
+                "spiffe://example.org/a",
+                t0,
+                Duration::from_secs(secs),
+            ),
         };
         tx.send_replace(Arc::new(AgentState {
             identities: vec![id(300), id(120)],

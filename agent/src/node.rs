@@ -3,112 +3,52 @@
 //! chain, leaf first), `bundle.pem` and `crls.pem` (the verified CRLs of the issuing CAs, so a
 //! restarted agent serves them before the server answers). Every write is atomic (temporary file, fsync, rename,
 //! fsync of the directory). A file that cannot be read back is reported as corrupt, never
-//! trusted.
+//! trusted: the identity is a [`signet_pki::X509Svid`] ([`NodeIdentity`]), so what loads is an
+//! X509-SVID whose leaf the key matches. The on-disk format is the one earlier agents wrote
+//! (PKCS#8 `PRIVATE KEY` and the chain, PEM with LF line endings).
 
-use std::fmt;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::SystemTime;
 
-use rcgen::PublicKeyData;
 use signet_client::ClientIdentity;
-use signet_types::SpiffeId;
+use signet_pki::{KeyEncoding, PrivateKey, SvidCertificate, X509Svid};
 
 pub const KEY_FILE: &str = "node.key";
 pub const CERT_FILE: &str = "node.pem";
 pub const BUNDLE_FILE: &str = "bundle.pem";
 pub const CRLS_FILE: &str = "crls.pem";
 
-/// The node SVID and its key. `Debug` never shows the key.
-#[derive(Clone, PartialEq, Eq)]
-pub struct NodeIdentity {
-    pub spiffe_id: SpiffeId,
-    /// DER, leaf first, as the server sent it.
-    pub chain_der: Vec<Vec<u8>>,
-    /// PKCS#8 DER.
-    pub key_pkcs8_der: Vec<u8>,
-    pub not_before: SystemTime,
-    pub not_after: SystemTime,
+/// The node SVID and its key: a [`signet_pki::X509Svid`] (an X509-SVID whose leaf the key
+/// matches), its chain as the server sent it (leaf first, the root last). `Debug` never
+/// shows the key.
+pub type NodeIdentity = X509Svid;
+
+/// The node identity from the server's answer and the key the agent generated for it:
+/// refused when the key is not the leaf's or the chain is not an X509-SVID.
+pub fn from_issued(issued: SvidCertificate, key: PrivateKey) -> Result<NodeIdentity, String> {
+    X509Svid::new(issued, key).map_err(|e| e.to_string())
 }
 
-impl fmt::Debug for NodeIdentity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("NodeIdentity")
-            .field("spiffe_id", &self.spiffe_id)
-            .field("chain_len", &self.chain_der.len())
-            .field("key", &"…")
-            .field("not_before", &self.not_before)
-            .field("not_after", &self.not_after)
-            .finish()
-    }
+/// Whether the node certificate may be used at `now` (see [`crate::rotation::should_serve`]).
+pub fn is_valid_at(id: &NodeIdentity, now: SystemTime) -> bool {
+    crate::rotation::serves(id.certificate(), now)
 }
 
-fn unix(secs: i64) -> Result<SystemTime, String> {
-    signet_runtime::clock::from_unix_checked(secs)
-        .ok_or_else(|| format!("time {secs} out of range"))
+/// The key as PEM `PRIVATE KEY` (PKCS#8, LF line endings). Never log it.
+fn key_pem(id: &NodeIdentity) -> Result<String, String> {
+    id.key()
+        .to_pem(KeyEncoding::Pkcs8)
+        .map_err(|e| e.to_string())
 }
 
-impl NodeIdentity {
-    /// Checks that the chain's leaf is a SPIFFE certificate whose public key is the key's,
-    /// and reads its validity.
-    pub fn from_parts(chain_der: Vec<Vec<u8>>, key_pkcs8_der: Vec<u8>) -> Result<Self, String> {
-        let leaf = chain_der.first().ok_or("empty certificate chain")?;
-        let (_, cert) = x509_parser::parse_x509_certificate(leaf)
-            .map_err(|e| format!("leaf certificate: {e}"))?;
-        let key = rcgen::KeyPair::try_from(key_pkcs8_der.as_slice())
-            .map_err(|e| format!("private key: {e}"))?;
-        if key.der_bytes() != cert.public_key().subject_public_key.data.as_ref() {
-            return Err("the private key does not belong to the certificate".into());
-        }
-        let uri = cert
-            .subject_alternative_name()
-            .ok()
-            .flatten()
-            .and_then(|san| {
-                san.value.general_names.iter().find_map(|n| match n {
-                    x509_parser::extensions::GeneralName::URI(u) => Some(u.to_string()),
-                    _ => None,
-                })
-            })
-            .ok_or("the certificate has no URI SAN")?;
-        let spiffe_id = uri
-            .parse::<SpiffeId>()
-            .map_err(|e| format!("URI SAN {uri:?}: {e}"))?;
-        let not_before = unix(cert.validity().not_before.timestamp())?;
-        let not_after = unix(cert.validity().not_after.timestamp())?;
-        Ok(Self {
-            spiffe_id,
-            chain_der,
-            key_pkcs8_der,
-            not_before,
-            not_after,
-        })
-    }
-
-    pub fn is_valid_at(&self, now: SystemTime) -> bool {
-        crate::rotation::should_serve(self.not_before, self.not_after, now)
-    }
-
-    pub fn chain_pem(&self) -> String {
-        signet_types::pem::certs_to_pem(self.chain_der.iter().map(Vec::as_slice))
-    }
-
-    /// The key as PEM `PRIVATE KEY`. Never log it.
-    fn key_pem(&self) -> String {
-        pem::encode_config(
-            &pem::Pem::new("PRIVATE KEY", self.key_pkcs8_der.clone()),
-            pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
-        )
-    }
-
-    /// The identity for mTLS to the server.
-    pub fn client_identity(&self) -> ClientIdentity {
-        ClientIdentity {
-            cert_chain_pem: self.chain_pem().into_bytes(),
-            key_pem: self.key_pem().into_bytes(),
-        }
-    }
+/// The identity for mTLS to the server.
+pub fn client_identity(id: &NodeIdentity) -> Result<ClientIdentity, String> {
+    Ok(ClientIdentity {
+        cert_chain_pem: id.certificate().chain_pem().into_bytes(),
+        key_pem: key_pem(id)?.into_bytes(),
+    })
 }
 
 /// What `data_dir` holds.
@@ -147,7 +87,7 @@ pub fn load(dir: &Path) -> Stored {
         Ok(c) => c,
         Err(e) => return Stored::Corrupt(format!("{}: {e}", cert_path.display())),
     };
-    match NodeIdentity::from_parts(chain_der, key_der) {
+    match X509Svid::from_der(chain_der, &key_der) {
         Ok(id) => Stored::Found(id),
         Err(e) => Stored::Corrupt(format!("{} / {}: {e}", cert_path.display(), KEY_FILE)),
     }
@@ -157,8 +97,13 @@ pub fn load(dir: &Path) -> Stored {
 /// that [`load`] reports as corrupt, never a wrong one).
 pub fn save(dir: &Path, id: &NodeIdentity) -> std::io::Result<()> {
     ensure_dir(dir)?;
-    write_atomic(&dir.join(KEY_FILE), id.key_pem().as_bytes(), 0o600)?;
-    write_atomic(&dir.join(CERT_FILE), id.chain_pem().as_bytes(), 0o644)
+    let key = key_pem(id).map_err(std::io::Error::other)?;
+    write_atomic(&dir.join(KEY_FILE), key.as_bytes(), 0o600)?;
+    write_atomic(
+        &dir.join(CERT_FILE),
+        id.certificate().chain_pem().as_bytes(),
+        0o644,
+    )
 }
 
 /// The bundle the server sent at attestation, if any (a corrupt file is logged and ignored).
@@ -242,20 +187,13 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
     use std::time::Duration;
 
-    /// A self-signed SPIFFE certificate and its key.
+    /// A self-signed SPIFFE certificate and its key, valid from now for `secs`.
     fn identity(secs: u64) -> NodeIdentity {
-        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
-        let mut p = rcgen::CertificateParams::default();
-        p.subject_alt_names = vec![rcgen::SanType::URI(
-            "spiffe://example.org/signet/node/n1"
-                .try_into()
-                .expect("uri"),
-        )];
-        let now = SystemTime::now();
-        p.not_before = now.into();
-        p.not_after = (now + Duration::from_secs(secs)).into();
-        let cert = p.self_signed(&key).expect("cert");
-        NodeIdentity::from_parts(vec![cert.der().to_vec()], key.serialize_der()).expect("valid")
+        crate::testing::self_signed_svid(
+            "spiffe://example.org/signet/node/n1",
+            SystemTime::now(),
+            Duration::from_secs(secs),
+        )
     }
 
     #[test]
@@ -265,7 +203,7 @@ mod tests {
         assert!(matches!(load(&data), Stored::Absent));
         let id = identity(3600);
         assert_eq!(
-            id.spiffe_id.to_string(),
+            id.spiffe_id().to_string(),
             "spiffe://example.org/signet/node/n1"
         );
         save(&data, &id).expect("save");
@@ -278,8 +216,11 @@ mod tests {
             Stored::Found(back) => assert_eq!(back, id),
             other => panic!("unexpected {other:?}"),
         }
-        assert!(id.is_valid_at(SystemTime::now()));
-        assert!(!id.is_valid_at(SystemTime::now() + Duration::from_secs(7200)));
+        assert!(is_valid_at(&id, SystemTime::now()));
+        assert!(!is_valid_at(
+            &id,
+            SystemTime::now() + Duration::from_secs(7200)
+        ));
         assert!(!format!("{id:?}").contains("PRIVATE"));
     }
 
@@ -290,9 +231,10 @@ mod tests {
         let b = identity(3600);
         save(dir.path(), &a).expect("save");
         // The key of another identity: a crash between the two renames looks like this.
-        write_atomic(&dir.path().join(KEY_FILE), b.key_pem().as_bytes(), 0o600).expect("w");
+        let b_key = key_pem(&b).expect("pem");
+        write_atomic(&dir.path().join(KEY_FILE), b_key.as_bytes(), 0o600).expect("w");
         match load(dir.path()) {
-            Stored::Corrupt(why) => assert!(why.contains("does not belong"), "{why}"),
+            Stored::Corrupt(why) => assert!(why.contains("does not match"), "{why}"),
             other => panic!("unexpected {other:?}"),
         }
         std::fs::write(dir.path().join(CERT_FILE), "garbage").expect("w");
@@ -303,13 +245,49 @@ mod tests {
         assert!(matches!(load(dir.path()), Stored::Absent));
     }
 
+    /// `node.key` and `node.pem` as the agent wrote them before its identity became a
+    /// `signet_pki::X509Svid` (PKCS#8 `PRIVATE KEY` and the chain, LF line endings; the
+    /// certificate is valid until 2125): they still load, and are written back byte for byte.
+    #[test]
+    fn files_written_by_the_previous_agent_still_load() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/testdata/node-v1");
+        let id = match load(&fixture) {
+            Stored::Found(id) => id,
+            other => panic!("unexpected {other:?}"),
+        };
+        assert_eq!(
+            id.spiffe_id().to_string(),
+            "spiffe://example.org/signet/node/fixture"
+        );
+        assert!(is_valid_at(&id, SystemTime::now()));
+        let dir = tempfile::tempdir().expect("tempdir");
+        save(dir.path(), &id).expect("save");
+        for file in [KEY_FILE, CERT_FILE] {
+            assert_eq!(
+                std::fs::read(dir.path().join(file)).expect("written"),
+                std::fs::read(fixture.join(file)).expect("fixture"),
+                "{file}: same on-disk format"
+            );
+        }
+    }
+
+    #[test]
+    fn a_client_identity_is_the_chain_and_key_as_pem() {
+        let id = identity(60);
+        let c = client_identity(&id).expect("identity");
+        assert_eq!(c.cert_chain_pem, id.certificate().chain_pem().into_bytes());
+        let key = String::from_utf8(c.key_pem).expect("utf-8");
+        assert!(key.starts_with("-----BEGIN PRIVATE KEY-----\n"), "{key}");
+        assert!(!key.contains('\r'));
+    }
+
     #[test]
     fn bundle_round_trips_and_corruption_is_ignored() {
         let dir = tempfile::tempdir().expect("tempdir");
         assert!(load_bundle(dir.path()).is_empty());
         let id = identity(60);
-        save_bundle(dir.path(), &id.chain_der).expect("save");
-        assert_eq!(load_bundle(dir.path()), id.chain_der);
+        save_bundle(dir.path(), id.certificate().chain_der()).expect("save");
+        assert_eq!(load_bundle(dir.path()), id.certificate().chain_der());
         std::fs::write(dir.path().join(BUNDLE_FILE), "nope").expect("w");
         assert!(load_bundle(dir.path()).is_empty());
     }

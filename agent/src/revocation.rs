@@ -48,7 +48,7 @@ fn aki_of(cert: &X509Certificate<'_>) -> Option<String> {
         .map(|k| hex(k.0))
 }
 
-fn ski_of(cert: &X509Certificate<'_>) -> Option<String> {
+pub(crate) fn ski_of(cert: &X509Certificate<'_>) -> Option<String> {
     cert.extensions()
         .iter()
         .find_map(|e| match e.parsed_extension() {
@@ -408,92 +408,10 @@ impl Revocations {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
+    use crate::testing::TestCa;
     use std::time::Duration;
-
-    /// A test CA (rcgen) that signs leaves and CRLs.
-    pub struct TestCa {
-        pub issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-        pub der: Vec<u8>,
-        pub key_id: String,
-    }
-
-    impl TestCa {
-        pub fn new(name: &str) -> Self {
-            let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
-            let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-            p.distinguished_name
-                .push(rcgen::DnType::CommonName, name.to_owned());
-            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-            p.key_usages = vec![
-                rcgen::KeyUsagePurpose::KeyCertSign,
-                rcgen::KeyUsagePurpose::CrlSign,
-            ];
-            p.key_identifier_method = rcgen::KeyIdMethod::Sha256;
-            let now = SystemTime::now();
-            p.not_before = (now - Duration::from_secs(3600)).into();
-            p.not_after = (now + Duration::from_secs(86_400)).into();
-            let cert = p.self_signed(&key).expect("ca");
-            let der = cert.der().to_vec();
-            let (_, c) = x509_parser::parse_x509_certificate(&der).expect("parse");
-            let key_id = ski_of(&c).expect("ski");
-            Self {
-                issuer: rcgen::Issuer::new(p, key),
-                der,
-                key_id,
-            }
-        }
-
-        /// A leaf with `serial` for `spiffe_id`, valid from `nb` for `ttl`, with its key.
-        pub fn leaf(
-            &self,
-            spiffe_id: &str,
-            serial: u64,
-            nb: SystemTime,
-            ttl: Duration,
-        ) -> (Vec<u8>, rcgen::KeyPair) {
-            let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
-            let mut p = rcgen::CertificateParams::default();
-            p.subject_alt_names = vec![rcgen::SanType::URI(spiffe_id.try_into().expect("uri"))];
-            p.serial_number = Some(rcgen::SerialNumber::from(serial.to_be_bytes().to_vec()));
-            p.not_before = nb.into();
-            p.not_after = (nb + ttl).into();
-            p.use_authority_key_identifier_extension = true;
-            let cert = p.signed_by(&key, &self.issuer).expect("leaf");
-            (cert.der().to_vec(), key)
-        }
-
-        /// A CRL numbered `number` listing `serials`.
-        pub fn crl(&self, number: u64, serials: &[u64]) -> Vec<u8> {
-            let now = SystemTime::now();
-            let p = rcgen::CertificateRevocationListParams {
-                this_update: now.into(),
-                next_update: (now + Duration::from_secs(3600)).into(),
-                crl_number: rcgen::SerialNumber::from(number.to_be_bytes().to_vec()),
-                issuing_distribution_point: None,
-                revoked_certs: serials
-                    .iter()
-                    .map(|s| rcgen::RevokedCertParams {
-                        serial_number: rcgen::SerialNumber::from(s.to_be_bytes().to_vec()),
-                        revocation_time: now.into(),
-                        reason_code: Some(rcgen::RevocationReason::KeyCompromise),
-                        invalidity_date: None,
-                    })
-                    .collect(),
-                key_identifier_method: rcgen::KeyIdMethod::Sha256,
-            };
-            p.signed_by(&self.issuer).expect("crl").der().to_vec()
-        }
-
-        pub fn crl_msg(&self, number: u64, serials: &[u64]) -> Crl {
-            Crl {
-                key_id: self.key_id.clone(),
-                der: self.crl(number, serials),
-                number,
-            }
-        }
-    }
 
     fn issuers(cas: &[&TestCa]) -> Issuers {
         let mut i = Issuers::default();

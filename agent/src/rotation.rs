@@ -80,6 +80,11 @@ pub fn should_serve(not_before: SystemTime, not_after: SystemTime, now: SystemTi
     now >= not_before && now < not_after
 }
 
+/// [`should_serve`] for a certificate the agent holds.
+pub fn serves(cert: &signet_pki::SvidCertificate, now: SystemTime) -> bool {
+    should_serve(cert.not_before(), cert.not_after(), now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

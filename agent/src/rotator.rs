@@ -15,13 +15,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::ca::{Ca, CaError, Crl, EntrySpec, IssuedSvid, WorkloadCsr};
+use crate::ca::{Ca, CaError, Crl, EntrySpec, WorkloadCsr};
 use crate::metrics::Metrics;
 use crate::revocation::{CertRef, Compromise, CrlRejected, Issuers, Revocations};
 use crate::rotation::{renew_at, renewal_due};
 use crate::sinks::Delivered;
 use crate::sinks::worker::{SinkSet, Telemetry};
-use crate::state::{AgentState, Identity, StateSender, X509Svid};
+use crate::state::{AgentState, Identity, StateSender};
+use signet_pki::{PrivateKey, SvidCertificate, X509Svid};
 use signet_runtime::backoff::Backoff;
 use signet_runtime::clock::Clock;
 
@@ -54,6 +55,10 @@ struct Held {
 }
 
 impl Held {
+    fn serves(&self, now: SystemTime) -> bool {
+        crate::rotation::serves(self.svid.certificate(), now)
+    }
+
     fn compromise(&self, rev: &Revocations) -> Option<Compromise> {
         self.cert.as_ref().and_then(|c| rev.check(c))
     }
@@ -324,8 +329,7 @@ impl Rotator {
         let mut keys = HashMap::new();
         let mut csrs = Vec::new();
         for e in want {
-            let k =
-                signet_client::new_key_and_csr().map_err(|e| CaError::Invalid(e.to_string()))?;
+            let k = signet_pki::new_key_and_csr().map_err(|e| CaError::Invalid(e.to_string()))?;
             csrs.push(WorkloadCsr {
                 entry_id: e.id.clone(),
                 csr_der: k.csr_der.clone(),
@@ -342,22 +346,23 @@ impl Rotator {
             ) else {
                 continue;
             };
-            match result {
-                Ok(issued) => {
+            let svid = result.and_then(|issued| self.to_svid(spec, issued, key.key));
+            match svid {
+                Ok((svid, issuers)) => {
                     // The server backdates not_before; the lifetime that counts is the one
                     // left from now, or a short-lived certificate would be due at once.
                     let now = self.clock.now();
+                    let c = svid.certificate();
                     let renew = renew_at(
-                        issued.not_before.max(now),
-                        issued.not_after,
+                        c.not_before().max(now),
+                        c.not_after(),
                         self.fraction,
                         self.random.unit(),
                     );
-                    let cert = issued.chain_der.first().and_then(|l| CertRef::parse(l));
+                    let cert = CertRef::parse(c.leaf_der());
                     let before = self.issuers.clone();
-                    self.issuers.learn(issued.chain_der.iter().skip(1));
+                    self.issuers.learn(issuers.iter());
                     learnt |= before != self.issuers;
-                    let svid = self.to_svid(issued, key.key_pkcs8_der);
                     let mut held = Held {
                         spec: spec.clone(),
                         svid,
@@ -391,20 +396,27 @@ impl Rotator {
         Ok(ok)
     }
 
-    /// The chain the Workload API serves excludes the roots (they are the bundle).
-    fn to_svid(&self, issued: IssuedSvid, key_pkcs8_der: Vec<u8>) -> X509Svid {
-        let chain_der = issued
-            .chain_der
-            .into_iter()
-            .filter(|c| !self.bundle_der.contains(c))
-            .collect();
-        X509Svid {
-            spiffe_id: issued.spiffe_id,
-            chain_der,
-            key_pkcs8_der,
-            not_before: issued.not_before,
-            not_after: issued.not_after,
+    /// What the agent serves for `spec` from what the CA issued and the key it generated: the
+    /// entry's SPIFFE ID (another one is refused), the key the certificate's (checked by
+    /// [`X509Svid::new`]), the chain without the roots (they are the bundle). Also returns the
+    /// chain's CA certificates, roots included, to learn CRL issuers from.
+    fn to_svid(
+        &self,
+        spec: &EntrySpec,
+        issued: SvidCertificate,
+        key: PrivateKey,
+    ) -> Result<(X509Svid, Vec<Vec<u8>>), CaError> {
+        if *issued.spiffe_id() != spec.spiffe_id {
+            return Err(CaError::Invalid(format!(
+                "a certificate for {}, not the entry's {}",
+                issued.spiffe_id(),
+                spec.spiffe_id
+            )));
         }
+        let issuers = issued.chain_der().get(1..).unwrap_or_default().to_vec();
+        let svid = X509Svid::new(issued.without(&self.bundle_der), key)
+            .map_err(|e| CaError::Invalid(e.to_string()))?;
+        Ok((svid, issuers))
     }
 
     /// Hands every sink the current certificate of its SPIFFE ID and the current bundle, or
@@ -427,12 +439,10 @@ impl Rotator {
         if let Some(set) = &mut self.sink_set {
             set.update(|spiffe_id| {
                 held.values()
-                    .filter(|h| h.svid.spiffe_id == *spiffe_id && h.svid.should_serve(now))
-                    .max_by_key(|h| h.svid.not_after)
+                    .filter(|h| h.svid.spiffe_id() == spiffe_id && h.serves(now))
+                    .max_by_key(|h| h.svid.certificate().not_after())
                     .map(|h| Delivered {
-                        spiffe_id: h.svid.spiffe_id.to_string(),
-                        chain_der: h.svid.chain_der.clone(),
-                        key_pkcs8_der: h.svid.key_pkcs8_der.clone(),
+                        svid: h.svid.clone(),
                         bundle_der: bundle.clone(),
                         crls_der: crls.clone(),
                     })
@@ -444,7 +454,7 @@ impl Rotator {
         let mut identities: Vec<Identity> = self
             .held
             .iter()
-            .filter(|(_, h)| h.svid.should_serve(now))
+            .filter(|(_, h)| h.serves(now))
             .map(|(id, h)| Identity {
                 entry_id: id.clone(),
                 selectors: h.spec.selectors.clone(),
@@ -479,13 +489,33 @@ mod tests {
     use signet_runtime::clock::FakeClock;
     use std::sync::Mutex;
 
-    const ROOT: &[u8] = b"root";
+    use crate::testing::TestCa;
 
-    /// Signs with a 1000 s lifetime from the fake clock's now; can be switched off.
+    /// What [`FakeCa`] gets wrong on purpose.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Wrong {
+        /// A certificate for another SPIFFE ID than the entry's.
+        SpiffeId,
+        /// A certificate for another key than the CSR's.
+        Key,
+    }
+
+    /// Really signs (under `ca`) with a 1000 s lifetime from the fake clock's now, serials
+    /// 1, 2, 3…; can be switched off, or made to answer wrong certificates.
     struct FakeCa {
         clock: Arc<FakeClock>,
+        ca: TestCa,
         down: Mutex<bool>,
+        wrong: Mutex<Option<Wrong>>,
         signed: Mutex<u32>,
+        /// The leaves issued, in order.
+        issued: Mutex<Vec<Vec<u8>>>,
+    }
+
+    impl FakeCa {
+        fn leaf(&self, n: usize) -> Vec<u8> {
+            self.issued.lock().expect("lock")[n].clone()
+        }
     }
 
     #[async_trait::async_trait]
@@ -493,7 +523,7 @@ mod tests {
         async fn attest(&self, _: &AttestCredential, _: &[u8]) -> Result<Attested, CaError> {
             Err(CaError::Unavailable("not in this test".into()))
         }
-        async fn renew_node(&self, _: &[u8]) -> Result<IssuedSvid, CaError> {
+        async fn renew_node(&self, _: &[u8]) -> Result<SvidCertificate, CaError> {
             Err(CaError::Unavailable("not in this test".into()))
         }
         async fn sync_entries(&self, _: u64) -> Result<EntriesUpdate, CaError> {
@@ -502,35 +532,38 @@ mod tests {
         async fn sign_workloads(
             &self,
             csrs: Vec<WorkloadCsr>,
-        ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
-            if *self
-                .down
-                .lock()
-                .map_err(|e| CaError::Invalid(e.to_string()))?
-            {
+        ) -> Result<Vec<(String, Result<SvidCertificate, CaError>)>, CaError> {
+            let bad = |e: String| CaError::Invalid(e);
+            if *self.down.lock().map_err(|e| bad(e.to_string()))? {
                 return Err(CaError::Unavailable("down".into()));
             }
+            let wrong = *self.wrong.lock().map_err(|e| bad(e.to_string()))?;
             let now = self.clock.now();
-            let mut n = self
-                .signed
-                .lock()
-                .map_err(|e| CaError::Invalid(e.to_string()))?;
-            Ok(csrs
-                .into_iter()
-                .map(|c| {
-                    *n += 1;
-                    let svid = IssuedSvid {
-                        spiffe_id: format!("spiffe://example.org/{}", c.entry_id)
-                            .parse()
-                            .map_err(|_| CaError::Invalid("id".into()))?,
-                        chain_der: vec![vec![*n as u8], ROOT.to_vec()],
-                        serial: n.to_string(),
-                        not_before: now,
-                        not_after: now + Duration::from_secs(1000),
-                    };
-                    Ok((c.entry_id, Ok(svid)))
-                })
-                .collect::<Result<_, CaError>>()?)
+            let mut n = self.signed.lock().map_err(|e| bad(e.to_string()))?;
+            let mut out = Vec::new();
+            for c in csrs {
+                *n += 1;
+                let (id, csr) = match wrong {
+                    None => (format!("spiffe://example.org/{}", c.entry_id), c.csr_der),
+                    Some(Wrong::SpiffeId) => ("spiffe://example.org/other".into(), c.csr_der),
+                    Some(Wrong::Key) => (
+                        format!("spiffe://example.org/{}", c.entry_id),
+                        signet_pki::new_key_and_csr()
+                            .map_err(|e| bad(e.to_string()))?
+                            .csr_der,
+                    ),
+                };
+                let svid = self
+                    .ca
+                    .issue(&csr, &id, u64::from(*n), now, Duration::from_secs(1000))
+                    .map_err(bad)?;
+                self.issued
+                    .lock()
+                    .map_err(|e| bad(e.to_string()))?
+                    .push(svid.leaf_der().to_vec());
+                out.push((c.entry_id, Ok(svid)));
+            }
+            Ok(out)
         }
     }
 
@@ -556,12 +589,15 @@ mod tests {
         let clock = Arc::new(FakeClock::at(t0));
         let ca = Arc::new(FakeCa {
             clock: clock.clone(),
+            ca: TestCa::new("root"),
             down: Mutex::new(false),
+            wrong: Mutex::new(None),
             signed: Mutex::new(0),
+            issued: Mutex::new(Vec::new()),
         });
         let (tx, rx) = channel();
         let mut r = Rotator::new(ca.clone(), clock.clone(), Arc::new(|| 0.5), 0.5, tx);
-        r.set_bundle("spiffe://example.org".into(), vec![ROOT.to_vec()]);
+        r.set_bundle("spiffe://example.org".into(), vec![ca.ca.der.clone()]);
         (r, clock, ca, rx)
     }
 
@@ -571,22 +607,51 @@ mod tests {
 
     #[tokio::test]
     async fn issues_then_renews_at_half_life() {
-        let (mut r, clock, _ca, rx) = setup();
+        let (mut r, clock, ca, rx) = setup();
         let t0 = clock.now();
         let entries = [entry("web")];
         let next = r.tick(&entries).await;
         assert_eq!(next, t0 + Duration::from_secs(60), "capped by MAX_SLEEP");
         let s = rx.borrow().clone();
         assert_eq!(s.identities.len(), 1);
-        assert_eq!(s.identities[0].svid.chain_der, [vec![1u8]], "root stripped");
-        assert!(!s.identities[0].svid.key_pkcs8_der.is_empty());
+        let chain = |s: &AgentState| s.identities[0].svid.certificate().chain_der().to_vec();
+        assert_eq!(chain(&s), [ca.leaf(0)], "root stripped");
+        assert!(!s.identities[0].svid.key().pkcs8_der().is_empty());
 
         advance(&clock, t0 + Duration::from_secs(499));
         r.tick(&entries).await;
-        assert_eq!(rx.borrow().identities[0].svid.chain_der, [vec![1u8]]);
+        assert_eq!(chain(&rx.borrow()), [ca.leaf(0)]);
         advance(&clock, t0 + Duration::from_secs(500));
         r.tick(&entries).await;
-        assert_eq!(rx.borrow().identities[0].svid.chain_der, [vec![2u8]]);
+        assert_eq!(chain(&rx.borrow()), [ca.leaf(1)]);
+    }
+
+    #[tokio::test]
+    async fn a_certificate_for_another_id_or_key_is_not_served() {
+        for wrong in [Wrong::SpiffeId, Wrong::Key] {
+            let (mut r, clock, ca, rx) = setup();
+            let t0 = clock.now();
+            let entries = [entry("web")];
+            *ca.wrong.lock().expect("lock") = Some(wrong);
+            let next = r.tick(&entries).await;
+            assert_eq!(*ca.signed.lock().expect("lock"), 1);
+            assert!(rx.borrow().identities.is_empty(), "nothing served");
+            assert_eq!(
+                next,
+                t0 + Duration::from_millis(500),
+                "retried with backoff like a failure"
+            );
+            // The CA answers right again: served.
+            *ca.wrong.lock().expect("lock") = None;
+            advance(&clock, next);
+            r.tick(&entries).await;
+            let s = rx.borrow().clone();
+            assert_eq!(s.identities.len(), 1);
+            assert_eq!(
+                s.identities[0].svid.spiffe_id().to_string(),
+                "spiffe://example.org/web"
+            );
+        }
     }
 
     #[tokio::test]
@@ -654,7 +719,8 @@ mod tests {
             if let Ok(mut l) = self.log.lock() {
                 l.push(format!(
                     "deliver {:?} {:?}",
-                    svid.chain_der, svid.bundle_der
+                    svid.svid.certificate().chain_der(),
+                    svid.bundle_der
                 ));
             }
             Ok(Applied::default())
@@ -750,7 +816,7 @@ mod tests {
         let entries = [entry("web")];
         r.tick(&entries).await;
         settle(Duration::from_millis(10)).await;
-        let both = vec![ROOT.to_vec(), b"root2".to_vec()];
+        let both = vec![ca.ca.der.clone(), b"root2".to_vec()];
         r.set_bundle("spiffe://example.org".into(), both.clone());
         r.tick(&entries).await;
         settle(Duration::from_millis(10)).await;
@@ -798,8 +864,6 @@ mod tests {
 
     // --- taints and CRLs -----------------------------------------------------------------
 
-    use crate::revocation::tests::TestCa;
-
     /// Really signs each CSR under its current CA (switchable), serials 1, 2, 3…
     struct PkiCa {
         clock: Arc<FakeClock>,
@@ -818,7 +882,7 @@ mod tests {
         async fn attest(&self, _: &AttestCredential, _: &[u8]) -> Result<Attested, CaError> {
             Err(CaError::Unavailable("not in this test".into()))
         }
-        async fn renew_node(&self, _: &[u8]) -> Result<IssuedSvid, CaError> {
+        async fn renew_node(&self, _: &[u8]) -> Result<SvidCertificate, CaError> {
             Err(CaError::Unavailable("not in this test".into()))
         }
         async fn sync_entries(&self, _: u64) -> Result<EntriesUpdate, CaError> {
@@ -827,7 +891,7 @@ mod tests {
         async fn sign_workloads(
             &self,
             csrs: Vec<WorkloadCsr>,
-        ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
+        ) -> Result<Vec<(String, Result<SvidCertificate, CaError>)>, CaError> {
             let bad = |e: String| CaError::Invalid(e);
             let ca = self.ca.lock().map_err(|e| bad(e.to_string()))?.clone();
             let now = self.clock.now();
@@ -838,31 +902,11 @@ mod tests {
                     *n += 1;
                     *n
                 };
-                let csr_pem = pem::encode(&pem::Pem::new("CERTIFICATE REQUEST", c.csr_der));
-                let csr = rcgen::CertificateSigningRequestParams::from_pem(&csr_pem)
-                    .map_err(|e| bad(e.to_string()))?;
                 let id = format!("spiffe://example.org/{}", c.entry_id);
-                let mut p = rcgen::CertificateParams::default();
-                p.subject_alt_names = vec![rcgen::SanType::URI(
-                    id.as_str().try_into().map_err(|_| bad("uri".into()))?,
-                )];
-                p.serial_number = Some(rcgen::SerialNumber::from(serial.to_be_bytes().to_vec()));
-                p.not_before = now.into();
-                p.not_after = (now + Duration::from_secs(1000)).into();
-                p.use_authority_key_identifier_extension = true;
-                let cert = p
-                    .signed_by(&csr.public_key, &ca.issuer)
-                    .map_err(|e| bad(e.to_string()))?;
-                out.push((
-                    c.entry_id,
-                    Ok(IssuedSvid {
-                        spiffe_id: id.parse().map_err(|_| bad("id".into()))?,
-                        chain_der: vec![cert.der().to_vec(), ca.der.clone()],
-                        serial: format!("{serial:x}"),
-                        not_before: now,
-                        not_after: now + Duration::from_secs(1000),
-                    }),
-                ));
+                let svid = ca
+                    .issue(&c.csr_der, &id, serial, now, Duration::from_secs(1000))
+                    .map_err(bad)?;
+                out.push((c.entry_id, Ok(svid)));
             }
             Ok(out)
         }
@@ -910,7 +954,7 @@ mod tests {
     /// The issuing key (AKI) and serial of the certificate served for the first identity.
     fn served(rx: &crate::state::StateReceiver) -> (String, String) {
         let s = rx.borrow().clone();
-        let leaf = &s.identities[0].svid.chain_der[0];
+        let leaf = s.identities[0].svid.certificate().leaf_der();
         let c = CertRef::parse(leaf).expect("leaf");
         (c.issuer_key_id.unwrap_or_default(), c.serial_hex)
     }
@@ -984,7 +1028,7 @@ mod tests {
         let serial_of = |id: &str| {
             let s = rx.borrow().clone();
             let i = s.identities.iter().find(|i| i.entry_id == id).expect("id");
-            CertRef::parse(&i.svid.chain_der[0])
+            CertRef::parse(i.svid.certificate().leaf_der())
                 .expect("leaf")
                 .serial_hex
         };

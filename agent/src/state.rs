@@ -1,13 +1,14 @@
 //! The agent's state as the Workload API and the sinks see it: the identities it holds (entry,
-//! selectors, current SVID) and the trust bundle. Published through a `tokio::sync::watch`.
+//! selectors, current SVID: a [`signet_pki::X509Svid`], checked when it was made) and the
+//! trust bundle. Published through a `tokio::sync::watch`. Nothing here is persisted: the
+//! node identity's files are [`crate::node`]'s.
 
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::SystemTime;
 
-use signet_types::SpiffeId;
+use signet_pki::X509Svid;
 
 /// A workload selector. All of an entry's selectors must match a caller.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -120,43 +121,12 @@ impl fmt::Display for Selector {
     }
 }
 
-/// An X509-SVID the agent holds: the chain (leaf first, without the root) and its private key.
-/// `Debug` never shows the key.
-#[derive(Clone, PartialEq, Eq)]
-pub struct X509Svid {
-    pub spiffe_id: SpiffeId,
-    /// DER certificates, leaf first, root excluded.
-    pub chain_der: Vec<Vec<u8>>,
-    /// PKCS#8 DER.
-    pub key_pkcs8_der: Vec<u8>,
-    pub not_before: SystemTime,
-    pub not_after: SystemTime,
-}
-
-impl fmt::Debug for X509Svid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("X509Svid")
-            .field("spiffe_id", &self.spiffe_id)
-            .field("chain_len", &self.chain_der.len())
-            .field("key", &"…")
-            .field("not_before", &self.not_before)
-            .field("not_after", &self.not_after)
-            .finish()
-    }
-}
-
-impl X509Svid {
-    /// Whether this certificate may be served at `now` (see [`crate::rotation::should_serve`]).
-    pub fn should_serve(&self, now: SystemTime) -> bool {
-        crate::rotation::should_serve(self.not_before, self.not_after, now)
-    }
-}
-
 /// One registration entry the agent serves, with its current SVID.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     pub entry_id: String,
     pub selectors: Vec<Selector>,
+    /// The chain (leaf first, the roots left out: they are the bundle) and its key.
     pub svid: X509Svid,
 }
 
@@ -237,15 +207,15 @@ mod tests {
 
     #[test]
     fn svid_debug_hides_key() {
-        let svid = X509Svid {
-            spiffe_id: "spiffe://example.org/a".parse().expect("id"),
-            chain_der: vec![vec![1]],
-            key_pkcs8_der: b"PRIVATE-KEY-BYTES".to_vec(),
-            not_before: SystemTime::UNIX_EPOCH,
-            not_after: SystemTime::UNIX_EPOCH,
-        };
+        let svid = crate::testing::self_signed_svid(
+            "spiffe://example.org/a",
+            std::time::SystemTime::now(),
+            std::time::Duration::from_secs(60),
+        );
+        let key = svid.key().pkcs8_der();
         let shown = format!("{svid:?}");
-        assert!(!shown.contains("80, 82, 73"), "{shown}");
+        assert!(!shown.contains(&format!("{key:?}")), "{shown}");
+        assert!(!shown.contains(&format!("{:?}", &key[..8])), "{shown}");
         assert!(!shown.contains("PRIVATE"), "{shown}");
     }
 }

@@ -8,8 +8,9 @@ use std::time::{Duration, SystemTime};
 use futures::StreamExt;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType};
 use signet_agent::attest::Attestor;
-use signet_agent::state::{AgentState, Identity, Selector, StateSender, X509Svid, channel};
+use signet_agent::state::{AgentState, Identity, Selector, StateSender, channel};
 use signet_agent::workload::{self, WorkloadApi};
+use signet_pki::X509Svid;
 use signet_proto::workload as pb;
 use signet_proto::workload::spiffe_workload_api_client::SpiffeWorkloadApiClient;
 use spiffe::{TrustDomain, WorkloadApiClient};
@@ -43,15 +44,11 @@ impl Pki {
         p.is_ca = IsCa::ExplicitNoCa;
         p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         p.subject_alt_names = vec![SanType::URI(ID.try_into().expect("uri"))];
-        let cert = p.signed_by(&key, &self.issuer).expect("leaf");
         let now = SystemTime::now();
-        X509Svid {
-            spiffe_id: ID.parse().expect("id"),
-            chain_der: vec![cert.der().to_vec()],
-            key_pkcs8_der: key.serialize_der(),
-            not_before: now,
-            not_after: now + Duration::from_secs(3600),
-        }
+        p.not_before = now.into();
+        p.not_after = (now + Duration::from_secs(3600)).into();
+        let cert = p.signed_by(&key, &self.issuer).expect("leaf");
+        X509Svid::from_der(vec![cert.der().to_vec()], &key.serialize_der()).expect("svid")
     }
 }
 
@@ -182,12 +179,9 @@ async fn spiffe_client_fetches_svid_and_bundle_and_sees_rotation() {
     assert_eq!(svid.cert_chain().len(), 1);
     assert_eq!(
         svid.cert_chain()[0].as_bytes(),
-        first.chain_der[0].as_slice()
+        first.certificate().leaf_der()
     );
-    assert_eq!(
-        svid.private_key().as_bytes(),
-        first.key_pkcs8_der.as_slice()
-    );
+    assert_eq!(svid.private_key().as_bytes(), first.key().pkcs8_der());
 
     let bundles = client.fetch_x509_bundles().await.expect("fetch bundles");
     let td = TrustDomain::new("example.org").expect("td");
@@ -200,7 +194,7 @@ async fn spiffe_client_fetches_svid_and_bundle_and_sees_rotation() {
     let now = stream.next().await.expect("item").expect("svid");
     assert_eq!(
         now.cert_chain()[0].as_bytes(),
-        first.chain_der[0].as_slice()
+        first.certificate().leaf_der()
     );
 
     // A second client that disconnects mid-stream disturbs nobody.
@@ -223,12 +217,9 @@ async fn spiffe_client_fetches_svid_and_bundle_and_sees_rotation() {
         .expect("svid");
     assert_eq!(
         rotated.cert_chain()[0].as_bytes(),
-        second.chain_der[0].as_slice()
+        second.certificate().leaf_der()
     );
-    assert_eq!(
-        rotated.private_key().as_bytes(),
-        second.key_pkcs8_der.as_slice()
-    );
+    assert_eq!(rotated.private_key().as_bytes(), second.key().pkcs8_der());
     drop(stream);
     server.stop().await;
 }
@@ -289,7 +280,7 @@ async fn both_streams_carry_the_crls_and_stream_a_new_one() {
     assert_eq!(update.crl, std::slice::from_ref(&crl2));
     assert_eq!(
         update.svids[0].x509_svid,
-        svid.chain_der.concat(),
+        svid.certificate().chain_der().concat(),
         "same SVID"
     );
     let update = tokio::time::timeout(within, bundles.message())

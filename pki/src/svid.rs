@@ -125,7 +125,7 @@ impl SvidCertificate {
         }
         Ok(Self {
             spiffe_id,
-            serial_hex: leaf.raw_serial_as_string().replace(':', ""),
+            serial_hex: signet_types::serial_hex(leaf.raw_serial()),
             not_before: unix(nb),
             not_after: unix(na),
             spki_der: leaf.public_key().raw.to_vec(),
@@ -143,7 +143,8 @@ impl SvidCertificate {
     pub fn leaf_der(&self) -> &[u8] {
         &self.chain_der[0]
     }
-    /// The leaf's serial number, lowercase hex (as the ledger and the CLI show it).
+    /// The leaf's serial number, lowercase hex without the DER integer's leading zero byte
+    /// ([`signet_types::serial_hex`]: as the server, the ledger and the CLI spell it).
     pub fn serial_hex(&self) -> &str {
         &self.serial_hex
     }
@@ -163,6 +164,18 @@ impl SvidCertificate {
     }
     pub fn into_chain_der(self) -> Vec<Vec<u8>> {
         self.chain_der
+    }
+
+    /// The same certificate with every certificate after the leaf that `certs` holds removed
+    /// (the agent serves the chain without the roots: they are the bundle). The leaf stays,
+    /// so the checks of [`Self::from_chain_der`] still hold.
+    pub fn without(mut self, certs: &[Vec<u8>]) -> Self {
+        let mut index = 0;
+        self.chain_der.retain(|der| {
+            index += 1;
+            index == 1 || !certs.contains(der)
+        });
+        self
     }
 }
 
@@ -211,6 +224,9 @@ impl X509Svid {
     pub fn spiffe_id(&self) -> &SpiffeId {
         self.certificate.spiffe_id()
     }
+    pub fn into_parts(self) -> (SvidCertificate, PrivateKey) {
+        (self.certificate, self.key)
+    }
 }
 
 #[cfg(test)]
@@ -258,6 +274,40 @@ mod tests {
             !shown.contains(&format!("{:?}", key.pkcs8_der())),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn without_removes_the_given_certificates_after_the_leaf_only() {
+        let key = generate(KeyAlgorithm::EcdsaP256).unwrap();
+        let leaf = cert(&key, &["spiffe://example.org/w"], false);
+        let ca = cert(&key, &[], true);
+        let other = cert(&generate(KeyAlgorithm::EcdsaP256).unwrap(), &[], true);
+        let c =
+            SvidCertificate::from_chain_der(vec![leaf.clone(), other.clone(), ca.clone()]).unwrap();
+        let stripped = c.clone().without(std::slice::from_ref(&ca));
+        assert_eq!(stripped.chain_der(), [leaf.clone(), other.clone()]);
+        assert_eq!(stripped.spiffe_id(), c.spiffe_id());
+        // The leaf is never removed, even when `certs` holds it.
+        let kept = c.without(&[leaf.clone(), other, ca]);
+        assert_eq!(kept.chain_der(), [leaf]);
+    }
+
+    #[test]
+    fn the_serial_is_spelled_as_the_server_spells_it() {
+        let key = generate(KeyAlgorithm::EcdsaP256).unwrap();
+        let mut p = rcgen::CertificateParams::default();
+        p.subject_alt_names = vec![rcgen::SanType::URI(
+            "spiffe://example.org/w".try_into().unwrap(),
+        )];
+        // A high first bit: DER adds a leading zero byte, which the spelling drops.
+        p.serial_number = Some(rcgen::SerialNumber::from_slice(&[0x8f, 0x01]));
+        let der = p
+            .self_signed(&key.key_pair().unwrap())
+            .unwrap()
+            .der()
+            .to_vec();
+        let svid = SvidCertificate::from_chain_der(vec![der]).unwrap();
+        assert_eq!(svid.serial_hex(), "8f01");
     }
 
     #[test]

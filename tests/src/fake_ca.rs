@@ -308,7 +308,7 @@ impl FakeCa {
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .unwrap()
-            .with_client_cert_verifier(Arc::new(crate::rogue::AnyClientCert(provider)))
+            .with_client_cert_verifier(Arc::new(crate::rogue::AnyClientCert::new(provider)))
             .with_single_cert(
                 vec![
                     CertificateDer::from(server_cert.der().to_vec()),

@@ -178,8 +178,27 @@ impl Node for Svc {
 
 /// Accepts any client certificate (so an mTLS client gets as far as it would with the real
 /// server) without trusting it for anything. Also the fake CA's ([`crate::fake_ca`]).
+///
+/// Test code only, and built its own way: the handshake signatures are checked by rustls' own
+/// client verifier (over a throwaway root, so it is never asked to trust a chain), not by a copy
+/// of the agent's kubelet verifier (`agent/src/attest/k8s.rs`, which production keeps private).
 #[derive(Debug)]
-pub(crate) struct AnyClientCert(pub(crate) Arc<rustls::crypto::CryptoProvider>);
+pub(crate) struct AnyClientCert(Arc<dyn rustls::server::danger::ClientCertVerifier>);
+
+impl AnyClientCert {
+    pub(crate) fn new(provider: Arc<rustls::crypto::CryptoProvider>) -> Self {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(p.self_signed(&key).unwrap().into()).unwrap();
+        let signatures =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .unwrap();
+        Self(signatures)
+    }
+}
 
 impl rustls::server::danger::ClientCertVerifier for AnyClientCert {
     fn offer_client_auth(&self) -> bool {
@@ -201,32 +220,22 @@ impl rustls::server::danger::ClientCertVerifier for AnyClientCert {
     }
     fn verify_tls12_signature(
         &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        self.0.verify_tls12_signature(m, c, d)
     }
     fn verify_tls13_signature(
         &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        self.0.verify_tls13_signature(m, c, d)
     }
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.0.supported_verify_schemes()
     }
 }
 
@@ -243,7 +252,7 @@ impl Rogue {
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .unwrap()
-            .with_client_cert_verifier(Arc::new(AnyClientCert(provider)))
+            .with_client_cert_verifier(Arc::new(AnyClientCert::new(provider)))
             .with_single_cert(
                 chain_der.into_iter().map(CertificateDer::from).collect(),
                 PrivateKeyDer::try_from(key_der).unwrap(),

@@ -287,7 +287,9 @@ impl HttpPodLister {
         let tls = if cfg.skip_kubelet_verification {
             builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
+                .with_custom_certificate_verifier(Arc::new(AnyKubeletCertificate(
+                    provider.signature_verification_algorithms,
+                )))
                 .with_no_client_auth()
         } else {
             let ca_file = cfg.ca_file.as_ref().ok_or_else(|| {
@@ -344,12 +346,21 @@ impl PodLister for HttpPodLister {
     }
 }
 
-/// `skip_kubelet_verification = true`: any certificate is accepted (signatures of the
-/// handshake are still checked, so the connection is at least to the key holder).
+/// `skip_kubelet_verification = true`, for the kubelet only (the configuration refuses it
+/// for the API server): any certificate the kubelet presents is accepted, as SPIRE's `k8s`
+/// workload attestor does with the same setting. The kubelet's serving certificate on port
+/// 10250 is, by default, self-signed by the kubelet at start (unless the cluster runs
+/// `serverTLSBootstrap`), so there is no CA to verify it with; the connection goes to
+/// `127.0.0.1` on the agent's own node. The handshake's signatures are still checked, so the
+/// peer holds the key of the certificate it presented.
+///
+/// The agent's one "danger" verifier: private to this module, used only here, and never
+/// shared with a test or another crate (the test suite's rogue servers build their own,
+/// differently: `tests/src/rogue.rs`).
 #[derive(Debug)]
-struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
+struct AnyKubeletCertificate(rustls::crypto::WebPkiSupportedAlgorithms);
 
-impl rustls::client::danger::ServerCertVerifier for NoVerification {
+impl rustls::client::danger::ServerCertVerifier for AnyKubeletCertificate {
     fn verify_server_cert(
         &self,
         _end_entity: &CertificateDer<'_>,
@@ -367,12 +378,7 @@ impl rustls::client::danger::ServerCertVerifier for NoVerification {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
     }
 
     fn verify_tls13_signature(
@@ -381,16 +387,11 @@ impl rustls::client::danger::ServerCertVerifier for NoVerification {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.0.supported_schemes()
     }
 }
 

@@ -250,8 +250,6 @@ pub fn uid_of(text: &str, name: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::X509Svid;
-    use std::time::SystemTime;
 
     const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\n# comment:x:5:5\nwww-data:x:33:33::/var/www:/usr/sbin/nologin\nbroken\n";
 
@@ -266,13 +264,7 @@ mod tests {
                 .iter()
                 .map(|s| s.parse().expect("selector"))
                 .collect(),
-            svid: X509Svid {
-                spiffe_id: format!("spiffe://example.org/{id}").parse().expect("id"),
-                chain_der: vec![],
-                key_pkcs8_der: vec![],
-                not_before: SystemTime::UNIX_EPOCH,
-                not_after: SystemTime::UNIX_EPOCH,
-            },
+            svid: crate::testing::delivered(&format!("spiffe://example.org/{id}"), 1).svid,
         }
     }
 

@@ -10,10 +10,10 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::ca::{
-    AttestCredential, Attested, BundleStream, Ca, CaError, EntriesUpdate, GrpcCa, IssuedSvid,
-    WorkloadCsr,
+    AttestCredential, Attested, BundleStream, Ca, CaError, EntriesUpdate, GrpcCa, WorkloadCsr,
 };
 use crate::node::NodeIdentity;
+use signet_pki::SvidCertificate;
 
 /// Longest wait for one call to the server.
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -44,7 +44,10 @@ impl Connector for GrpcConnector {
         roots_pem: &[u8],
         identity: Option<&NodeIdentity>,
     ) -> Result<Arc<dyn Ca>, CaError> {
-        let id = identity.map(NodeIdentity::client_identity);
+        let id = identity
+            .map(crate::node::client_identity)
+            .transpose()
+            .map_err(CaError::Invalid)?;
         let connect = GrpcCa::connect(
             &self.address,
             self.trust_domain.as_ref(),
@@ -112,7 +115,7 @@ impl Ca for SwapCa {
         self.with_current(|ca| async move { ca.attest(cred, csr_der).await })
             .await
     }
-    async fn renew_node(&self, csr_der: &[u8]) -> Result<IssuedSvid, CaError> {
+    async fn renew_node(&self, csr_der: &[u8]) -> Result<SvidCertificate, CaError> {
         self.with_current(|ca| async move { ca.renew_node(csr_der).await })
             .await
     }
@@ -123,7 +126,7 @@ impl Ca for SwapCa {
     async fn sign_workloads(
         &self,
         csrs: Vec<WorkloadCsr>,
-    ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
+    ) -> Result<Vec<(String, Result<SvidCertificate, CaError>)>, CaError> {
         self.with_current(|ca| async move { ca.sign_workloads(csrs).await })
             .await
     }

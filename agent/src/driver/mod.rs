@@ -155,7 +155,7 @@ impl Driver {
         let mut s = self.start_serving(node, now);
         loop {
             let now = self.clock.now();
-            if !s.node.is_valid_at(now) {
+            if !crate::node::is_valid_at(&s.node, now) {
                 return Outcome::NodeExpired;
             }
             let mut done = None;
@@ -204,10 +204,10 @@ impl Driver {
     /// the CRLs kept from before a restart, before the server answers.
     fn start_serving(&mut self, node: NodeIdentity, now: SystemTime) -> Serving {
         let bundle = self.served_bundle();
-        let trust_domain = node.spiffe_id.trust_domain().clone();
+        let trust_domain = node.spiffe_id().trust_domain().clone();
         let td = trust_domain.id_string();
         self.rotator.set_bundle(td.clone(), bundle.clone());
-        self.rotator.learn_issuers(&node.chain_der);
+        self.rotator.learn_issuers(node.certificate().chain_der());
         self.rotator
             .restore_crls(&crate::node::load_crls(&self.settings.data_dir));
         let schedule = Schedule::new(
@@ -234,7 +234,7 @@ impl Driver {
                 Ok(()) => {
                     s.schedule.connect_succeeded();
                     s.watch.reset(now);
-                    tracing::info!(node = %s.node.spiffe_id, "connected to the server");
+                    tracing::info!(node = %s.node.spiffe_id(), "connected to the server");
                 }
                 Err(e) => {
                     let wait = s.schedule.connect_failed(now, self.random.unit());
@@ -244,12 +244,12 @@ impl Driver {
             Step::RenewNode => {
                 let was = s.schedule.node_compromise(self.rotator.revocations());
                 if let Some(why) = &was {
-                    tracing::info!(node = %s.node.spiffe_id, reason = %why, "replacing the compromised node certificate now");
+                    tracing::info!(node = %s.node.spiffe_id(), reason = %why, "replacing the compromised node certificate now");
                 }
                 match self.renew_node().await {
                     Ok(n) => {
-                        tracing::info!(node = %n.spiffe_id, not_after = ?n.not_after, "node certificate renewed");
-                        self.rotator.learn_issuers(&n.chain_der);
+                        tracing::info!(node = %n.spiffe_id(), not_after = ?n.certificate().not_after(), "node certificate renewed");
+                        self.rotator.learn_issuers(n.certificate().chain_der());
                         if let Some(m) = self.rotator.metrics()
                             && was.is_some()
                         {

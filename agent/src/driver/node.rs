@@ -40,12 +40,12 @@ impl Driver {
         let dir = &self.settings.data_dir;
         let now = self.clock.now();
         match node::load(dir) {
-            Stored::Found(n) if n.is_valid_at(now) => {
-                tracing::info!(node = %n.spiffe_id, "reusing the node identity in data_dir");
+            Stored::Found(n) if node::is_valid_at(&n, now) => {
+                tracing::info!(node = %n.spiffe_id(), "reusing the node identity in data_dir");
                 return Ok(n);
             }
             Stored::Found(n) => {
-                tracing::warn!(node = %n.spiffe_id, "the stored node certificate is no longer valid")
+                tracing::warn!(node = %n.spiffe_id(), "the stored node certificate is no longer valid")
             }
             Stored::Corrupt(why) => {
                 tracing::warn!(reason = %why, "ignoring a corrupt node identity in data_dir")
@@ -65,12 +65,12 @@ impl Driver {
             .connect(roots_pem.as_bytes(), None)
             .await
             .map_err(|e| format!("attestation: {e}"))?;
-        let kc = signet_client::new_key_and_csr().map_err(|e| e.to_string())?;
+        let kc = signet_pki::new_key_and_csr().map_err(|e| e.to_string())?;
         let attested = tokio::time::timeout(RPC_TIMEOUT, ca.attest(&cred, &kc.csr_der))
             .await
             .map_err(|_| "attestation: the server did not answer in time".to_owned())?
             .map_err(|e| format!("attestation: {e}"))?;
-        let n = NodeIdentity::from_parts(attested.svid.chain_der, kc.key_pkcs8_der)
+        let n = node::from_issued(attested.svid, kc.key)
             .map_err(|e| format!("attestation answer: {e}"))?;
         // The token is spent: keep the identity in memory even if it cannot be persisted.
         if let Err(e) = node::save_bundle(dir, &attested.bundle_der) {
@@ -79,7 +79,7 @@ impl Driver {
         if let Err(e) = node::save(dir, &n) {
             tracing::error!(error = %e, dir = %dir.display(), "cannot persist the node identity; a restart will need a new join token");
         }
-        tracing::info!(node = %n.spiffe_id, node_id = %attested.node_id, "node attested");
+        tracing::info!(node = %n.spiffe_id(), node_id = %attested.node_id, "node attested");
         Ok(n)
     }
 
@@ -103,13 +103,13 @@ impl Driver {
         err(Display)
     )]
     pub(super) async fn renew_node(&self) -> Result<NodeIdentity, String> {
-        let kc = signet_client::new_key_and_csr().map_err(|e| e.to_string())?;
+        let kc = signet_pki::new_key_and_csr().map_err(|e| e.to_string())?;
         let svid = self
             .ca
             .renew_node(&kc.csr_der)
             .await
             .map_err(|e| e.to_string())?;
-        let n = NodeIdentity::from_parts(svid.chain_der, kc.key_pkcs8_der)?;
+        let n = node::from_issued(svid, kc.key)?;
         if let Err(e) = node::save(&self.settings.data_dir, &n) {
             tracing::error!(error = %e, "cannot persist the renewed node identity");
         }

@@ -69,9 +69,9 @@ pub struct NodeCert {
 impl NodeCert {
     pub fn of(n: &NodeIdentity) -> Self {
         Self {
-            not_before: n.not_before,
-            not_after: n.not_after,
-            leaf: n.chain_der.first().and_then(|l| CertRef::parse(l)),
+            not_before: n.certificate().not_before(),
+            not_after: n.certificate().not_after(),
+            leaf: CertRef::parse(n.certificate().leaf_der()),
         }
     }
 }

@@ -3,13 +3,12 @@
 //! [`TokioClock`], so certificate lifetimes, backoffs and polls pass without waiting.
 
 use super::*;
-use crate::ca::{
-    Attested, BundleStream, CaError, Crl, EntriesUpdate, IssuedSvid, TrustBundle, WorkloadCsr,
-};
+use crate::ca::{Attested, BundleStream, CaError, Crl, EntriesUpdate, TrustBundle, WorkloadCsr};
 use crate::node::{self, Stored};
 use crate::revocation::CertRef;
 use crate::state::{Selector, StateReceiver, channel};
 use futures::StreamExt;
+use signet_pki::SvidCertificate;
 use signet_runtime::clock::TokioClock;
 use std::sync::Mutex;
 
@@ -65,38 +64,20 @@ impl Fake {
         })
     }
 
-    fn issue(&self, csr: &[u8], path: &str, ttl: Duration) -> Result<IssuedSvid, CaError> {
-        let bad = |e: rcgen::Error| CaError::Invalid(e.to_string());
-        let csr_pem = pem::encode(&pem::Pem::new("CERTIFICATE REQUEST", csr.to_vec()));
-        let csr = rcgen::CertificateSigningRequestParams::from_pem(&csr_pem).map_err(bad)?;
+    fn issue(&self, csr: &[u8], path: &str, ttl: Duration) -> Result<SvidCertificate, CaError> {
         let id = format!("spiffe://example.org{path}");
-        let mut p = rcgen::CertificateParams::default();
-        p.subject_alt_names = vec![rcgen::SanType::URI(id.as_str().try_into().map_err(bad)?)];
         let now = self.clock.now();
-        let nb = now - Duration::from_secs(1);
-        let na = now + ttl;
-        p.not_before = nb.into();
-        p.not_after = na.into();
-        p.use_authority_key_identifier_extension = true;
-        let cert = p.signed_by(&csr.public_key, &self.issuer).map_err(bad)?;
-        Ok(IssuedSvid {
-            spiffe_id: id.parse().map_err(|_| CaError::Invalid("id".into()))?,
-            chain_der: vec![cert.der().to_vec(), self.root_der.clone()],
-            serial: String::new(),
-            // Whole seconds, as in the certificate.
-            not_before: SystemTime::UNIX_EPOCH
-                + Duration::from_secs(
-                    nb.duration_since(SystemTime::UNIX_EPOCH)
-                        .map(|d| d.as_secs())
-                        .unwrap_or(0),
-                ),
-            not_after: SystemTime::UNIX_EPOCH
-                + Duration::from_secs(
-                    na.duration_since(SystemTime::UNIX_EPOCH)
-                        .map(|d| d.as_secs())
-                        .unwrap_or(0),
-                ),
-        })
+        let leaf = crate::testing::sign_csr(
+            &self.issuer,
+            csr,
+            &id,
+            None,
+            now - Duration::from_secs(1),
+            now + ttl,
+        )
+        .map_err(CaError::Invalid)?;
+        SvidCertificate::from_chain_der(vec![leaf, self.root_der.clone()])
+            .map_err(|e| CaError::Invalid(e.to_string()))
     }
 
     fn count(m: &Mutex<u32>) -> u32 {
@@ -116,7 +97,7 @@ impl Ca for Fake {
             bundle_der: vec![self.root_der.clone()],
         })
     }
-    async fn renew_node(&self, csr: &[u8]) -> Result<IssuedSvid, CaError> {
+    async fn renew_node(&self, csr: &[u8]) -> Result<SvidCertificate, CaError> {
         if let Ok(mut r) = self.renewals.lock() {
             r.push(self.clock.now());
         }
@@ -155,7 +136,7 @@ impl Ca for Fake {
     async fn sign_workloads(
         &self,
         csrs: Vec<WorkloadCsr>,
-    ) -> Result<Vec<(String, Result<IssuedSvid, CaError>)>, CaError> {
+    ) -> Result<Vec<(String, Result<SvidCertificate, CaError>)>, CaError> {
         Ok(csrs
             .into_iter()
             .map(|c| {
@@ -199,7 +180,7 @@ impl Connector for FakeConnector {
             return Err(CaError::Unavailable("connection refused".into()));
         }
         if let (Some(id), Ok(mut c)) = (identity, self.0.connects.lock()) {
-            c.push(id.chain_der[0].clone());
+            c.push(id.certificate().leaf_der().to_vec());
         }
         Ok(self.0.clone())
     }
@@ -290,7 +271,11 @@ async fn unreachable_server_is_retried_then_attests_persists_and_serves() {
     let s = state.borrow().clone();
     assert_eq!(s.trust_domain_id, "spiffe://example.org");
     assert_eq!(s.bundle_der, std::slice::from_ref(&fake.root_der));
-    assert_eq!(s.identities[0].svid.chain_der.len(), 1, "root not in chain");
+    assert_eq!(
+        s.identities[0].svid.certificate().chain_der().len(),
+        1,
+        "root not in chain"
+    );
     assert!(matches!(node::load(dir.path()), Stored::Found(_)));
     assert_eq!(Fake::count(&fake.attests), 1);
     stop(r).await;
@@ -336,7 +321,7 @@ async fn node_renewal_is_persisted_and_used_for_new_connections() {
     let c = connects();
     assert_ne!(c[0], c[1], "reconnected with the renewed certificate");
     match node::load(dir.path()) {
-        Stored::Found(n) => assert!(c.contains(&n.chain_der[0])),
+        Stored::Found(n) => assert!(c.contains(&n.certificate().leaf_der().to_vec())),
         other => panic!("unexpected {other:?}"),
     }
     assert_eq!(Fake::count(&fake.attests), 1);
@@ -529,7 +514,13 @@ async fn a_taint_then_a_crl_from_the_bundle_stream_replace_the_certificates_now(
     let state = r.state.clone();
     wait_for(10, || state.borrow().identities.len() == 1).await;
     wait_for(10, || Fake::count(&fake.watches) >= 1).await;
-    let leaf = || state.borrow().identities[0].svid.chain_der[0].clone();
+    let leaf = || {
+        state.borrow().identities[0]
+            .svid
+            .certificate()
+            .leaf_der()
+            .to_vec()
+    };
     let connects = || fake.connects.lock().map(|c| c.len()).unwrap_or(0);
     let first = leaf();
     let key_id = CertRef::parse(&first)

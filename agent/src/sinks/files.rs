@@ -350,7 +350,7 @@ impl Sink for FilesSink {
             tokio::task::spawn_blocking(move || inner.exclusive(|| inner.write_generation(files)))
                 .await
                 .map_err(|e| SinkError::new(&self.0.name, format!("writer task failed: {e}")))??;
-        tracing::info!(sink = %self.0.name, spiffe_id = %svid.spiffe_id, dir = %self.0.cfg.directory.display(), "delivered");
+        tracing::info!(sink = %self.0.name, spiffe_id = %svid.spiffe_id(), dir = %self.0.cfg.directory.display(), "delivered");
         self.0.reload().await?;
         Ok(applied)
     }
@@ -426,7 +426,7 @@ mod tests {
                     .any(|w| w.contains("not a generation")),
                 "{applied:?}"
             );
-            assert_eq!(read_pem(&dir.join("tls.key")), [vec![2; 8]]);
+            assert_eq!(read_pem(&dir.join("tls.key")), key_of(2));
         }
         // The generation the attacker detached from `..data` is still swept.
         assert_eq!(generations(&dir).len(), 1);
@@ -461,7 +461,7 @@ mod tests {
         }
         let applied = sink.deliver(&svid(2)).await.expect("second");
         assert_intact(&v);
-        assert_eq!(read_pem(&dir.join("key.pem")), [vec![2; 8]]);
+        assert_eq!(read_pem(&dir.join("key.pem")), key_of(2));
         assert!(!applied.warnings.is_empty(), "{applied:?}");
         if rustix::process::geteuid().as_raw() == 0 {
             assert!(
@@ -495,17 +495,18 @@ mod tests {
             .deliver(&svid(1))
             .await
             .expect("allowed");
-        assert_eq!(read_pem(&dir.path().join("tls.key")), [vec![1; 8]]);
+        assert_eq!(read_pem(&dir.path().join("tls.key")), key_of(1));
     }
 
+    /// The `n`th delivery (the same for the same `n`): chain of two, key, bundle of one.
     fn svid(n: u8) -> Delivered {
-        Delivered {
-            spiffe_id: "spiffe://example.org/web".into(),
-            chain_der: vec![vec![n, 1], vec![n, 2]],
-            key_pkcs8_der: vec![n; 8],
-            bundle_der: vec![vec![n, 3]],
-            crls_der: Vec::new(),
-        }
+        crate::testing::delivered("spiffe://example.org/web", n)
+    }
+    fn key_of(n: u8) -> Vec<Vec<u8>> {
+        vec![svid(n).svid.key().pkcs8_der().to_vec()]
+    }
+    fn chain_of(n: u8) -> Vec<Vec<u8>> {
+        svid(n).chain_der().to_vec()
     }
 
     #[tokio::test]
@@ -540,7 +541,7 @@ mod tests {
                 .mode();
             assert_eq!(mode & 0o777, 0o644);
             let [_, key, _] = layout_names(layout);
-            assert_eq!(read_pem(&dir.path().join(key)), [vec![2; 8]]);
+            assert_eq!(read_pem(&dir.path().join(key)), key_of(2));
             // A new CRL replaces it with the certificates, in one generation.
             let newer = Delivered {
                 crls_der: vec![vec![3, 9]],
@@ -578,9 +579,9 @@ mod tests {
             let sink = FilesSink::new("web", cfg(dir.path(), layout));
             sink.deliver(&svid(7)).await.expect("deliver");
             let [chain, key, bundle] = layout_names(layout);
-            assert_eq!(read_pem(&dir.path().join(chain)), [vec![7, 1], vec![7, 2]]);
-            assert_eq!(read_pem(&dir.path().join(key)), [vec![7; 8]]);
-            assert_eq!(read_pem(&dir.path().join(bundle)), [vec![7, 3]]);
+            assert_eq!(read_pem(&dir.path().join(chain)), chain_of(7));
+            assert_eq!(read_pem(&dir.path().join(key)), key_of(7));
+            assert_eq!(read_pem(&dir.path().join(bundle)), svid(7).bundle_der);
             let mode =
                 |n: &str| std::fs::metadata(dir.path().join(n)).expect("meta").mode() & 0o777;
             assert_eq!(mode(key), 0o600);
@@ -618,8 +619,8 @@ mod tests {
         let sink = FilesSink::new("web", cfg(dir.path(), FileLayout::Tls));
         sink.deliver(&svid(1)).await.expect("first");
         sink.deliver(&svid(2)).await.expect("second");
-        assert_eq!(read_pem(&dir.path().join("tls.key")), [vec![2; 8]]);
-        assert_eq!(read_pem(&dir.path().join("tls.crt"))[0], vec![2, 1]);
+        assert_eq!(read_pem(&dir.path().join("tls.key")), key_of(2));
+        assert_eq!(read_pem(&dir.path().join("tls.crt"))[0], chain_of(2)[0]);
         assert_eq!(generations(dir.path()).len(), 1);
     }
 
@@ -638,18 +639,21 @@ mod tests {
         if let Err(err) = result {
             assert!(err.to_string().contains("\"web\""), "{err}");
             assert!(!err.to_string().contains("PRIVATE"), "{err}");
-            assert_eq!(read_pem(&dir.path().join("key.pem")), [vec![1; 8]]);
-            assert_eq!(read_pem(&dir.path().join("cert-chain.pem"))[0], vec![1, 1]);
+            assert_eq!(read_pem(&dir.path().join("key.pem")), key_of(1));
+            assert_eq!(
+                read_pem(&dir.path().join("cert-chain.pem"))[0],
+                chain_of(1)[0]
+            );
         }
         // A failure that root cannot override: a directory in the way of a visible name.
         std::fs::remove_file(dir.path().join("root-cert.pem")).expect("rm");
         std::fs::create_dir_all(dir.path().join("root-cert.pem/x")).expect("mkdir");
         let err = sink.deliver(&svid(3)).await.expect_err("blocked");
         assert!(err.to_string().contains("\"web\""), "{err}");
-        assert_eq!(read_pem(&dir.path().join("key.pem")), [vec![current; 8]]);
+        assert_eq!(read_pem(&dir.path().join("key.pem")), key_of(current));
         assert_eq!(
             read_pem(&dir.path().join("cert-chain.pem"))[0],
-            vec![current, 1]
+            chain_of(current)[0]
         );
         assert_eq!(
             generations(dir.path()).len(),

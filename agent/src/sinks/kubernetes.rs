@@ -194,7 +194,7 @@ impl SecretSink {
                 "name": self.cfg.secret_name,
                 "namespace": self.cfg.namespace,
                 "labels": { MANAGED_BY.0: MANAGED_BY.1 },
-                "annotations": { "signet.dev/spiffe-id": svid.spiffe_id },
+                "annotations": { "signet.dev/spiffe-id": svid.spiffe_id().to_string() },
             },
             "type": type_name,
             "data": {
@@ -316,7 +316,7 @@ impl Sink for SecretSink {
         if !resp.status.is_success() {
             return Err(self.conflict_or("cannot write", resp.status));
         }
-        tracing::info!(sink = %self.name, spiffe_id = %svid.spiffe_id, "Secret written");
+        tracing::info!(sink = %self.name, spiffe_id = %svid.spiffe_id(), "Secret written");
         Ok(Applied::default())
     }
 
@@ -553,14 +553,9 @@ mod tests {
         (s, api)
     }
 
+    /// The same delivery each time.
     fn svid() -> Delivered {
-        Delivered {
-            spiffe_id: "spiffe://example.org/ns/prod/sa/web".into(),
-            chain_der: vec![vec![1, 2, 3]],
-            key_pkcs8_der: vec![4, 5, 6],
-            bundle_der: vec![vec![7, 8]],
-            crls_der: Vec::new(),
-        }
+        crate::testing::delivered("spiffe://example.org/ns/prod/sa/web", 1)
     }
 
     fn decoded(body: &Value, key: &str) -> String {

@@ -5,6 +5,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use signet_pki::X509Svid;
+use signet_types::SpiffeId;
+
 use crate::config::{SinkConfig, SinkKind};
 
 pub mod apiserver;
@@ -15,14 +18,11 @@ pub mod reload;
 pub mod safe_dir;
 pub mod worker;
 
-/// What a sink delivers: a chain, its key and the trust bundle. `Debug` hides the key.
+/// What a sink delivers: an X509-SVID (chain leaf first, roots left out, and its key), the
+/// trust bundle and the CRLs. `Debug` hides the key.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Delivered {
-    pub spiffe_id: String,
-    /// DER, leaf first, root excluded.
-    pub chain_der: Vec<Vec<u8>>,
-    /// PKCS#8 DER.
-    pub key_pkcs8_der: Vec<u8>,
+    pub svid: X509Svid,
     /// DER roots.
     pub bundle_der: Vec<Vec<u8>>,
     /// DER CRLs of the issuing CAs (verified; may be empty).
@@ -32,9 +32,7 @@ pub struct Delivered {
 impl fmt::Debug for Delivered {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Delivered")
-            .field("spiffe_id", &self.spiffe_id)
-            .field("chain_len", &self.chain_der.len())
-            .field("key", &"…")
+            .field("svid", &self.svid)
             .field("bundle_len", &self.bundle_der.len())
             .field("crls", &self.crls_der.len())
             .finish()
@@ -42,8 +40,14 @@ impl fmt::Debug for Delivered {
 }
 
 impl Delivered {
+    pub fn spiffe_id(&self) -> &SpiffeId {
+        self.svid.spiffe_id()
+    }
+    pub fn chain_der(&self) -> &[Vec<u8>] {
+        self.svid.certificate().chain_der()
+    }
     pub fn chain_pem(&self) -> String {
-        signet_types::pem::certs_to_pem(self.chain_der.iter().map(Vec::as_slice))
+        self.svid.certificate().chain_pem()
     }
     pub fn bundle_pem(&self) -> String {
         signet_types::pem::certs_to_pem(self.bundle_der.iter().map(Vec::as_slice))
@@ -52,9 +56,13 @@ impl Delivered {
     pub fn crls_pem(&self) -> String {
         crls_to_pem(&self.crls_der)
     }
-    /// The key as PEM `PRIVATE KEY` (PKCS#8). Never log it.
+    /// The key as PEM `PRIVATE KEY` (PKCS#8; CRLF line endings, as the sinks have always
+    /// written it). Never log it.
     pub fn key_pem(&self) -> String {
-        pem::encode(&pem::Pem::new("PRIVATE KEY", self.key_pkcs8_der.clone()))
+        pem::encode(&pem::Pem::new(
+            "PRIVATE KEY",
+            self.svid.key().pkcs8_der().to_vec(),
+        ))
     }
 }
 
@@ -253,14 +261,20 @@ mod tests {
     #[test]
     fn delivered_debug_hides_key() {
         let d = Delivered {
-            spiffe_id: "spiffe://example.org/a".into(),
-            chain_der: vec![],
-            key_pkcs8_der: vec![0xAB; 4],
+            svid: crate::testing::self_signed_svid(
+                "spiffe://example.org/a",
+                std::time::SystemTime::now(),
+                std::time::Duration::from_secs(60),
+            ),
             bundle_der: vec![],
             crls_der: Vec::new(),
         };
         let s = format!("{d:?}");
-        assert!(!s.contains("171"), "{s}");
+        let key = d.svid.key().pkcs8_der();
+        assert!(!s.contains(&format!("{:?}", &key[..8])), "{s}");
+        assert!(s.contains("spiffe://example.org/a"), "{s}");
         assert!(d.key_pem().starts_with("-----BEGIN PRIVATE KEY-----"));
+        let back = pem::parse(d.key_pem()).expect("pem");
+        assert_eq!(back.contents(), key);
     }
 }

@@ -120,7 +120,7 @@ impl SinkSet {
             let (sent, desired) = match current(&w.spiffe_id) {
                 Some(d) => {
                     let sent = Sent::Delivered {
-                        leaf: d.chain_der.first().cloned().unwrap_or_default(),
+                        leaf: d.svid.certificate().leaf_der().to_vec(),
                         bundle: d.bundle_der.clone(),
                     };
                     (sent, Desired::Deliver(Arc::new(d)))
@@ -368,7 +368,7 @@ mod tests {
         async fn deliver(&self, svid: &Delivered) -> Result<Applied, SinkError> {
             let first = self.log.lock().map(|l| l.is_empty()).unwrap_or(false);
             if let Ok(mut l) = self.log.lock() {
-                l.push(svid.spiffe_id.clone());
+                l.push(svid.spiffe_id().to_string());
             }
             if first {
                 std::future::pending::<()>().await;
@@ -380,13 +380,11 @@ mod tests {
         }
     }
 
-    fn delivered(id: &str) -> Delivered {
+    /// A delivery for `spiffe://example.org/<name>`, with no bundle.
+    fn delivered(name: &str) -> Delivered {
         Delivered {
-            spiffe_id: id.into(),
-            chain_der: vec![id.as_bytes().to_vec()],
-            key_pkcs8_der: vec![1],
             bundle_der: vec![],
-            crls_der: Vec::new(),
+            ..crate::testing::delivered(&format!("spiffe://example.org/{name}"), 1)
         }
     }
 
@@ -497,7 +495,10 @@ mod tests {
         assert_eq!(r.state, SinkState::Healthy);
         assert_eq!(
             sink.log.lock().expect("lock").clone(),
-            ["one".to_owned(), "two".to_owned()]
+            [
+                "spiffe://example.org/one".to_owned(),
+                "spiffe://example.org/two".to_owned()
+            ]
         );
         assert!(telemetry.health().problems(SystemTime::now()).is_empty());
     }

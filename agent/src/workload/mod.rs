@@ -213,9 +213,9 @@ pub fn x509_svid_view(
         svids: ids
             .iter()
             .map(|id| pb::X509svid {
-                spiffe_id: id.svid.spiffe_id.to_string(),
-                x509_svid: concat(&id.svid.chain_der),
-                x509_svid_key: id.svid.key_pkcs8_der.clone(),
+                spiffe_id: id.svid.spiffe_id().to_string(),
+                x509_svid: concat(id.svid.certificate().chain_der()),
+                x509_svid_key: id.svid.key().pkcs8_der().to_vec(),
                 bundle: bundle.clone(),
                 hint: String::new(),
             })
@@ -301,12 +301,17 @@ pub enum WorkloadError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{X509Svid, channel};
+    use crate::state::channel;
     use futures::StreamExt;
-    use std::time::SystemTime;
+    use signet_pki::X509Svid;
 
     fn me() -> Caller {
         Caller::host(1000, 1000, Some(1), None)
+    }
+
+    /// The `key`th SVID of `spiffe://example.org/app` (chain of two: leaf, CA).
+    fn svid(key: u8) -> X509Svid {
+        crate::testing::delivered("spiffe://example.org/app", key).svid
     }
 
     fn state_with(uid: u32, key: u8) -> AgentState {
@@ -314,13 +319,7 @@ mod tests {
             identities: vec![Identity {
                 entry_id: "e1".into(),
                 selectors: vec![crate::state::Selector::Uid(uid)],
-                svid: X509Svid {
-                    spiffe_id: "spiffe://example.org/app".parse().expect("id"),
-                    chain_der: vec![vec![1, 2], vec![3]],
-                    key_pkcs8_der: vec![key],
-                    not_before: SystemTime::UNIX_EPOCH,
-                    not_after: SystemTime::UNIX_EPOCH,
-                },
+                svid: svid(key),
             }],
             bundle_der: vec![vec![9], vec![8]],
             trust_domain_id: "spiffe://example.org".into(),
@@ -382,8 +381,11 @@ mod tests {
         let first = s.next().await.expect("item").expect("ok");
         assert_eq!(first.svids.len(), 1);
         assert_eq!(first.svids[0].spiffe_id, "spiffe://example.org/app");
-        assert_eq!(first.svids[0].x509_svid, [1, 2, 3]);
-        assert_eq!(first.svids[0].x509_svid_key, [1]);
+        assert_eq!(
+            first.svids[0].x509_svid,
+            svid(1).certificate().chain_der().concat()
+        );
+        assert_eq!(first.svids[0].x509_svid_key, svid(1).key().pkcs8_der());
         assert_eq!(first.svids[0].bundle, [9, 8]);
 
         // A change that does not concern this caller's view is not resent.
@@ -395,7 +397,7 @@ mod tests {
         tx.send_replace(Arc::new(same));
         tx.send_replace(Arc::new(state_with(1000, 2)));
         let second = s.next().await.expect("item").expect("ok");
-        assert_eq!(second.svids[0].x509_svid_key, [2]);
+        assert_eq!(second.svids[0].x509_svid_key, svid(2).key().pkcs8_der());
 
         tx.send_replace(Arc::new(state_with(2000, 3)));
         let err = s.next().await.expect("item").expect_err("denied");

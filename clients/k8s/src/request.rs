@@ -204,8 +204,12 @@ pub fn outcome_of(
 ) -> Outcome {
     match res {
         Ok(s) => {
-            let lifetime = s.not_after.duration_since(s.not_before).unwrap_or_default();
-            let mut message = format!("Certificate issued by {key} for {}", s.spiffe_id);
+            let c = &s.certificate;
+            let lifetime = c
+                .not_after()
+                .duration_since(c.not_before())
+                .unwrap_or_default();
+            let mut message = format!("Certificate issued by {key} for {}", c.spiffe_id());
             if let Some(want) = ttl
                 && lifetime + Duration::from_secs(120) < want
             {
@@ -220,7 +224,7 @@ pub fn outcome_of(
                 reason: reason::ISSUED,
                 message,
                 failed: false,
-                issued: Some((s.chain_pem.into_bytes(), s.ca_pem.into_bytes())),
+                issued: Some((s.chain_pem().into_bytes(), s.ca_pem.into_bytes())),
                 retry: false,
             }
         }

@@ -98,8 +98,8 @@ impl Revocations {
         }
     }
 
-    /// From the server's bundle message.
-    pub fn of_bundle(b: &signet_client::ca::Bundle) -> Self {
+    /// From the server's bundle (as `signet_client` checked it).
+    pub fn of_bundle(b: &signet_client::ca::TrustBundle) -> Self {
         Self::new(
             b.tainted_key_ids.iter().map(String::as_str),
             b.crls.iter().map(|c| (c.key_id.as_str(), c.der.as_slice())),

@@ -1,18 +1,21 @@
-//! Talks to a Signet server on behalf of one issuer: TLS verified against the issuer's trust
-//! bundle and the server's SPIFFE ID (`signet_client::connect`), authenticated by a bearer token re-read from its file at each
-//! call (kubelet rotates projected tokens) or by an mTLS SVID. Errors are classified for the
-//! reconcilers: [`SignError::Permanent`] (a retry cannot fix it: Failed) or
-//! [`SignError::Retryable`] (Pending, back off and try again).
+//! Talks to a Signet server on behalf of one issuer, through the typed
+//! [`signet_client::ca::CaClient`]: TLS verified against the issuer's trust bundle and the
+//! server's SPIFFE ID, authenticated by a bearer token re-read from its file at each call
+//! (kubelet rotates projected tokens) or by an mTLS SVID. Every call carries the W3C trace
+//! context of the reconcile span it is made in. What the server answers is checked by
+//! `signet_client` (a signed certificate is an X509-SVID for the SPIFFE ID the answer names, a
+//! bundle has valid roots); a [`Signed`] is that [`SvidCertificate`] and the CA PEM. Errors are
+//! classified for the reconcilers ([`classify`]): [`SignError::Permanent`] (a retry cannot fix
+//! it: Failed) or [`SignError::Retryable`] (Pending, back off and try again).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use signet_client::ca::certificate_authority_client::CertificateAuthorityClient;
-use signet_client::ca::{GetBundleRequest, SignCsrRequest};
-use signet_client::{ClientError, ClientIdentity, ServerTarget};
-use tonic::transport::Channel;
+use signet_client::ca::{CaClient, CsrRequest, TrustBundle};
+use signet_client::{CallError, ClientError, ClientIdentity, ServerTarget};
+use signet_pki::SvidCertificate;
 
 /// How long one gRPC call may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -112,17 +115,21 @@ impl SignError {
     }
 }
 
-/// The one place gRPC statuses become [`SignError`]s.
-pub fn classify(status: &tonic::Status) -> SignError {
-    let message = if status.message().is_empty() {
-        status.code().description().to_owned()
-    } else {
-        status.message().to_owned()
+/// The one place a failed call becomes a [`SignError`]. A status keeps its code as the
+/// reason and the server's message (the code's description when it sent none); a malformed
+/// answer is retryable `Internal` ("the server's answer: ..."). A request that could not be
+/// built (a token a header cannot carry) is mapped by the caller, which knows the token file.
+pub fn classify(e: &CallError) -> SignError {
+    let message = match e {
+        CallError::InvalidAnswer(why) => format!("the server's answer: {why}"),
+        _ if e.message().is_empty() => e.code().description().to_owned(),
+        _ => e.message().to_owned(),
     };
-    let reason = format!("{:?}", status.code());
-    // One classification for every client (signet_client::status): an Unauthenticated answer
-    // is retried, since the projected token may be renewed and the server's JWKS refreshed.
-    match signet_client::ErrorClass::of(status.code()) {
+    let reason = format!("{:?}", e.code());
+    // One classification for every client (signet_client::ErrorClass): an Unauthenticated
+    // answer is retried, since the projected token may be renewed and the server's JWKS
+    // refreshed.
+    match e.class() {
         signet_client::ErrorClass::Permanent | signet_client::ErrorClass::Invalid => {
             SignError::Permanent { reason, message }
         }
@@ -130,17 +137,21 @@ pub fn classify(status: &tonic::Status) -> SignError {
     }
 }
 
-/// A certificate signed by the server.
+/// A certificate signed by the server: the X509-SVID it issued (checked by `signet_client`:
+/// it is one, for the SPIFFE ID the server's answer names) and the root that signs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Signed {
-    /// PEM: the leaf, then intermediates (no root).
-    pub chain_pem: String,
+    /// The leaf, then intermediates (no root).
+    pub certificate: SvidCertificate,
     /// PEM: the root that signs the chain.
     pub ca_pem: String,
-    pub spiffe_id: String,
-    pub serial: String,
-    pub not_before: SystemTime,
-    pub not_after: SystemTime,
+}
+
+impl Signed {
+    /// PEM (LF): the leaf, then intermediates, as written to Secrets and status.
+    pub fn chain_pem(&self) -> String {
+        self.certificate.chain_pem()
+    }
 }
 
 /// The server's trust bundle.
@@ -154,10 +165,21 @@ pub struct BundleInfo {
     pub revocations: crate::revocation::Revocations,
 }
 
+impl From<TrustBundle> for BundleInfo {
+    fn from(b: TrustBundle) -> Self {
+        Self {
+            revocations: crate::revocation::Revocations::of_bundle(&b),
+            trust_domain: b.trust_domain.to_string(),
+            roots_pem: b.roots_pem(),
+            revision: b.revision,
+        }
+    }
+}
+
 /// A connected client for one issuer.
 #[derive(Clone)]
 pub struct Signer {
-    channel: Channel,
+    client: CaClient,
     credentials: Credentials,
 }
 
@@ -171,14 +193,7 @@ impl std::fmt::Debug for Signer {
 
 /// PEM with `\n` line endings, as Kubernetes users expect in Secrets and status.
 fn pem_of(der: &[u8]) -> String {
-    pem::encode_config(
-        &pem::Pem::new("CERTIFICATE", der.to_vec()),
-        pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
-    )
-}
-
-fn unix(secs: i64) -> SystemTime {
-    signet_runtime::clock::from_unix_clamped(secs)
+    signet_types::pem::cert_to_pem(der)
 }
 
 impl Signer {
@@ -204,17 +219,25 @@ impl Signer {
                 ));
             }
         };
-        Ok(Self {
-            channel,
-            credentials: cfg.credentials.clone(),
-        })
+        Ok(Self::over(
+            CaClient::from_channel(channel),
+            cfg.credentials.clone(),
+        ))
     }
 
-    /// A request carrying the credentials: the token file is read now, so a rotated token is
-    /// used as soon as kubelet writes it.
-    async fn request<T>(&self, msg: T) -> Result<tonic::Request<T>, SignError> {
+    /// A signer over an open client (tests use a plain in-process server).
+    pub(crate) fn over(client: CaClient, credentials: Credentials) -> Self {
+        Self {
+            client,
+            credentials,
+        }
+    }
+
+    /// The bearer token to send: the token file is read now, so a rotated token is used as
+    /// soon as kubelet writes it; none with an mTLS identity.
+    async fn bearer(&self) -> Result<Option<String>, SignError> {
         match &self.credentials {
-            Credentials::Identity(_) => Ok(tonic::Request::new(msg)),
+            Credentials::Identity(_) => Ok(None),
             Credentials::TokenFile(path) => {
                 let token = tokio::fs::read_to_string(path).await.map_err(|e| {
                     SignError::retryable(
@@ -225,10 +248,19 @@ impl Signer {
                         ),
                     )
                 })?;
-                signet_client::with_bearer(msg, token.trim()).map_err(|e| {
-                    SignError::retryable("CredentialsNotFound", format!("{}: {e}", path.display()))
-                })
+                Ok(Some(token.trim().to_owned()))
             }
+        }
+    }
+
+    /// [`classify`], with a request the client could not build (only the token can make
+    /// one) reported against the token file, as `CredentialsNotFound`.
+    fn failed(&self, e: &CallError) -> SignError {
+        match (e, &self.credentials) {
+            (CallError::InvalidRequest(why), Credentials::TokenFile(path)) => {
+                SignError::retryable("CredentialsNotFound", format!("{}: {why}", path.display()))
+            }
+            _ => classify(e),
         }
     }
 
@@ -240,19 +272,16 @@ impl Signer {
         namespace: &str,
         ttl: Option<Duration>,
     ) -> Result<Signed, SignError> {
-        let req = self
-            .request(SignCsrRequest {
-                csr: csr.to_vec(),
-                ttl_seconds: ttl
-                    .map(|d| signet_runtime::clock::whole_seconds(d).max(1))
-                    .unwrap_or(0),
-                kubernetes_namespace: namespace.to_owned(),
-            })
-            .await?;
-        let mut client = CertificateAuthorityClient::new(self.channel.clone());
-        let resp = match tokio::time::timeout(CALL_TIMEOUT, client.sign_csr(req)).await {
-            Ok(Ok(r)) => r.into_inner(),
-            Ok(Err(status)) => return Err(classify(&status)),
+        let bearer = self.bearer().await?;
+        let req = CsrRequest {
+            csr: csr.to_vec(),
+            ttl,
+            kubernetes_namespace: Some(namespace.to_owned()),
+        };
+        let call = self.client.sign_csr(&req, bearer.as_deref());
+        let issued = match tokio::time::timeout(CALL_TIMEOUT, call).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return Err(self.failed(&e)),
             Err(_) => {
                 return Err(SignError::retryable(
                     "DeadlineExceeded",
@@ -260,57 +289,28 @@ impl Signer {
                 ));
             }
         };
-        let mut certs = resp.cert_chain;
-        if certs.is_empty() {
-            return Err(SignError::retryable(
-                "Internal",
-                "the server returned no certificate",
-            ));
-        }
-        let ca_pem = if certs.len() > 1 {
-            certs.pop().map(|d| pem_of(&d)).unwrap_or_default()
-        } else {
-            self.bundle().await?.roots_pem
+        let ca_pem = match &issued.root_der {
+            Some(root) => pem_of(root),
+            None => self.bundle().await?.roots_pem,
         };
-        // What the server answered must be an X509-SVID for the identity it says it issued.
-        let svid = signet_pki::SvidCertificate::from_chain_der(certs.clone())
-            .map_err(|e| SignError::retryable("Internal", format!("the server's answer: {e}")))?;
-        if svid.spiffe_id().to_string() != resp.spiffe_id {
-            return Err(SignError::retryable(
-                "Internal",
-                "the server's certificate names another SPIFFE ID than its answer",
-            ));
-        }
         Ok(Signed {
-            chain_pem: certs.iter().map(|d| pem_of(d)).collect(),
+            certificate: issued.certificate,
             ca_pem,
-            spiffe_id: resp.spiffe_id,
-            serial: resp.serial,
-            not_before: unix(resp.not_before),
-            not_after: unix(resp.not_after),
         })
     }
 
     /// The server's current trust bundle.
     pub async fn bundle(&self) -> Result<BundleInfo, SignError> {
-        let req = self.request(GetBundleRequest {}).await?;
-        let mut client = CertificateAuthorityClient::new(self.channel.clone());
-        let b = match tokio::time::timeout(CALL_TIMEOUT, client.get_bundle(req)).await {
-            Ok(Ok(r)) => r.into_inner(),
-            Ok(Err(status)) => return Err(classify(&status)),
-            Err(_) => {
-                return Err(SignError::retryable(
-                    "DeadlineExceeded",
-                    "GetBundle timed out",
-                ));
-            }
-        };
-        Ok(BundleInfo {
-            revocations: crate::revocation::Revocations::of_bundle(&b),
-            trust_domain: b.trust_domain,
-            roots_pem: b.roots.iter().map(|d| pem_of(d)).collect(),
-            revision: b.revision,
-        })
+        let bearer = self.bearer().await?;
+        let call = self.client.bundle(bearer.as_deref());
+        match tokio::time::timeout(CALL_TIMEOUT, call).await {
+            Ok(Ok(b)) => Ok(BundleInfo::from(b)),
+            Ok(Err(e)) => Err(self.failed(&e)),
+            Err(_) => Err(SignError::retryable(
+                "DeadlineExceeded",
+                "GetBundle timed out",
+            )),
+        }
     }
 }
 
@@ -419,6 +419,10 @@ pub fn revocation_changes(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use signet_client::proto::ca as pb;
+    use signet_client::proto::ca::certificate_authority_server::{
+        CertificateAuthority, CertificateAuthorityServer,
+    };
     use tonic::{Code, Status};
 
     #[test]
@@ -428,14 +432,14 @@ mod tests {
             Code::PermissionDenied,
             Code::FailedPrecondition,
         ] {
-            let e = classify(&Status::new(c, "no"));
+            let e = classify(&Status::new(c, "no").into());
             assert!(e.is_permanent(), "{c:?}");
             assert_eq!(e.message(), "no");
         }
         assert_eq!(
-            classify(&Status::permission_denied(
-                "namespace a may not have spiffe://td/ns/b/x"
-            )),
+            classify(
+                &Status::permission_denied("namespace a may not have spiffe://td/ns/b/x").into()
+            ),
             SignError::permanent(
                 "PermissionDenied",
                 "namespace a may not have spiffe://td/ns/b/x"
@@ -447,10 +451,13 @@ mod tests {
             Code::Unauthenticated,
             Code::Internal,
         ] {
-            assert!(!classify(&Status::new(c, "later")).is_permanent(), "{c:?}");
+            assert!(
+                !classify(&Status::new(c, "later").into()).is_permanent(),
+                "{c:?}"
+            );
         }
         assert_eq!(
-            classify(&Status::unavailable("")).message(),
+            classify(&Status::unavailable("").into()).message(),
             "The service is currently unavailable"
         );
     }
@@ -491,6 +498,111 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.reason(), "Unreachable");
         assert!(!e.is_permanent());
+    }
+
+    /// A `signet.ca.v1` server that records each call's method and `traceparent`, and
+    /// answers every call `Unavailable` (only what the bridge sends matters here).
+    #[derive(Clone, Default)]
+    struct Recorder(Arc<Mutex<Vec<Call>>>);
+
+    /// A method and the `traceparent` it carried.
+    type Call = (&'static str, Option<String>);
+
+    impl Recorder {
+        fn record<T>(&self, method: &'static str, req: &tonic::Request<T>) -> Status {
+            let tp = req
+                .metadata()
+                .get("traceparent")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            self.0.lock().unwrap().push((method, tp));
+            Status::unavailable("recorded")
+        }
+    }
+
+    #[tonic::async_trait]
+    impl CertificateAuthority for Recorder {
+        async fn sign_csr(
+            &self,
+            req: tonic::Request<pb::SignCsrRequest>,
+        ) -> Result<tonic::Response<pb::SignCsrResponse>, Status> {
+            Err(self.record("SignCsr", &req))
+        }
+        async fn get_bundle(
+            &self,
+            req: tonic::Request<pb::GetBundleRequest>,
+        ) -> Result<tonic::Response<pb::Bundle>, Status> {
+            Err(self.record("GetBundle", &req))
+        }
+        type WatchBundleStream = futures::stream::Empty<Result<pb::Bundle, Status>>;
+        async fn watch_bundle(
+            &self,
+            req: tonic::Request<pb::WatchBundleRequest>,
+        ) -> Result<tonic::Response<Self::WatchBundleStream>, Status> {
+            Err(self.record("WatchBundle", &req))
+        }
+    }
+
+    /// A plain-text in-process server (the TLS path is `signet_client`'s, tested there).
+    async fn serve(recorder: Recorder) -> tonic::transport::Channel {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(CertificateAuthorityServer::new(recorder))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn calls_made_in_a_reconcile_span_carry_its_trace_context() {
+        use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
+        use tracing::Instrument as _;
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+
+        let recorder = Recorder::default();
+        let signer = Signer::over(
+            CaClient::from_channel(serve(recorder.clone()).await),
+            Credentials::Identity(ClientIdentity {
+                cert_chain_pem: vec![],
+                key_pem: vec![],
+            }),
+        );
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("signet-k8s")));
+        let _guard = tracing::subscriber::set_default(subscriber);
+
+        // Outside any span: nothing to propagate.
+        assert!(signer.bundle().await.is_err());
+        // Inside the reconcile span, as the reconcilers make them.
+        let span = tracing::info_span!(target: "signet_trace", "reconcile.certificate");
+        let trace_id = span.context().span().span_context().trace_id().to_string();
+        async {
+            let e = signer.sign(b"csr", "a", None).await.unwrap_err();
+            assert_eq!(e.reason(), "Unavailable", "{e:?}");
+            assert!(signer.bundle().await.is_err());
+        }
+        .instrument(span)
+        .await;
+
+        let calls = recorder.0.lock().unwrap().clone();
+        let methods: Vec<&str> = calls.iter().map(|(m, _)| *m).collect();
+        assert_eq!(methods, ["GetBundle", "SignCsr", "GetBundle"]);
+        assert_eq!(calls[0].1, None, "no span, no traceparent");
+        for (method, tp) in &calls[1..] {
+            let tp = tp
+                .as_deref()
+                .unwrap_or_else(|| panic!("{method}: no traceparent"));
+            // 00-<trace id>-<span id>-<flags>: the reconcile span's trace.
+            assert!(tp.starts_with(&format!("00-{trace_id}-")), "{method}: {tp}");
+        }
     }
 
     fn td(s: &str) -> signet_types::TrustDomain {

@@ -9,6 +9,13 @@
 //! - [`with_bearer`]: attach a service-account token to a request.
 //! - [`status`]: what a failed call means to a client ([`ErrorClass`]: retryable, permanent,
 //!   invalid) and the server's retry pushback; the agent, the bridge and `signetctl` all use it.
+//! - [`node`]: [`node::NodeClient`], the typed node API (attest, renew, sync entries, sign
+//!   workloads); [`ca`]: [`ca::CaClient`], the typed CA API (sign a CSR, Istio-style or
+//!   Signet's own, get and watch the trust bundle with its taints and CRLs). Both answer in
+//!   domain types (`signet_pki::SvidCertificate`, `signet_types` IDs, plain structs) and fail
+//!   with a [`CallError`] (its [`ErrorClass`], the server's code and message). Protos are
+//!   converted there and nowhere else; every call carries the caller's W3C trace context.
+//! - [`proto`]: the generated messages, for what has no typed call yet.
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
@@ -16,12 +23,22 @@ use std::path::{Path, PathBuf};
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-pub use signet_proto::{admin, ca, istio_ca};
+pub use signet_proto::{admin, istio_ca};
 
+/// The generated gRPC messages and clients.
+pub mod proto {
+    pub use signet_proto::{admin, agent, ca, istio_ca};
+}
+
+pub mod ca;
+mod convert;
+mod error;
+pub mod node;
 pub mod status;
 pub mod tls;
+pub use error::CallError;
 pub use status::{ErrorClass, retry_pushback};
-pub use tls::{ServerTarget, connect, server_id, trust_domain_of_bundle};
+pub use tls::{ServerTarget, connect, expected_trust_domain, server_id, trust_domain_of_bundle};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {

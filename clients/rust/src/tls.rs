@@ -386,6 +386,18 @@ pub fn trust_domain_of_identity(chain_pem: &[u8]) -> Option<TrustDomain> {
         .map(|id| id.trust_domain().clone())
 }
 
+/// The trust domain whose Signet server (`spiffe://<td>/signet/server`) a client expects:
+/// `configured`, else the one the roots it trusts for the server name ([`trust_domain_of_bundle`]).
+pub fn expected_trust_domain(
+    configured: Option<&TrustDomain>,
+    roots_pem: &[u8],
+) -> Result<TrustDomain, ClientError> {
+    match configured {
+        Some(td) => Ok(td.clone()),
+        None => trust_domain_of_bundle(roots_pem),
+    }
+}
+
 /// The trust domain of a Signet bundle, read from its roots' SPIFFE IDs (a root Signet
 /// generates carries `spiffe://<td>`). Every root that names one must name the same; a bundle
 /// whose roots name none (a plugged-in CA) cannot tell, and the caller must be configured.
@@ -641,6 +653,25 @@ mod tests {
         assert!(trust_domain_of_bundle(two.as_bytes()).is_err());
         assert!(trust_domain_of_bundle(none.pem.as_bytes()).is_err());
         assert!(trust_domain_of_bundle(b"").is_err());
+    }
+
+    #[test]
+    fn the_expected_trust_domain_is_configured_or_named_by_the_bundle() {
+        let signet = new_ca(Some("spiffe://example.org"));
+        let plugged = new_ca(None);
+        let corp: TrustDomain = "corp.example".parse().unwrap();
+        let td = |c: Option<&TrustDomain>, pem: &str| {
+            expected_trust_domain(c, pem.as_bytes()).map(|t| t.to_string())
+        };
+        assert_eq!(td(Some(&corp), &signet.pem).unwrap(), "corp.example");
+        assert_eq!(td(Some(&corp), &plugged.pem).unwrap(), "corp.example");
+        assert_eq!(td(None, &signet.pem).unwrap(), "example.org");
+        let err = td(None, &plugged.pem).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("configure the server's trust domain"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -359,7 +359,7 @@ async fn issue(
         cert,
         d,
         &secret::SecretData {
-            chain_pem: signed.chain_pem,
+            chain_pem: signed.chain_pem(),
             key_pem,
             ca_pem: signed.ca_pem,
         },
@@ -386,8 +386,8 @@ async fn issue(
     tracing::info!(
         certificate = %format!("{}/{}", d.namespace, d.name),
         secret = %d.secret_name,
-        spiffe_id = %signed.spiffe_id,
-        serial = %signed.serial,
+        spiffe_id = %signed.certificate.spiffe_id(),
+        serial = %signed.certificate.serial_hex(),
         "issued"
     );
     Ok((steps::issued(st), None, Some(applied)))

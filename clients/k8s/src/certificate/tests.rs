@@ -117,12 +117,9 @@ impl CertSigner for FakeSigner {
             req.params.use_authority_key_identifier_extension = true;
             let leaf = req.signed_by(&self.ca).unwrap();
             Ok(Signed {
-                chain_pem: leaf.pem(),
+                certificate: signet_pki::SvidCertificate::from_chain_der(vec![leaf.der().to_vec()])
+                    .unwrap(),
                 ca_pem: self.ca_pem.clone(),
-                spiffe_id: "spiffe://example.org/ns/a/sa/web".into(),
-                serial: "01".into(),
-                not_before: now,
-                not_after: now + life,
             })
         })
     }

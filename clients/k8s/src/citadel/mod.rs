@@ -164,7 +164,8 @@ pub async fn reconcile_service_account(
         .signer
         .sign(&default_issuer(), csr.as_bytes(), &ns, None)
         .await?;
-    let issued = crate::certificate::policy::IssuedCert::parse(signed.chain_pem.as_bytes())
+    let chain_pem = signed.chain_pem();
+    let issued = crate::certificate::policy::IssuedCert::parse(chain_pem.as_bytes())
         .map_err(Error::Internal)?;
     let renewal = crate::certificate::policy::renewal_time(
         issued.not_before,
@@ -177,7 +178,7 @@ pub async fn reconcile_service_account(
     // after a growing backoff rather than in a loop.
     let retry = bundle
         .revocations
-        .check_pem(signed.chain_pem.as_bytes())
+        .check_pem(chain_pem.as_bytes())
         .map(|why| {
             let n = plan::compromised_reissues(existing.as_ref()).saturating_add(1);
             // Whole seconds, as the annotation says it.
@@ -194,7 +195,7 @@ pub async fn reconcile_service_account(
         });
     let body = plan::secret_body(
         &sa,
-        &signed.chain_pem,
+        &chain_pem,
         &key.to_pem(KeyEncoding::Pkcs8)?,
         &bundle.roots_pem,
         renewal,
@@ -269,34 +270,32 @@ pub async fn watch_bundle(
     token_file: Option<std::path::PathBuf>,
     tx: watch::Sender<Option<BundleInfo>>,
 ) {
-    use signet_client::ca::WatchBundleRequest;
-    use signet_client::ca::certificate_authority_client::CertificateAuthorityClient;
+    let client = signet_client::ca::CaClient::from_channel(channel);
     let mut attempt = 0u32;
     loop {
-        let mut req = tonic::Request::new(WatchBundleRequest {});
+        // Sent only when readable and fit for a header, as before: else the call goes without.
+        let mut token = None;
         if let Some(path) = &token_file
-            && let Ok(token) = tokio::fs::read_to_string(path).await
-            && let Ok(r) = signet_client::with_bearer(WatchBundleRequest {}, token.trim())
+            && let Ok(t) = tokio::fs::read_to_string(path).await
+            && signet_client::with_bearer((), t.trim()).is_ok()
         {
-            req = r;
+            token = Some(t.trim().to_owned());
         }
-        let mut client = CertificateAuthorityClient::new(channel.clone());
-        match client.watch_bundle(req).await {
-            Ok(resp) => {
-                let mut stream = resp.into_inner();
-                while let Some(Ok(b)) = stream.next().await {
-                    attempt = 0;
-                    let info = BundleInfo {
-                        revocations: crate::revocation::Revocations::of_bundle(&b),
-                        trust_domain: b.trust_domain,
-                        roots_pem: signet_types::pem::certs_to_pem(
-                            b.roots.iter().map(Vec::as_slice),
-                        ),
-                        revision: b.revision,
-                    };
-                    tx.send_replace(Some(info));
+        match client.watch_bundle(token.as_deref()).await {
+            Ok(mut stream) => loop {
+                match stream.next().await {
+                    Some(Ok(b)) => {
+                        attempt = 0;
+                        tx.send_replace(Some(BundleInfo::from(b)));
+                    }
+                    // A malformed bundle (checked by signet_client) is not taken: reconnect.
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "WatchBundle: the stream failed");
+                        break;
+                    }
+                    None => break,
                 }
-            }
+            },
             Err(e) => tracing::warn!(error = %e, "WatchBundle failed"),
         }
         if tx.is_closed() {

@@ -143,15 +143,27 @@ fn patch_with(status: Value) -> Value {
     json!({"metadata": {"resourceVersion": "42"}, "status": status})
 }
 
+/// One certificate for every test (the same value each call): an X509-SVID for
+/// `spiffe://example.org/ns/a/sa/web`, valid 24 hours from `NOW`.
 fn signed() -> Signed {
-    Signed {
-        chain_pem: "-----BEGIN CERTIFICATE-----\nTEVBRg==\n-----END CERTIFICATE-----\n".into(),
-        ca_pem: "-----BEGIN CERTIFICATE-----\nUk9PVA==\n-----END CERTIFICATE-----\n".into(),
-        spiffe_id: "spiffe://example.org/ns/a/sa/web".into(),
-        serial: "01".into(),
-        not_before: SystemTime::UNIX_EPOCH + Duration::from_secs(NOW),
-        not_after: SystemTime::UNIX_EPOCH + Duration::from_secs(NOW + 24 * 3600),
-    }
+    static SIGNED: std::sync::OnceLock<Signed> = std::sync::OnceLock::new();
+    SIGNED
+        .get_or_init(|| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut p = rcgen::CertificateParams::new(vec![]).unwrap();
+            p.subject_alt_names = vec![rcgen::SanType::URI(
+                "spiffe://example.org/ns/a/sa/web".try_into().unwrap(),
+            )];
+            p.not_before = time::OffsetDateTime::from_unix_timestamp(NOW as i64).unwrap();
+            p.not_after =
+                time::OffsetDateTime::from_unix_timestamp((NOW + 24 * 3600) as i64).unwrap();
+            let der = p.self_signed(&key).unwrap().der().to_vec();
+            Signed {
+                certificate: signet_pki::SvidCertificate::from_chain_der(vec![der]).unwrap(),
+                ca_pem: "-----BEGIN CERTIFICATE-----\nUk9PVA==\n-----END CERTIFICATE-----\n".into(),
+            }
+        })
+        .clone()
 }
 
 // ---- pure decisions ----
@@ -546,7 +558,7 @@ async fn success_writes_certificate_ca_and_issued() {
     let body = patch_with(json!({
         "conditions": [approved(), ready("True", "Issued",
             "Certificate issued by Issuer/a/signet for spiffe://example.org/ns/a/sa/web")],
-        "certificate": STANDARD.encode(&s.chain_pem),
+        "certificate": STANDARD.encode(s.chain_pem()),
         "ca": STANDARD.encode(&s.ca_pem),
     }));
     let events = f.events.clone();
