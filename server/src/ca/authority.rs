@@ -487,7 +487,7 @@ pub(crate) mod tests {
     fn generated_root_profile() {
         for key_type in [KeyType::EcdsaP256, KeyType::EcdsaP384] {
             let (ca, pkcs8) = testutil::root(key_type, 24 * HOUR);
-            crate::ca::check_ca(ca.cert_der()).expect("CA profile");
+            crate::ca::validate::check_ca(ca.cert_der()).expect("CA profile");
             let cert = parse_cert(ca.cert_der()).expect("parses");
             assert_eq!(
                 cert.subject().to_string(),
