@@ -366,6 +366,7 @@ impl Authority {
     }
 
     /// The intermediates between the signing certificate and its root, DER, nearest first.
+    #[cfg(test)]
     pub fn intermediates(&self) -> &[Vec<u8>] {
         &self.intermediates
     }
