@@ -42,6 +42,7 @@ pub struct AuditLimits {
 }
 
 impl AuditLimits {
+    #[cfg(test)]
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity,
@@ -185,6 +186,7 @@ impl AuditLog {
     /// Starts the writer task on the current tokio runtime, with queues of `capacity` events
     /// and the default aggregation. It stops when every handle is dropped (after writing what
     /// is queued).
+    #[cfg(test)]
     pub fn spawn(store: Arc<dyn AuditStore>, capacity: usize) -> AuditLog {
         Self::spawn_with(store, AuditLimits::new(capacity))
     }

@@ -73,12 +73,14 @@ impl BundleHandle {
 
     /// Replaces the roots if they changed: bumps the revision, rewrites the file, and wakes
     /// every watcher.
+    #[cfg(test)]
     pub fn update(&self, roots: Vec<Vec<u8>>) -> std::io::Result<()> {
         let tainted = self.current().tainted_key_ids.clone();
         self.update_with(roots, tainted)
     }
 
-    /// Replaces the roots and the tainted key IDs if either changed (see [`Self::update`]).
+    /// Replaces the roots and the tainted key IDs if either changed: bumps the revision,
+    /// rewrites the file, and wakes every watcher.
     pub fn update_with(
         &self,
         roots: Vec<Vec<u8>>,

@@ -217,10 +217,6 @@ impl Checkpointer {
         self.key.public()
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// The newest checkpoint this server made or found at start.
     pub fn latest(&self) -> Option<Arc<Stored>> {
         self.lock_latest().clone()

@@ -31,10 +31,6 @@ struct HttpState {
     ledger: Option<Arc<LedgerProgress>>,
 }
 
-pub fn router(store: Arc<dyn LedgerStore>, metrics: Arc<Metrics>) -> Router {
-    router_with(store, metrics, None)
-}
-
 /// The router, with `/readyz` also checking the ledger writer's progress.
 pub fn router_with(
     store: Arc<dyn LedgerStore>,

@@ -7,29 +7,29 @@
 //! commit) and only then does the reply leave.
 #![forbid(unsafe_code)]
 
-pub mod api;
-pub mod attestation;
-pub mod audit;
-pub mod authn;
-pub mod bundle;
-pub mod ca;
-pub mod checkpoint;
-pub mod clock;
+pub(crate) mod api;
+pub(crate) mod attestation;
+pub(crate) mod audit;
+pub(crate) mod authn;
+pub(crate) mod bundle;
+pub(crate) mod ca;
+pub(crate) mod checkpoint;
+pub(crate) mod clock;
 pub mod config;
-pub mod crl;
-pub mod federation;
+pub(crate) mod crl;
+pub(crate) mod federation;
 pub(crate) mod files;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod http;
-pub mod issuer;
-pub mod ledger;
-pub mod limits;
-pub mod metrics;
+pub(crate) mod http;
+pub(crate) mod issuer;
+pub(crate) mod ledger;
+pub(crate) mod limits;
+pub(crate) mod metrics;
 pub(crate) mod nodes;
 pub(crate) mod policy;
-pub mod provenance;
-pub mod revocation;
+pub(crate) mod provenance;
+pub(crate) mod revocation;
 pub mod server;
-pub mod store;
-pub mod tls;
+pub(crate) mod store;
+pub(crate) mod tls;

@@ -168,15 +168,7 @@ impl ClientCertVerifier for ClientAnchors {
 }
 
 /// The server's rustls config: our certificate, h2 only, client certificates optional and,
-/// when sent, verified against `roots`.
-pub fn server_config(
-    resolver: Arc<ServerCertResolver>,
-    roots: &[Vec<u8>],
-) -> Result<rustls::ServerConfig, String> {
-    server_config_with(resolver, ClientAnchors::new(roots)?)
-}
-
-/// [`server_config`] with client anchors the caller can replace.
+/// when sent, verified against `anchors` (which the caller can replace).
 pub fn server_config_with(
     resolver: Arc<ServerCertResolver>,
     anchors: Arc<ClientAnchors>,

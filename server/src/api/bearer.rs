@@ -12,7 +12,7 @@
 //! A malformed header does not fail the request here: it travels as a [`Bearer`] holding the
 //! refusal, and whoever needs the token ([`Bearer::token`]) refuses it — so each API keeps its
 //! own order of checks and its audit event, as before the header parsing moved here.
-//! The token's size is capped by the verifier ([`crate::authn::jwt::MAX_TOKEN_BYTES`]), which
+//! The token's size is capped by the verifier (`MAX_TOKEN_BYTES` in `authn::jwt::jws`), which
 //! also serves callers that have no header (the fuzz targets).
 
 use tonic::metadata::MetadataMap;

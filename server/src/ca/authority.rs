@@ -366,6 +366,7 @@ impl Authority {
     }
 
     /// The intermediates between the signing certificate and its root, DER, nearest first.
+    #[cfg(test)]
     pub fn intermediates(&self) -> &[Vec<u8>] {
         &self.intermediates
     }
@@ -487,7 +488,7 @@ pub(crate) mod tests {
     fn generated_root_profile() {
         for key_type in [KeyType::EcdsaP256, KeyType::EcdsaP384] {
             let (ca, pkcs8) = testutil::root(key_type, 24 * HOUR);
-            crate::ca::check_ca(ca.cert_der()).expect("CA profile");
+            crate::ca::validate::check_ca(ca.cert_der()).expect("CA profile");
             let cert = parse_cert(ca.cert_der()).expect("parses");
             assert_eq!(
                 cert.subject().to_string(),

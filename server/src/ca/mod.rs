@@ -38,11 +38,8 @@ use std::time::{Duration, SystemTime};
 
 use signet_types::SpiffeId;
 
-pub use authority::{Authority, AuthorityError};
-pub use csr::{CsrError, KeyAlgorithm, VerifiedCsr};
-pub use kek::{Kek, KekError};
-pub use serial::{RandomSerials, SequentialSerials, SerialSource};
-pub use validate::{LeafInfo, check_ca, check_leaf};
+pub use authority::Authority;
+pub use serial::{RandomSerials, SerialSource};
 
 /// The CA key algorithm Signet generates (`[ca] key_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]

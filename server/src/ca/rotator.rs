@@ -174,9 +174,11 @@ impl Jitter for KeyIdJitter {
 }
 
 /// No jitter (tests that check exact thresholds).
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoJitter;
 
+#[cfg(test)]
 impl Jitter for NoJitter {
     fn offset(&self, _: &str, _: Threshold) -> f64 {
         0.0

@@ -227,11 +227,13 @@ pub fn check_leaf(der: &[u8], issuer_der: &[u8], now: SystemTime) -> Result<Leaf
 
 /// Checks that `der` is a signing (CA) certificate: cA=true, keyCertSign, a subject key
 /// identifier, and if it carries a SPIFFE ID, one without a path.
+#[cfg(test)]
 pub fn check_ca(der: &[u8]) -> Result<(), String> {
     let cert = parse_cert(der)?;
     ca_profile(&cert)
 }
 
+#[cfg(test)]
 fn ca_profile(cert: &X509Certificate<'_>) -> Result<(), String> {
     ca_basics(cert)?;
     subject_key_id(cert).ok_or("no subjectKeyIdentifier on the CA certificate")?;

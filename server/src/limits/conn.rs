@@ -107,6 +107,7 @@ impl ConnRegistry {
         self.lock().len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

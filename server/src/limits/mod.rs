@@ -30,7 +30,7 @@ use rate::{RateLimiter, human};
 pub const RETRY_PUSHBACK: &str = "grpc-retry-pushback-ms";
 
 pub(crate) use context::CONTEXT;
-pub use context::{RequestContext, current};
+pub use context::RequestContext;
 
 /// A ResourceExhausted status with a retry hint, in the message and in
 /// `grpc-retry-pushback-ms`.
@@ -116,6 +116,7 @@ impl CallerLimits {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use super::context::current;
     use super::*;
     use crate::config::RateConfig;
 

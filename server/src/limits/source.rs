@@ -49,6 +49,7 @@ impl PerSource {
     }
 
     /// Units `ip`'s source holds now.
+    #[cfg(test)]
     pub fn held(&self, ip: IpAddr) -> usize {
         let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         held.get(&source_key(ip)).copied().unwrap_or(0)

@@ -254,10 +254,6 @@ impl Revoker {
         self
     }
 
-    pub fn crls(&self) -> Option<&Arc<CrlPublisher>> {
-        self.crls.as_ref()
-    }
-
     /// Revokes what `selector` selects for `reason`, as `caller`. Unknown targets answer
     /// NotFound and change nothing; already revoked or expired certificates are counted, not
     /// touched.

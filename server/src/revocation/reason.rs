@@ -42,6 +42,7 @@ impl Reason {
     }
 
     /// The CRLReason code.
+    #[cfg(test)]
     pub fn code(self) -> u8 {
         match self {
             Reason::Unspecified => 0,

@@ -9,9 +9,11 @@
 //! happens exactly once across replicas sharing one database, and its audit events are written
 //! in the same transaction: one transition, one event.
 //!
-//! The first root is created once across replicas starting together: the insert of
-//! [`CaSlotStore::insert_ca_key_if_absent`] loses to a concurrent one on the `slot` unique
-//! constraint and reads the winner back.
+//! The first root is created like any other key: as a [`CaChange`] under the generation rule,
+//! so replicas starting together create it once. The older path, a bare insert into the `root`
+//! slot (`StoredCaKey`, `insert_ca_key_if_absent`, losing to a concurrent one on the `slot`
+//! unique constraint), is compiled for tests only: they use it to build a database as servers
+//! from before slots wrote it, whose root the manager upgrades.
 //!
 //! The SQL is the same on both databases, so it is written once ([`impl_ca_slot_store`]).
 
@@ -21,6 +23,7 @@ use super::audit::AuditEvent;
 use super::error::StoreError;
 
 /// A CA key as kept in the database. The private key is encrypted (see `ca::kek`).
+#[cfg(test)]
 #[derive(Clone, PartialEq, Eq)]
 pub struct StoredCaKey {
     pub id: String,
@@ -32,6 +35,7 @@ pub struct StoredCaKey {
     pub created_at: i64,
 }
 
+#[cfg(test)]
 impl std::fmt::Debug for StoredCaKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StoredCaKey")
@@ -109,10 +113,12 @@ pub struct CaKeyUsage {
 #[async_trait]
 pub trait CaSlotStore: Send + Sync + 'static {
     /// The CA key in `slot`, if any.
+    #[cfg(test)]
     async fn ca_key(&self, slot: &str) -> Result<Option<StoredCaKey>, StoreError>;
 
     /// Inserts `key` unless its slot is taken; returns whichever key holds the slot afterwards
     /// (ours, or the one a concurrent replica inserted first).
+    #[cfg(test)]
     async fn insert_ca_key_if_absent(&self, key: &StoredCaKey) -> Result<StoredCaKey, StoreError>;
 
     /// The slot generation and every slot, oldest first. The generation is read first, so a
@@ -183,9 +189,11 @@ impl From<DbCaSlot> for CaSlotRow {
 }
 
 /// The `ca_keys` columns of a [`StoredCaKey`], in [`DbCaKey`]'s order.
+#[cfg(test)]
 pub(super) const CA_KEY_COLUMNS: &str = "id, slot, algorithm, cert_pem, encrypted_key, created_at";
 
 /// A `ca_keys` row as [`StoredCaKey`] sees it, as both drivers decode it.
+#[cfg(test)]
 #[derive(sqlx::FromRow)]
 pub(super) struct DbCaKey {
     id: String,
@@ -196,6 +204,7 @@ pub(super) struct DbCaKey {
     created_at: i64,
 }
 
+#[cfg(test)]
 impl From<DbCaKey> for StoredCaKey {
     fn from(r: DbCaKey) -> Self {
         StoredCaKey {
@@ -222,6 +231,7 @@ macro_rules! impl_ca_slot_store {
     ($store:ty, $map:path) => {
         #[async_trait::async_trait]
         impl $crate::store::ca_slots::CaSlotStore for $store {
+            #[cfg(test)]
             async fn ca_key(
                 &self,
                 slot: &str,
@@ -237,6 +247,7 @@ macro_rules! impl_ca_slot_store {
                 Ok(row.map(Into::into))
             }
 
+            #[cfg(test)]
             async fn insert_ca_key_if_absent(
                 &self,
                 key: &$crate::store::ca_slots::StoredCaKey,

@@ -81,6 +81,7 @@ pub trait LedgerStore: Send + Sync + 'static {
         serial: &str,
     ) -> Result<Option<CertificateRow>, StoreError>;
 
+    #[cfg(test)]
     async fn count_certificates(&self) -> Result<u64, StoreError>;
 }
 
@@ -193,6 +194,7 @@ macro_rules! impl_ledger_store {
                     .transpose()
             }
 
+            #[cfg(test)]
             async fn count_certificates(&self) -> Result<u64, StoreError> {
                 let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM certificates")
                     .fetch_one(&self.pool)

@@ -1,6 +1,6 @@
 //! Storage: what the server keeps in its database, over sqlx, on PostgreSQL (production, shared
 //! by any number of replicas) and SQLite (the embedded default). Migrations live in
-//! `migrations/{postgres,sqlite}` and are applied by [`connect`].
+//! `migrations/{postgres,sqlite}` and are applied by [`connect_with`].
 //!
 //! One trait per concern, each in its own module with its row types and its SQL:
 //!
@@ -40,16 +40,17 @@ mod rows;
 mod sqlite;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 pub use audit::{AuditEvent, AuditStore};
-pub use ca_slots::{CaChange, CaKeyUsage, CaSlotRow, CaSlotStore, SlotUpdate, StoredCaKey};
+#[cfg(test)]
+pub use ca_slots::StoredCaKey;
+pub use ca_slots::{CaChange, CaSlotRow, CaSlotStore, SlotUpdate};
 pub use config::DatabaseConfig;
-pub use crls::{CrlSigner, CrlStore, RevokedRow, StoredCrl};
+pub use crls::{CrlStore, RevokedRow, StoredCrl};
 pub use entry_events::{EntryEvents, EntrySubscription, TooManyWatchers};
 pub use error::StoreError;
 pub use ledger::{CertificateRow, LedgerHead, LedgerStore, NewCertificate};
-pub use nodes::{BatchCreate, EntryRow, EntrySync, NewEntry, NodeRow, NodeStore, TokenUse};
+pub use nodes::{BatchCreate, EntryRow, NewEntry, NodeRow, NodeStore, TokenUse};
 pub use postgres::PgStore;
 pub use revocations::{CertFilter, EventRow, NewRevocation, RevocationOutcome, RevocationStore};
 pub use sqlite::SqliteStore;
@@ -70,7 +71,11 @@ impl<T> Store for T where
 /// Connects to `url` (`sqlite://PATH` or `postgres://…`), applies migrations, and returns the
 /// store. `acquire_timeout` bounds how long a request waits for a connection before the store
 /// answers Unavailable; the other `[database]` settings keep their defaults.
-pub async fn connect(url: &str, acquire_timeout: Duration) -> Result<Arc<dyn Store>, StoreError> {
+#[cfg(test)]
+pub async fn connect(
+    url: &str,
+    acquire_timeout: std::time::Duration,
+) -> Result<Arc<dyn Store>, StoreError> {
     let cfg = DatabaseConfig {
         acquire_timeout,
         ..DatabaseConfig::default()
@@ -78,7 +83,7 @@ pub async fn connect(url: &str, acquire_timeout: Duration) -> Result<Arc<dyn Sto
     connect_with(url, &cfg).await
 }
 
-/// [`connect`] with every `[database]` setting (session timeouts, pool size, busy timeout).
+/// Connects to `url` with every `[database]` setting (session timeouts, pool size, busy timeout).
 pub async fn connect_with(url: &str, cfg: &DatabaseConfig) -> Result<Arc<dyn Store>, StoreError> {
     if url.starts_with("sqlite:") {
         Ok(Arc::new(SqliteStore::connect_with(url, cfg).await?))

@@ -38,6 +38,7 @@ pub struct PgStore {
 impl PgStore {
     /// Connects to `url` (`postgres://…`) with the default `[database]` settings and the
     /// given acquire timeout; see [`PgStore::connect_with`].
+    #[cfg(test)]
     pub async fn connect(url: &str, acquire_timeout: Duration) -> Result<Self, StoreError> {
         let cfg = DatabaseConfig {
             acquire_timeout,

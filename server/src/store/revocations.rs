@@ -90,6 +90,7 @@ pub trait RevocationStore: Send + Sync + 'static {
     async fn ledger_events(&self, after_seq: u64, limit: u32) -> Result<Vec<EventRow>, StoreError>;
 
     /// The events about the certificate with `serial`, ascending.
+    #[cfg(test)]
     async fn events_for_serial(&self, serial: &str) -> Result<Vec<EventRow>, StoreError>;
 }
 
@@ -352,6 +353,7 @@ macro_rules! impl_revocation_store {
                     .collect()
             }
 
+            #[cfg(test)]
             async fn events_for_serial(
                 &self,
                 serial: &str,

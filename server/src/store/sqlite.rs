@@ -59,6 +59,7 @@ fn busy_or_locked(code: i32) -> bool {
 impl SqliteStore {
     /// Opens the database at `url` with the default `[database]` settings and the given
     /// acquire timeout; see [`SqliteStore::connect_with`].
+    #[cfg(test)]
     pub async fn connect(url: &str, acquire_timeout: Duration) -> Result<Self, StoreError> {
         let cfg = DatabaseConfig {
             acquire_timeout,

@@ -42,8 +42,7 @@ use self::refuse::bad;
 use super::{AuthenticatedCaller, AuthnError};
 use crate::config::KubernetesAuthConfig;
 
-pub use self::jwks::{JwksError, KeyKind};
-pub use self::jws::MAX_TOKEN_BYTES;
+pub use self::jwks::JwksError;
 pub use self::kubernetes::VerifiedToken;
 
 /// Longest leeway (clock skew) `[auth.kubernetes]` may set, in seconds.

@@ -70,7 +70,6 @@ pub(super) fn parse_slots(rows: &[CaSlotRow]) -> Result<Vec<SlotInfo>, ManagerEr
                 activated_at: r.activated_at,
                 retired_at: r.retired_at,
                 removed_at: r.removed_at,
-                tainted_at: r.tainted_at,
                 external: false,
                 sealed: Sealed(r.encrypted_key.clone()),
             })
@@ -227,7 +226,6 @@ pub(super) fn plugged_view(
             activated_at: None,
             retired_at: None,
             removed_at: None,
-            tainted_at: None,
             external: true,
             sealed: Sealed::default(),
         })

@@ -101,7 +101,6 @@ pub struct SlotInfo {
     pub activated_at: Option<i64>,
     pub retired_at: Option<i64>,
     pub removed_at: Option<i64>,
-    pub tainted_at: Option<i64>,
     /// A plugged-in CA's certificate (not a slot in the database).
     pub external: bool,
     sealed: Sealed,
@@ -333,10 +332,6 @@ impl CaManager {
         self.view().signers.clone()
     }
 
-    pub fn config(&self) -> &ManagerConfig {
-        &self.cfg
-    }
-
     fn publish(&self, view: CaView) {
         let view = Arc::new(view);
         self.view.store(view.clone());
@@ -500,7 +495,7 @@ mod commands;
 mod loading;
 mod staging;
 
-pub use loading::{PluggedFiles, load_kek, start};
+pub use loading::{PluggedFiles, start};
 use loading::{build_view, load_authority, parse_slots, plugged_view};
 use staging::Staging;
 

@@ -569,21 +569,22 @@ fn the_kek_is_generated_once_0600_and_a_configured_one_is_never_replaced() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tempdir");
     let ca = crate::ca::config::CaConfig::default();
-    let first = super::load_kek(&ca, dir.path()).expect("generated");
+    let first = super::loading::load_kek(&ca, dir.path()).expect("generated");
     let path = dir.path().join("kek");
     let mode = std::fs::metadata(&path)
         .expect("kek file")
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600);
-    let again = super::load_kek(&ca, dir.path()).expect("read back");
+    let again = super::loading::load_kek(&ca, dir.path()).expect("read back");
     assert_eq!(first.to_base64(), again.to_base64());
 
     let configured = crate::ca::config::CaConfig {
         kek_file: Some(dir.path().join("missing")),
         ..Default::default()
     };
-    let e = super::load_kek(&configured, dir.path()).expect_err("a configured KEK must exist");
+    let e =
+        super::loading::load_kek(&configured, dir.path()).expect_err("a configured KEK must exist");
     assert!(
         e.to_string().starts_with("reading key-encryption key"),
         "{e}"
@@ -591,6 +592,6 @@ fn the_kek_is_generated_once_0600_and_a_configured_one_is_never_replaced() {
     assert!(!dir.path().join("missing").exists());
 
     std::fs::write(&path, "not base64!").expect("write");
-    let e = super::load_kek(&ca, dir.path()).expect_err("a broken KEK is refused");
+    let e = super::loading::load_kek(&ca, dir.path()).expect_err("a broken KEK is refused");
     assert!(e.to_string().starts_with("key-encryption key"), "{e}");
 }
