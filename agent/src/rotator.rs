@@ -310,7 +310,9 @@ impl Rotator {
         self.publish(now);
         self.sync_sinks(now);
         // Upcoming renewals set the next pass; overdue ones (signing failed) are retried
-        // with backoff, never in a tight loop.
+        // with backoff, never in a tight loop: while the server fails, the retry pass is the
+        // next one (it takes whatever came due meanwhile), so entries coming due one after
+        // another during an outage do not each cut the backoff short.
         let rev = &self.revocations;
         let mut next = self
             .held
@@ -324,7 +326,7 @@ impl Rotator {
             let wait = retry_wait(self.failures, self.random.unit(), pushback);
             self.failures = self.failures.saturating_add(1);
             self.hold_until = pushback.map(|_| now + wait);
-            next = next.min(now + wait);
+            next = now + wait;
         } else if let Some(until) = hold {
             next = next.min(until);
         } else if self.held.values().any(|h| h.due_at(rev) <= now) {
@@ -733,6 +735,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn while_the_server_fails_entries_coming_due_wait_for_the_retry() {
+        let (mut r, clock, ca, _rx) = setup();
+        let t0 = clock.now();
+        let (a, b) = (entry("a"), entry("b"));
+        r.tick(std::slice::from_ref(&a)).await;
+        advance(&clock, t0 + Duration::from_secs(100));
+        r.tick(&[a.clone(), b.clone()]).await;
+        let calls = || *ca.calls.lock().expect("lock");
+        assert_eq!(calls(), 2);
+        // "a" is due at 500 s, "b" at 600 s; the server is down from 500 s.
+        *ca.down.lock().expect("lock") = true;
+        let mut now = t0 + Duration::from_secs(500);
+        advance(&clock, now);
+        for _ in 0..8 {
+            now = r.tick(&[a.clone(), b.clone()]).await;
+            advance(&clock, now);
+        }
+        // Eight failures with rnd 0.5: 0.5 + 1 + 2 + 4 + 8 + 15 + 15 + 15 s, "b" coming due
+        // at 600 s in the middle of a wait did not add an attempt.
+        assert_eq!(now, t0 + Duration::from_millis(560_500));
+        assert_eq!(calls(), 10);
+    }
+
+    #[tokio::test]
     async fn a_pushback_holds_every_attempt_until_it_runs_out() {
         let (mut r, clock, ca, rx) = setup();
         let t0 = clock.now();
@@ -748,8 +774,8 @@ mod tests {
         assert_eq!(calls(), 2);
         assert_eq!(
             next,
-            shed + MAX_SLEEP,
-            "the pass still runs to pick up new entries"
+            shed + Duration::from_secs(90),
+            "retried when it runs out"
         );
         // Woken early (a new bundle, new entries, the loop's own wake-up): nothing is asked
         // of the server before its 90 s are over.

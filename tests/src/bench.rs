@@ -75,7 +75,8 @@ pub fn metric_sum(exposition: &str, name: &str, labels: &[&str]) -> f64 {
                 .then(|| value.parse::<f64>().ok())
                 .flatten()
         })
-        .sum()
+        // A float sum of nothing is -0.0.
+        .fold(0.0, |a, b| a + b)
 }
 
 /// What a sink's certificate file says of its leaf.
@@ -291,6 +292,10 @@ mod tests {
         );
         assert_eq!(metric_sum(text, "signet_limited_total", &[]), 5.0);
         assert_eq!(metric_sum(text, "signet_absent_total", &[]), 0.0);
+        assert_eq!(
+            format!("{:.0}", metric_sum(text, "signet_absent_total", &[])),
+            "0"
+        );
     }
 
     #[test]

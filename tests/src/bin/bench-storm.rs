@@ -53,6 +53,7 @@ struct Args {
     timeout: Duration,
     taint: bool,
     outage_phase: bool,
+    keep: bool,
 }
 
 fn parse_args() -> Args {
@@ -67,6 +68,7 @@ fn parse_args() -> Args {
         timeout: Duration::from_secs(900),
         taint: true,
         outage_phase: true,
+        keep: false,
     };
     let mut it = std::env::args().skip(1);
     let dur = |v: String, what: &str| {
@@ -90,6 +92,7 @@ fn parse_args() -> Args {
             "--timeout" => a.timeout = dur(val(), "--timeout"),
             "--no-taint" => a.taint = false,
             "--no-outage" => a.outage_phase = false,
+            "--keep" => a.keep = true,
             "-h" | "--help" => usage(""),
             other => usage(&format!("unknown argument {other}")),
         }
@@ -108,7 +111,7 @@ fn usage(msg: &str) -> ! {
         "usage: bench-storm [--agents N (20)] [--entries M per agent (1000)] \
          [--database-url URL (embedded SQLite)] [--outage D (300s)] [--ttl D (the outage)] \
          [--sync-interval D (5s)] [--concurrency C (64 entry creations at once)] \
-         [--timeout D (900s per wait)] [--no-taint] [--no-outage]"
+         [--timeout D (900s per wait)] [--no-taint] [--no-outage] [--keep (the logs and data)]"
     );
     std::process::exit(2)
 }
@@ -383,6 +386,8 @@ async fn taint_phase(
     .expect("ca taint");
     eprintln!("bench-storm: tainted {old}; {new} signs");
     let (took, not_renewed) = wait_all(sinks, limit, |_, l| l.issuer_key_id != old).await;
+    // One more sample so the last bucket is complete.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     sampler.abort();
     let server1 = server_counts(&server.metrics().await);
     let agents1 = agent_counts(agents).await;
@@ -634,5 +639,7 @@ async fn main() {
         a.child.kill().await.ok();
     }
     server.stop().await;
-    drop(dir);
+    if args.keep {
+        eprintln!("bench-storm: kept {}", dir.keep().display());
+    }
 }
