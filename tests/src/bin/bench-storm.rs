@@ -460,6 +460,16 @@ async fn main() {
     let (n_agents, per_agent) = (args.agents, args.entries);
     let total = n_agents * per_agent;
     let ttl = args.ttl.unwrap_or(args.outage).max(Duration::from_secs(1));
+    // The agents renew at 0.5 ± 0.1 of the lifetime (their default renew_fraction).
+    if args.outage_phase && ttl.mul_f64(0.6) > args.outage {
+        eprintln!(
+            "bench-storm: warning: with --ttl {} some certificates are not due within a {} \
+             outage (renewal at up to 60% of the TTL): the outage figure then includes waiting \
+             for their usual renewal",
+            humantime::format_duration(ttl),
+            humantime::format_duration(args.outage)
+        );
+    }
 
     let dir = tempfile::Builder::new()
         .prefix("bench-storm-")
