@@ -19,9 +19,12 @@
 //! profile: a thundering herd shows as everything in the first second or two).
 //!
 //! ```sh
-//! cargo build --release --bins
+//! cargo build --release --workspace --bins
 //! target/release/bench-storm --agents 20 --entries 1000 [--database-url URL] [--outage 300s]
 //! ```
+//!
+//! With PostgreSQL, give it a fresh database (the nodes `storm-0`… and their entries are
+//! created anew). `--outage 30s` (the TTL follows) makes a short run for checking.
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
