@@ -125,6 +125,13 @@ pub enum CaError {
     /// The CA could not be reached or answered with a transient error: retry with backoff.
     #[error("CA unavailable: {0}")]
     Unavailable(String),
+    /// The CA shed the call and said when to come back (`grpc-retry-pushback-ms`, read by
+    /// [`signet_client::retry_pushback`]): retry, but not before `retry_after`.
+    #[error("CA busy: {message} (retry in {retry_after:?})")]
+    Busy {
+        message: String,
+        retry_after: std::time::Duration,
+    },
     /// The CA refused (bad token, banned node, unknown entry…): retrying will not help.
     #[error("CA refused ({code:?}): {message}")]
     Refused { code: tonic::Code, message: String },
@@ -139,7 +146,13 @@ impl From<tonic::Status> for CaError {
     /// is `Unavailable`, a refusal or a malformed request `Refused`.
     fn from(s: tonic::Status) -> Self {
         match signet_client::ErrorClass::of_status(&s) {
-            signet_client::ErrorClass::Retryable => CaError::Unavailable(s.message().to_owned()),
+            signet_client::ErrorClass::Retryable => match signet_client::retry_pushback(&s) {
+                Some(retry_after) => CaError::Busy {
+                    message: s.message().to_owned(),
+                    retry_after,
+                },
+                None => CaError::Unavailable(s.message().to_owned()),
+            },
             signet_client::ErrorClass::Permanent | signet_client::ErrorClass::Invalid => {
                 CaError::Refused {
                     code: s.code(),
@@ -152,7 +165,15 @@ impl From<tonic::Status> for CaError {
 
 impl CaError {
     pub fn is_retryable(&self) -> bool {
-        matches!(self, CaError::Unavailable(_))
+        matches!(self, CaError::Unavailable(_) | CaError::Busy { .. })
+    }
+
+    /// The wait the server asked for before the next attempt, if it said.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            CaError::Busy { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
     }
 }
 
@@ -756,6 +777,27 @@ mod tests {
         assert!(CaError::from(tonic::Status::unavailable("down")).is_retryable());
         assert!(!CaError::from(tonic::Status::permission_denied("banned")).is_retryable());
         assert!(!format!("{:?}", AttestCredential::JoinToken("tok-123".into())).contains("tok"));
+    }
+
+    #[test]
+    fn a_shed_call_keeps_the_servers_pushback() {
+        let mut shed = tonic::Status::resource_exhausted("too many certificate requests");
+        shed.metadata_mut()
+            .insert("grpc-retry-pushback-ms", "1500".parse().expect("ascii"));
+        let e = CaError::from(shed);
+        assert!(e.is_retryable());
+        assert_eq!(
+            e.retry_after(),
+            Some(std::time::Duration::from_millis(1500))
+        );
+        assert!(
+            e.to_string().contains("too many certificate requests"),
+            "{e}"
+        );
+        // Without the hint: transient, no wait imposed.
+        let e = CaError::from(tonic::Status::resource_exhausted("busy"));
+        assert!(matches!(e, CaError::Unavailable(_)));
+        assert_eq!(e.retry_after(), None);
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Workload certificate rotation against a [`Ca`]: for each registration entry, hold a key
 //! (generated here; it never leaves the host) and a certificate, renew it at the configured
-//! fraction of its lifetime (jittered), back off on failure, keep serving the last good
-//! certificate until it expires, and publish the result to the Workload API state.
+//! fraction of its lifetime (jittered), back off on failure ([`retry_wait`]: capped
+//! exponential with full jitter, so agents failing together during an outage return spread
+//! over at most [`BACKOFF_CAP`], and never sooner than the server's pushback), keep serving the
+//! last good certificate until it expires, and publish the result to the Workload API state.
 //!
 //! A certificate issued under a CA key the server's bundle names as tainted, or listed in its
 //! issuer's verified CRL, is replaced at once, not at its usual time
@@ -32,9 +34,19 @@ pub use crate::sinks::worker::SinkBinding;
 pub type Random = Arc<dyn signet_runtime::random::Random>;
 
 pub const BACKOFF_BASE: Duration = Duration::from_secs(1);
-pub const BACKOFF_CAP: Duration = Duration::from_secs(300);
+/// The longest wait between two attempts while the server fails (as the connection's and the
+/// node renewal's, [`crate::driver::RETRY_CAP`]): agents that failed together during an outage
+/// come back within this of the server's return, spread over it by the jitter.
+pub const BACKOFF_CAP: Duration = Duration::from_secs(30);
 /// How a failed pass is retried: capped exponential, full jitter.
 pub const BACKOFF: Backoff = Backoff::full(BACKOFF_BASE, BACKOFF_CAP);
+
+/// The wait after `failures` failed passes in a row (from 0), `rnd` in `[0, 1)`: the
+/// [`BACKOFF`], and never less than the server's `pushback` (the rule, in one place).
+pub fn retry_wait(failures: u32, rnd: f64, pushback: Option<Duration>) -> Duration {
+    let wait = BACKOFF.delay(failures, rnd);
+    pushback.map_or(wait, |p| wait.max(p))
+}
 /// Longest sleep between passes, so new entries are picked up.
 pub const MAX_SLEEP: Duration = Duration::from_secs(60);
 
@@ -85,6 +97,8 @@ pub struct Rotator {
     bundle_der: Vec<Vec<u8>>,
     trust_domain_id: String,
     failures: u32,
+    /// The server shed the last attempt and said to come back then: no signing before.
+    hold_until: Option<SystemTime>,
     /// Sinks not started yet (their workers start on the first pass).
     sinks: Vec<SinkBinding>,
     /// The sinks' workers: handed the current SVIDs, never waited for.
@@ -140,6 +154,7 @@ impl Rotator {
             bundle_der: Vec::new(),
             trust_domain_id: String::new(),
             failures: 0,
+            hold_until: None,
             sinks: Vec::new(),
             sink_set: None,
             metrics: None,
@@ -258,10 +273,15 @@ impl Rotator {
         self.held
             .retain(|id, h| entries.iter().any(|e| &e.id == id && *e == h.spec));
         self.issuers.prune(now);
-        let want: Vec<EntrySpec> = due(entries, &self.held, &self.revocations, now)
-            .into_iter()
-            .cloned()
-            .collect();
+        // While the server's pushback runs, nothing is asked of it (the pass still publishes).
+        let hold = self.hold_until.filter(|t| now < *t);
+        let want: Vec<EntrySpec> = match hold {
+            Some(_) => Vec::new(),
+            None => due(entries, &self.held, &self.revocations, now)
+                .into_iter()
+                .cloned()
+                .collect(),
+        };
         for e in &want {
             if let Some(h) = self.held.get(&e.id)
                 && let Some(why) = h.compromise(&self.revocations)
@@ -273,6 +293,7 @@ impl Rotator {
             }
         }
         let mut failed = false;
+        let mut pushback = None;
         if !want.is_empty() {
             let result = self.sign(&want).await;
             if let Some(m) = &self.metrics {
@@ -286,6 +307,7 @@ impl Rotator {
                 Ok(_) => failed = true,
                 Err(e) => {
                     tracing::warn!(error = %e, "workload signing failed; serving the last good certificates");
+                    pushback = e.retry_after();
                     failed = true;
                 }
             }
@@ -293,7 +315,9 @@ impl Rotator {
         self.publish(now);
         self.sync_sinks(now);
         // Upcoming renewals set the next pass; overdue ones (signing failed) are retried
-        // with backoff, never in a tight loop.
+        // with backoff, never in a tight loop: while the server fails, the retry pass is the
+        // next one (it takes whatever came due meanwhile), so entries coming due one after
+        // another during an outage do not each cut the backoff short.
         let rev = &self.revocations;
         let mut next = self
             .held
@@ -304,9 +328,12 @@ impl Rotator {
             .unwrap_or(now + MAX_SLEEP)
             .min(now + MAX_SLEEP);
         if failed {
-            let wait = BACKOFF.delay(self.failures, self.random.unit());
+            let wait = retry_wait(self.failures, self.random.unit(), pushback);
             self.failures = self.failures.saturating_add(1);
-            next = next.min(now + wait);
+            self.hold_until = pushback.map(|_| now + wait);
+            next = now + wait;
+        } else if let Some(until) = hold {
+            next = next.min(until);
         } else if self.held.values().any(|h| h.due_at(rev) <= now) {
             next = next.min(now + BACKOFF_BASE);
         }
@@ -507,6 +534,10 @@ mod tests {
         ca: TestCa,
         down: Mutex<bool>,
         wrong: Mutex<Option<Wrong>>,
+        /// Shed every call with this pushback (the server's `grpc-retry-pushback-ms`).
+        busy: Mutex<Option<Duration>>,
+        /// Calls made.
+        calls: Mutex<u32>,
         signed: Mutex<u32>,
         /// The leaves issued, in order.
         issued: Mutex<Vec<Vec<u8>>>,
@@ -534,6 +565,14 @@ mod tests {
             csrs: Vec<WorkloadCsr>,
         ) -> Result<Vec<(String, Result<SvidCertificate, CaError>)>, CaError> {
             let bad = |e: String| CaError::Invalid(e);
+            *self.calls.lock().map_err(|e| bad(e.to_string()))? += 1;
+            let busy = *self.busy.lock().map_err(|e| bad(e.to_string()))?;
+            if let Some(retry_after) = busy {
+                return Err(CaError::Busy {
+                    message: "shed".into(),
+                    retry_after,
+                });
+            }
             if *self.down.lock().map_err(|e| bad(e.to_string()))? {
                 return Err(CaError::Unavailable("down".into()));
             }
@@ -592,6 +631,8 @@ mod tests {
             ca: TestCa::new("root"),
             down: Mutex::new(false),
             wrong: Mutex::new(None),
+            busy: Mutex::new(None),
+            calls: Mutex::new(0),
             signed: Mutex::new(0),
             issued: Mutex::new(Vec::new()),
         });
@@ -694,6 +735,134 @@ mod tests {
             text.contains("signet_agent_renewal_failures_total 3"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_retry_wait_is_capped_jittered_and_never_under_the_pushback() {
+        // Early failures grow: attempt 0 waits up to 1 s, attempt 3 up to 8 s.
+        assert_eq!(retry_wait(0, 0.5, None), Duration::from_millis(500));
+        assert_eq!(retry_wait(3, 0.5, None), Duration::from_secs(4));
+        // However long the outage, the next attempt is at most BACKOFF_CAP away, spread over
+        // all of it by the jitter (agents that failed together do not return together).
+        for failures in [5, 10, 300, u32::MAX] {
+            assert_eq!(retry_wait(failures, 0.0, None), Duration::ZERO);
+            assert_eq!(
+                retry_wait(failures, 0.25, None),
+                Duration::from_millis(7_500)
+            );
+            assert_eq!(retry_wait(failures, 0.5, None), Duration::from_secs(15));
+            assert!(retry_wait(failures, 0.999_999, None) < BACKOFF_CAP);
+        }
+        // The server's pushback is a floor, whatever the jitter drew.
+        let p = Some(Duration::from_secs(2));
+        assert_eq!(retry_wait(0, 0.5, p), Duration::from_secs(2));
+        assert_eq!(retry_wait(10, 0.5, p), Duration::from_secs(15));
+        assert_eq!(
+            retry_wait(10, 0.5, Some(Duration::from_secs(90))),
+            Duration::from_secs(90)
+        );
+    }
+
+    #[tokio::test]
+    async fn after_a_long_outage_the_next_attempt_is_within_the_cap() {
+        let (mut r, clock, ca, rx) = setup();
+        let t0 = clock.now();
+        let entries = [entry("web")];
+        r.tick(&entries).await;
+        *ca.down.lock().expect("lock") = true;
+        // Due at 500 s; the server is down from then for 600 s: each pass runs when the
+        // previous one said, and no wait is longer than the cap.
+        let mut now = t0 + Duration::from_secs(500);
+        advance(&clock, now);
+        let end = t0 + Duration::from_secs(1100);
+        while now < end {
+            let next = r.tick(&entries).await;
+            let wait = next.duration_since(now).expect("forward");
+            assert!(wait <= BACKOFF_CAP, "waited {wait:?} at {now:?}");
+            now = next;
+            advance(&clock, now);
+        }
+        // rnd 0.5: the last waits are half the cap.
+        let next = r.tick(&entries).await;
+        assert_eq!(next.duration_since(now).expect("forward"), BACKOFF_CAP / 2);
+        // The server is back: the next pass renews.
+        *ca.down.lock().expect("lock") = false;
+        advance(&clock, next);
+        r.tick(&entries).await;
+        assert_eq!(rx.borrow().identities.len(), 1, "renewed");
+        assert_eq!(r.failures, 0);
+    }
+
+    #[tokio::test]
+    async fn while_the_server_fails_entries_coming_due_wait_for_the_retry() {
+        let (mut r, clock, ca, _rx) = setup();
+        let t0 = clock.now();
+        let (a, b) = (entry("a"), entry("b"));
+        r.tick(std::slice::from_ref(&a)).await;
+        advance(&clock, t0 + Duration::from_secs(100));
+        r.tick(&[a.clone(), b.clone()]).await;
+        let calls = || *ca.calls.lock().expect("lock");
+        assert_eq!(calls(), 2);
+        // "a" is due at 500 s, "b" at 600 s; the server is down from 500 s.
+        *ca.down.lock().expect("lock") = true;
+        let mut now = t0 + Duration::from_secs(500);
+        advance(&clock, now);
+        for _ in 0..8 {
+            now = r.tick(&[a.clone(), b.clone()]).await;
+            advance(&clock, now);
+        }
+        // Eight failures with rnd 0.5: 0.5 + 1 + 2 + 4 + 8 + 15 + 15 + 15 s, "b" coming due
+        // at 600 s in the middle of a wait did not add an attempt.
+        assert_eq!(now, t0 + Duration::from_millis(560_500));
+        assert_eq!(calls(), 10);
+    }
+
+    #[tokio::test]
+    async fn a_pushback_holds_every_attempt_until_it_runs_out() {
+        let (mut r, clock, ca, rx) = setup();
+        let t0 = clock.now();
+        let entries = [entry("web")];
+        r.tick(&entries).await;
+        let calls = || *ca.calls.lock().expect("lock");
+        assert_eq!(calls(), 1);
+        // Due at 500 s; the server sheds the call and says 90 s.
+        *ca.busy.lock().expect("lock") = Some(Duration::from_secs(90));
+        let shed = t0 + Duration::from_secs(500);
+        advance(&clock, shed);
+        let next = r.tick(&entries).await;
+        assert_eq!(calls(), 2);
+        assert_eq!(
+            next,
+            shed + Duration::from_secs(90),
+            "retried when it runs out"
+        );
+        // Woken early (a new bundle, new entries, the loop's own wake-up): nothing is asked
+        // of the server before its 90 s are over.
+        for at in [1, 30, 60, 89] {
+            advance(&clock, shed + Duration::from_secs(at));
+            let next = r.tick(&entries).await;
+            assert_eq!(calls(), 2, "asked again {at} s after a 90 s pushback");
+            let now = shed + Duration::from_secs(at);
+            assert_eq!(next, (now + MAX_SLEEP).min(shed + Duration::from_secs(90)));
+        }
+        assert_eq!(rx.borrow().identities.len(), 1, "still served meanwhile");
+        // At 90 s it asks again and is served.
+        *ca.busy.lock().expect("lock") = None;
+        advance(&clock, shed + Duration::from_secs(90));
+        r.tick(&entries).await;
+        assert_eq!(calls(), 3);
+        assert_eq!(
+            rx.borrow().identities[0].svid.certificate().leaf_der(),
+            ca.leaf(1)
+        );
+        // A plain failure after that imposes no hold: the next wake-up may try at once.
+        *ca.down.lock().expect("lock") = true;
+        let later = shed + Duration::from_secs(600);
+        advance(&clock, later);
+        let next = r.tick(&entries).await;
+        assert_eq!(next, later + Duration::from_millis(500));
+        r.tick(&entries).await;
+        assert_eq!(calls(), 5, "no pushback: tried again when woken");
     }
 
     /// Records deliveries and removals; can be made to fail or to hang.

@@ -19,6 +19,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tonic::transport::Channel;
 
+pub mod bench;
 pub mod fake_ca;
 pub mod otlp;
 pub mod rogue;

@@ -47,7 +47,7 @@ pub use ca_slots::StoredCaKey;
 pub use ca_slots::{CaChange, CaSlotRow, CaSlotStore, SlotUpdate};
 pub use config::DatabaseConfig;
 pub use crls::{CrlStore, RevokedRow, StoredCrl};
-pub use entry_events::{EntryEvents, EntrySubscription, TooManyWatchers};
+pub use entry_events::EntrySubscription;
 pub use error::StoreError;
 pub use ledger::{CertificateRow, LedgerHead, LedgerStore, NewCertificate};
 pub use nodes::{BatchCreate, EntryRow, NewEntry, NodeRow, NodeStore, TokenUse};
