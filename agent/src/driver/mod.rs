@@ -269,7 +269,9 @@ impl Driver {
                         return Flow::Restart;
                     }
                     Err(e) => {
-                        let wait = s.schedule.node_renewal_failed(now, self.random.unit());
+                        let wait =
+                            s.schedule
+                                .node_renewal_failed(now, self.random.unit(), e.retry_after);
                         tracing::warn!(error = %e, retry_in = ?wait, "node renewal failed");
                     }
                 }

@@ -102,17 +102,42 @@ impl Driver {
         skip_all,
         err(Display)
     )]
-    pub(super) async fn renew_node(&self) -> Result<NodeIdentity, String> {
-        let kc = signet_pki::new_key_and_csr().map_err(|e| e.to_string())?;
+    pub(super) async fn renew_node(&self) -> Result<NodeIdentity, RenewFailed> {
+        let kc = signet_pki::new_key_and_csr().map_err(RenewFailed::local)?;
         let svid = self
             .ca
             .renew_node(&kc.csr_der)
             .await
-            .map_err(|e| e.to_string())?;
-        let n = node::from_issued(svid, kc.key)?;
+            .map_err(|e| RenewFailed {
+                message: e.to_string(),
+                retry_after: e.retry_after(),
+            })?;
+        let n = node::from_issued(svid, kc.key).map_err(RenewFailed::local)?;
         if let Err(e) = node::save(&self.settings.data_dir, &n) {
             tracing::error!(error = %e, "cannot persist the renewed node identity");
         }
         Ok(n)
+    }
+}
+
+/// Why a node renewal failed, and the wait the server asked for (its pushback), if it did.
+#[derive(Debug)]
+pub(super) struct RenewFailed {
+    message: String,
+    pub(super) retry_after: Option<std::time::Duration>,
+}
+
+impl RenewFailed {
+    fn local(e: impl std::fmt::Display) -> Self {
+        Self {
+            message: e.to_string(),
+            retry_after: None,
+        }
+    }
+}
+
+impl std::fmt::Display for RenewFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
     }
 }

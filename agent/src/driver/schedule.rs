@@ -9,8 +9,9 @@
 //!   pass; a renewed node SVID starts a new pass (its connection is replaced).
 //! - Every failure is retried, whatever the server's status (Unavailable, Unauthenticated,
 //!   ResourceExhausted…): connection and node renewal with [`RETRY`] (capped exponential, full
-//!   jitter, at least half the base), the entry sync at a linearly growing pause
-//!   ([`sync_pause`]); a success forgets the failures. Each keeps one [`Retry`].
+//!   jitter, at least half the base; a node renewal never sooner than the server's pushback),
+//!   the entry sync at a linearly growing pause ([`sync_pause`]); a success forgets the
+//!   failures. Each keeps one [`Retry`].
 //! - The node SVID is renewed at its jittered time ([`renew_at`]), at once when it is
 //!   compromised, after a backoff when its replacement came back compromised too
 //!   ([`renewal_due`]), and after a failure's backoff, whatever else says.
@@ -268,9 +269,18 @@ impl Schedule {
         again
     }
 
-    /// Returns the wait before the next attempt.
-    pub fn node_renewal_failed(&mut self, now: SystemTime, rnd: f64) -> Duration {
-        self.node.retry.failed(now, rnd)
+    /// Returns the wait before the next attempt: the [`RETRY`] backoff, never less than the
+    /// server's `pushback` (`grpc-retry-pushback-ms`) when it sent one.
+    pub fn node_renewal_failed(
+        &mut self,
+        now: SystemTime,
+        rnd: f64,
+        pushback: Option<Duration>,
+    ) -> Duration {
+        let wait = RETRY.delay(self.node.retry.failures(), rnd);
+        let wait = pushback.map_or(wait, |p| wait.max(p));
+        self.node.retry.failed_after(now, wait);
+        wait
     }
 
     /// The entries were synced at `now`; `changed`: they differ from the known ones.

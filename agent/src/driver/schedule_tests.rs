@@ -175,11 +175,11 @@ fn a_failed_node_renewal_is_retried_after_its_backoff_whatever_else_says() {
     s.connect_succeeded();
     s.sync_succeeded(t(2800), false);
     s.rotated(t(9000));
-    let w1 = s.node_renewal_failed(t(2800), 0.0);
+    let w1 = s.node_renewal_failed(t(2800), 0.0, None);
     assert_eq!(w1, RETRY_BASE / 2);
     assert!(!pass(&s, t(2800), false).contains(&Step::RenewNode));
     assert_eq!(s.wait(t(2800), &none(), None), RETRY_BASE / 2);
-    let w2 = s.node_renewal_failed(t(2801), ALMOST);
+    let w2 = s.node_renewal_failed(t(2801), ALMOST, None);
     assert!(w2 > RETRY_BASE && w2 < 2 * RETRY_BASE, "{w2:?}");
     // Renewed: back to the usual schedule of the new certificate, failures forgotten.
     s.node_renewed(&cert(2803, 3600), t(2803), &none(), &FixedRandom(0.5));
@@ -187,9 +187,25 @@ fn a_failed_node_renewal_is_retried_after_its_backoff_whatever_else_says() {
     assert!(!pass(&s, t(2803 + 1799), false).contains(&Step::RenewNode));
     assert!(pass(&s, t(2803 + 1800), false).contains(&Step::RenewNode));
     assert_eq!(
-        s.node_renewal_failed(t(4603), ALMOST),
+        s.node_renewal_failed(t(4603), ALMOST, None),
         RETRY_BASE.mul_f64(ALMOST)
     );
+}
+
+#[test]
+fn a_node_renewal_the_server_shed_waits_at_least_its_pushback() {
+    let mut s = fresh();
+    s.connect_succeeded();
+    s.sync_succeeded(t(2800), false);
+    s.rotated(t(9000));
+    // The server shed the renewal and said 20 s: not retried before, whatever the jitter.
+    let w = s.node_renewal_failed(t(2800), 0.0, Some(Duration::from_secs(20)));
+    assert_eq!(w, Duration::from_secs(20));
+    assert!(!pass(&s, t(2819), false).contains(&Step::RenewNode));
+    assert!(pass(&s, t(2820), false).contains(&Step::RenewNode));
+    // A pushback shorter than the backoff changes nothing: the backoff still grows.
+    let w = s.node_renewal_failed(t(2820), ALMOST, Some(Duration::from_millis(1)));
+    assert!(w > RETRY_BASE && w < 2 * RETRY_BASE, "{w:?}");
 }
 
 #[test]
