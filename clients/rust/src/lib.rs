@@ -15,6 +15,8 @@
 //!   domain types (`signet_pki::SvidCertificate`, `signet_types` IDs, plain structs) and fail
 //!   with a [`CallError`] (its [`ErrorClass`], the server's code and message). Protos are
 //!   converted there and nowhere else; every call carries the caller's W3C trace context.
+//! - [`admin`]: [`admin::AdminClient`], the typed operator API on the admin socket (the
+//!   bundle as the server holds it, audit events, minting).
 //! - [`proto`]: the generated messages, for what has no typed call yet.
 #![forbid(unsafe_code)]
 
@@ -23,13 +25,14 @@ use std::path::{Path, PathBuf};
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-pub use signet_proto::{admin, istio_ca};
+pub use signet_proto::istio_ca;
 
 /// The generated gRPC messages and clients.
 pub mod proto {
     pub use signet_proto::{admin, agent, ca, istio_ca};
 }
 
+pub mod admin;
 pub mod ca;
 mod convert;
 mod error;
