@@ -1,8 +1,11 @@
-//! The typed client of the operator API on the server's admin Unix socket
-//! (`signet.admin.v1.Admin`): [`AdminClient`] reads the trust bundle as the server wrote it,
-//! lists audit events and mints an X509-SVID for any identity of the trust domain, answering
-//! in domain types. `signetctl` formats these; its other subcommands still call the generated
-//! clients ([`crate::proto::admin`]) until they get typed calls here.
+//! The typed clients of the operator API on the server's admin Unix socket:
+//! [`AdminClient`] (`signet.admin.v1.Admin`) reads the trust bundle as the server wrote it,
+//! lists audit events and mints an X509-SVID for any identity of the trust domain;
+//! [`NodeAdminClient`] (`signet.admin.v1.NodeAdmin`) creates join tokens, lists and bans
+//! nodes, creates, lists and deletes registration entries. Both answer in domain types, which
+//! `signetctl` formats; its other subcommands (certs, ledger, checkpoints, CA keys,
+//! revocation) still call the generated clients ([`crate::proto::admin`]) until they get typed
+//! calls here.
 //!
 //! The invariant is [`crate::ca`]'s: nothing the server sends reaches the caller unchecked. A
 //! bundle names a valid trust domain and each root is a whole X.509 certificate; a minted
@@ -13,6 +16,7 @@ use std::time::Duration;
 
 use signet_proto::admin as pb;
 use signet_proto::admin::admin_client::AdminClient as PbAdminClient;
+use signet_proto::admin::node_admin_client::NodeAdminClient as PbNodeAdminClient;
 use signet_types::TrustDomain;
 use tonic::transport::Channel;
 
@@ -135,6 +139,208 @@ impl AdminClient {
     }
 }
 
+// --- node admin ----------------------------------------------------------------------------
+
+/// A one-time join token. `Debug` hides the token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JoinToken {
+    /// The secret: shown once, the server keeps only its hash.
+    pub token: String,
+    pub node_id: String,
+    /// Unix seconds.
+    pub expires_at: i64,
+}
+
+impl std::fmt::Debug for JoinToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JoinToken")
+            .field("token", &"…")
+            .field("node_id", &self.node_id)
+            .field("expires_at", &self.expires_at)
+            .finish()
+    }
+}
+
+/// An attested node, as the server records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub node_id: String,
+    pub spiffe_id: String,
+    /// Unix seconds.
+    pub attested_at: i64,
+    pub banned: bool,
+    /// Its current SVID's serial.
+    pub serial: String,
+    /// Unix seconds.
+    pub not_after: i64,
+    /// How it attested (`join_token`, `k8s_psat`, ...).
+    pub attestation: String,
+}
+
+/// A registration entry, as the server records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegisteredEntry {
+    pub id: String,
+    pub spiffe_id: String,
+    pub parent_id: String,
+    pub selectors: Vec<String>,
+    /// Zero: the server's default.
+    pub ttl_seconds: i64,
+    pub dns_names: Vec<String>,
+    pub revision: u64,
+    /// Unix seconds.
+    pub created_at: i64,
+}
+
+/// A registration entry to create.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NewEntry {
+    pub spiffe_id: String,
+    pub parent: String,
+    pub selectors: Vec<String>,
+    /// Zero: the server's default.
+    pub ttl_seconds: i64,
+    pub dns_names: Vec<String>,
+}
+
+impl From<pb::NodeRecord> for Node {
+    fn from(n: pb::NodeRecord) -> Self {
+        Node {
+            node_id: n.node_id,
+            spiffe_id: n.spiffe_id,
+            attested_at: n.attested_at,
+            banned: n.banned,
+            serial: n.serial,
+            not_after: n.not_after,
+            attestation: n.attestation,
+        }
+    }
+}
+
+impl From<pb::EntryRecord> for RegisteredEntry {
+    fn from(e: pb::EntryRecord) -> Self {
+        RegisteredEntry {
+            id: e.id,
+            spiffe_id: e.spiffe_id,
+            parent_id: e.parent_id,
+            selectors: e.selectors,
+            ttl_seconds: e.ttl_seconds,
+            dns_names: e.dns_names,
+            revision: e.revision,
+            created_at: e.created_at,
+        }
+    }
+}
+
+/// The typed client of `signet.admin.v1.NodeAdmin`: join tokens, nodes, entries.
+#[derive(Clone, Debug)]
+pub struct NodeAdminClient {
+    nodes: PbNodeAdminClient<Channel>,
+}
+
+impl NodeAdminClient {
+    /// Connects to the admin API on the server's Unix socket.
+    pub async fn connect(socket: &Path) -> Result<Self, ClientError> {
+        Ok(Self::from_channel(crate::connect_admin(socket).await?))
+    }
+
+    pub fn from_channel(channel: Channel) -> Self {
+        Self {
+            nodes: PbNodeAdminClient::new(channel),
+        }
+    }
+
+    /// `CreateJoinToken`, valid `ttl` (whole seconds), for `node_id` (`None`: a random one).
+    pub async fn create_join_token(
+        &self,
+        ttl: Duration,
+        node_id: Option<String>,
+    ) -> Result<JoinToken, CallError> {
+        let msg = pb::CreateJoinTokenRequest {
+            ttl_seconds: i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX),
+            node_id: node_id.unwrap_or_default(),
+        };
+        let r = self
+            .nodes
+            .clone()
+            .create_join_token(request(msg, None)?)
+            .await?
+            .into_inner();
+        if r.token.is_empty() {
+            return Err(CallError::invalid_answer("an empty join token"));
+        }
+        Ok(JoinToken {
+            token: r.token,
+            node_id: r.node_id,
+            expires_at: r.expires_at,
+        })
+    }
+
+    /// `ListNodes`.
+    pub async fn nodes(&self) -> Result<Vec<Node>, CallError> {
+        let r = self
+            .nodes
+            .clone()
+            .list_nodes(request(pb::ListNodesRequest {}, None)?)
+            .await?
+            .into_inner();
+        Ok(r.nodes.into_iter().map(Node::from).collect())
+    }
+
+    /// `BanNode`: the node as banned.
+    pub async fn ban(&self, node_id: &str) -> Result<Node, CallError> {
+        let msg = pb::BanNodeRequest {
+            node_id: node_id.to_owned(),
+        };
+        Ok(self
+            .nodes
+            .clone()
+            .ban_node(request(msg, None)?)
+            .await?
+            .into_inner()
+            .into())
+    }
+
+    /// `CreateEntry`.
+    pub async fn create_entry(&self, e: &NewEntry) -> Result<RegisteredEntry, CallError> {
+        let msg = pb::CreateEntryRequest {
+            spiffe_id: e.spiffe_id.clone(),
+            parent: e.parent.clone(),
+            selectors: e.selectors.clone(),
+            ttl_seconds: e.ttl_seconds,
+            dns_names: e.dns_names.clone(),
+        };
+        Ok(self
+            .nodes
+            .clone()
+            .create_entry(request(msg, None)?)
+            .await?
+            .into_inner()
+            .into())
+    }
+
+    /// `ListEntries`, under `parent` (`None`: all).
+    pub async fn entries(&self, parent: Option<String>) -> Result<Vec<RegisteredEntry>, CallError> {
+        let msg = pb::ListEntriesRequest {
+            parent: parent.unwrap_or_default(),
+        };
+        let r = self
+            .nodes
+            .clone()
+            .list_entries(request(msg, None)?)
+            .await?
+            .into_inner();
+        Ok(r.entries.into_iter().map(RegisteredEntry::from).collect())
+    }
+
+    /// `DeleteEntry`.
+    pub async fn delete_entry(&self, id: &str) -> Result<(), CallError> {
+        let msg = pb::DeleteEntryRequest { id: id.to_owned() };
+        self.nodes.clone().delete_entry(request(msg, None)?).await?;
+        Ok(())
+    }
+}
+
 // --- proto conversions ------------------------------------------------------------------
 
 fn server_bundle(b: pb::BundleResponse) -> Result<ServerBundle, CallError> {
@@ -197,6 +403,38 @@ mod tests {
             let e = server_bundle(bad).unwrap_err();
             assert!(matches!(e, CallError::InvalidAnswer(_)), "{e:?}");
         }
+    }
+
+    #[test]
+    fn node_admin_records_convert_and_a_token_is_never_shown() {
+        let t = JoinToken {
+            token: "s3cret-token".into(),
+            node_id: "n1".into(),
+            expires_at: 5,
+        };
+        let shown = format!("{t:?}");
+        assert!(!shown.contains("s3cret") && shown.contains("n1"), "{shown}");
+        let n = Node::from(pb::NodeRecord {
+            node_id: "n1".into(),
+            spiffe_id: "spiffe://example.org/signet/node/n1".into(),
+            attested_at: 1,
+            banned: true,
+            serial: "ab".into(),
+            not_after: 2,
+            attestation: "join_token".into(),
+        });
+        assert_eq!((n.node_id.as_str(), n.banned, n.not_after), ("n1", true, 2));
+        let e = RegisteredEntry::from(pb::EntryRecord {
+            id: "e1".into(),
+            spiffe_id: "spiffe://example.org/web".into(),
+            parent_id: "spiffe://example.org/signet/node/n1".into(),
+            selectors: vec!["unix:uid:33".into()],
+            ttl_seconds: 60,
+            dns_names: vec![],
+            revision: 4,
+            created_at: 3,
+        });
+        assert_eq!((e.id.as_str(), e.ttl_seconds, e.revision), ("e1", 60, 4));
     }
 
     #[test]

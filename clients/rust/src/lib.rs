@@ -15,8 +15,9 @@
 //!   domain types (`signet_pki::SvidCertificate`, `signet_types` IDs, plain structs) and fail
 //!   with a [`CallError`] (its [`ErrorClass`], the server's code and message). Protos are
 //!   converted there and nowhere else; every call carries the caller's W3C trace context.
-//! - [`admin`]: [`admin::AdminClient`], the typed operator API on the admin socket (the
-//!   bundle as the server holds it, audit events, minting).
+//! - [`admin`]: [`admin::AdminClient`] and [`admin::NodeAdminClient`], the typed operator API
+//!   on the admin socket (the bundle as the server holds it, audit events, minting; join
+//!   tokens, nodes, registration entries).
 //! - [`proto`]: the generated messages, for what has no typed call yet.
 #![forbid(unsafe_code)]
 
