@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use serde::Deserialize;
-use signet_client::admin::CreateEntryRequest;
+use signet_client::admin::NewEntry;
 
 /// One entry as the file spells it.
 #[derive(Debug, Deserialize)]
@@ -65,7 +65,7 @@ fn is_json(path: &Path) -> bool {
 }
 
 /// Parses a file's text into the batch's requests, in the file's order.
-pub fn parse(text: &str, json: bool) -> anyhow::Result<Vec<CreateEntryRequest>> {
+pub fn parse(text: &str, json: bool) -> anyhow::Result<Vec<NewEntry>> {
     let entries: Vec<FileEntry> = if json {
         serde_json::from_str(text).map_err(|e| anyhow!("{e}"))?
     } else {
@@ -82,7 +82,7 @@ pub fn parse(text: &str, json: bool) -> anyhow::Result<Vec<CreateEntryRequest>> 
                 Some(t) => t.seconds().with_context(|| format!("entry {i}"))?,
                 None => 0,
             };
-            Ok(CreateEntryRequest {
+            Ok(NewEntry {
                 spiffe_id: e.spiffe_id,
                 parent: e.parent,
                 selectors: e.selectors,
@@ -94,7 +94,7 @@ pub fn parse(text: &str, json: bool) -> anyhow::Result<Vec<CreateEntryRequest>> 
 }
 
 /// Reads `path` (`-`: standard input) and parses it.
-pub fn read(path: &Path) -> anyhow::Result<Vec<CreateEntryRequest>> {
+pub fn read(path: &Path) -> anyhow::Result<Vec<NewEntry>> {
     let text = if path == Path::new("-") {
         std::io::read_to_string(std::io::stdin()).context("reading standard input")?
     } else {

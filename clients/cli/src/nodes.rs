@@ -1,5 +1,6 @@
 //! `signetctl token|node|entry`: join tokens, attested nodes and registration entries
-//! (the `signet.admin.v1.NodeAdmin` service on the admin socket).
+//! (the `signet.admin.v1.NodeAdmin` service on the admin socket, through the typed
+//! `signet_client::admin::NodeAdminClient`).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -7,14 +8,9 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use clap::Subcommand;
-use signet_client::admin::node_admin_client::NodeAdminClient;
-use signet_client::admin::{
-    BanNodeRequest, BatchCreateEntriesRequest, CreateEntryRequest, CreateJoinTokenRequest,
-    DeleteEntryRequest, EntryRecord, ListEntriesRequest, ListNodesRequest, NodeRecord,
-};
-use tonic::transport::Channel;
+use signet_client::admin::{NewEntry, Node, NodeAdminClient, RegisteredEntry};
 
-use crate::{rfc3339, status_err};
+use crate::{call_err, rfc3339};
 
 #[derive(Debug, Subcommand)]
 pub enum TokenCmd {
@@ -89,11 +85,10 @@ pub enum EntryCmd {
     Delete { id: String },
 }
 
-async fn client(socket: &Path) -> anyhow::Result<NodeAdminClient<Channel>> {
-    let ch = signet_client::connect_admin(socket).await.map_err(|e| {
-        anyhow!("{e}\n(is signet-server running? point --socket at <data_dir>/admin.sock)")
-    })?;
-    Ok(NodeAdminClient::new(ch))
+async fn client(socket: &Path) -> anyhow::Result<NodeAdminClient> {
+    NodeAdminClient::connect(socket)
+        .await
+        .map_err(crate::unreachable)
 }
 
 fn secs(d: Duration) -> i64 {
@@ -107,13 +102,9 @@ pub async fn token(socket: &Path, cmd: TokenCmd) -> anyhow::Result<ExitCode> {
     }
     let r = client(socket)
         .await?
-        .create_join_token(CreateJoinTokenRequest {
-            ttl_seconds: secs(ttl),
-            node_id: node_id.unwrap_or_default(),
-        })
+        .create_join_token(ttl, node_id)
         .await
-        .map_err(|s| status_err("token create", s))?
-        .into_inner();
+        .map_err(|e| call_err("token create", &e))?;
     if json {
         println!(
             "{}",
@@ -131,7 +122,7 @@ pub async fn token(socket: &Path, cmd: TokenCmd) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn node_json(n: &NodeRecord) -> serde_json::Value {
+fn node_json(n: &Node) -> serde_json::Value {
     serde_json::json!({
         "node_id": n.node_id,
         "spiffe_id": n.spiffe_id,
@@ -144,15 +135,10 @@ fn node_json(n: &NodeRecord) -> serde_json::Value {
 }
 
 pub async fn node(socket: &Path, cmd: NodeCmd) -> anyhow::Result<ExitCode> {
-    let mut c = client(socket).await?;
+    let c = client(socket).await?;
     match cmd {
         NodeCmd::List { json } => {
-            let nodes = c
-                .list_nodes(ListNodesRequest {})
-                .await
-                .map_err(|s| status_err("node list", s))?
-                .into_inner()
-                .nodes;
+            let nodes = c.nodes().await.map_err(|e| call_err("node list", &e))?;
             if json {
                 for n in &nodes {
                     println!("{}", node_json(n));
@@ -184,22 +170,18 @@ pub async fn node(socket: &Path, cmd: NodeCmd) -> anyhow::Result<ExitCode> {
                 // Checks the reason and the node before anything changes.
                 crate::revoke::revoke_request(
                     socket,
-                    signet_client::admin::revoke_request::Selector::Node(node.clone()),
+                    signet_client::proto::admin::revoke_request::Selector::Node(node.clone()),
                     &reason,
                     true,
                 )
                 .await?;
             }
-            let n = c
-                .ban_node(BanNodeRequest { node_id: node })
-                .await
-                .map_err(|s| status_err("node ban", s))?
-                .into_inner();
+            let n = c.ban(&node).await.map_err(|e| call_err("node ban", &e))?;
             println!("banned node {} ({})", n.node_id, n.spiffe_id);
             if revoke {
                 let r = crate::revoke::revoke_request(
                     socket,
-                    signet_client::admin::revoke_request::Selector::Node(n.node_id.clone()),
+                    signet_client::proto::admin::revoke_request::Selector::Node(n.node_id.clone()),
                     &reason,
                     false,
                 )
@@ -211,7 +193,7 @@ pub async fn node(socket: &Path, cmd: NodeCmd) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn entry_json(e: &EntryRecord) -> serde_json::Value {
+fn entry_json(e: &RegisteredEntry) -> serde_json::Value {
     serde_json::json!({
         "id": e.id,
         "spiffe_id": e.spiffe_id,
@@ -225,7 +207,7 @@ fn entry_json(e: &EntryRecord) -> serde_json::Value {
 }
 
 pub async fn entry(socket: &Path, cmd: EntryCmd) -> anyhow::Result<ExitCode> {
-    let mut c = client(socket).await?;
+    let c = client(socket).await?;
     match cmd {
         EntryCmd::Create {
             file: Some(file),
@@ -233,12 +215,11 @@ pub async fn entry(socket: &Path, cmd: EntryCmd) -> anyhow::Result<ExitCode> {
             ..
         } => {
             let entries = crate::entry_file::read(&file)?;
-            let r = c
-                .batch_create_entries(BatchCreateEntriesRequest { entries })
+            let (created, revision) = c
+                .create_entries(&entries)
                 .await
-                .map_err(|s| status_err("entry create", s))?
-                .into_inner();
-            for e in &r.entries {
+                .map_err(|e| call_err("entry create", &e))?;
+            for e in &created {
                 if json {
                     println!("{}", entry_json(e));
                 } else {
@@ -246,11 +227,7 @@ pub async fn entry(socket: &Path, cmd: EntryCmd) -> anyhow::Result<ExitCode> {
                 }
             }
             if !json {
-                eprintln!(
-                    "{} entries created (revision {})",
-                    r.entries.len(),
-                    r.revision
-                );
+                eprintln!("{} entries created (revision {})", created.len(), revision);
             }
         }
         EntryCmd::Create {
@@ -263,7 +240,7 @@ pub async fn entry(socket: &Path, cmd: EntryCmd) -> anyhow::Result<ExitCode> {
             json,
         } => {
             let e = c
-                .create_entry(CreateEntryRequest {
+                .create_entry(&NewEntry {
                     spiffe_id: spiffe_id.unwrap_or_default(),
                     parent: parent.unwrap_or_default(),
                     selectors,
@@ -271,8 +248,7 @@ pub async fn entry(socket: &Path, cmd: EntryCmd) -> anyhow::Result<ExitCode> {
                     dns_names,
                 })
                 .await
-                .map_err(|s| status_err("entry create", s))?
-                .into_inner();
+                .map_err(|e| call_err("entry create", &e))?;
             if json {
                 println!("{}", entry_json(&e));
             } else {
@@ -285,13 +261,9 @@ pub async fn entry(socket: &Path, cmd: EntryCmd) -> anyhow::Result<ExitCode> {
         }
         EntryCmd::List { parent, json } => {
             let entries = c
-                .list_entries(ListEntriesRequest {
-                    parent: parent.unwrap_or_default(),
-                })
+                .entries(parent)
                 .await
-                .map_err(|s| status_err("entry list", s))?
-                .into_inner()
-                .entries;
+                .map_err(|e| call_err("entry list", &e))?;
             if json {
                 for e in &entries {
                     println!("{}", entry_json(e));
@@ -314,9 +286,9 @@ pub async fn entry(socket: &Path, cmd: EntryCmd) -> anyhow::Result<ExitCode> {
             }
         }
         EntryCmd::Delete { id } => {
-            c.delete_entry(DeleteEntryRequest { id: id.clone() })
+            c.delete_entry(&id)
                 .await
-                .map_err(|s| status_err("entry delete", s))?;
+                .map_err(|e| call_err("entry delete", &e))?;
             println!("deleted entry {id}");
         }
     }
