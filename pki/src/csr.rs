@@ -40,9 +40,14 @@ pub fn build_csr(key: &PrivateKey, names: &CsrNames) -> Result<String, KeyError>
     csr.pem().map_err(|e| KeyError::Csr(e.to_string()))
 }
 
-/// A fresh workload key and a CSR for it. `Debug` shows the CSR only.
+/// A fresh private key and a CSR for it: the one such type of every Signet client
+/// (`signet_client` re-exports it). The key stays with the caller. `Debug` shows the CSR only,
+/// never the key.
 pub struct KeyAndCsr {
-    pub key: PrivateKey,
+    /// The private key, PKCS#8 DER.
+    pub key_pkcs8_der: Vec<u8>,
+    /// The private key, PKCS#8 PEM.
+    pub key_pem: String,
     pub csr_der: Vec<u8>,
     pub csr_pem: String,
 }
@@ -65,6 +70,37 @@ pub fn new_key_and_csr() -> Result<KeyAndCsr, KeyError> {
     Ok(KeyAndCsr {
         csr_der: csr.der().to_vec(),
         csr_pem: csr.pem().map_err(|e| KeyError::Csr(e.to_string()))?,
-        key,
+        key_pem: key.to_pem(crate::key::KeyEncoding::Pkcs8)?,
+        key_pkcs8_der: key.pkcs8_der().to_vec(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_key_and_csr_match_and_debug_hides_the_key() {
+        let kc = new_key_and_csr().unwrap();
+        let key = PrivateKey::from_pkcs8_der(&kc.key_pkcs8_der).unwrap();
+        assert_eq!(
+            key.to_pem(crate::key::KeyEncoding::Pkcs8).unwrap(),
+            kc.key_pem
+        );
+        use x509_parser::prelude::FromDer as _;
+        let (_, csr) =
+            x509_parser::certification_request::X509CertificationRequest::from_der(&kc.csr_der)
+                .unwrap();
+        assert_eq!(
+            csr.certification_request_info.subject_pki.raw,
+            key.public_key_der().unwrap().as_slice()
+        );
+        let shown = format!("{kc:?}");
+        assert!(shown.contains("BEGIN CERTIFICATE REQUEST"), "{shown}");
+        assert!(!shown.contains("PRIVATE KEY"), "{shown}");
+        assert!(
+            !shown.contains(&format!("{:?}", kc.key_pkcs8_der)),
+            "{shown}"
+        );
+    }
 }

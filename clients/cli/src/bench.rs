@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
 use clap::Args;
-use signet_client::admin::GetBundleRequest;
 use signet_client::istio_ca::IstioCertificateRequest;
 use signet_client::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient;
 use tonic::transport::Channel;
@@ -58,13 +57,12 @@ pub struct BenchArgs {
 }
 
 pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
-    let bundle = crate::admin(socket)
+    let bundle = crate::typed_admin(socket)
         .await?
-        .get_bundle(GetBundleRequest {})
+        .bundle()
         .await
-        .map_err(|s| crate::status_err("bundle", s))?
-        .into_inner();
-    let bundle_pem = signet_types::pem::certs_to_pem(bundle.roots.iter().map(Vec::as_slice));
+        .map_err(|e| crate::call_err("bundle", &e))?;
+    let bundle_pem = bundle.roots_pem();
     let token = match &args.token_file {
         Some(p) => Some(
             std::fs::read_to_string(p)
@@ -93,7 +91,7 @@ pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
     let trust_domain = args
         .trust_domain
         .as_deref()
-        .unwrap_or(&bundle.trust_domain)
+        .unwrap_or(bundle.trust_domain.as_str())
         .parse()
         .map_err(|e| anyhow!("--trust-domain: {e}"))?;
     let roots = match &args.bundle {

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::anyhow;
 use clap::Subcommand;
-use signet_client::admin::ca_admin_client::CaAdminClient;
-use signet_client::admin::{
+use signet_client::proto::admin::ca_admin_client::CaAdminClient;
+use signet_client::proto::admin::{
     CaActionResponse, CaKeyRequest, CaPrepareRequest, CaRevokeRequest, CaSlot, CaStatusRequest,
 };
 use tonic::transport::Channel;

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 use serde::Serialize;
-use signet_client::admin::{CertificateRecord, GetCertificateRequest, ListCertificatesRequest};
+use signet_client::proto::admin::{
+    CertificateRecord, GetCertificateRequest, ListCertificatesRequest,
+};
 
 use crate::{admin, revoke, status_err};
 

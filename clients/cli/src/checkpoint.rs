@@ -12,8 +12,8 @@ use std::process::ExitCode;
 
 use anyhow::{Context, anyhow, bail};
 use clap::Subcommand;
-use signet_client::admin::ledger_admin_client::LedgerAdminClient;
-use signet_client::admin::{
+use signet_client::proto::admin::ledger_admin_client::LedgerAdminClient;
+use signet_client::proto::admin::{
     Checkpoint, CreateCheckpointRequest, GetCheckpointKeyRequest, GetLatestCheckpointRequest,
     ListCheckpointsRequest,
 };

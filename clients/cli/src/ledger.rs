@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::anyhow;
 use clap::Subcommand;
-use signet_client::admin::{GetLedgerHeadRequest, StreamLedgerRequest};
+use signet_client::proto::admin::{GetLedgerHeadRequest, StreamLedgerRequest};
 use signet_types::ledger::{Hash, LedgerEntry, Verifier};
 
 use crate::{admin, checkpoint, revoke, status_err};
@@ -168,7 +168,7 @@ pub(crate) async fn verify_ledger_with(
 fn verify_event_row(
     v: &mut Verifier,
     refs: &revoke::EventRefs,
-    e: &signet_client::admin::LedgerEventRecord,
+    e: &signet_client::proto::admin::LedgerEventRecord,
     expect: &checkpoint::Expectations,
 ) -> anyhow::Result<Result<(), String>> {
     Ok(match revoke::verify_event(v, refs, e)? {

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use clap::{Parser, Subcommand};
-use signet_client::admin::admin_client::AdminClient;
-use signet_client::admin::{GetBundleRequest, ListAuditEventsRequest};
+use signet_client::CallError;
+use signet_client::proto::admin::admin_client::AdminClient;
 use tonic::transport::Channel;
 
 pub(crate) use certs::rfc3339;
@@ -128,24 +128,42 @@ enum AuditCmd {
     },
 }
 
+/// Why the admin socket could not be reached, with what to check.
+fn unreachable(e: signet_client::ClientError) -> anyhow::Error {
+    anyhow!("{e}\n(is signet-server running? point --socket at <data_dir>/admin.sock)")
+}
+
+/// The generated admin client, for the subcommands without a typed call yet (certs, ledger).
 async fn admin(socket: &Path) -> anyhow::Result<AdminClient<Channel>> {
-    let ch = signet_client::connect_admin(socket).await.map_err(|e| {
-        anyhow!("{e}\n(is signet-server running? point --socket at <data_dir>/admin.sock)")
-    })?;
+    let ch = signet_client::connect_admin(socket)
+        .await
+        .map_err(unreachable)?;
     Ok(AdminClient::new(ch))
+}
+
+/// The typed admin client ([`signet_client::admin::AdminClient`]).
+async fn typed_admin(socket: &Path) -> anyhow::Result<signet_client::admin::AdminClient> {
+    signet_client::admin::AdminClient::connect(socket)
+        .await
+        .map_err(unreachable)
 }
 
 /// A failed call, said with what to do about it (the classification every client shares).
 fn status_err(what: &str, s: tonic::Status) -> anyhow::Error {
-    let hint = match signet_client::ErrorClass::of_status(&s) {
-        signet_client::ErrorClass::Retryable => match signet_client::retry_pushback(&s) {
+    call_err(what, &CallError::from(s))
+}
+
+/// [`status_err`] for a typed call: `<what>: <message> (<code>[; hint])`.
+fn call_err(what: &str, e: &CallError) -> anyhow::Error {
+    let hint = match e.class() {
+        signet_client::ErrorClass::Retryable => match e.pushback() {
             Some(wait) => format!("; try again in {} ms", wait.as_millis()),
             None => "; try again".to_owned(),
         },
         signet_client::ErrorClass::Invalid => "; the request is malformed".to_owned(),
         signet_client::ErrorClass::Permanent => String::new(),
     };
-    anyhow!("{what}: {} ({:?}{hint})", s.message(), s.code())
+    anyhow!("{what}: {} ({:?}{hint})", e.message(), e.code())
 }
 
 #[tokio::main]
@@ -166,18 +184,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Bundle {
             cmd: BundleCmd::Show { pem },
         } => {
-            let b = admin(&cli.socket)
+            let b = typed_admin(&cli.socket)
                 .await?
-                .get_bundle(GetBundleRequest {})
+                .bundle()
                 .await
-                .map_err(|s| status_err("bundle", s))?
-                .into_inner();
-            let pem_text = signet_types::pem::certs_to_pem(b.roots.iter().map(Vec::as_slice));
+                .map_err(|e| call_err("bundle", &e))?;
+            let pem_text = b.roots_pem();
             if !pem {
                 println!("trust domain: {}", b.trust_domain);
                 println!("revision:     {}", b.revision);
                 println!("file:         {}", b.path);
-                for r in &b.roots {
+                for r in &b.roots_der {
                     println!("root SHA-256: {}", fingerprint(r));
                 }
             }
@@ -196,13 +213,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let expect = if checkpoints.is_empty() && expect_heads.is_empty() {
                 checkpoint::Expectations::default()
             } else {
-                let td = admin(&cli.socket)
+                let td = typed_admin(&cli.socket)
                     .await?
-                    .get_bundle(GetBundleRequest {})
+                    .bundle()
                     .await
-                    .map_err(|s| status_err("bundle", s))?
-                    .into_inner()
-                    .trust_domain;
+                    .map_err(|e| call_err("bundle", &e))?
+                    .trust_domain
+                    .to_string();
                 checkpoint::Expectations::load(
                     &checkpoints,
                     checkpoint_key.as_deref(),
@@ -218,16 +235,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Audit {
             cmd: AuditCmd::List { after, limit, json },
         } => {
-            let events = admin(&cli.socket)
+            let events = typed_admin(&cli.socket)
                 .await?
-                .list_audit_events(ListAuditEventsRequest {
-                    after_id: after,
-                    limit,
-                })
+                .audit_events(after, limit)
                 .await
-                .map_err(|s| status_err("audit", s))?
-                .into_inner()
-                .events;
+                .map_err(|e| call_err("audit", &e))?;
             for e in events {
                 if json {
                     println!(

@@ -5,9 +5,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow};
-use signet_client::admin::{GetBundleRequest, MintX509SvidRequest};
+use signet_client::admin::MintRequest;
 
-use crate::{admin, status_err};
+use crate::{call_err, typed_admin};
 
 pub(crate) struct Minted {
     pub serial: String,
@@ -22,24 +22,21 @@ pub(crate) async fn mint_identity(
     ttl: Duration,
 ) -> anyhow::Result<Minted> {
     let kc = signet_client::new_key_and_csr()?;
-    let resp = admin(socket)
+    let issued = typed_admin(socket)
         .await?
-        .mint_x509_svid(MintX509SvidRequest {
+        .mint(&MintRequest {
             spiffe_id: spiffe_id.to_owned(),
             csr: kc.csr_der.clone(),
-            ttl_seconds: i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX),
+            ttl,
             dns_names,
         })
         .await
-        .map_err(|s| status_err("mint", s))?
-        .into_inner();
-    // Without the root: a presented chain ends below the trust anchor.
-    let n = resp.cert_chain.len().saturating_sub(1).max(1);
-    let chain_pem =
-        signet_types::pem::certs_to_pem(resp.cert_chain.iter().take(n).map(Vec::as_slice));
+        .map_err(|e| call_err("mint", &e))?;
+    // Without the root (split off by signet_client): a presented chain ends below the trust
+    // anchor.
     Ok(Minted {
-        serial: resp.serial,
-        chain_pem,
+        serial: issued.certificate.serial_hex().to_owned(),
+        chain_pem: issued.certificate.chain_pem(),
         key_pem: kc.key_pem,
     })
 }
@@ -86,12 +83,11 @@ pub(crate) async fn mint(
     out: &Path,
 ) -> anyhow::Result<Minted> {
     let minted = mint_identity(socket, spiffe_id, dns_names, ttl).await?;
-    let bundle = admin(socket)
+    let bundle = typed_admin(socket)
         .await?
-        .get_bundle(GetBundleRequest {})
+        .bundle()
         .await
-        .map_err(|s| status_err("bundle", s))?
-        .into_inner();
+        .map_err(|e| call_err("bundle", &e))?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     write_replacing(&out.join("svid.pem"), minted.chain_pem.as_bytes(), 0o644)?;
     // The key is 0600 whatever was there before (a 0644 file, a symlink): a new file is
@@ -99,7 +95,7 @@ pub(crate) async fn mint(
     write_replacing(&out.join("svid_key.pem"), minted.key_pem.as_bytes(), 0o600)?;
     write_replacing(
         &out.join("bundle.pem"),
-        signet_types::pem::certs_to_pem(bundle.roots.iter().map(Vec::as_slice)).as_bytes(),
+        bundle.roots_pem().as_bytes(),
         0o644,
     )?;
     Ok(minted)

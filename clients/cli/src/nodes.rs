@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use clap::Subcommand;
-use signet_client::admin::node_admin_client::NodeAdminClient;
-use signet_client::admin::{
+use signet_client::proto::admin::node_admin_client::NodeAdminClient;
+use signet_client::proto::admin::{
     BanNodeRequest, CreateEntryRequest, CreateJoinTokenRequest, DeleteEntryRequest, EntryRecord,
     ListEntriesRequest, ListNodesRequest, NodeRecord,
 };
@@ -179,7 +179,7 @@ pub async fn node(socket: &Path, cmd: NodeCmd) -> anyhow::Result<ExitCode> {
                 // Checks the reason and the node before anything changes.
                 crate::revoke::revoke_request(
                     socket,
-                    signet_client::admin::revoke_request::Selector::Node(node.clone()),
+                    signet_client::proto::admin::revoke_request::Selector::Node(node.clone()),
                     &reason,
                     true,
                 )
@@ -194,7 +194,7 @@ pub async fn node(socket: &Path, cmd: NodeCmd) -> anyhow::Result<ExitCode> {
             if revoke {
                 let r = crate::revoke::revoke_request(
                     socket,
-                    signet_client::admin::revoke_request::Selector::Node(n.node_id.clone()),
+                    signet_client::proto::admin::revoke_request::Selector::Node(n.node_id.clone()),
                     &reason,
                     false,
                 )

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use anyhow::anyhow;
 use clap::{Args, Subcommand};
-use signet_client::admin::revocation_admin_client::RevocationAdminClient;
-use signet_client::admin::{
+use signet_client::proto::admin::revocation_admin_client::RevocationAdminClient;
+use signet_client::proto::admin::{
     GetCrlsRequest, LedgerEventRecord, RevokeRequest, RevokeResponse, RevokedCertificate,
     StreamLedgerEventsRequest, revoke_request::Selector,
 };

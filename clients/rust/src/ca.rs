@@ -206,7 +206,7 @@ impl CaClient {
 
 /// Splits off the root a chain of more than one certificate ends with, checks it parses,
 /// and checks the rest as the X509-SVID for `claimed_id`.
-fn split_root(mut chain: Vec<Vec<u8>>, claimed_id: &str) -> Result<Issued, CallError> {
+pub(crate) fn split_root(mut chain: Vec<Vec<u8>>, claimed_id: &str) -> Result<Issued, CallError> {
     if chain.is_empty() {
         return Err(CallError::invalid_answer("no certificate"));
     }
@@ -243,7 +243,7 @@ fn issued_of_istio(resp: istio::IstioCertificateResponse) -> Result<Issued, Call
 }
 
 /// `der` is exactly one X.509 certificate.
-fn whole_certificate(der: &[u8]) -> Result<(), String> {
+pub(crate) fn whole_certificate(der: &[u8]) -> Result<(), String> {
     match x509_parser::parse_x509_certificate(der) {
         Ok(([], _)) => Ok(()),
         Ok(_) => Err("trailing data after the certificate".into()),

@@ -15,6 +15,8 @@
 //!   domain types (`signet_pki::SvidCertificate`, `signet_types` IDs, plain structs) and fail
 //!   with a [`CallError`] (its [`ErrorClass`], the server's code and message). Protos are
 //!   converted there and nowhere else; every call carries the caller's W3C trace context.
+//! - [`admin`]: [`admin::AdminClient`], the typed operator API on the admin socket (the
+//!   bundle as the server holds it, audit events, minting).
 //! - [`proto`]: the generated messages, for what has no typed call yet.
 #![forbid(unsafe_code)]
 
@@ -23,13 +25,14 @@ use std::path::{Path, PathBuf};
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-pub use signet_proto::{admin, istio_ca};
+pub use signet_proto::istio_ca;
 
 /// The generated gRPC messages and clients.
 pub mod proto {
     pub use signet_proto::{admin, agent, ca, istio_ca};
 }
 
+pub mod admin;
 pub mod ca;
 mod convert;
 mod error;
@@ -133,36 +136,12 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-/// A private key and a CSR for it. The key stays with the caller. `Debug` hides the key.
-pub struct KeyAndCsr {
-    /// PKCS#8 DER.
-    pub key_pkcs8_der: Vec<u8>,
-    pub key_pem: String,
-    pub csr_der: Vec<u8>,
-    pub csr_pem: String,
-}
-
-impl std::fmt::Debug for KeyAndCsr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeyAndCsr")
-            .field("csr_pem", &self.csr_pem)
-            .finish_non_exhaustive()
-    }
-}
+pub use signet_pki::KeyAndCsr;
 
 /// Generates an ECDSA P-256 key and a CSR carrying no names: the server fills in the caller's
 /// identity.
 pub fn new_key_and_csr() -> Result<KeyAndCsr, ClientError> {
-    let made = signet_pki::new_key_and_csr().map_err(|e| ClientError::Key(e.to_string()))?;
-    Ok(KeyAndCsr {
-        key_pkcs8_der: made.key.pkcs8_der().to_vec(),
-        key_pem: made
-            .key
-            .to_pem(signet_pki::KeyEncoding::Pkcs8)
-            .map_err(|e| ClientError::Key(e.to_string()))?,
-        csr_der: made.csr_der,
-        csr_pem: made.csr_pem,
-    })
+    signet_pki::new_key_and_csr().map_err(|e| ClientError::Key(e.to_string()))
 }
 
 /// Attaches `authorization: Bearer <token>` to a request.
