@@ -25,9 +25,10 @@ pub const CRLS_FILE: &str = "crls.pem";
 /// shows the key.
 pub type NodeIdentity = X509Svid;
 
-/// The node identity from the server's answer and the key the agent generated for it:
-/// refused when the key is not the leaf's or the chain is not an X509-SVID.
-pub fn from_issued(issued: SvidCertificate, key: PrivateKey) -> Result<NodeIdentity, String> {
+/// The node identity from the server's answer and the key the agent generated for it
+/// (PKCS#8 DER): refused when the key is not the leaf's or the chain is not an X509-SVID.
+pub fn from_issued(issued: SvidCertificate, key_pkcs8_der: &[u8]) -> Result<NodeIdentity, String> {
+    let key = PrivateKey::from_pkcs8_der(key_pkcs8_der).map_err(|e| e.to_string())?;
     X509Svid::new(issued, key).map_err(|e| e.to_string())
 }
 

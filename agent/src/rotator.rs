@@ -373,7 +373,7 @@ impl Rotator {
             ) else {
                 continue;
             };
-            let svid = result.and_then(|issued| self.to_svid(spec, issued, key.key));
+            let svid = result.and_then(|issued| self.to_svid(spec, issued, &key.key_pkcs8_der));
             match svid {
                 Ok((svid, issuers)) => {
                     // The server backdates not_before; the lifetime that counts is the one
@@ -431,7 +431,7 @@ impl Rotator {
         &self,
         spec: &EntrySpec,
         issued: SvidCertificate,
-        key: PrivateKey,
+        key_pkcs8_der: &[u8],
     ) -> Result<(X509Svid, Vec<Vec<u8>>), CaError> {
         if *issued.spiffe_id() != spec.spiffe_id {
             return Err(CaError::Invalid(format!(
@@ -441,6 +441,8 @@ impl Rotator {
             )));
         }
         let issuers = issued.chain_der().get(1..).unwrap_or_default().to_vec();
+        let key = PrivateKey::from_pkcs8_der(key_pkcs8_der)
+            .map_err(|e| CaError::Invalid(e.to_string()))?;
         let svid = X509Svid::new(issued.without(&self.bundle_der), key)
             .map_err(|e| CaError::Invalid(e.to_string()))?;
         Ok((svid, issuers))

@@ -74,24 +74,8 @@ impl TestCa {
 
     /// A CRL numbered `number` listing `serials`.
     pub fn crl(&self, number: u64, serials: &[u64]) -> Vec<u8> {
-        let now = SystemTime::now();
-        let p = rcgen::CertificateRevocationListParams {
-            this_update: now.into(),
-            next_update: (now + Duration::from_secs(3600)).into(),
-            crl_number: rcgen::SerialNumber::from(number.to_be_bytes().to_vec()),
-            issuing_distribution_point: None,
-            revoked_certs: serials
-                .iter()
-                .map(|s| rcgen::RevokedCertParams {
-                    serial_number: rcgen::SerialNumber::from(s.to_be_bytes().to_vec()),
-                    revocation_time: now.into(),
-                    reason_code: Some(rcgen::RevocationReason::KeyCompromise),
-                    invalidity_date: None,
-                })
-                .collect(),
-            key_identifier_method: rcgen::KeyIdMethod::Sha256,
-        };
-        p.signed_by(&self.issuer).expect("crl").der().to_vec()
+        let serials: Vec<Vec<u8>> = serials.iter().map(|s| s.to_be_bytes().to_vec()).collect();
+        crl(&self.issuer, SystemTime::now(), number, &serials)
     }
 
     pub fn crl_msg(&self, number: u64, serials: &[u64]) -> Crl {
@@ -101,6 +85,36 @@ impl TestCa {
             number,
         }
     }
+}
+
+/// A CRL by `issuer` issued at `now` (valid for an hour), numbered `number`, listing
+/// `serials` (raw DER integer bytes) as revoked for key compromise.
+pub fn crl(
+    issuer: &rcgen::Issuer<'_, rcgen::KeyPair>,
+    now: SystemTime,
+    number: u64,
+    serials: &[Vec<u8>],
+) -> Vec<u8> {
+    rcgen::CertificateRevocationListParams {
+        this_update: now.into(),
+        next_update: (now + Duration::from_secs(3600)).into(),
+        crl_number: rcgen::SerialNumber::from(number.to_be_bytes().to_vec()),
+        issuing_distribution_point: None,
+        revoked_certs: serials
+            .iter()
+            .map(|s| rcgen::RevokedCertParams {
+                serial_number: rcgen::SerialNumber::from(s.clone()),
+                revocation_time: now.into(),
+                reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                invalidity_date: None,
+            })
+            .collect(),
+        key_identifier_method: rcgen::KeyIdMethod::Sha256,
+    }
+    .signed_by(issuer)
+    .expect("crl")
+    .der()
+    .to_vec()
 }
 
 /// A certificate for `spiffe_id` and `public_key`, signed by `issuer`, valid `nb`..`na`.

@@ -44,8 +44,6 @@ pub fn build_csr(key: &PrivateKey, names: &CsrNames) -> Result<String, KeyError>
 /// (`signet_client` re-exports it). The key stays with the caller. `Debug` shows the CSR only,
 /// never the key.
 pub struct KeyAndCsr {
-    /// The private key.
-    pub key: PrivateKey,
     /// The private key, PKCS#8 DER.
     pub key_pkcs8_der: Vec<u8>,
     /// The private key, PKCS#8 PEM.
@@ -74,7 +72,6 @@ pub fn new_key_and_csr() -> Result<KeyAndCsr, KeyError> {
         csr_pem: csr.pem().map_err(|e| KeyError::Csr(e.to_string()))?,
         key_pem: key.to_pem(crate::key::KeyEncoding::Pkcs8)?,
         key_pkcs8_der: key.pkcs8_der().to_vec(),
-        key,
     })
 }
 

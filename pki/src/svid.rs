@@ -224,9 +224,6 @@ impl X509Svid {
     pub fn spiffe_id(&self) -> &SpiffeId {
         self.certificate.spiffe_id()
     }
-    pub fn into_parts(self) -> (SvidCertificate, PrivateKey) {
-        (self.certificate, self.key)
-    }
 }
 
 #[cfg(test)]

@@ -70,7 +70,7 @@ impl Driver {
             .await
             .map_err(|_| "attestation: the server did not answer in time".to_owned())?
             .map_err(|e| format!("attestation: {e}"))?;
-        let n = node::from_issued(attested.svid, kc.key)
+        let n = node::from_issued(attested.svid, &kc.key_pkcs8_der)
             .map_err(|e| format!("attestation answer: {e}"))?;
         // The token is spent: keep the identity in memory even if it cannot be persisted.
         if let Err(e) = node::save_bundle(dir, &attested.bundle_der) {
@@ -112,7 +112,7 @@ impl Driver {
                 message: e.to_string(),
                 retry_after: e.retry_after(),
             })?;
-        let n = node::from_issued(svid, kc.key).map_err(RenewFailed::local)?;
+        let n = node::from_issued(svid, &kc.key_pkcs8_der).map_err(RenewFailed::local)?;
         if let Err(e) = node::save(&self.settings.data_dir, &n) {
             tracing::error!(error = %e, "cannot persist the renewed node identity");
         }

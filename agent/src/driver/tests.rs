@@ -477,27 +477,7 @@ async fn bundle_stream_reaches_workload_api_sinks_and_survives_restart() {
 
 /// A CRL of the Fake's root numbered `number` listing the serials (raw DER integer bytes).
 fn fake_crl(fake: &Fake, number: u64, serials: &[Vec<u8>]) -> Vec<u8> {
-    let now = fake.clock.now();
-    rcgen::CertificateRevocationListParams {
-        this_update: now.into(),
-        next_update: (now + Duration::from_secs(3600)).into(),
-        crl_number: rcgen::SerialNumber::from(number.to_be_bytes().to_vec()),
-        issuing_distribution_point: None,
-        revoked_certs: serials
-            .iter()
-            .map(|s| rcgen::RevokedCertParams {
-                serial_number: rcgen::SerialNumber::from(s.clone()),
-                revocation_time: now.into(),
-                reason_code: Some(rcgen::RevocationReason::KeyCompromise),
-                invalidity_date: None,
-            })
-            .collect(),
-        key_identifier_method: rcgen::KeyIdMethod::Sha256,
-    }
-    .signed_by(&fake.issuer)
-    .expect("crl")
-    .der()
-    .to_vec()
+    crate::testing::crl(&fake.issuer, fake.clock.now(), number, serials)
 }
 
 fn serial_bytes(der: &[u8]) -> Vec<u8> {
