@@ -1,6 +1,7 @@
 //! Capped exponential backoff, the one definition every Signet binary retries with: the
 //! ceiling doubles from `base` per attempt up to `cap`, then a [`Jitter`] choice spreads the
-//! wait below it; an optional floor keeps a failing call from being retried at once. [`Retry`]
+//! wait below it; an optional floor keeps a failing call from being retried at once. [`spread`]
+//! is the same ± spread for a fixed period (a loop that ticks every `interval` ±10%). [`Retry`]
 //! is the reusable state beside it (failures in a row and when the next attempt is due), so a
 //! loop keeps one value per retried thing instead of a hand-kept counter and deadline.
 //!
@@ -19,6 +20,8 @@ pub enum Jitter {
     Equal,
     /// Uniform in `[c·(1-f), c·(1+f))`, never above the cap (`Spread(0.1)`: ±10%).
     Spread(f64),
+    /// Exactly the ceiling (one client of one server, where spreading retries buys nothing).
+    None,
 }
 
 /// A backoff policy: first ceiling `base`, doubling per attempt, never above `cap`, never
@@ -48,6 +51,16 @@ impl Backoff {
             base,
             cap,
             jitter: Jitter::Equal,
+            floor: Duration::ZERO,
+        }
+    }
+
+    /// No jitter: exactly `min(cap, base·2^attempt)`.
+    pub const fn exact(base: Duration, cap: Duration) -> Self {
+        Self {
+            base,
+            cap,
+            jitter: Jitter::None,
             floor: Duration::ZERO,
         }
     }
@@ -83,22 +96,28 @@ pub fn ceiling(attempt: u32, base: Duration, cap: Duration) -> Duration {
 /// `[0, 1)`.
 pub fn backoff(attempt: u32, base: Duration, cap: Duration, jitter: Jitter, rnd: f64) -> Duration {
     let c = ceiling(attempt, base, cap);
-    let rnd = if rnd.is_finite() {
-        rnd.clamp(0.0, 1.0)
-    } else {
-        0.0
-    };
+    let rnd = unit(rnd);
     match jitter {
         Jitter::Full => c.mul_f64(rnd),
         Jitter::Equal => c / 2 + (c / 2).mul_f64(rnd),
-        Jitter::Spread(f) => {
-            let f = if f.is_finite() {
-                f.clamp(0.0, 1.0)
-            } else {
-                0.0
-            };
-            c.mul_f64(1.0 - f + 2.0 * f * rnd).min(cap)
-        }
+        Jitter::Spread(f) => spread(c, f, rnd).min(cap),
+        Jitter::None => c,
+    }
+}
+
+/// `period` spread by ±`fraction` (clamped to `[0, 1]`): uniform in
+/// `[period·(1-f), period·(1+f))` for `rnd` in `[0, 1)`.
+pub fn spread(period: Duration, fraction: f64, rnd: f64) -> Duration {
+    let f = unit(fraction);
+    period.mul_f64(1.0 - f + 2.0 * f * unit(rnd))
+}
+
+/// `x` clamped to `[0, 1]`; a non-finite `x` counts as 0.
+fn unit(x: f64) -> f64 {
+    if x.is_finite() {
+        x.clamp(0.0, 1.0)
+    } else {
+        0.0
     }
 }
 
@@ -221,6 +240,38 @@ mod tests {
         assert!(b(0, ALMOST) > Duration::from_millis(10_999) && b(0, ALMOST) < 11 * S);
         assert_eq!(b(10, ALMOST), cap, "never above the cap");
         assert_eq!(b(10, 0.0), 90 * S);
+    }
+
+    #[test]
+    fn exact_doubles_to_the_cap_whatever_is_drawn() {
+        let p = Backoff::exact(S / 4, 10 * S);
+        let waits: Vec<Duration> = (0..8).map(|a| p.delay(a, ALMOST)).collect();
+        let ms = |n| Duration::from_millis(n);
+        assert_eq!(
+            waits,
+            [ms(250), ms(500), S, 2 * S, 4 * S, 8 * S, 10 * S, 10 * S]
+        );
+        assert_eq!(p.delay(u32::MAX, 0.0), 10 * S);
+    }
+
+    #[test]
+    fn a_period_spreads_both_ways() {
+        let d = 10 * S;
+        assert_eq!(spread(d, 0.1, 0.0), 9 * S);
+        assert_eq!(spread(d, 0.1, 0.5), d);
+        assert!(spread(d, 0.1, ALMOST) > Duration::from_millis(10_999));
+        assert!(
+            spread(d, 0.1, ALMOST) < 11 * S,
+            "above the period, unlike a backoff cap"
+        );
+        assert_eq!(spread(d, 0.0, ALMOST), d);
+        assert_eq!(spread(d, f64::NAN, ALMOST), d);
+        assert_eq!(spread(d, 0.1, f64::NAN), 9 * S);
+        assert_eq!(
+            spread(d, 5.0, 0.0),
+            Duration::ZERO,
+            "the fraction is clamped to 1"
+        );
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Injected randomness for jitter: the one [`Random`] trait (uniform numbers in `[0, 1)`),
 //! the production [`SystemRandom`] (ring's `SystemRandom`, as the rest of Signet draws from),
-//! and the deterministic ones tests use ([`FixedRandom`], [`SeededRandom`]).
+//! the deterministic ones tests use ([`FixedRandom`], [`SeededRandom`]), and [`keyed_unit`]: a
+//! number fixed by a key, for jitter that every replica must agree on (the server's CA
+//! rotation thresholds, keyed by the CA key's ID).
 //!
 //! Invariant: a decision that depends on chance takes the drawn number as an argument (see
 //! [`crate::backoff`]); only the shell holds a [`Random`]. Every source here returns a finite
@@ -75,6 +77,16 @@ impl Random for SeededRandom {
     }
 }
 
+/// A number in `[0, 1)` fixed by `key`: the top 53 bits of the first eight bytes of its
+/// SHA-256, big-endian. The same key gives the same number on every run, platform and replica;
+/// it is as unpredictable as the key (a key ID, the hash of a fresh public key, is random).
+pub fn keyed_unit(key: &[u8]) -> f64 {
+    let digest = ring::digest::digest(&ring::digest::SHA256, key);
+    let mut eight = [0u8; 8];
+    eight.copy_from_slice(&digest.as_ref()[..8]);
+    unit_of(u64::from_be_bytes(eight))
+}
+
 /// The top 53 bits of `x` as a number in `[0, 1)`.
 fn unit_of(x: u64) -> f64 {
     (x >> 11) as f64 / (1u64 << 53) as f64
@@ -107,6 +119,24 @@ mod tests {
             xs[0],
             "another seed, another sequence"
         );
+    }
+
+    #[test]
+    fn keyed_is_the_top_53_bits_of_the_sha256_and_spread() {
+        // SHA-256("abc") starts ba7816bf8f01cfea.
+        assert_eq!(
+            keyed_unit(b"abc"),
+            (0xba78_16bf_8f01_cfea_u64 >> 11) as f64 / 2f64.powi(53)
+        );
+        assert_eq!(
+            keyed_unit(b"abc"),
+            keyed_unit(b"abc"),
+            "same key, same number"
+        );
+        let xs: Vec<f64> = (0..1000u32).map(|i| keyed_unit(&i.to_be_bytes())).collect();
+        assert!(xs.iter().all(|x| (0.0..1.0).contains(x)));
+        let low = xs.iter().filter(|x| **x < 0.5).count();
+        assert!((400..600).contains(&low), "{low} of 1000 below 0.5");
     }
 
     #[test]

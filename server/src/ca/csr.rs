@@ -26,33 +26,9 @@ pub const MAX_CSR_BYTES: usize = 64 * 1024;
 const RSA_MIN_BITS: usize = 2048;
 const RSA_MAX_BITS: usize = 8192;
 
-/// The kind of public key a CSR carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KeyAlgorithm {
-    EcdsaP256,
-    EcdsaP384,
-    Ed25519,
-    /// RSA with the modulus size in bits.
-    Rsa(usize),
-}
-
-impl KeyAlgorithm {
-    /// True for RSA keys (which get keyEncipherment in their key usage).
-    pub fn is_rsa(&self) -> bool {
-        matches!(self, KeyAlgorithm::Rsa(_))
-    }
-}
-
-impl fmt::Display for KeyAlgorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            KeyAlgorithm::EcdsaP256 => f.write_str("ECDSA P-256"),
-            KeyAlgorithm::EcdsaP384 => f.write_str("ECDSA P-384"),
-            KeyAlgorithm::Ed25519 => f.write_str("Ed25519"),
-            KeyAlgorithm::Rsa(bits) => write!(f, "RSA-{bits}"),
-        }
-    }
-}
+/// The kind of public key a CSR carries: signet-pki's (the same four kinds, and the one
+/// spelling, `ECDSA P-256` … `RSA-2048`, that clients print).
+pub use signet_pki::KeyAlgorithm;
 
 /// Why a CSR was refused. Every message says what to change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -251,6 +227,9 @@ fn classify_key(spki: &SubjectPublicKeyInfo<'_>) -> Result<KeyAlgorithm, CsrErro
                 "RSA-{bits}, larger than {RSA_MAX_BITS} bits"
             )));
         }
+        // At most RSA_MAX_BITS, so it fits.
+        let bits =
+            u32::try_from(bits).map_err(|_| CsrError::UnsupportedKey(format!("RSA-{bits}")))?;
         return Ok(KeyAlgorithm::Rsa(bits));
     }
     if *alg == OID_KEY_TYPE_EC_PUBLIC_KEY {

@@ -153,7 +153,8 @@ pub trait Jitter: Send + Sync {
     fn offset(&self, key_id: &str, threshold: Threshold) -> f64;
 }
 
-/// The production jitter: derived from SHA-256 of the key ID (random, since the key ID is the
+/// The production jitter: keyed by the threshold and the key ID
+/// ([`signet_runtime::random::keyed_unit`], from their SHA-256; random, since the key ID is the
 /// hash of a fresh public key), so every replica agrees on a key's thresholds.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct KeyIdJitter;
@@ -164,12 +165,8 @@ impl Jitter for KeyIdJitter {
             Threshold::Prepare => b"signet rotation prepare\0",
             Threshold::Activate => b"signet rotation activate\0",
         };
-        let h = signet_types::ledger::sha256(&[label, key_id.as_bytes()].concat());
-        let mut eight = [0u8; 8];
-        eight.copy_from_slice(&h[..8]);
-        // 53 random bits -> [0, 1) -> [-1, 1).
-        let unit = (u64::from_be_bytes(eight) >> 11) as f64 / (1u64 << 53) as f64;
-        unit * 2.0 - 1.0
+        // [0, 1) -> [-1, 1).
+        signet_runtime::random::keyed_unit(&[label, key_id.as_bytes()].concat()) * 2.0 - 1.0
     }
 }
 

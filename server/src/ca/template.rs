@@ -150,7 +150,8 @@ pub(crate) fn leaf(
     params.subject_alt_names = sans;
     params.is_ca = IsCa::ExplicitNoCa;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    if csr.key_algorithm().is_rsa() {
+    // An RSA key may also encipher (TLS 1.2 RSA key exchange).
+    if matches!(csr.key_algorithm(), super::csr::KeyAlgorithm::Rsa(_)) {
         params.key_usages.push(KeyUsagePurpose::KeyEncipherment);
     }
     params.extended_key_usages = vec![

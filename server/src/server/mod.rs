@@ -466,7 +466,7 @@ pub async fn run(
 }
 
 /// SHA-256 fingerprint in the usual `AB:CD:…` spelling.
-pub fn fingerprint(der: &[u8]) -> String {
+fn fingerprint(der: &[u8]) -> String {
     signet_types::ledger::sha256(der)
         .iter()
         .map(|b| format!("{b:02X}"))

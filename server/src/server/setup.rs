@@ -1,5 +1,8 @@
 //! Start-up steps that touch the host: the private data directory, the database connection
-//! (and redacting its URL for logs), the admin socket (0600 from the start).
+//! (retried with [`signet_runtime::backoff`] while it is unavailable, and its URL redacted for
+//! logs), the admin socket (0600 from the start).
+
+use signet_runtime::backoff::Backoff;
 
 use super::*;
 
@@ -47,18 +50,23 @@ pub(super) fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The wait between attempts while the database is unavailable at start-up: 250 ms, doubling,
+/// at most 10 s. No jitter: one server waits for its database.
+const CONNECT_RETRY: Backoff = Backoff::exact(Duration::from_millis(250), Duration::from_secs(10));
+
 pub(super) async fn connect_store(
     url: &str,
     db: &crate::config::DatabaseConfig,
 ) -> anyhow::Result<Arc<dyn Store>> {
-    let mut delay = Duration::from_millis(250);
+    let mut failures = 0;
     loop {
         match crate::store::connect_with(url, db).await {
             Ok(s) => return Ok(s),
             Err(StoreError::Unavailable(e)) => {
+                let delay = CONNECT_RETRY.delay(failures, 0.0);
+                failures = failures.saturating_add(1);
                 tracing::warn!(database = %redact_url(url), error = %e, retry_in = ?delay, "database unavailable; retrying");
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
             }
             Err(e) => bail!("database {}: {e}", redact_url(url)),
         }
@@ -165,6 +173,27 @@ pub(super) fn bind_admin_socket(path: &Path) -> anyhow::Result<UnixListener> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_database_is_retried_after_250ms_doubling_to_10s() {
+        let ms = Duration::from_millis;
+        let waits: Vec<Duration> = (0..9).map(|n| CONNECT_RETRY.delay(n, 0.7)).collect();
+        assert_eq!(
+            waits,
+            [
+                ms(250),
+                ms(500),
+                ms(1000),
+                ms(2000),
+                ms(4000),
+                ms(8000),
+                ms(10_000),
+                ms(10_000),
+                ms(10_000)
+            ]
+        );
+        assert_eq!(CONNECT_RETRY.delay(u32::MAX, 0.0), ms(10_000));
+    }
 
     #[test]
     fn urls_are_redacted() {

@@ -6,15 +6,10 @@ use super::*;
 
 /// The rotator's loop: a manager tick every `interval` (±10%, so replicas spread out).
 pub(super) async fn rotate(manager: Arc<CaManager>, clock: Arc<dyn Clock>, interval: Duration) {
-    use ring::rand::SecureRandom;
-    let rng = ring::rand::SystemRandom::new();
+    use signet_runtime::random::{Random, SystemRandom};
+    let rng = SystemRandom::default();
     loop {
-        let mut b = [0u8; 2];
-        let unit = match rng.fill(&mut b) {
-            Ok(()) => f64::from(u16::from_be_bytes(b)) / f64::from(u16::MAX),
-            Err(_) => 0.5,
-        };
-        tokio::time::sleep(interval.mul_f64(0.9 + 0.2 * unit)).await;
+        tokio::time::sleep(signet_runtime::backoff::spread(interval, 0.1, rng.unit())).await;
         if let Err(e) = manager.tick(clock.now()).await {
             tracing::warn!(error = %e, "CA rotation tick failed; retrying on the next one");
         }

@@ -228,6 +228,34 @@ fn jitter_stays_within_its_bounds_is_stable_and_spreads_keys() {
     }
 }
 
+/// The keyed jitter is the one every replica already computed for a key: the top 53 bits of
+/// SHA-256(label ‖ key ID), mapped to [-1, 1). Moving it into signet-runtime changed no
+/// threshold of an existing key.
+#[test]
+fn key_id_jitter_is_the_same_function_of_the_key_id_as_before() {
+    let before = |label: &[u8], id: &str| {
+        let h = signet_types::ledger::sha256(&[label, id.as_bytes()].concat());
+        let mut eight = [0u8; 8];
+        eight.copy_from_slice(&h[..8]);
+        (u64::from_be_bytes(eight) >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+    };
+    for id in ["a", "0f3c9e", "a-much-longer-key-id-of-64-hex-digits"] {
+        assert_eq!(
+            KeyIdJitter.offset(id, Threshold::Prepare),
+            before(b"signet rotation prepare\0", id)
+        );
+        assert_eq!(
+            KeyIdJitter.offset(id, Threshold::Activate),
+            before(b"signet rotation activate\0", id)
+        );
+    }
+    assert_ne!(
+        KeyIdJitter.offset("a", Threshold::Prepare),
+        KeyIdJitter.offset("a", Threshold::Activate),
+        "each threshold has its own draw"
+    );
+}
+
 #[test]
 fn root_is_prepared_at_one_half_and_waits_for_the_propagation_window() {
     let root_life = 1000 * 86_400u64;
