@@ -114,6 +114,11 @@ pub fn normalize_key_id(id: &str) -> Option<String> {
 /// connection does.
 pub type BundleStream = Pin<Box<dyn Stream<Item = Result<TrustBundle, CaError>> + Send>>;
 
+/// The node's entry revision from the server's push stream (`WatchEntries`): at once, on every
+/// change, and again at each keep-alive; ends or fails when the connection does. A revision
+/// other than the one the agent holds means "sync now" (the entries come from `SyncEntries`).
+pub type EntryRevisionStream = Pin<Box<dyn Stream<Item = Result<u64, CaError>> + Send>>;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkloadCsr {
     pub entry_id: String,
@@ -174,6 +179,14 @@ pub trait Ca: Send + Sync {
         Err(CaError::Refused {
             code: tonic::Code::Unimplemented,
             message: "this CA has no trust bundle stream".into(),
+        })
+    }
+    /// Opens the server's entry-change stream. The default: a CA without one (the agent then
+    /// relies on its `sync_interval` poll).
+    async fn watch_entries(&self) -> Result<EntryRevisionStream, CaError> {
+        Err(CaError::Refused {
+            code: tonic::Code::Unimplemented,
+            message: "this CA has no entry stream".into(),
         })
     }
 }
@@ -496,6 +509,18 @@ impl Ca for GrpcCa {
             .into_inner();
         Ok(Box::pin(stream.map(|item| {
             item.map_err(CaError::from).and_then(TrustBundle::try_from)
+        })))
+    }
+
+    async fn watch_entries(&self) -> Result<EntryRevisionStream, CaError> {
+        let stream = self
+            .client
+            .clone()
+            .watch_entries(pb::WatchEntriesRequest {})
+            .await?
+            .into_inner();
+        Ok(Box::pin(stream.map(|item| {
+            item.map(|c| c.revision).map_err(CaError::from)
         })))
     }
 }

@@ -290,6 +290,14 @@ impl Schedule {
         failures
     }
 
+    /// The server pushed a change of the entries (`WatchEntries`): sync at `now`, ahead of the
+    /// poll. A sync in a failure backoff is brought forward too: the server just answered.
+    pub fn sync_now(&mut self, now: SystemTime) {
+        if self.sync.due() > now {
+            self.sync.reschedule(now);
+        }
+    }
+
     /// Something the rotator works from changed (bundle, revocations): rotate at `now`.
     pub fn rotate_now(&mut self, now: SystemTime) {
         self.rotate_at = now;
