@@ -186,15 +186,18 @@ impl Driver {
                 continue;
             }
             let now = self.clock.now();
-            s.entry_watch
-                .open_if_due(self.ca.as_ref(), now, self.random.unit())
-                .await;
+            let connected = s.schedule.is_connected();
+            if connected {
+                s.entry_watch
+                    .open_if_due(self.ca.as_ref(), now, self.random.unit())
+                    .await;
+            }
             let mut wait = s.schedule.wait(
                 self.clock.now(),
                 self.rotator.revocations(),
                 s.watch.reopen_at(),
             );
-            if let Some(at) = s.entry_watch.reopen_at() {
+            if let Some(at) = s.entry_watch.reopen_at().filter(|_| connected) {
                 wait = wait.min(at.duration_since(now).unwrap_or(Duration::ZERO));
             }
             if *stop.borrow() {

@@ -224,7 +224,7 @@ impl Schedule {
             .max(MIN_PAUSE)
     }
 
-    #[cfg(test)]
+    /// Whether the loop holds a connection (the entry stream opens only on one).
     pub fn is_connected(&self) -> bool {
         self.connected
     }
