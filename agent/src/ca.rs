@@ -50,6 +50,11 @@ pub enum EntriesUpdate {
 /// connection does.
 pub type BundleStream = Pin<Box<dyn Stream<Item = Result<TrustBundle, CaError>> + Send>>;
 
+/// The node's entry revision from the server's push stream (`WatchEntries`): at once, on every
+/// change, and again at each keep-alive; ends or fails when the connection does. A revision
+/// other than the one the agent holds means "sync now" (the entries come from `SyncEntries`).
+pub type EntryRevisionStream = Pin<Box<dyn Stream<Item = Result<u64, CaError>> + Send>>;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CaError {
     /// The CA could not be reached or answered with a transient error: retry with backoff.
@@ -133,6 +138,14 @@ pub trait Ca: Send + Sync {
         Err(CaError::Refused {
             code: tonic::Code::Unimplemented,
             message: "this CA has no trust bundle stream".into(),
+        })
+    }
+    /// Opens the server's entry-change stream. The default: a CA without one (the agent then
+    /// relies on its `sync_interval` poll).
+    async fn watch_entries(&self) -> Result<EntryRevisionStream, CaError> {
+        Err(CaError::Refused {
+            code: tonic::Code::Unimplemented,
+            message: "this CA has no entry stream".into(),
         })
     }
 }
@@ -264,6 +277,11 @@ impl Ca for GrpcCa {
 
     async fn watch_bundle(&self) -> Result<BundleStream, CaError> {
         let stream = self.node.ca().watch_bundle(None).await?;
+        Ok(Box::pin(stream.map(|item| item.map_err(CaError::from))))
+    }
+
+    async fn watch_entries(&self) -> Result<EntryRevisionStream, CaError> {
+        let stream = self.node.watch_entries().await?;
         Ok(Box::pin(stream.map(|item| item.map_err(CaError::from))))
     }
 }

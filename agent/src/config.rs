@@ -52,7 +52,9 @@ pub struct Config {
     pub http_listen: SocketAddr,
     /// Bounds of the `http_listen` listener.
     pub http: HttpConfig,
-    /// How often the agent asks the server for changes to its registration entries.
+    /// How often the agent asks the server for changes to its registration entries even when
+    /// the server's entry stream (`WatchEntries`) says nothing: the slow safety net (default
+    /// 30 s; the stream brings a change in about a second).
     #[serde(with = "humantime_serde")]
     pub sync_interval: Duration,
     pub sinks: Vec<SinkConfig>,
@@ -102,7 +104,7 @@ impl Default for Config {
             renew_fraction: 0.5,
             http_listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
             http: HttpConfig::default(),
-            sync_interval: Duration::from_secs(5),
+            sync_interval: Duration::from_secs(30),
             sinks: Vec::new(),
             kubernetes_api: KubernetesApiConfig::default(),
             workload_api: WorkloadApiConfig::default(),

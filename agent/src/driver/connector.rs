@@ -10,7 +10,8 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::ca::{
-    AttestCredential, Attested, BundleStream, Ca, CaError, EntriesUpdate, GrpcCa, WorkloadCsr,
+    AttestCredential, Attested, BundleStream, Ca, CaError, EntriesUpdate, EntryRevisionStream,
+    GrpcCa, WorkloadCsr,
 };
 use crate::node::NodeIdentity;
 use signet_pki::SvidCertificate;
@@ -132,6 +133,10 @@ impl Ca for SwapCa {
     }
     async fn watch_bundle(&self) -> Result<BundleStream, CaError> {
         self.with_current(|ca| async move { ca.watch_bundle().await })
+            .await
+    }
+    async fn watch_entries(&self) -> Result<EntryRevisionStream, CaError> {
+        self.with_current(|ca| async move { ca.watch_entries().await })
             .await
     }
 }

@@ -1,16 +1,19 @@
 //! The agent's main loop: obtain the node identity ([`node`]: reuse the one in `data_dir`, or
 //! attest), connect to the server over mTLS with it ([`connector`]), renew it at the configured
-//! fraction of its lifetime, poll `SyncEntries`, hold the server's trust bundle stream
-//! ([`roots`], [`crate::bundle`]), and drive the [`Rotator`] that signs the workloads'
+//! fraction of its lifetime, sync the entries when the server's entry stream says they changed
+//! ([`entries`]) and on a slow `SyncEntries` poll (the safety net), hold the server's trust
+//! bundle stream ([`roots`], [`crate::bundle`]), and drive the [`Rotator`] that signs the workloads'
 //! certificates and publishes them and the bundle to the Workload API state and the sinks.
 //!
 //! What to do next and when is decided by the pure [`schedule`]; this module only executes
-//! its steps and sleeps (waking early for a bundle from the server or the stop signal).
+//! its steps and sleeps (waking early for a bundle or an entry change from the server, or the
+//! stop signal).
 //!
 //! Nothing here exits on a server error: every failure is logged and retried with backoff
 //! until the stop signal.
 
 mod connector;
+mod entries;
 mod node;
 mod roots;
 mod schedule;
@@ -65,7 +68,14 @@ struct Serving {
     /// The roots served now.
     bundle: Vec<Vec<u8>>,
     watch: BundleWatch,
+    entry_watch: entries::EntryWatch,
     schedule: Schedule,
+}
+
+/// What woke the loop's sleep.
+enum Woke {
+    Bundle(Option<Result<crate::ca::TrustBundle, crate::ca::CaError>>),
+    Entries(Option<Result<u64, crate::ca::CaError>>),
 }
 
 /// Why the loop for one node identity returned.
@@ -175,27 +185,52 @@ impl Driver {
             if restarted {
                 continue;
             }
-            let wait = s.schedule.wait(
+            let now = self.clock.now();
+            let connected = s.schedule.is_connected();
+            if connected {
+                s.entry_watch
+                    .open_if_due(self.ca.as_ref(), now, self.random.unit())
+                    .await;
+            }
+            let mut wait = s.schedule.wait(
                 self.clock.now(),
                 self.rotator.revocations(),
                 s.watch.reopen_at(),
             );
+            if let Some(at) = s.entry_watch.reopen_at().filter(|_| connected) {
+                wait = wait.min(at.duration_since(now).unwrap_or(Duration::ZERO));
+            }
             if *stop.borrow() {
                 return Outcome::Stopped;
             }
-            // Sleep, but wake for a bundle from the server.
-            let received = tokio::select! {
+            // Sleep, but wake for a bundle or an entry change from the server.
+            let woke = tokio::select! {
                 _ = tokio::time::sleep(wait) => continue,
                 _ = stop.wait_for(|s| *s) => return Outcome::Stopped,
-                item = s.watch.next() => item,
+                item = s.watch.next() => Woke::Bundle(item),
+                item = s.entry_watch.next() => Woke::Entries(item),
             };
             let now = self.clock.now();
-            match received {
-                Some(Ok(b)) => self.bundle_received(&mut s, b, now),
-                Some(Err(e)) => s.watch.failed(now, self.random.unit(), &e),
-                None => s
-                    .watch
-                    .failed(now, self.random.unit(), &"the server ended the stream"),
+            match woke {
+                Woke::Bundle(Some(Ok(b))) => self.bundle_received(&mut s, b, now),
+                Woke::Bundle(Some(Err(e))) => s.watch.failed(now, self.random.unit(), &e),
+                Woke::Bundle(None) => {
+                    s.watch
+                        .failed(now, self.random.unit(), &"the server ended the stream")
+                }
+                Woke::Entries(Some(Ok(revision))) => {
+                    s.entry_watch.succeeded();
+                    if entries::sync_wanted(self.revision, revision) {
+                        tracing::debug!(revision, "the server says the entries changed");
+                        s.schedule.sync_now(now);
+                    }
+                }
+                Woke::Entries(Some(Err(e))) => s.entry_watch.failed(now, self.random.unit(), &e),
+                // The server ends a stream after its lifetime, or at shutdown: reopen.
+                Woke::Entries(None) => {
+                    s.entry_watch
+                        .failed(now, self.random.unit(), &"the server ended the stream")
+                }
             }
         }
     }
@@ -223,6 +258,7 @@ impl Driver {
             td,
             bundle,
             watch: BundleWatch::new(now),
+            entry_watch: entries::EntryWatch::new(now),
             schedule,
         }
     }
@@ -234,6 +270,7 @@ impl Driver {
                 Ok(()) => {
                     s.schedule.connect_succeeded();
                     s.watch.reset(now);
+                    s.entry_watch.reset(now);
                     tracing::info!(node = %s.node.spiffe_id(), "connected to the server");
                 }
                 Err(e) => {
@@ -266,6 +303,7 @@ impl Driver {
                         }
                         s.node = n;
                         s.watch.reset(now);
+                        s.entry_watch.reset(now);
                         return Flow::Restart;
                     }
                     Err(e) => {

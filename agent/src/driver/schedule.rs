@@ -225,7 +225,7 @@ impl Schedule {
             .max(MIN_PAUSE)
     }
 
-    #[cfg(test)]
+    /// Whether the loop holds a connection (the entry stream opens only on one).
     pub fn is_connected(&self) -> bool {
         self.connected
     }
@@ -298,6 +298,14 @@ impl Schedule {
         self.sync
             .failed_after(now, sync_pause(self.sync_interval, failures));
         failures
+    }
+
+    /// The server pushed a change of the entries (`WatchEntries`): sync at `now`, ahead of the
+    /// poll. A sync in a failure backoff is brought forward too: the server just answered.
+    pub fn sync_now(&mut self, now: SystemTime) {
+        if self.sync.due() > now {
+            self.sync.reschedule(now);
+        }
     }
 
     /// Something the rotator works from changed (bundle, revocations): rotate at `now`.

@@ -3,7 +3,10 @@
 //! [`TokioClock`], so certificate lifetimes, backoffs and polls pass without waiting.
 
 use super::*;
-use crate::ca::{Attested, BundleStream, CaError, Crl, EntriesUpdate, TrustBundle, WorkloadCsr};
+use crate::ca::{
+    Attested, BundleStream, CaError, Crl, EntriesUpdate, EntryRevisionStream, TrustBundle,
+    WorkloadCsr,
+};
 use crate::node::{self, Stored};
 use crate::revocation::CertRef;
 use crate::state::{Selector, StateReceiver, channel};
@@ -33,6 +36,10 @@ struct Fake {
     renew_refusals: Mutex<Vec<tonic::Code>>,
     /// When each node renewal was asked for.
     renewals: Mutex<Vec<SystemTime>>,
+    /// The node's entry revision: `SyncEntries` answers entries `e1..=e<revision>` for it, and
+    /// `WatchEntries` streams it (now, then each change).
+    entry_revision: tokio::sync::watch::Sender<u64>,
+    syncs: Mutex<u32>,
 }
 
 impl Fake {
@@ -61,6 +68,8 @@ impl Fake {
             watches: Mutex::new(0),
             renew_refusals: Mutex::new(Vec::new()),
             renewals: Mutex::new(Vec::new()),
+            entry_revision: tokio::sync::watch::channel(1).0,
+            syncs: Mutex::new(0),
         })
     }
 
@@ -114,24 +123,40 @@ impl Ca for Fake {
         self.issue(csr, "/signet/node/n1", self.node_ttl)
     }
     async fn sync_entries(&self, known: u64) -> Result<EntriesUpdate, CaError> {
-        Ok(if known == 0 {
-            EntriesUpdate::Changed {
-                revision: 1,
-                entries: vec![EntrySpec {
-                    id: "e1".into(),
+        if let Ok(mut n) = self.syncs.lock() {
+            *n += 1;
+        }
+        let revision = *self.entry_revision.borrow();
+        if known == revision {
+            return Ok(EntriesUpdate::Unchanged);
+        }
+        let entries = (1..=revision)
+            .map(|i| {
+                Ok(EntrySpec {
+                    id: format!("e{i}"),
                     spiffe_id: "spiffe://example.org/app"
                         .parse()
                         .map_err(|_| CaError::Invalid("id".into()))?,
                     parent_id: "spiffe://example.org/signet/node/n1".into(),
-                    selectors: vec![Selector::Uid(1000)],
+                    selectors: vec![Selector::Uid(999 + u32::try_from(i).unwrap_or(0))],
                     ttl: Duration::from_secs(3600),
                     dns_names: vec![],
-                    revision: 1,
-                }],
+                    revision: i,
+                })
+            })
+            .collect::<Result<Vec<_>, CaError>>()?;
+        Ok(EntriesUpdate::Changed { revision, entries })
+    }
+    async fn watch_entries(&self) -> Result<EntryRevisionStream, CaError> {
+        let rx = self.entry_revision.subscribe();
+        let s = futures::stream::unfold((rx, true), |(mut rx, first)| async move {
+            if !first {
+                rx.changed().await.ok()?;
             }
-        } else {
-            EntriesUpdate::Unchanged
-        })
+            let r = *rx.borrow_and_update();
+            Some((Ok(r), (rx, false)))
+        });
+        Ok(Box::pin(s))
     }
     async fn sign_workloads(
         &self,
@@ -204,6 +229,16 @@ fn start_with_sinks(
     token: Option<&str>,
     sinks: Vec<crate::rotator::SinkBinding>,
 ) -> Running {
+    start_polling_every(fake, data_dir, token, sinks, Duration::from_millis(100))
+}
+
+fn start_polling_every(
+    fake: &Arc<Fake>,
+    data_dir: &std::path::Path,
+    token: Option<&str>,
+    sinks: Vec<crate::rotator::SinkBinding>,
+    sync_interval: Duration,
+) -> Running {
     let bundle = tempfile::NamedTempFile::new().expect("tmp");
     std::fs::write(
         bundle.path(),
@@ -215,7 +250,7 @@ fn start_with_sinks(
         data_dir: data_dir.to_owned(),
         trust_bundle_file: Some(bundle.path().to_owned()),
         renew_fraction: 0.5,
-        sync_interval: Duration::from_millis(100),
+        sync_interval,
         credential: Arc::new(move || Ok(token.clone().map(AttestCredential::JoinToken))),
     };
     let (tx, state) = channel();
@@ -285,6 +320,46 @@ async fn unreachable_server_is_retried_then_attests_persists_and_serves() {
     let state = r.state.clone();
     wait_for(10, || state.borrow().identities.len() == 1).await;
     assert_eq!(Fake::count(&fake.attests), 1);
+    stop(r).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pushed_entry_change_is_synced_at_once_not_at_the_poll() {
+    let fake = Fake::new(Duration::from_secs(3600), 0);
+    let dir = tempfile::tempdir().expect("tmp");
+    // An hour between polls: only the entry stream can bring the change in time.
+    let r = start_polling_every(
+        &fake,
+        dir.path(),
+        Some("tok"),
+        Vec::new(),
+        Duration::from_secs(3600),
+    );
+    let state = r.state.clone();
+    let signed = |n: usize| {
+        let state = state.clone();
+        move || state.borrow().identities.len() == n
+    };
+    wait_for(10, signed(1)).await;
+    wait_for(10, || r.ready.is_ready()).await;
+    // The stream is open (its first revision equals the held one: no extra sync).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let syncs = Fake::count(&fake.syncs);
+    assert_eq!(
+        syncs, 1,
+        "one sync at start, none for the stream's first revision"
+    );
+
+    let t0 = tokio::time::Instant::now();
+    fake.entry_revision.send_replace(2);
+    wait_for(5, signed(2)).await;
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert_eq!(Fake::count(&fake.syncs), syncs + 1);
+
+    // Each further change: one more sync, still long before the poll.
+    fake.entry_revision.send_replace(3);
+    wait_for(5, signed(3)).await;
+    assert_eq!(Fake::count(&fake.syncs), syncs + 2);
     stop(r).await;
 }
 

@@ -90,6 +90,11 @@ pub struct WorkloadCsr {
 /// Per workload CSR, in order: its entry ID and its certificate or why it was not signed.
 pub type WorkloadResults = Vec<(String, Result<SvidCertificate, CallError>)>;
 
+/// The node's entry revision from `WatchEntries`: at once, on every change and at each
+/// keep-alive; it ends or fails when the connection does.
+pub type EntryRevisionStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<u64, CallError>> + Send>>;
+
 /// See the module documentation. Cloning is cheap (one shared channel).
 #[derive(Clone, Debug)]
 pub struct NodeClient {
@@ -166,6 +171,21 @@ impl NodeClient {
             .await?
             .into_inner();
         Ok(entries_update(resp))
+    }
+
+    /// `WatchEntries`: the server's push stream of the node's entry revision. A revision other
+    /// than the one the caller holds means "sync now" ([`Self::sync_entries`]).
+    pub async fn watch_entries(&self) -> Result<EntryRevisionStream, CallError> {
+        use futures::StreamExt;
+        let stream = self
+            .node
+            .clone()
+            .watch_entries(request(pb::WatchEntriesRequest {}, None)?)
+            .await?
+            .into_inner();
+        Ok(Box::pin(stream.map(|item| {
+            item.map(|c| c.revision).map_err(CallError::from)
+        })))
     }
 
     /// `SignWorkloads`: one result per CSR, in order, in as many calls of at most
