@@ -24,6 +24,8 @@ pub mod fuzzing;
 pub mod http;
 pub mod issuer;
 pub mod ledger;
+#[doc(hidden)]
+pub mod ledger_fill;
 pub mod limits;
 pub mod metrics;
 pub(crate) mod nodes;
