@@ -12,6 +12,7 @@
 //! | `ca_slots` | [`CaSlotStore`] | CA keys and their slot transitions (one per generation) |
 //! | `audit` | [`AuditStore`] | denials and admin actions |
 //! | `nodes` | [`NodeStore`] | join tokens, attested nodes, registration entries |
+//! | `paging` | (over [`LedgerStore`]) | keyset pages of the ledger and their opaque tokens |
 //!
 //! [`Store`] is all of them, for the wiring; a component takes the narrowest trait it uses.
 //!
@@ -32,6 +33,7 @@ pub mod crls;
 mod error;
 pub mod ledger;
 pub mod nodes;
+pub mod paging;
 mod postgres;
 pub mod revocations;
 mod rows;
@@ -47,6 +49,7 @@ pub use crls::{CrlSigner, CrlStore, RevokedRow, StoredCrl};
 pub use error::StoreError;
 pub use ledger::{CertificateRow, LedgerHead, LedgerStore, NewCertificate};
 pub use nodes::{EntryRow, EntrySync, NewEntry, NodeRow, NodeStore, TokenUse};
+pub use paging::{CertPage, CertQuery, Order, certificates_page};
 pub use postgres::PgStore;
 pub use revocations::{CertFilter, EventRow, NewRevocation, RevocationOutcome, RevocationStore};
 pub use sqlite::SqliteStore;
