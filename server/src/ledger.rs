@@ -413,6 +413,14 @@ mod tests {
         ) -> Result<Vec<CertificateRow>, StoreError> {
             Ok(vec![])
         }
+        async fn list_certificates_newest(
+            &self,
+            _: u64,
+            _: u32,
+            _: Option<&str>,
+        ) -> Result<Vec<CertificateRow>, StoreError> {
+            Ok(vec![])
+        }
         async fn certificate_by_serial(
             &self,
             _: &str,
@@ -559,6 +567,14 @@ mod tests {
                 unreachable!()
             }
             async fn list_certificates(
+                &self,
+                _: u64,
+                _: u32,
+                _: Option<&str>,
+            ) -> Result<Vec<CertificateRow>, StoreError> {
+                unreachable!()
+            }
+            async fn list_certificates_newest(
                 &self,
                 _: u64,
                 _: u32,

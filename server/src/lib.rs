@@ -24,6 +24,9 @@ pub mod fuzzing;
 pub(crate) mod http;
 pub(crate) mod issuer;
 pub(crate) mod ledger;
+/// The benchmark fill (`signet-ledger-fill`, a binary of this package, so it must be `pub`).
+#[doc(hidden)]
+pub mod ledger_fill;
 pub(crate) mod limits;
 pub(crate) mod metrics;
 pub(crate) mod nodes;

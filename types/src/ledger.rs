@@ -195,6 +195,15 @@ impl Default for Verifier {
 }
 
 impl Verifier {
+    /// A verifier that continues a chain already trusted up to row `seq` with hash `hash` (a
+    /// verified checkpoint's head): the next row must be `seq + 1` and chain from `hash`.
+    pub fn resume(seq: u64, hash: Hash) -> Self {
+        Self {
+            last_seq: seq,
+            last_hash: hash,
+        }
+    }
+
     /// Checks one row: its sequence, its stored `prev_hash`, and its stored `hash`.
     pub fn push(
         &mut self,
@@ -249,7 +258,7 @@ impl Verifier {
         Ok(())
     }
 
-    /// Rows verified so far.
+    /// The last row verified (or resumed from): its seq.
     pub fn count(&self) -> u64 {
         self.last_seq
     }
@@ -292,6 +301,28 @@ mod tests {
             request_id: format!("req-{seq}"),
             provenance: r#"{"source":"service_account"}"#.into(),
         }
+    }
+
+    #[test]
+    fn resume_continues_a_trusted_prefix_and_refuses_another() {
+        let rows = chain(6);
+        let (_, _, h3) = &rows[2];
+        let mut v = Verifier::resume(3, *h3);
+        for (e, prev, hash) in &rows[3..] {
+            v.push(e, prev, hash).unwrap();
+        }
+        let (_, _, head) = &rows[5];
+        assert_eq!(v.finish(6, head), Ok(6));
+        // Resumed from a hash the chain does not have at row 3: the next row is refused.
+        let mut v = Verifier::resume(3, [9; 32]);
+        let (e, prev, hash) = &rows[3];
+        assert_eq!(
+            v.push(e, prev, hash),
+            Err(ChainBreak::PrevMismatch { seq: 4 })
+        );
+        // Or at another seq: a gap.
+        let mut v = Verifier::resume(2, *h3);
+        assert!(matches!(v.push(e, prev, hash), Err(ChainBreak::Gap { .. })));
     }
 
     fn chain(n: u64) -> Vec<(LedgerEntry, Hash, Hash)> {

@@ -1,5 +1,7 @@
 //! `signetctl certs`: list, show and revoke issued certificates, as text or JSON (one object per
-//! line), paging by sequence number.
+//! line). Listing pages by key: each page's `next_page_token` asks for the next, so a page costs
+//! the same at any depth of the ledger; `show` finds one serial, or the newest rows of one
+//! SPIFFE ID.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -69,7 +71,7 @@ fn to_json(r: &CertificateRecord) -> CertJson {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum CertsCmd {
-    /// List issued certificates, oldest first.
+    /// List issued certificates, oldest first (or newest first).
     List {
         #[arg(long)]
         json: bool,
@@ -77,15 +79,27 @@ pub(crate) enum CertsCmd {
         #[arg(long)]
         spiffe_id: Option<String>,
         /// Start after this ledger sequence number.
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, conflicts_with_all = ["page_token", "newest"])]
         after: u64,
+        /// Continue a listing: the token a previous `certs list` printed (on stderr) when it
+        /// stopped at --limit.
+        #[arg(long, value_name = "TOKEN")]
+        page_token: Option<String>,
+        /// Newest first.
+        #[arg(long)]
+        newest: bool,
         /// At most this many (0: all).
         #[arg(long, default_value_t = 100)]
         limit: u64,
     },
-    /// Show one certificate by serial (hex, colons allowed).
+    /// Show one certificate by serial (hex, colons allowed), or the newest certificates of a
+    /// SPIFFE ID (`spiffe://…`; at most --limit).
     Show {
+        /// A serial, or a SPIFFE ID.
         serial: String,
+        /// For a SPIFFE ID: how many of its newest certificates.
+        #[arg(long, default_value_t = 10)]
+        limit: u32,
         #[arg(long)]
         json: bool,
         /// Print only the certificate as PEM.
@@ -96,6 +110,32 @@ pub(crate) enum CertsCmd {
     /// registration entry or a CA key. Each is a hash-chained ledger event; the CRLs are
     /// re-issued before the answer.
     Revoke(revoke::RevokeArgs),
+}
+
+/// One listed row: a JSON line, or a table line.
+fn print_row(r: &CertificateRecord, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(&to_json(r))?);
+        return Ok(());
+    }
+    let revoked = if r.revoked_at != 0 {
+        format!(
+            "  REVOKED {} ({})",
+            rfc3339(r.revoked_at),
+            r.revocation_reason
+        )
+    } else {
+        String::new()
+    };
+    println!(
+        "{:>6}  {:<34}  {:<20}  {:<50}  {}{revoked}",
+        r.seq,
+        r.serial,
+        rfc3339(r.not_after),
+        r.spiffe_id,
+        r.caller
+    );
+    Ok(())
 }
 
 pub(crate) fn fingerprint(der: &[u8]) -> String {
@@ -113,9 +153,11 @@ pub(crate) async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCo
             json,
             spiffe_id,
             after,
+            page_token,
+            newest,
             limit,
         } => {
-            let mut after = after;
+            let mut token = page_token.unwrap_or_default();
             let mut shown = 0u64;
             if !json {
                 println!(
@@ -134,46 +176,62 @@ pub(crate) async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCo
                 }
                 let page = client
                     .list_certificates(ListCertificatesRequest {
-                        after_seq: after,
+                        // Only the first request starts after a seq; the tokens carry on.
+                        after_seq: if token.is_empty() { after } else { 0 },
                         limit: u32::try_from(want).unwrap_or(1000),
                         spiffe_id: spiffe_id.clone().unwrap_or_default(),
+                        page_token: token.clone(),
+                        newest_first: newest,
                     })
                     .await
                     .map_err(|s| status_err("list", s))?
-                    .into_inner()
-                    .certificates;
-                let Some(last) = page.last().map(|r| r.seq) else {
-                    break;
-                };
-                for r in &page {
-                    if json {
-                        println!("{}", serde_json::to_string(&to_json(r))?);
-                    } else {
-                        let revoked = if r.revoked_at != 0 {
-                            format!(
-                                "  REVOKED {} ({})",
-                                rfc3339(r.revoked_at),
-                                r.revocation_reason
-                            )
-                        } else {
-                            String::new()
-                        };
-                        println!(
-                            "{:>6}  {:<34}  {:<20}  {:<50}  {}{revoked}",
-                            r.seq,
-                            r.serial,
-                            rfc3339(r.not_after),
-                            r.spiffe_id,
-                            r.caller
-                        );
-                    }
+                    .into_inner();
+                for r in &page.certificates {
+                    print_row(r, json)?;
                 }
-                shown += page.len() as u64;
-                after = last;
+                shown += page.certificates.len() as u64;
+                token = page.next_page_token;
+                if token.is_empty() {
+                    break;
+                }
+            }
+            if !token.is_empty() {
+                eprintln!("more: signetctl certs list --page-token {token} (with the same filter)");
             }
             Ok(ExitCode::SUCCESS)
         }
-        CertsCmd::Show { serial, json, pem } => {
+        CertsCmd::Show {
+            serial,
+            json,
+            pem,
+            limit,
+        } if serial.starts_with("spiffe://") => {
+            let page = client
+                .list_certificates(ListCertificatesRequest {
+                    spiffe_id: serial.clone(),
+                    newest_first: true,
+                    limit: limit.max(1),
+                    ..ListCertificatesRequest::default()
+                })
+                .await
+                .map_err(|s| status_err("show", s))?
+                .into_inner();
+            if page.certificates.is_empty() {
+                eprintln!("no certificate for {serial}");
+                return Ok(ExitCode::from(1));
+            }
+            for r in &page.certificates {
+                if pem {
+                    print!("{}", signet_types::pem::cert_to_pem(&r.cert_der));
+                } else {
+                    print_row(r, json)?;
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        CertsCmd::Show {
+            serial, json, pem, ..
+        } => {
             let r = client
                 .get_certificate(GetCertificateRequest { serial })
                 .await

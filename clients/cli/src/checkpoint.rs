@@ -146,6 +146,93 @@ pub(crate) struct Expectations {
     items: Vec<Expected>,
 }
 
+/// Reads the checkpoint `text` (named `name` in messages) and verifies its signature with `key`
+/// and its trust domain: the head it vouches for, or why it is refused.
+fn verify_checkpoint(
+    text: &str,
+    key: &PublicKey,
+    trust_domain: &str,
+    name: &str,
+) -> anyhow::Result<Expected> {
+    let cp =
+        SignedCheckpoint::from_json(text.trim()).map_err(|e| anyhow!("checkpoint {name}: {e}"))?;
+    let v = key
+        .verify(&cp)
+        .map_err(|e| anyhow!("checkpoint {name} refused: {e}"))?;
+    let h = v.head();
+    if h.trust_domain != trust_domain {
+        bail!(
+            "checkpoint {name} is for trust domain {:?}, but this server's is {:?}",
+            h.trust_domain,
+            trust_domain
+        );
+    }
+    Ok(Expected {
+        what: format!(
+            "checkpoint {name} (row {}, signed {} by key {})",
+            h.seq,
+            rfc3339(h.time),
+            &v.key_id()[..16]
+        ),
+        seq: h.seq,
+        hash: h.hash,
+    })
+}
+
+/// Where `ledger verify --from-checkpoint` starts: a verified checkpoint's head.
+#[derive(Debug, Clone)]
+pub(crate) struct Start {
+    pub(crate) what: String,
+    pub(crate) seq: u64,
+    pub(crate) hash: Hash,
+}
+
+/// The checkpoint `which` names (`latest`, a checkpoint's seq from `ledger checkpoint list`, or
+/// a JSON file), verified with the public key at `key_path` (kept apart from the server; the
+/// server's word is not taken for its own checkpoint).
+pub(crate) async fn load_start(
+    socket: &Path,
+    which: &str,
+    key_path: &Path,
+    trust_domain: &str,
+) -> anyhow::Result<Start> {
+    let pem = std::fs::read(key_path)
+        .with_context(|| format!("reading checkpoint key {}", key_path.display()))?;
+    let key = PublicKey::from_pem(&pem)
+        .map_err(|e| anyhow!("checkpoint key {}: {e}", key_path.display()))?;
+    let (name, text) = if which == "latest" {
+        let cp = client(socket)
+            .await?
+            .get_latest_checkpoint(GetLatestCheckpointRequest {})
+            .await
+            .map_err(|s| status_err("latest checkpoint", s))?
+            .into_inner();
+        (format!("latest ({})", cp.path), cp.json)
+    } else if let Ok(seq) = which.parse::<u64>() {
+        let listed = client(socket)
+            .await?
+            .list_checkpoints(ListCheckpointsRequest { limit: 1000 })
+            .await
+            .map_err(|s| status_err("list checkpoints", s))?
+            .into_inner()
+            .checkpoints;
+        let cp = listed.into_iter().find(|c| c.seq == seq).ok_or_else(|| {
+            anyhow!("no checkpoint of row {seq} is kept (see `signetctl ledger checkpoint list`)")
+        })?;
+        (format!("of row {seq} ({})", cp.path), cp.json)
+    } else {
+        let text = std::fs::read_to_string(which)
+            .with_context(|| format!("reading checkpoint {which}"))?;
+        (which.to_owned(), text)
+    };
+    let e = verify_checkpoint(&text, &key, trust_domain, &name)?;
+    Ok(Start {
+        what: e.what,
+        seq: e.seq,
+        hash: e.hash,
+    })
+}
+
 /// Parses `SEQ:HASH` (HASH: 64 hex digits).
 pub(crate) fn parse_expect_head(s: &str) -> anyhow::Result<(u64, Hash)> {
     let (seq, hash) = s
@@ -184,31 +271,8 @@ impl Expectations {
             for path in checkpoints {
                 let text = std::fs::read_to_string(path)
                     .with_context(|| format!("reading checkpoint {}", path.display()))?;
-                let cp = SignedCheckpoint::from_json(text.trim())
-                    .map_err(|e| anyhow!("checkpoint {}: {e}", path.display()))?;
-                let v = key
-                    .verify(&cp)
-                    .map_err(|e| anyhow!("checkpoint {} refused: {e}", path.display()))?;
-                let h = v.head();
-                if h.trust_domain != trust_domain {
-                    bail!(
-                        "checkpoint {} is for trust domain {:?}, but this server's is {:?}",
-                        path.display(),
-                        h.trust_domain,
-                        trust_domain
-                    );
-                }
-                items.push(Expected {
-                    what: format!(
-                        "checkpoint {} (row {}, signed {} by key {})",
-                        path.display(),
-                        h.seq,
-                        rfc3339(h.time),
-                        &v.key_id()[..16]
-                    ),
-                    seq: h.seq,
-                    hash: h.hash,
-                });
+                let name = path.display().to_string();
+                items.push(verify_checkpoint(&text, &key, trust_domain, &name)?);
             }
         } else if key.is_some() {
             bail!("--checkpoint-key is used with --checkpoint FILE");

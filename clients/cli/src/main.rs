@@ -209,8 +209,31 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     checkpoints,
                     checkpoint_key,
                     expect_heads,
+                    from_checkpoint,
                 },
         } => {
+            let start = match &from_checkpoint {
+                None => None,
+                Some(which) => {
+                    let key = checkpoint_key.as_deref().ok_or_else(|| {
+                        anyhow::anyhow!("--from-checkpoint needs --checkpoint-key PUBKEY.pem")
+                    })?;
+                    let td = typed_admin(&cli.socket)
+                        .await?
+                        .bundle()
+                        .await
+                        .map_err(|e| call_err("bundle", &e))?
+                        .trust_domain
+                        .to_string();
+                    Some(checkpoint::load_start(&cli.socket, which, key, &td).await?)
+                }
+            };
+            // The key was for the start point: --checkpoint files are optional with it.
+            let checkpoint_key = if from_checkpoint.is_some() && checkpoints.is_empty() {
+                None
+            } else {
+                checkpoint_key
+            };
             let expect = if checkpoints.is_empty() && expect_heads.is_empty() {
                 checkpoint::Expectations::default()
             } else {
@@ -228,7 +251,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     &td,
                 )?
             };
-            ledger_verify(&cli.socket, json, &expect).await
+            ledger_verify(&cli.socket, json, &expect, start.as_ref()).await
         }
         Cmd::Ledger {
             cmd: LedgerCmd::Checkpoint { cmd },

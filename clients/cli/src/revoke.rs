@@ -267,7 +267,7 @@ pub fn verify_event(
     Ok(Ok((event.seq, hash)))
 }
 
-/// The ledger's events up to `up_to_seq`, in order, as a stream. A server without
+/// The ledger's events in a seq range, in order, as a stream. A server without
 /// revocation (no `RevocationAdmin`) has none.
 pub struct Events {
     stream: Option<tonic::Streaming<LedgerEventRecord>>,
@@ -275,11 +275,12 @@ pub struct Events {
 }
 
 impl Events {
-    pub async fn open(socket: &Path, up_to_seq: u64) -> anyhow::Result<Self> {
+    /// The events with seq in `(after_seq, up_to_seq]`.
+    pub async fn open_after(socket: &Path, after_seq: u64, up_to_seq: u64) -> anyhow::Result<Self> {
         let stream = match client(socket)
             .await?
             .stream_ledger_events(StreamLedgerEventsRequest {
-                after_seq: 0,
+                after_seq,
                 up_to_seq,
             })
             .await
@@ -317,11 +318,17 @@ impl Events {
 /// Checks that every event names a real certificate row: the row at its `cert_seq` has the
 /// event's serial and chain hash. The chain hash alone does not tie them (an event's fields
 /// are its own); this does. Keeps 8 bytes per row (a truncated digest of the row's hash and
-/// serial), so a million rows cost 8 MB.
+/// serial), so a million rows cost 8 MB. A verification that starts from a checkpoint keeps
+/// them only for the rows after it ([`EventRefs::after`]), and in a small map the few rows
+/// before it that events name ([`EventRefs::row`] with a seq at or below the base).
 #[derive(Debug, Default)]
 pub struct EventRefs {
-    /// Indexed by seq - 1; 0 for event rows and rows not seen.
+    /// Rows at or below this seq are not in `rows`.
+    base: u64,
+    /// Indexed by seq - base - 1; 0 for event rows and rows not seen.
     rows: Vec<u64>,
+    /// Rows at or below `base` that were checked on their own.
+    older: std::collections::BTreeMap<u64, u64>,
 }
 
 fn row_ref(hash: &Hash, serial: &str) -> u64 {
@@ -332,9 +339,39 @@ fn row_ref(hash: &Hash, serial: &str) -> u64 {
 }
 
 impl EventRefs {
+    /// For a verification of the rows after `base` only.
+    pub fn after(base: u64) -> Self {
+        Self {
+            base,
+            ..Self::default()
+        }
+    }
+
+    /// Whether row `seq` is known (verified, or checked on its own).
+    pub fn knows(&self, seq: u64) -> bool {
+        self.lookup(seq) != 0
+    }
+
+    fn lookup(&self, seq: u64) -> u64 {
+        if seq <= self.base {
+            return self.older.get(&seq).copied().unwrap_or(0);
+        }
+        usize::try_from(seq - self.base - 1)
+            .ok()
+            .and_then(|i| self.rows.get(i))
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// A verified certificate row.
     pub fn row(&mut self, seq: u64, serial: &str, hash: &Hash) {
-        let Some(i) = usize::try_from(seq).ok().and_then(|s| s.checked_sub(1)) else {
+        if seq <= self.base {
+            if seq > 0 {
+                self.older.insert(seq, row_ref(hash, serial));
+            }
+            return;
+        }
+        let Ok(i) = usize::try_from(seq - self.base - 1) else {
             return;
         };
         if self.rows.len() <= i {
@@ -345,12 +382,7 @@ impl EventRefs {
 
     /// Err(why) when `event` does not name the certificate row it says.
     pub fn check(&self, event: &LedgerEvent) -> Result<(), String> {
-        let found = usize::try_from(event.cert_seq)
-            .ok()
-            .and_then(|s| s.checked_sub(1))
-            .and_then(|i| self.rows.get(i))
-            .copied()
-            .unwrap_or(0);
+        let found = self.lookup(event.cert_seq);
         if found == 0 {
             return Err(format!(
                 "event {}: row {} is not a certificate row",

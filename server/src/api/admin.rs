@@ -19,7 +19,8 @@ use crate::authn::{AdminSocket, AuthenticatedCaller};
 use crate::bundle::BundleHandle;
 use crate::ca::RequestedNames;
 use crate::issuer::{IssueInput, Issuer};
-use crate::store::{CertificateRow, Store, StoreError};
+use crate::store::paging::PageToken;
+use crate::store::{CertQuery, CertificateRow, Order, Store, StoreError, certificates_page};
 
 const DEFAULT_PAGE: u32 = 100;
 const MAX_PAGE: u32 = 1000;
@@ -52,6 +53,7 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::Unavailable(m) => ApiError::Unavailable(m),
+            StoreError::InvalidArgument(m) => ApiError::InvalidArgument(m),
             other => {
                 tracing::error!(error = %other, "store error");
                 ApiError::Internal("store".into())
@@ -100,13 +102,46 @@ impl Admin for AdminApi {
     ) -> Result<Response<ListCertificatesResponse>, Status> {
         let req = request.into_inner();
         let spiffe_id = (!req.spiffe_id.is_empty()).then_some(req.spiffe_id.as_str());
-        let rows = self
-            .store
-            .list_certificates(req.after_seq, page(req.limit), spiffe_id)
+        let order = if req.newest_first {
+            Order::NewestFirst
+        } else {
+            Order::OldestFirst
+        };
+        if req.after_seq != 0 && (!req.page_token.is_empty() || req.newest_first) {
+            return Err(ApiError::InvalidArgument(
+                "after_seq goes with neither page_token nor newest_first: use page_token".into(),
+            )
+            .into());
+        }
+        let page = if req.after_seq != 0 {
+            // The older form: rows after a seq, oldest first; the token still says what follows.
+            let token = PageToken::after(spiffe_id, req.after_seq);
+            certificates_page(
+                &*self.store,
+                &CertQuery {
+                    spiffe_id,
+                    order,
+                    limit: page(req.limit),
+                    page_token: Some(&token),
+                },
+            )
             .await
-            .map_err(ApiError::from)?;
+        } else {
+            certificates_page(
+                &*self.store,
+                &CertQuery {
+                    spiffe_id,
+                    order,
+                    limit: page(req.limit),
+                    page_token: Some(&req.page_token),
+                },
+            )
+            .await
+        }
+        .map_err(ApiError::from)?;
         Ok(Response::new(ListCertificatesResponse {
-            certificates: rows.into_iter().map(row_to_proto).collect(),
+            certificates: page.rows.into_iter().map(row_to_proto).collect(),
+            next_page_token: page.next.unwrap_or_default(),
         }))
     }
 

@@ -14,6 +14,9 @@ pub enum StoreError {
     /// Stored data that does not decode (corruption or tampering).
     #[error("corrupt row: {0}")]
     Corrupt(String),
+    /// The caller's input cannot be used (a page token from elsewhere); the message says why.
+    #[error("{0}")]
+    InvalidArgument(String),
 }
 
 impl StoreError {

@@ -76,6 +76,16 @@ pub trait LedgerStore: Send + Sync + 'static {
         spiffe_id: Option<&str>,
     ) -> Result<Vec<CertificateRow>, StoreError>;
 
+    /// Rows with `seq < before_seq`, newest first, at most `limit`; only `spiffe_id` if given.
+    /// Like [`LedgerStore::list_certificates`], a keyset query: the primary key, or the
+    /// `(spiffe_id, seq)` index, read backwards from `before_seq`, at any depth.
+    async fn list_certificates_newest(
+        &self,
+        before_seq: u64,
+        limit: u32,
+        spiffe_id: Option<&str>,
+    ) -> Result<Vec<CertificateRow>, StoreError>;
+
     async fn certificate_by_serial(
         &self,
         serial: &str,
@@ -165,6 +175,43 @@ macro_rules! impl_ledger_store {
                              WHERE seq > $1 ORDER BY seq LIMIT $2"
                         ))
                         .bind(rows::after(after_seq))
+                        .bind(rows::limit(limit))
+                        .fetch_all(&self.pool)
+                        .await
+                    }
+                }
+                .map_err($map)?;
+                found
+                    .into_iter()
+                    .map($crate::store::ledger::CertificateRow::try_from)
+                    .collect()
+            }
+
+            async fn list_certificates_newest(
+                &self,
+                before_seq: u64,
+                limit: u32,
+                spiffe_id: Option<&str>,
+            ) -> Result<Vec<$crate::store::ledger::CertificateRow>, StoreError> {
+                use $crate::store::rows::{self, CERT_COLUMNS, DbCertificate};
+                let found: Vec<DbCertificate> = match spiffe_id {
+                    Some(id) => {
+                        sqlx::query_as(&format!(
+                            "SELECT {CERT_COLUMNS} FROM certificates \
+                             WHERE spiffe_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3"
+                        ))
+                        .bind(id)
+                        .bind(rows::before(before_seq))
+                        .bind(rows::limit(limit))
+                        .fetch_all(&self.pool)
+                        .await
+                    }
+                    None => {
+                        sqlx::query_as(&format!(
+                            "SELECT {CERT_COLUMNS} FROM certificates \
+                             WHERE seq < $1 ORDER BY seq DESC LIMIT $2"
+                        ))
+                        .bind(rows::before(before_seq))
                         .bind(rows::limit(limit))
                         .fetch_all(&self.pool)
                         .await

@@ -13,6 +13,7 @@
 //! | `audit` | [`AuditStore`] | denials and admin actions |
 //! | `nodes` | [`NodeStore`] | join tokens, attested nodes, registration entries |
 //! | `entry_events` | (part of [`NodeStore`]) | entry-change notifications to every replica (LISTEN/NOTIFY) |
+//! | `paging` | (over [`LedgerStore`]) | keyset pages of the ledger and their opaque tokens |
 //!
 //! [`Store`] is all of them, for the wiring; a component takes the narrowest trait it uses.
 //!
@@ -34,6 +35,7 @@ pub mod entry_events;
 mod error;
 pub mod ledger;
 pub mod nodes;
+pub mod paging;
 mod postgres;
 pub mod revocations;
 mod rows;
@@ -51,6 +53,7 @@ pub use entry_events::EntrySubscription;
 pub use error::StoreError;
 pub use ledger::{CertificateRow, LedgerHead, LedgerStore, NewCertificate};
 pub use nodes::{BatchCreate, EntryRow, NewEntry, NodeRow, NodeStore, TokenUse};
+pub use paging::{CertQuery, Order, certificates_page};
 pub use postgres::PgStore;
 pub use revocations::{CertFilter, EventRow, NewRevocation, RevocationOutcome, RevocationStore};
 pub use sqlite::SqliteStore;

@@ -165,6 +165,11 @@ pub(super) fn after(after: u64) -> i64 {
     i64::try_from(after).unwrap_or(i64::MAX)
 }
 
+/// `before` as a signed key for `<` comparisons (anything beyond `i64::MAX`: every row).
+pub(super) fn before(before: u64) -> i64 {
+    i64::try_from(before).unwrap_or(i64::MAX)
+}
+
 /// A stored count (never negative unless the row is corrupt).
 pub(super) fn count(n: i64) -> Result<u64, StoreError> {
     u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("negative count {n}")))

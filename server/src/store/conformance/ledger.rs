@@ -6,7 +6,8 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use super::{Db, cert, certs, verify_chain};
-use crate::store::{NewCertificate, StoreError};
+use crate::store::paging::CertPage;
+use crate::store::{CertQuery, NewCertificate, Order, StoreError, certificates_page};
 
 conformance!(
     appended_batches_form_a_verifiable_chain,
@@ -14,6 +15,10 @@ conformance!(
     certificate_by_serial_and_count,
     a_duplicate_serial_fails_the_whole_batch,
     concurrent_appends_from_two_instances_keep_one_chain,
+    pages_by_key_follow_their_tokens_both_ways,
+    pages_with_equal_timestamps_neither_repeat_nor_skip,
+    an_empty_ledger_and_a_last_page_have_no_next_token,
+    a_garbage_or_foreign_page_token_is_invalid_argument,
 );
 
 async fn appended_batches_form_a_verifiable_chain(db: Db) {
@@ -230,4 +235,234 @@ async fn postgres_append_throughput() {
         );
     }
     assert_eq!(verify_chain(&*db.store).await, next as u64);
+}
+
+/// Every page of `q`, following the tokens; the seqs in the order they came.
+async fn all_pages(db: &Db, q: CertQuery<'_>) -> (Vec<u64>, usize) {
+    let (mut seqs, mut pages, mut token) = (Vec::new(), 0, None::<String>);
+    loop {
+        let page: CertPage = certificates_page(
+            &*db.store,
+            &CertQuery {
+                page_token: token.as_deref(),
+                ..q
+            },
+        )
+        .await
+        .unwrap();
+        assert!(page.rows.len() <= q.limit as usize);
+        if let Some(id) = q.spiffe_id {
+            assert!(page.rows.iter().all(|r| r.entry.spiffe_id == id));
+        }
+        seqs.extend(page.rows.iter().map(|r| r.entry.seq));
+        pages += 1;
+        match page.next {
+            Some(next) => {
+                assert_eq!(
+                    page.rows.len(),
+                    q.limit as usize,
+                    "a short page with a next token"
+                );
+                token = Some(next);
+            }
+            None => return (seqs, pages),
+        }
+    }
+}
+
+async fn pages_by_key_follow_their_tokens_both_ways(db: Db) {
+    db.store.append_certificates(&certs(0..25)).await.unwrap();
+    let oldest = CertQuery {
+        limit: 10,
+        ..CertQuery::default()
+    };
+    // 25 rows in pages of 10: 10, 10, 5; exactly a page boundary: 5 pages of 5, no empty sixth.
+    assert_eq!(all_pages(&db, oldest).await, ((1..=25).collect(), 3));
+    assert_eq!(
+        all_pages(&db, CertQuery { limit: 5, ..oldest }).await,
+        ((1..=25).collect(), 5)
+    );
+    let newest = CertQuery {
+        order: Order::NewestFirst,
+        limit: 4,
+        ..CertQuery::default()
+    };
+    assert_eq!(all_pages(&db, newest).await, ((1..=25).rev().collect(), 7));
+
+    // One SPIFFE ID, newest first: its own rows only, through the (spiffe_id, seq) index.
+    let id = "spiffe://example.org/ns/n1/sa/s";
+    let mine: Vec<u64> = (0..25u64).filter(|i| i % 3 == 1).map(|i| i + 1).collect();
+    let (got, _) = all_pages(
+        &db,
+        CertQuery {
+            spiffe_id: Some(id),
+            ..newest
+        },
+    )
+    .await;
+    assert_eq!(got, mine.iter().rev().copied().collect::<Vec<_>>());
+    let (got, _) = all_pages(
+        &db,
+        CertQuery {
+            spiffe_id: Some(id),
+            limit: 3,
+            ..oldest
+        },
+    )
+    .await;
+    assert_eq!(got, mine);
+
+    // Rows appended after a page was read show up on the next oldest-first page, and the
+    // newest-first listing that is under way does not repeat anything.
+    let first = certificates_page(&*db.store, &newest).await.unwrap();
+    db.store.append_certificates(&certs(25..30)).await.unwrap();
+    let second = certificates_page(
+        &*db.store,
+        &CertQuery {
+            page_token: first.next.as_deref(),
+            ..newest
+        },
+    )
+    .await
+    .unwrap();
+    let seqs: Vec<u64> = second.rows.iter().map(|r| r.entry.seq).collect();
+    assert_eq!(seqs, vec![21, 20, 19, 18]);
+    assert_eq!(all_pages(&db, oldest).await.0, (1..=30).collect::<Vec<_>>());
+}
+
+async fn pages_with_equal_timestamps_neither_repeat_nor_skip(db: Db) {
+    // A burst within one second: every row has the same issued_at and validity.
+    let burst: Vec<NewCertificate> = certs(0..23)
+        .into_iter()
+        .map(|c| NewCertificate {
+            issued_at: 1_700_000_000,
+            not_before: 1_700_000_000,
+            not_after: 1_700_003_600,
+            ..c
+        })
+        .collect();
+    db.store.append_certificates(&burst).await.unwrap();
+    for order in [Order::OldestFirst, Order::NewestFirst] {
+        let (seqs, _) = all_pages(
+            &db,
+            CertQuery {
+                order,
+                limit: 4,
+                ..CertQuery::default()
+            },
+        )
+        .await;
+        let unique: BTreeSet<u64> = seqs.iter().copied().collect();
+        assert_eq!((seqs.len(), unique.len()), (23, 23), "{order:?}: {seqs:?}");
+    }
+}
+
+async fn an_empty_ledger_and_a_last_page_have_no_next_token(db: Db) {
+    for order in [Order::OldestFirst, Order::NewestFirst] {
+        let q = CertQuery {
+            order,
+            limit: 10,
+            ..CertQuery::default()
+        };
+        let page = certificates_page(&*db.store, &q).await.unwrap();
+        assert_eq!(
+            page,
+            CertPage {
+                rows: vec![],
+                next: None
+            }
+        );
+    }
+    db.store.append_certificates(&certs(0..3)).await.unwrap();
+    let q = CertQuery {
+        limit: 3,
+        ..CertQuery::default()
+    };
+    let page = certificates_page(&*db.store, &q).await.unwrap();
+    assert_eq!((page.rows.len(), page.next), (3, None));
+    // A limit of 0 is an empty page, not everything.
+    let page = certificates_page(&*db.store, &CertQuery { limit: 0, ..q })
+        .await
+        .unwrap();
+    assert_eq!(
+        page,
+        CertPage {
+            rows: vec![],
+            next: None
+        }
+    );
+    // No such SPIFFE ID: an empty page.
+    let page = certificates_page(
+        &*db.store,
+        &CertQuery {
+            spiffe_id: Some("spiffe://example.org/nobody"),
+            ..q
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        page,
+        CertPage {
+            rows: vec![],
+            next: None
+        }
+    );
+}
+
+async fn a_garbage_or_foreign_page_token_is_invalid_argument(db: Db) {
+    db.store.append_certificates(&certs(0..10)).await.unwrap();
+    let q = CertQuery {
+        limit: 2,
+        ..CertQuery::default()
+    };
+    let token = certificates_page(&*db.store, &q)
+        .await
+        .unwrap()
+        .next
+        .unwrap();
+    for (bad, says) in [
+        ("%%%", "not a page token"),
+        ("AAAAAAAAAAAAAAAAAAAAAAAA", "not a page token"),
+        (&token[1..], "not a page token"),
+    ] {
+        let err = certificates_page(
+            &*db.store,
+            &CertQuery {
+                page_token: Some(bad),
+                ..q
+            },
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&err, StoreError::InvalidArgument(m) if m.contains(says)),
+            "{bad}: {err}"
+        );
+    }
+    // The token of another listing (another SPIFFE ID, or the other order) is refused too.
+    for other in [
+        CertQuery {
+            spiffe_id: Some("spiffe://example.org/ns/n1/sa/s"),
+            ..q
+        },
+        CertQuery {
+            order: Order::NewestFirst,
+            ..q
+        },
+    ] {
+        let err = certificates_page(
+            &*db.store,
+            &CertQuery {
+                page_token: Some(&token),
+                ..other
+            },
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&err, StoreError::InvalidArgument(m) if m.contains("another listing")),
+            "{err}"
+        );
+    }
 }
