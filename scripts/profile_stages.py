@@ -4,11 +4,13 @@
     scripts/profile_stages.py CALLGRIND_OUT ISSUED [--top N]
 
 Every function is put in at most one stage by the first pattern its name matches (STAGES). A
-stage's cost is what entering it costs: the inclusive cost of every call into the stage from
-outside it, minus the calls from the stage into another stage (counted there). What no stage
-claims (the tokio runtime, the allocator outside a stage, thread wake-ups) is "rest". Costs
-are user-space instructions (Ir) of the server process only: the kernel's TCP and fsync work
-and PostgreSQL's own process are not in it. `--top N` also lists the N functions with the
+function in a stage counts its own (self) instructions there; the self cost of a function in no
+stage (ring's field arithmetic, the allocator, memcpy, core and std) is shared among its callers
+in proportion to what each call cost, and so on up the call graph, until it reaches a staged
+function; what reaches none (the tokio runtime, thread wake-ups, a cycle) is "rest". So the
+stages add up to the total exactly, and e.g. ECDSA verification lands in JWT, CSR or self-check
+by who called it. Costs are user-space instructions (Ir) of the server process only: the
+kernel's TCP and fsync work and PostgreSQL's own process are not in it. `--top N` also lists the N functions with the
 largest self cost, with their stage.
 """
 
@@ -105,25 +107,41 @@ def main():
     path, issued = args[0], int(args[1])
     names, self_cost, edges, total = parse(path)
     stage = {fid: stage_of(str(n)) for fid, n in names.items()}
-    cost = defaultdict(int)
-    called = set()
+    callers = defaultdict(list)
     for (a, b), ir in edges.items():
-        sa, sb = stage.get(a), stage.get(b)
-        called.add(b)
-        if sb is not None and sa != sb:
-            cost[sb] += ir
-            if sa is not None:
-                cost[sa] -= ir
-    for fid, ir in self_cost.items():
+        if ir > 0:
+            callers[b].append((a, ir))
+    sys.setrecursionlimit(100000)
+    memo = {}
+
+    def dist(fid):
+        """Where fid's instructions go: {stage or None: fraction}."""
         s = stage.get(fid)
-        if s is not None and fid not in called:
-            cost[s] += ir
+        if s is not None:
+            return {s: 1.0}
+        if fid in memo:
+            return memo[fid]
+        memo[fid] = {None: 1.0}  # a cycle back here counts as rest
+        cs = callers.get(fid)
+        if not cs:
+            return memo[fid]
+        total_ir = sum(ir for _, ir in cs)
+        out = defaultdict(float)
+        for c, ir in cs:
+            for k, v in dist(c).items():
+                out[k] += v * ir / total_ir
+        memo[fid] = dict(out)
+        return memo[fid]
+
+    cost = defaultdict(float)
+    for fid, ir in self_cost.items():
+        for k, v in dist(fid).items():
+            cost[k] += v * ir
     per = lambda ir: ir / max(issued, 1)
     print(f"{issued} issuances, {total:,} instructions in the server: {per(total):,.0f} per issuance")
     print(f"{'stage':38} {'Ir/issuance':>12} {'share':>7}")
-    rest = total
+    rest = total - sum(cost[s] for s, _ in STAGES)
     for s, _ in STAGES:
-        rest -= cost[s]
         print(f"{s:38} {per(cost[s]):>12,.0f} {100 * cost[s] / total:>6.1f}%")
     print(f"{'rest (runtime, allocator, wake-ups)':38} {per(rest):>12,.0f} {100 * rest / total:>6.1f}%")
     if top:
