@@ -19,7 +19,7 @@ use x509_parser::certificate::X509Certificate;
 use super::serial::SerialSource;
 use super::template::ca_params;
 use super::time::{floor_secs, to_offset};
-use super::validate::{ca_basics, parse_cert, subject_key_id, to_system_time};
+use super::validate::{IssuerFacts, ca_basics, parse_cert, subject_key_id, to_system_time};
 use super::{BACKDATE, KeyType};
 
 const CONVERT_HINT: &str = "convert it to unencrypted PKCS#8 with `openssl pkcs8 -topk8 -nocrypt -in ca-key.pem -out ca-key.pkcs8.pem`";
@@ -55,6 +55,8 @@ pub struct Authority {
     key_id: String,
     not_before: SystemTime,
     not_after: SystemTime,
+    /// What the self-check of every leaf needs of `cert_der`, parsed once.
+    issuer_facts: IssuerFacts,
 }
 
 impl fmt::Debug for Authority {
@@ -294,6 +296,7 @@ impl Authority {
         }
 
         let key_id = key_id_of(&cert);
+        let issuer_facts = IssuerFacts::of(&cert);
         let not_before = to_system_time(&cert.validity().not_before);
         let not_after = to_system_time(&cert.validity().not_after);
         let issuer = Issuer::from_ca_cert_der(&CertificateDer::from(cert_der.as_slice()), key)
@@ -307,6 +310,7 @@ impl Authority {
             key_id,
             not_before,
             not_after,
+            issuer_facts,
         })
     }
 
@@ -393,6 +397,11 @@ impl Authority {
 
     pub(crate) fn issuer(&self) -> &Issuer<'static, KeyPair> {
         &self.issuer
+    }
+
+    /// The signing certificate's side of a leaf's checks.
+    pub(crate) fn issuer_facts(&self) -> &IssuerFacts {
+        &self.issuer_facts
     }
 }
 

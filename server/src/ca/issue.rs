@@ -3,8 +3,8 @@
 //! 1. [`super::template::leaf`] builds the leaf from the grant (names), the CSR (public key
 //!    only), `now` and the CA's validity window, or refuses.
 //! 2. The [`Authority`]'s key signs it.
-//! 3. [`self_check`] re-validates what was signed ([`super::validate::check_leaf`]: the
-//!    X509-SVID profile and the signature under the CA) and that it certifies exactly the CSR's
+//! 3. [`self_check`] re-validates what was signed ([`super::validate::check_leaf`]'s checks: the
+//!    X509-SVID profile and the signature under the CA, parsing the leaf once) and that it certifies exactly the CSR's
 //!    key, the granted names and the validity the template chose. A certificate failing it never
 //!    leaves ([`IssueError::SelfCheck`]).
 //!
@@ -17,7 +17,7 @@ use super::authority::Authority;
 use super::csr::VerifiedCsr;
 use super::serial::SerialSource;
 use super::template::{self, CaWindow, LeafTemplate};
-use super::validate::{LeafInfo, check_leaf, parse_cert};
+use super::validate::{IssuerFacts, LeafInfo, check_parsed_leaf, parse_cert};
 use super::{Grant, IssueError, IssuedCert};
 
 impl Authority {
@@ -36,7 +36,7 @@ impl Authority {
         };
         let leaf = template::leaf(window, csr, grant, now, serials)?;
         let der = self.sign(&leaf, csr)?;
-        let info = self_check(&der, self.cert_der(), csr, grant, &leaf, now)?;
+        let info = self_check(&der, self.issuer_facts(), csr, grant, &leaf, now)?;
 
         let mut chain = Vec::with_capacity(1 + self.chain().len());
         chain.push(der.clone());
@@ -69,14 +69,17 @@ impl Authority {
 /// and exactly the granted names and the template's validity.
 fn self_check(
     der: &[u8],
-    ca_der: &[u8],
+    issuer: &IssuerFacts,
     csr: &VerifiedCsr,
     grant: &Grant,
     leaf: &LeafTemplate,
     now: SystemTime,
 ) -> Result<LeafInfo, IssueError> {
-    let info = check_leaf(der, ca_der, now).map_err(IssueError::SelfCheck)?;
-    let parsed = parse_cert(der).map_err(IssueError::SelfCheck)?;
+    // One parse of the leaf serves every check; the issuer's side was taken from our own
+    // certificate when the authority was built. The checks are `check_leaf`'s, signature
+    // verification under the CA's public key included.
+    let parsed = parse_cert(der).map_err(|e| IssueError::SelfCheck(format!("leaf: {e}")))?;
+    let info = check_parsed_leaf(&parsed, issuer, now).map_err(IssueError::SelfCheck)?;
     if parsed.public_key().raw != csr.public_key_der() {
         return Err(IssueError::SelfCheck(
             "the certified public key differs from the CSR's".into(),

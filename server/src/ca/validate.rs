@@ -1,7 +1,9 @@
 //! Re-checks of certificates against the X509-SVID profile (spiffe/spiffe `X509-SVID.md`).
 //!
-//! The core runs [`check_leaf`] on every certificate it signs before it leaves; tests elsewhere
-//! use both functions to check what the server returns.
+//! The core runs [`check_leaf`]'s checks on every certificate it signs before it leaves (as
+//! [`check_parsed_leaf`], against the [`IssuerFacts`] it keeps for its key: the same checks
+//! without re-parsing its own certificate); tests elsewhere use both public functions to check
+//! what the server returns.
 
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -16,6 +18,7 @@ use x509_parser::oid_registry::{
 };
 use x509_parser::prelude::FromDer;
 use x509_parser::time::ASN1Time;
+use x509_parser::x509::SubjectPublicKeyInfo;
 
 use super::csr::ip_from_bytes;
 
@@ -115,12 +118,45 @@ fn no_unknown_critical(cert: &X509Certificate<'_>) -> Result<(), String> {
 pub fn check_leaf(der: &[u8], issuer_der: &[u8], now: SystemTime) -> Result<LeafInfo, String> {
     let leaf = parse_cert(der).map_err(|e| format!("leaf: {e}"))?;
     let issuer = parse_cert(issuer_der).map_err(|e| format!("issuer: {e}"))?;
+    check_parsed_leaf(&leaf, &IssuerFacts::of(&issuer), now)
+}
 
+/// What [`check_parsed_leaf`] needs of the issuer, taken from its parsed certificate once: the
+/// CA core keeps one per signing key ([`super::Authority`]), so it parses neither its own
+/// certificate nor (in `super::issue`'s self-check) the leaf twice per issuance.
+#[derive(Debug, Clone)]
+pub(crate) struct IssuerFacts {
+    subject_raw: Vec<u8>,
+    subject_key_id: Option<Vec<u8>>,
+    not_before: SystemTime,
+    not_after: SystemTime,
+    /// The issuer's SubjectPublicKeyInfo, DER.
+    spki_der: Vec<u8>,
+}
+
+impl IssuerFacts {
+    pub(crate) fn of(issuer: &X509Certificate<'_>) -> Self {
+        Self {
+            subject_raw: issuer.subject().as_raw().to_vec(),
+            subject_key_id: subject_key_id(issuer).map(<[u8]>::to_vec),
+            not_before: to_system_time(&issuer.validity().not_before),
+            not_after: to_system_time(&issuer.validity().not_after),
+            spki_der: issuer.public_key().raw.to_vec(),
+        }
+    }
+}
+
+/// [`check_leaf`] on a parsed leaf, against its issuer's [`IssuerFacts`]: the same checks.
+pub(crate) fn check_parsed_leaf(
+    leaf: &X509Certificate<'_>,
+    issuer: &IssuerFacts,
+    now: SystemTime,
+) -> Result<LeafInfo, String> {
     if leaf.version().0 != 2 {
         return Err("not an X.509 v3 certificate".into());
     }
     positive_serial(leaf.raw_serial())?;
-    no_unknown_critical(&leaf)?;
+    no_unknown_critical(leaf)?;
 
     // Names.
     let san = leaf
@@ -188,27 +224,27 @@ pub fn check_leaf(der: &[u8], issuer_der: &[u8], now: SystemTime) -> Result<Leaf
     }
 
     // Key identifiers and issuer.
-    subject_key_id(&leaf).ok_or("no subjectKeyIdentifier")?;
-    let aki = authority_key_id(&leaf).ok_or("no authorityKeyIdentifier key id")?;
-    if let Some(issuer_ski) = subject_key_id(&issuer)
-        && aki != issuer_ski
+    subject_key_id(leaf).ok_or("no subjectKeyIdentifier")?;
+    let aki = authority_key_id(leaf).ok_or("no authorityKeyIdentifier key id")?;
+    if let Some(issuer_ski) = &issuer.subject_key_id
+        && aki != issuer_ski.as_slice()
     {
         return Err(
             "authorityKeyIdentifier does not match the issuer's subjectKeyIdentifier".into(),
         );
     }
-    if leaf.issuer().as_raw() != issuer.subject().as_raw() {
+    if leaf.issuer().as_raw() != issuer.subject_raw.as_slice() {
         return Err("the issuer name is not byte-identical to the issuer's subject".into());
     }
-    leaf.verify_signature(Some(issuer.public_key()))
+    let (_, issuer_key) = SubjectPublicKeyInfo::from_der(&issuer.spki_der)
+        .map_err(|e| format!("the issuer's public key does not parse: {e}"))?;
+    leaf.verify_signature(Some(&issuer_key))
         .map_err(|e| format!("the signature does not verify with the issuer's key: {e}"))?;
 
     // Validity.
     let not_before = to_system_time(&leaf.validity().not_before);
     let not_after = to_system_time(&leaf.validity().not_after);
-    let issuer_nb = to_system_time(&issuer.validity().not_before);
-    let issuer_na = to_system_time(&issuer.validity().not_after);
-    if not_before < issuer_nb || not_after > issuer_na {
+    if not_before < issuer.not_before || not_after > issuer.not_after {
         return Err("the validity is not inside the issuer's validity".into());
     }
     if now < not_before || now >= not_after {

@@ -111,7 +111,7 @@ pub(super) fn check(
 }
 
 /// A JWT NumericDate: seconds since the epoch, possibly fractional.
-fn numeric_date(v: &serde_json::Value, name: &str) -> Result<i64, AuthnError> {
+pub(super) fn numeric_date(v: &serde_json::Value, name: &str) -> Result<i64, AuthnError> {
     if let Some(i) = v.as_i64() {
         return Ok(i);
     }

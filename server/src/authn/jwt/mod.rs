@@ -17,19 +17,25 @@
 //!    injected clock's) with the configured leeway, `aud`;
 //! 6. [`kubernetes`]: `sub` and the `kubernetes.io` claim object, which make the identity.
 //!
+//! Checks 1 to 3 (and the payload's decoding) are memoised per token by [`memo`]: a pod sends
+//! the same token for its whole validity window, so its signature is verified once; checks 4 to
+//! 6 run on every use, against that use's `now` and audiences.
+//!
 //! Error messages say what is wrong and what to do, and never contain the token ([`refuse`]).
-//! The submodules import only downwards (jws → jwks → refuse; kubernetes → claims → refuse);
-//! this module wires them.
+//! The submodules import only downwards (jws → jwks → refuse; kubernetes → claims → refuse;
+//! memo → kubernetes); this module wires them.
 
 mod claims;
 mod jwks;
 mod jws;
 mod kubernetes;
+mod memo;
 mod refuse;
 #[cfg(test)]
 mod test_support;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use signet_types::TrustDomain;
@@ -38,8 +44,10 @@ use self::claims::Expected;
 use self::jwks::KeySet;
 use self::jws::Jws;
 use self::kubernetes::{LEGACY_ISSUER, Payload};
+use self::memo::VerifiedTokens;
 use self::refuse::bad;
 use super::{AuthenticatedCaller, AuthnError};
+use crate::clock::unix;
 use crate::config::KubernetesAuthConfig;
 
 pub use self::jwks::JwksError;
@@ -66,6 +74,8 @@ pub struct JwtAuthenticator {
     leeway_secs: i64,
     keys: KeySet,
     td: TrustDomain,
+    /// Tokens whose signature verified under `keys` (which never change).
+    verified: VerifiedTokens,
 }
 
 impl fmt::Debug for JwtAuthenticator {
@@ -119,6 +129,7 @@ impl JwtAuthenticator {
             leeway_secs,
             keys,
             td,
+            verified: VerifiedTokens::default(),
         })
     }
 
@@ -150,9 +161,32 @@ impl JwtAuthenticator {
         now: SystemTime,
         audiences: &[String],
     ) -> Result<VerifiedToken, AuthnError> {
-        let verified = Jws::parse(token)?.verify(&self.keys)?;
-        let payload: Payload = verified.payload()?;
+        let payload = self.verified_payload(token, now)?;
         self.check_claims(&payload, now, audiences)
+    }
+
+    /// Checks 1 to 3 of the module doc and the payload's decoding: from the memo when this
+    /// exact token verified before (and its entry is still current at `now`), else verified
+    /// here and remembered until the token's `exp` (plus leeway).
+    fn verified_payload(&self, token: &str, now: SystemTime) -> Result<Arc<Payload>, AuthnError> {
+        // An oversized token is refused by `Jws::parse` before anything hashes it.
+        let key = (token.len() <= MAX_TOKEN_BYTES).then(|| memo::key(token));
+        let now_secs = unix(now);
+        if let Some(hit) = key.as_ref().and_then(|k| self.verified.get(k, now_secs)) {
+            return Ok(hit);
+        }
+        let verified = Jws::parse(token)?.verify(&self.keys)?;
+        let payload: Arc<Payload> = Arc::new(verified.payload()?);
+        let exp = payload
+            .registered()
+            .exp
+            .and_then(|v| claims::numeric_date(v, "exp").ok());
+        if let (Some(key), Some(exp)) = (key, exp) {
+            let expires = exp.saturating_add(self.leeway_secs);
+            self.verified
+                .insert(key, payload.clone(), expires, now_secs);
+        }
+        Ok(payload)
     }
 
     /// The claim checks alone, on a payload's JSON: what a token whose signature verified may
@@ -260,6 +294,99 @@ mod tests {
             .authenticate_node_token(&sign_es(&f.key, Some("ec-1"), &plain), now(), &node_aud)
             .expect("valid");
         assert_eq!(t.node_name, None);
+    }
+
+    /// The memo spares the signature check of a token seen before, and nothing else: expiry,
+    /// not-before and audience are judged on every use against that use's clock.
+    #[test]
+    fn a_memoised_token_still_meets_every_claim_check() {
+        let f = fixture();
+        let at = |secs: u64| std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+        let token = sign_es(&f.key, Some("ec-1"), &claims());
+        let first = f.auth.authenticate(&token, now()).expect("valid");
+        assert_eq!(f.auth.verified.len(), 1, "a verified token is remembered");
+        let again = f.auth.authenticate(&token, now()).expect("valid again");
+        assert_eq!(first.spiffe_id(), again.spiffe_id());
+        // Expiry (exp = NOW + 3600, leeway 30 s): accepted up to the leeway, refused after,
+        // from the memo exactly as without it.
+        f.auth
+            .authenticate(&token, at(NOW + 3630))
+            .expect("within leeway");
+        let e = f
+            .auth
+            .authenticate(&token, at(NOW + 3631))
+            .expect_err("expired");
+        assert!(e.to_string().contains("expired"), "{e}");
+        // The expired entry was dropped; a clock set back (the injected one) verifies anew.
+        assert_eq!(f.auth.verified.len(), 0);
+        f.auth.authenticate(&token, now()).expect("valid at NOW");
+        // Not yet valid: a token remembered at its nbf is refused before it.
+        let early = sign_es(
+            &f.key,
+            Some("ec-1"),
+            &with(claims(), "nbf", json!(NOW + 600)),
+        );
+        f.auth
+            .authenticate(&early, at(NOW + 600))
+            .expect("valid at its nbf");
+        let e = f
+            .auth
+            .authenticate(&early, now())
+            .expect_err("not yet valid");
+        assert!(e.to_string().contains("not valid before"), "{e}");
+        // Audience: a node token remembered on the node path is no workload token, and a
+        // workload token remembered on the workload path is no node token.
+        let node_aud = vec!["signet-node".to_owned()];
+        let node = sign_es(
+            &f.key,
+            Some("ec-1"),
+            &with(claims(), "aud", json!("signet-node")),
+        );
+        f.auth
+            .authenticate_node_token(&node, now(), &node_aud)
+            .expect("node token");
+        let m = refused(&f.auth, &node);
+        assert!(m.contains("audience"), "{m}");
+        let e = f
+            .auth
+            .authenticate_node_token(&token, now(), &node_aud)
+            .expect_err("workload token on the node path");
+        assert!(e.to_string().contains("is not one of [signet-node]"), "{e}");
+    }
+
+    /// Only verified tokens are remembered, under their exact bytes, and only by the
+    /// authenticator whose keys verified them.
+    #[test]
+    fn the_memo_never_serves_a_token_its_keys_did_not_verify() {
+        let f = fixture();
+        let token = sign_es(&f.key, Some("ec-1"), &claims());
+        f.auth.authenticate(&token, now()).expect("valid");
+        // The same header and payload with another signature is another token: refused.
+        let (signing, _) = token.rsplit_once('.').expect("three parts");
+        let forged = sign_es(&ec_key("ec-1"), Some("ec-1"), &claims());
+        let (_, other_sig) = forged.rsplit_once('.').expect("three parts");
+        let spliced = format!("{signing}.{other_sig}");
+        let m = refused(&f.auth, &spliced);
+        assert!(m.contains("signature does not verify"), "{m}");
+        // A refusal is never remembered: refused again, and the memo holds the good one only.
+        refused(&f.auth, &spliced);
+        assert_eq!(f.auth.verified.len(), 1);
+        // The key is revoked: the JWKS without it builds a new authenticator, whose memo is
+        // empty, so the token remembered under the old key set is refused.
+        let other = ec_key("ec-2");
+        let rotated = JwtAuthenticator::new(&cfg(), &jwks(&[&other.jwk]), td()).expect("authn");
+        let m = refused(&rotated, &token);
+        assert!(m.contains("ec-1"), "{m}");
+        assert_eq!(rotated.verified.len(), 0);
+        // The other side: a token of the new key passes there, and not under the old set.
+        let fresh = sign_es(&other, Some("ec-2"), &claims());
+        rotated.authenticate(&fresh, now()).expect("new key");
+        refused(&f.auth, &fresh);
+        // An oversized token is refused by size before anything hashes or remembers it.
+        let huge = "a".repeat(MAX_TOKEN_BYTES + 1);
+        let m = refused(&f.auth, &huge);
+        assert!(m.contains("limit"), "{m}");
+        assert_eq!(f.auth.verified.len(), 1);
     }
 
     /// The `[auth.kubernetes]` half of `bad_configuration_is_named` (the JWKS half is in

@@ -14,7 +14,7 @@ use super::*;
 use crate::ca::authority::tests::{ca_cert, rsa_root};
 use crate::ca::serial::{RandomSerials, SequentialSerials};
 use crate::ca::testutil::{self, grant, id, now, openssl, openssl_verify, p256_csr};
-use crate::ca::validate::{subject_key_id, to_system_time};
+use crate::ca::validate::{check_leaf, subject_key_id, to_system_time};
 use crate::ca::{Authority, BACKDATE, KeyType};
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -346,7 +346,7 @@ fn the_self_check_accepts_what_the_pipeline_signed() {
     let (ca, _) = testutil::root(KeyType::EcdsaP256, 24 * HOUR);
     let g = grant("/w", HOUR);
     let (csr, leaf, der) = signed(&ca, &g);
-    let info = self_check(&der, ca.cert_der(), &csr, &g, &leaf, now()).expect("valid");
+    let info = self_check(&der, ca.issuer_facts(), &csr, &g, &leaf, now()).expect("valid");
     assert_eq!(info.spiffe_id, *g.spiffe_id());
 }
 
@@ -363,7 +363,7 @@ fn the_self_check_refuses_another_key_other_names_other_validity_another_ca() {
     let (_, other_csr) = p256_csr();
     let m = self_check_err(self_check(
         &der,
-        ca.cert_der(),
+        ca.issuer_facts(),
         &other_csr,
         &g,
         &leaf,
@@ -374,7 +374,7 @@ fn the_self_check_refuses_another_key_other_names_other_validity_another_ca() {
     let other_grant = grant("/other", HOUR);
     let m = self_check_err(self_check(
         &der,
-        ca.cert_der(),
+        ca.issuer_facts(),
         &csr,
         &other_grant,
         &leaf,
@@ -384,7 +384,14 @@ fn the_self_check_refuses_another_key_other_names_other_validity_another_ca() {
 
     let g_dns = g.clone();
     let g_dns = g_dns.with_dns_names(vec!["extra.example".into()]);
-    let m = self_check_err(self_check(&der, ca.cert_der(), &csr, &g_dns, &leaf, now()));
+    let m = self_check_err(self_check(
+        &der,
+        ca.issuer_facts(),
+        &csr,
+        &g_dns,
+        &leaf,
+        now(),
+    ));
     assert!(m.contains("differ from what was granted"), "{m}");
 
     let shifted = LeafTemplate {
@@ -392,16 +399,54 @@ fn the_self_check_refuses_another_key_other_names_other_validity_another_ca() {
         not_before: leaf.not_before - Duration::from_secs(1),
         not_after: leaf.not_after,
     };
-    let m = self_check_err(self_check(&der, ca.cert_der(), &csr, &g, &shifted, now()));
+    let m = self_check_err(self_check(
+        &der,
+        ca.issuer_facts(),
+        &csr,
+        &g,
+        &shifted,
+        now(),
+    ));
     assert!(m.contains("differ from what was granted"), "{m}");
 
     let (other_ca, _) = testutil::root(KeyType::EcdsaP256, 24 * HOUR);
     self_check_err(self_check(
         &der,
-        other_ca.cert_der(),
+        other_ca.issuer_facts(),
         &csr,
         &g,
         &leaf,
         now(),
     ));
+}
+
+/// The self-check's signature verification is the guard against a faulty signer: a leaf whose
+/// signature does not verify under the CA key never leaves, whether a bit of the signature or
+/// of the signed body changed.
+#[test]
+fn the_self_check_refuses_a_signature_that_does_not_verify() {
+    let (ca, _) = testutil::root(KeyType::EcdsaP256, 24 * HOUR);
+    let g = grant("/w", HOUR);
+    let (csr, leaf, der) = signed(&ca, &g);
+    let self_check_err =
+        |der: &[u8]| match self_check(der, ca.issuer_facts(), &csr, &g, &leaf, now()) {
+            Err(IssueError::SelfCheck(m)) => m,
+            other => panic!("expected a self-check failure, got {other:?}"),
+        };
+    // The last byte is the signature's (the DER ends with the signature BIT STRING).
+    let mut bad_sig = der.clone();
+    let last = bad_sig.len() - 1;
+    bad_sig[last] ^= 0x01;
+    let m = self_check_err(&bad_sig);
+    assert!(m.contains("signature does not verify"), "{m}");
+    // A byte of the signed body (inside the validity, a digit of the notAfter time): the
+    // profile still holds, the signature does not.
+    let pos = der
+        .windows(2)
+        .rposition(|w| w == [0x17, 0x0d])
+        .expect("a UTCTime");
+    let mut bad_body = der.clone();
+    bad_body[pos + 2 + 11] ^= 0x01; // the seconds' last digit: '0'..'9' stays a digit
+    let m = self_check_err(&bad_body);
+    assert!(m.contains("signature does not verify"), "{m}");
 }

@@ -5,18 +5,23 @@
 //! The clients authenticate with mTLS using an identity minted on the admin socket (or with a
 //! service-account token from `--token-file`). Each request carries a CSR with no names, so
 //! the server fills in the caller's identity: the full authn -> policy -> sign -> commit path.
+//!
+//! Modes: closed loop for the maximum rate (default), `--requests N` for a fixed amount of work
+//! (profiles), `--rate R` for the latency at a given rate (open loop, [`load`]); `--cfssl ADDR`
+//! then drives a `cfssl serve` the same way and prints both rates ([`cfssl`]).
+
+mod cfssl;
+mod load;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use clap::Args;
 use signet_client::istio_ca::IstioCertificateRequest;
 use signet_client::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient;
-use tonic::transport::Channel;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -45,6 +50,10 @@ pub struct BenchArgs {
     /// Warm-up before measuring.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
     warmup: Duration,
+    /// Send exactly this many requests (all measured, no warm-up) instead of running for
+    /// `--duration`: a fixed amount of work, for profiles that count instructions.
+    #[arg(long)]
+    requests: Option<u64>,
     /// Requested certificate lifetime in seconds.
     #[arg(long, default_value_t = 3600)]
     ttl: i64,
@@ -54,6 +63,15 @@ pub struct BenchArgs {
     /// Skip the ledger verification at the end.
     #[arg(long)]
     no_verify: bool,
+    /// Open loop: send R requests per second on a fixed schedule (whatever is in flight) and
+    /// report the latency from when each was due; without it, the clients run closed loop
+    /// (each sends its next request when the last answered), which gives the maximum rate.
+    #[arg(long, value_name = "R")]
+    rate: Option<f64>,
+    /// Afterwards drive a `cfssl serve` at this address (`host:port`) with the same
+    /// concurrency and duration (closed loop, plain HTTP, the same CSR) and print both rates.
+    #[arg(long, value_name = "ADDR")]
+    cfssl: Option<String>,
 }
 
 pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -106,101 +124,93 @@ pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     let csr = Arc::new(signet_client::new_key_and_csr()?.csr_pem);
     let token = Arc::new(token);
-
-    println!(
-        "bench: {} clients over {} TLS connections to {} for {} (+{} warm-up)",
-        args.concurrency,
-        conns,
-        args.addr,
-        humantime::format_duration(args.duration),
-        humantime::format_duration(args.warmup)
-    );
-
-    let start = Instant::now();
-    let measure_from = start + args.warmup;
-    let stop_at = measure_from + args.duration;
-    let errors = Arc::new(AtomicU64::new(0));
-    let first_error = Arc::new(std::sync::Mutex::new(None::<String>));
-    let mut tasks = Vec::with_capacity(args.concurrency);
-    for i in 0..args.concurrency {
-        let ch: Channel = channels[i % conns].clone();
+    let plan = load::Plan {
+        warmup: args.warmup,
+        duration: args.duration,
+        requests: args.requests,
+    };
+    let ttl = args.ttl;
+    // One request; `i` picks the connection.
+    let call = move |i: usize| {
+        let mut client = IstioCertificateServiceClient::new(channels[i % conns].clone());
         let csr = csr.clone();
         let token = token.clone();
-        let errors = errors.clone();
-        let first_error = first_error.clone();
-        let ttl = args.ttl;
-        tasks.push(tokio::spawn(async move {
-            let mut client = IstioCertificateServiceClient::new(ch);
-            let mut lat = Vec::with_capacity(4096);
-            loop {
-                let t0 = Instant::now();
-                if t0 >= stop_at {
-                    break;
-                }
-                let msg = IstioCertificateRequest {
-                    csr: (*csr).clone(),
-                    validity_duration: ttl,
-                    metadata: None,
-                };
-                let req = match token.as_deref() {
-                    Some(t) => match signet_client::with_bearer(msg, t) {
-                        Ok(r) => r,
-                        Err(_) => break,
-                    },
-                    None => tonic::Request::new(msg),
-                };
-                match client.create_certificate(req).await {
-                    Ok(resp) => {
-                        if t0 >= measure_from && resp.get_ref().cert_chain.len() >= 2 {
-                            lat.push(t0.elapsed());
-                        }
-                    }
-                    Err(s) => {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                        let mut fe = first_error.lock().unwrap_or_else(|e| e.into_inner());
-                        if fe.is_none() {
-                            *fe = Some(format!("{:?}: {}", s.code(), s.message()));
-                        }
-                    }
-                }
+        async move {
+            let msg = IstioCertificateRequest {
+                csr: (*csr).clone(),
+                validity_duration: ttl,
+                metadata: None,
+            };
+            let req = match token.as_deref() {
+                Some(t) => signet_client::with_bearer(msg, t).map_err(|e| e.to_string())?,
+                None => tonic::Request::new(msg),
+            };
+            let resp = client
+                .create_certificate(req)
+                .await
+                .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
+            if resp.get_ref().cert_chain.len() < 2 {
+                return Err("the answer holds no certificate chain".to_owned());
             }
-            lat
-        }));
-    }
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.map_err(|e| anyhow!("client task: {e}"))?);
-    }
-    let measured = stop_at.saturating_duration_since(measure_from);
-    all.sort_unstable();
-    let n = all.len();
-    let pct = |p: f64| -> Duration {
-        if n == 0 {
-            return Duration::ZERO;
+            Ok(())
         }
-        let idx = ((n as f64 * p).ceil() as usize).clamp(1, n) - 1;
-        all[idx]
     };
-    let rate = n as f64 / measured.as_secs_f64();
-    println!(
-        "issued:        {n} certificates in {:.1}s",
-        measured.as_secs_f64()
-    );
-    println!("throughput:    {rate:.0} issuances/s");
-    println!(
-        "latency:       p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-        pct(0.50).as_secs_f64() * 1e3,
-        pct(0.99).as_secs_f64() * 1e3,
-        all.last().copied().unwrap_or_default().as_secs_f64() * 1e3
-    );
-    let errs = errors.load(Ordering::Relaxed);
-    println!("errors:        {errs}");
-    if let Some(e) = first_error
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .as_ref()
-    {
-        println!("first error:   {e}");
+
+    let outcome = match args.rate {
+        Some(rate) => {
+            println!(
+                "bench: open loop at {rate:.0} requests/s over {conns} TLS connections to {} for {}",
+                args.addr,
+                plan.describe()
+            );
+            load::open_loop(|i| call(i as usize), rate, plan).await?
+        }
+        None => {
+            println!(
+                "bench: {} clients over {conns} TLS connections to {} for {}",
+                args.concurrency,
+                args.addr,
+                plan.describe()
+            );
+            let call = Arc::new(call);
+            let clients = (0..args.concurrency)
+                .map(|i| {
+                    let call = call.clone();
+                    move || call(i)
+                })
+                .collect();
+            load::closed_loop(clients, plan).await?
+        }
+    };
+    outcome.print("certificates");
+    let mut errs = outcome.errors;
+    if let Some(addr) = &args.cfssl {
+        let signet_rate = outcome.rate();
+        let cfssl_csr = signet_client::new_key_and_csr()?.csr_pem;
+        let mut clients = Vec::with_capacity(args.concurrency);
+        for _ in 0..args.concurrency {
+            let conn = Arc::new(tokio::sync::Mutex::new(
+                cfssl::Conn::connect(addr, &cfssl_csr).await?,
+            ));
+            clients.push(move || {
+                let conn = conn.clone();
+                async move { conn.lock().await.sign().await.map_err(|e| e.to_string()) }
+            });
+        }
+        println!(
+            "cfssl: {} clients over {} HTTP/1.1 connections to {addr} for {}",
+            args.concurrency,
+            args.concurrency,
+            plan.describe()
+        );
+        let theirs = load::closed_loop(clients, plan).await?;
+        theirs.print("cfssl signatures");
+        errs += theirs.errors;
+        println!(
+            "side by side:  signet {signet_rate:.0}/s, cfssl {:.0}/s: signet at {:.2}x cfssl",
+            theirs.rate(),
+            signet_rate / theirs.rate().max(1e-9)
+        );
     }
     if !args.no_verify {
         match crate::verify_ledger(socket).await? {
