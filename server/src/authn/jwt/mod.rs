@@ -42,7 +42,7 @@ use signet_types::TrustDomain;
 
 use self::claims::Expected;
 use self::jwks::KeySet;
-use self::jws::Jws;
+use self::jws::{Jws, MAX_TOKEN_BYTES};
 use self::kubernetes::{LEGACY_ISSUER, Payload};
 use self::memo::VerifiedTokens;
 use self::refuse::bad;
