@@ -6,18 +6,13 @@
 //! the newest one. [`BundleWatch`] holds the stream over the node's mTLS connection and reopens
 //! it with capped, jittered backoff; [`decide`] says what to do with each bundle received.
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use futures::StreamExt;
 use signet_types::TrustDomain;
 
-use crate::ca::{BundleStream, Ca, CaError, TrustBundle};
-use signet_runtime::backoff::{Backoff, Retry};
-
-pub const REOPEN_BASE: Duration = Duration::from_secs(1);
-pub const REOPEN_CAP: Duration = Duration::from_secs(30);
-/// How the stream is reopened: capped exponential, full jitter, at least half the base.
-pub const REOPEN: Backoff = Backoff::full(REOPEN_BASE, REOPEN_CAP).with_half_base_floor();
+use crate::ca::{Ca, TrustBundle};
+use crate::watch::Watch;
+pub use crate::watch::{REOPEN, REOPEN_BASE, REOPEN_CAP};
 
 /// What to do with a bundle from the server.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,68 +43,21 @@ pub fn decide(td: &TrustDomain, current: &[Vec<u8>], received: &TrustBundle) -> 
 }
 
 /// The bundle stream over the current connection, reopened with backoff when it fails.
-pub struct BundleWatch {
-    stream: Option<BundleStream>,
-    /// When to (re)open it, and the failures in a row.
-    open: Retry,
-}
+pub type BundleWatch = Watch<TrustBundle>;
 
-impl BundleWatch {
-    pub fn new(now: SystemTime) -> Self {
-        Self {
-            stream: None,
-            open: Retry::new(REOPEN, now),
-        }
-    }
-
-    /// The connection was replaced or lost: drop the stream; open again at `now`.
-    pub fn reset(&mut self, now: SystemTime) {
-        self.stream = None;
-        self.open.reschedule(now);
-    }
-
-    pub fn is_open(&self) -> bool {
-        self.stream.is_some()
-    }
-
-    /// When the stream should be (re)opened; `None` while it is open.
-    pub fn reopen_at(&self) -> Option<SystemTime> {
-        (self.stream.is_none()).then_some(self.open.due())
+impl Watch<TrustBundle> {
+    pub fn bundle(now: SystemTime) -> Self {
+        Watch::new("trust bundle", now)
     }
 
     /// Opens the stream on `ca` if it is closed and due; on failure, schedules the next try.
     pub async fn open_if_due(&mut self, ca: &dyn Ca, now: SystemTime, rnd: f64) {
-        if self.stream.is_some() || !self.open.is_due(now) {
+        if !self.is_due(now) {
             return;
         }
         match ca.watch_bundle().await {
-            Ok(s) => {
-                tracing::info!("watching the server's trust bundle");
-                self.stream = Some(s);
-            }
+            Ok(s) => self.opened(s),
             Err(e) => self.failed(now, rnd, &e),
-        }
-    }
-
-    /// The stream failed or ended: drop it and reopen after a capped, jittered backoff.
-    pub fn failed(&mut self, now: SystemTime, rnd: f64, why: &dyn std::fmt::Display) {
-        self.stream = None;
-        let wait = self.open.failed(now, rnd);
-        tracing::warn!(error = %why, retry_in = ?wait, "trust bundle stream interrupted");
-    }
-
-    /// A bundle arrived: the stream works.
-    pub fn succeeded(&mut self) {
-        let due = self.open.due();
-        self.open.succeeded(due);
-    }
-
-    /// The next item of the open stream; `None` when it ended. Pending forever while no
-    /// stream is open, so it can sit in a `select!`.
-    pub async fn next(&mut self) -> Option<Result<TrustBundle, CaError>> {
-        match &mut self.stream {
-            Some(s) => s.next().await,
-            None => std::future::pending().await,
         }
     }
 }
@@ -117,9 +65,12 @@ impl BundleWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ca::{AttestCredential, Attested, EntriesUpdate, WorkloadCsr};
+    use crate::ca::{
+        AttestCredential, Attested, BundleStream, CaError, EntriesUpdate, WorkloadCsr,
+    };
     use signet_pki::SvidCertificate;
     use std::sync::Mutex;
+    use std::time::Duration;
 
     fn td(s: &str) -> TrustDomain {
         s.parse().expect("td")
@@ -199,7 +150,7 @@ mod tests {
             fail: Mutex::new(8),
             items: vec![bundle("example.org", &[b"r1"], 1)],
         };
-        let mut w = BundleWatch::new(t0);
+        let mut w = BundleWatch::bundle(t0);
         let mut now = t0;
         let mut waits = Vec::new();
         while !w.is_open() {
@@ -214,7 +165,7 @@ mod tests {
         assert!(waits.iter().all(|w| *w < REOPEN_CAP), "{waits:?}");
         assert!(waits[7] > REOPEN_CAP / 2, "{waits:?}");
         // Not due yet: nothing happens.
-        let mut early = BundleWatch::new(t0);
+        let mut early = BundleWatch::bundle(t0);
         early.failed(t0, 0.0, &"x");
         early.open_if_due(&ca, t0, 0.0).await;
         assert!(!early.is_open());

@@ -42,4 +42,5 @@ pub mod sinks;
 pub mod state;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod watch;
 pub mod workload;

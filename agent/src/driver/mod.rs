@@ -257,8 +257,8 @@ impl Driver {
             trust_domain,
             td,
             bundle,
-            watch: BundleWatch::new(now),
-            entry_watch: entries::EntryWatch::new(now),
+            watch: BundleWatch::bundle(now),
+            entry_watch: entries::EntryWatch::entries(now),
             schedule,
         }
     }
