@@ -5,9 +5,11 @@
 //! nodes, creates, lists and deletes registration entries; [`CaAdminClient`]
 //! (`signet.admin.v1.CaAdmin`, in `ca_keys`) reports and rotates the CA key slots;
 //! [`LedgerAdminClient`] (`signet.admin.v1.LedgerAdmin`, in `checkpoint`) creates, lists and
-//! reads ledger checkpoints and their public key. All answer in domain types, which
-//! `signetctl` formats; its other subcommands (certs, ledger rows, revocation) still call the
-//! generated clients ([`crate::proto::admin`]) until they get typed calls here.
+//! reads ledger checkpoints and their public key; [`RevocationAdminClient`]
+//! (`signet.admin.v1.RevocationAdmin`, in `revocation`) revokes certificates and reads the
+//! CRLs. All answer in domain types, which `signetctl` formats; its other calls (certificate
+//! listing, the ledger rows and events `ledger verify` streams) still use the generated
+//! clients ([`crate::proto::admin`]) until they get typed calls here.
 //!
 //! The invariant is [`crate::ca`]'s: nothing the server sends reaches the caller unchecked. A
 //! bundle names a valid trust domain and each root is a whole X.509 certificate; a minted
@@ -29,8 +31,12 @@ use crate::error::CallError;
 
 mod ca_keys;
 mod checkpoint;
+mod revocation;
 pub use ca_keys::{CaAction, CaAdminClient, CaKeySlot, CaStatus};
 pub use checkpoint::{CheckpointKey, LedgerAdminClient, LedgerCheckpoint};
+pub use revocation::{
+    PublishedCrl, RevocationAdminClient, RevokeReport, RevokeSelector, RevokedCertificate,
+};
 
 /// The trust bundle as the server holds it, with where it wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]
