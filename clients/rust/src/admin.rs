@@ -7,8 +7,9 @@
 //! [`LedgerAdminClient`] (`signet.admin.v1.LedgerAdmin`, in `checkpoint`) creates, lists and
 //! reads ledger checkpoints and their public key; [`RevocationAdminClient`]
 //! (`signet.admin.v1.RevocationAdmin`, in `revocation`) revokes certificates and reads the
-//! CRLs. All answer in domain types, which `signetctl` formats; its other calls (certificate
-//! listing, the ledger rows and events `ledger verify` streams) still use the generated
+//! CRLs. [`AdminClient`] also pages through the ledger's certificate rows and finds one by
+//! serial (in `certificates`). All answer in domain types, which `signetctl` formats; the
+//! ledger head, rows and events `signetctl ledger verify` streams still use the generated
 //! clients ([`crate::proto::admin`]) until they get typed calls here.
 //!
 //! The invariant is [`crate::ca`]'s: nothing the server sends reaches the caller unchecked. A
@@ -30,9 +31,11 @@ use crate::convert::request;
 use crate::error::CallError;
 
 mod ca_keys;
+mod certificates;
 mod checkpoint;
 mod revocation;
 pub use ca_keys::{CaAction, CaAdminClient, CaKeySlot, CaStatus};
+pub use certificates::{CertificatePage, CertificateQuery, CertificateRow, Revocation};
 pub use checkpoint::{CheckpointKey, LedgerAdminClient, LedgerCheckpoint};
 pub use revocation::{
     PublishedCrl, RevocationAdminClient, RevokeReport, RevokeSelector, RevokedCertificate,
