@@ -6,13 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::anyhow;
 use clap::Subcommand;
-use signet_client::proto::admin::ca_admin_client::CaAdminClient;
-use signet_client::proto::admin::{
-    CaActionResponse, CaKeyRequest, CaPrepareRequest, CaRevokeRequest, CaSlot, CaStatusRequest,
-};
-use tonic::transport::Channel;
+use signet_client::admin::{CaAction, CaAdminClient, CaKeySlot};
 
-use crate::{rfc3339, status_err};
+use crate::{call_err, rfc3339};
 
 #[derive(Debug, Subcommand)]
 pub enum CaCmd {
@@ -40,22 +36,20 @@ pub enum CaCmd {
     },
 }
 
-async fn client(socket: &Path) -> anyhow::Result<CaAdminClient<Channel>> {
-    let ch = signet_client::connect_admin(socket).await.map_err(|e| {
+async fn client(socket: &Path) -> anyhow::Result<CaAdminClient> {
+    CaAdminClient::connect(socket).await.map_err(|e| {
         anyhow!("{e}\n(is signet-server running? point --socket at <data_dir>/admin.sock)")
-    })?;
-    Ok(CaAdminClient::new(ch))
+    })
 }
 
-fn time_or_none(t: i64) -> serde_json::Value {
-    if t == 0 {
-        serde_json::Value::Null
-    } else {
-        rfc3339(t).into()
+fn time_or_none(t: Option<i64>) -> serde_json::Value {
+    match t {
+        None => serde_json::Value::Null,
+        Some(t) => rfc3339(t).into(),
     }
 }
 
-fn slot_json(s: &CaSlot) -> serde_json::Value {
+fn slot_json(s: &CaKeySlot) -> serde_json::Value {
     serde_json::json!({
         "key_id": s.key_id,
         "kind": s.kind,
@@ -64,7 +58,7 @@ fn slot_json(s: &CaSlot) -> serde_json::Value {
         "algorithm": s.algorithm,
         "not_before": rfc3339(s.not_before),
         "not_after": rfc3339(s.not_after),
-        "parent_key_id": if s.parent_key_id.is_empty() { serde_json::Value::Null } else { s.parent_key_id.clone().into() },
+        "parent_key_id": s.parent_key_id,
         "unexpired_certificates": s.unexpired_certificates,
         "last_expiry": time_or_none(s.last_expiry),
         "prepared_at": time_or_none(s.prepared_at),
@@ -75,7 +69,7 @@ fn slot_json(s: &CaSlot) -> serde_json::Value {
     })
 }
 
-fn print_action(verb: &str, r: &CaActionResponse) {
+fn print_action(verb: &str, r: &CaAction) {
     println!("{verb} {}", r.key_id);
     for w in &r.warnings {
         eprintln!("warning: {w}");
@@ -83,14 +77,10 @@ fn print_action(verb: &str, r: &CaActionResponse) {
 }
 
 pub async fn ca(socket: &Path, cmd: CaCmd) -> anyhow::Result<ExitCode> {
-    let mut c = client(socket).await?;
+    let c = client(socket).await?;
     match cmd {
         CaCmd::Status { json } => {
-            let r = c
-                .status(CaStatusRequest {})
-                .await
-                .map_err(|s| status_err("ca status", s))?
-                .into_inner();
+            let r = c.status().await.map_err(|e| call_err("ca status", &e))?;
             if json {
                 println!(
                     "{}",
@@ -118,11 +108,7 @@ pub async fn ca(socket: &Path, cmd: CaCmd) -> anyhow::Result<ExitCode> {
                         rfc3339(s.not_before),
                         rfc3339(s.not_after),
                         s.unexpired_certificates,
-                        if s.last_expiry == 0 {
-                            "-".to_owned()
-                        } else {
-                            rfc3339(s.last_expiry)
-                        }
+                        s.last_expiry.map_or_else(|| "-".to_owned(), rfc3339)
                     );
                 }
                 println!("signing: {}", r.active_key_id);
@@ -130,34 +116,30 @@ pub async fn ca(socket: &Path, cmd: CaCmd) -> anyhow::Result<ExitCode> {
         }
         CaCmd::Prepare { root } => {
             let r = c
-                .prepare(CaPrepareRequest { root })
+                .prepare(root)
                 .await
-                .map_err(|s| status_err("ca prepare", s))?
-                .into_inner();
+                .map_err(|e| call_err("ca prepare", &e))?;
             print_action("prepared", &r);
         }
         CaCmd::Activate { key_id } => {
             let r = c
-                .activate(CaKeyRequest { key_id })
+                .activate(&key_id)
                 .await
-                .map_err(|s| status_err("ca activate", s))?
-                .into_inner();
+                .map_err(|e| call_err("ca activate", &e))?;
             print_action("activated", &r);
         }
         CaCmd::Taint { key_id } => {
             let r = c
-                .taint(CaKeyRequest { key_id })
+                .taint(&key_id)
                 .await
-                .map_err(|s| status_err("ca taint", s))?
-                .into_inner();
+                .map_err(|e| call_err("ca taint", &e))?;
             print_action("tainted", &r);
         }
         CaCmd::Revoke { key_id, force } => {
             let r = c
-                .revoke(CaRevokeRequest { key_id, force })
+                .revoke(&key_id, force)
                 .await
-                .map_err(|s| status_err("ca revoke", s))?
-                .into_inner();
+                .map_err(|e| call_err("ca revoke", &e))?;
             print_action("removed", &r);
         }
     }

@@ -8,11 +8,9 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 use serde::Serialize;
-use signet_client::proto::admin::{
-    CertificateRecord, GetCertificateRequest, ListCertificatesRequest,
-};
+use signet_client::admin::{CertificateQuery, CertificateRow};
 
-use crate::{admin, revoke, status_err};
+use crate::{call_err, revoke, typed_admin};
 
 #[derive(Debug, Serialize)]
 struct CertJson {
@@ -48,7 +46,7 @@ pub(crate) fn rfc3339(unix: i64) -> String {
         .unwrap_or_else(|| unix.to_string())
 }
 
-fn to_json(r: &CertificateRecord) -> CertJson {
+fn to_json(r: &CertificateRow) -> CertJson {
     CertJson {
         seq: r.seq,
         serial: r.serial.clone(),
@@ -61,11 +59,14 @@ fn to_json(r: &CertificateRecord) -> CertJson {
         caller: r.caller.clone(),
         ca_key_id: r.ca_key_id.clone(),
         request_id: r.request_id.clone(),
-        sha256: hex::encode(&r.cert_sha256),
-        hash: hex::encode(&r.hash),
-        provenance: serde_json::from_str(&r.provenance).ok(),
-        revoked_at: (r.revoked_at != 0).then(|| rfc3339(r.revoked_at)),
-        revocation_reason: (r.revoked_at != 0).then(|| r.revocation_reason.clone()),
+        sha256: hex::encode(r.cert_sha256),
+        hash: hex::encode(r.hash),
+        provenance: r
+            .provenance
+            .as_deref()
+            .and_then(|p| serde_json::from_str(p).ok()),
+        revoked_at: r.revocation.as_ref().map(|v| rfc3339(v.at)),
+        revocation_reason: r.revocation.as_ref().map(|v| v.reason.clone()),
     }
 }
 
@@ -113,19 +114,14 @@ pub(crate) enum CertsCmd {
 }
 
 /// One listed row: a JSON line, or a table line.
-fn print_row(r: &CertificateRecord, json: bool) -> anyhow::Result<()> {
+fn print_row(r: &CertificateRow, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string(&to_json(r))?);
         return Ok(());
     }
-    let revoked = if r.revoked_at != 0 {
-        format!(
-            "  REVOKED {} ({})",
-            rfc3339(r.revoked_at),
-            r.revocation_reason
-        )
-    } else {
-        String::new()
+    let revoked = match &r.revocation {
+        Some(v) => format!("  REVOKED {} ({})", rfc3339(v.at), v.reason),
+        None => String::new(),
     };
     println!(
         "{:>6}  {:<34}  {:<20}  {:<50}  {}{revoked}",
@@ -147,7 +143,7 @@ pub(crate) fn fingerprint(der: &[u8]) -> String {
 }
 
 pub(crate) async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCode> {
-    let mut client = admin(socket).await?;
+    let client = typed_admin(socket).await?;
     match cmd {
         CertsCmd::List {
             json,
@@ -157,7 +153,7 @@ pub(crate) async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCo
             newest,
             limit,
         } => {
-            let mut token = page_token.unwrap_or_default();
+            let mut token = page_token.filter(|t| !t.is_empty());
             let mut shown = 0u64;
             if !json {
                 println!(
@@ -175,27 +171,26 @@ pub(crate) async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCo
                     break;
                 }
                 let page = client
-                    .list_certificates(ListCertificatesRequest {
+                    .certificates(&CertificateQuery {
                         // Only the first request starts after a seq; the tokens carry on.
-                        after_seq: if token.is_empty() { after } else { 0 },
+                        after_seq: if token.is_none() { after } else { 0 },
                         limit: u32::try_from(want).unwrap_or(1000),
-                        spiffe_id: spiffe_id.clone().unwrap_or_default(),
+                        spiffe_id: spiffe_id.clone(),
                         page_token: token.clone(),
                         newest_first: newest,
                     })
                     .await
-                    .map_err(|s| status_err("list", s))?
-                    .into_inner();
+                    .map_err(|e| call_err("list", &e))?;
                 for r in &page.certificates {
                     print_row(r, json)?;
                 }
                 shown += page.certificates.len() as u64;
                 token = page.next_page_token;
-                if token.is_empty() {
+                if token.is_none() {
                     break;
                 }
             }
-            if !token.is_empty() {
+            if let Some(token) = token {
                 eprintln!("more: signetctl certs list --page-token {token} (with the same filter)");
             }
             Ok(ExitCode::SUCCESS)
@@ -207,15 +202,14 @@ pub(crate) async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCo
             limit,
         } if serial.starts_with("spiffe://") => {
             let page = client
-                .list_certificates(ListCertificatesRequest {
-                    spiffe_id: serial.clone(),
+                .certificates(&CertificateQuery {
+                    spiffe_id: Some(serial.clone()),
                     newest_first: true,
                     limit: limit.max(1),
-                    ..ListCertificatesRequest::default()
+                    ..CertificateQuery::default()
                 })
                 .await
-                .map_err(|s| status_err("show", s))?
-                .into_inner();
+                .map_err(|e| call_err("show", &e))?;
             if page.certificates.is_empty() {
                 eprintln!("no certificate for {serial}");
                 return Ok(ExitCode::from(1));
@@ -233,10 +227,9 @@ pub(crate) async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCo
             serial, json, pem, ..
         } => {
             let r = client
-                .get_certificate(GetCertificateRequest { serial })
+                .certificate(&serial)
                 .await
-                .map_err(|s| status_err("show", s))?
-                .into_inner();
+                .map_err(|e| call_err("show", &e))?;
             if pem {
                 print!("{}", signet_types::pem::cert_to_pem(&r.cert_der));
             } else if json {
@@ -262,11 +255,7 @@ pub(crate) async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCo
                 }
                 println!(
                     "provenance:  {}",
-                    if r.provenance.is_empty() {
-                        "(not recorded)"
-                    } else {
-                        r.provenance.as_str()
-                    }
+                    r.provenance.as_deref().unwrap_or("(not recorded)")
                 );
                 print!("{}", signet_types::pem::cert_to_pem(&r.cert_der));
             }

@@ -12,15 +12,11 @@ use std::process::ExitCode;
 
 use anyhow::{Context, anyhow, bail};
 use clap::Subcommand;
-use signet_client::proto::admin::ledger_admin_client::LedgerAdminClient;
-use signet_client::proto::admin::{
-    Checkpoint, CreateCheckpointRequest, GetCheckpointKeyRequest, GetLatestCheckpointRequest,
-    ListCheckpointsRequest,
-};
+use signet_client::admin::{LedgerAdminClient, LedgerCheckpoint};
 use signet_types::checkpoint::{PublicKey, SignedCheckpoint};
 use signet_types::ledger::{GENESIS, Hash};
 
-use crate::{rfc3339, status_err, write_replacing};
+use crate::{call_err, rfc3339, write_replacing};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum CheckpointCmd {
@@ -48,11 +44,10 @@ pub(crate) enum CheckpointCmd {
     },
 }
 
-async fn client(socket: &Path) -> anyhow::Result<LedgerAdminClient<tonic::transport::Channel>> {
-    let ch = signet_client::connect_admin(socket).await.map_err(|e| {
+async fn client(socket: &Path) -> anyhow::Result<LedgerAdminClient> {
+    LedgerAdminClient::connect(socket).await.map_err(|e| {
         anyhow!("{e}\n(is signet-server running? point --socket at <data_dir>/admin.sock)")
-    })?;
-    Ok(LedgerAdminClient::new(ch))
+    })
 }
 
 fn emit(text: &str, out: Option<&Path>) -> anyhow::Result<()> {
@@ -67,35 +62,31 @@ fn emit(text: &str, out: Option<&Path>) -> anyhow::Result<()> {
 }
 
 pub(crate) async fn run(socket: &Path, cmd: CheckpointCmd) -> anyhow::Result<ExitCode> {
-    let mut c = client(socket).await?;
+    let c = client(socket).await?;
     match cmd {
         CheckpointCmd::Create { out } => {
             let cp = c
-                .create_checkpoint(CreateCheckpointRequest {})
+                .create_checkpoint()
                 .await
-                .map_err(|s| status_err("create checkpoint", s))?
-                .into_inner();
+                .map_err(|e| call_err("create checkpoint", &e))?;
             emit(&cp.json, out.as_deref())?;
         }
         CheckpointCmd::Latest { out } => {
             let cp = c
-                .get_latest_checkpoint(GetLatestCheckpointRequest {})
+                .latest_checkpoint()
                 .await
-                .map_err(|s| status_err("latest checkpoint", s))?
-                .into_inner();
+                .map_err(|e| call_err("latest checkpoint", &e))?;
             emit(&cp.json, out.as_deref())?;
         }
         CheckpointCmd::List { limit, json } => {
             let list = c
-                .list_checkpoints(ListCheckpointsRequest { limit })
+                .checkpoints(limit)
                 .await
-                .map_err(|s| status_err("list checkpoints", s))?
-                .into_inner()
-                .checkpoints;
+                .map_err(|e| call_err("list checkpoints", &e))?;
             if !json {
                 println!("{:>8}  {:<20}  {:<64}  FILE", "SEQ", "TIME", "HASH");
             }
-            for Checkpoint {
+            for LedgerCheckpoint {
                 seq,
                 hash,
                 time,
@@ -117,10 +108,9 @@ pub(crate) async fn run(socket: &Path, cmd: CheckpointCmd) -> anyhow::Result<Exi
         }
         CheckpointCmd::Key { out } => {
             let k = c
-                .get_checkpoint_key(GetCheckpointKeyRequest {})
+                .checkpoint_key()
                 .await
-                .map_err(|s| status_err("checkpoint key", s))?
-                .into_inner();
+                .map_err(|e| call_err("checkpoint key", &e))?;
             emit(&k.public_key_pem, out.as_deref())?;
             if out.is_some() {
                 eprintln!("key id {}", k.key_id);
@@ -203,19 +193,16 @@ pub(crate) async fn load_start(
     let (name, text) = if which == "latest" {
         let cp = client(socket)
             .await?
-            .get_latest_checkpoint(GetLatestCheckpointRequest {})
+            .latest_checkpoint()
             .await
-            .map_err(|s| status_err("latest checkpoint", s))?
-            .into_inner();
+            .map_err(|e| call_err("latest checkpoint", &e))?;
         (format!("latest ({})", cp.path), cp.json)
     } else if let Ok(seq) = which.parse::<u64>() {
         let listed = client(socket)
             .await?
-            .list_checkpoints(ListCheckpointsRequest { limit: 1000 })
+            .checkpoints(1000)
             .await
-            .map_err(|s| status_err("list checkpoints", s))?
-            .into_inner()
-            .checkpoints;
+            .map_err(|e| call_err("list checkpoints", &e))?;
         let cp = listed.into_iter().find(|c| c.seq == seq).ok_or_else(|| {
             anyhow!("no checkpoint of row {seq} is kept (see `signetctl ledger checkpoint list`)")
         })?;

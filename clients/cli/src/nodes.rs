@@ -170,7 +170,7 @@ pub async fn node(socket: &Path, cmd: NodeCmd) -> anyhow::Result<ExitCode> {
                 // Checks the reason and the node before anything changes.
                 crate::revoke::revoke_request(
                     socket,
-                    signet_client::proto::admin::revoke_request::Selector::Node(node.clone()),
+                    signet_client::admin::RevokeSelector::Node(node.clone()),
                     &reason,
                     true,
                 )
@@ -181,7 +181,7 @@ pub async fn node(socket: &Path, cmd: NodeCmd) -> anyhow::Result<ExitCode> {
             if revoke {
                 let r = crate::revoke::revoke_request(
                     socket,
-                    signet_client::proto::admin::revoke_request::Selector::Node(n.node_id.clone()),
+                    signet_client::admin::RevokeSelector::Node(n.node_id.clone()),
                     &reason,
                     false,
                 )

@@ -7,15 +7,15 @@ use std::process::ExitCode;
 
 use anyhow::anyhow;
 use clap::{Args, Subcommand};
-use signet_client::proto::admin::revocation_admin_client::RevocationAdminClient;
-use signet_client::proto::admin::{
-    GetCrlsRequest, LedgerEventRecord, RevokeRequest, RevokeResponse, RevokedCertificate,
-    StreamLedgerEventsRequest, revoke_request::Selector,
+use signet_client::admin::{
+    RevocationAdminClient, RevokeReport, RevokeSelector as Selector, RevokedCertificate,
 };
+use signet_client::proto::admin::revocation_admin_client::RevocationAdminClient as PbRevocationAdminClient;
+use signet_client::proto::admin::{LedgerEventRecord, StreamLedgerEventsRequest};
 use signet_types::ledger::{Hash, LedgerEvent};
 use tonic::transport::Channel;
 
-use crate::{rfc3339, status_err};
+use crate::{call_err, rfc3339, status_err};
 
 /// `signetctl certs revoke`.
 #[derive(Debug, Args)]
@@ -81,11 +81,14 @@ pub enum CrlCmd {
     },
 }
 
-async fn client(socket: &Path) -> anyhow::Result<RevocationAdminClient<Channel>> {
-    let ch = signet_client::connect_admin(socket).await.map_err(|e| {
+async fn channel(socket: &Path) -> anyhow::Result<Channel> {
+    signet_client::connect_admin(socket).await.map_err(|e| {
         anyhow!("{e}\n(is signet-server running? point --socket at <data_dir>/admin.sock)")
-    })?;
-    Ok(RevocationAdminClient::new(ch))
+    })
+}
+
+async fn client(socket: &Path) -> anyhow::Result<RevocationAdminClient> {
+    Ok(RevocationAdminClient::from_channel(channel(socket).await?))
 }
 
 /// Revokes through the server; the answer, unprinted.
@@ -94,17 +97,12 @@ pub async fn revoke_request(
     selector: Selector,
     reason: &str,
     dry_run: bool,
-) -> anyhow::Result<RevokeResponse> {
-    Ok(client(socket)
+) -> anyhow::Result<RevokeReport> {
+    client(socket)
         .await?
-        .revoke(RevokeRequest {
-            selector: Some(selector),
-            reason: reason.to_owned(),
-            dry_run,
-        })
+        .revoke(selector, reason, dry_run)
         .await
-        .map_err(|s| status_err("revoke", s))?
-        .into_inner())
+        .map_err(|e| call_err("revoke", &e))
 }
 
 fn cert_json(c: &RevokedCertificate) -> serde_json::Value {
@@ -119,8 +117,8 @@ fn cert_json(c: &RevokedCertificate) -> serde_json::Value {
     })
 }
 
-/// Prints a [`RevokeResponse`].
-pub fn print_report(r: &RevokeResponse, json: bool) {
+/// Prints a [`RevokeReport`].
+pub fn print_report(r: &RevokeReport, json: bool) {
     if json {
         let v = serde_json::json!({
             "dry_run": r.dry_run,
@@ -188,11 +186,9 @@ pub async fn crl(socket: &Path, cmd: CrlCmd) -> anyhow::Result<ExitCode> {
     let CrlCmd::List { json, pem } = cmd;
     let crls = client(socket)
         .await?
-        .get_crls(GetCrlsRequest {})
+        .crls()
         .await
-        .map_err(|s| status_err("crl", s))?
-        .into_inner()
-        .crls;
+        .map_err(|e| call_err("crl", &e))?;
     for c in &crls {
         if pem {
             print!(
@@ -277,8 +273,7 @@ pub struct Events {
 impl Events {
     /// The events with seq in `(after_seq, up_to_seq]`.
     pub async fn open_after(socket: &Path, after_seq: u64, up_to_seq: u64) -> anyhow::Result<Self> {
-        let stream = match client(socket)
-            .await?
+        let stream = match PbRevocationAdminClient::new(channel(socket).await?)
             .stream_ledger_events(StreamLedgerEventsRequest {
                 after_seq,
                 up_to_seq,

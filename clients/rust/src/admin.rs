@@ -2,10 +2,15 @@
 //! [`AdminClient`] (`signet.admin.v1.Admin`) reads the trust bundle as the server wrote it,
 //! lists audit events and mints an X509-SVID for any identity of the trust domain;
 //! [`NodeAdminClient`] (`signet.admin.v1.NodeAdmin`) creates join tokens, lists and bans
-//! nodes, creates, lists and deletes registration entries. Both answer in domain types, which
-//! `signetctl` formats; its other subcommands (certs, ledger, checkpoints, CA keys,
-//! revocation) still call the generated clients ([`crate::proto::admin`]) until they get typed
-//! calls here.
+//! nodes, creates, lists and deletes registration entries; [`CaAdminClient`]
+//! (`signet.admin.v1.CaAdmin`, in `ca_keys`) reports and rotates the CA key slots;
+//! [`LedgerAdminClient`] (`signet.admin.v1.LedgerAdmin`, in `checkpoint`) creates, lists and
+//! reads ledger checkpoints and their public key; [`RevocationAdminClient`]
+//! (`signet.admin.v1.RevocationAdmin`, in `revocation`) revokes certificates and reads the
+//! CRLs. [`AdminClient`] also pages through the ledger's certificate rows and finds one by
+//! serial (in `certificates`). All answer in domain types, which `signetctl` formats; the
+//! ledger head, rows and events `signetctl ledger verify` streams still use the generated
+//! clients ([`crate::proto::admin`]) until they get typed calls here.
 //!
 //! The invariant is [`crate::ca`]'s: nothing the server sends reaches the caller unchecked. A
 //! bundle names a valid trust domain and each root is a whole X.509 certificate; a minted
@@ -24,6 +29,17 @@ use crate::ClientError;
 use crate::ca::{Issued, split_root};
 use crate::convert::request;
 use crate::error::CallError;
+
+mod ca_keys;
+mod certificates;
+mod checkpoint;
+mod revocation;
+pub use ca_keys::{CaAction, CaAdminClient, CaKeySlot, CaStatus};
+pub use certificates::{CertificatePage, CertificateQuery, CertificateRow, Revocation};
+pub use checkpoint::{CheckpointKey, LedgerAdminClient, LedgerCheckpoint};
+pub use revocation::{
+    PublishedCrl, RevocationAdminClient, RevokeReport, RevokeSelector, RevokedCertificate,
+};
 
 /// The trust bundle as the server holds it, with where it wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,270 @@
+//! [`CaAdminClient`]: the typed client of `signet.admin.v1.CaAdmin`, the CA key slots (roots
+//! and intermediates): their status, and preparing, activating, tainting and revoking one.
+//!
+//! The invariant is the crate's: a slot or an action's answer reaches the caller only if it
+//! names a key (an empty key ID is a [`CallError::InvalidAnswer`]); the proto's "0 means none"
+//! times and empty parent are `None` here.
+
+use std::path::Path;
+
+use signet_proto::admin as pb;
+use signet_proto::admin::ca_admin_client::CaAdminClient as PbCaAdminClient;
+use tonic::transport::Channel;
+
+use crate::ClientError;
+use crate::convert::request;
+use crate::error::CallError;
+
+/// One CA key slot, as `CaAdmin.Status` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaKeySlot {
+    pub key_id: String,
+    /// `root` or `intermediate`, as the server names it.
+    pub kind: String,
+    /// `prepared`, `active`, `retired` or `removed`, as the server names it.
+    pub state: String,
+    pub tainted: bool,
+    pub algorithm: String,
+    /// Unix seconds.
+    pub not_before: i64,
+    /// Unix seconds.
+    pub not_after: i64,
+    /// The key that signed this one (intermediates).
+    pub parent_key_id: Option<String>,
+    /// Unexpired, unrevoked certificates issued under it.
+    pub unexpired_certificates: u64,
+    /// When the last of them expires (unix seconds).
+    pub last_expiry: Option<i64>,
+    pub prepared_at: Option<i64>,
+    pub activated_at: Option<i64>,
+    pub retired_at: Option<i64>,
+    pub removed_at: Option<i64>,
+    /// A plugged-in CA's certificate.
+    pub external: bool,
+}
+
+/// `CaAdmin.Status`: every slot, whether the CA is plugged in, the signing key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaStatus {
+    pub slots: Vec<CaKeySlot>,
+    pub plugged: bool,
+    /// The key that signs workload certificates.
+    pub active_key_id: String,
+}
+
+/// What a CA key action did: the key it acted on and what the operator should know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaAction {
+    pub key_id: String,
+    pub warnings: Vec<String>,
+}
+
+/// See the module documentation. Cloning is cheap (one shared channel).
+#[derive(Clone, Debug)]
+pub struct CaAdminClient {
+    ca: PbCaAdminClient<Channel>,
+}
+
+impl CaAdminClient {
+    /// Connects to the admin API on the server's Unix socket.
+    pub async fn connect(socket: &Path) -> Result<Self, ClientError> {
+        Ok(Self::from_channel(crate::connect_admin(socket).await?))
+    }
+
+    pub fn from_channel(channel: Channel) -> Self {
+        Self {
+            ca: PbCaAdminClient::new(channel),
+        }
+    }
+
+    /// `Status`.
+    pub async fn status(&self) -> Result<CaStatus, CallError> {
+        let r = self
+            .ca
+            .clone()
+            .status(request(pb::CaStatusRequest {}, None)?)
+            .await?
+            .into_inner();
+        ca_status(r)
+    }
+
+    /// `Prepare`: a new intermediate under the active root (with `root`, a new root).
+    pub async fn prepare(&self, root: bool) -> Result<CaAction, CallError> {
+        let msg = pb::CaPrepareRequest { root };
+        ca_action(
+            self.ca
+                .clone()
+                .prepare(request(msg, None)?)
+                .await?
+                .into_inner(),
+        )
+    }
+
+    /// `Activate` a prepared key.
+    pub async fn activate(&self, key_id: &str) -> Result<CaAction, CallError> {
+        let msg = pb::CaKeyRequest {
+            key_id: key_id.to_owned(),
+        };
+        ca_action(
+            self.ca
+                .clone()
+                .activate(request(msg, None)?)
+                .await?
+                .into_inner(),
+        )
+    }
+
+    /// `Taint` a key.
+    pub async fn taint(&self, key_id: &str) -> Result<CaAction, CallError> {
+        let msg = pb::CaKeyRequest {
+            key_id: key_id.to_owned(),
+        };
+        ca_action(
+            self.ca
+                .clone()
+                .taint(request(msg, None)?)
+                .await?
+                .into_inner(),
+        )
+    }
+
+    /// `Revoke`: remove a non-active key from the trust bundle (`force`: even while
+    /// unexpired certificates issued under it remain).
+    pub async fn revoke(&self, key_id: &str, force: bool) -> Result<CaAction, CallError> {
+        let msg = pb::CaRevokeRequest {
+            key_id: key_id.to_owned(),
+            force,
+        };
+        ca_action(
+            self.ca
+                .clone()
+                .revoke(request(msg, None)?)
+                .await?
+                .into_inner(),
+        )
+    }
+}
+
+fn nonzero(t: i64) -> Option<i64> {
+    (t != 0).then_some(t)
+}
+
+fn ca_slot(s: pb::CaSlot) -> Result<CaKeySlot, CallError> {
+    if s.key_id.is_empty() {
+        return Err(CallError::invalid_answer("a CA key slot without a key ID"));
+    }
+    Ok(CaKeySlot {
+        key_id: s.key_id,
+        kind: s.kind,
+        state: s.state,
+        tainted: s.tainted,
+        algorithm: s.algorithm,
+        not_before: s.not_before,
+        not_after: s.not_after,
+        parent_key_id: (!s.parent_key_id.is_empty()).then_some(s.parent_key_id),
+        unexpired_certificates: s.unexpired_certificates,
+        last_expiry: nonzero(s.last_expiry),
+        prepared_at: nonzero(s.prepared_at),
+        activated_at: nonzero(s.activated_at),
+        retired_at: nonzero(s.retired_at),
+        removed_at: nonzero(s.removed_at),
+        external: s.external,
+    })
+}
+
+fn ca_status(r: pb::CaStatusResponse) -> Result<CaStatus, CallError> {
+    Ok(CaStatus {
+        slots: r.slots.into_iter().map(ca_slot).collect::<Result<_, _>>()?,
+        plugged: r.plugged,
+        active_key_id: r.active_key_id,
+    })
+}
+
+fn ca_action(r: pb::CaActionResponse) -> Result<CaAction, CallError> {
+    if r.key_id.is_empty() {
+        return Err(CallError::invalid_answer("a CA key action naming no key"));
+    }
+    Ok(CaAction {
+        key_id: r.key_id,
+        warnings: r.warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot() -> pb::CaSlot {
+        pb::CaSlot {
+            key_id: "k1".into(),
+            kind: "intermediate".into(),
+            state: "active".into(),
+            tainted: true,
+            algorithm: "ecdsa-p256".into(),
+            not_before: 10,
+            not_after: 20,
+            parent_key_id: "r1".into(),
+            unexpired_certificates: 3,
+            last_expiry: 0,
+            prepared_at: 5,
+            activated_at: 6,
+            retired_at: 0,
+            removed_at: 0,
+            external: false,
+        }
+    }
+
+    #[test]
+    fn a_slot_converts_with_zero_times_and_no_parent_as_none() {
+        let s = ca_slot(slot()).unwrap();
+        assert_eq!(s.parent_key_id.as_deref(), Some("r1"));
+        assert_eq!(
+            (s.last_expiry, s.prepared_at, s.activated_at),
+            (None, Some(5), Some(6))
+        );
+        assert_eq!((s.retired_at, s.removed_at), (None, None));
+        assert_eq!(
+            (s.not_before, s.not_after, s.unexpired_certificates),
+            (10, 20, 3)
+        );
+        assert!(s.tainted && !s.external);
+        let root = ca_slot(pb::CaSlot {
+            parent_key_id: String::new(),
+            ..slot()
+        })
+        .unwrap();
+        assert_eq!(root.parent_key_id, None);
+        let st = ca_status(pb::CaStatusResponse {
+            slots: vec![slot()],
+            plugged: true,
+            active_key_id: "k1".into(),
+        })
+        .unwrap();
+        assert!(st.plugged && st.slots.len() == 1 && st.active_key_id == "k1");
+    }
+
+    #[test]
+    fn a_slot_or_action_naming_no_key_is_refused() {
+        let e = ca_status(pb::CaStatusResponse {
+            slots: vec![
+                slot(),
+                pb::CaSlot {
+                    key_id: String::new(),
+                    ..slot()
+                },
+            ],
+            plugged: false,
+            active_key_id: "k1".into(),
+        })
+        .unwrap_err();
+        assert!(matches!(e, CallError::InvalidAnswer(_)), "{e:?}");
+        let a = ca_action(pb::CaActionResponse {
+            key_id: "k2".into(),
+            warnings: vec!["w".into()],
+        })
+        .unwrap();
+        assert_eq!((a.key_id.as_str(), a.warnings.len()), ("k2", 1));
+        let e = ca_action(pb::CaActionResponse::default()).unwrap_err();
+        assert!(matches!(e, CallError::InvalidAnswer(_)), "{e:?}");
+    }
+}
