@@ -8,6 +8,11 @@
 //! with the key kept apart from the server, then only the rows after it, the first chaining
 //! from the checkpoint's hash; a revocation event naming an older row has that row fetched and
 //! its own hash recomputed.
+//!
+//! This is the one part of signetctl on the generated messages (`signet_client::proto`) rather
+//! than typed calls: the chain is recomputed from exactly the bytes stored, so a malformed or
+//! tampered row must reach [`Verifier`] as it is and break the chain at its row number, not be
+//! refused earlier by a checked conversion.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -15,10 +15,16 @@
 //!   domain types (`signet_pki::SvidCertificate`, `signet_types` IDs, plain structs) and fail
 //!   with a [`CallError`] (its [`ErrorClass`], the server's code and message). Protos are
 //!   converted there and nowhere else; every call carries the caller's W3C trace context.
-//! - [`admin`]: [`admin::AdminClient`] and [`admin::NodeAdminClient`], the typed operator API
-//!   on the admin socket (the bundle as the server holds it, audit events, minting; join
-//!   tokens, nodes, registration entries).
-//! - [`proto`]: the generated messages, for what has no typed call yet.
+//! - [`admin`]: the typed operator API on the admin socket, one client per service:
+//!   [`admin::AdminClient`] (the bundle as the server holds it, audit events, minting,
+//!   certificate pages and lookups), [`admin::NodeAdminClient`] (join tokens, nodes,
+//!   registration entries one or a batch at a time), [`admin::CaAdminClient`] (CA key slots),
+//!   [`admin::LedgerAdminClient`] (signed checkpoints and their key) and
+//!   [`admin::RevocationAdminClient`] (revocations, CRLs).
+//! - [`proto`]: the generated messages. One user by design: `signetctl ledger verify` reads the
+//!   ledger's raw rows and events, because an auditor recomputes the hash chain from exactly
+//!   the bytes stored; a checked conversion would turn a tampered row into a refused answer
+//!   instead of a chain break at its row number.
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
