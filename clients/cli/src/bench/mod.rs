@@ -8,9 +8,13 @@
 //!
 //! Modes: closed loop for the maximum rate (default), `--requests N` for a fixed amount of work
 //! (profiles), `--rate R` for the latency at a given rate (open loop, [`load`]); `--cfssl ADDR`
-//! then drives a `cfssl serve` the same way and prints both rates ([`cfssl`]).
+//! (and `--cfssl-tls ADDR`) then drives a `cfssl serve` the same way and prints both rates
+//! ([`cfssl`]). Each phase also prints what one request cost the machine's CPU, per process
+//! group (`--cpu NAME=PID`, [`cpu`]): on one shared machine the server, its database and the
+//! load generator all spend the same cores.
 
 mod cfssl;
+mod cpu;
 mod load;
 
 use std::path::{Path, PathBuf};
@@ -72,6 +76,94 @@ pub struct BenchArgs {
     /// concurrency and duration (closed loop, plain HTTP, the same CSR) and print both rates.
     #[arg(long, value_name = "ADDR")]
     cfssl: Option<String>,
+    /// Afterwards drive a `cfssl serve -tls-cert` at this address the same way, over TLS
+    /// (the like-for-like with Signet's TLS listener); needs --cfssl-ca.
+    #[arg(long, value_name = "ADDR", requires = "cfssl_ca")]
+    cfssl_tls: Option<String>,
+    /// PEM roots that the TLS cfssl's certificate (for the name `localhost`) chains to.
+    #[arg(long, value_name = "FILE")]
+    cfssl_ca: Option<PathBuf>,
+    /// Count the CPU of this process and everything below it as NAME (repeatable), and
+    /// print each group's CPU per answered request for every phase.
+    #[arg(long, value_name = "NAME=PID", value_parser = cpu::parse_group)]
+    cpu: Vec<cpu::Group>,
+}
+
+/// Runs one measured phase and prints its figures and the CPU each group spent per answered
+/// request in the measured window.
+async fn phase<Fut>(
+    what: &str,
+    groups: &[cpu::Group],
+    plan: load::Plan,
+    run: Fut,
+) -> anyhow::Result<load::Outcome>
+where
+    Fut: std::future::Future<Output = anyhow::Result<load::Outcome>>,
+{
+    let warm = if plan.requests.is_some() {
+        Duration::ZERO
+    } else {
+        plan.warmup
+    };
+    let before = {
+        let groups = groups.to_vec();
+        tokio::spawn(async move {
+            tokio::time::sleep(warm).await;
+            cpu::snapshot(&groups)
+        })
+    };
+    let outcome = run.await?;
+    let after = cpu::snapshot(groups);
+    let before = before.await.map_err(|e| anyhow!("cpu snapshot: {e}"))?;
+    outcome.print(what);
+    let line = cpu::per_request(&before, &after, outcome.latencies.len());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match cpu::total_of(&line) {
+        Some(total) => println!(
+            "cpu/request:   {line} (all cores: at most {:.0}/s)",
+            cpu::ceiling(total, cores)
+        ),
+        None => println!("cpu/request:   {line}"),
+    }
+    Ok(outcome)
+}
+
+/// Drives a `cfssl serve` (plain, or over TLS with `tls`) with `concurrency` closed-loop
+/// clients, one connection each.
+async fn cfssl_phase(
+    addr: &str,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    concurrency: usize,
+    groups: &[cpu::Group],
+    plan: load::Plan,
+) -> anyhow::Result<load::Outcome> {
+    let csr = signet_client::new_key_and_csr()?.csr_pem;
+    let mut clients = Vec::with_capacity(concurrency);
+    for _ in 0..concurrency {
+        let conn = Arc::new(tokio::sync::Mutex::new(
+            cfssl::Conn::connect(addr, &csr, tls).await?,
+        ));
+        clients.push(move || {
+            let conn = conn.clone();
+            async move { conn.lock().await.sign().await.map_err(|e| e.to_string()) }
+        });
+    }
+    let how = if tls.is_some() {
+        "HTTP/1.1 over TLS"
+    } else {
+        "plain HTTP/1.1"
+    };
+    println!(
+        "cfssl: {concurrency} clients over {concurrency} {how} connections to {addr} for {}",
+        plan.describe()
+    );
+    phase(
+        "cfssl signatures",
+        groups,
+        plan,
+        load::closed_loop(clients, plan),
+    )
+    .await
 }
 
 pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -163,7 +255,13 @@ pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
                 args.addr,
                 plan.describe()
             );
-            load::open_loop(|i| call(i as usize), rate, plan).await?
+            phase(
+                "certificates",
+                &args.cpu,
+                plan,
+                load::open_loop(|i| call(i as usize), rate, plan),
+            )
+            .await?
         }
         None => {
             println!(
@@ -179,35 +277,33 @@ pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
                     move || call(i)
                 })
                 .collect();
-            load::closed_loop(clients, plan).await?
+            phase(
+                "certificates",
+                &args.cpu,
+                plan,
+                load::closed_loop(clients, plan),
+            )
+            .await?
         }
     };
-    outcome.print("certificates");
     let mut errs = outcome.errors;
-    if let Some(addr) = &args.cfssl {
-        let signet_rate = outcome.rate();
-        let cfssl_csr = signet_client::new_key_and_csr()?.csr_pem;
-        let mut clients = Vec::with_capacity(args.concurrency);
-        for _ in 0..args.concurrency {
-            let conn = Arc::new(tokio::sync::Mutex::new(
-                cfssl::Conn::connect(addr, &cfssl_csr).await?,
-            ));
-            clients.push(move || {
-                let conn = conn.clone();
-                async move { conn.lock().await.sign().await.map_err(|e| e.to_string()) }
-            });
-        }
-        println!(
-            "cfssl: {} clients over {} HTTP/1.1 connections to {addr} for {}",
-            args.concurrency,
-            args.concurrency,
-            plan.describe()
-        );
-        let theirs = load::closed_loop(clients, plan).await?;
-        theirs.print("cfssl signatures");
+    let signet_rate = outcome.rate();
+    let tls = match &args.cfssl_ca {
+        Some(p) => Some(cfssl::tls_config(
+            &std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
+        )?),
+        None => None,
+    };
+    let runs = [
+        (&args.cfssl, None, "plain"),
+        (&args.cfssl_tls, tls.as_ref(), "TLS"),
+    ];
+    for (addr, tls, how) in runs {
+        let Some(addr) = addr else { continue };
+        let theirs = cfssl_phase(addr, tls, args.concurrency, &args.cpu, plan).await?;
         errs += theirs.errors;
         println!(
-            "side by side:  signet {signet_rate:.0}/s, cfssl {:.0}/s: signet at {:.2}x cfssl",
+            "side by side:  signet {signet_rate:.0}/s, cfssl ({how}) {:.0}/s: signet at {:.2}x cfssl",
             theirs.rate(),
             signet_rate / theirs.rate().max(1e-9)
         );
