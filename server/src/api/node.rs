@@ -63,6 +63,12 @@ impl NodeApi {
         }
     }
 
+    /// The `WatchEntries` limits (`[nodes.watch]`; the defaults without it).
+    pub fn with_entry_watch(mut self, watch: &crate::config::NodesWatchConfig) -> Self {
+        self.watch_limits = WatchLimits::from(watch);
+        self
+    }
+
     /// Ends the `WatchEntries` streams when `stop` turns true.
     pub fn with_shutdown(mut self, stop: tokio::sync::watch::Receiver<bool>) -> Self {
         self.stop = Some(stop);
