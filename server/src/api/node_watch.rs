@@ -224,7 +224,9 @@ mod tests {
     use super::*;
     use crate::store::entry_events::EntryEvents;
     use crate::store::nodes::EntrySync;
-    use crate::store::{BatchCreate, EntryRow, NewEntry, NodeRow, StoreError, TokenUse};
+    use crate::store::{
+        BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, StoreError, TokenUse,
+    };
 
     const PARENT: &str = "spiffe://example.org/signet/node/n1";
 
@@ -299,7 +301,7 @@ mod tests {
         async fn ban_node(&self, _: &str, _: i64) -> Result<Option<NodeRow>, StoreError> {
             Err(not_here())
         }
-        async fn create_entry(&self, _: &NewEntry) -> Result<EntryRow, StoreError> {
+        async fn create_entry(&self, _: &NewEntry) -> Result<EntryCreate, StoreError> {
             Err(not_here())
         }
         async fn create_entries(&self, _: &[NewEntry]) -> Result<BatchCreate, StoreError> {
