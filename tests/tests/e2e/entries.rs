@@ -474,3 +474,54 @@ async fn an_entry_created_through_one_replica_wakes_a_stream_on_another() {
         .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
 }
+
+/// `signetctl bench --workloads N` (a figure-printing program, run here with a fixed small
+/// amount of work, asserting only what it did, never how fast): it attests a node, creates its
+/// N entries, signs N CSRs per `SignWorkloads` call and verifies the ledger.
+#[tokio::test]
+async fn signetctl_bench_workloads_signs_batches_and_verifies_the_ledger() {
+    let server = Server::start(ServerOpts::default()).await;
+    let before = server.cert_count().await;
+    let addr = format!("https://{}", server.grpc);
+    let out = server.signetctl(&[
+        "bench",
+        "--addr",
+        &addr,
+        "--server-name",
+        "localhost",
+        "--workloads",
+        "4",
+        "-c",
+        "2",
+        "--requests",
+        "6",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("issued:        6 calls"), "{stdout}");
+    assert!(stdout.contains("4 per call"), "{stdout}");
+    assert!(stdout.contains("refused certs: 0"), "{stdout}");
+    assert!(stdout.contains("hash chain intact"), "{stdout}");
+    // The node's certificate and 6 calls of 4 workload certificates.
+    assert!(server.cert_count().await >= before + 1 + 24);
+    let entries = node_admin(&server)
+        .await
+        .list_entries(ListEntriesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .entries;
+    assert_eq!(entries.len(), 4);
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.parent_id.contains("/signet/node/bench-"))
+    );
+    // A batch the server would refuse is refused before anything is set up.
+    let out = server.signetctl(&["bench", "--addr", &addr, "--workloads", "257"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("1 to 256"),
+        "{out:?}"
+    );
+}

@@ -9,9 +9,12 @@
 //! Modes: closed loop for the maximum rate (default), `--requests N` for a fixed amount of work
 //! (profiles), `--rate R` for the latency at a given rate (open loop, [`load`]); `--cfssl ADDR`
 //! then drives a `cfssl serve` the same way and prints both rates ([`cfssl`]).
+//! `--workloads N` drives the node API's batch path instead: a node attested for the run signs
+//! N workload CSRs per `SignWorkloads` call ([`workloads`]).
 
 mod cfssl;
 mod load;
+mod workloads;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -72,6 +75,10 @@ pub struct BenchArgs {
     /// concurrency and duration (closed loop, plain HTTP, the same CSR) and print both rates.
     #[arg(long, value_name = "ADDR")]
     cfssl: Option<String>,
+    /// Drive `SignWorkloads` instead: attest a node with a join token, create N entries
+    /// parented to it (one batch), then send their N CSRs per call (closed loop; 1 to 256).
+    #[arg(long, value_name = "N", conflicts_with_all = ["rate", "cfssl", "token_file"])]
+    workloads: Option<usize>,
 }
 
 pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -90,7 +97,7 @@ pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
         ),
         None => None,
     };
-    let identity = if token.is_none() {
+    let identity = if token.is_none() && args.workloads.is_none() {
         let id = format!("spiffe://{}/bench/client", bundle.trust_domain);
         let m = crate::mint_identity(socket, &id, Vec::new(), Duration::from_secs(3600)).await?;
         Some(signet_client::ClientIdentity {
@@ -118,17 +125,30 @@ pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
     };
     let target = signet_client::ServerTarget::new(args.addr.clone(), roots, trust_domain)
         .with_server_name(args.server_name.clone());
+    let plan = load::Plan {
+        warmup: args.warmup,
+        duration: args.duration,
+        requests: args.requests,
+    };
+    if let Some(per_call) = args.workloads {
+        let outcome = workloads::run(workloads::Workloads {
+            socket,
+            target: &target,
+            per_call,
+            concurrency: args.concurrency,
+            connections: conns,
+            ttl: args.ttl,
+            plan,
+        })
+        .await?;
+        return finish(socket, args.no_verify, outcome.errors).await;
+    }
     let mut channels = Vec::with_capacity(conns);
     for _ in 0..conns {
         channels.push(signet_client::connect(&target, identity.as_ref()).await?);
     }
     let csr = Arc::new(signet_client::new_key_and_csr()?.csr_pem);
     let token = Arc::new(token);
-    let plan = load::Plan {
-        warmup: args.warmup,
-        duration: args.duration,
-        requests: args.requests,
-    };
     let ttl = args.ttl;
     // One request; `i` picks the connection.
     let call = move |i: usize| {
@@ -212,7 +232,12 @@ pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
             signet_rate / theirs.rate().max(1e-9)
         );
     }
-    if !args.no_verify {
+    finish(socket, args.no_verify, errs).await
+}
+
+/// Verifies the ledger (unless `no_verify`); fails the run on a broken chain or any error.
+async fn finish(socket: &Path, no_verify: bool, errs: u64) -> anyhow::Result<ExitCode> {
+    if !no_verify {
         match crate::verify_ledger(socket).await? {
             Ok(rows) => println!("ledger:        {rows} rows verified, hash chain intact"),
             Err(msg) => {
