@@ -2,7 +2,7 @@
 //! then command-line flags (layered by [`signet_runtime::config`]). Unknown keys are refused,
 //! by name.
 //!
-//! About 730 lines, on purpose: this is the operator's whole `signet.toml` surface and every
+//! About 800 lines, on purpose: this is the operator's whole `signet.toml` surface and every
 //! rule that spans sections, so a setting and its check are found in one file. Sections owned by
 //! one subsystem live with it and are re-exported here (`ca::config`, `store::DatabaseConfig`,
 //! `crl::CrlConfig`, `signet_runtime::telemetry::TelemetryConfig`).
