@@ -2,7 +2,7 @@
 //! then command-line flags (layered by [`signet_runtime::config`]). Unknown keys are refused,
 //! by name.
 //!
-//! About 730 lines, on purpose: this is the operator's whole `signet.toml` surface and every
+//! About 800 lines, on purpose: this is the operator's whole `signet.toml` surface and every
 //! rule that spans sections, so a setting and its check are found in one file. Sections owned by
 //! one subsystem live with it and are re-exported here (`ca::config`, `store::DatabaseConfig`,
 //! `crl::CrlConfig`, `signet_runtime::telemetry::TelemetryConfig`).
@@ -173,6 +173,68 @@ impl Default for KubernetesBridgeConfig {
 pub struct NodesConfig {
     /// Kubernetes projected service-account token (PSAT) attestation; off when absent.
     pub kubernetes: Option<NodesKubernetesConfig>,
+    /// `[nodes.watch]`: the limits of the `WatchEntries` push streams.
+    pub watch: NodesWatchConfig,
+}
+
+/// `[nodes.watch]`: the limits of the `WatchEntries` push streams (`api::node_watch`). Each
+/// must be positive; the keep-alive (which also re-checks the node's ban) must come before
+/// the end of the stream's lifetime, or a banned node's open stream would only end then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodesWatchConfig {
+    /// Most open streams of one node on one replica; more answer ResourceExhausted (an agent
+    /// holds one; a restart overlaps the old one for a moment).
+    pub streams_per_node: usize,
+    /// How often the revision is sent again when nothing changed; the node's ban is looked
+    /// up again each time (a banned node's stream ends with PermissionDenied).
+    #[serde(with = "humantime_serde")]
+    pub keepalive: Duration,
+    /// How long one stream lives; then it ends with OK and the node reconnects (and is
+    /// authenticated again).
+    #[serde(with = "humantime_serde")]
+    pub max_lifetime: Duration,
+}
+
+impl Default for NodesWatchConfig {
+    fn default() -> Self {
+        Self {
+            streams_per_node: 4,
+            keepalive: Duration::from_secs(15),
+            max_lifetime: Duration::from_secs(600),
+        }
+    }
+}
+
+impl NodesWatchConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.streams_per_node == 0 {
+            return Err(ConfigError::Invalid(
+                "nodes.watch.streams_per_node must be positive (0 would refuse every node's \
+                 entry stream; the agent then only polls)"
+                    .into(),
+            ));
+        }
+        for (name, v) in [
+            ("nodes.watch.keepalive", self.keepalive),
+            ("nodes.watch.max_lifetime", self.max_lifetime),
+        ] {
+            if v.is_zero() {
+                return Err(ConfigError::Invalid(format!(
+                    "{name} must be positive (e.g. \"15s\" and \"10m\")"
+                )));
+            }
+        }
+        if self.keepalive >= self.max_lifetime {
+            return Err(ConfigError::Invalid(format!(
+                "nodes.watch.keepalive ({}) must be shorter than nodes.watch.max_lifetime ({}): \
+                 the keep-alive is when an open stream notices that its node was banned",
+                humantime::format_duration(self.keepalive),
+                humantime::format_duration(self.max_lifetime)
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// `[nodes.kubernetes]`: an agent running as a DaemonSet attests with its projected
@@ -476,6 +538,7 @@ impl Config {
         self.ca.plugged().map_err(ConfigError::Invalid)?;
         self.ca.validate_rotation().map_err(ConfigError::Invalid)?;
         self.validate_nodes()?;
+        self.nodes.watch.validate()?;
         if self.ledger.max_batch == 0 || self.ledger.queue_depth == 0 {
             return Err(ConfigError::Invalid(
                 "ledger.max_batch and ledger.queue_depth must be positive".into(),
@@ -982,6 +1045,48 @@ mod tests {
         let c = load_toml("[limits]\nissuance_per_source = { burst = 0, per_second = 0 }\n")
             .expect("off");
         assert!(c.limits.issuance_per_source.is_off());
+    }
+
+    #[test]
+    fn entry_watch_keys_default_load_and_refuse_zero() {
+        let c = load_toml("").expect("defaults");
+        assert_eq!(
+            c.nodes.watch,
+            NodesWatchConfig {
+                streams_per_node: 4,
+                keepalive: Duration::from_secs(15),
+                max_lifetime: Duration::from_secs(600),
+            }
+        );
+        let c = load_toml(
+            "[nodes.watch]\nstreams_per_node = 2\nkeepalive = \"5s\"\nmax_lifetime = \"1m\"\n",
+        )
+        .expect("loads");
+        assert_eq!(c.nodes.watch.streams_per_node, 2);
+        assert_eq!(c.nodes.watch.keepalive, Duration::from_secs(5));
+        assert_eq!(c.nodes.watch.max_lifetime, Duration::from_secs(60));
+        for (toml, want) in [
+            (
+                "[nodes.watch]\nstreams_per_node = 0\n",
+                "nodes.watch.streams_per_node must be positive",
+            ),
+            (
+                "[nodes.watch]\nkeepalive = \"0s\"\n",
+                "nodes.watch.keepalive must be positive",
+            ),
+            (
+                "[nodes.watch]\nmax_lifetime = \"0s\"\n",
+                "nodes.watch.max_lifetime must be positive",
+            ),
+            (
+                "[nodes.watch]\nkeepalive = \"10m\"\n",
+                "must be shorter than nodes.watch.max_lifetime",
+            ),
+            ("[nodes.watch]\nkeep_alive = \"1s\"\n", "keep_alive"),
+        ] {
+            let err = load_toml(toml).expect_err(toml);
+            assert!(err.to_string().contains(want), "{toml}: {err}");
+        }
     }
 
     #[test]

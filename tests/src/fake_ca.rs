@@ -223,12 +223,14 @@ impl Node for Svc {
                     svid: Some(svid),
                     code: 0,
                     message: String::new(),
+                    retry_after_ms: 0,
                 },
                 Err(s) => pb::WorkloadResult {
                     entry_id: c.entry_id,
                     svid: None,
                     code: s.code() as i32,
                     message: s.message().to_owned(),
+                    retry_after_ms: 0,
                 },
             })
             .collect();

@@ -87,7 +87,9 @@ pub struct WorkloadCsr {
     pub csr_der: Vec<u8>,
 }
 
-/// Per workload CSR, in order: its entry ID and its certificate or why it was not signed.
+/// Per workload CSR, in order: its entry ID and its certificate or why it was not signed. A
+/// refusal the server shed (ResourceExhausted) carries the entry's retry hint as
+/// [`CallError::pushback`], as a shed call does.
 pub type WorkloadResults = Vec<(String, Result<SvidCertificate, CallError>)>;
 
 /// The node's entry revision from `WatchEntries`: at once, on every change and at each
@@ -283,7 +285,16 @@ fn sign_results(resp: pb::SignWorkloadsResponse) -> WorkloadResults {
                     .ok_or_else(|| CallError::invalid_answer("success without a certificate"))
                     .and_then(svid)
             } else {
-                Err(CallError::status(tonic::Code::from_i32(r.code), r.message))
+                // The entry's retry hint, as a whole call's `grpc-retry-pushback-ms` is read.
+                let pushback = (r.retry_after_ms > 0).then(|| {
+                    Duration::from_millis(u64::from(r.retry_after_ms))
+                        .min(crate::status::MAX_PUSHBACK)
+                });
+                Err(CallError::Status {
+                    code: tonic::Code::from_i32(r.code),
+                    message: r.message,
+                    pushback,
+                })
             };
             (r.entry_id, result)
         })
@@ -408,6 +419,30 @@ mod tests {
     }
 
     #[test]
+    fn a_shed_entry_keeps_the_servers_retry_hint() {
+        let shed = |ms: u32| pb::WorkloadResult {
+            entry_id: "a".into(),
+            svid: None,
+            code: tonic::Code::ResourceExhausted as i32,
+            message: "rate limit".into(),
+            retry_after_ms: ms,
+        };
+        let out = sign_results(pb::SignWorkloadsResponse {
+            results: vec![shed(1500), shed(0), shed(u32::MAX)],
+        });
+        let e = out[0].1.as_ref().unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(e.class(), ErrorClass::Retryable);
+        assert_eq!(e.pushback(), Some(Duration::from_millis(1500)));
+        // No hint (an older server, or none given), and a hint capped as a call's is.
+        assert_eq!(out[1].1.as_ref().unwrap_err().pushback(), None);
+        assert_eq!(
+            out[2].1.as_ref().unwrap_err().pushback(),
+            Some(crate::status::MAX_PUSHBACK)
+        );
+    }
+
+    #[test]
     fn sign_results_keep_order_and_errors() {
         let out = sign_results(pb::SignWorkloadsResponse {
             results: vec![
@@ -416,18 +451,21 @@ mod tests {
                     svid: Some(pb_svid()),
                     code: 0,
                     message: String::new(),
+                    retry_after_ms: 0,
                 },
                 pb::WorkloadResult {
                     entry_id: "b".into(),
                     svid: None,
                     code: tonic::Code::PermissionDenied as i32,
                     message: "not your entry".into(),
+                    retry_after_ms: 0,
                 },
                 pb::WorkloadResult {
                     entry_id: "c".into(),
                     svid: None,
                     code: 0,
                     message: String::new(),
+                    retry_after_ms: 0,
                 },
                 pb::WorkloadResult {
                     entry_id: "d".into(),
@@ -437,6 +475,7 @@ mod tests {
                     }),
                     code: 0,
                     message: String::new(),
+                    retry_after_ms: 0,
                 },
             ],
         });

@@ -84,6 +84,9 @@ pub enum ApiError {
     /// Not there.
     #[error("{0}")]
     NotFound(String),
+    /// It is there already (the message names what): change the request or use what exists.
+    #[error("{0}")]
+    AlreadyExists(String),
     /// The system is not in a state that allows it; the message says what to do first.
     #[error("{0}")]
     FailedPrecondition(String),
@@ -109,6 +112,7 @@ impl ApiError {
             ApiError::Unauthenticated(_) => "unauthenticated",
             ApiError::PermissionDenied(_) => "permission_denied",
             ApiError::NotFound(_) => "not_found",
+            ApiError::AlreadyExists(_) => "already_exists",
             ApiError::FailedPrecondition(_) => "failed_precondition",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::ResourceExhausted { .. } => "resource_exhausted",
@@ -131,6 +135,7 @@ impl From<ApiError> for Status {
             ApiError::Unauthenticated(_) => Code::Unauthenticated,
             ApiError::PermissionDenied(_) => Code::PermissionDenied,
             ApiError::NotFound(_) => Code::NotFound,
+            ApiError::AlreadyExists(_) => Code::AlreadyExists,
             ApiError::FailedPrecondition(_) => Code::FailedPrecondition,
             ApiError::Unavailable(_) => Code::Unavailable,
             ApiError::ResourceExhausted { .. } => Code::ResourceExhausted,

@@ -6,6 +6,14 @@
 //!   `SignWorkloads`: mTLS with the node SVID only. A banned node is
 //!   refused (PermissionDenied, audit event) before anything else happens.
 //!
+//! `SignWorkloads` answers per entry, in the request's order: a certificate, or the code and
+//! message the same refusal would have as a call, plus the retry hint it would carry
+//! (`retry_after_ms`: a ResourceExhausted's `grpc-retry-pushback-ms`; 0 without one). Today no
+//! per-entry refusal carries one: the per-caller issuance rate is not applied on the node API
+//! ([`Issuer::issue`]), and an entry shed by a full or slow ledger is Unavailable with no hint,
+//! as a call would be. A shed *call* (the limits layer: `issuance_per_source`,
+//! `max_concurrent_requests`) is ResourceExhausted with `grpc-retry-pushback-ms`.
+//!
 //! Every certificate goes through [`Issuer::issue`] (policy, CA core, ledger commit) with a
 //! node grant source, so policy is where "own ID only" and "only entries parented to me" live.
 
@@ -61,6 +69,12 @@ impl NodeApi {
             watch_limits: WatchLimits::default(),
             stop: None,
         }
+    }
+
+    /// The `WatchEntries` limits (`[nodes.watch]`; the defaults without it).
+    pub fn with_entry_watch(mut self, watch: &crate::config::NodesWatchConfig) -> Self {
+        self.watch_limits = WatchLimits::from(watch);
+        self
     }
 
     /// Ends the `WatchEntries` streams when `stop` turns true.
@@ -137,6 +151,18 @@ fn svid(cert: &IssuedCert) -> Svid {
         not_before: unix(cert.not_before),
         not_after: unix(cert.not_after),
     }
+}
+
+/// A per-entry result's retry hint: the `grpc-retry-pushback-ms` the same refusal carries as a
+/// whole call's status ([`ApiError`]'s one conversion sets it), so an agent learns when to
+/// retry one shed entry exactly as it learns it for a shed call; 0 without one.
+fn retry_after_ms(status: &Status) -> u32 {
+    status
+        .metadata()
+        .get(crate::limits::RETRY_PUSHBACK)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 pub(crate) fn entry_to_proto(e: EntryRow) -> PbEntry {
@@ -277,6 +303,7 @@ impl Node for NodeApi {
                         svid: Some(svid(&cert)),
                         code: 0,
                         message: String::new(),
+                        retry_after_ms: 0,
                     },
                     Err(e) => {
                         let status = Status::from(e);
@@ -285,6 +312,7 @@ impl Node for NodeApi {
                             svid: None,
                             code: status.code() as i32,
                             message: status.message().to_owned(),
+                            retry_after_ms: retry_after_ms(&status),
                         }
                     }
                 }
@@ -350,5 +378,34 @@ impl NodeApi {
             )
             .await
             .map_err(ApiError::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_per_entry_result_carries_the_retry_hint_its_status_would() {
+        let shed = Status::from(ApiError::ResourceExhausted {
+            message: "slow down".into(),
+            retry_after: Duration::from_millis(1500),
+        });
+        assert_eq!(retry_after_ms(&shed), 1500);
+        // A sub-millisecond hint still says "wait" (the conversion rounds up to 1 ms).
+        let tiny = Status::from(ApiError::ResourceExhausted {
+            message: "slow down".into(),
+            retry_after: Duration::from_micros(10),
+        });
+        assert_eq!(retry_after_ms(&tiny), 1);
+        for no_hint in [
+            ApiError::Unavailable("ledger overloaded".into()),
+            ApiError::PermissionDenied("not yours".into()),
+        ] {
+            assert_eq!(retry_after_ms(&Status::from(no_hint)), 0);
+        }
     }
 }

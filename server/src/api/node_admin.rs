@@ -1,5 +1,10 @@
 //! `signet.admin.v1.NodeAdmin`: join tokens, nodes and registration entries, served only on the
 //! admin Unix socket (whoever can open it is the operator).
+//!
+//! An entry that is the same registration as a stored one (SPIFFE ID, parent, set of
+//! selectors; the store decides, `store::nodes`) is refused: `CreateEntry` answers
+//! AlreadyExists, `BatchCreateEntries` InvalidArgument naming its index (the batch's other
+//! refusals are InvalidArgument too); both name the existing entry's id and write nothing.
 
 use std::sync::Arc;
 
@@ -19,7 +24,7 @@ use crate::nodes::{
     EntryInput, JoinToken, ValidEntry, parse_parent, validate_batch, validate_entry,
     validate_node_id,
 };
-use crate::store::{BatchCreate, EntryRow, NewEntry, NodeRow, NodeStore};
+use crate::store::{BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, NodeStore};
 
 /// A join token's default and longest lifetime.
 const DEFAULT_TOKEN_TTL: i64 = 3600;
@@ -183,7 +188,19 @@ impl NodeAdmin for NodeAdminApi {
         )
         .map_err(ApiError::InvalidArgument)?;
         let entry = new_entry(v, self.now())?;
-        let row = self.store.create_entry(&entry).await?;
+        // The same duplicate rule as the batch (`store::nodes::registration_selectors`), but
+        // AlreadyExists: one entry has nothing else wrong with it.
+        let row = match self.store.create_entry(&entry).await? {
+            EntryCreate::Created(row) => row,
+            EntryCreate::Duplicate { existing_id } => {
+                return Err(ApiError::AlreadyExists(format!(
+                    "{} under {} with these selectors is already registered (entry \
+                     {existing_id}); nothing was created",
+                    entry.spiffe_id, entry.parent_id
+                ))
+                .into());
+            }
+        };
         self.audit(
             "admin.entry_create",
             format!(

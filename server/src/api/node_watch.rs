@@ -8,22 +8,24 @@
 //! - the revision again after a change notification ([`crate::store::entry_events`]), read
 //!   back from the store after a short coalescing pause (a burst of writes gives one message),
 //!   and only if it differs from the last one sent;
-//! - the revision every `keepalive`, changed or not: it keeps idle connections and proxies
-//!   alive, lets the node notice a dead stream, and is the server side's safety net for a
-//!   notification that never came (the agent's slow poll is the other);
+//! - the revision every `keepalive` (`nodes.watch.keepalive`, 15 s), changed or not: it keeps
+//!   idle connections and proxies alive, lets the node notice a dead stream, and is the server
+//!   side's safety net for a notification that never came (the agent's slow poll is the other);
 //! - before each keep-alive the node is looked up again: a node banned meanwhile gets
 //!   PermissionDenied and the stream ends.
 //!
-//! The stream ends with OK after `max_lifetime` (the node reconnects, and is authenticated
-//! again, so an expired or revoked node SVID cannot keep a stream forever), or at shutdown.
+//! The stream ends with OK after `max_lifetime` (`nodes.watch.max_lifetime`, 10 min: the node
+//! reconnects, and is authenticated again, so an expired or revoked node SVID cannot keep a
+//! stream forever), or at shutdown.
 //!
 //! Why a "changed, sync now" tick and not the changes themselves: `SyncEntries` stays the one
 //! way a node gets its entry set, by revision; a tick that is lost, late, duplicated or
 //! coalesced only makes a node sync once more or a little later, never hold a partial or
 //! reordered set. Bounded by construction: the stream is pulled (`unfold`), so nothing is
 //! queued for a slow consumer; each stream holds one subscription slot, and a node may hold
-//! at most `per_node` on one replica (the server-wide cap is the limits layer's
-//! `max_watch_streams`).
+//! at most `per_node` (`nodes.watch.streams_per_node`, 4) on one replica, the next one
+//! refused with ResourceExhausted naming that limit (the server-wide cap is the limits layer's
+//! `max_watch_streams`). The limits are `[nodes.watch]` (`config::NodesWatchConfig`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -36,6 +38,7 @@ use tonic::Status;
 
 use super::ApiError;
 use crate::attestation::node_refusal;
+use crate::config::NodesWatchConfig;
 use crate::store::{EntrySubscription, NodeStore};
 
 /// The limits of the entry streams.
@@ -51,14 +54,25 @@ pub struct WatchLimits {
     pub coalesce: Duration,
 }
 
-impl Default for WatchLimits {
-    fn default() -> Self {
+/// How long after a notification the revision is read: not a setting (it only trades a few
+/// milliseconds of latency for one read per burst).
+const COALESCE: Duration = Duration::from_millis(50);
+
+impl From<&NodesWatchConfig> for WatchLimits {
+    fn from(c: &NodesWatchConfig) -> Self {
         Self {
-            per_node: 4,
-            keepalive: Duration::from_secs(15),
-            max_lifetime: Duration::from_secs(600),
-            coalesce: Duration::from_millis(50),
+            per_node: c.streams_per_node,
+            keepalive: c.keepalive,
+            max_lifetime: c.max_lifetime,
+            coalesce: COALESCE,
         }
+    }
+}
+
+impl Default for WatchLimits {
+    /// `[nodes.watch]`'s defaults: 4 streams per node, a 15 s keep-alive, a 10 min lifetime.
+    fn default() -> Self {
+        Self::from(&NodesWatchConfig::default())
     }
 }
 
@@ -95,10 +109,11 @@ pub fn watch(
     let sub = store
         .entry_events()
         .subscribe(&parent, limits.per_node)
-        .map_err(|e| ApiError::ResourceExhausted {
+        .map_err(|_| ApiError::ResourceExhausted {
             message: format!(
-                "node {node_id} already has {} entry streams open on this server; close one",
-                e.limit
+                "node {node_id} already has {} entry streams open on this server, the limit \
+                 (nodes.watch.streams_per_node); close one or retry later",
+                limits.per_node
             ),
             retry_after: limits.keepalive,
         })?;
@@ -193,5 +208,263 @@ impl State {
     fn fail(&mut self, e: ApiError) -> Status {
         self.done = true;
         Status::from(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The stream against a fake store under paused time: every wait below is a timer the
+    //! runtime advances at once, so `Instant::now()` tells exactly when a message came.
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Mutex;
+
+    use futures::StreamExt;
+
+    use super::*;
+    use crate::store::entry_events::EntryEvents;
+    use crate::store::nodes::EntrySync;
+    use crate::store::{
+        BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, StoreError, TokenUse,
+    };
+
+    const PARENT: &str = "spiffe://example.org/signet/node/n1";
+
+    /// What a stream reads: one node ("n1"), its parent's revision and whether it is banned.
+    struct Fake {
+        events: EntryEvents,
+        revision: Mutex<u64>,
+        banned: Mutex<bool>,
+    }
+
+    impl Fake {
+        fn new(revision: u64) -> Arc<Self> {
+            Arc::new(Self {
+                events: EntryEvents::local(),
+                revision: Mutex::new(revision),
+                banned: Mutex::new(false),
+            })
+        }
+
+        fn change(&self, revision: u64) {
+            *self.revision.lock().unwrap() = revision;
+            self.events.notify(PARENT);
+        }
+    }
+
+    fn not_here() -> StoreError {
+        StoreError::Database("not used by the entry stream".into())
+    }
+
+    #[async_trait::async_trait]
+    impl NodeStore for Fake {
+        async fn create_join_token(
+            &self,
+            _: &str,
+            _: &str,
+            _: i64,
+            _: i64,
+        ) -> Result<(), StoreError> {
+            Err(not_here())
+        }
+        async fn consume_join_token(&self, _: &str, _: i64) -> Result<TokenUse, StoreError> {
+            Err(not_here())
+        }
+        async fn release_join_token(&self, _: &str, _: i64) -> Result<bool, StoreError> {
+            Err(not_here())
+        }
+        async fn upsert_attested_node(&self, _: &NodeRow) -> Result<(), StoreError> {
+            Err(not_here())
+        }
+        async fn update_node_certificate(
+            &self,
+            _: &str,
+            _: &str,
+            _: i64,
+        ) -> Result<(), StoreError> {
+            Err(not_here())
+        }
+        async fn node(&self, node_id: &str) -> Result<Option<NodeRow>, StoreError> {
+            Ok((node_id == "n1").then(|| NodeRow {
+                node_id: "n1".into(),
+                spiffe_id: PARENT.into(),
+                attested_at: 0,
+                banned_at: self.banned.lock().unwrap().then_some(1),
+                last_serial: "01".into(),
+                not_after: i64::MAX,
+                attestation: "join_token".into(),
+            }))
+        }
+        async fn list_nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
+            Err(not_here())
+        }
+        async fn ban_node(&self, _: &str, _: i64) -> Result<Option<NodeRow>, StoreError> {
+            Err(not_here())
+        }
+        async fn create_entry(&self, _: &NewEntry) -> Result<EntryCreate, StoreError> {
+            Err(not_here())
+        }
+        async fn create_entries(&self, _: &[NewEntry]) -> Result<BatchCreate, StoreError> {
+            Err(not_here())
+        }
+        async fn entry(&self, _: &str) -> Result<Option<EntryRow>, StoreError> {
+            Err(not_here())
+        }
+        async fn list_entries(&self, _: Option<&str>) -> Result<Vec<EntryRow>, StoreError> {
+            Err(not_here())
+        }
+        async fn delete_entry(&self, _: &str) -> Result<bool, StoreError> {
+            Err(not_here())
+        }
+        async fn entry_revision(&self, parent_id: &str) -> Result<u64, StoreError> {
+            assert_eq!(parent_id, PARENT, "a stream reads only its own parent");
+            Ok(*self.revision.lock().unwrap())
+        }
+        fn entry_events(&self) -> EntryEvents {
+            self.events.clone()
+        }
+        async fn entries_for_parent_since(&self, _: &str, _: u64) -> Result<EntrySync, StoreError> {
+            Err(not_here())
+        }
+    }
+
+    fn open(store: &Arc<Fake>, limits: WatchLimits) -> Result<EntryStream, ApiError> {
+        watch(store.clone(), PARENT.into(), "n1".into(), limits, None)
+    }
+
+    async fn revision(s: &mut EntryStream) -> u64 {
+        s.next()
+            .await
+            .expect("a message")
+            .expect("a revision")
+            .revision
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unchanged_revision_is_sent_again_at_each_keepalive() {
+        let store = Fake::new(7);
+        let mut s = open(&store, WatchLimits::default()).unwrap();
+        let t0 = Instant::now();
+        assert_eq!(revision(&mut s).await, 7);
+        assert_eq!(t0.elapsed(), Duration::ZERO);
+        // Nothing changes: the same revision, every 15 s.
+        assert_eq!(revision(&mut s).await, 7);
+        assert_eq!(t0.elapsed(), Duration::from_secs(15));
+        assert_eq!(revision(&mut s).await, 7);
+        assert_eq!(t0.elapsed(), Duration::from_secs(30));
+        // A change is pushed after the coalescing pause, not at the next keep-alive.
+        store.change(8);
+        assert_eq!(revision(&mut s).await, 8);
+        assert_eq!(t0.elapsed(), Duration::from_secs(30) + COALESCE);
+        // A notification that changed nothing sends nothing: the next message is the
+        // keep-alive.
+        store.change(8);
+        assert_eq!(revision(&mut s).await, 8);
+        assert_eq!(t0.elapsed(), Duration::from_secs(45));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_banned_while_its_stream_is_open_is_cut_at_the_next_keepalive() {
+        let store = Fake::new(3);
+        let mut s = open(&store, WatchLimits::default()).unwrap();
+        let t0 = Instant::now();
+        assert_eq!(revision(&mut s).await, 3);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        *store.banned.lock().unwrap() = true;
+        let err = s.next().await.expect("an answer").expect_err("refused");
+        assert_eq!(err.code(), tonic::Code::PermissionDenied);
+        assert!(
+            err.message().contains("node n1 is banned"),
+            "{}",
+            err.message()
+        );
+        assert_eq!(t0.elapsed(), Duration::from_secs(15));
+        // Then the stream ends, and its slot is free again.
+        assert!(s.next().await.is_none());
+        let again: Vec<EntryStream> = (0..4)
+            .map(|_| open(&store, WatchLimits::default()).unwrap())
+            .collect();
+        assert_eq!(again.len(), 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_stream_ends_at_its_max_lifetime() {
+        let store = Fake::new(1);
+        let limits = WatchLimits::from(&NodesWatchConfig {
+            streams_per_node: 1,
+            keepalive: Duration::from_secs(15),
+            max_lifetime: Duration::from_secs(60),
+        });
+        let mut s = open(&store, limits).unwrap();
+        let t0 = Instant::now();
+        let mut sent = 0;
+        while let Some(m) = s.next().await {
+            assert_eq!(m.unwrap().revision, 1);
+            sent += 1;
+        }
+        // It ended with OK (no error) at exactly its lifetime: the first message, then the
+        // keep-alives at 15, 30, 45 s (and perhaps the one due at 60 s itself).
+        assert_eq!(t0.elapsed(), Duration::from_secs(60));
+        assert!((4..=5).contains(&sent), "{sent} messages");
+        // Its slot is free: the node's reconnect (here with a limit of one) is accepted.
+        assert!(open(&store, limits).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_ends_when_the_server_shuts_down() {
+        let store = Fake::new(1);
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let mut s = watch(
+            store.clone(),
+            PARENT.into(),
+            "n1".into(),
+            WatchLimits::default(),
+            Some(rx),
+        )
+        .unwrap();
+        let t0 = Instant::now();
+        assert_eq!(revision(&mut s).await, 1);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            tx.send(true).unwrap();
+        });
+        assert!(s.next().await.is_none());
+        assert_eq!(t0.elapsed(), Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn the_fifth_stream_of_a_node_is_refused_naming_the_limit() {
+        let store = Fake::new(1);
+        let limits = WatchLimits::default();
+        let mut open_streams: Vec<EntryStream> =
+            (0..4).map(|_| open(&store, limits).unwrap()).collect();
+        let Err(refused) = open(&store, limits) else {
+            panic!("a fifth stream was accepted")
+        };
+        let status = Status::from(refused);
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            status.message().contains("already has 4 entry streams")
+                && status.message().contains("nodes.watch.streams_per_node"),
+            "{}",
+            status.message()
+        );
+        // With a retry hint: the keep-alive interval.
+        assert_eq!(
+            status.metadata().get("grpc-retry-pushback-ms").unwrap(),
+            "15000"
+        );
+        // Another node's stream is not affected.
+        let other = watch(
+            store.clone(),
+            "spiffe://example.org/signet/node/n2".into(),
+            "n2".into(),
+            limits,
+            None,
+        );
+        assert!(other.is_ok());
+        // Closing one frees a slot.
+        open_streams.pop();
+        assert!(open(&store, limits).is_ok());
     }
 }

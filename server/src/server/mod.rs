@@ -303,7 +303,9 @@ pub async fn run(
     if let Some(k) = &cfg.nodes.kubernetes {
         node_api = node_api.with_kubernetes_attestation(PsatAttestor::new(k));
     }
-    let node_api = node_api.with_shutdown(stop_rx.clone());
+    let node_api = node_api
+        .with_entry_watch(&cfg.nodes.watch)
+        .with_shutdown(stop_rx.clone());
     let node = NodeServer::new(node_api).max_decoding_message_size(transport_limit);
     let node_admin = NodeAdminServer::new(NodeAdminApi::new(issuer.clone(), store.clone()))
         .max_decoding_message_size(transport_limit);

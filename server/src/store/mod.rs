@@ -52,7 +52,7 @@ pub use crls::{CrlStore, RevokedRow, StoredCrl};
 pub use entry_events::EntrySubscription;
 pub use error::StoreError;
 pub use ledger::{CertificateRow, LedgerHead, LedgerStore, NewCertificate};
-pub use nodes::{BatchCreate, EntryRow, NewEntry, NodeRow, NodeStore, TokenUse};
+pub use nodes::{BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, NodeStore, TokenUse};
 pub use paging::{CertQuery, Order, certificates_page};
 pub use postgres::PgStore;
 pub use revocations::{CertFilter, EventRow, NewRevocation, RevocationOutcome, RevocationStore};

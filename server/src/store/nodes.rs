@@ -8,6 +8,15 @@
 //! parent's row in `node_revisions` (both), so a parent's revision moves on every change to its
 //! entries, deletions included, and a poll that knows the current revision costs one indexed
 //! read.
+//!
+//! Duplicates: an entry is refused (nothing written, no revision taken) when it is the same
+//! registration as a stored one: same SPIFFE ID, same parent, same set of selectors
+//! ([`registration_selectors`], the one definition, for `create_entry` and `create_entries`).
+//! The check runs after the revision counter is taken, inside the writing transaction, so two
+//! racing creates of one registration cannot both pass it.
+//!
+//! About 750 lines, on purpose: the trait, its row types and the one macro body both backends
+//! share; split, each query would sit apart from the contract it implements.
 
 use async_trait::async_trait;
 
@@ -71,6 +80,37 @@ pub struct EntryRow {
     pub created_at: i64,
 }
 
+/// How [`NodeStore::create_entry`] went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryCreate {
+    /// The entry was created, with a new revision.
+    Created(EntryRow),
+    /// It is the same registration (SPIFFE ID, parent, set of selectors: see
+    /// [`registration_selectors`]) as the stored entry `existing_id`; nothing was written.
+    Duplicate { existing_id: String },
+}
+
+/// The selectors as a registration is compared: a set (sorted, without repeats), so two
+/// entries that differ only in the order or repetition of their selectors are the same
+/// registration. The one definition of a duplicate entry, for single and batch creates.
+pub(super) fn registration_selectors(selectors: &[String]) -> Vec<String> {
+    let mut sel = selectors.to_vec();
+    sel.sort();
+    sel.dedup();
+    sel
+}
+
+/// A stored entry's selectors column, decoded and compared as [`registration_selectors`].
+pub(super) fn stored_registration_selectors(
+    id: &str,
+    selectors: &str,
+) -> Result<Vec<String>, StoreError> {
+    let sel: Vec<String> = serde_json::from_str(selectors).map_err(|e| {
+        StoreError::Corrupt(format!("entry {id}: selectors is not a JSON list: {e}"))
+    })?;
+    Ok(registration_selectors(&sel))
+}
+
 /// How [`NodeStore::create_entries`] went.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BatchCreate {
@@ -132,8 +172,11 @@ pub trait NodeStore: Send + Sync + 'static {
     /// Bans the node (keeping the first ban time); None if no such node.
     async fn ban_node(&self, node_id: &str, now: i64) -> Result<Option<NodeRow>, StoreError>;
 
-    /// Creates an entry with the next revision, bumping its parent's revision.
-    async fn create_entry(&self, entry: &NewEntry) -> Result<EntryRow, StoreError>;
+    /// Creates an entry with the next revision, bumping its parent's revision, unless it is
+    /// the same registration as a stored entry (then nothing is written). Like
+    /// [`Self::create_entries`], the revision counter is taken first, so the duplicate check
+    /// cannot race another writer.
+    async fn create_entry(&self, entry: &NewEntry) -> Result<EntryCreate, StoreError>;
 
     /// Creates every entry of a non-empty batch in one transaction with one new revision,
     /// bumping each parent's revision, unless one is the same registration as a stored entry
@@ -411,18 +454,41 @@ macro_rules! impl_node_store {
             async fn create_entry(
                 &self,
                 e: &$crate::store::nodes::NewEntry,
-            ) -> Result<$crate::store::nodes::EntryRow, StoreError> {
-                use $crate::store::nodes::{json, revision};
+            ) -> Result<$crate::store::nodes::EntryCreate, StoreError> {
+                use $crate::store::nodes::{
+                    EntryCreate, json, registration_selectors, revision,
+                    stored_registration_selectors,
+                };
                 let selectors = json(&e.selectors)?;
                 let dns_names = json(&e.dns_names)?;
                 let mut tx = self.pool.begin().await.map_err($map)?;
-                // A write first, so SQLite takes the write lock at once (no upgrade deadlock).
+                // A write first, so SQLite takes the write lock at once (no upgrade deadlock);
+                // it also serializes entry writers, so the duplicate check below sees every
+                // committed entry.
                 let (rev,): (i64,) = sqlx::query_as(
                     "UPDATE entry_revision_seq SET value = value + 1 WHERE id = 1 RETURNING value",
                 )
                 .fetch_one(&mut *tx)
                 .await
                 .map_err($map)?;
+                // Only this SPIFFE ID's entries under this parent (the parent index), not all
+                // of the parent's: one create stays cheap on a node with many entries.
+                let same_id: Vec<(String, String)> = sqlx::query_as(
+                    "SELECT id, selectors FROM entries WHERE parent_id = $1 AND spiffe_id = $2 \
+                     ORDER BY id",
+                )
+                .bind(&e.parent_id)
+                .bind(&e.spiffe_id)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err($map)?;
+                let wanted = registration_selectors(&e.selectors);
+                for (id, stored) in same_id {
+                    if stored_registration_selectors(&id, &stored)? == wanted {
+                        tx.rollback().await.map_err($map)?;
+                        return Ok(EntryCreate::Duplicate { existing_id: id });
+                    }
+                }
                 sqlx::query(
                     "INSERT INTO entries (id, spiffe_id, parent_id, selectors, ttl_seconds, \
                      dns_names, revision, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
@@ -450,7 +516,7 @@ macro_rules! impl_node_store {
                 Self::notify_entries_in_tx(&mut tx, &e.parent_id).await?;
                 tx.commit().await.map_err($map)?;
                 self.events.notify(&e.parent_id);
-                Ok($crate::store::nodes::EntryRow {
+                Ok(EntryCreate::Created($crate::store::nodes::EntryRow {
                     id: e.id.clone(),
                     spiffe_id: e.spiffe_id.clone(),
                     parent_id: e.parent_id.clone(),
@@ -459,14 +525,17 @@ macro_rules! impl_node_store {
                     dns_names: e.dns_names.clone(),
                     revision: revision(rev)?,
                     created_at: e.created_at,
-                })
+                }))
             }
 
             async fn create_entries(
                 &self,
                 batch: &[$crate::store::nodes::NewEntry],
             ) -> Result<$crate::store::nodes::BatchCreate, StoreError> {
-                use $crate::store::nodes::{BatchCreate, EntryRow, json, revision};
+                use $crate::store::nodes::{
+                    BatchCreate, EntryRow, json, registration_selectors, revision,
+                    stored_registration_selectors,
+                };
                 if batch.is_empty() {
                     return Err(StoreError::Database("an empty batch of entries".into()));
                 }
@@ -493,14 +562,7 @@ macro_rules! impl_node_store {
                     .map_err($map)?;
                     let mut known = std::collections::HashMap::with_capacity(stored.len());
                     for (id, spiffe_id, selectors) in stored {
-                        let mut sel: Vec<String> =
-                            serde_json::from_str(&selectors).map_err(|e| {
-                                StoreError::Corrupt(format!(
-                                    "entry {id}: selectors is not a JSON list: {e}"
-                                ))
-                            })?;
-                        sel.sort();
-                        sel.dedup();
+                        let sel = stored_registration_selectors(&id, &selectors)?;
                         known.insert((spiffe_id, sel), id);
                     }
                     for (i, e) in batch.iter().enumerate() {
@@ -509,7 +571,8 @@ macro_rules! impl_node_store {
                         {
                             continue;
                         }
-                        if let Some(id) = known.get(&(e.spiffe_id.clone(), e.selectors.clone())) {
+                        let key = (e.spiffe_id.clone(), registration_selectors(&e.selectors));
+                        if let Some(id) = known.get(&key) {
                             first_duplicate = Some((i, id.clone()));
                         }
                     }

@@ -1,5 +1,6 @@
 //! Registration entries in bulk and pushed to nodes: `BatchCreateEntries` (all or nothing, each
-//! entry validated as CreateEntry validates one) over the admin socket and through
+//! entry validated as CreateEntry validates one; a duplicate of a stored entry refused by both)
+//! over the admin socket and through
 //! `signetctl entry create --file`, on the embedded SQLite and on PostgreSQL; and
 //! `WatchEntries` across two server processes sharing one PostgreSQL (LISTEN/NOTIFY). The
 //! real binaries.
@@ -166,6 +167,89 @@ async fn batch_create_is_all_or_nothing_on_postgres() {
         return;
     };
     batch_rpc_cases(&server).await;
+}
+
+/// A registration (SPIFFE ID, parent, set of selectors) is stored once: `CreateEntry` refuses
+/// a repeat with AlreadyExists, as the batch does with InvalidArgument, both naming the stored
+/// entry; a distinct registration is still accepted.
+async fn duplicate_cases(server: &Server) {
+    let td = server.trust_domain.clone();
+    let mut admin = node_admin(server).await;
+    let first = admin
+        .create_entry(req(&td, "dup", "n1"))
+        .await
+        .unwrap()
+        .into_inner();
+    // The same again, the parent named by its SPIFFE ID and the selector repeated.
+    let mut same = req(&td, "dup", &format!("spiffe://{td}/signet/node/n1"));
+    same.selectors = vec!["unix:uid:1000".into(), "unix:uid:1000".into()];
+    same.ttl_seconds = 60;
+    let err = admin.create_entry(same).await.unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    assert!(err.message().contains(&first.id), "{err:?}");
+    assert!(err.message().contains("already registered"), "{err:?}");
+    // A single create repeating a batch-created entry, and the other way round.
+    let batch = admin
+        .batch_create_entries(BatchCreateEntriesRequest {
+            entries: vec![req(&td, "dup-batch", "n2")],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let err = admin
+        .create_entry(req(&td, "dup-batch", "n2"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    assert!(err.message().contains(&batch.entries[0].id), "{err:?}");
+    let err = admin
+        .batch_create_entries(BatchCreateEntriesRequest {
+            entries: vec![req(&td, "dup-new", "n1"), req(&td, "dup", "n1")],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().starts_with("entry 1: "), "{err:?}");
+    assert!(err.message().contains(&first.id), "{err:?}");
+    // signetctl shows the refusal and fails.
+    let out = server.signetctl(&[
+        "entry",
+        "create",
+        "--spiffe-id",
+        &format!("spiffe://{td}/batch/dup"),
+        "--parent",
+        "n1",
+        "--selector",
+        "unix:uid:1000",
+    ]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&first.id),
+        "{out:?}"
+    );
+    // Nothing was written by any refusal.
+    assert_eq!(entry_count(server).await, 2);
+    // Distinct registrations are accepted: other selectors, another parent.
+    let mut other = req(&td, "dup", "n1");
+    other.selectors = vec!["unix:uid:1000".into(), "unix:gid:1000".into()];
+    admin.create_entry(other).await.unwrap();
+    admin.create_entry(req(&td, "dup", "n2")).await.unwrap();
+    assert_eq!(entry_count(server).await, 4);
+}
+
+#[tokio::test]
+async fn a_duplicate_entry_is_refused_by_single_and_batch_create_on_sqlite() {
+    let server = Server::start(ServerOpts::default()).await;
+    duplicate_cases(&server).await;
+}
+
+#[tokio::test]
+async fn a_duplicate_entry_is_refused_by_single_and_batch_create_on_postgres() {
+    let tokens = TokenIssuer::new("k1");
+    let Some(server) = pg_server(&tokens, "").await else {
+        return;
+    };
+    duplicate_cases(&server).await;
 }
 
 async fn cli_file_cases(server: &Server) {
@@ -389,4 +473,55 @@ async fn an_entry_created_through_one_replica_wakes_a_stream_on_another() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+}
+
+/// `signetctl bench --workloads N` (a figure-printing program, run here with a fixed small
+/// amount of work, asserting only what it did, never how fast): it attests a node, creates its
+/// N entries, signs N CSRs per `SignWorkloads` call and verifies the ledger.
+#[tokio::test]
+async fn signetctl_bench_workloads_signs_batches_and_verifies_the_ledger() {
+    let server = Server::start(ServerOpts::default()).await;
+    let before = server.cert_count().await;
+    let addr = format!("https://{}", server.grpc);
+    let out = server.signetctl(&[
+        "bench",
+        "--addr",
+        &addr,
+        "--server-name",
+        "localhost",
+        "--workloads",
+        "4",
+        "-c",
+        "2",
+        "--requests",
+        "6",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("issued:        6 calls"), "{stdout}");
+    assert!(stdout.contains("4 per call"), "{stdout}");
+    assert!(stdout.contains("refused certs: 0"), "{stdout}");
+    assert!(stdout.contains("hash chain intact"), "{stdout}");
+    // The node's certificate and 6 calls of 4 workload certificates.
+    assert!(server.cert_count().await >= before + 1 + 24);
+    let entries = node_admin(&server)
+        .await
+        .list_entries(ListEntriesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .entries;
+    assert_eq!(entries.len(), 4);
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.parent_id.contains("/signet/node/bench-"))
+    );
+    // A batch the server would refuse is refused before anything is set up.
+    let out = server.signetctl(&["bench", "--addr", &addr, "--workloads", "257"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("1 to 256"),
+        "{out:?}"
+    );
 }

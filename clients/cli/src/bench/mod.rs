@@ -12,10 +12,13 @@
 //! ([`cfssl`]). Each phase also prints what one request cost the machine's CPU, per process
 //! group (`--cpu NAME=PID`, [`cpu`]): on one shared machine the server, its database and the
 //! load generator all spend the same cores.
+//! `--workloads N` drives the node API's batch path instead: a node attested for the run signs
+//! N workload CSRs per `SignWorkloads` call ([`workloads`]).
 
 mod cfssl;
 mod cpu;
 mod load;
+mod workloads;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -87,6 +90,10 @@ pub struct BenchArgs {
     /// print each group's CPU per answered request for every phase.
     #[arg(long, value_name = "NAME=PID", value_parser = cpu::parse_group)]
     cpu: Vec<cpu::Group>,
+    /// Drive `SignWorkloads` instead: attest a node with a join token, create N entries
+    /// parented to it (one batch), then send their N CSRs per call (closed loop; 1 to 256).
+    #[arg(long, value_name = "N", conflicts_with_all = ["rate", "cfssl", "token_file"])]
+    workloads: Option<usize>,
 }
 
 /// Runs one measured phase and prints its figures and the CPU each group spent per answered
@@ -182,7 +189,7 @@ pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
         ),
         None => None,
     };
-    let identity = if token.is_none() {
+    let identity = if token.is_none() && args.workloads.is_none() {
         let id = format!("spiffe://{}/bench/client", bundle.trust_domain);
         let m = crate::mint_identity(socket, &id, Vec::new(), Duration::from_secs(3600)).await?;
         Some(signet_client::ClientIdentity {
@@ -210,17 +217,31 @@ pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
     };
     let target = signet_client::ServerTarget::new(args.addr.clone(), roots, trust_domain)
         .with_server_name(args.server_name.clone());
+    let plan = load::Plan {
+        warmup: args.warmup,
+        duration: args.duration,
+        requests: args.requests,
+    };
+    if let Some(per_call) = args.workloads {
+        let outcome = workloads::run(workloads::Workloads {
+            socket,
+            target: &target,
+            per_call,
+            concurrency: args.concurrency,
+            connections: conns,
+            ttl: args.ttl,
+            plan,
+            cpu: &args.cpu,
+        })
+        .await?;
+        return finish(socket, args.no_verify, outcome.errors).await;
+    }
     let mut channels = Vec::with_capacity(conns);
     for _ in 0..conns {
         channels.push(signet_client::connect(&target, identity.as_ref()).await?);
     }
     let csr = Arc::new(signet_client::new_key_and_csr()?.csr_pem);
     let token = Arc::new(token);
-    let plan = load::Plan {
-        warmup: args.warmup,
-        duration: args.duration,
-        requests: args.requests,
-    };
     let ttl = args.ttl;
     // One request; `i` picks the connection.
     let call = move |i: usize| {
@@ -308,7 +329,12 @@ pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
             signet_rate / theirs.rate().max(1e-9)
         );
     }
-    if !args.no_verify {
+    finish(socket, args.no_verify, errs).await
+}
+
+/// Verifies the ledger (unless `no_verify`); fails the run on a broken chain or any error.
+async fn finish(socket: &Path, no_verify: bool, errs: u64) -> anyhow::Result<ExitCode> {
+    if !no_verify {
         match crate::verify_ledger(socket).await? {
             Ok(rows) => println!("ledger:        {rows} rows verified, hash chain intact"),
             Err(msg) => {

@@ -3,6 +3,15 @@
 #![allow(clippy::unwrap_used)]
 
 use super::Db;
+use crate::store::{EntryCreate, EntryRow};
+
+/// The row of a create that must succeed.
+fn created(c: EntryCreate) -> EntryRow {
+    match c {
+        EntryCreate::Created(row) => row,
+        EntryCreate::Duplicate { existing_id } => panic!("refused as a duplicate of {existing_id}"),
+    }
+}
 
 conformance!(
     join_tokens_are_single_use_and_expire,
@@ -10,6 +19,7 @@ conformance!(
     nodes_are_upserted_renewed_and_banned,
     entries_round_trip_and_revisions_track_changes,
     entry_batches_are_all_or_nothing,
+    a_single_entry_repeating_a_stored_registration_is_refused,
     entry_changes_wake_watchers_on_every_replica,
 );
 
@@ -165,9 +175,9 @@ async fn entries_round_trip_and_revisions_track_changes(db: Db) {
     let sync = s.entries_for_parent_since(p1, 0).await.unwrap();
     assert_eq!((sync.revision, sync.unchanged), (0, true));
 
-    let a = s.create_entry(&entry("a", p1)).await.unwrap();
-    let b = s.create_entry(&entry("b", p2)).await.unwrap();
-    let c = s.create_entry(&entry("c", p1)).await.unwrap();
+    let a = created(s.create_entry(&entry("a", p1)).await.unwrap());
+    let b = created(s.create_entry(&entry("b", p2)).await.unwrap());
+    let c = created(s.create_entry(&entry("c", p1)).await.unwrap());
     assert!(a.revision < b.revision && b.revision < c.revision);
     assert_eq!(s.entry("a").await.unwrap(), Some(a.clone()));
     assert_eq!(s.entry("zz").await.unwrap(), None);
@@ -190,7 +200,7 @@ async fn entries_round_trip_and_revisions_track_changes(db: Db) {
     assert!(sync.unchanged);
     assert!(sync.entries.is_empty());
     // Another parent's change does not disturb p1.
-    s.create_entry(&entry("d", p2)).await.unwrap();
+    created(s.create_entry(&entry("d", p2)).await.unwrap());
     assert!(
         s.entries_for_parent_since(p1, c.revision)
             .await
@@ -232,7 +242,7 @@ async fn entry_batches_are_all_or_nothing(db: Db) {
         dns_names: vec![],
         created_at: 42,
     };
-    let before = s.create_entry(&entry("x", p1)).await.unwrap();
+    let before = created(s.create_entry(&entry("x", p1)).await.unwrap());
     let batch: Vec<NewEntry> = (0..300)
         .map(|i| entry(&format!("b{i:03}"), if i % 2 == 0 { p1 } else { p2 }))
         .collect();
@@ -298,6 +308,77 @@ async fn entry_batches_are_all_or_nothing(db: Db) {
     assert!(s.create_entries(&[]).await.is_err());
 }
 
+async fn a_single_entry_repeating_a_stored_registration_is_refused(db: Db) {
+    use crate::store::{BatchCreate, NewEntry};
+    let s = &db.store;
+    let p1 = "spiffe://example.org/signet/node/n1";
+    let p2 = "spiffe://example.org/signet/node/n2";
+    let entry = |id: &str, spiffe: &str, parent: &str, selectors: &[&str]| NewEntry {
+        id: id.into(),
+        spiffe_id: format!("spiffe://example.org/app/{spiffe}"),
+        parent_id: parent.into(),
+        selectors: selectors.iter().map(|s| s.to_string()).collect(),
+        ttl_seconds: 600,
+        dns_names: vec![],
+        created_at: 42,
+    };
+    let two = ["unix:uid:1000", "unix:path:/usr/bin/app"];
+    let a = created(s.create_entry(&entry("a", "web", p1, &two)).await.unwrap());
+    // The same registration (selectors in another order, one repeated, another TTL): refused,
+    // naming the stored entry; nothing written, no revision taken.
+    let mut again = entry(
+        "a2",
+        "web",
+        p1,
+        &["unix:path:/usr/bin/app", "unix:uid:1000", "unix:uid:1000"],
+    );
+    again.ttl_seconds = 60;
+    assert_eq!(
+        s.create_entry(&again).await.unwrap(),
+        EntryCreate::Duplicate {
+            existing_id: "a".into()
+        }
+    );
+    assert_eq!(s.entry("a2").await.unwrap(), None);
+    assert_eq!(s.entry_revision(p1).await.unwrap(), a.revision);
+    // Distinct registrations are still accepted: fewer selectors, another SPIFFE ID, another
+    // parent.
+    let fewer = created(
+        s.create_entry(&entry("b", "web", p1, &["unix:uid:1000"]))
+            .await
+            .unwrap(),
+    );
+    assert!(fewer.revision > a.revision);
+    created(s.create_entry(&entry("c", "api", p1, &two)).await.unwrap());
+    created(s.create_entry(&entry("d", "web", p2, &two)).await.unwrap());
+    // Single and batch creates share one definition, both ways.
+    let BatchCreate::Created { entries, .. } = s
+        .create_entries(&[entry("e", "batch", p2, &["unix:uid:7"])])
+        .await
+        .unwrap()
+    else {
+        panic!("refused")
+    };
+    assert_eq!(
+        s.create_entry(&entry("e2", "batch", p2, &["unix:uid:7"]))
+            .await
+            .unwrap(),
+        EntryCreate::Duplicate {
+            existing_id: entries[0].id.clone()
+        }
+    );
+    assert_eq!(
+        s.create_entries(&[entry("f", "web", p1, &["unix:uid:1000"])])
+            .await
+            .unwrap(),
+        BatchCreate::Duplicate {
+            index: 0,
+            existing_id: "b".into()
+        }
+    );
+    assert_eq!(s.list_entries(None).await.unwrap().len(), 5);
+}
+
 async fn entry_changes_wake_watchers_on_every_replica(db: Db) {
     use std::time::Duration;
 
@@ -327,7 +408,7 @@ async fn entry_changes_wake_watchers_on_every_replica(db: Db) {
         created_at: 42,
     };
     assert_eq!(db.store.entry_revision(p1).await.unwrap(), 0);
-    let a = writer.create_entry(&entry("a")).await.unwrap();
+    let a = created(writer.create_entry(&entry("a")).await.unwrap());
     tokio::time::timeout(wait, sub.changed()).await.unwrap();
     assert_eq!(db.store.entry_revision(p1).await.unwrap(), a.revision);
     writer
