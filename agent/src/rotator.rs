@@ -1024,6 +1024,61 @@ mod tests {
         assert!(log[1].ends_with(&format!("{both:?}")), "{log:?}");
     }
 
+    /// Keeps what it was last handed.
+    #[derive(Default)]
+    struct KeepingSink(Mutex<Option<Delivered>>);
+
+    #[async_trait::async_trait]
+    impl Sink for KeepingSink {
+        fn name(&self) -> &str {
+            "keep"
+        }
+        async fn deliver(&self, d: &Delivered) -> Result<Applied, crate::sinks::SinkError> {
+            if let Ok(mut k) = self.0.lock() {
+                *k = Some(d.clone());
+            }
+            Ok(Applied::default())
+        }
+        async fn remove(&self) -> Result<Applied, crate::sinks::SinkError> {
+            Ok(Applied::default())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_certificate_the_bundle_and_the_crls_are_held_once_and_shared() {
+        let (r, _clock, ca, rx) = setup();
+        let sink = Arc::new(KeepingSink::default());
+        let mut r = r.with_sinks(vec![SinkBinding {
+            spiffe_id: "spiffe://example.org/web".parse().expect("id"),
+            deletion_policy: DeletionPolicy::Delete,
+            timeout: Duration::from_secs(30),
+            sink: sink.clone(),
+        }]);
+        r.set_bundle("spiffe://example.org".into(), vec![ca.ca.der.clone()]);
+        r.tick(&[entry("web")]).await;
+        settle(Duration::from_millis(10)).await;
+        let state = rx.borrow().clone();
+        let handed = sink.0.lock().expect("lock").clone().expect("delivered");
+        let web = state.identities[0].svid.clone();
+        // The sink's SVID, bundle and CRLs are the state's, not copies.
+        assert!(Arc::ptr_eq(&web, &handed.svid));
+        assert!(Arc::ptr_eq(&state.bundle_der, &handed.bundle_der));
+        assert!(Arc::ptr_eq(&state.crls_der, &handed.crls_der));
+        // The same bundle again, and a new entry: the next state shares what it already held.
+        r.set_bundle("spiffe://example.org".into(), vec![ca.ca.der.clone()]);
+        r.tick(&[entry("web"), entry("api")]).await;
+        let next = rx.borrow().clone();
+        assert_eq!(next.identities.len(), 2);
+        let again = next
+            .identities
+            .iter()
+            .find(|i| i.entry_id == "web")
+            .expect("web");
+        assert!(Arc::ptr_eq(&web, &again.svid));
+        assert!(Arc::ptr_eq(&state.bundle_der, &next.bundle_der));
+        assert!(Arc::ptr_eq(&state.crls_der, &next.crls_der));
+    }
+
     #[tokio::test]
     async fn removed_entries_are_dropped_and_changed_ones_reissued() {
         let (mut r, _clock, ca, rx) = setup();

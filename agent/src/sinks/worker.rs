@@ -503,6 +503,89 @@ mod tests {
         assert!(body.contains("sink \"refusing\": failing"), "{body}");
     }
 
+    /// Counts deliveries under way; each takes `takes`.
+    struct Slow {
+        name: String,
+        takes: Duration,
+        running: Arc<std::sync::atomic::AtomicUsize>,
+        started: Arc<std::sync::atomic::AtomicUsize>,
+        finished: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    #[async_trait::async_trait]
+    impl Sink for Slow {
+        fn name(&self) -> &str {
+            &self.name
+        }
+        async fn deliver(&self, _: &Delivered) -> Result<Applied, SinkError> {
+            use std::sync::atomic::Ordering::SeqCst;
+            self.started.fetch_add(1, SeqCst);
+            self.running.fetch_add(1, SeqCst);
+            tokio::time::sleep(self.takes).await;
+            self.running.fetch_sub(1, SeqCst);
+            self.finished.fetch_add(1, SeqCst);
+            Ok(Applied::default())
+        }
+        async fn remove(&self) -> Result<Applied, SinkError> {
+            Ok(Applied::default())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_delivers_in_bounded_slots_and_a_slow_sink_gives_its_slot_back() {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        let counter = || Arc::new(AtomicUsize::new(0));
+        let (running, started, finished) = (counter(), counter(), counter());
+        let n = DELIVERY_SLOTS + 4;
+        // Each delivery takes three slot leases: the first 16 start at once, the other 4 when
+        // the first leases run out, while the first 16 still run.
+        let bindings = (0..n)
+            .map(|i| SinkBinding {
+                spiffe_id: format!("spiffe://example.org/s{i}").parse().expect("id"),
+                deletion_policy: DeletionPolicy::Delete,
+                timeout: Duration::from_secs(60),
+                sink: Arc::new(Slow {
+                    name: format!("s{i}"),
+                    takes: SLOT_LEASE * 3,
+                    running: running.clone(),
+                    started: started.clone(),
+                    finished: finished.clone(),
+                }),
+            })
+            .collect();
+        let telemetry = Telemetry::new(None);
+        let mut set = SinkSet::start(
+            bindings,
+            telemetry.clone(),
+            Arc::new(SystemClock),
+            Arc::new(|| 0.5),
+        );
+        set.update(|id| Some(delivered(id.path().trim_start_matches('/'))));
+        tokio::time::sleep(SLOT_LEASE / 2).await;
+        assert_eq!(
+            started.load(SeqCst),
+            DELIVERY_SLOTS,
+            "no more than the slots"
+        );
+        assert_eq!(running.load(SeqCst), DELIVERY_SLOTS);
+        tokio::time::sleep(SLOT_LEASE).await;
+        assert_eq!(
+            started.load(SeqCst),
+            n,
+            "the lease ran out: the others start"
+        );
+        assert_eq!(finished.load(SeqCst), 0);
+        tokio::time::sleep(SLOT_LEASE * 4).await;
+        assert_eq!(finished.load(SeqCst), n, "every delivery completed");
+        assert!(
+            telemetry
+                .health()
+                .reports()
+                .iter()
+                .all(|(_, r)| r.state == SinkState::Healthy)
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_hanging_sink_times_out_is_reported_and_moves_to_the_newest() {
         let sink = Arc::new(Hanging {
