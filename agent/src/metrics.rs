@@ -177,11 +177,11 @@ mod tests {
         let id = |secs| Identity {
             entry_id: "e".into(),
             selectors: vec![Selector::Uid(1)],
-            svid: crate::testing::self_signed_svid(
+            svid: Arc::new(crate::testing::self_signed_svid(
                 "spiffe://example.org/a",
                 t0,
                 Duration::from_secs(secs),
-            ),
+            )),
         };
         tx.send_replace(Arc::new(AgentState {
             identities: vec![id(300), id(120)],

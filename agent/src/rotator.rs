@@ -12,6 +12,10 @@
 //!
 //! [`Rotator::tick`] is one pass at a given `now`; the caller sleeps until the instant it
 //! returns. Time and randomness are injected.
+//!
+//! Memory: each certificate is held once (`Arc<X509Svid>`), as are the bundle and the CRLs
+//! ([`crate::state::Ders`]); what the rotator publishes to the Workload API state and hands to
+//! the sinks shares them, so a pass over 1,000 entries copies pointers, not certificates.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,7 +27,7 @@ use crate::revocation::{CertRef, Compromise, CrlRejected, Issuers, Revocations};
 use crate::rotation::{renew_at, renewal_due};
 use crate::sinks::Delivered;
 use crate::sinks::worker::{SinkSet, Telemetry};
-use crate::state::{AgentState, Identity, StateSender};
+use crate::state::{AgentState, Ders, Identity, StateSender};
 use signet_pki::{PrivateKey, SvidCertificate, X509Svid};
 use signet_runtime::backoff::Backoff;
 use signet_runtime::clock::Clock;
@@ -52,7 +56,7 @@ pub const MAX_SLEEP: Duration = Duration::from_secs(60);
 
 struct Held {
     spec: EntrySpec,
-    svid: X509Svid,
+    svid: Arc<X509Svid>,
     /// The usual renewal time, drawn when the certificate was obtained.
     renew_at: SystemTime,
     /// When the agent installed it.
@@ -94,7 +98,9 @@ pub struct Rotator {
     fraction: f64,
     state: StateSender,
     held: HashMap<String, Held>,
-    bundle_der: Vec<Vec<u8>>,
+    bundle_der: Ders,
+    /// The CRLs in force as served (DER), kept in step with `revocations` by [`Self::tick`].
+    crls_der: Ders,
     trust_domain_id: String,
     failures: u32,
     /// The server shed the last attempt and said to come back then: no signing before.
@@ -151,7 +157,8 @@ impl Rotator {
             fraction,
             state,
             held: HashMap::new(),
-            bundle_der: Vec::new(),
+            bundle_der: Ders::default(),
+            crls_der: Ders::default(),
             trust_domain_id: String::new(),
             failures: 0,
             hold_until: None,
@@ -183,7 +190,9 @@ impl Rotator {
     pub fn set_bundle(&mut self, trust_domain_id: String, bundle_der: Vec<Vec<u8>>) {
         self.issuers.learn(&bundle_der);
         self.trust_domain_id = trust_domain_id;
-        self.bundle_der = bundle_der;
+        if *self.bundle_der != *bundle_der {
+            self.bundle_der = bundle_der.into();
+        }
     }
 
     /// The taints and CRLs in force.
@@ -312,6 +321,10 @@ impl Rotator {
                 }
             }
         }
+        let crls = self.revocations.crls_der();
+        if *self.crls_der != *crls {
+            self.crls_der = crls.into();
+        }
         self.publish(now);
         self.sync_sinks(now);
         // Upcoming renewals set the next pass; overdue ones (signing failed) are retried
@@ -392,7 +405,7 @@ impl Rotator {
                     learnt |= before != self.issuers;
                     let mut held = Held {
                         spec: spec.clone(),
-                        svid,
+                        svid: Arc::new(svid),
                         renew_at: renew,
                         obtained: now,
                         jitter: self.random.unit(),
@@ -463,18 +476,25 @@ impl Rotator {
                 self.random.clone(),
             ));
         }
-        let (held, bundle) = (&self.held, &self.bundle_der);
-        let crls = self.revocations.crls_der();
+        // Per SPIFFE ID, the served certificate that lasts longest (one pass over the held).
+        let mut current: HashMap<&signet_types::SpiffeId, &Arc<X509Svid>> = HashMap::new();
+        for h in self.held.values().filter(|h| h.serves(now)) {
+            let id = h.svid.spiffe_id();
+            if current
+                .get(id)
+                .is_none_or(|c| h.svid.certificate().not_after() > c.certificate().not_after())
+            {
+                current.insert(id, &h.svid);
+            }
+        }
+        let (bundle, crls) = (&self.bundle_der, &self.crls_der);
         if let Some(set) = &mut self.sink_set {
             set.update(|spiffe_id| {
-                held.values()
-                    .filter(|h| h.svid.spiffe_id() == spiffe_id && h.serves(now))
-                    .max_by_key(|h| h.svid.certificate().not_after())
-                    .map(|h| Delivered {
-                        svid: h.svid.clone(),
-                        bundle_der: bundle.clone(),
-                        crls_der: crls.clone(),
-                    })
+                current.get(spiffe_id).map(|svid| Delivered {
+                    svid: Arc::clone(svid),
+                    bundle_der: bundle.clone(),
+                    crls_der: crls.clone(),
+                })
             });
         }
     }
@@ -495,7 +515,7 @@ impl Rotator {
             identities,
             bundle_der: self.bundle_der.clone(),
             trust_domain_id: self.trust_domain_id.clone(),
-            crls_der: self.revocations.crls_der(),
+            crls_der: self.crls_der.clone(),
         };
         self.state.send_if_modified(|cur| {
             if **cur == next {
@@ -993,7 +1013,7 @@ mod tests {
         settle(Duration::from_millis(10)).await;
         r.tick(&entries).await; // unchanged: not delivered again
         settle(Duration::from_millis(10)).await;
-        assert_eq!(rx.borrow().bundle_der, both);
+        assert_eq!(*rx.borrow().bundle_der, both);
         assert_eq!(
             *ca.signed.lock().expect("lock"),
             1,
@@ -1002,6 +1022,61 @@ mod tests {
         let log = sink.log.lock().expect("lock").clone();
         assert_eq!(log.len(), 2, "{log:?}");
         assert!(log[1].ends_with(&format!("{both:?}")), "{log:?}");
+    }
+
+    /// Keeps what it was last handed.
+    #[derive(Default)]
+    struct KeepingSink(Mutex<Option<Delivered>>);
+
+    #[async_trait::async_trait]
+    impl Sink for KeepingSink {
+        fn name(&self) -> &str {
+            "keep"
+        }
+        async fn deliver(&self, d: &Delivered) -> Result<Applied, crate::sinks::SinkError> {
+            if let Ok(mut k) = self.0.lock() {
+                *k = Some(d.clone());
+            }
+            Ok(Applied::default())
+        }
+        async fn remove(&self) -> Result<Applied, crate::sinks::SinkError> {
+            Ok(Applied::default())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_certificate_the_bundle_and_the_crls_are_held_once_and_shared() {
+        let (r, _clock, ca, rx) = setup();
+        let sink = Arc::new(KeepingSink::default());
+        let mut r = r.with_sinks(vec![SinkBinding {
+            spiffe_id: "spiffe://example.org/web".parse().expect("id"),
+            deletion_policy: DeletionPolicy::Delete,
+            timeout: Duration::from_secs(30),
+            sink: sink.clone(),
+        }]);
+        r.set_bundle("spiffe://example.org".into(), vec![ca.ca.der.clone()]);
+        r.tick(&[entry("web")]).await;
+        settle(Duration::from_millis(10)).await;
+        let state = rx.borrow().clone();
+        let handed = sink.0.lock().expect("lock").clone().expect("delivered");
+        let web = state.identities[0].svid.clone();
+        // The sink's SVID, bundle and CRLs are the state's, not copies.
+        assert!(Arc::ptr_eq(&web, &handed.svid));
+        assert!(Arc::ptr_eq(&state.bundle_der, &handed.bundle_der));
+        assert!(Arc::ptr_eq(&state.crls_der, &handed.crls_der));
+        // The same bundle again, and a new entry: the next state shares what it already held.
+        r.set_bundle("spiffe://example.org".into(), vec![ca.ca.der.clone()]);
+        r.tick(&[entry("web"), entry("api")]).await;
+        let next = rx.borrow().clone();
+        assert_eq!(next.identities.len(), 2);
+        let again = next
+            .identities
+            .iter()
+            .find(|i| i.entry_id == "web")
+            .expect("web");
+        assert!(Arc::ptr_eq(&web, &again.svid));
+        assert!(Arc::ptr_eq(&state.bundle_der, &next.bundle_der));
+        assert!(Arc::ptr_eq(&state.crls_der, &next.crls_der));
     }
 
     #[tokio::test]
@@ -1227,7 +1302,7 @@ mod tests {
         r.tick(&entries).await;
         assert_eq!(pki.signed(), 3);
         assert_ne!(serial_of("web"), web);
-        assert_eq!(rx.borrow().crls_der, std::slice::from_ref(&crl5.der));
+        assert_eq!(*rx.borrow().crls_der, *std::slice::from_ref(&crl5.der));
         let api = serial_of("api");
         let api_n = u64::from_str_radix(&api, 16).expect("hex");
 
@@ -1237,7 +1312,7 @@ mod tests {
         r.tick(&entries).await;
         assert_eq!(pki.signed(), 3);
         assert_eq!(serial_of("api"), api);
-        assert_eq!(rx.borrow().crls_der, std::slice::from_ref(&crl5.der));
+        assert_eq!(*rx.borrow().crls_der, *std::slice::from_ref(&crl5.der));
         assert!(
             metrics
                 .encode()
@@ -1261,8 +1336,8 @@ mod tests {
         r.tick(&[entry("web")]).await;
         assert_eq!(pki.signed(), 1);
         assert_eq!(
-            rx.borrow().crls_der,
-            std::slice::from_ref(&crl.der),
+            *rx.borrow().crls_der,
+            *std::slice::from_ref(&crl.der),
             "verified with the chain's CA as soon as the chain arrived, and served"
         );
         // The certificate it came with is listed: replaced on the next pass.

@@ -2,6 +2,10 @@
 //! selectors, current SVID: a [`signet_pki::X509Svid`], checked when it was made) and the
 //! trust bundle. Published through a `tokio::sync::watch`. Nothing here is persisted: the
 //! node identity's files are [`crate::node`]'s.
+//!
+//! Memory: each SVID, the bundle and the CRLs are held once, behind an `Arc`, and shared by
+//! the rotator, this state and the sinks ([`crate::sinks::Delivered`]); a new state clones
+//! pointers, never certificates.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -126,8 +130,9 @@ impl fmt::Display for Selector {
 pub struct Identity {
     pub entry_id: String,
     pub selectors: Vec<Selector>,
-    /// The chain (leaf first, the roots left out: they are the bundle) and its key.
-    pub svid: X509Svid,
+    /// The chain (leaf first, the roots left out: they are the bundle) and its key; shared with
+    /// the rotator and the sinks.
+    pub svid: Arc<X509Svid>,
 }
 
 /// Everything the Workload API serves. Cheap to clone (shared behind `Arc`).
@@ -135,14 +140,17 @@ pub struct Identity {
 pub struct AgentState {
     pub identities: Vec<Identity>,
     /// The trust domain's roots, DER.
-    pub bundle_der: Vec<Vec<u8>>,
+    pub bundle_der: Ders,
     /// The trust domain, `spiffe://example.org`, for `X509BundlesResponse` keys. Empty when
     /// no bundle is known yet.
     pub trust_domain_id: String,
     /// The issuing CAs' verified CRLs (DER, one per CA key; see [`crate::revocation`]),
     /// served in the Workload API's `crl` fields and written as `crl.pem` by the files sink.
-    pub crls_der: Vec<Vec<u8>>,
+    pub crls_der: Ders,
 }
+
+/// DER blobs held once and shared (the bundle's roots, the CRLs): cloning copies a pointer.
+pub type Ders = Arc<[Vec<u8>]>;
 
 pub type SharedState = Arc<AgentState>;
 pub type StateSender = tokio::sync::watch::Sender<SharedState>;

@@ -4,7 +4,7 @@
 //! Compiled for tests only.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use signet_pki::{SvidCertificate, X509Svid};
@@ -189,10 +189,12 @@ pub fn delivered(spiffe_id: &str, n: u8) -> Delivered {
             let nb = SystemTime::now() - Duration::from_secs(60);
             let (leaf, key) = ca.leaf(spiffe_id, n.into(), nb, Duration::from_secs(3600));
             Delivered {
-                svid: X509Svid::from_der(vec![leaf, ca.der.clone()], &key.serialize_der())
-                    .expect("svid"),
-                bundle_der: vec![root.der.clone()],
-                crls_der: Vec::new(),
+                svid: Arc::new(
+                    X509Svid::from_der(vec![leaf, ca.der.clone()], &key.serialize_der())
+                        .expect("svid"),
+                ),
+                bundle_der: vec![root.der.clone()].into(),
+                crls_der: Default::default(),
             }
         })
         .clone()

@@ -67,11 +67,11 @@ fn state(pki: &Pki, svid: X509Svid, uid: u32) -> Arc<AgentState> {
         identities: vec![Identity {
             entry_id: "entry-1".into(),
             selectors: vec![Selector::Uid(uid)],
-            svid,
+            svid: svid.into(),
         }],
-        bundle_der: vec![pki.root_der.clone()],
+        bundle_der: vec![pki.root_der.clone()].into(),
         trust_domain_id: "spiffe://example.org".into(),
-        crls_der: Vec::new(),
+        crls_der: Default::default(),
     })
 }
 
@@ -237,7 +237,7 @@ async fn both_streams_carry_the_crls_and_stream_a_new_one() {
     let svid = pki.leaf();
     let crl1 = pki.crl(1);
     let mut initial = (*state(&pki, svid.clone(), my_uid())).clone();
-    initial.crls_der = vec![crl1.clone()];
+    initial.crls_der = vec![crl1.clone()].into();
     let server = Running::start(Arc::new(initial.clone())).await;
     let mut raw = raw_client(&server.socket).await;
     let mut svids = raw
@@ -269,7 +269,7 @@ async fn both_streams_carry_the_crls_and_stream_a_new_one() {
     // A new CRL, same SVID and roots: both streams send an update.
     let crl2 = pki.crl(2);
     let mut next = initial.clone();
-    next.crls_der = vec![crl2.clone()];
+    next.crls_der = vec![crl2.clone()].into();
     server.tx.send_replace(Arc::new(next));
     let within = Duration::from_secs(10);
     let update = tokio::time::timeout(within, svids.message())

@@ -328,8 +328,11 @@ impl Driver {
                         s.schedule.sync_succeeded(now, true);
                     }
                     Err(e) => {
-                        let failures = s.schedule.sync_failed(now);
-                        tracing::warn!(error = %e, failures, "entry sync failed; keeping the known entries");
+                        let wait = s
+                            .schedule
+                            .sync_failed(now, self.random.unit(), e.retry_after());
+                        let failures = s.schedule.sync_failures();
+                        tracing::warn!(error = %e, failures, retry_in = ?wait, "entry sync failed; keeping the known entries");
                     }
                 }
                 if self.refresh_served_bundle(s) {

@@ -9,9 +9,11 @@
 //!   pass; a renewed node SVID starts a new pass (its connection is replaced).
 //! - Every failure is retried, whatever the server's status (Unavailable, Unauthenticated,
 //!   ResourceExhausted…): connection and node renewal with [`RETRY`] (capped exponential, full
-//!   jitter, at least half the base; a node renewal never sooner than the server's pushback),
-//!   the entry sync at a linearly growing pause ([`sync_pause`]); a success forgets the
-//!   failures. Each keeps one [`Retry`].
+//!   jitter, at least half the base), the entry sync with [`SYNC_RETRY`] (the same curve, the
+//!   workload renewals' shape: [`crate::rotator::retry_wait`]). A node renewal or an entry sync
+//!   is never retried sooner than the server's pushback (`CaError::Busy`), and an entry change
+//!   the server pushes does not cut a sync's pushback short. A success forgets the failures.
+//!   Each keeps one [`Retry`].
 //! - The node SVID is renewed at its jittered time ([`renew_at`]), at once when it is
 //!   compromised, after a backoff when its replacement came back compromised too
 //!   ([`renewal_due`]), and after a failure's backoff, whatever else says.
@@ -130,15 +132,17 @@ impl NodeRenewal {
     }
 }
 
-/// The pause before the next entry sync after `failures` failures in a row: the interval, and
-/// while the server fails, longer (linearly, up to [`RETRY_CAP`]) so the agent polls and logs
-/// less.
-pub fn sync_pause(interval: Duration, failures: u32) -> Duration {
-    if failures == 0 {
-        interval
-    } else {
-        interval.max(RETRY_CAP.min(interval * failures.min(64)))
-    }
+/// How a failed entry sync is retried: capped exponential, full jitter, at least half the base
+/// (as the workload renewals and the node renewal), so agents that failed together during an
+/// outage come back spread over at most [`RETRY_CAP`].
+pub const SYNC_RETRY: Backoff = Backoff::full(RETRY_BASE, RETRY_CAP).with_half_base_floor();
+
+/// The wait before the next entry sync after `failures` failed syncs in a row (from 0), `rnd`
+/// in `[0, 1)`: the [`SYNC_RETRY`] backoff, never less than the server's `pushback` (the rule,
+/// in one place).
+pub fn sync_retry_wait(failures: u32, rnd: f64, pushback: Option<Duration>) -> Duration {
+    let wait = SYNC_RETRY.delay(failures, rnd);
+    pushback.map_or(wait, |p| wait.max(p))
 }
 
 /// The loop's state for one node identity.
@@ -150,6 +154,9 @@ pub struct Schedule {
     connect: Retry,
     node: NodeRenewal,
     sync: Retry,
+    /// The server shed the last sync and said to come back then: no sync before, even when
+    /// it pushes an entry change.
+    sync_hold: Option<SystemTime>,
     /// Entries were synced at least once (readiness).
     synced: bool,
     rotate_at: SystemTime,
@@ -171,7 +178,8 @@ impl Schedule {
             connected: false,
             connect: Retry::new(RETRY, now),
             node: NodeRenewal::new(node, now, node.not_before, fraction, random),
-            sync: Retry::new(RETRY, now),
+            sync: Retry::new(SYNC_RETRY, now),
+            sync_hold: None,
             synced: false,
             rotate_at: now,
         }
@@ -286,25 +294,39 @@ impl Schedule {
     /// The entries were synced at `now`; `changed`: they differ from the known ones.
     pub fn sync_succeeded(&mut self, now: SystemTime, changed: bool) {
         self.synced = true;
-        self.sync.succeeded(now + sync_pause(self.sync_interval, 0));
+        self.sync_hold = None;
+        self.sync.succeeded(now + self.sync_interval);
         if changed {
             self.rotate_at = now;
         }
     }
 
-    /// Returns the failures in a row.
-    pub fn sync_failed(&mut self, now: SystemTime) -> u32 {
-        let failures = self.sync.failures().saturating_add(1);
-        self.sync
-            .failed_after(now, sync_pause(self.sync_interval, failures));
-        failures
+    /// The entry sync failed at `now` (`pushback`: the server's, when it shed the call).
+    /// Returns the wait before the next attempt ([`sync_retry_wait`]).
+    pub fn sync_failed(
+        &mut self,
+        now: SystemTime,
+        rnd: f64,
+        pushback: Option<Duration>,
+    ) -> Duration {
+        let wait = sync_retry_wait(self.sync.failures(), rnd, pushback);
+        self.sync.failed_after(now, wait);
+        self.sync_hold = pushback.and_then(|_| now.checked_add(wait));
+        wait
+    }
+
+    /// Failed entry syncs in a row.
+    pub fn sync_failures(&self) -> u32 {
+        self.sync.failures()
     }
 
     /// The server pushed a change of the entries (`WatchEntries`): sync at `now`, ahead of the
-    /// poll. A sync in a failure backoff is brought forward too: the server just answered.
+    /// poll. A sync in a failure backoff is brought forward too (the server just answered),
+    /// but never before the end of the server's pushback.
     pub fn sync_now(&mut self, now: SystemTime) {
-        if self.sync.due() > now {
-            self.sync.reschedule(now);
+        let at = self.sync_hold.map_or(now, |hold| hold.max(now));
+        if self.sync.due() > at {
+            self.sync.reschedule(at);
         }
     }
 

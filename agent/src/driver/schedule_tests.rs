@@ -88,7 +88,7 @@ fn readiness_needs_a_successful_sync() {
     let mut s = fresh();
     s.connect_succeeded();
     assert!(!s.rotated(t(1001)));
-    s.sync_failed(t(1001));
+    s.sync_failed(t(1001), 0.5, None);
     assert!(!s.rotated(t(1002)));
     s.sync_succeeded(t(1002), true);
     assert!(s.rotated(t(1003)));
@@ -262,23 +262,92 @@ fn a_compromised_node_renews_at_once_then_only_after_a_growing_backoff() {
 }
 
 #[test]
-fn a_failing_sync_pauses_longer_linearly_up_to_the_cap_then_resets() {
-    assert_eq!(sync_pause(10 * S, 0), 10 * S);
-    assert_eq!(sync_pause(10 * S, 1), 10 * S);
-    assert_eq!(sync_pause(10 * S, 2), 20 * S);
-    assert_eq!(sync_pause(10 * S, 3), RETRY_CAP);
-    assert_eq!(sync_pause(10 * S, u32::MAX), RETRY_CAP);
-    // An interval above the cap is kept.
-    assert_eq!(sync_pause(60 * S, 5), 60 * S);
+fn a_failing_sync_backs_off_exponentially_with_full_jitter_up_to_the_cap_then_resets() {
+    // The ceiling doubles from the base per failure; full jitter below it, never under half
+    // the base; never above the cap.
+    assert_eq!(sync_retry_wait(0, 0.0, None), RETRY_BASE / 2);
+    assert!(sync_retry_wait(0, ALMOST, None) < RETRY_BASE);
+    assert_eq!(sync_retry_wait(3, 0.5, None), 4 * S);
+    assert!(sync_retry_wait(3, ALMOST, None) > Duration::from_millis(7_999));
+    assert!(sync_retry_wait(3, ALMOST, None) < 8 * S);
+    assert_eq!(sync_retry_wait(9, 0.0, None), RETRY_BASE / 2);
+    assert!(sync_retry_wait(9, ALMOST, None) < RETRY_CAP);
+    assert!(sync_retry_wait(9, ALMOST, None) > RETRY_CAP - S);
+    assert!(sync_retry_wait(u32::MAX, ALMOST, None) < RETRY_CAP);
+    // The schedule draws it per failure: at jitter 0.5, the first retry after 0.5 s, the
+    // second after 1 s, the third after 2 s.
     let mut s = fresh();
     s.connect_succeeded();
-    assert_eq!(s.sync_failed(t(1000)), 1);
-    assert_eq!(s.sync_failed(t(1010)), 2);
-    assert!(!pass(&s, t(1029), false).contains(&Step::SyncEntries));
-    assert!(pass(&s, t(1030), false).contains(&Step::SyncEntries));
-    s.sync_succeeded(t(1030), false);
-    assert!(pass(&s, t(1040), false).contains(&Step::SyncEntries));
-    assert_eq!(s.sync_failed(t(1040)), 1, "reset on success");
+    let t0 = t(1000);
+    assert_eq!(s.sync_failed(t0, 0.5, None), S / 2);
+    assert_eq!(s.sync_failures(), 1);
+    assert!(!pass(&s, t0 + S / 4, false).contains(&Step::SyncEntries));
+    assert!(pass(&s, t0 + S / 2, false).contains(&Step::SyncEntries));
+    assert_eq!(s.sync_failed(t0 + S / 2, 0.5, None), S);
+    assert_eq!(s.sync_failed(t0 + 2 * S, 0.5, None), 2 * S);
+    assert_eq!(s.sync_failures(), 3);
+    assert!(!pass(&s, t0 + 3 * S, false).contains(&Step::SyncEntries));
+    assert!(pass(&s, t0 + 4 * S, false).contains(&Step::SyncEntries));
+    // A success forgets the failures: the next sync at the interval, the next failure's
+    // retry from the base again.
+    s.sync_succeeded(t0 + 4 * S, false);
+    assert_eq!(s.sync_failures(), 0);
+    assert!(!pass(&s, t0 + 13 * S, false).contains(&Step::SyncEntries));
+    assert!(pass(&s, t0 + 14 * S, false).contains(&Step::SyncEntries));
+    assert_eq!(
+        s.sync_failed(t0 + 14 * S, 0.5, None),
+        S / 2,
+        "reset on success"
+    );
+}
+
+#[test]
+fn agents_failing_together_retry_their_syncs_spread_over_the_cap() {
+    // A thousand agents at their sixth failure in a row (ceiling 32 s, capped at 30 s), drawing
+    // seeded jitter: spread over the whole window, none sooner than the floor.
+    let r = SeededRandom::new(7);
+    let waits: Vec<Duration> = (0..1000)
+        .map(|_| sync_retry_wait(5, r.unit(), None))
+        .collect();
+    assert!(waits.iter().all(|w| *w >= RETRY_BASE / 2 && *w < RETRY_CAP));
+    let buckets = waits.iter().fold([0u32; 6], |mut b, w| {
+        b[((w.as_secs_f64() / 5.0) as usize).min(5)] += 1;
+        b
+    });
+    assert!(
+        buckets.iter().all(|n| (100..250).contains(n)),
+        "{buckets:?}"
+    );
+}
+
+#[test]
+fn a_sync_pushback_holds_every_sync_even_a_pushed_change() {
+    let mut s = fresh();
+    s.connect_succeeded();
+    let t0 = t(1000);
+    // Shed with a 40 s pushback: above the backoff and the interval, so it rules.
+    assert_eq!(s.sync_failed(t0, 0.5, Some(40 * S)), 40 * S);
+    assert!(!pass(&s, t0 + 39 * S, false).contains(&Step::SyncEntries));
+    // The server pushes an entry change meanwhile: not before the pushback runs out.
+    s.sync_now(t0 + 5 * S);
+    assert!(!pass(&s, t0 + 5 * S, false).contains(&Step::SyncEntries));
+    assert!(!pass(&s, t0 + 39 * S, false).contains(&Step::SyncEntries));
+    assert!(pass(&s, t0 + 40 * S, false).contains(&Step::SyncEntries));
+    // A pushback shorter than the backoff: the backoff.
+    assert_eq!(s.sync_failed(t0 + 40 * S, 0.5, Some(S / 10)), S);
+    // Without a pushback, a pushed change brings a sync in backoff forward at once.
+    s.sync_succeeded(t0 + 41 * S, false);
+    assert_eq!(
+        s.sync_failed(t0 + 42 * S, ALMOST, None),
+        sync_retry_wait(0, ALMOST, None)
+    );
+    s.sync_now(t0 + 42 * S);
+    assert!(pass(&s, t0 + 42 * S, false).contains(&Step::SyncEntries));
+    // After a success the hold is gone: a pushed change syncs at once.
+    s.sync_failed(t0 + 43 * S, 0.5, Some(60 * S));
+    s.sync_succeeded(t0 + 103 * S, false);
+    s.sync_now(t0 + 104 * S);
+    assert!(pass(&s, t0 + 104 * S, false).contains(&Step::SyncEntries));
 }
 
 #[test]

@@ -305,7 +305,7 @@ async fn unreachable_server_is_retried_then_attests_persists_and_serves() {
     wait_for(10, || r.ready.is_ready()).await;
     let s = state.borrow().clone();
     assert_eq!(s.trust_domain_id, "spiffe://example.org");
-    assert_eq!(s.bundle_der, std::slice::from_ref(&fake.root_der));
+    assert_eq!(*s.bundle_der, *std::slice::from_ref(&fake.root_der));
     assert_eq!(
         s.identities[0].svid.certificate().chain_der().len(),
         1,
@@ -518,7 +518,7 @@ async fn bundle_stream_reaches_workload_api_sinks_and_survives_restart() {
         crls: Vec::new(),
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(state.borrow().bundle_der, both);
+    assert_eq!(*state.borrow().bundle_der, both);
     assert_eq!(node::load_bundle(dir.path()), both);
     drop((svids, bundles));
     stop(r).await;
@@ -531,7 +531,7 @@ async fn bundle_stream_reaches_workload_api_sinks_and_survives_restart() {
     let seen_before = fake.roots_seen.lock().map(|r| r.len()).unwrap_or(0);
     let r = start(&fake, dir.path(), None);
     let state = r.state.clone();
-    wait_for(10, || state.borrow().bundle_der == both).await;
+    wait_for(10, || *state.borrow().bundle_der == both).await;
     wait_for(10, || {
         fake.roots_seen.lock().map(|r| r.len()).unwrap_or(0) > seen_before
     })
@@ -633,7 +633,7 @@ async fn a_taint_then_a_crl_from_the_bundle_stream_replace_the_certificates_now(
         }],
     ));
     wait_for(5, || leaf() != held).await;
-    wait_for(5, || state.borrow().crls_der == [crl.clone()]).await;
+    wait_for(5, || *state.borrow().crls_der == [crl.clone()]).await;
     assert_eq!(
         node::load_crls(dir.path()),
         std::slice::from_ref(&crl),
@@ -649,7 +649,7 @@ async fn a_taint_then_a_crl_from_the_bundle_stream_replace_the_certificates_now(
         }],
     ));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(state.borrow().crls_der, std::slice::from_ref(&crl));
+    assert_eq!(*state.borrow().crls_der, *std::slice::from_ref(&crl));
     stop(r).await;
 
     // Restarted with the server unreachable, the agent serves the CRL it kept.
@@ -658,7 +658,7 @@ async fn a_taint_then_a_crl_from_the_bundle_stream_replace_the_certificates_now(
     }
     let r = start(&fake, dir.path(), None);
     let state = r.state.clone();
-    wait_for(10, || state.borrow().crls_der == [crl.clone()]).await;
+    wait_for(10, || *state.borrow().crls_der == [crl.clone()]).await;
     stop(r).await;
 }
 

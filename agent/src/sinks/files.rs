@@ -517,7 +517,7 @@ mod tests {
             sink.deliver(&svid(1)).await.expect("without CRLs");
             assert!(!dir.path().join(CRL_FILE).exists(), "{layout:?}");
             let with = Delivered {
-                crls_der: vec![vec![1, 9], vec![2, 9]],
+                crls_der: vec![vec![1, 9], vec![2, 9]].into(),
                 ..svid(2)
             };
             sink.deliver(&with).await.expect("with CRLs");
@@ -544,7 +544,7 @@ mod tests {
             assert_eq!(read_pem(&dir.path().join(key)), key_of(2));
             // A new CRL replaces it with the certificates, in one generation.
             let newer = Delivered {
-                crls_der: vec![vec![3, 9]],
+                crls_der: vec![vec![3, 9]].into(),
                 ..svid(3)
             };
             sink.deliver(&newer).await.expect("newer CRL");
@@ -581,7 +581,10 @@ mod tests {
             let [chain, key, bundle] = layout_names(layout);
             assert_eq!(read_pem(&dir.path().join(chain)), chain_of(7));
             assert_eq!(read_pem(&dir.path().join(key)), key_of(7));
-            assert_eq!(read_pem(&dir.path().join(bundle)), svid(7).bundle_der);
+            assert_eq!(
+                read_pem(&dir.path().join(bundle)),
+                svid(7).bundle_der.to_vec()
+            );
             let mode =
                 |n: &str| std::fs::metadata(dir.path().join(n)).expect("meta").mode() & 0o777;
             assert_eq!(mode(key), 0o600);

@@ -9,6 +9,7 @@ use signet_pki::X509Svid;
 use signet_types::SpiffeId;
 
 use crate::config::{SinkConfig, SinkKind};
+use crate::state::Ders;
 
 pub mod apiserver;
 pub mod files;
@@ -19,14 +20,15 @@ pub mod safe_dir;
 pub mod worker;
 
 /// What a sink delivers: an X509-SVID (chain leaf first, roots left out, and its key), the
-/// trust bundle and the CRLs. `Debug` hides the key.
+/// trust bundle and the CRLs. `Debug` hides the key. All three are shared with the rotator
+/// and the Workload API state (`Arc`s); the PEM a sink writes is made when it writes.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Delivered {
-    pub svid: X509Svid,
+    pub svid: Arc<X509Svid>,
     /// DER roots.
-    pub bundle_der: Vec<Vec<u8>>,
+    pub bundle_der: Ders,
     /// DER CRLs of the issuing CAs (verified; may be empty).
-    pub crls_der: Vec<Vec<u8>>,
+    pub crls_der: Ders,
 }
 
 impl fmt::Debug for Delivered {
@@ -261,13 +263,13 @@ mod tests {
     #[test]
     fn delivered_debug_hides_key() {
         let d = Delivered {
-            svid: crate::testing::self_signed_svid(
+            svid: Arc::new(crate::testing::self_signed_svid(
                 "spiffe://example.org/a",
                 std::time::SystemTime::now(),
                 std::time::Duration::from_secs(60),
-            ),
-            bundle_der: vec![],
-            crls_der: Vec::new(),
+            )),
+            bundle_der: Ders::default(),
+            crls_der: Ders::default(),
         };
         let s = format!("{d:?}");
         let key = d.svid.key().pkcs8_der();

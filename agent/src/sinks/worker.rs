@@ -8,11 +8,18 @@
 //! hung filesystem) delays nothing but itself: not node renewal, not entry sync, not another
 //! sink, not the Workload API. Its state is kept in [`SinkHealth`] (shown on `/readyz`), in
 //! the `signet_agent_sink_*` metrics and in the logs.
+//!
+//! Memory: at most [`DELIVERY_SLOTS`] deliveries or removals are under way at once (each
+//! builds its PEM files in memory), so a burst of 1,000 new certificates does not hold 1,000
+//! sets of files at once and leave the heap fragmented by them. A slot is lent for at most
+//! [`SLOT_LEASE`]: a delivery still running then goes on without it, so a hung sink holds the
+//! others back by at most that, once. What a worker holds between deliveries is the
+//! [`Delivered`] it was handed, whose SVID, bundle and CRLs are shared with the rotator.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
 use crate::config::DeletionPolicy;
 use crate::metrics::{Metrics, SinkLabels};
@@ -27,6 +34,11 @@ pub const RETRY_BASE: Duration = Duration::from_secs(1);
 pub const RETRY_CAP: Duration = Duration::from_secs(300);
 /// How a failed delivery is retried: capped exponential, full jitter.
 pub const RETRY: Backoff = Backoff::full(RETRY_BASE, RETRY_CAP);
+/// Deliveries and removals under way at once, across all sinks (the blocking pool that does
+/// their file I/O has 8 threads).
+pub const DELIVERY_SLOTS: usize = 16;
+/// The longest a delivery keeps its slot; after that it goes on without one.
+pub const SLOT_LEASE: Duration = Duration::from_secs(1);
 
 /// A sink bound to the SPIFFE ID whose certificate it receives.
 pub struct SinkBinding {
@@ -53,11 +65,24 @@ struct Job {
 }
 
 /// What was last handed to a worker, to hand over only changes.
-#[derive(PartialEq)]
 enum Sent {
     Nothing,
-    Delivered { leaf: Vec<u8>, bundle: Vec<Vec<u8>> },
+    /// The same allocation the worker's job holds.
+    Delivered(Arc<Delivered>),
     Removed,
+}
+
+impl Sent {
+    /// Whether `d` is what was handed over: the same leaf and the same bundle.
+    fn is(&self, d: &Delivered) -> bool {
+        match self {
+            Sent::Delivered(s) => {
+                s.svid.certificate().leaf_der() == d.svid.certificate().leaf_der()
+                    && s.bundle_der == d.bundle_der
+            }
+            Sent::Nothing | Sent::Removed => false,
+        }
+    }
 }
 
 struct Worker {
@@ -82,6 +107,7 @@ impl SinkSet {
         clock: Arc<dyn Clock>,
         random: Arc<dyn Random>,
     ) -> Self {
+        let slots = Arc::new(Semaphore::new(DELIVERY_SLOTS));
         let workers = bindings
             .into_iter()
             .map(|b| {
@@ -94,6 +120,7 @@ impl SinkSet {
                 let task = tokio::spawn(run(
                     b.sink,
                     rx,
+                    slots.clone(),
                     b.timeout,
                     telemetry.clone(),
                     clock.clone(),
@@ -118,22 +145,21 @@ impl SinkSet {
     pub fn update(&mut self, current: impl Fn(&SpiffeId) -> Option<Delivered>) {
         for w in &mut self.workers {
             let (sent, desired) = match current(&w.spiffe_id) {
+                Some(d) if w.sent.is(&d) => continue,
                 Some(d) => {
-                    let sent = Sent::Delivered {
-                        leaf: d.svid.certificate().leaf_der().to_vec(),
-                        bundle: d.bundle_der.clone(),
-                    };
-                    (sent, Desired::Deliver(Arc::new(d)))
+                    let d = Arc::new(d);
+                    (Sent::Delivered(d.clone()), Desired::Deliver(d))
                 }
-                None if matches!(w.sent, Sent::Delivered { .. }) => match w.deletion_policy {
-                    DeletionPolicy::Delete => (Sent::Removed, Desired::Remove),
-                    DeletionPolicy::Retain => (Sent::Nothing, Desired::Nothing),
+                None => match (&w.sent, w.deletion_policy) {
+                    (Sent::Delivered(_), DeletionPolicy::Delete) => {
+                        (Sent::Removed, Desired::Remove)
+                    }
+                    (Sent::Delivered(_), DeletionPolicy::Retain) => {
+                        (Sent::Nothing, Desired::Nothing)
+                    }
+                    (Sent::Nothing | Sent::Removed, _) => continue,
                 },
-                None => continue,
             };
-            if sent == w.sent {
-                continue;
-            }
             w.seq += 1;
             w.sent = sent;
             w.tx.send_replace(Job {
@@ -152,10 +178,12 @@ impl Drop for SinkSet {
     }
 }
 
-/// Applies the newest job, with a deadline; retries failures with backoff.
+/// Applies the newest job, with a deadline, in one of the shared `slots`; retries failures
+/// with backoff.
 async fn run(
     sink: Arc<dyn Sink>,
     mut rx: watch::Receiver<Job>,
+    slots: Arc<Semaphore>,
     timeout: Duration,
     telemetry: Telemetry,
     clock: Arc<dyn Clock>,
@@ -182,8 +210,20 @@ async fn run(
             Desired::Deliver(d) => ("delivery", sink.deliver(d)),
             Desired::Remove => ("removal", sink.remove()),
         };
+        // The semaphore is never closed; were it, the delivery would go on without a slot.
+        let mut slot = slots.acquire().await.ok();
         telemetry.busy(&name, clock.now());
-        let result = tokio::time::timeout(timeout, op).await.unwrap_or_else(|_| {
+        let op = tokio::time::timeout(timeout, op);
+        tokio::pin!(op);
+        let result = tokio::select! {
+            r = &mut op => r,
+            _ = tokio::time::sleep(SLOT_LEASE) => {
+                slot = None;
+                op.await
+            }
+        };
+        drop(slot);
+        let result = result.unwrap_or_else(|_| {
             Err(SinkError::timeout(
                 &name,
                 format!("{what} did not finish within {timeout:?}; abandoned"),
@@ -383,7 +423,7 @@ mod tests {
     /// A delivery for `spiffe://example.org/<name>`, with no bundle.
     fn delivered(name: &str) -> Delivered {
         Delivered {
-            bundle_der: vec![],
+            bundle_der: Default::default(),
             ..crate::testing::delivered(&format!("spiffe://example.org/{name}"), 1)
         }
     }
@@ -461,6 +501,89 @@ mod tests {
             .expect("body");
         let body = String::from_utf8_lossy(&body);
         assert!(body.contains("sink \"refusing\": failing"), "{body}");
+    }
+
+    /// Counts deliveries under way; each takes `takes`.
+    struct Slow {
+        name: String,
+        takes: Duration,
+        running: Arc<std::sync::atomic::AtomicUsize>,
+        started: Arc<std::sync::atomic::AtomicUsize>,
+        finished: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    #[async_trait::async_trait]
+    impl Sink for Slow {
+        fn name(&self) -> &str {
+            &self.name
+        }
+        async fn deliver(&self, _: &Delivered) -> Result<Applied, SinkError> {
+            use std::sync::atomic::Ordering::SeqCst;
+            self.started.fetch_add(1, SeqCst);
+            self.running.fetch_add(1, SeqCst);
+            tokio::time::sleep(self.takes).await;
+            self.running.fetch_sub(1, SeqCst);
+            self.finished.fetch_add(1, SeqCst);
+            Ok(Applied::default())
+        }
+        async fn remove(&self) -> Result<Applied, SinkError> {
+            Ok(Applied::default())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_delivers_in_bounded_slots_and_a_slow_sink_gives_its_slot_back() {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        let counter = || Arc::new(AtomicUsize::new(0));
+        let (running, started, finished) = (counter(), counter(), counter());
+        let n = DELIVERY_SLOTS + 4;
+        // Each delivery takes three slot leases: the first 16 start at once, the other 4 when
+        // the first leases run out, while the first 16 still run.
+        let bindings = (0..n)
+            .map(|i| SinkBinding {
+                spiffe_id: format!("spiffe://example.org/s{i}").parse().expect("id"),
+                deletion_policy: DeletionPolicy::Delete,
+                timeout: Duration::from_secs(60),
+                sink: Arc::new(Slow {
+                    name: format!("s{i}"),
+                    takes: SLOT_LEASE * 3,
+                    running: running.clone(),
+                    started: started.clone(),
+                    finished: finished.clone(),
+                }),
+            })
+            .collect();
+        let telemetry = Telemetry::new(None);
+        let mut set = SinkSet::start(
+            bindings,
+            telemetry.clone(),
+            Arc::new(SystemClock),
+            Arc::new(|| 0.5),
+        );
+        set.update(|id| Some(delivered(id.path().trim_start_matches('/'))));
+        tokio::time::sleep(SLOT_LEASE / 2).await;
+        assert_eq!(
+            started.load(SeqCst),
+            DELIVERY_SLOTS,
+            "no more than the slots"
+        );
+        assert_eq!(running.load(SeqCst), DELIVERY_SLOTS);
+        tokio::time::sleep(SLOT_LEASE).await;
+        assert_eq!(
+            started.load(SeqCst),
+            n,
+            "the lease ran out: the others start"
+        );
+        assert_eq!(finished.load(SeqCst), 0);
+        tokio::time::sleep(SLOT_LEASE * 4).await;
+        assert_eq!(finished.load(SeqCst), n, "every delivery completed");
+        assert!(
+            telemetry
+                .health()
+                .reports()
+                .iter()
+                .all(|(_, r)| r.state == SinkState::Healthy)
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -220,7 +220,7 @@ pub fn x509_svid_view(
                 hint: String::new(),
             })
             .collect(),
-        crl: state.crls_der.clone(),
+        crl: state.crls_der.to_vec(),
         federated_bundles: HashMap::new(),
     })
 }
@@ -239,7 +239,7 @@ pub fn x509_bundles_view(
         bundles.insert(state.trust_domain_id.clone(), concat(&state.bundle_der));
     }
     Some(pb::X509BundlesResponse {
-        crl: state.crls_der.clone(),
+        crl: state.crls_der.to_vec(),
         bundles,
     })
 }
@@ -310,7 +310,7 @@ mod tests {
     }
 
     /// The `key`th SVID of `spiffe://example.org/app` (chain of two: leaf, CA).
-    fn svid(key: u8) -> X509Svid {
+    fn svid(key: u8) -> Arc<X509Svid> {
         crate::testing::delivered("spiffe://example.org/app", key).svid
     }
 
@@ -321,9 +321,9 @@ mod tests {
                 selectors: vec![crate::state::Selector::Uid(uid)],
                 svid: svid(key),
             }],
-            bundle_der: vec![vec![9], vec![8]],
+            bundle_der: vec![vec![9], vec![8]].into(),
             trust_domain_id: "spiffe://example.org".into(),
-            crls_der: Vec::new(),
+            crls_der: Default::default(),
         }
     }
 

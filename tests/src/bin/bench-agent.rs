@@ -166,8 +166,11 @@ async fn main() {
          trust_bundle_file = \"{bundle}\"\n\
          join_token = \"{token}\"\n\
          data_dir = \"{data}\"\n\
-         workload_api_socket = \"{socket}\"\n",
+         workload_api_socket = \"{socket}\"\n\
+         http_listen = \"127.0.0.1:{http}\"\n",
         port = server.grpc.port(),
+        // Not the default 8081, so a run beside another agent (a test, a second run) starts.
+        http = signet_tests::bench::free_port(),
         bundle = server.bundle_path().display(),
         data = dir.path().join("data").display(),
         socket = dir.path().join("agent.sock").display(),
