@@ -99,11 +99,23 @@ impl From<tonic::Status> for CaError {
 }
 
 impl From<CallError> for CaError {
-    /// An error status as [`From<tonic::Status>`]; an answer `signet_client` refused, or a
-    /// request it could not send (a token a header cannot carry), is `Invalid`.
+    /// An error status as [`From<tonic::Status>`], keeping the server's retry pushback
+    /// (signet_client has already read `grpc-retry-pushback-ms`, and capped it): a retryable
+    /// status with one is `Busy`. An answer `signet_client` refused, or a request it could not
+    /// send (a token a header cannot carry), is `Invalid`.
     fn from(e: CallError) -> Self {
         match e {
-            CallError::Status { code, message, .. } => tonic::Status::new(code, message).into(),
+            CallError::Status {
+                code,
+                message,
+                pushback,
+            } => match (signet_client::ErrorClass::of(code), pushback) {
+                (signet_client::ErrorClass::Retryable, Some(retry_after)) => CaError::Busy {
+                    message,
+                    retry_after,
+                },
+                _ => tonic::Status::new(code, message).into(),
+            },
             CallError::InvalidAnswer(m) | CallError::InvalidRequest(m) => CaError::Invalid(m),
         }
     }
@@ -319,6 +331,28 @@ mod tests {
             dns_names: vec!["web.local".into()],
             revision: 7,
         }
+    }
+
+    #[test]
+    fn a_shed_call_error_from_signet_client_keeps_its_pushback() {
+        let status = |code, pushback| CallError::Status {
+            code,
+            message: "busy".into(),
+            pushback,
+        };
+        let wait = Duration::from_millis(1500);
+        let e = CaError::from(status(tonic::Code::ResourceExhausted, Some(wait)));
+        assert!(matches!(e, CaError::Busy { .. }), "{e:?}");
+        assert_eq!(e.retry_after(), Some(wait));
+        assert!(e.is_retryable());
+        // Retryable without a hint: Unavailable, the agent's own backoff decides.
+        let e = CaError::from(status(tonic::Code::Unavailable, None));
+        assert!(matches!(e, CaError::Unavailable(_)), "{e:?}");
+        assert_eq!(e.retry_after(), None);
+        // A refusal stays a refusal whatever metadata it carried.
+        let e = CaError::from(status(tonic::Code::PermissionDenied, Some(wait)));
+        assert!(matches!(e, CaError::Refused { .. }), "{e:?}");
+        assert!(!e.is_retryable());
     }
 
     #[test]

@@ -306,14 +306,17 @@ impl Rotator {
         if !want.is_empty() {
             let result = self.sign(&want).await;
             if let Some(m) = &self.metrics {
-                let ok = *result.as_ref().unwrap_or(&0);
+                let ok = result.as_ref().map_or(0, |r| r.0);
                 m.renewals.inc_by(ok as u64);
                 m.renewal_failures
                     .inc_by(want.len().saturating_sub(ok) as u64);
             }
             match result {
-                Ok(n) if n == want.len() => self.failures = 0,
-                Ok(_) => failed = true,
+                Ok((n, _)) if n == want.len() => self.failures = 0,
+                Ok((_, shed)) => {
+                    pushback = shed;
+                    failed = true;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "workload signing failed; serving the last good certificates");
                     pushback = e.retry_after();
@@ -365,7 +368,9 @@ impl Rotator {
         ),
         err(Display)
     )]
-    async fn sign(&mut self, want: &[EntrySpec]) -> Result<usize, CaError> {
+    /// Signs `want` in one call: how many were signed, and the longest retry pushback the
+    /// server gave an entry it shed (the pass's pushback, as a whole call's would be).
+    async fn sign(&mut self, want: &[EntrySpec]) -> Result<(usize, Option<Duration>), CaError> {
         let mut keys = HashMap::new();
         let mut csrs = Vec::new();
         for e in want {
@@ -378,6 +383,7 @@ impl Rotator {
         }
         let results = self.ca.sign_workloads(csrs).await?;
         let mut ok = 0;
+        let mut pushback: Option<Duration> = None;
         let mut learnt = false;
         for (entry_id, result) in results {
             let (Some(spec), Some(key)) = (
@@ -425,7 +431,10 @@ impl Rotator {
                     self.held.insert(entry_id, held);
                     ok += 1;
                 }
-                Err(e) => tracing::warn!(entry = %entry_id, error = %e, "entry not signed"),
+                Err(e) => {
+                    pushback = pushback.max(e.retry_after());
+                    tracing::warn!(entry = %entry_id, error = %e, "entry not signed");
+                }
             }
         }
         if learnt && self.retry_unverified() {
@@ -433,7 +442,7 @@ impl Rotator {
             tracing::debug!("a CRL verified with a newly learnt CA certificate");
         }
         tracing::Span::current().record("signed", ok);
-        Ok(ok)
+        Ok((ok, pushback))
     }
 
     /// What the agent serves for `spec` from what the CA issued and the key it generated: the
@@ -558,6 +567,9 @@ mod tests {
         wrong: Mutex<Option<Wrong>>,
         /// Shed every call with this pushback (the server's `grpc-retry-pushback-ms`).
         busy: Mutex<Option<Duration>>,
+        /// Answer the call but shed each entry in it with this pushback (a per-entry
+        /// `retry_after_ms`).
+        shed_each: Mutex<Option<Duration>>,
         /// Calls made.
         calls: Mutex<u32>,
         signed: Mutex<u32>,
@@ -597,6 +609,16 @@ mod tests {
             }
             if *self.down.lock().map_err(|e| bad(e.to_string()))? {
                 return Err(CaError::Unavailable("down".into()));
+            }
+            if let Some(retry_after) = *self.shed_each.lock().map_err(|e| bad(e.to_string()))? {
+                let shed = |c: WorkloadCsr| {
+                    let e = CaError::Busy {
+                        message: "shed".into(),
+                        retry_after,
+                    };
+                    (c.entry_id, Err(e))
+                };
+                return Ok(csrs.into_iter().map(shed).collect());
             }
             let wrong = *self.wrong.lock().map_err(|e| bad(e.to_string()))?;
             let now = self.clock.now();
@@ -654,6 +676,7 @@ mod tests {
             down: Mutex::new(false),
             wrong: Mutex::new(None),
             busy: Mutex::new(None),
+            shed_each: Mutex::new(None),
             calls: Mutex::new(0),
             signed: Mutex::new(0),
             issued: Mutex::new(Vec::new()),
@@ -885,6 +908,30 @@ mod tests {
         assert_eq!(next, later + Duration::from_millis(500));
         r.tick(&entries).await;
         assert_eq!(calls(), 5, "no pushback: tried again when woken");
+    }
+
+    #[tokio::test]
+    async fn entries_shed_inside_an_answered_call_hold_the_retry_like_a_shed_call() {
+        let (mut r, clock, ca, _rx) = setup();
+        let t0 = clock.now();
+        let entries = [entry("web"), entry("api")];
+        r.tick(&entries).await;
+        let calls = || *ca.calls.lock().expect("lock");
+        assert_eq!(calls(), 1);
+        // Due at 500 s; the call is answered, but every entry in it is shed with 45 s.
+        *ca.shed_each.lock().expect("lock") = Some(Duration::from_secs(45));
+        let shed = t0 + Duration::from_secs(500);
+        advance(&clock, shed);
+        let next = r.tick(&entries).await;
+        assert_eq!(calls(), 2);
+        assert_eq!(next, shed + Duration::from_secs(45), "not before the hint");
+        advance(&clock, shed + Duration::from_secs(20));
+        r.tick(&entries).await;
+        assert_eq!(calls(), 2, "woken early: nothing asked inside the 45 s");
+        *ca.shed_each.lock().expect("lock") = None;
+        advance(&clock, shed + Duration::from_secs(45));
+        r.tick(&entries).await;
+        assert_eq!(calls(), 3, "asked again when the hint ran out");
     }
 
     /// Records deliveries and removals; can be made to fail or to hang.
