@@ -193,13 +193,9 @@ macro_rules! impl_revocation_store {
                     CertFilter::SpiffeId(v) => {
                         ("SELECT seq FROM certificates WHERE spiffe_id = $1 LIMIT 1", v)
                     }
-                    // The two partial indexes of a key's rows (migration 0008).
-                    CertFilter::CaKey(v) => (
-                        "SELECT seq FROM certificates WHERE ca_key_id = $1 AND revoked_at IS NULL \
-                         UNION ALL SELECT seq FROM certificates \
-                         WHERE ca_key_id = $1 AND revoked_at IS NOT NULL LIMIT 1",
-                        v,
-                    ),
+                    CertFilter::CaKey(v) => {
+                        ("SELECT seq FROM certificates WHERE ca_key_id = $1 LIMIT 1", v)
+                    }
                     CertFilter::Any => {
                         let found: Option<(i64,)> =
                             sqlx::query_as("SELECT seq FROM certificates LIMIT 1")
