@@ -322,6 +322,7 @@ mod tests {
     use tokio::sync::Semaphore;
 
     use super::*;
+    use crate::store::ledger::Order;
     use crate::store::{CertificateRow, LedgerHead, SqliteStore, Store, StoreError};
 
     fn cert(i: usize) -> NewCertificate {
@@ -405,17 +406,10 @@ mod tests {
                 hash: GENESIS,
             })
         }
-        async fn list_certificates(
+        async fn certificates_page(
             &self,
-            _: u64,
-            _: u32,
-            _: Option<&str>,
-        ) -> Result<Vec<CertificateRow>, StoreError> {
-            Ok(vec![])
-        }
-        async fn list_certificates_newest(
-            &self,
-            _: u64,
+            _: Order,
+            _: Option<u64>,
             _: u32,
             _: Option<&str>,
         ) -> Result<Vec<CertificateRow>, StoreError> {
@@ -566,17 +560,10 @@ mod tests {
             async fn ledger_head(&self) -> Result<LedgerHead, StoreError> {
                 unreachable!()
             }
-            async fn list_certificates(
+            async fn certificates_page(
                 &self,
-                _: u64,
-                _: u32,
-                _: Option<&str>,
-            ) -> Result<Vec<CertificateRow>, StoreError> {
-                unreachable!()
-            }
-            async fn list_certificates_newest(
-                &self,
-                _: u64,
+                _: Order,
+                _: Option<u64>,
                 _: u32,
                 _: Option<&str>,
             ) -> Result<Vec<CertificateRow>, StoreError> {

@@ -3,7 +3,8 @@
 //! checkpoints and expected heads.
 //!
 //! The rows stream in (pages of the server's keyset query), each checked and dropped: memory is
-//! the event cross-check's 8 bytes per row ([`revoke::EventRefs`]) and nothing else. With
+//! the event cross-check's rows named by events ([`revoke::EventRefs`], read first), whatever the
+//! ledger's size. With
 //! `--from-checkpoint` the verification starts at a signed checkpoint: its signature is verified
 //! with the key kept apart from the server, then only the rows after it, the first chaining
 //! from the checkpoint's hash; a revocation event naming an older row has that row fetched and
@@ -167,19 +168,27 @@ pub(crate) async fn verify_ledger_from(
         .await
         .map_err(|s| status_err("ledger", s))?
         .into_inner();
-    // Revocation events share the chain's seq: merged in order with the certificate rows.
+    // The rows events name, read first: the cross-check keeps only those (memory follows the
+    // events, not the ledger). Then the events again, merged in seq order with the rows.
+    let named = revoke::Events::open_after(socket, from, head.seq)
+        .await?
+        .named_rows()
+        .await?;
+    let mut refs = revoke::EventRefs::named_by(named);
     let mut events = revoke::Events::open_after(socket, from, head.seq).await?;
-    let mut refs = revoke::EventRefs::after(from);
     let mut v = match start {
         Some(s) => Verifier::resume(s.seq, s.hash),
         None => Verifier::default(),
     };
-    while let Some(r) = stream
-        .message()
-        .await
-        .map_err(|s| status_err("ledger stream", s))?
-    {
-        while let Some(e) = events.next_before(r.seq).await? {
+    // One loop for a full verification and one from a checkpoint: each certificate row after
+    // the events before it, then the events after the last row (u64::MAX).
+    loop {
+        let row = stream
+            .message()
+            .await
+            .map_err(|s| status_err("ledger stream", s))?;
+        let before = row.as_ref().map_or(u64::MAX, |r| r.seq);
+        while let Some(e) = events.next_before(before).await? {
             if let Err(why) = older_row(&mut client, &mut refs, from, &e).await? {
                 return Ok(Err(why));
             }
@@ -187,45 +196,20 @@ pub(crate) async fn verify_ledger_from(
                 return Ok(Err(why));
             }
         }
-        let entry = LedgerEntry {
-            seq: r.seq,
-            serial: r.serial.clone(),
-            spiffe_id: r.spiffe_id.clone(),
-            dns_names: r.dns_names.clone(),
-            ip_addresses: r.ip_addresses.clone(),
-            not_before: r.not_before,
-            not_after: r.not_after,
-            cert_sha256: hash32(&r.cert_sha256, "certificate hash", r.seq)?,
-            ca_key_id: r.ca_key_id.clone(),
-            caller: r.caller.clone(),
-            issued_at: r.issued_at,
-            request_id: r.request_id.clone(),
-            provenance: r.provenance.clone(),
-        };
-        if signet_types::ledger::sha256(&r.cert_der) != entry.cert_sha256 {
+        let Some(r) = row else { break };
+        let (row, prev_hash, row_hash) = entry_of(r)?;
+        let entry = &row.entry;
+        if signet_types::ledger::sha256(&row.cert_der) != entry.cert_sha256 {
             return Ok(Err(format!(
                 "row {}: the stored certificate does not match its recorded SHA-256 (altered)",
-                r.seq
+                entry.seq
             )));
         }
-        let row_hash = hash32(&r.hash, "hash", r.seq)?;
-        if let Err(b) = v.push(
-            &entry,
-            &hash32(&r.prev_hash, "previous hash", r.seq)?,
-            &row_hash,
-        ) {
+        if let Err(b) = v.push(entry, &prev_hash, &row_hash) {
             return Ok(Err(b.to_string()));
         }
-        refs.row(r.seq, &r.serial, &row_hash);
-        if let Err(why) = expect.observe(r.seq, &row_hash) {
-            return Ok(Err(why));
-        }
-    }
-    while let Some(e) = events.next_before(u64::MAX).await? {
-        if let Err(why) = older_row(&mut client, &mut refs, from, &e).await? {
-            return Ok(Err(why));
-        }
-        if let Err(why) = verify_event_row(&mut v, &refs, &e, expect)? {
+        refs.row(entry.seq, &entry.serial, &row_hash);
+        if let Err(why) = expect.observe(entry.seq, &row_hash) {
             return Ok(Err(why));
         }
     }
@@ -262,43 +246,56 @@ async fn older_row(
         }
         Err(s) => return Err(status_err("certificate of an event", s)),
     };
-    let (entry, prev, hash) = entry_of(&r)?;
-    if r.seq != e.cert_seq
-        || signet_types::ledger::sha256(&r.cert_der) != entry.cert_sha256
-        || signet_types::ledger::chain_hash(&prev, &entry) != hash
+    let (row, prev, hash) = entry_of(r)?;
+    let entry = &row.entry;
+    if entry.seq != e.cert_seq
+        || signet_types::ledger::sha256(&row.cert_der) != entry.cert_sha256
+        || signet_types::ledger::chain_hash(&prev, entry) != hash
     {
         return Ok(Err(format!(
             "event {}: row {} (serial {}) does not hash to what it stores (altered)",
             e.seq, e.cert_seq, e.serial
         )));
     }
-    refs.row(r.seq, &r.serial, &hash);
+    refs.row(entry.seq, &entry.serial, &hash);
     Ok(Ok(()))
 }
 
-/// A streamed record as the chain sees it: the entry, its stored previous hash and hash.
+/// A streamed record taken apart (moved, not copied) as the chain sees it.
+struct Row {
+    entry: LedgerEntry,
+    /// The stored certificate, whose SHA-256 must be `entry.cert_sha256`.
+    cert_der: Vec<u8>,
+}
+
+/// A streamed record as the chain sees it: the entry and its certificate, its stored previous
+/// hash and hash.
 fn entry_of(
-    r: &signet_client::proto::admin::CertificateRecord,
-) -> anyhow::Result<(LedgerEntry, Hash, Hash)> {
+    r: signet_client::proto::admin::CertificateRecord,
+) -> anyhow::Result<(Row, Hash, Hash)> {
+    let seq = r.seq;
     let entry = LedgerEntry {
-        seq: r.seq,
-        serial: r.serial.clone(),
-        spiffe_id: r.spiffe_id.clone(),
-        dns_names: r.dns_names.clone(),
-        ip_addresses: r.ip_addresses.clone(),
+        seq,
+        cert_sha256: hash32(&r.cert_sha256, "certificate hash", seq)?,
+        serial: r.serial,
+        spiffe_id: r.spiffe_id,
+        dns_names: r.dns_names,
+        ip_addresses: r.ip_addresses,
         not_before: r.not_before,
         not_after: r.not_after,
-        cert_sha256: hash32(&r.cert_sha256, "certificate hash", r.seq)?,
-        ca_key_id: r.ca_key_id.clone(),
-        caller: r.caller.clone(),
+        ca_key_id: r.ca_key_id,
+        caller: r.caller,
         issued_at: r.issued_at,
-        request_id: r.request_id.clone(),
-        provenance: r.provenance.clone(),
+        request_id: r.request_id,
+        provenance: r.provenance,
     };
     Ok((
-        entry,
-        hash32(&r.prev_hash, "previous hash", r.seq)?,
-        hash32(&r.hash, "hash", r.seq)?,
+        Row {
+            entry,
+            cert_der: r.cert_der,
+        },
+        hash32(&r.prev_hash, "previous hash", seq)?,
+        hash32(&r.hash, "hash", seq)?,
     ))
 }
 

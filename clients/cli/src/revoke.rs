@@ -290,6 +290,15 @@ impl Events {
         })
     }
 
+    /// Reads every event to its end: the certificate rows they name (what [`EventRefs`] keeps).
+    pub async fn named_rows(mut self) -> anyhow::Result<std::collections::BTreeSet<u64>> {
+        let mut named = std::collections::BTreeSet::new();
+        while let Some(e) = self.next_before(u64::MAX).await? {
+            named.insert(e.cert_seq);
+        }
+        Ok(named)
+    }
+
     /// The next event if its seq is below `before` (None: take the certificate row first).
     pub async fn next_before(&mut self, before: u64) -> anyhow::Result<Option<LedgerEventRecord>> {
         if self.peeked.is_none()
@@ -312,18 +321,17 @@ impl Events {
 
 /// Checks that every event names a real certificate row: the row at its `cert_seq` has the
 /// event's serial and chain hash. The chain hash alone does not tie them (an event's fields
-/// are its own); this does. Keeps 8 bytes per row (a truncated digest of the row's hash and
-/// serial), so a million rows cost 8 MB. A verification that starts from a checkpoint keeps
-/// them only for the rows after it ([`EventRefs::after`]), and in a small map the few rows
-/// before it that events name ([`EventRefs::row`] with a seq at or below the base).
+/// are its own); this does. Keeps 8 bytes (a truncated digest of the row's hash and serial) for
+/// each row an event names, and nothing for the others: the rows to keep are read from the
+/// events before the rows stream ([`Events::named_rows`]), so memory follows the number of
+/// revocations, not the ledger's size. An event that names a row the first read did not (the
+/// events changed between the two reads) fails the check: never a pass on a row not seen.
 #[derive(Debug, Default)]
 pub struct EventRefs {
-    /// Rows at or below this seq are not in `rows`.
-    base: u64,
-    /// Indexed by seq - base - 1; 0 for event rows and rows not seen.
-    rows: Vec<u64>,
-    /// Rows at or below `base` that were checked on their own.
-    older: std::collections::BTreeMap<u64, u64>,
+    /// The rows events name; only these are kept.
+    named: std::collections::BTreeSet<u64>,
+    /// Of those, the rows verified (streamed, or fetched and checked on their own).
+    rows: std::collections::BTreeMap<u64, u64>,
 }
 
 fn row_ref(hash: &Hash, serial: &str) -> u64 {
@@ -334,50 +342,42 @@ fn row_ref(hash: &Hash, serial: &str) -> u64 {
 }
 
 impl EventRefs {
-    /// For a verification of the rows after `base` only.
-    pub fn after(base: u64) -> Self {
+    /// For the rows at `named` (the `cert_seq`s of the events to check).
+    pub fn named_by(named: impl IntoIterator<Item = u64>) -> Self {
         Self {
-            base,
-            ..Self::default()
+            named: named.into_iter().collect(),
+            rows: std::collections::BTreeMap::new(),
         }
     }
 
     /// Whether row `seq` is known (verified, or checked on its own).
     pub fn knows(&self, seq: u64) -> bool {
-        self.lookup(seq) != 0
+        self.rows.contains_key(&seq)
     }
 
-    fn lookup(&self, seq: u64) -> u64 {
-        if seq <= self.base {
-            return self.older.get(&seq).copied().unwrap_or(0);
-        }
-        usize::try_from(seq - self.base - 1)
-            .ok()
-            .and_then(|i| self.rows.get(i))
-            .copied()
-            .unwrap_or(0)
-    }
-
-    /// A verified certificate row.
+    /// A verified certificate row; kept only if an event names it.
     pub fn row(&mut self, seq: u64, serial: &str, hash: &Hash) {
-        if seq <= self.base {
-            if seq > 0 {
-                self.older.insert(seq, row_ref(hash, serial));
-            }
-            return;
+        if seq > 0 && self.named.contains(&seq) {
+            self.rows.insert(seq, row_ref(hash, serial));
         }
-        let Ok(i) = usize::try_from(seq - self.base - 1) else {
-            return;
-        };
-        if self.rows.len() <= i {
-            self.rows.resize(i + 1, 0);
-        }
-        self.rows[i] = row_ref(hash, serial);
+    }
+
+    /// How many rows are kept (each 8 bytes and a map entry).
+    #[cfg(test)]
+    pub fn kept(&self) -> usize {
+        self.rows.len()
     }
 
     /// Err(why) when `event` does not name the certificate row it says.
     pub fn check(&self, event: &LedgerEvent) -> Result<(), String> {
-        let found = self.lookup(event.cert_seq);
+        if !self.named.contains(&event.cert_seq) {
+            return Err(format!(
+                "event {}: row {} was not named by any event when the events were first read \
+                 (the events changed during the verification)",
+                event.seq, event.cert_seq
+            ));
+        }
+        let found = self.rows.get(&event.cert_seq).copied().unwrap_or(0);
         if found == 0 {
             return Err(format!(
                 "event {}: row {} is not a certificate row",
@@ -416,7 +416,7 @@ mod tests {
 
     #[test]
     fn an_event_must_name_its_row_by_seq_serial_and_hash() {
-        let mut refs = EventRefs::default();
+        let mut refs = EventRefs::named_by([0, 1, 2, 3, 7]);
         refs.row(1, "0a", &[1; 32]);
         refs.row(3, "0c", &[3; 32]);
         assert_eq!(refs.check(&event(1, "0a", [1; 32])), Ok(()));
@@ -427,5 +427,19 @@ mod tests {
         assert!(refs.check(&event(2, "0a", [1; 32])).is_err());
         assert!(refs.check(&event(7, "0a", [1; 32])).is_err());
         assert!(refs.check(&event(0, "0a", [1; 32])).is_err());
+    }
+
+    #[test]
+    fn only_the_rows_events_name_are_kept_and_an_unnamed_row_fails_the_check() {
+        let mut refs = EventRefs::named_by([5]);
+        for seq in 1..=10_000u64 {
+            refs.row(seq, &format!("{seq:x}"), &[(seq % 251) as u8; 32]);
+        }
+        assert_eq!(refs.kept(), 1, "memory follows the events, not the rows");
+        assert!(refs.knows(5) && !refs.knows(6));
+        assert_eq!(refs.check(&event(5, "5", [5; 32])), Ok(()));
+        // Row 6 is a real row, but no event named it when the events were first read.
+        let err = refs.check(&event(6, "6", [6; 32])).unwrap_err();
+        assert!(err.contains("first read"), "{err}");
     }
 }

@@ -27,8 +27,9 @@ use crate::store::StoreError;
 
 /// A server stream of ledger rows (certificates or revocation events) with seq in
 /// `(after_seq, up_to_seq]` (`up_to_seq` 0: to the end), read a page at a time by `fetch(after)`
-/// (rows in seq order) and sent as they come; a store error ends it with that status. Bounded:
-/// at most a few messages are buffered ahead of a slow reader.
+/// (rows in seq order) and sent as they come; a store error ends it with that status. The next
+/// page is read while the current one is sent, so the database and the encoder work at the same
+/// time. Bounded: two pages and a few messages, whatever the reader's speed.
 pub(crate) fn paged_ledger_stream<R, T, F, Fut>(
     after_seq: u64,
     up_to_seq: u64,
@@ -45,9 +46,12 @@ where
     let up_to = if up_to_seq == 0 { u64::MAX } else { up_to_seq };
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tokio::spawn(async move {
-        let mut after = after_seq;
-        while after < up_to {
-            let rows = match fetch(after).await {
+        if after_seq >= up_to {
+            return;
+        }
+        let mut fetched = fetch(after_seq).await;
+        loop {
+            let rows = match fetched {
                 Ok(rows) => rows,
                 Err(e) => {
                     let _ = tx.send(Err(Status::from(ApiError::from(e)))).await;
@@ -58,12 +62,23 @@ where
             let Some(last) = chunk.last().map(seq_of) else {
                 return;
             };
-            for row in chunk {
-                if tx.send(Ok(to_proto(row))).await.is_err() {
-                    return;
+            let send = async {
+                for row in chunk {
+                    if tx.send(Ok(to_proto(row))).await.is_err() {
+                        return false;
+                    }
                 }
+                true
+            };
+            if last >= up_to {
+                send.await;
+                return;
             }
-            after = last;
+            let (sent, next) = tokio::join!(send, fetch(last));
+            if !sent {
+                return;
+            }
+            fetched = next;
         }
     });
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
@@ -315,6 +330,44 @@ mod tests {
                 .get("grpc-retry-pushback-ms")
                 .and_then(|v| v.to_str().ok()),
             Some("1500")
+        );
+    }
+
+    /// The stream reads page after page (the next while the current is sent): every row in
+    /// `(after, up_to]` once, in order, and a store error after the rows before it.
+    #[tokio::test]
+    async fn a_paged_stream_sends_each_row_once_in_order_and_ends_on_an_error() {
+        use tokio_stream::StreamExt;
+        let run = |after: u64, up_to: u64, fail_after: u64| async move {
+            let stream = paged_ledger_stream(
+                after,
+                up_to,
+                move |from: u64| async move {
+                    if from >= fail_after {
+                        return Err(StoreError::Unavailable("down".into()));
+                    }
+                    Ok((from + 1..=(from + 3).min(10)).collect::<Vec<u64>>())
+                },
+                |r: &u64| *r,
+                |r: u64| r,
+            );
+            stream.collect::<Vec<_>>().await
+        };
+        let ok =
+            |v: Vec<Result<u64, Status>>| v.into_iter().map(|r| r.unwrap()).collect::<Vec<_>>();
+        assert_eq!(ok(run(0, 0, u64::MAX).await), (1..=10).collect::<Vec<_>>());
+        assert_eq!(ok(run(0, 7, u64::MAX).await), (1..=7).collect::<Vec<_>>());
+        assert_eq!(ok(run(4, 6, u64::MAX).await), vec![5, 6]);
+        assert!(run(7, 7, u64::MAX).await.is_empty());
+        let failed = run(0, 0, 6).await;
+        assert_eq!(failed.len(), 7, "{failed:?}");
+        assert_eq!(failed[6].as_ref().unwrap_err().code(), Code::Unavailable);
+        assert_eq!(
+            failed[..6]
+                .iter()
+                .map(|r| *r.as_ref().unwrap())
+                .collect::<Vec<_>>(),
+            (1..=6).collect::<Vec<_>>()
         );
     }
 }

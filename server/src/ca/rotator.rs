@@ -95,7 +95,9 @@ pub struct Slot {
     pub prepared_at: SystemTime,
     pub retired_at: Option<SystemTime>,
     pub tainted: bool,
-    /// Unexpired, unrevoked certificates this key signed directly (from the ledger).
+    /// Unexpired, unrevoked certificates this key signed directly (from the ledger). The
+    /// rotator needs only whether there are any, so its tick fills in 0 or 1
+    /// (`CaManager::read_for_rotation`); operator commands fill in the count.
     pub issued_unexpired: u64,
 }
 

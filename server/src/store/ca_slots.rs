@@ -134,8 +134,21 @@ pub trait CaSlotStore: Send + Sync + 'static {
         change: &CaChange,
     ) -> Result<bool, StoreError>;
 
-    /// Per CA key: the unexpired (`not_after > now`), unrevoked certificates it issued.
+    /// Per CA key: the unexpired (`not_after > now`), unrevoked certificates it issued. Reads
+    /// every such row: for operator commands
+    /// (`ca status`, `ca remove`), not for a periodic task; the rotator asks
+    /// [`CaSlotStore::ca_keys_in_use`].
     async fn ca_key_usage(&self, now: i64) -> Result<Vec<CaKeyUsage>, StoreError>;
+
+    /// The keys among `key_ids` that issued at least one unexpired (`not_after > now`),
+    /// unrevoked certificate: [`CaSlotStore::ca_key_usage`]'s `unexpired > 0`, at one probe of
+    /// `certificates_ca_key_not_after` per key, entered at `now` and stopping at the first
+    /// unrevoked row, whatever the ledger's size (the rotator's tick asks this every
+    /// `ca.rotation_interval`). It reads past the key's revoked unexpired rows first, so a key
+    /// with many revoked certificates costs more (a partial index would not; not added, as
+    /// building one in a migration exceeds the server's statement timeout on a large ledger).
+    async fn ca_keys_in_use(&self, key_ids: &[String], now: i64)
+    -> Result<Vec<String>, StoreError>;
 
     /// Who holds the unexpired, unrevoked certificates issued under `key_ids`: SPIFFE IDs with
     /// their counts, most first, at most `limit`.
@@ -416,6 +429,30 @@ macro_rules! impl_ca_slot_store {
                         })
                     })
                     .collect()
+            }
+
+            async fn ca_keys_in_use(
+                &self,
+                key_ids: &[String],
+                now: i64,
+            ) -> Result<Vec<String>, StoreError> {
+                let mut out = Vec::new();
+                for id in key_ids {
+                    // `LIMIT 1`: the first unexpired, unrevoked entry is the answer.
+                    let found: Option<(i64,)> = sqlx::query_as(
+                        "SELECT not_after FROM certificates \
+                         WHERE ca_key_id = $1 AND not_after > $2 AND revoked_at IS NULL LIMIT 1",
+                    )
+                    .bind(id)
+                    .bind(now)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err($map)?;
+                    if found.is_some() {
+                        out.push(id.clone());
+                    }
+                }
+                Ok(out)
             }
 
             async fn ca_key_holders(

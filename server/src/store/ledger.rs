@@ -15,6 +15,16 @@ use signet_types::ledger::{Hash, LedgerEntry};
 
 use super::error::StoreError;
 
+/// Which end a listing starts from (a keyset page, [`LedgerStore::certificates_page`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Order {
+    /// Ascending seq, from the first row (or after the token's).
+    #[default]
+    OldestFirst,
+    /// Descending seq, from the head (or before the token's).
+    NewestFirst,
+}
+
 /// A certificate to append to the ledger (seq and hashes are assigned by the store).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewCertificate {
@@ -68,23 +78,29 @@ pub trait LedgerStore: Send + Sync + 'static {
 
     async fn ledger_head(&self) -> Result<LedgerHead, StoreError>;
 
-    /// Rows with `seq > after_seq`, ascending, at most `limit`; only `spiffe_id` if given.
+    /// One keyset page: at most `limit` rows beyond `from` in `order` (seq above it, ascending;
+    /// or below it, newest first; `None`: from that end of the ledger), only `spiffe_id` if
+    /// given. The primary key, or the `(spiffe_id, seq)` index, read in either direction from
+    /// `from`: the same cost at any depth.
+    async fn certificates_page(
+        &self,
+        order: Order,
+        from: Option<u64>,
+        limit: u32,
+        spiffe_id: Option<&str>,
+    ) -> Result<Vec<CertificateRow>, StoreError>;
+
+    /// Rows with `seq > after_seq`, ascending, at most `limit`; only `spiffe_id` if given
+    /// ([`LedgerStore::certificates_page`] oldest first).
     async fn list_certificates(
         &self,
         after_seq: u64,
         limit: u32,
         spiffe_id: Option<&str>,
-    ) -> Result<Vec<CertificateRow>, StoreError>;
-
-    /// Rows with `seq < before_seq`, newest first, at most `limit`; only `spiffe_id` if given.
-    /// Like [`LedgerStore::list_certificates`], a keyset query: the primary key, or the
-    /// `(spiffe_id, seq)` index, read backwards from `before_seq`, at any depth.
-    async fn list_certificates_newest(
-        &self,
-        before_seq: u64,
-        limit: u32,
-        spiffe_id: Option<&str>,
-    ) -> Result<Vec<CertificateRow>, StoreError>;
+    ) -> Result<Vec<CertificateRow>, StoreError> {
+        self.certificates_page(Order::OldestFirst, Some(after_seq), limit, spiffe_id)
+            .await
+    }
 
     async fn certificate_by_serial(
         &self,
@@ -150,74 +166,37 @@ macro_rules! impl_ledger_store {
                 $crate::store::rows::head(seq, &hash)
             }
 
-            async fn list_certificates(
+            async fn certificates_page(
                 &self,
-                after_seq: u64,
+                order: $crate::store::ledger::Order,
+                from: Option<u64>,
                 limit: u32,
                 spiffe_id: Option<&str>,
             ) -> Result<Vec<$crate::store::ledger::CertificateRow>, StoreError> {
+                use $crate::store::ledger::Order;
                 use $crate::store::rows::{self, CERT_COLUMNS, DbCertificate};
-                let found: Vec<DbCertificate> = match spiffe_id {
-                    Some(id) => {
-                        sqlx::query_as(&format!(
-                            "SELECT {CERT_COLUMNS} FROM certificates \
-                             WHERE spiffe_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
-                        ))
-                        .bind(id)
-                        .bind(rows::after(after_seq))
-                        .bind(rows::limit(limit))
-                        .fetch_all(&self.pool)
-                        .await
-                    }
-                    None => {
-                        sqlx::query_as(&format!(
-                            "SELECT {CERT_COLUMNS} FROM certificates \
-                             WHERE seq > $1 ORDER BY seq LIMIT $2"
-                        ))
-                        .bind(rows::after(after_seq))
-                        .bind(rows::limit(limit))
-                        .fetch_all(&self.pool)
-                        .await
-                    }
+                // One query, both directions: `seq > from ORDER BY seq` or
+                // `seq < from ORDER BY seq DESC`.
+                let (key, cmp, dir) = match order {
+                    Order::OldestFirst => (rows::after(from.unwrap_or(0)), ">", ""),
+                    Order::NewestFirst => (rows::before(from.unwrap_or(u64::MAX)), "<", " DESC"),
+                };
+                let only = if spiffe_id.is_some() {
+                    "spiffe_id = $3 AND "
+                } else {
+                    ""
+                };
+                let sql = format!(
+                    "SELECT {CERT_COLUMNS} FROM certificates \
+                     WHERE {only}seq {cmp} $1 ORDER BY seq{dir} LIMIT $2"
+                );
+                let mut q = sqlx::query_as::<_, DbCertificate>(&sql)
+                    .bind(key)
+                    .bind(rows::limit(limit));
+                if let Some(id) = spiffe_id {
+                    q = q.bind(id);
                 }
-                .map_err($map)?;
-                found
-                    .into_iter()
-                    .map($crate::store::ledger::CertificateRow::try_from)
-                    .collect()
-            }
-
-            async fn list_certificates_newest(
-                &self,
-                before_seq: u64,
-                limit: u32,
-                spiffe_id: Option<&str>,
-            ) -> Result<Vec<$crate::store::ledger::CertificateRow>, StoreError> {
-                use $crate::store::rows::{self, CERT_COLUMNS, DbCertificate};
-                let found: Vec<DbCertificate> = match spiffe_id {
-                    Some(id) => {
-                        sqlx::query_as(&format!(
-                            "SELECT {CERT_COLUMNS} FROM certificates \
-                             WHERE spiffe_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3"
-                        ))
-                        .bind(id)
-                        .bind(rows::before(before_seq))
-                        .bind(rows::limit(limit))
-                        .fetch_all(&self.pool)
-                        .await
-                    }
-                    None => {
-                        sqlx::query_as(&format!(
-                            "SELECT {CERT_COLUMNS} FROM certificates \
-                             WHERE seq < $1 ORDER BY seq DESC LIMIT $2"
-                        ))
-                        .bind(rows::before(before_seq))
-                        .bind(rows::limit(limit))
-                        .fetch_all(&self.pool)
-                        .await
-                    }
-                }
-                .map_err($map)?;
+                let found = q.fetch_all(&self.pool).await.map_err($map)?;
                 found
                     .into_iter()
                     .map($crate::store::ledger::CertificateRow::try_from)

@@ -15,17 +15,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 use super::error::StoreError;
+pub use super::ledger::Order;
 use super::ledger::{CertificateRow, LedgerStore};
-
-/// Which end a listing starts from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Order {
-    /// Ascending seq, from the first row (or after the token's).
-    #[default]
-    OldestFirst,
-    /// Descending seq, from the head (or before the token's).
-    NewestFirst,
-}
 
 /// One page to list.
 #[derive(Debug, Clone, Copy, Default)]
@@ -158,18 +149,9 @@ pub async fn certificates_page<S: LedgerStore + ?Sized>(
         });
     }
     let want = q.limit.saturating_add(1);
-    let mut rows = match q.order {
-        Order::OldestFirst => {
-            store
-                .list_certificates(from.unwrap_or(0), want, q.spiffe_id)
-                .await?
-        }
-        Order::NewestFirst => {
-            store
-                .list_certificates_newest(from.unwrap_or(u64::MAX), want, q.spiffe_id)
-                .await?
-        }
-    };
+    let mut rows = store
+        .certificates_page(q.order, from, want, q.spiffe_id)
+        .await?;
     let limit = usize::try_from(q.limit).unwrap_or(usize::MAX);
     let next = if rows.len() > limit {
         rows.truncate(limit);

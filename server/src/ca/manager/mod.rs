@@ -355,7 +355,8 @@ impl CaManager {
         })
     }
 
-    /// Reads the slots and the ledger's usage; the slots with usage filled in.
+    /// Reads the slots and the ledger's usage; the slots with usage filled in (the exact
+    /// counts: for operator commands, which report them).
     async fn read(&self, now: SystemTime) -> Result<(u64, Vec<SlotInfo>), ManagerError> {
         let (generation, rows) = self.store.ca_slots().await?;
         let mut slots = parse_slots(&rows)?;
@@ -365,6 +366,28 @@ impl CaManager {
                 .iter()
                 .find(|u| u.ca_key_id == s.slot.id)
                 .map_or(0, |u| u.unexpired);
+        }
+        Ok((generation, slots))
+    }
+
+    /// [`Self::read`] for the rotator, which asks only whether a key still has unexpired
+    /// certificates (`issued_unexpired == 0`): each slot's `issued_unexpired` is 1 when it has
+    /// any, 0 when not, at one index probe per key rather than a count of every unexpired row
+    /// (which the tick would otherwise run every `ca.rotation_interval`, at any ledger size).
+    async fn read_for_rotation(
+        &self,
+        now: SystemTime,
+    ) -> Result<(u64, Vec<SlotInfo>), ManagerError> {
+        let (generation, rows) = self.store.ca_slots().await?;
+        let mut slots = parse_slots(&rows)?;
+        let ids: Vec<String> = slots
+            .iter()
+            .filter(|s| s.slot.state != State::Removed)
+            .map(|s| s.slot.id.clone())
+            .collect();
+        let in_use = self.store.ca_keys_in_use(&ids, unix(now)).await?;
+        for s in &mut slots {
+            s.slot.issued_unexpired = u64::from(in_use.contains(&s.slot.id));
         }
         Ok((generation, slots))
     }
@@ -387,7 +410,7 @@ impl CaManager {
         let mut applied = Vec::new();
         let mut last = None;
         for _ in 0..16 {
-            let (generation, slots) = self.read(now).await?;
+            let (generation, slots) = self.read_for_rotation(now).await?;
             let bare: Vec<Slot> = slots.iter().map(|s| s.slot.clone()).collect();
             let due = rotator::decide(&bare, now, &self.cfg.policy, self.jitter.as_ref());
             let Some(t) = due.into_iter().next() else {
@@ -404,7 +427,7 @@ impl CaManager {
         }
         let (generation, slots) = match last {
             Some(l) => l,
-            None => self.read(now).await?,
+            None => self.read_for_rotation(now).await?,
         };
         if generation != self.view().generation {
             let kek = self.kek.as_ref().ok_or_else(plugged_refusal)?;

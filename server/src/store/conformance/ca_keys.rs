@@ -6,7 +6,8 @@
 
 use super::{ACQUIRE, Db};
 use crate::store::{
-    AuditEvent, CaChange, CaSlotRow, NewCertificate, SlotUpdate, StoredCaKey, connect,
+    AuditEvent, CaChange, CaSlotRow, CertFilter, NewCertificate, NewRevocation, SlotUpdate,
+    StoredCaKey, connect,
 };
 
 conformance!(
@@ -14,6 +15,7 @@ conformance!(
     a_change_applies_once_per_generation_even_between_racing_instances,
     a_failing_change_is_rolled_back_whole,
     usage_counts_unexpired_unrevoked_certificates_per_key,
+    keys_in_use_are_those_usage_counts_above_zero,
 );
 
 fn ca_key(id: &str, slot: &str) -> StoredCaKey {
@@ -257,6 +259,91 @@ async fn usage_counts_unexpired_unrevoked_certificates_per_key(db: Db) {
             .await
             .unwrap()
             .is_empty()
+    );
+}
+
+/// `ca_keys_in_use` (the rotator's probe) agrees with `ca_key_usage` (the count) on which keys
+/// have an unexpired, unrevoked certificate: expiry and revocation both take a key out, a key
+/// with no certificate is never in, and only the keys asked about are answered.
+async fn keys_in_use_are_those_usage_counts_above_zero(db: Db) {
+    let (url, store) = (db.url.as_str(), db.store.clone());
+    let ids = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let all = ids(&["k1", "k2", "k3", "none"]);
+    assert!(store.ca_keys_in_use(&all, 1_000).await.unwrap().is_empty());
+    assert!(
+        !store
+            .any_certificate(&CertFilter::CaKey("k1".into()))
+            .await
+            .unwrap()
+    );
+    store
+        .append_certificates(&[
+            leaf(1, "k1", 2_000, "spiffe://td/a"),
+            leaf(2, "k1", 3_000, "spiffe://td/a"),
+            leaf(3, "k2", 900, "spiffe://td/old"),
+            leaf(4, "k3", 2_500, "spiffe://td/b"),
+        ])
+        .await
+        .unwrap();
+    let agree = |now: i64, want: &[&str]| {
+        let store = store.clone();
+        let all = all.clone();
+        let want = ids(want);
+        async move {
+            let mut got = store.ca_keys_in_use(&all, now).await.unwrap();
+            got.sort();
+            assert_eq!(got, want, "in use at {now}: {url}");
+            let mut counted: Vec<String> = store
+                .ca_key_usage(now)
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|u| u.unexpired > 0)
+                .map(|u| u.ca_key_id)
+                .collect();
+            counted.sort();
+            assert_eq!(counted, want, "counted at {now}: {url}");
+        }
+    };
+    agree(1_000, &["k1", "k3"]).await;
+    agree(2_000, &["k1", "k3"]).await;
+    agree(2_500, &["k1"]).await;
+    agree(3_000, &[]).await;
+    // Only the keys asked about.
+    assert_eq!(
+        store.ca_keys_in_use(&ids(&["k3"]), 1_000).await.unwrap(),
+        ids(&["k3"])
+    );
+    // Revoking k3's only certificate takes it out; k1 keeps its other one.
+    let revoke = |serial: u32| NewRevocation {
+        serial: format!("{serial:032x}"),
+        reason: "keyCompromise".into(),
+        at: 1_500,
+        caller: "test".into(),
+        request_id: format!("rv{serial}"),
+        detail: "{}".into(),
+    };
+    store
+        .append_revocations(&[revoke(4), revoke(2)])
+        .await
+        .unwrap();
+    agree(1_000, &["k1"]).await;
+    agree(2_000, &[]).await;
+    // A key whose every certificate is revoked or expired still has certificates.
+    for k in ["k1", "k2", "k3"] {
+        assert!(
+            store
+                .any_certificate(&CertFilter::CaKey(k.into()))
+                .await
+                .unwrap(),
+            "{k}: {url}"
+        );
+    }
+    assert!(
+        !store
+            .any_certificate(&CertFilter::CaKey("none".into()))
+            .await
+            .unwrap()
     );
 }
 
