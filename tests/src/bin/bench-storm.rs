@@ -458,6 +458,15 @@ async fn outage_phase(
     }
 }
 
+/// Ends the run as failed. The agents and the server are dropped first: their `kill_on_drop`
+/// stops them, which `process::exit` alone would skip (it runs no destructor), leaving 20
+/// agents and a server loading the machine after the bench gave up.
+fn give_up(agents: Vec<Agent>, server: FixedServer) -> ! {
+    drop(agents);
+    drop(server);
+    std::process::exit(1)
+}
+
 #[tokio::main]
 async fn main() {
     let args = parse_args();
@@ -599,7 +608,7 @@ async fn main() {
             "bench-storm: {} entry batches not created, first: {e}",
             failures.len()
         );
-        std::process::exit(1);
+        give_up(agents, server);
     }
     let created = t0.elapsed();
     let on_disk = wait_until(args.timeout, Duration::from_millis(100), || {
@@ -612,7 +621,7 @@ async fn main() {
             args.timeout,
             agents[0].log.display()
         );
-        std::process::exit(1);
+        give_up(agents, server);
     };
     let on_disk = t0.elapsed();
     // Let the first deliveries settle (sinks finish, the agents' first renewal round ends).
