@@ -52,13 +52,14 @@ pub(super) struct Snapshot(Vec<(String, Option<f64>)>);
 /// Reads the CPU time of each group, and of this process as `signetctl`.
 pub(super) fn snapshot(groups: &[Group]) -> Snapshot {
     let table = read_table().unwrap_or_default();
+    let children = children_of(&table);
     let mut out: Vec<(String, Option<f64>)> = groups
         .iter()
-        .map(|g| (g.name.clone(), tree_seconds(&table, g.pid)))
+        .map(|g| (g.name.clone(), tree_seconds(&table, &children, g.pid)))
         .collect();
     out.push((
         "signetctl".to_owned(),
-        tree_seconds(&table, std::process::id()),
+        tree_seconds(&table, &children, std::process::id()),
     ));
     Snapshot(out)
 }
@@ -154,13 +155,22 @@ fn parse_stat(stat: &str) -> anyhow::Result<Proc> {
     })
 }
 
-/// CPU seconds of `top` and everything below it; None when `top` is gone.
-fn tree_seconds(table: &HashMap<u32, Proc>, top: u32) -> Option<f64> {
-    table.get(&top)?;
+/// Each process's children, from the table's parents (built once per snapshot).
+fn children_of(table: &HashMap<u32, Proc>) -> HashMap<u32, Vec<u32>> {
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
     for (&pid, p) in table {
         children.entry(p.ppid).or_default().push(pid);
     }
+    children
+}
+
+/// CPU seconds of `top` and everything below it; None when `top` is gone.
+fn tree_seconds(
+    table: &HashMap<u32, Proc>,
+    children: &HashMap<u32, Vec<u32>>,
+    top: u32,
+) -> Option<f64> {
+    table.get(&top)?;
     let mut total = 0.0;
     let mut stack = vec![top];
     // A pid can only appear once in the table, so the walk ends; the bound guards against a
@@ -206,9 +216,10 @@ mod tests {
             (12, t(11, 0.25)),
             (20, t(1, 7.0)),
         ]);
-        assert_eq!(tree_seconds(&table, 10), Some(2.75));
-        assert_eq!(tree_seconds(&table, 20), Some(7.0));
-        assert_eq!(tree_seconds(&table, 99), None);
+        let children = children_of(&table);
+        assert_eq!(tree_seconds(&table, &children, 10), Some(2.75));
+        assert_eq!(tree_seconds(&table, &children, 20), Some(7.0));
+        assert_eq!(tree_seconds(&table, &children, 99), None);
     }
 
     #[test]
