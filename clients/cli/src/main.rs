@@ -167,10 +167,25 @@ fn call_err(what: &str, e: &CallError) -> anyhow::Error {
     anyhow!("{what}: {} ({:?}{hint})", e.message(), e.code())
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli).await {
+    // The load generator runs on one thread: its tasks never wake each other across threads,
+    // so it spends as little of the machine it shares with the server as it can (one core
+    // drives far more requests than one server can answer).
+    let runtime = match &cli.cmd {
+        Cmd::Bench(_) => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    }
+    .enable_all()
+    .build();
+    let runtime = match runtime {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("signetctl: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("signetctl: {e:#}");

@@ -13,6 +13,7 @@
 //!   by row.
 
 use std::str::FromStr;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -21,7 +22,8 @@ use super::DatabaseConfig;
 
 use super::audit::AuditEvent;
 use super::error::StoreError;
-use super::rows::Chained;
+use super::ledger::{LedgerHead, NewCertificate};
+use super::rows::{self, Chained};
 
 /// Bounds the first connection at startup, so an unreachable database answers quickly.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -33,6 +35,9 @@ pub(super) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrati
 pub struct PgStore {
     pool: PgPool,
     events: super::entry_events::EntryEvents,
+    /// The ledger head this replica's last append left, for [`PgStore::append_at_known_head`]:
+    /// a hint, never trusted (the append checks it in the database).
+    head: Arc<Mutex<Option<LedgerHead>>>,
 }
 
 impl PgStore {
@@ -78,7 +83,11 @@ impl PgStore {
             .await
             .map_err(|e| StoreError::from_migration(e, map_err))?;
         let events = super::entry_events::EntryEvents::postgres(pool.clone());
-        Ok(Self { pool, events })
+        Ok(Self {
+            pool,
+            events,
+            head: Arc::default(),
+        })
     }
 
     /// Tells every replica's listener that `parent`'s entries changed, when (and only if) `tx`
@@ -146,76 +155,184 @@ super::crls::impl_crl_store!(PgStore, map_err, BEGIN_WRITE, LOCK_READ);
 super::ca_slots::impl_ca_slot_store!(PgStore, map_err);
 super::nodes::impl_node_store!(PgStore, map_err);
 
-/// The batch inserts: the whole batch in one statement (`UNNEST` of one array per column), one
-/// round trip however large the batch.
+/// The ledger's columns an append writes, in the order of [`Columns`]' arrays.
+const INSERT_COLUMNS: &str = "seq, serial, spiffe_id, dns_names, ip_addresses, not_before, \
+     not_after, issued_at, cert_sha256, prev_hash, hash, cert_der, ca_key_id, caller, \
+     request_id, provenance";
+/// The batch as rows: one array parameter per column ($1 to $16).
+const UNNEST_COLUMNS: &str = "UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[], \
+     $5::text[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bytea[], $10::bytea[], \
+     $11::bytea[], $12::bytea[], $13::text[], $14::text[], $15::text[], $16::text[])";
+
+/// A chained batch as one array per column, for `UNNEST`: the whole batch in one statement,
+/// one round trip however large the batch.
+struct Columns<'a> {
+    seq: Vec<i64>,
+    serial: Vec<&'a str>,
+    spiffe_id: Vec<&'a str>,
+    dns_names: Vec<String>,
+    ip_addresses: Vec<String>,
+    not_before: Vec<i64>,
+    not_after: Vec<i64>,
+    issued_at: Vec<i64>,
+    cert_sha256: Vec<&'a [u8]>,
+    prev_hash: Vec<Vec<u8>>,
+    hash: Vec<Vec<u8>>,
+    cert_der: Vec<&'a [u8]>,
+    ca_key_id: Vec<&'a str>,
+    caller: Vec<&'a str>,
+    request_id: Vec<&'a str>,
+    provenance: Vec<&'a str>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(chained: Vec<Chained<'a>>) -> Self {
+        let n = chained.len();
+        let mut c = Columns {
+            seq: Vec::with_capacity(n),
+            serial: Vec::with_capacity(n),
+            spiffe_id: Vec::with_capacity(n),
+            dns_names: Vec::with_capacity(n),
+            ip_addresses: Vec::with_capacity(n),
+            not_before: Vec::with_capacity(n),
+            not_after: Vec::with_capacity(n),
+            issued_at: Vec::with_capacity(n),
+            cert_sha256: Vec::with_capacity(n),
+            prev_hash: Vec::with_capacity(n),
+            hash: Vec::with_capacity(n),
+            cert_der: Vec::with_capacity(n),
+            ca_key_id: Vec::with_capacity(n),
+            caller: Vec::with_capacity(n),
+            request_id: Vec::with_capacity(n),
+            provenance: Vec::with_capacity(n),
+        };
+        for r in chained {
+            c.seq.push(r.seq);
+            c.serial.push(r.cert.serial.as_str());
+            c.spiffe_id.push(r.cert.spiffe_id.as_str());
+            c.dns_names.push(r.dns_json);
+            c.ip_addresses.push(r.ip_json);
+            c.not_before.push(r.cert.not_before);
+            c.not_after.push(r.cert.not_after);
+            c.issued_at.push(r.cert.issued_at);
+            c.cert_sha256.push(r.cert.cert_sha256.as_slice());
+            c.prev_hash.push(r.prev_hash.to_vec());
+            c.hash.push(r.hash.to_vec());
+            c.cert_der.push(r.cert.cert_der.as_slice());
+            c.ca_key_id.push(r.cert.ca_key_id.as_str());
+            c.caller.push(r.cert.caller.as_str());
+            c.request_id.push(r.cert.request_id.as_str());
+            c.provenance.push(r.cert.provenance.as_str());
+        }
+        c
+    }
+
+    /// Binds the sixteen arrays as `$1` to `$16` of `sql`.
+    fn bind<'q>(&'q self, sql: &'q str) -> PgQuery<'q> {
+        sqlx::query(sql)
+            .bind(&self.seq)
+            .bind(&self.serial)
+            .bind(&self.spiffe_id)
+            .bind(&self.dns_names)
+            .bind(&self.ip_addresses)
+            .bind(&self.not_before)
+            .bind(&self.not_after)
+            .bind(&self.issued_at)
+            .bind(&self.cert_sha256)
+            .bind(&self.prev_hash)
+            .bind(&self.hash)
+            .bind(&self.cert_der)
+            .bind(&self.ca_key_id)
+            .bind(&self.caller)
+            .bind(&self.request_id)
+            .bind(&self.provenance)
+    }
+}
+
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// The batch inserts, and the one-round-trip append at a known head.
 impl PgStore {
     async fn insert_chained(
         tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
         chained: Vec<Chained<'_>>,
     ) -> Result<(), StoreError> {
-        let n = chained.len();
-        let mut seq = Vec::with_capacity(n);
-        let mut serial = Vec::with_capacity(n);
-        let mut spiffe_id = Vec::with_capacity(n);
-        let mut dns_names = Vec::with_capacity(n);
-        let mut ip_addresses = Vec::with_capacity(n);
-        let mut not_before = Vec::with_capacity(n);
-        let mut not_after = Vec::with_capacity(n);
-        let mut issued_at = Vec::with_capacity(n);
-        let mut cert_sha256 = Vec::with_capacity(n);
-        let mut prev_hash = Vec::with_capacity(n);
-        let mut hash = Vec::with_capacity(n);
-        let mut cert_der = Vec::with_capacity(n);
-        let mut ca_key_id = Vec::with_capacity(n);
-        let mut caller = Vec::with_capacity(n);
-        let mut request_id = Vec::with_capacity(n);
-        let mut provenance = Vec::with_capacity(n);
-        for r in chained {
-            seq.push(r.seq);
-            serial.push(r.cert.serial.as_str());
-            spiffe_id.push(r.cert.spiffe_id.as_str());
-            dns_names.push(r.dns_json);
-            ip_addresses.push(r.ip_json);
-            not_before.push(r.cert.not_before);
-            not_after.push(r.cert.not_after);
-            issued_at.push(r.cert.issued_at);
-            cert_sha256.push(r.cert.cert_sha256.as_slice());
-            prev_hash.push(r.prev_hash.to_vec());
-            hash.push(r.hash.to_vec());
-            cert_der.push(r.cert.cert_der.as_slice());
-            ca_key_id.push(r.cert.ca_key_id.as_str());
-            caller.push(r.cert.caller.as_str());
-            request_id.push(r.cert.request_id.as_str());
-            provenance.push(r.cert.provenance.as_str());
-        }
-        sqlx::query(
-            "INSERT INTO certificates (seq, serial, spiffe_id, dns_names, ip_addresses, \
-             not_before, not_after, issued_at, cert_sha256, prev_hash, hash, cert_der, \
-             ca_key_id, caller, request_id, provenance) \
-             SELECT * FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], \
-             $6::bigint[], $7::bigint[], $8::bigint[], $9::bytea[], $10::bytea[], $11::bytea[], \
-             $12::bytea[], $13::text[], $14::text[], $15::text[], $16::text[])",
-        )
-        .bind(&seq)
-        .bind(&serial)
-        .bind(&spiffe_id)
-        .bind(&dns_names)
-        .bind(&ip_addresses)
-        .bind(&not_before)
-        .bind(&not_after)
-        .bind(&issued_at)
-        .bind(&cert_sha256)
-        .bind(&prev_hash)
-        .bind(&hash)
-        .bind(&cert_der)
-        .bind(&ca_key_id)
-        .bind(&caller)
-        .bind(&request_id)
-        .bind(&provenance)
-        .execute(&mut **tx)
-        .await
-        .map_err(map_err)?;
+        let columns = Columns::of(chained);
+        let sql = format!("INSERT INTO certificates ({INSERT_COLUMNS}) SELECT * FROM {UNNEST_COLUMNS}");
+        columns
+            .bind(&sql)
+            .execute(&mut **tx)
+            .await
+            .map_err(map_err)?;
         Ok(())
+    }
+
+    /// The head this replica last committed, if it still knows it.
+    fn known_head(&self) -> Option<LedgerHead> {
+        *self.head.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Remembers the head a commit left (`None`: forget it, after a failure).
+    fn remember_head(&self, head: Option<LedgerHead>) {
+        *self.head.lock().unwrap_or_else(PoisonError::into_inner) = head;
+    }
+
+    /// Appends `batch` in one statement, and so in one round trip with its commit, when the
+    /// chain head is still the one this replica last committed: the statement moves the head
+    /// only `WHERE` it is still that `(seq, hash)`, and inserts the rows only if it did
+    /// (`CROSS JOIN` on the `UPDATE`'s `RETURNING`). The row lock the `UPDATE` takes is the
+    /// same one the locking path's `SELECT … FOR UPDATE` takes, so replicas still extend one
+    /// chain in a total order: a statement that waited for another replica's commit re-reads
+    /// the head (READ COMMITTED), finds it moved, and writes nothing.
+    ///
+    /// `Ok(None)`: the head is unknown or moved (another replica, or a revocation event),
+    /// nothing was written; the caller takes the locking path, which learns the new head.
+    async fn append_at_known_head(
+        &self,
+        batch: &[NewCertificate],
+    ) -> Result<Option<Vec<u64>>, StoreError> {
+        let Some(head) = self.known_head() else {
+            return Ok(None);
+        };
+        let (chained, new_seq, new_hash) = rows::chain(head.seq, head.hash, batch)?;
+        let columns = Columns::of(chained);
+        let sql = format!(
+            "WITH moved AS (UPDATE ledger_head SET seq = $17, hash = $18 \
+             WHERE id = 1 AND seq = $19 AND hash = $20 RETURNING 1) \
+             INSERT INTO certificates ({INSERT_COLUMNS}) SELECT u.* FROM moved, {UNNEST_COLUMNS} AS u"
+        );
+        let done = columns
+            .bind(&sql)
+            .bind(rows::db_seq(new_seq)?)
+            .bind(&new_hash[..])
+            .bind(rows::db_seq(head.seq)?)
+            .bind(&head.hash[..])
+            .execute(&self.pool)
+            .await;
+        let inserted = match done {
+            Ok(done) => done.rows_affected(),
+            Err(e) => {
+                // Committed or not, the head is no longer known for sure.
+                self.remember_head(None);
+                return Err(map_err(e));
+            }
+        };
+        if inserted == 0 {
+            self.remember_head(None);
+            return Ok(None);
+        }
+        if usize::try_from(inserted).ok() != Some(batch.len()) {
+            self.remember_head(None);
+            return Err(StoreError::Database(format!(
+                "the ledger append wrote {inserted} rows for a batch of {}",
+                batch.len()
+            )));
+        }
+        self.remember_head(Some(LedgerHead {
+            seq: new_seq,
+            hash: new_hash,
+        }));
+        Ok(Some((head.seq + 1..=new_seq).collect()))
     }
 
     async fn insert_audit_events(&self, events: &[AuditEvent]) -> Result<(), StoreError> {
