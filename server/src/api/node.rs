@@ -19,6 +19,7 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt as _;
 use signet_proto::agent::{
     AttestRequest, AttestResponse, Entry as PbEntry, RenewNodeRequest, SignWorkloadsRequest,
     SignWorkloadsResponse, Svid, SyncEntriesRequest, SyncEntriesResponse, WatchEntriesRequest,
@@ -41,6 +42,10 @@ use crate::store::{EntryRow, NodeRow, NodeStore};
 
 /// Most CSRs in one `SignWorkloads` call.
 pub const MAX_WORKLOADS_PER_CALL: usize = 256;
+
+/// Most CSRs of one `SignWorkloads` call being signed or committed at once: what one call may
+/// put on the CPU pool's queue (sized for every admitted request doing so).
+pub const WORKLOADS_IN_FLIGHT: usize = 32;
 
 pub struct NodeApi {
     issuer: Arc<Issuer>,
@@ -288,37 +293,46 @@ impl Node for NodeApi {
             .into());
         }
         let caller = self.node_caller(&creds).await?;
-        // Signed concurrently, so the ledger's group commit records the whole call in one or a
-        // few transactions instead of one per CSR; results keep the request's order.
-        let signings = req.csrs.iter().enumerate().map(|(i, w)| {
-            let caller = &caller;
-            let request_id = &request_id;
-            async move {
-                let outcome = self
-                    .sign_one(caller, &w.entry_id, &w.csr, format!("{request_id}-{i}"))
-                    .await;
-                match outcome {
-                    Ok(cert) => WorkloadResult {
-                        entry_id: w.entry_id.clone(),
-                        svid: Some(svid(&cert)),
-                        code: 0,
-                        message: String::new(),
-                        retry_after_ms: 0,
-                    },
-                    Err(e) => {
-                        let status = Status::from(e);
-                        WorkloadResult {
+        // Signed WORKLOADS_IN_FLIGHT at a time (on the CPU pool, so one call uses every
+        // core), and the ledger's group commit records them in a few transactions instead of
+        // one per CSR; results keep the request's order.
+        let signings: Vec<_> = req
+            .csrs
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let caller = &caller;
+                let request_id = &request_id;
+                async move {
+                    let outcome = self
+                        .sign_one(caller, &w.entry_id, &w.csr, format!("{request_id}-{i}"))
+                        .await;
+                    match outcome {
+                        Ok(cert) => WorkloadResult {
                             entry_id: w.entry_id.clone(),
-                            svid: None,
-                            code: status.code() as i32,
-                            message: status.message().to_owned(),
-                            retry_after_ms: retry_after_ms(&status),
+                            svid: Some(svid(&cert)),
+                            code: 0,
+                            message: String::new(),
+                            retry_after_ms: 0,
+                        },
+                        Err(e) => {
+                            let status = Status::from(e);
+                            WorkloadResult {
+                                entry_id: w.entry_id.clone(),
+                                svid: None,
+                                code: status.code() as i32,
+                                message: status.message().to_owned(),
+                                retry_after_ms: retry_after_ms(&status),
+                            }
                         }
                     }
                 }
-            }
-        });
-        let results = futures::future::join_all(signings).await;
+            })
+            .collect();
+        let results: Vec<WorkloadResult> = futures::stream::iter(signings)
+            .buffered(WORKLOADS_IN_FLIGHT)
+            .collect()
+            .await;
         Ok(Response::new(SignWorkloadsResponse { results }))
     }
 }

@@ -258,7 +258,8 @@ impl PgStore {
         chained: Vec<Chained<'_>>,
     ) -> Result<(), StoreError> {
         let columns = Columns::of(chained);
-        let sql = format!("INSERT INTO certificates ({INSERT_COLUMNS}) SELECT * FROM {UNNEST_COLUMNS}");
+        let sql =
+            format!("INSERT INTO certificates ({INSERT_COLUMNS}) SELECT * FROM {UNNEST_COLUMNS}");
         columns
             .bind(&sql)
             .execute(&mut **tx)

@@ -15,6 +15,7 @@ conformance!(
     certificate_by_serial_and_count,
     a_duplicate_serial_fails_the_whole_batch,
     concurrent_appends_from_two_instances_keep_one_chain,
+    an_append_after_another_instance_moved_the_head_chains_on_its_rows,
     pages_by_key_follow_their_tokens_both_ways,
     pages_with_equal_timestamps_neither_repeat_nor_skip,
     an_empty_ledger_and_a_last_page_have_no_next_token,
@@ -203,6 +204,42 @@ async fn concurrent_appends_from_two_instances_keep_one_chain(db: Db) {
     assert_eq!(all, (1..=200).collect::<BTreeSet<u64>>());
     assert_eq!(verify_chain(&*db.store).await, 200);
     assert_eq!(verify_chain(&*other).await, 200);
+}
+
+/// A replica that appended last, then was overtaken by another (its remembered head is stale:
+/// PostgreSQL's one-statement append finds the head moved and writes nothing), still appends
+/// after the other's rows, never beside them.
+async fn an_append_after_another_instance_moved_the_head_chains_on_its_rows(db: Db) {
+    let other = db.another().await;
+    assert_eq!(
+        db.store.append_certificates(&certs(0..5)).await.unwrap(),
+        vec![1, 2, 3, 4, 5]
+    );
+    assert_eq!(
+        other.append_certificates(&certs(5..8)).await.unwrap(),
+        vec![6, 7, 8]
+    );
+    assert_eq!(
+        db.store.append_certificates(&certs(8..10)).await.unwrap(),
+        vec![9, 10]
+    );
+    // And again the other way round, then twice in a row on one instance.
+    assert_eq!(
+        other.append_certificates(&certs(10..11)).await.unwrap(),
+        vec![11]
+    );
+    assert_eq!(
+        db.store.append_certificates(&certs(11..12)).await.unwrap(),
+        vec![12]
+    );
+    assert_eq!(
+        db.store.append_certificates(&certs(12..14)).await.unwrap(),
+        vec![13, 14]
+    );
+    assert_eq!(verify_chain(&*db.store).await, 14);
+    let head = db.store.ledger_head().await.unwrap();
+    assert_eq!(head, other.ledger_head().await.unwrap());
+    assert_eq!(head.seq, 14);
 }
 
 /// Prints `append_certificates` throughput on PostgreSQL for batches of 64 and 512, single
