@@ -13,8 +13,6 @@
 //!   `SystemTime` and Unix seconds, and the one `sleep`.
 //! - [`backoff`]: capped exponential backoff with a jitter choice (full, equal, ±spread) and the
 //!   `Retry` state a retried step keeps.
-//! - [`cpu`]: CPU-bound work (signatures) on a few dedicated threads with a bounded queue, so
-//!   the async workers only run short polls and answer I/O promptly.
 //! - [`random`]: one randomness trait (`SystemRandom` on ring; fixed and seeded sources for
 //!   tests).
 #![forbid(unsafe_code)]
@@ -22,7 +20,6 @@
 pub mod backoff;
 pub mod clock;
 pub mod config;
-pub mod cpu;
 pub mod http;
 pub mod random;
 pub mod shutdown;

@@ -26,7 +26,6 @@ use crate::metrics::Metrics;
 use crate::policy::renewal::{self, EntryFacts, RenewalBasis};
 use crate::policy::{Denial, DenialKind, GrantSource, IssueRequest, Policy};
 use crate::store::{NewCertificate, Store, StoreError};
-use signet_runtime::cpu::{CpuError, CpuPool};
 use signet_runtime::telemetry::{TARGET as TRACE, record_outcome};
 use tracing::Instrument as _;
 use tracing::field::Empty;
@@ -74,9 +73,6 @@ pub enum IssuerError {
     /// The ledger's queue is full (retryable, with backoff).
     #[error("the CA is overloaded (ledger queue full); retry with backoff")]
     LedgerOverloaded,
-    /// The queue of signature work is full (retryable, with backoff).
-    #[error("the CA is overloaded ({0}); retry with backoff")]
-    CpuBusy(CpuError),
     /// The ledger did not commit the record, so the certificate was discarded (retryable).
     #[error("the certificate could not be recorded, so it was not issued; retry later ({0})")]
     NotRecorded(LedgerError),
@@ -98,7 +94,6 @@ impl IssuerError {
             IssuerError::RateLimited { .. } => "resource_exhausted",
             IssuerError::CaNotValid(_)
             | IssuerError::LedgerOverloaded
-            | IssuerError::CpuBusy(_)
             | IssuerError::NotRecorded(_)
             | IssuerError::Store(StoreError::Unavailable(_)) => "unavailable",
             IssuerError::Store(_) | IssuerError::Internal { .. } => "internal",
@@ -149,8 +144,6 @@ pub struct Issuer {
     caller_limits: Option<Arc<crate::limits::CallerLimits>>,
     /// Ledger rows of certificates presented over mTLS, reused for a second.
     presented_rows: crate::policy::row_cache::RowCache,
-    /// Where CSR checks, signing and self-checks run.
-    cpu: CpuPool,
 }
 
 impl std::fmt::Debug for Issuer {
@@ -174,8 +167,6 @@ pub struct IssuerParts {
     pub store: Arc<dyn Store>,
     pub audit: AuditLog,
     pub metrics: Arc<Metrics>,
-    /// Runs the CPU-bound steps (CSR signature check, signing, self-check).
-    pub cpu: CpuPool,
 }
 
 impl Issuer {
@@ -194,7 +185,6 @@ impl Issuer {
             metrics: p.metrics,
             caller_limits: None,
             presented_rows: Default::default(),
-            cpu: p.cpu,
         }
     }
 
@@ -365,12 +355,7 @@ impl Issuer {
         caller: &AuthenticatedCaller,
         input: IssueInput<'_>,
     ) -> Result<IssuedCert, IssuerError> {
-        // The CSR's signature check and, below, the signing and the self-check run on the CPU
-        // pool (`signet_runtime::cpu`), off the async workers.
-        let csr_der = input.csr.to_vec();
-        let csr = self
-            .cpu(&input.request_id, move || VerifiedCsr::parse(&csr_der))
-            .await?
+        let csr = VerifiedCsr::parse(input.csr)
             .map_err(|e| self.deny(caller, "issue.invalid", format!("invalid CSR: {e}"), true))?;
         let merged;
         let names = match &input.extra_names {
@@ -402,7 +387,7 @@ impl Issuer {
         record_outcome(&span, &grant, |d| d.reason);
         let grant = grant.map_err(|d| self.denial(caller, Refusal::Policy(d)))?;
 
-        let authority = self.authority.load_full();
+        let authority = self.authority.load();
         let span = tracing::info_span!(
             target: TRACE,
             "sign",
@@ -410,14 +395,7 @@ impl Issuer {
             serial = Empty,
             outcome = Empty
         );
-        let serials = self.serials.clone();
-        let (cert, grant) = self
-            .cpu(&input.request_id, move || {
-                let cert = authority.issue(&csr, &grant, now, serials.as_ref());
-                (cert, grant)
-            })
-            .instrument(span.clone())
-            .await?;
+        let cert = span.in_scope(|| authority.issue(&csr, &grant, now, self.serials.as_ref()));
         if let Ok(c) = &cert {
             span.record("spiffe_id", tracing::field::display(&c.spiffe_id));
             span.record("serial", c.serial.as_str());
@@ -480,24 +458,6 @@ impl Issuer {
             "issued"
         );
         Ok(cert)
-    }
-
-    /// Runs `f` on the CPU pool. A full pool is the same retryable overload as a full ledger
-    /// queue; a panic in `f` is our bug, logged with the request id.
-    async fn cpu<T, F>(&self, request_id: &str, f: F) -> Result<T, IssuerError>
-    where
-        F: FnOnce() -> T + Send + 'static,
-        T: Send + 'static,
-    {
-        self.cpu.run(f).await.map_err(|e| match e {
-            CpuError::Busy(_) => IssuerError::CpuBusy(e),
-            CpuError::Closed | CpuError::Panicked => {
-                tracing::error!(error = %e, request_id, "issuance failed");
-                IssuerError::Internal {
-                    request_id: request_id.to_owned(),
-                }
-            }
-        })
     }
 
     /// Re-checks the certificate an mTLS caller presents: its ledger row and the source of its

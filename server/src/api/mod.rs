@@ -178,7 +178,6 @@ impl From<IssuerError> for ApiError {
             },
             e @ (IssuerError::CaNotValid(_)
             | IssuerError::LedgerOverloaded
-            | IssuerError::CpuBusy(_)
             | IssuerError::NotRecorded(_)) => ApiError::Unavailable(e.to_string()),
             IssuerError::Store(e) => ApiError::from(e),
             IssuerError::Internal { request_id } => ApiError::Internal(request_id),

@@ -43,9 +43,8 @@ use crate::store::{EntryRow, NodeRow, NodeStore};
 /// Most CSRs in one `SignWorkloads` call.
 pub const MAX_WORKLOADS_PER_CALL: usize = 256;
 
-/// Most CSRs of one `SignWorkloads` call being signed or committed at once: what one call may
-/// put on the CPU pool's queue (sized for every admitted request doing so).
-pub const WORKLOADS_IN_FLIGHT: usize = 32;
+/// Most CSRs of one `SignWorkloads` call being signed or committed at once.
+const WORKLOADS_IN_FLIGHT: usize = 16;
 
 pub struct NodeApi {
     issuer: Arc<Issuer>,
@@ -293,9 +292,11 @@ impl Node for NodeApi {
             .into());
         }
         let caller = self.node_caller(&creds).await?;
-        // Signed WORKLOADS_IN_FLIGHT at a time (on the CPU pool, so one call uses every
-        // core), and the ledger's group commit records them in a few transactions instead of
-        // one per CSR; results keep the request's order.
+        // Signed WORKLOADS_IN_FLIGHT at a time: the ledger's group commit records them in a
+        // few transactions instead of one per CSR, and no poll of this call's task signs more
+        // than that many in a row (all 256 at once would hold a runtime worker, and every
+        // request queued behind it, for tens of milliseconds). Results keep the request's
+        // order.
         let signings: Vec<_> = req
             .csrs
             .iter()

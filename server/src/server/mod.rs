@@ -16,7 +16,6 @@ use signet_proto::admin::revocation_admin_server::RevocationAdminServer;
 use signet_proto::agent::node_server::NodeServer;
 use signet_proto::ca::certificate_authority_server::CertificateAuthorityServer;
 use signet_proto::istio_ca::istio_certificate_service_server::IstioCertificateServiceServer;
-use signet_runtime::cpu::CpuPool;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 
@@ -156,16 +155,6 @@ pub async fn run(
             store: store.clone(),
             audit: audit.clone(),
             metrics: metrics.clone(),
-            // One thread per core; room for every request the server admits (a SignWorkloads
-            // call puts up to WORKLOADS_IN_FLIGHT jobs on it), so only a bug fills it.
-            cpu: CpuPool::per_core(
-                "signet-cpu",
-                cfg.limits
-                    .max_concurrent_requests
-                    .max(1)
-                    .saturating_mul(crate::api::node::WORKLOADS_IN_FLIGHT),
-            )
-            .map_err(|e| anyhow!("starting the CPU pool: {e}"))?,
         })
         .with_caller_limits(Arc::new(CallerLimits::new(&cfg.limits))),
     );
