@@ -6,6 +6,15 @@
 //! number, or all of them with the same error. While one batch commits, the next accumulates
 //! in the queue, so durability costs one commit per batch rather than per certificate.
 //!
+//! The writer runs on a thread of its own with a single-threaded runtime, and on PostgreSQL
+//! through a connection made there ([`crate::store::connect_ledger_writer`]). The server's
+//! runtime workers spend a quarter of a millisecond per issuance inside one poll (checking and
+//! making signatures), and they look at their I/O driver only between polls: a commit reply
+//! arriving at a socket of theirs waited for milliseconds under load. The writer's thread
+//! sleeps in its own driver and the kernel wakes it the moment the answer arrives, so a
+//! transaction takes about its round trip (measured at 2,700 issuances/s: 0.65-1.2 ms mean,
+//! against 1.9 ms on the shared runtime) and requests wait less for their commit.
+//!
 //! No issuance waits forever: each waits at most `ledger.commit_deadline` for its commit
 //! (queueing included) and then answers Unavailable; its certificate is discarded, never
 //! returned. A record whose waiter has already given up is not committed at all. The writer's
@@ -18,7 +27,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::LedgerConfig;
-use crate::store::{LedgerStore, NewCertificate};
+use crate::store::{LedgerStore, NewCertificate, StoreError};
 
 /// Why a certificate was not recorded. The caller must not return the certificate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -190,8 +199,10 @@ impl std::fmt::Debug for LedgerWriter {
 }
 
 impl LedgerWriter {
-    /// Starts the writer task on the current tokio runtime. It stops when every handle is
-    /// dropped (after committing what is queued).
+    /// Starts the writer task on the current tokio runtime (tests; the server gives the
+    /// writer a thread of its own, [`LedgerWriter::spawn_on_own_thread`]). It stops when every
+    /// handle is dropped (after committing what is queued).
+    #[cfg(test)]
     pub fn spawn(
         store: Arc<dyn LedgerStore>,
         cfg: &LedgerConfig,
@@ -214,6 +225,58 @@ impl LedgerWriter {
             deadline: cfg.commit_deadline,
             progress,
         }
+    }
+
+    /// Starts the writer on a thread of its own, on a single-threaded runtime, appending
+    /// through the store `open` makes there (see the module doc for why); returns once the
+    /// store is open, or why it could not be. The thread ends when every handle is dropped.
+    pub async fn spawn_on_own_thread<F, Fut>(
+        open: F,
+        cfg: &LedgerConfig,
+        on_batch: OnBatch,
+    ) -> Result<LedgerWriter, StoreError>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<Arc<dyn LedgerStore>, StoreError>>,
+    {
+        let (tx, rx) = mpsc::channel(cfg.queue_depth.max(1));
+        let progress = Arc::new(LedgerProgress::new(ReadyThresholds {
+            max_wait: cfg.ready_max_wait,
+            max_queue: cfg.ready_max_queue,
+        }));
+        let (opened_tx, opened) = oneshot::channel();
+        let max_batch = cfg.max_batch.max(1);
+        let task_progress = progress.clone();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Unavailable(format!("ledger writer runtime: {e}")))?;
+        std::thread::Builder::new()
+            .name("signet-ledger".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let store = match open().await {
+                        Ok(store) => {
+                            let _ = opened_tx.send(Ok(()));
+                            store
+                        }
+                        Err(e) => {
+                            let _ = opened_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    run(store, rx, max_batch, on_batch, task_progress).await;
+                });
+            })
+            .map_err(|e| StoreError::Unavailable(format!("ledger writer thread: {e}")))?;
+        opened
+            .await
+            .map_err(|_| StoreError::Unavailable("the ledger writer thread died".into()))??;
+        Ok(LedgerWriter {
+            tx,
+            deadline: cfg.commit_deadline,
+            progress,
+        })
     }
 
     /// The writer's progress (for `/readyz` and metrics).
@@ -352,6 +415,8 @@ mod tests {
         gate: Option<Semaphore>,
         /// Appends begun (including those held at the gate).
         entered: std::sync::atomic::AtomicUsize,
+        /// The thread the last append ran on.
+        appended_on: Mutex<Option<String>>,
     }
 
     impl FakeStore {
@@ -386,6 +451,7 @@ mod tests {
         ) -> Result<Vec<u64>, StoreError> {
             self.entered
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            *self.appended_on.lock().unwrap() = std::thread::current().name().map(str::to_owned);
             if let Some(g) = &self.gate {
                 g.acquire().await.unwrap().forget();
             }
@@ -524,6 +590,48 @@ mod tests {
         *store.fail.lock().unwrap() = None;
         store.open(1);
         assert_eq!(w.commit(cert(9)).await, Ok(1));
+    }
+
+    #[tokio::test]
+    async fn the_writer_on_its_own_thread_appends_through_the_store_opened_there() {
+        let store = Arc::new(FakeStore::default());
+        let opened = store.clone();
+        let (on_batch, sizes) = recorder();
+        let w = LedgerWriter::spawn_on_own_thread(
+            move || async move {
+                // Made on the writer's thread, as the PostgreSQL connection is.
+                assert_eq!(std::thread::current().name(), Some("signet-ledger"));
+                Ok(opened as Arc<dyn LedgerStore>)
+            },
+            &cfg(64, 100),
+            on_batch,
+        )
+        .await
+        .unwrap();
+        assert_eq!(w.commit(cert(0)).await, Ok(1));
+        assert_eq!(w.commit(cert(1)).await, Ok(2));
+        assert_eq!(store.serials(), vec![cert(0).serial, cert(1).serial]);
+        assert_eq!(
+            store.appended_on.lock().unwrap().as_deref(),
+            Some("signet-ledger")
+        );
+        assert_eq!(*sizes.lock().unwrap(), vec![1, 1]);
+    }
+
+    #[tokio::test]
+    async fn a_store_the_writer_cannot_open_is_reported_and_nothing_starts() {
+        let (on_batch, _) = recorder();
+        let err = LedgerWriter::spawn_on_own_thread(
+            || async { Err(StoreError::Unavailable("no route to the database".into())) },
+            &cfg(64, 100),
+            on_batch,
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Unavailable(m) if m == "no route to the database"),
+            "{err:?}"
+        );
     }
 
     #[tokio::test]

@@ -108,11 +108,16 @@ pub async fn run(
 
     let metrics = Metrics::new();
     let batch_metrics = metrics.clone();
-    let ledger = LedgerWriter::spawn(
-        store.clone(),
+    let (writer_url, writer_db, shared) = (db_url.clone(), cfg.database.clone(), store.clone());
+    let ledger = LedgerWriter::spawn_on_own_thread(
+        move || async move {
+            crate::store::connect_ledger_writer(&writer_url, &writer_db, shared).await
+        },
         &cfg.ledger,
         Arc::new(move |size, took| batch_metrics.observe_batch(size, took)),
-    );
+    )
+    .await
+    .map_err(|e| anyhow!("ledger writer: {e}"))?;
     let ledger_progress = ledger.progress();
     let audit = AuditLog::spawn_with(
         store.clone(),

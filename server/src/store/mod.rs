@@ -86,6 +86,22 @@ pub async fn connect(
     connect_with(url, &cfg).await
 }
 
+/// The store the ledger writer appends through, made on the writer's own thread (see
+/// `crate::ledger`): on PostgreSQL a connection of its own, so that the writer's runtime is
+/// the one that hears the database's answers; on SQLite, whose connections answer through
+/// their own threads whatever runtime waits, the server's `shared` store.
+pub async fn connect_ledger_writer(
+    url: &str,
+    cfg: &DatabaseConfig,
+    shared: Arc<dyn Store>,
+) -> Result<Arc<dyn LedgerStore>, StoreError> {
+    if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        Ok(Arc::new(PgStore::connect_ledger_writer(url, cfg).await?))
+    } else {
+        Ok(shared)
+    }
+}
+
 /// Connects to `url` with every `[database]` setting (session timeouts, pool size, busy timeout).
 pub async fn connect_with(url: &str, cfg: &DatabaseConfig) -> Result<Arc<dyn Store>, StoreError> {
     if url.starts_with("sqlite:") {

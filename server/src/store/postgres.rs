@@ -58,26 +58,7 @@ impl PgStore {
     /// `cfg`, so no session (ours, or one stuck holding the ledger head) can stop issuance
     /// for longer than those bounds.
     pub async fn connect_with(url: &str, cfg: &DatabaseConfig) -> Result<Self, StoreError> {
-        let acquire_timeout = cfg.acquire_timeout;
-        // The URL may carry a password: never echo it.
-        let options = PgConnectOptions::from_str(url)
-            .map_err(|_| StoreError::Database("invalid PostgreSQL URL".into()))?
-            .application_name("signet-server")
-            .options(session_settings(cfg));
-        let pool_options = PgPoolOptions::new()
-            .max_connections(cfg.max_connections.max(1))
-            .acquire_timeout(acquire_timeout);
-        let pool = tokio::time::timeout(
-            CONNECT_TIMEOUT.max(acquire_timeout),
-            pool_options.connect_with(options),
-        )
-        .await
-        .map_err(|_| {
-            StoreError::Unavailable(format!(
-                "no connection to PostgreSQL within {CONNECT_TIMEOUT:?}"
-            ))
-        })?
-        .map_err(map_err)?;
+        let pool = pool(url, cfg, cfg.max_connections.max(1), "signet-server").await?;
         MIGRATOR
             .run(&pool)
             .await
@@ -86,6 +67,21 @@ impl PgStore {
         Ok(Self {
             pool,
             events,
+            head: Arc::default(),
+        })
+    }
+
+    /// The ledger writer's own store (see `crate::ledger`): one connection with the same
+    /// session settings, made on the writer's thread so that its runtime is the one that
+    /// hears the database's answers. No migrations (the server's main store ran them) and no
+    /// entry listener (the writer appends certificates only).
+    pub async fn connect_ledger_writer(
+        url: &str,
+        cfg: &DatabaseConfig,
+    ) -> Result<Self, StoreError> {
+        Ok(Self {
+            pool: pool(url, cfg, 1, "signet-server-ledger").await?,
+            events: super::entry_events::EntryEvents::local(),
             head: Arc::default(),
         })
     }
@@ -104,6 +100,35 @@ impl PgStore {
             .map_err(map_err)?;
         Ok(())
     }
+}
+
+/// A pool of at most `connections` sessions to `url`, each started with `cfg`'s timeouts; the
+/// first connection is made within [`CONNECT_TIMEOUT`] (or the acquire timeout, if longer).
+async fn pool(
+    url: &str,
+    cfg: &DatabaseConfig,
+    connections: u32,
+    application: &str,
+) -> Result<PgPool, StoreError> {
+    // The URL may carry a password: never echo it.
+    let options = PgConnectOptions::from_str(url)
+        .map_err(|_| StoreError::Database("invalid PostgreSQL URL".into()))?
+        .application_name(application)
+        .options(session_settings(cfg));
+    let pool_options = PgPoolOptions::new()
+        .max_connections(connections)
+        .acquire_timeout(cfg.acquire_timeout);
+    tokio::time::timeout(
+        CONNECT_TIMEOUT.max(cfg.acquire_timeout),
+        pool_options.connect_with(options),
+    )
+    .await
+    .map_err(|_| {
+        StoreError::Unavailable(format!(
+            "no connection to PostgreSQL within {CONNECT_TIMEOUT:?}"
+        ))
+    })?
+    .map_err(map_err)
 }
 
 /// Classifies a PostgreSQL error: the retryable SQLSTATEs ([`retryable_sqlstate`]) are
