@@ -174,11 +174,20 @@ fn take_ticket(tickets: &std::sync::atomic::AtomicU64) -> bool {
 const MAX_IN_FLIGHT: usize = 8192;
 
 /// Open loop: request `i` is due at `start + i / rate`, sent then whatever is in flight.
+///
+/// One task drives everything: a 1 ms tick sends every request that has come due since the
+/// last tick, and the answers are awaited together (`FuturesUnordered`), so the generator costs
+/// one timer wake-up per millisecond and no task per request. A request's latency counts from
+/// when it was due, so the tick's granularity and any lateness of the generator itself count
+/// against the latency, never hide it.
 pub(super) async fn open_loop<F, Fut>(call: F, rate: f64, plan: Plan) -> anyhow::Result<Outcome>
 where
     F: Fn(u64) -> Fut,
-    Fut: Future<Output = Result<(), String>> + Send + 'static,
+    Fut: Future<Output = Result<(), String>>,
 {
+    use futures::StreamExt as _;
+    use futures::stream::FuturesUnordered;
+
     anyhow::ensure!(
         rate.is_finite() && rate > 0.0,
         "--rate must be a positive number of requests per second"
@@ -186,52 +195,58 @@ where
     let start = Instant::now();
     let measure_from = start + plan.warmup;
     let stop_at = measure_from + plan.duration;
-    let errors = Arc::new(Mutex::new(Errors::default()));
-    let latencies = Arc::new(Mutex::new(Vec::new()));
-    let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0u64.. {
-        if plan.requests.is_some_and(|n| i >= n) {
-            break;
-        }
-        let due = start + Duration::from_secs_f64(i as f64 / rate);
-        if plan.requests.is_none() && due >= stop_at {
-            break;
-        }
-        tokio::time::sleep_until(due.into()).await;
-        let Ok(permit) = in_flight.clone().try_acquire_owned() else {
-            note_error(
-                &errors,
-                format!("more than {MAX_IN_FLIGHT} requests in flight"),
-            );
-            continue;
-        };
-        let fut = call(i);
-        let errors = errors.clone();
-        let latencies = latencies.clone();
-        let measured = plan.requests.is_some() || due >= measure_from;
-        tasks.spawn(async move {
-            let r = fut.await;
-            drop(permit);
-            match r {
-                Ok(()) if measured => latencies
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(due.elapsed()),
-                Ok(()) => {}
-                Err(e) => note_error(&errors, e),
+    let errors = Mutex::new(Errors::default());
+    let mut latencies = Vec::new();
+    let mut in_flight = FuturesUnordered::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let due_at = |i: u64| start + Duration::from_secs_f64(i as f64 / rate);
+    let mut next = 0u64;
+    let mut sending = true;
+    while sending || !in_flight.is_empty() {
+        tokio::select! {
+            _ = tick.tick(), if sending => {
+                let now = Instant::now();
+                loop {
+                    if plan.requests.is_some_and(|n| next >= n) {
+                        sending = false;
+                        break;
+                    }
+                    let due = due_at(next);
+                    if plan.requests.is_none() && due >= stop_at {
+                        sending = false;
+                        break;
+                    }
+                    if due > now {
+                        break;
+                    }
+                    if in_flight.len() >= MAX_IN_FLIGHT {
+                        note_error(
+                            &errors,
+                            format!("more than {MAX_IN_FLIGHT} requests in flight"),
+                        );
+                    } else {
+                        let measured = plan.requests.is_some() || due >= measure_from;
+                        let fut = call(next);
+                        in_flight.push(async move { (fut.await, due, measured) });
+                    }
+                    next += 1;
+                }
             }
-        });
-        // Reap finished tasks as we go, so the set stays small.
-        while tasks.try_join_next().is_some() {}
+            Some((r, due, measured)) = in_flight.next(), if !in_flight.is_empty() => {
+                match r {
+                    Ok(()) if measured => latencies.push(due.elapsed()),
+                    Ok(()) => {}
+                    Err(e) => note_error(&errors, e),
+                }
+            }
+        }
     }
-    while tasks.join_next().await.is_some() {}
     let elapsed = match plan.requests {
         Some(_) => start.elapsed(),
         None => stop_at.saturating_duration_since(measure_from),
     };
-    let all = std::mem::take(&mut *latencies.lock().unwrap_or_else(|p| p.into_inner()));
-    let mut out = finish(all, elapsed, &errors);
+    let mut out = finish(latencies, elapsed, &errors);
     out.offered = Some(rate);
     Ok(out)
 }

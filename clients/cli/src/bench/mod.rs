@@ -83,6 +83,10 @@ pub struct BenchArgs {
     /// (the like-for-like with Signet's TLS listener); needs --cfssl-ca.
     #[arg(long, value_name = "ADDR", requires = "cfssl_ca")]
     cfssl_tls: Option<String>,
+    /// Repeat the measurement (Signet, then each cfssl run) this many times and print the
+    /// medians: on a machine whose speed drifts, the same-run ratio per round and its spread.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// PEM roots that the TLS cfssl's certificate (for the name `localhost`) chains to.
     #[arg(long, value_name = "FILE")]
     cfssl_ca: Option<PathBuf>,
@@ -269,46 +273,6 @@ pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
         }
     };
 
-    let outcome = match args.rate {
-        Some(rate) => {
-            println!(
-                "bench: open loop at {rate:.0} requests/s over {conns} TLS connections to {} for {}",
-                args.addr,
-                plan.describe()
-            );
-            phase(
-                "certificates",
-                &args.cpu,
-                plan,
-                load::open_loop(|i| call(i as usize), rate, plan),
-            )
-            .await?
-        }
-        None => {
-            println!(
-                "bench: {} clients over {conns} TLS connections to {} for {}",
-                args.concurrency,
-                args.addr,
-                plan.describe()
-            );
-            let call = Arc::new(call);
-            let clients = (0..args.concurrency)
-                .map(|i| {
-                    let call = call.clone();
-                    move || call(i)
-                })
-                .collect();
-            phase(
-                "certificates",
-                &args.cpu,
-                plan,
-                load::closed_loop(clients, plan),
-            )
-            .await?
-        }
-    };
-    let mut errs = outcome.errors;
-    let signet_rate = outcome.rate();
     let tls = match &args.cfssl_ca {
         Some(p) => Some(cfssl::tls_config(
             &std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
@@ -319,17 +283,104 @@ pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
         (&args.cfssl, None, "plain"),
         (&args.cfssl_tls, tls.as_ref(), "TLS"),
     ];
-    for (addr, tls, how) in runs {
-        let Some(addr) = addr else { continue };
-        let theirs = cfssl_phase(addr, tls, args.concurrency, &args.cpu, plan).await?;
-        errs += theirs.errors;
-        println!(
-            "side by side:  signet {signet_rate:.0}/s, cfssl ({how}) {:.0}/s: signet at {:.2}x cfssl",
-            theirs.rate(),
-            signet_rate / theirs.rate().max(1e-9)
-        );
+    let call = Arc::new(call);
+    let rounds = args.rounds.max(1);
+    let mut errs = 0;
+    // Per round: Signet's rate, then each cfssl run's (plain, TLS), measured one after the
+    // other, so a machine whose speed drifts shows it in the ratio's spread.
+    let mut signet_rates = Vec::with_capacity(rounds);
+    let mut cfssl_rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for round in 1..=rounds {
+        if rounds > 1 {
+            println!("== round {round} of {rounds}");
+        }
+        let outcome = match args.rate {
+            Some(rate) => {
+                println!(
+                    "bench: open loop at {rate:.0} requests/s over {conns} TLS connections to {} for {}",
+                    args.addr,
+                    plan.describe()
+                );
+                let call = call.clone();
+                phase(
+                    "certificates",
+                    &args.cpu,
+                    plan,
+                    load::open_loop(move |i| call(i as usize), rate, plan),
+                )
+                .await?
+            }
+            None => {
+                println!(
+                    "bench: {} clients over {conns} TLS connections to {} for {}",
+                    args.concurrency,
+                    args.addr,
+                    plan.describe()
+                );
+                let clients = (0..args.concurrency)
+                    .map(|i| {
+                        let call = call.clone();
+                        move || call(i)
+                    })
+                    .collect();
+                phase(
+                    "certificates",
+                    &args.cpu,
+                    plan,
+                    load::closed_loop(clients, plan),
+                )
+                .await?
+            }
+        };
+        errs += outcome.errors;
+        let signet_rate = outcome.rate();
+        signet_rates.push(signet_rate);
+        for (k, (addr, tls, how)) in runs.iter().enumerate() {
+            let Some(addr) = addr else { continue };
+            let theirs = cfssl_phase(addr, *tls, args.concurrency, &args.cpu, plan).await?;
+            errs += theirs.errors;
+            cfssl_rates[k].push(theirs.rate());
+            println!(
+                "side by side:  signet {signet_rate:.0}/s, cfssl ({how}) {:.0}/s: signet at {:.2}x cfssl",
+                theirs.rate(),
+                signet_rate / theirs.rate().max(1e-9)
+            );
+        }
+    }
+    if rounds > 1 {
+        let signet = median(&signet_rates);
+        println!("median of {rounds} rounds: signet {signet:.0}/s");
+        for (k, (_, _, how)) in runs.iter().enumerate() {
+            if cfssl_rates[k].is_empty() {
+                continue;
+            }
+            let ratios: Vec<f64> = signet_rates
+                .iter()
+                .zip(&cfssl_rates[k])
+                .map(|(a, b)| a / b.max(1e-9))
+                .collect();
+            println!(
+                "median of {rounds} rounds: cfssl ({how}) {:.0}/s: signet at {:.2}x cfssl \
+                 (per round {:.2}x to {:.2}x)",
+                median(&cfssl_rates[k]),
+                signet / median(&cfssl_rates[k]).max(1e-9),
+                ratios.iter().copied().fold(f64::INFINITY, f64::min),
+                ratios.iter().copied().fold(0.0, f64::max),
+            );
+        }
     }
     finish(socket, args.no_verify, errs).await
+}
+
+/// The median of `v` (the mean of the middle two for an even count); 0 for none.
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// Verifies the ledger (unless `no_verify`); fails the run on a broken chain or any error.
@@ -348,4 +399,15 @@ async fn finish(socket: &Path, no_verify: bool, errs: u64) -> anyhow::Result<Exi
     } else {
         ExitCode::from(1)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_median_is_the_middle_value_or_the_mean_of_the_middle_two() {
+        assert_eq!(super::median(&[]), 0.0);
+        assert_eq!(super::median(&[3.0]), 3.0);
+        assert_eq!(super::median(&[5.0, 1.0, 3.0]), 3.0);
+        assert_eq!(super::median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
 }
