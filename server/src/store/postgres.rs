@@ -58,7 +58,7 @@ impl PgStore {
     /// `cfg`, so no session (ours, or one stuck holding the ledger head) can stop issuance
     /// for longer than those bounds.
     pub async fn connect_with(url: &str, cfg: &DatabaseConfig) -> Result<Self, StoreError> {
-        let pool = pool(url, cfg, cfg.max_connections.max(1), "signet-server").await?;
+        let pool = pool(url, cfg, cfg.max_connections.max(1), "signet-server", true).await?;
         MIGRATOR
             .run(&pool)
             .await
@@ -71,16 +71,20 @@ impl PgStore {
         })
     }
 
-    /// The ledger writer's own store (see `crate::ledger`): one connection with the same
-    /// session settings, made on the writer's thread so that its runtime is the one that
-    /// hears the database's answers. No migrations (the server's main store ran them) and no
-    /// entry listener (the writer appends certificates only).
+    /// The ledger writer's own store (see `crate::ledger`): connections with the same session
+    /// settings, made on the writer's thread so that its runtime is the one that hears the
+    /// database's answers. No migrations (the server's main store ran them) and no entry
+    /// listener (the writer appends certificates only). Round trips are what an append
+    /// costs, so: a connection is not pinged before each use (a connection that died fails
+    /// its next append, which answers that batch Unavailable as any database fault does, and
+    /// the pool opens a new one); and there are two, because sqlx pings each connection when
+    /// it comes back to the pool, so with one the next batch would wait for that ping.
     pub async fn connect_ledger_writer(
         url: &str,
         cfg: &DatabaseConfig,
     ) -> Result<Self, StoreError> {
         Ok(Self {
-            pool: pool(url, cfg, 1, "signet-server-ledger").await?,
+            pool: pool(url, cfg, 2, "signet-server-ledger", false).await?,
             events: super::entry_events::EntryEvents::local(),
             head: Arc::default(),
         })
@@ -104,11 +108,13 @@ impl PgStore {
 
 /// A pool of at most `connections` sessions to `url`, each started with `cfg`'s timeouts; the
 /// first connection is made within [`CONNECT_TIMEOUT`] (or the acquire timeout, if longer).
+/// `ping`: check each connection with a round trip before lending it.
 async fn pool(
     url: &str,
     cfg: &DatabaseConfig,
     connections: u32,
     application: &str,
+    ping: bool,
 ) -> Result<PgPool, StoreError> {
     // The URL may carry a password: never echo it.
     let options = PgConnectOptions::from_str(url)
@@ -117,7 +123,8 @@ async fn pool(
         .options(session_settings(cfg));
     let pool_options = PgPoolOptions::new()
         .max_connections(connections)
-        .acquire_timeout(cfg.acquire_timeout);
+        .acquire_timeout(cfg.acquire_timeout)
+        .test_before_acquire(ping);
     tokio::time::timeout(
         CONNECT_TIMEOUT.max(cfg.acquire_timeout),
         pool_options.connect_with(options),
