@@ -110,7 +110,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cfg: Config) -> Result<(), String> {
+async fn run(mut cfg: Config) -> Result<(), String> {
     if cfg.server_address.is_empty() {
         return Err("configuration: server_address is required".into());
     }
@@ -122,11 +122,13 @@ async fn run(cfg: Config) -> Result<(), String> {
         ),
         None => None,
     };
-    // Sinks are built now so a bad sink fails the start, not the first rotation.
+    // Sinks are built now so a bad sink fails the start, not the first rotation. Their
+    // configuration is then dropped (each sink keeps what it needs): with a thousand sinks it
+    // is half a megabyte, and the rest of `cfg` is kept (and cloned) until the agent stops.
+    let sink_cfgs = std::mem::take(&mut cfg.sinks);
     let registry = Registry::default();
     let mut deps = Deps::default();
-    if cfg
-        .sinks
+    if sink_cfgs
         .iter()
         .any(|s| matches!(s.kind, SinkKind::KubernetesSecret(_)))
     {
@@ -134,8 +136,7 @@ async fn run(cfg: Config) -> Result<(), String> {
             .map_err(|e| format!("kubernetes-secret sinks need the Kubernetes API: {e}"))?;
         deps.kube = Some(Arc::new(api));
     }
-    let sinks = cfg
-        .sinks
+    let sinks = sink_cfgs
         .iter()
         .map(|s| {
             let sink = registry.build(s, &deps).map_err(|e| e.to_string())?;
@@ -151,6 +152,7 @@ async fn run(cfg: Config) -> Result<(), String> {
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
+    drop(sink_cfgs);
 
     let (state_tx, state_rx) = state::channel();
     let metrics = Arc::new(Metrics::new(state_rx.clone(), Arc::new(SystemClock)));
