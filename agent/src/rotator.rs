@@ -105,7 +105,9 @@ pub struct Rotator {
     random: Random,
     fraction: f64,
     state: StateSender,
-    held: HashMap<String, Held>,
+    /// Boxed: a map sized for 1,000 entries has room for up to twice as many, and an empty
+    /// place costs a pointer, not a whole `Held`.
+    held: HashMap<String, Box<Held>>,
     bundle_der: Ders,
     /// The CRLs in force as served (DER), kept in step with `revocations` by [`Self::tick`].
     crls_der: Ders,
@@ -137,7 +139,7 @@ fn spiffe_ids(entries: &[EntrySpec]) -> String {
 
 fn due<'a>(
     entries: &'a [EntrySpec],
-    held: &HashMap<String, Held>,
+    held: &HashMap<String, Box<Held>>,
     rev: &Revocations,
     now: SystemTime,
 ) -> Vec<&'a EntrySpec> {
@@ -481,7 +483,7 @@ impl Rotator {
                             .saturating_add(1);
                         tracing::warn!(entry = %entry_id, reason = %why, retry_in = ?held.due_at(&self.revocations).duration_since(now).unwrap_or_default(), "the new certificate is compromised too");
                     }
-                    self.held.insert(entry_id, held);
+                    self.held.insert(entry_id, Box::new(held));
                     ok += 1;
                 }
                 Err(e) => {
