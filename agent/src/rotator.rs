@@ -15,7 +15,10 @@
 //!
 //! Memory: each certificate is held once (`Arc<X509Svid>`), as are the bundle and the CRLs
 //! ([`crate::state::Ders`]); what the rotator publishes to the Workload API state and hands to
-//! the sinks shares them, so a pass over 1,000 entries copies pointers, not certificates.
+//! the sinks shares them, so a pass over 1,000 entries copies pointers, not certificates. A
+//! pass signs in calls of at most [`SIGN_BATCH`] CSRs, each call's keys and answers checked and
+//! installed before the next call's keys are made, so a burst of 1,000 new entries never has
+//! more than one call's worth of keys, CSRs and answers in memory at once.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -53,6 +56,11 @@ pub fn retry_wait(failures: u32, rnd: f64, pushback: Option<Duration>) -> Durati
 }
 /// Longest sleep between passes, so new entries are picked up.
 pub const MAX_SLEEP: Duration = Duration::from_secs(60);
+
+/// CSRs per `SignWorkloads` call (the server takes up to [`crate::ca::MAX_CSRS_PER_CALL`]).
+/// A call's keys, CSRs and answers (chains with their roots) are in memory together; the
+/// next call's are made only once they are installed.
+pub const SIGN_BATCH: usize = 64;
 
 struct Held {
     spec: EntrySpec,
@@ -97,7 +105,9 @@ pub struct Rotator {
     random: Random,
     fraction: f64,
     state: StateSender,
-    held: HashMap<String, Held>,
+    /// Boxed: a map sized for 1,000 entries has room for up to twice as many, and an empty
+    /// place costs a pointer, not a whole `Held`.
+    held: HashMap<String, Box<Held>>,
     bundle_der: Ders,
     /// The CRLs in force as served (DER), kept in step with `revocations` by [`Self::tick`].
     crls_der: Ders,
@@ -129,7 +139,7 @@ fn spiffe_ids(entries: &[EntrySpec]) -> String {
 
 fn due<'a>(
     entries: &'a [EntrySpec],
-    held: &HashMap<String, Held>,
+    held: &HashMap<String, Box<Held>>,
     rev: &Revocations,
     now: SystemTime,
 ) -> Vec<&'a EntrySpec> {
@@ -368,12 +378,58 @@ impl Rotator {
         ),
         err(Display)
     )]
-    /// Signs `want` in one call: how many were signed, and the longest retry pushback the
-    /// server gave an entry it shed (the pass's pushback, as a whole call's would be).
+    /// Signs `want` in calls of at most [`SIGN_BATCH`]: how many were signed, and the longest
+    /// retry pushback the server gave (for an entry it shed, or with a call it refused: the
+    /// pass's pushback, as a whole call's would be). What a call signed is published to the
+    /// Workload API and handed to the sinks before the next call, so a burst's files are
+    /// written while the rest is signed. A call that fails stops the pass: when it is the
+    /// first, the pass fails as a whole; after others succeeded, what they signed is kept and
+    /// the pass counts as partly failed.
     async fn sign(&mut self, want: &[EntrySpec]) -> Result<(usize, Option<Duration>), CaError> {
-        let mut keys = HashMap::new();
-        let mut csrs = Vec::new();
-        for e in want {
+        let mut ok = 0;
+        let mut pushback: Option<Duration> = None;
+        let mut learnt = false;
+        let batches = want.chunks(SIGN_BATCH).count();
+        for (i, batch) in want.chunks(SIGN_BATCH).enumerate() {
+            match self.sign_batch(batch, &mut learnt).await {
+                Ok((n, shed)) => {
+                    ok += n;
+                    pushback = pushback.max(shed);
+                    if n > 0 && i + 1 < batches {
+                        // Served and handed to the sinks now, while the next batch is signed
+                        // (the pass publishes again at its end).
+                        let now = self.clock.now();
+                        self.publish(now);
+                        self.sync_sinks(now);
+                    }
+                }
+                Err(e) if ok == 0 => return Err(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, signed = ok, of = want.len(), "workload signing failed part-way; serving the last good certificates of the others");
+                    pushback = pushback.max(e.retry_after());
+                    break;
+                }
+            }
+        }
+        if learnt && self.retry_unverified() {
+            // A CRL verified now that its issuer is known: apply it on the next pass.
+            tracing::debug!("a CRL verified with a newly learnt CA certificate");
+        }
+        tracing::Span::current().record("signed", ok);
+        Ok((ok, pushback))
+    }
+
+    /// Signs `batch` in one call and installs what comes back: how many were signed, and the
+    /// longest pushback the server gave an entry it shed. Sets `learnt` when a chain taught
+    /// the agent a new CA certificate.
+    async fn sign_batch(
+        &mut self,
+        batch: &[EntrySpec],
+        learnt: &mut bool,
+    ) -> Result<(usize, Option<Duration>), CaError> {
+        let mut keys = HashMap::with_capacity(batch.len());
+        let mut csrs = Vec::with_capacity(batch.len());
+        for e in batch {
             let k = signet_pki::new_key_and_csr().map_err(|e| CaError::Invalid(e.to_string()))?;
             csrs.push(WorkloadCsr {
                 entry_id: e.id.clone(),
@@ -384,10 +440,9 @@ impl Rotator {
         let results = self.ca.sign_workloads(csrs).await?;
         let mut ok = 0;
         let mut pushback: Option<Duration> = None;
-        let mut learnt = false;
         for (entry_id, result) in results {
             let (Some(spec), Some(key)) = (
-                want.iter().find(|e| e.id == entry_id),
+                batch.iter().find(|e| e.id == entry_id),
                 keys.remove(&entry_id),
             ) else {
                 continue;
@@ -408,7 +463,7 @@ impl Rotator {
                     let cert = CertRef::parse(c.leaf_der());
                     let before = self.issuers.clone();
                     self.issuers.learn(issuers.iter());
-                    learnt |= before != self.issuers;
+                    *learnt |= before != self.issuers;
                     let mut held = Held {
                         spec: spec.clone(),
                         svid: Arc::new(svid),
@@ -428,7 +483,7 @@ impl Rotator {
                             .saturating_add(1);
                         tracing::warn!(entry = %entry_id, reason = %why, retry_in = ?held.due_at(&self.revocations).duration_since(now).unwrap_or_default(), "the new certificate is compromised too");
                     }
-                    self.held.insert(entry_id, held);
+                    self.held.insert(entry_id, Box::new(held));
                     ok += 1;
                 }
                 Err(e) => {
@@ -437,11 +492,6 @@ impl Rotator {
                 }
             }
         }
-        if learnt && self.retry_unverified() {
-            // A CRL verified now that its issuer is known: apply it on the next pass.
-            tracing::debug!("a CRL verified with a newly learnt CA certificate");
-        }
-        tracing::Span::current().record("signed", ok);
         Ok((ok, pushback))
     }
 
@@ -572,6 +622,12 @@ mod tests {
         shed_each: Mutex<Option<Duration>>,
         /// Calls made.
         calls: Mutex<u32>,
+        /// The number of CSRs in each call, in order.
+        call_sizes: Mutex<Vec<usize>>,
+        /// Fail this call (1 for the first) and every later one as unavailable.
+        down_from_call: Mutex<Option<u32>>,
+        /// When set: the identities the agent served at each call.
+        watch_served: Mutex<Option<(crate::state::StateReceiver, Vec<usize>)>>,
         signed: Mutex<u32>,
         /// The leaves issued, in order.
         issued: Mutex<Vec<Vec<u8>>>,
@@ -599,7 +655,24 @@ mod tests {
             csrs: Vec<WorkloadCsr>,
         ) -> Result<Vec<(String, Result<SvidCertificate, CaError>)>, CaError> {
             let bad = |e: String| CaError::Invalid(e);
-            *self.calls.lock().map_err(|e| bad(e.to_string()))? += 1;
+            let call = {
+                let mut calls = self.calls.lock().map_err(|e| bad(e.to_string()))?;
+                *calls += 1;
+                *calls
+            };
+            self.call_sizes
+                .lock()
+                .map_err(|e| bad(e.to_string()))?
+                .push(csrs.len());
+            if let Some((rx, served)) =
+                &mut *self.watch_served.lock().map_err(|e| bad(e.to_string()))?
+            {
+                served.push(rx.borrow().identities.len());
+            }
+            let down_from = *self.down_from_call.lock().map_err(|e| bad(e.to_string()))?;
+            if down_from.is_some_and(|n| call >= n) {
+                return Err(CaError::Unavailable("down from this call on".into()));
+            }
             let busy = *self.busy.lock().map_err(|e| bad(e.to_string()))?;
             if let Some(retry_after) = busy {
                 return Err(CaError::Busy {
@@ -678,6 +751,9 @@ mod tests {
             busy: Mutex::new(None),
             shed_each: Mutex::new(None),
             calls: Mutex::new(0),
+            call_sizes: Mutex::new(Vec::new()),
+            down_from_call: Mutex::new(None),
+            watch_served: Mutex::new(None),
             signed: Mutex::new(0),
             issued: Mutex::new(Vec::new()),
         });
@@ -780,6 +856,76 @@ mod tests {
             text.contains("signet_agent_renewal_failures_total 3"),
             "{text}"
         );
+    }
+
+    fn entries(n: usize) -> Vec<EntrySpec> {
+        (0..n).map(|i| entry(&format!("app-{i}"))).collect()
+    }
+
+    #[tokio::test]
+    async fn a_burst_is_signed_in_calls_of_at_most_the_batch_size() {
+        let (mut r, _clock, ca, rx) = setup();
+        *ca.watch_served.lock().expect("lock") = Some((rx.clone(), Vec::new()));
+        let n = 2 * SIGN_BATCH + 3;
+        r.tick(&entries(n)).await;
+        assert_eq!(
+            *ca.call_sizes.lock().expect("lock"),
+            [SIGN_BATCH, SIGN_BATCH, 3],
+            "one call per batch, in order"
+        );
+        assert_eq!(rx.borrow().identities.len(), n, "every entry served");
+        // What a call signed is served before the next call is made.
+        let served = ca.watch_served.lock().expect("lock").take().map(|w| w.1);
+        assert_eq!(served, Some(vec![0, SIGN_BATCH, 2 * SIGN_BATCH]));
+        // Nothing is due: no call on the next pass.
+        r.tick(&entries(n)).await;
+        assert_eq!(ca.call_sizes.lock().expect("lock").len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_call_failing_part_way_keeps_what_was_signed_and_retries_the_rest() {
+        let (r, clock, ca, rx) = setup();
+        let t0 = clock.now();
+        let (_tx, mrx) = channel();
+        let metrics = Arc::new(Metrics::new(mrx, clock.clone()));
+        let mut r = r.with_metrics(metrics.clone());
+        let n = 2 * SIGN_BATCH + 3;
+        *ca.down_from_call.lock().expect("lock") = Some(2);
+        let next = r.tick(&entries(n)).await;
+        // The pass failed: retried with backoff (attempt 0, rnd 0.5: half of 1 s), and the
+        // calls after the failed one were not made.
+        assert_eq!(next, t0 + Duration::from_millis(500));
+        assert_eq!(
+            *ca.call_sizes.lock().expect("lock"),
+            [SIGN_BATCH, SIGN_BATCH]
+        );
+        assert_eq!(
+            rx.borrow().identities.len(),
+            SIGN_BATCH,
+            "the first call's are served"
+        );
+        let text = metrics.encode();
+        assert!(
+            text.contains(&format!("signet_agent_renewals_total {SIGN_BATCH}")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "signet_agent_renewal_failures_total {}",
+                n - SIGN_BATCH
+            )),
+            "{text}"
+        );
+        // The server is back: only the entries still without a certificate are asked for.
+        *ca.down_from_call.lock().expect("lock") = None;
+        advance(&clock, next);
+        r.tick(&entries(n)).await;
+        assert_eq!(
+            ca.call_sizes.lock().expect("lock")[2..],
+            [SIGN_BATCH, 3],
+            "the rest, in batches"
+        );
+        assert_eq!(rx.borrow().identities.len(), n, "every entry served");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Sinks off the renewal path: one worker task per sink, fed through a latest-wins slot.
+//! Sinks off the renewal path: one worker task per sink, fed through a latest-wins inbox.
 //!
 //! The rotator only ever *hands over* what a sink should hold now ([`SinkSet::update`], which
 //! never waits); the sink's own task applies it with a deadline (the sink's `timeout`, which
@@ -15,11 +15,16 @@
 //! [`SLOT_LEASE`]: a delivery still running then goes on without it, so a hung sink holds the
 //! others back by at most that, once. What a worker holds between deliveries is the
 //! [`Delivered`] it was handed, whose SVID, bundle and CRLs are shared with the rotator.
+//!
+//! An idle worker is small, since an agent may run a thousand of them: its task waits on a
+//! [`Inbox`] (the newest job and a `Notify`), what all workers share (the slots, the clock,
+//! where they report) is one [`Shared`], and the delivery itself, with its deadline and slot
+//! lease, is a future of its own, allocated only while it runs.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Notify, Semaphore};
 
 use crate::config::DeletionPolicy;
 use crate::metrics::{Metrics, SinkLabels};
@@ -64,6 +69,54 @@ struct Job {
     desired: Desired,
 }
 
+/// A worker's inbox: the newest job only (latest wins), and a wake-up for its task. One
+/// task waits on it; a job handed over while the task is busy is found when it looks again
+/// (`Notify` keeps the wake-up until then).
+struct Inbox {
+    job: Mutex<Job>,
+    changed: Notify,
+}
+
+impl Inbox {
+    fn new() -> Self {
+        Self {
+            job: Mutex::new(Job {
+                seq: 0,
+                desired: Desired::Nothing,
+            }),
+            changed: Notify::new(),
+        }
+    }
+
+    /// Replaces the job and wakes the task.
+    fn put(&self, job: Job) {
+        *self.job.lock().unwrap_or_else(PoisonError::into_inner) = job;
+        self.changed.notify_one();
+    }
+
+    /// The newest job's number.
+    fn seq(&self) -> u64 {
+        self.job.lock().unwrap_or_else(PoisonError::into_inner).seq
+    }
+
+    /// The newest job.
+    fn get(&self) -> Job {
+        self.job
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// What every worker of a [`SinkSet`] shares.
+struct Shared {
+    /// The delivery slots ([`DELIVERY_SLOTS`]).
+    slots: Semaphore,
+    telemetry: Telemetry,
+    clock: Arc<dyn Clock>,
+    random: Arc<dyn Random>,
+}
+
 /// What was last handed to a worker, to hand over only changes.
 enum Sent {
     Nothing,
@@ -88,7 +141,7 @@ impl Sent {
 struct Worker {
     spiffe_id: SpiffeId,
     deletion_policy: DeletionPolicy,
-    tx: watch::Sender<Job>,
+    inbox: Arc<Inbox>,
     sent: Sent,
     seq: u64,
     task: tokio::task::JoinHandle<()>,
@@ -107,29 +160,22 @@ impl SinkSet {
         clock: Arc<dyn Clock>,
         random: Arc<dyn Random>,
     ) -> Self {
-        let slots = Arc::new(Semaphore::new(DELIVERY_SLOTS));
+        let shared = Arc::new(Shared {
+            slots: Semaphore::new(DELIVERY_SLOTS),
+            telemetry,
+            clock,
+            random,
+        });
         let workers = bindings
             .into_iter()
             .map(|b| {
-                let (tx, rx) = watch::channel(Job {
-                    seq: 0,
-                    desired: Desired::Nothing,
-                });
-                let name = b.sink.name().to_owned();
-                telemetry.register(&name, clock.now());
-                let task = tokio::spawn(run(
-                    b.sink,
-                    rx,
-                    slots.clone(),
-                    b.timeout,
-                    telemetry.clone(),
-                    clock.clone(),
-                    random.clone(),
-                ));
+                shared.telemetry.register(b.sink.name(), shared.clock.now());
+                let inbox = Arc::new(Inbox::new());
+                let task = tokio::spawn(run(b.sink, b.timeout, inbox.clone(), shared.clone()));
                 Worker {
                     spiffe_id: b.spiffe_id,
                     deletion_policy: b.deletion_policy,
-                    tx,
+                    inbox,
                     sent: Sent::Nothing,
                     seq: 0,
                     task,
@@ -162,7 +208,7 @@ impl SinkSet {
             };
             w.seq += 1;
             w.sent = sent;
-            w.tx.send_replace(Job {
+            w.inbox.put(Job {
                 seq: w.seq,
                 desired,
             });
@@ -178,73 +224,94 @@ impl Drop for SinkSet {
     }
 }
 
-/// Applies the newest job, with a deadline, in one of the shared `slots`; retries failures
-/// with backoff.
-async fn run(
-    sink: Arc<dyn Sink>,
-    mut rx: watch::Receiver<Job>,
-    slots: Arc<Semaphore>,
-    timeout: Duration,
-    telemetry: Telemetry,
-    clock: Arc<dyn Clock>,
-    random: Arc<dyn Random>,
-) {
-    let name = sink.name().to_owned();
+/// Applies the newest job of `inbox`, with a deadline, in one of the shared delivery slots;
+/// retries failures with backoff. Runs until aborted (dropping the [`SinkSet`]).
+///
+/// What this future keeps while it waits is small (an idle agent holds one per sink): the
+/// delivery and the retry wait are boxed, allocated only while they run.
+async fn run(sink: Arc<dyn Sink>, timeout: Duration, inbox: Arc<Inbox>, shared: Arc<Shared>) {
     let mut applied_seq = 0u64;
     let mut failures = 0u32;
     loop {
-        let job = rx.borrow_and_update().clone();
+        let job = inbox.get();
         if job.seq == applied_seq {
-            if rx.changed().await.is_err() {
-                return;
-            }
+            inbox.changed.notified().await;
             continue;
         }
-        let (what, op) = match &job.desired {
+        let name = sink.name();
+        let now = || shared.clock.now();
+        let result = match &job.desired {
             Desired::Nothing => {
                 applied_seq = job.seq;
                 failures = 0;
-                telemetry.idle(&name, clock.now());
+                shared.telemetry.idle(name, now());
                 continue;
             }
-            Desired::Deliver(d) => ("delivery", sink.deliver(d)),
-            Desired::Remove => ("removal", sink.remove()),
-        };
-        // The semaphore is never closed; were it, the delivery would go on without a slot.
-        let mut slot = slots.acquire().await.ok();
-        telemetry.busy(&name, clock.now());
-        let op = tokio::time::timeout(timeout, op);
-        tokio::pin!(op);
-        let result = tokio::select! {
-            r = &mut op => r,
-            _ = tokio::time::sleep(SLOT_LEASE) => {
-                slot = None;
-                op.await
+            Desired::Deliver(d) => {
+                Box::pin(apply(&*sink, "delivery", sink.deliver(d), timeout, &shared)).await
+            }
+            Desired::Remove => {
+                Box::pin(apply(&*sink, "removal", sink.remove(), timeout, &shared)).await
             }
         };
-        drop(slot);
-        let result = result.unwrap_or_else(|_| {
-            Err(SinkError::timeout(
-                &name,
-                format!("{what} did not finish within {timeout:?}; abandoned"),
-            ))
-        });
         match result {
-            Ok(applied) => {
+            Ok((what, applied)) => {
                 applied_seq = job.seq;
                 failures = 0;
-                telemetry.succeeded(&name, what, &applied, clock.now());
+                shared.telemetry.succeeded(name, what, &applied, now());
             }
-            Err(e) => {
-                let wait = RETRY.delay(failures, random.unit());
+            Err((what, e)) => {
+                let wait = RETRY.delay(failures, shared.random.unit());
                 failures = failures.saturating_add(1);
-                telemetry.failed(&name, what, &e, failures, wait, clock.now());
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    changed = rx.changed() => if changed.is_err() { return },
+                shared
+                    .telemetry
+                    .failed(name, what, &e, failures, wait, now());
+                // Until the wait is over, or a newer job arrives.
+                let mut sleep = Box::pin(tokio::time::sleep(wait));
+                loop {
+                    tokio::select! {
+                        _ = &mut sleep => break,
+                        _ = inbox.changed.notified() => if inbox.seq() != job.seq { break },
+                    }
                 }
             }
         }
+    }
+}
+
+/// One delivery or removal (`what`): waits for a delivery slot, keeps it at most
+/// [`SLOT_LEASE`], and gives up after `timeout`.
+async fn apply<'a>(
+    sink: &dyn Sink,
+    what: &'static str,
+    op: impl std::future::Future<Output = Result<Applied, SinkError>> + 'a,
+    timeout: Duration,
+    shared: &Shared,
+) -> Result<(&'static str, Applied), (&'static str, SinkError)> {
+    let name = sink.name();
+    // The semaphore is never closed; were it, the delivery would go on without a slot.
+    let mut slot = shared.slots.acquire().await.ok();
+    shared.telemetry.busy(name, shared.clock.now());
+    let op = tokio::time::timeout(timeout, op);
+    tokio::pin!(op);
+    let result = tokio::select! {
+        r = &mut op => r,
+        _ = tokio::time::sleep(SLOT_LEASE) => {
+            slot = None;
+            op.await
+        }
+    };
+    drop(slot);
+    match result {
+        Ok(Ok(applied)) => Ok((what, applied)),
+        Ok(Err(e)) => Err((what, e)),
+        Err(_) => Err((
+            what,
+            SinkError::timeout(
+                name,
+                format!("{what} did not finish within {timeout:?}; abandoned"),
+            ),
+        )),
     }
 }
 

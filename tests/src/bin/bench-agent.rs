@@ -8,7 +8,15 @@
 //!   being on disk in its sink directory (issue 11's target: ≤ 3 s after the last creation);
 //! - one new entry's time to disk while the agent holds N (target ≤ 2 s): the server pushes the
 //!   change (`WatchEntries`), the agent syncs at once instead of at its next poll;
-//! - the agent's CPU while idle (user + system time over a quiet window).
+//! - the agent's CPU while idle (user + system time over a quiet window);
+//! - where its memory is: anonymous (heap, stacks) and file-backed (the binary and libraries
+//!   as far as they were touched) resident pages, and its thread count.
+//!
+//! Timing figures depend on what else runs on the machine: the load average is printed with
+//! them. For profiling, `--agent-wrapper 'valgrind --tool=massif …'` runs the agent under a
+//! tool (the agent is stopped with SIGTERM, so the tool writes its report), and
+//! `--hold-secs S` keeps the agent running S seconds after the figures, its pid printed, for
+//! a tool to attach to.
 //!
 //! The agent runs with its own default `sync_interval` (the slow safety-net poll) unless
 //! `--sync-interval` says otherwise.
@@ -27,6 +35,7 @@ use std::time::{Duration, Instant};
 use signet_proto::admin::CreateJoinTokenRequest;
 use signet_proto::admin::node_admin_client::NodeAdminClient;
 use signet_proto::admin::{BatchCreateEntriesRequest, CreateEntryRequest};
+use signet_tests::bench::{clock_ticks_per_sec, cpu_ticks, status_kb};
 use signet_tests::{Server, ServerOpts, bin};
 use tokio::process::Command;
 
@@ -35,6 +44,8 @@ struct Args {
     database_url: Option<String>,
     idle_secs: u64,
     sync_interval: Option<String>,
+    agent_wrapper: Vec<String>,
+    hold_secs: u64,
 }
 
 fn parse_args() -> Args {
@@ -43,6 +54,8 @@ fn parse_args() -> Args {
         database_url: None,
         idle_secs: 30,
         sync_interval: None,
+        agent_wrapper: Vec::new(),
+        hold_secs: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -57,6 +70,12 @@ fn parse_args() -> Args {
                 a.idle_secs = val().parse().unwrap_or_else(|_| usage("bad --idle-secs"))
             }
             "--sync-interval" => a.sync_interval = Some(val()),
+            "--agent-wrapper" => {
+                a.agent_wrapper = val().split_whitespace().map(str::to_owned).collect()
+            }
+            "--hold-secs" => {
+                a.hold_secs = val().parse().unwrap_or_else(|_| usage("bad --hold-secs"))
+            }
             "-h" | "--help" => usage(""),
             other => usage(&format!("unknown argument {other}")),
         }
@@ -73,38 +92,51 @@ fn usage(msg: &str) -> ! {
     }
     eprintln!(
         "usage: bench-agent [--entries N (1000)] [--database-url URL (embedded SQLite)] \
-         [--idle-secs S (30)] [--sync-interval D (the agent's default)]"
+         [--idle-secs S (30)] [--sync-interval D (the agent's default)] \
+         [--agent-wrapper 'CMD ARGS' (none)] [--hold-secs S (0)]"
     );
     std::process::exit(2)
 }
 
-/// A field of /proc/<pid>/status in kB.
-fn status_kb(pid: u32, field: &str) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    s.lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
+/// Where the agent's resident memory is, from `/proc/<pid>/status`.
+struct Memory {
+    rss_kb: u64,
+    anon_kb: u64,
+    file_kb: u64,
+    shmem_kb: u64,
+    threads: u64,
 }
 
-/// utime + stime of a process, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // The command name may contain spaces; fields after it start after the last ')'.
-    let rest = &s[s.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // rest[0] is field 3 (state); utime is field 14, stime field 15.
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+impl Memory {
+    fn of(pid: u32) -> Self {
+        Self {
+            rss_kb: status_kb(pid, "VmRSS:"),
+            anon_kb: status_kb(pid, "RssAnon:"),
+            file_kb: status_kb(pid, "RssFile:"),
+            shmem_kb: status_kb(pid, "RssShmem:"),
+            // Not in kB, but the same "Name:\tvalue" shape.
+            threads: status_kb(pid, "Threads:"),
+        }
+    }
+
+    fn print(&self, when: &str) {
+        let mb = |kb: u64| kb as f64 / 1024.0;
+        println!(
+            "  {when:<44} {:>8.1} MB  (anon {:.1} MB, file {:.1} MB, shmem {:.1} MB; {} threads)",
+            mb(self.rss_kb),
+            mb(self.anon_kb),
+            mb(self.file_kb),
+            mb(self.shmem_kb),
+            self.threads
+        );
+    }
 }
 
-fn clock_ticks_per_sec() -> u64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100)
+/// The 1, 5 and 15 minute load averages, as `/proc/loadavg` spells them.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 fn spiffe_id(i: usize) -> String {
@@ -195,7 +227,15 @@ async fn main() {
         "bench-agent: agent log at {}",
         dir.path().join("agent.log").display()
     );
-    let mut agent = Command::new(bin("signet-agent"))
+    let mut agent = match args.agent_wrapper.split_first() {
+        Some((tool, tool_args)) => {
+            let mut c = Command::new(tool);
+            c.args(tool_args).arg(bin("signet-agent"));
+            c
+        }
+        None => Command::new(bin("signet-agent")),
+    };
+    let mut agent = agent
         .arg("--config")
         .arg(&config)
         .env("RUST_LOG", "warn")
@@ -221,7 +261,7 @@ async fn main() {
     })
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let rss_1 = status_kb(pid, "VmRSS:");
+    let mem_1 = Memory::of(pid);
 
     // The other n-1 in batches of at most 1,000 (one call for the default N).
     let t0 = Instant::now();
@@ -243,8 +283,9 @@ async fn main() {
 
     // Settle, then measure memory.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let rss_n = status_kb(pid, "VmRSS:");
+    let mem_n = Memory::of(pid);
     let hwm = status_kb(pid, "VmHWM:");
+    let load_burst = load_average();
 
     // One new entry while the agent holds n.
     let t1 = Instant::now();
@@ -263,7 +304,8 @@ async fn main() {
     let ticks = cpu_ticks(pid) - ticks0;
     let wall = w0.elapsed().as_secs_f64();
     let idle_cpu_pct = ticks as f64 / clock_ticks_per_sec() as f64 / wall * 100.0;
-    let rss_idle = status_kb(pid, "VmRSS:");
+    let mem_idle = Memory::of(pid);
+    let load_end = load_average();
 
     let store = if args.database_url.is_some() {
         "PostgreSQL"
@@ -278,10 +320,7 @@ async fn main() {
         "  first entry: certificate on disk after      {:>8.2} s",
         first.as_secs_f64()
     );
-    println!(
-        "  RSS holding 1 entry                          {:>8.1} MB",
-        rss_1 as f64 / 1024.0
-    );
+    mem_1.print("RSS holding 1 entry");
     println!(
         "  creating entries 2..={n} (batch admin API)  {:>8.2} s",
         created.as_secs_f64()
@@ -298,10 +337,7 @@ async fn main() {
         "  one new entry (holding {n}) -> on disk      {:>8.2} s",
         one_new.as_secs_f64()
     );
-    println!(
-        "  RSS holding {n} entries                      {:>8.1} MB",
-        rss_n as f64 / 1024.0
-    );
+    mem_n.print(&format!("RSS holding {n} entries"));
     println!(
         "  peak RSS (VmHWM)                             {:>8.1} MB",
         hwm as f64 / 1024.0
@@ -309,11 +345,26 @@ async fn main() {
     println!(
         "  idle CPU over {wall:.0} s                          {idle_cpu_pct:>8.3} % of one core"
     );
-    println!(
-        "  RSS after the idle window                    {:>8.1} MB",
-        rss_idle as f64 / 1024.0
-    );
+    mem_idle.print("RSS after the idle window");
+    println!("  load average after the burst / at the end    {load_burst} / {load_end}");
 
-    agent.kill().await.ok();
+    if args.hold_secs > 0 {
+        eprintln!(
+            "bench-agent: holding the agent (pid {pid}) for {} s",
+            args.hold_secs
+        );
+        tokio::time::sleep(Duration::from_secs(args.hold_secs)).await;
+    }
+    // SIGTERM first: the agent shuts down cleanly, and a wrapping tool writes its report.
+    let _ = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status();
+    if tokio::time::timeout(Duration::from_secs(60), agent.wait())
+        .await
+        .is_err()
+    {
+        agent.kill().await.ok();
+    }
     drop(server);
 }
