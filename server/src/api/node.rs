@@ -17,6 +17,7 @@
 //! Every certificate goes through [`Issuer::issue`] (policy, CA core, ledger commit) with a
 //! node grant source, so policy is where "own ID only" and "only entries parented to me" live.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::StreamExt as _;
@@ -292,6 +293,16 @@ impl Node for NodeApi {
             .into());
         }
         let caller = self.node_caller(&creds).await?;
+        // The call's entries in one query (not one per CSR): what each CSR is checked against.
+        let ids: Vec<&str> = req.csrs.iter().map(|w| w.entry_id.as_str()).collect();
+        let entries: HashMap<String, EntryRow> = self
+            .store
+            .entries_by_id(&ids)
+            .await
+            .map_err(ApiError::from)?
+            .into_iter()
+            .map(|e| (e.id.clone(), e))
+            .collect();
         // Signed WORKLOADS_IN_FLIGHT at a time: the ledger's group commit records them in a
         // few transactions instead of one per CSR, and no poll of this call's task signs more
         // than that many in a row (all 256 at once would hold a runtime worker, and every
@@ -304,9 +315,16 @@ impl Node for NodeApi {
             .map(|(i, w)| {
                 let caller = &caller;
                 let request_id = &request_id;
+                let entry = entries.get(&w.entry_id);
                 async move {
                     let outcome = self
-                        .sign_one(caller, &w.entry_id, &w.csr, format!("{request_id}-{i}"))
+                        .sign_one(
+                            caller,
+                            &w.entry_id,
+                            entry,
+                            &w.csr,
+                            format!("{request_id}-{i}"),
+                        )
                         .await;
                     match outcome {
                         Ok(cert) => WorkloadResult {
@@ -343,6 +361,7 @@ impl NodeApi {
         &self,
         caller: &AuthenticatedCaller,
         entry_id: &str,
+        entry: Option<&EntryRow>,
         csr: &[u8],
         request_id: String,
     ) -> Result<IssuedCert, ApiError> {
@@ -360,7 +379,7 @@ impl NodeApi {
             ApiError::PermissionDenied(msg)
         };
         // An unknown entry answers like another node's: a node learns nothing of others.
-        let Some(entry) = self.store.entry(entry_id).await? else {
+        let Some(entry) = entry else {
             return Err(not_yours());
         };
         let (Ok(spiffe_id), Ok(parent_id)) = (entry.spiffe_id.parse(), entry.parent_id.parse())

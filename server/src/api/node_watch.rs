@@ -310,6 +310,9 @@ mod tests {
         async fn entry(&self, _: &str) -> Result<Option<EntryRow>, StoreError> {
             Err(not_here())
         }
+        async fn entries_by_id(&self, _: &[&str]) -> Result<Vec<EntryRow>, StoreError> {
+            Err(not_here())
+        }
         async fn list_entries(&self, _: Option<&str>) -> Result<Vec<EntryRow>, StoreError> {
             Err(not_here())
         }

@@ -438,10 +438,15 @@ macro_rules! impl_ca_slot_store {
             ) -> Result<Vec<String>, StoreError> {
                 let mut out = Vec::new();
                 for id in key_ids {
-                    // `LIMIT 1`: the first unexpired, unrevoked entry is the answer.
+                    // `LIMIT 1`: the first unexpired, unrevoked entry is the answer. The
+                    // `ORDER BY` is the index's own order, so the plan is the index range scan
+                    // at any size: without it PostgreSQL's generic plan for this prepared
+                    // statement may take a sequential scan (it expects a match early), which on
+                    // a ten-million-row ledger whose matches are all at the end reads the table.
                     let found: Option<(i64,)> = sqlx::query_as(
                         "SELECT not_after FROM certificates \
-                         WHERE ca_key_id = $1 AND not_after > $2 AND revoked_at IS NULL LIMIT 1",
+                         WHERE ca_key_id = $1 AND not_after > $2 AND revoked_at IS NULL \
+                         ORDER BY not_after LIMIT 1",
                     )
                     .bind(id)
                     .bind(now)

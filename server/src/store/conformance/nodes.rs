@@ -181,6 +181,12 @@ async fn entries_round_trip_and_revisions_track_changes(db: Db) {
     assert!(a.revision < b.revision && b.revision < c.revision);
     assert_eq!(s.entry("a").await.unwrap(), Some(a.clone()));
     assert_eq!(s.entry("zz").await.unwrap(), None);
+    // By ids, in one query: the unknown one left out, the repeated one answered once.
+    let mut found = s.entries_by_id(&["c", "zz", "a", "c"]).await.unwrap();
+    found.sort_by(|x, y| x.id.cmp(&y.id));
+    assert_eq!(found, vec![a.clone(), c.clone()]);
+    assert!(s.entries_by_id(&[]).await.unwrap().is_empty());
+    assert!(s.entries_by_id(&["zz"]).await.unwrap().is_empty());
     assert_eq!(
         s.list_entries(None).await.unwrap(),
         vec![a.clone(), b.clone(), c.clone()]
@@ -255,6 +261,11 @@ async fn entry_batches_are_all_or_nothing(db: Db) {
     assert!(entries.iter().all(|e| e.revision == revision));
     assert_eq!(entries[7].id, "b007");
     assert_eq!(s.entry("b007").await.unwrap().as_ref(), Some(&entries[7]));
+    // All 300 by id: more than one query's worth.
+    let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+    let mut found = s.entries_by_id(&ids).await.unwrap();
+    found.sort_by(|x, y| x.id.cmp(&y.id));
+    assert_eq!(found, entries);
     // Both parents moved to the batch's revision.
     for p in [p1, p2] {
         let sync = s
