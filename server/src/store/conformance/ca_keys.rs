@@ -329,6 +329,14 @@ async fn keys_in_use_are_those_usage_counts_above_zero(db: Db) {
         .unwrap();
     agree(1_000, &["k1"]).await;
     agree(2_000, &[]).await;
+    // The probe walks past a key's own revoked rows to a later unrevoked one: from 2,000,
+    // k1's row expiring at 3,000 is revoked, the one expiring at 4,000 is not.
+    store
+        .append_certificates(&[leaf(5, "k1", 4_000, "spiffe://td/a")])
+        .await
+        .unwrap();
+    agree(2_000, &["k1"]).await;
+    agree(4_000, &[]).await;
     // A key whose every certificate is revoked or expired still has certificates.
     for k in ["k1", "k2", "k3"] {
         assert!(
