@@ -29,7 +29,10 @@ use crate::store::StoreError;
 /// `(after_seq, up_to_seq]` (`up_to_seq` 0: to the end), read a page at a time by `fetch(after)`
 /// (rows in seq order) and sent as they come; a store error ends it with that status. The next
 /// page is read while the current one is sent, so the database and the encoder work at the same
-/// time. Bounded: two pages and a few messages, whatever the reader's speed.
+/// time. Pages, not rows, cross the channel: the encoder then finds a page's rows ready at once
+/// and writes many to the socket per wake-up (one channel send and one wake per row cost the
+/// server a fifth of its CPU on `ledger verify`). Bounded: three pages (the one being sent, one
+/// queued, one being read), whatever the reader's speed.
 pub(crate) fn paged_ledger_stream<R, T, F, Fut>(
     after_seq: u64,
     up_to_seq: u64,
@@ -43,8 +46,11 @@ where
     F: Fn(u64) -> Fut + Send + 'static,
     Fut: Future<Output = Result<Vec<R>, StoreError>> + Send,
 {
+    use futures::StreamExt as _;
+    use futures::future::Either;
+
     let up_to = if up_to_seq == 0 { u64::MAX } else { up_to_seq };
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<R>, Status>>(1);
     tokio::spawn(async move {
         if after_seq >= up_to {
             return;
@@ -62,26 +68,25 @@ where
             let Some(last) = chunk.last().map(seq_of) else {
                 return;
             };
-            let send = async {
-                for row in chunk {
-                    if tx.send(Ok(to_proto(row))).await.is_err() {
-                        return false;
-                    }
-                }
-                true
-            };
             if last >= up_to {
-                send.await;
+                let _ = tx.send(Ok(chunk)).await;
                 return;
             }
-            let (sent, next) = tokio::join!(send, fetch(last));
-            if !sent {
+            let (sent, next) = tokio::join!(tx.send(Ok(chunk)), fetch(last));
+            if sent.is_err() {
                 return;
             }
             fetched = next;
         }
     });
-    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+    Box::pin(
+        tokio_stream::wrappers::ReceiverStream::new(rx).flat_map(move |page| match page {
+            Ok(rows) => Either::Left(futures::stream::iter(
+                rows.into_iter().map(move |r| Ok(to_proto(r))),
+            )),
+            Err(status) => Either::Right(futures::stream::iter([Err(status)])),
+        }),
+    )
 }
 
 /// Everything a request can fail with, by what the caller should do about it.
