@@ -95,18 +95,23 @@ pub async fn connect_ledger_writer(
     cfg: &DatabaseConfig,
     shared: Arc<dyn Store>,
 ) -> Result<Arc<dyn LedgerStore>, StoreError> {
-    if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+    if is_postgres(url) {
         Ok(Arc::new(PgStore::connect_ledger_writer(url, cfg).await?))
     } else {
         Ok(shared)
     }
 }
 
+/// Whether `url` names a PostgreSQL database (either scheme libpq accepts).
+fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres:") || url.starts_with("postgresql:")
+}
+
 /// Connects to `url` with every `[database]` setting (session timeouts, pool size, busy timeout).
 pub async fn connect_with(url: &str, cfg: &DatabaseConfig) -> Result<Arc<dyn Store>, StoreError> {
     if url.starts_with("sqlite:") {
         Ok(Arc::new(SqliteStore::connect_with(url, cfg).await?))
-    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+    } else if is_postgres(url) {
         Ok(Arc::new(PgStore::connect_with(url, cfg).await?))
     } else {
         // Never echo the URL: it may carry a password.
