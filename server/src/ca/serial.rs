@@ -1,11 +1,25 @@
 //! Serial number sources.
 //!
-//! Every certificate gets a random 128-bit serial (as SPIRE does). The raw 16 bytes are handed
-//! to rcgen's `SerialNumber`, whose DER encoder strips leading zero bytes and prepends `0x00`
-//! when the high bit is set, so the encoded INTEGER is always positive; a source never returns
-//! all zeroes, so the serial is never zero either.
+//! Every certificate gets a 128-bit serial: the issuance time in milliseconds since the Unix
+//! epoch (48 bits, big-endian) followed by 80 bits from the operating system's CSPRNG. The random
+//! part is what the serial is for: nobody can predict a to-be-signed certificate's bytes before
+//! it is issued (the CA/Browser Forum asks for at least 64 bits of CSPRNG output; SPIRE uses 128
+//! random bits). The time prefix is what the ledger is for: serials are stored in a unique index,
+//! and serials that grow with time land at that index's right edge, as the sequence number does,
+//! instead of on a random page of an index that at ten million rows is most of a gigabyte (a
+//! random page is a cache miss, a page split in the middle, and, after every checkpoint, a
+//! whole page written to the write-ahead log). It discloses nothing a certificate does not
+//! already say: notBefore is the same instant to the second.
+//!
+//! The raw 16 bytes are handed to rcgen's `SerialNumber`, whose DER encoder strips leading zero
+//! bytes and prepends `0x00` when the high bit is set, so the encoded INTEGER is always positive.
+//! The first byte is the top of the millisecond count: `0x01` from 2004 to 2039, and it stays
+//! below `0x80` until the year 6429, so today's serials are 16 bytes, spelled as 32 hex digits,
+//! and the hex order is the numeric order. A source never returns all zeroes, so the serial is
+//! never zero either.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use ring::rand::{SecureRandom, SystemRandom};
 
@@ -15,7 +29,10 @@ pub trait SerialSource: Send + Sync {
     fn next_serial(&self) -> [u8; 16];
 }
 
-/// Serials from the operating system's CSPRNG.
+/// Bytes of the serial taken by the millisecond timestamp; the rest are random.
+const TIME_BYTES: usize = 6;
+
+/// Serials from the clock and the operating system's CSPRNG (see the module docs).
 #[derive(Debug)]
 pub struct RandomSerials {
     rng: SystemRandom,
@@ -25,6 +42,21 @@ impl RandomSerials {
     pub fn new() -> Self {
         Self {
             rng: SystemRandom::new(),
+        }
+    }
+
+    /// The serial for an issuance at `millis` since the Unix epoch.
+    fn at(&self, millis: u64) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..TIME_BYTES].copy_from_slice(&millis.to_be_bytes()[8 - TIME_BYTES..]);
+        loop {
+            self.rng
+                .fill(&mut out[TIME_BYTES..])
+                .expect("the operating system's random number generator failed");
+            // Zero only with the clock at the epoch and all 80 random bits zero.
+            if out.iter().any(|b| *b != 0) {
+                return out;
+            }
         }
     }
 }
@@ -37,15 +69,11 @@ impl Default for RandomSerials {
 
 impl SerialSource for RandomSerials {
     fn next_serial(&self) -> [u8; 16] {
-        let mut out = [0u8; 16];
-        loop {
-            self.rng
-                .fill(&mut out)
-                .expect("the operating system's random number generator failed");
-            if out.iter().any(|b| *b != 0) {
-                return out;
-            }
-        }
+        // A clock before the epoch gives a zero prefix: the serial is still 80 random bits.
+        let millis = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.at(millis)
     }
 }
 
@@ -98,6 +126,37 @@ mod tests {
         let b = s.next_serial();
         assert_ne!(a, b);
         assert_ne!(a, [0u8; 16]);
+        // Issued today: the first byte is the millisecond count's top (0x01 until 2039), so the
+        // DER INTEGER keeps all 16 bytes and needs no sign byte.
+        assert!((0x01..0x80).contains(&a[0]), "{a:02x?}");
+        assert_eq!(s.at(0)[..TIME_BYTES], [0; TIME_BYTES]);
+        assert_ne!(s.at(0), [0u8; 16]);
+    }
+
+    #[test]
+    fn random_serials_grow_with_time_and_keep_eighty_random_bits() {
+        let s = RandomSerials::new();
+        // 2026-12-02T00:00:00Z and one millisecond later.
+        let t = 1_796_169_600_000u64;
+        let (a, b, c) = (s.at(t), s.at(t), s.at(t + 1));
+        assert_eq!(a[..TIME_BYTES], t.to_be_bytes()[2..]);
+        assert_eq!(a[..TIME_BYTES], b[..TIME_BYTES]);
+        assert_ne!(a[TIME_BYTES..], b[TIME_BYTES..], "the random part differs");
+        // The spelling the ledger indexes (lowercase hex of the 16 bytes) sorts as the time does.
+        let hex = |v: &[u8; 16]| v.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        assert!(hex(&a).max(hex(&b)) < hex(&c));
+        assert!(hex(&s.at(t - 1)) < hex(&a).min(hex(&b)));
+        // Over many serials each random bit is sometimes set and sometimes clear.
+        let (mut ones, mut zeros) = ([0u8; 10], [0u8; 10]);
+        for _ in 0..64 {
+            let v = s.at(t);
+            for i in 0..10 {
+                ones[i] |= v[TIME_BYTES + i];
+                zeros[i] |= !v[TIME_BYTES + i];
+            }
+        }
+        assert_eq!(ones, [0xff; 10]);
+        assert_eq!(zeros, [0xff; 10]);
     }
 
     #[test]
