@@ -10,6 +10,15 @@ use signet_runtime::shutdown;
 use signet_runtime::telemetry::{self, LogOptions};
 use signet_server::config::Config;
 
+/// jemalloc instead of glibc's malloc, as linkerd2-proxy does. A request's memory is allocated
+/// and freed across threads (work-stealing workers, the ledger writer's own thread); under load
+/// glibc's malloc, free and chunk consolidation took about an eighth of the server's CPU
+/// (`perf record` during `scripts/bench`), and jemalloc cut the server's CPU per issuance by
+/// about 6% (262 against 280 µs, six runs each in rotated order) for 35 MB peak RSS against 26 MB.
+/// mimalloc saved as much CPU but peaked at 80 MB. README "Speed", round 4.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// Signet certificate authority: SPIFFE X.509 identities over gRPC, every one recorded.
 #[derive(Debug, Parser, Serialize)]
 #[command(version, about)]
