@@ -5,7 +5,8 @@
 #   docker build -t registry.example.com/signet:0.1.0 .
 #
 # No protoc (protox compiles the .proto files), no cmake (ring, not aws-lc-rs), no database at
-# build time (sqlx's runtime query API; migrations are embedded from migrations/).
+# build time (sqlx's runtime query API; migrations are embedded from migrations/). The server's
+# allocator, jemalloc, builds from C with make and cc, both in the build image.
 
 FROM rust:1-bookworm AS build
 WORKDIR /src

@@ -143,7 +143,7 @@ impl Authority {
         }
         params.not_before = not_before;
         params.not_after = not_after;
-        params.serial_number = Some(SerialNumber::from_slice(&serials.next_serial()));
+        params.serial_number = Some(SerialNumber::from_slice(&serials.next_serial(now)));
         let cert = params
             .self_signed(&key)
             .map_err(|e| AuthorityError::Generate(e.to_string()))?;
@@ -190,7 +190,7 @@ impl Authority {
         }
         params.not_before = to_offset(not_before).ok_or_else(out_of_range)?;
         params.not_after = to_offset(not_after).ok_or_else(out_of_range)?;
-        params.serial_number = Some(SerialNumber::from_slice(&serials.next_serial()));
+        params.serial_number = Some(SerialNumber::from_slice(&serials.next_serial(now)));
         let cert = params
             .signed_by(&key, &self.issuer)
             .map_err(|e| AuthorityError::Generate(e.to_string()))?;

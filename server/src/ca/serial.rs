@@ -25,8 +25,9 @@ use ring::rand::{SecureRandom, SystemRandom};
 
 /// Where certificate serials come from (injected, so tests are deterministic).
 pub trait SerialSource: Send + Sync {
-    /// 16 bytes, big-endian; never all zeroes.
-    fn next_serial(&self) -> [u8; 16];
+    /// The serial of a certificate issued at `now` (the issuance's own clock reading, the one
+    /// its notBefore comes from): 16 bytes, big-endian; never all zeroes.
+    fn next_serial(&self, now: SystemTime) -> [u8; 16];
 }
 
 /// Bytes of the serial taken by the millisecond timestamp; the rest are random.
@@ -68,9 +69,9 @@ impl Default for RandomSerials {
 }
 
 impl SerialSource for RandomSerials {
-    fn next_serial(&self) -> [u8; 16] {
+    fn next_serial(&self, now: SystemTime) -> [u8; 16] {
         // A clock before the epoch gives a zero prefix: the serial is still 80 random bits.
-        let millis = SystemTime::now()
+        let millis = now
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         self.at(millis)
@@ -101,7 +102,7 @@ impl SequentialSerials {
 }
 
 impl SerialSource for SequentialSerials {
-    fn next_serial(&self) -> [u8; 16] {
+    fn next_serial(&self, _now: SystemTime) -> [u8; 16] {
         loop {
             let low = self.next.fetch_add(1, Ordering::Relaxed);
             if self.high == 0 && low == 0 {
@@ -117,39 +118,51 @@ impl SerialSource for SequentialSerials {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+
+    /// 2026-12-02T00:00:00Z plus `ms` milliseconds.
+    fn at(ms: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(1_796_169_600_000 + ms)
+    }
 
     #[test]
     fn random_serials_differ_and_are_not_zero() {
         let s = RandomSerials::new();
-        let a = s.next_serial();
-        let b = s.next_serial();
+        let a = s.next_serial(SystemTime::now());
+        let b = s.next_serial(SystemTime::now());
         assert_ne!(a, b);
         assert_ne!(a, [0u8; 16]);
         // Issued today: the first byte is the millisecond count's top (0x01 until 2039), so the
         // DER INTEGER keeps all 16 bytes and needs no sign byte.
         assert!((0x01..0x80).contains(&a[0]), "{a:02x?}");
-        assert_eq!(s.at(0)[..TIME_BYTES], [0; TIME_BYTES]);
-        assert_ne!(s.at(0), [0u8; 16]);
+        // A clock at (or before) the epoch: no time, still random, never zero.
+        let early = s.next_serial(UNIX_EPOCH - Duration::from_secs(1));
+        assert_eq!(early[..TIME_BYTES], [0; TIME_BYTES]);
+        assert_ne!(early, [0u8; 16]);
     }
 
     #[test]
     fn random_serials_grow_with_time_and_keep_eighty_random_bits() {
         let s = RandomSerials::new();
-        // 2026-12-02T00:00:00Z and one millisecond later.
-        let t = 1_796_169_600_000u64;
-        let (a, b, c) = (s.at(t), s.at(t), s.at(t + 1));
-        assert_eq!(a[..TIME_BYTES], t.to_be_bytes()[2..]);
+        let (a, b, c) = (
+            s.next_serial(at(0)),
+            s.next_serial(at(0)),
+            s.next_serial(at(1)),
+        );
+        assert_eq!(a[..TIME_BYTES], 1_796_169_600_000u64.to_be_bytes()[2..]);
         assert_eq!(a[..TIME_BYTES], b[..TIME_BYTES]);
         assert_ne!(a[TIME_BYTES..], b[TIME_BYTES..], "the random part differs");
-        // The spelling the ledger indexes (lowercase hex of the 16 bytes) sorts as the time does.
-        let hex = |v: &[u8; 16]| v.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        // The spelling the ledger indexes sorts as the time does.
+        let hex = |v: &[u8; 16]| signet_types::serial_hex(v);
+        assert_eq!(hex(&a).len(), 32);
         assert!(hex(&a).max(hex(&b)) < hex(&c));
-        assert!(hex(&s.at(t - 1)) < hex(&a).min(hex(&b)));
+        assert!(hex(&s.next_serial(at(0) - Duration::from_millis(1))) < hex(&a).min(hex(&b)));
         // Over many serials each random bit is sometimes set and sometimes clear.
         let (mut ones, mut zeros) = ([0u8; 10], [0u8; 10]);
         for _ in 0..64 {
-            let v = s.at(t);
+            let v = s.next_serial(at(0));
             for i in 0..10 {
                 ones[i] |= v[TIME_BYTES + i];
                 zeros[i] |= !v[TIME_BYTES + i];
@@ -162,9 +175,9 @@ mod tests {
     #[test]
     fn sequential_skips_zero() {
         let s = SequentialSerials::new(0);
-        assert_eq!(s.next_serial()[15], 1);
-        assert_eq!(s.next_serial()[15], 2);
+        assert_eq!(s.next_serial(at(0))[15], 1);
+        assert_eq!(s.next_serial(at(0))[15], 2);
         let h = SequentialSerials::with_high(0x8000_0000_0000_0000, 0);
-        assert_eq!(h.next_serial()[0], 0x80);
+        assert_eq!(h.next_serial(at(0))[0], 0x80);
     }
 }

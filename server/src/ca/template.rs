@@ -159,7 +159,7 @@ pub(crate) fn leaf(
         ExtendedKeyUsagePurpose::ClientAuth,
     ];
     params.use_authority_key_identifier_extension = true;
-    params.serial_number = Some(SerialNumber::from_slice(&serials.next_serial()));
+    params.serial_number = Some(SerialNumber::from_slice(&serials.next_serial(now)));
     params.not_before = to_offset(not_before).ok_or_else(out_of_range)?;
     params.not_after = to_offset(not_after).ok_or_else(out_of_range)?;
 
