@@ -8,8 +8,8 @@
 //! and serials that grow with time land at that index's right edge, as the sequence number does,
 //! instead of on a random page of an index that at ten million rows is most of a gigabyte (a
 //! random page is a cache miss, a page split in the middle, and, after every checkpoint, a
-//! whole page written to the write-ahead log). It discloses nothing a certificate does not
-//! already say: notBefore is the same instant to the second.
+//! whole page written to the write-ahead log). It discloses little a certificate does not
+//! already say: notBefore is the same instant less its fixed backdating, to the second.
 //!
 //! The raw 16 bytes are handed to rcgen's `SerialNumber`, whose DER encoder strips leading zero
 //! bytes and prepends `0x00` when the high bit is set, so the encoded INTEGER is always positive.
@@ -45,21 +45,6 @@ impl RandomSerials {
             rng: SystemRandom::new(),
         }
     }
-
-    /// The serial for an issuance at `millis` since the Unix epoch.
-    fn at(&self, millis: u64) -> [u8; 16] {
-        let mut out = [0u8; 16];
-        out[..TIME_BYTES].copy_from_slice(&millis.to_be_bytes()[8 - TIME_BYTES..]);
-        loop {
-            self.rng
-                .fill(&mut out[TIME_BYTES..])
-                .expect("the operating system's random number generator failed");
-            // Zero only with the clock at the epoch and all 80 random bits zero.
-            if out.iter().any(|b| *b != 0) {
-                return out;
-            }
-        }
-    }
 }
 
 impl Default for RandomSerials {
@@ -74,7 +59,17 @@ impl SerialSource for RandomSerials {
         let millis = now
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        self.at(millis)
+        let mut out = [0u8; 16];
+        out[..TIME_BYTES].copy_from_slice(&millis.to_be_bytes()[8 - TIME_BYTES..]);
+        loop {
+            self.rng
+                .fill(&mut out[TIME_BYTES..])
+                .expect("the operating system's random number generator failed");
+            // Zero only with the clock at the epoch and all 80 random bits zero.
+            if out.iter().any(|b| *b != 0) {
+                return out;
+            }
+        }
     }
 }
 
