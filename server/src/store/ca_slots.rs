@@ -239,7 +239,8 @@ pub(super) fn placeholders(first: usize, n: usize) -> String {
         .join(", ")
 }
 
-/// Implements [`CaSlotStore`] for a backend with a `pool` field.
+/// Implements [`CaSlotStore`] for a backend with a `pool` field and an
+/// `async fn begin_write(&self) -> Result<WriteTx, StoreError>` (see `store::write_tx`).
 macro_rules! impl_ca_slot_store {
     ($store:ty, $map:path) => {
         #[async_trait::async_trait]
@@ -316,7 +317,7 @@ macro_rules! impl_ca_slot_store {
                 use $crate::store::ca_slots::SlotUpdate;
                 let expected = i64::try_from(expected_generation)
                     .map_err(|_| StoreError::Database("CA slot generation out of range".into()))?;
-                let mut tx = self.pool.begin().await.map_err($map)?;
+                let mut tx = self.begin_write().await?;
                 let moved =
                     sqlx::query("UPDATE ca_generation SET gen = gen + 1 WHERE id = 1 AND gen = $1")
                         .bind(expected)

@@ -26,7 +26,8 @@ pub struct DatabaseConfig {
     /// this long is ended by the server (its locks released).
     #[serde(with = "humantime_serde")]
     pub idle_in_transaction_timeout: Duration,
-    /// SQLite: how long a writer waits for another writer's lock.
+    /// SQLite: how long a writer waits for its turn behind this process's other writers, and
+    /// then for another process's write lock.
     #[serde(with = "humantime_serde")]
     pub sqlite_busy_timeout: Duration,
 }

@@ -114,11 +114,11 @@ impl TryFrom<DbCrl> for StoredCrl {
     }
 }
 
-/// Implements [`CrlStore`] for a backend with a `pool` field. `$begin` is the statement that
-/// opens a writing transaction; `$lock` is appended to the `SELECT` that must lock the row it
-/// reads (see the backend's module doc).
+/// Implements [`CrlStore`] for a backend with a `pool` field and an
+/// `async fn begin_write(&self) -> Result<WriteTx, StoreError>` (see `store::write_tx`); `$lock`
+/// is appended to the `SELECT` that must lock the row it reads (see the backend's module doc).
 macro_rules! impl_crl_store {
-    ($store:ty, $map:path, $begin:expr, $lock:expr) => {
+    ($store:ty, $map:path, $lock:expr) => {
         #[async_trait::async_trait]
         impl $crate::store::crls::CrlStore for $store {
             async fn revoked_certificates(
@@ -185,7 +185,7 @@ macro_rules! impl_crl_store {
             ) -> Result<Option<$crate::store::crls::StoredCrl>, StoreError> {
                 use $crate::store::crls::{DbCrl, StoredCrl};
                 use $crate::store::rows::i64_of;
-                let mut tx = self.pool.begin_with($begin).await.map_err($map)?;
+                let mut tx = self.begin_write().await?;
                 // The row may not exist yet: create it (number 0: no CRL yet) so that there is
                 // a row to lock. Concurrent creators wait for each other on the key.
                 sqlx::query(

@@ -119,10 +119,12 @@ pub trait LedgerStore: Send + Sync + 'static {
 /// `async fn insert_chained(tx, Vec<rows::Chained>) -> Result<(), StoreError>` (the batch
 /// insert), and a fast path: `async fn append_at_known_head(&self, batch) ->
 /// Result<Option<Vec<u64>>, StoreError>` (`None`: take the locking path) with
-/// `fn remember_head(&self, Option<LedgerHead>)`, told the head each locking append leaves. `$begin` opens a writing transaction; `$lock` is
-/// appended to the `SELECT` of the chain head to lock it (see the backend's module doc).
+/// `fn remember_head(&self, Option<LedgerHead>)`, told the head each locking append leaves;
+/// `async fn begin_write(&self) -> Result<WriteTx, StoreError>` opens a writing transaction
+/// (see `store::write_tx`). `$lock` is appended to the `SELECT` of the chain head to lock it
+/// (see the backend's module doc).
 macro_rules! impl_ledger_store {
-    ($store:ty, $map:path, $begin:expr, $lock:expr) => {
+    ($store:ty, $map:path, $lock:expr) => {
         #[async_trait::async_trait]
         impl $crate::store::ledger::LedgerStore for $store {
             async fn ping(&self) -> Result<(), StoreError> {
@@ -145,7 +147,7 @@ macro_rules! impl_ledger_store {
                 if let Some(seqs) = self.append_at_known_head(batch).await? {
                     return Ok(seqs);
                 }
-                let mut tx = self.pool.begin_with($begin).await.map_err($map)?;
+                let mut tx = self.begin_write().await?;
                 // The one lock per batch: replicas extend a single chain in a total order.
                 let (head_seq, head_hash): (i64, Vec<u8>) = sqlx::query_as(&format!(
                     "SELECT seq, hash FROM ledger_head WHERE id = 1{}",

@@ -40,6 +40,7 @@ mod postgres;
 pub mod revocations;
 mod rows;
 mod sqlite;
+mod write_tx;
 
 use std::sync::Arc;
 

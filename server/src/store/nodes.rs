@@ -289,8 +289,9 @@ pub(super) fn json(list: &[String]) -> Result<String, StoreError> {
 
 /// Implements [`NodeStore`] for a store type with a `pool` and an `events`
 /// ([`super::entry_events::EntryEvents`]) field and an associated
-/// `async fn notify_entries_in_tx(&mut Transaction, parent: &str) -> Result<(), StoreError>`
-/// (PostgreSQL: `pg_notify`, delivered on commit; SQLite: nothing); `$map` turns a
+/// `async fn notify_entries_in_tx(&mut Connection, parent: &str) -> Result<(), StoreError>`
+/// (PostgreSQL: `pg_notify`, delivered on commit; SQLite: nothing) and an
+/// `async fn begin_write(&self) -> Result<WriteTx, StoreError>` (see `store::write_tx`); `$map` turns a
 /// `sqlx::Error` into a [`StoreError`]. Every entry write notifies each parent it touched, in
 /// its transaction and again in-process after the commit.
 macro_rules! impl_node_store {
@@ -465,10 +466,10 @@ macro_rules! impl_node_store {
                 };
                 let selectors = json(&e.selectors)?;
                 let dns_names = json(&e.dns_names)?;
-                let mut tx = self.pool.begin().await.map_err($map)?;
-                // A write first, so SQLite takes the write lock at once (no upgrade deadlock);
-                // it also serializes entry writers, so the duplicate check below sees every
-                // committed entry.
+                let mut tx = self.begin_write().await?;
+                // The counter first: it serializes entry writers on PostgreSQL (SQLite's
+                // IMMEDIATE transaction already holds the write lock), so the duplicate check
+                // below sees every committed entry.
                 let (rev,): (i64,) = sqlx::query_as(
                     "UPDATE entry_revision_seq SET value = value + 1 WHERE id = 1 RETURNING value",
                 )
@@ -543,9 +544,10 @@ macro_rules! impl_node_store {
                 if batch.is_empty() {
                     return Err(StoreError::Database("an empty batch of entries".into()));
                 }
-                let mut tx = self.pool.begin().await.map_err($map)?;
-                // The counter first: it serializes entry writers (and takes SQLite's write
-                // lock at once), so the duplicate check below sees every committed entry.
+                let mut tx = self.begin_write().await?;
+                // The counter first: it serializes entry writers on PostgreSQL (SQLite's
+                // IMMEDIATE transaction already holds the write lock), so the duplicate check
+                // below sees every committed entry.
                 let (rev,): (i64,) = sqlx::query_as(
                     "UPDATE entry_revision_seq SET value = value + 1 WHERE id = 1 RETURNING value",
                 )
@@ -699,7 +701,7 @@ macro_rules! impl_node_store {
             }
 
             async fn delete_entry(&self, id: &str) -> Result<bool, StoreError> {
-                let mut tx = self.pool.begin().await.map_err($map)?;
+                let mut tx = self.begin_write().await?;
                 let (rev,): (i64,) = sqlx::query_as(
                     "UPDATE entry_revision_seq SET value = value + 1 WHERE id = 1 RETURNING value",
                 )

@@ -24,6 +24,7 @@ use super::audit::AuditEvent;
 use super::error::StoreError;
 use super::ledger::{LedgerHead, NewCertificate};
 use super::rows::{self, Chained};
+use super::write_tx::WriteTx;
 
 /// Bounds the first connection at startup, so an unreachable database answers quickly.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -93,13 +94,13 @@ impl PgStore {
     /// Tells every replica's listener that `parent`'s entries changed, when (and only if) `tx`
     /// commits (see `store::entry_events`).
     async fn notify_entries_in_tx(
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        tx: &mut sqlx::PgConnection,
         parent: &str,
     ) -> Result<(), StoreError> {
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(super::entry_events::PG_CHANNEL)
             .bind(parent)
-            .execute(&mut **tx)
+            .execute(&mut *tx)
             .await
             .map_err(map_err)?;
         Ok(())
@@ -173,17 +174,23 @@ fn session_settings(cfg: &DatabaseConfig) -> [(&'static str, String); 3] {
     ]
 }
 
-/// Opens a writing transaction (READ COMMITTED); the rows it must serialize on are locked
-/// explicitly with [`LOCK_READ`].
-const BEGIN_WRITE: &str = "BEGIN";
+impl PgStore {
+    /// Opens a writing transaction (READ COMMITTED); the rows it must serialize on are locked
+    /// explicitly with [`LOCK_READ`], and writers wait for those locks in the order they asked.
+    async fn begin_write(&self) -> Result<WriteTx<'static, sqlx::Postgres>, StoreError> {
+        let tx = self.pool.begin().await.map_err(map_err)?;
+        Ok(WriteTx::new(tx, None))
+    }
+}
+
 /// Appended to a `SELECT` that must lock the rows it reads (the ledger head, a CRL row), so
 /// concurrent replicas wait for each other's commit instead of reading a stale row.
 const LOCK_READ: &str = " FOR UPDATE";
 
-super::ledger::impl_ledger_store!(PgStore, map_err, BEGIN_WRITE, LOCK_READ);
+super::ledger::impl_ledger_store!(PgStore, map_err, LOCK_READ);
 super::audit::impl_audit_store!(PgStore, map_err);
-super::revocations::impl_revocation_store!(PgStore, map_err, BEGIN_WRITE, LOCK_READ);
-super::crls::impl_crl_store!(PgStore, map_err, BEGIN_WRITE, LOCK_READ);
+super::revocations::impl_revocation_store!(PgStore, map_err, LOCK_READ);
+super::crls::impl_crl_store!(PgStore, map_err, LOCK_READ);
 super::ca_slots::impl_ca_slot_store!(PgStore, map_err);
 super::nodes::impl_node_store!(PgStore, map_err);
 
@@ -286,7 +293,7 @@ type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArgu
 /// The batch inserts, and the one-round-trip append at a known head.
 impl PgStore {
     async fn insert_chained(
-        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        tx: &mut sqlx::PgConnection,
         chained: Vec<Chained<'_>>,
     ) -> Result<(), StoreError> {
         let columns = Columns::of(chained);
@@ -294,7 +301,7 @@ impl PgStore {
             format!("INSERT INTO certificates ({INSERT_COLUMNS}) SELECT * FROM {UNNEST_COLUMNS}");
         columns
             .bind(&sql)
-            .execute(&mut **tx)
+            .execute(&mut *tx)
             .await
             .map_err(map_err)?;
         Ok(())

@@ -149,12 +149,12 @@ pub(super) fn filter_sql(filter: &CertFilter) -> (&'static str, Option<&str>) {
     }
 }
 
-/// Implements [`RevocationStore`] for a store with a `pool` field. `$begin` is the statement
-/// that opens a writing transaction; `$lock` is appended to the `SELECT`s that must lock the
-/// rows they read (`FOR UPDATE` on PostgreSQL; empty on SQLite, whose `BEGIN IMMEDIATE` already
+/// Implements [`RevocationStore`] for a store with a `pool` field and an
+/// `async fn begin_write(&self) -> Result<WriteTx, StoreError>` (see `store::write_tx`); `$lock`
+/// is appended to the `SELECT`s that must lock the rows they read (`FOR UPDATE` on PostgreSQL; empty on SQLite, whose `BEGIN IMMEDIATE` already
 /// holds the database's write lock).
 macro_rules! impl_revocation_store {
-    ($store:ty, $map:path, $begin:expr, $lock:expr) => {
+    ($store:ty, $map:path, $lock:expr) => {
         #[async_trait::async_trait]
         impl $crate::store::revocations::RevocationStore for $store {
             async fn revocable_certificates(
@@ -223,7 +223,7 @@ macro_rules! impl_revocation_store {
                 if batch.is_empty() {
                     return Ok(Vec::new());
                 }
-                let mut tx = self.pool.begin_with($begin).await.map_err($map)?;
+                let mut tx = self.begin_write().await?;
                 // The ledger's one lock: events and certificates extend a single chain.
                 let (head_seq, head_hash): (i64, Vec<u8>) = sqlx::query_as(&format!(
                     "SELECT seq, hash FROM ledger_head WHERE id = 1{}",

@@ -6,7 +6,8 @@
 //! - error classification: `SQLITE_BUSY`/`SQLITE_LOCKED` (the busy timeout ran out) is
 //!   retryable;
 //! - locking: a writing transaction is `BEGIN IMMEDIATE` (the database's one write lock), so
-//!   `SELECT`s need no `FOR UPDATE`;
+//!   `SELECT`s need no `FOR UPDATE`; this process's writers take turns for it in arrival order
+//!   first (`store::write_tx`);
 //! - entry notifications: in-process only (`store::entry_events`);
 //! - batch inserts: one statement per row, as SQLite has no array parameters.
 
@@ -23,6 +24,7 @@ use super::DatabaseConfig;
 use super::audit::AuditEvent;
 use super::error::StoreError;
 use super::rows::Chained;
+use super::write_tx::{WriteGate, WriteTx};
 
 /// Most connections to one SQLite file (one writer at a time anyway).
 const MAX_CONNECTIONS: u32 = 8;
@@ -34,6 +36,8 @@ pub(super) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrati
 pub struct SqliteStore {
     pool: SqlitePool,
     events: super::entry_events::EntryEvents,
+    /// This process's writers, in line for the write lock.
+    writers: WriteGate,
 }
 
 /// Classifies a SQLite error: "database is busy/locked" (the busy timeout ran out) is
@@ -137,13 +141,28 @@ impl SqliteStore {
         Ok(Self {
             pool,
             events: super::entry_events::EntryEvents::local(),
+            writers: WriteGate::new(cfg.sqlite_busy_timeout),
         })
+    }
+
+    /// Opens a writing transaction: this writer's turn in the process's line first, then
+    /// `BEGIN IMMEDIATE`, which takes the database's write lock up front (waiting at most the
+    /// busy timeout for another process's), so writers serialize on it instead of failing to
+    /// upgrade a read snapshot.
+    async fn begin_write(&self) -> Result<WriteTx<'static, sqlx::Sqlite>, StoreError> {
+        let turn = self.writers.turn().await?;
+        let tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(map_err)?;
+        Ok(WriteTx::new(tx, Some(turn)))
     }
 
     /// One process holds the file: the in-process notification after the commit is the
     /// whole story (see `store::entry_events`).
     async fn notify_entries_in_tx(
-        _tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        _tx: &mut sqlx::SqliteConnection,
         _parent: &str,
     ) -> Result<(), StoreError> {
         Ok(())
@@ -202,17 +221,15 @@ fn private_files(db: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Opens a writing transaction: IMMEDIATE takes the database's write lock up front, so writers
-/// (in this or another process) serialize on it instead of failing to upgrade a read snapshot.
-const BEGIN_WRITE: &str = "BEGIN IMMEDIATE";
-/// Appended to a `SELECT` that must lock what it reads: nothing, since [`BEGIN_WRITE`] already
-/// holds the whole database's write lock (SQLite has no row locks).
+/// Appended to a `SELECT` that must lock what it reads: nothing, since a writing transaction
+/// (`SqliteStore::begin_write`) already holds the whole database's write lock (SQLite has no
+/// row locks).
 const LOCK_READ: &str = "";
 
-super::ledger::impl_ledger_store!(SqliteStore, map_err, BEGIN_WRITE, LOCK_READ);
+super::ledger::impl_ledger_store!(SqliteStore, map_err, LOCK_READ);
 super::audit::impl_audit_store!(SqliteStore, map_err);
-super::revocations::impl_revocation_store!(SqliteStore, map_err, BEGIN_WRITE, LOCK_READ);
-super::crls::impl_crl_store!(SqliteStore, map_err, BEGIN_WRITE, LOCK_READ);
+super::revocations::impl_revocation_store!(SqliteStore, map_err, LOCK_READ);
+super::crls::impl_crl_store!(SqliteStore, map_err, LOCK_READ);
 super::ca_slots::impl_ca_slot_store!(SqliteStore, map_err);
 super::nodes::impl_node_store!(SqliteStore, map_err);
 
@@ -220,7 +237,7 @@ super::nodes::impl_node_store!(SqliteStore, map_err);
 /// transaction the rows cost no extra fsync).
 impl SqliteStore {
     async fn insert_chained(
-        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        tx: &mut sqlx::SqliteConnection,
         chained: Vec<Chained<'_>>,
     ) -> Result<(), StoreError> {
         for r in &chained {
@@ -246,7 +263,7 @@ impl SqliteStore {
             .bind(&r.cert.caller)
             .bind(&r.cert.request_id)
             .bind(&r.cert.provenance)
-            .execute(&mut **tx)
+            .execute(&mut *tx)
             .await
             .map_err(map_err)?;
         }
@@ -254,7 +271,7 @@ impl SqliteStore {
     }
 
     async fn insert_audit_events(&self, events: &[AuditEvent]) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin_with(BEGIN_WRITE).await.map_err(map_err)?;
+        let mut tx = self.begin_write().await?;
         for e in events {
             sqlx::query(super::audit::INSERT_ONE)
                 .bind(e.at)
@@ -284,6 +301,66 @@ mod tests {
         for code in [1, 8, 11, 13, 19, 2067, 1555] {
             assert!(!super::busy_or_locked(code), "{code}");
         }
+    }
+
+    /// A writer behind a long one waits for its turn and commits; one whose wait runs out
+    /// answers Unavailable (retryable) and leaves nothing behind.
+    #[tokio::test]
+    async fn a_writer_waits_its_turn_and_one_past_the_wait_changes_nothing() {
+        use crate::store::nodes::{BatchCreate, NewEntry, NodeStore};
+        use crate::store::{DatabaseConfig, StoreError};
+        use std::time::Duration;
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("signet.db").display());
+        let cfg = DatabaseConfig {
+            sqlite_busy_timeout: Duration::from_millis(400),
+            ..DatabaseConfig::default()
+        };
+        let store = super::SqliteStore::connect_with(&url, &cfg).await.unwrap();
+        let batch = |from: usize| -> Vec<NewEntry> {
+            (from..from + 100)
+                .map(|i| NewEntry {
+                    id: format!("e{i}"),
+                    spiffe_id: format!("spiffe://example.org/app/{i}"),
+                    parent_id: "spiffe://example.org/node/n1".into(),
+                    selectors: vec![format!("unix:uid:{i}")],
+                    ttl_seconds: 600,
+                    dns_names: vec![],
+                    created_at: 42,
+                })
+                .collect()
+        };
+
+        let long_writer = store.begin_write().await.unwrap();
+        let behind = tokio::spawn({
+            let store = store.clone();
+            let batch = batch(0);
+            async move { store.create_entries(&batch).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !behind.is_finished(),
+            "the second writer must wait for the first"
+        );
+        long_writer.commit().await.unwrap();
+        let created = behind.await.unwrap().unwrap();
+        assert!(
+            matches!(created, BatchCreate::Created { ref entries, .. } if entries.len() == 100)
+        );
+
+        let long_writer = store.begin_write().await.unwrap();
+        let err = store.create_entries(&batch(100)).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Unavailable(m) if m.contains("sqlite_busy_timeout")),
+            "{err:?}"
+        );
+        long_writer.rollback().await.unwrap();
+        assert_eq!(store.list_entries(None).await.unwrap().len(), 100);
+        // The line moved on: the refused batch goes through when sent again.
+        assert!(matches!(
+            store.create_entries(&batch(100)).await.unwrap(),
+            BatchCreate::Created { .. }
+        ));
     }
 
     #[tokio::test]
