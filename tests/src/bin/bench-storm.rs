@@ -556,7 +556,12 @@ async fn main() {
         let child = Command::new(bin("signet-agent"))
             .arg("--config")
             .arg(&config)
-            .env("RUST_LOG", "warn")
+            // SIGNET_STORM_AGENT_LOG overrides the agents' log filter (a diagnosis; the
+            // default keeps 20 agents' logs small).
+            .env(
+                "RUST_LOG",
+                std::env::var("SIGNET_STORM_AGENT_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
             .kill_on_drop(true)
@@ -574,7 +579,9 @@ async fn main() {
 
     // The entries: one BatchCreateEntries call per agent (at most 1,000 each), `--concurrency`
     // calls at once. One write transaction per batch, so the store's write lock is not the
-    // bottleneck (one CreateEntry each took it 20,000 times).
+    // bottleneck (one CreateEntry each took it 20,000 times). A batch answered with a
+    // retryable status (the store busy past its wait: Unavailable) is sent again after a
+    // backoff, as every client of the API is meant to; the count is printed.
     let ttl_seconds = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
     let t0 = Instant::now();
     let requests: Vec<CreateEntryRequest> = sinks
@@ -589,14 +596,31 @@ async fn main() {
         })
         .collect();
     let batches: Vec<Vec<CreateEntryRequest>> = requests.chunks(1000).map(<[_]>::to_vec).collect();
+    let retried = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let failures = futures::stream::iter(batches)
         .map(|entries| {
             let mut admin = admin.clone();
+            let retried = retried.clone();
             async move {
-                admin
-                    .batch_create_entries(BatchCreateEntriesRequest { entries })
-                    .await
-                    .err()
+                let mut backoff = Duration::from_millis(100);
+                let mut last = None;
+                for _ in 0..8 {
+                    let request = BatchCreateEntriesRequest {
+                        entries: entries.clone(),
+                    };
+                    match admin.batch_create_entries(request).await {
+                        Ok(_) => return None,
+                        Err(s) if signet_client::ErrorClass::of_status(&s).is_retryable() => {
+                            retried.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let wait = signet_client::retry_pushback(&s).unwrap_or(backoff);
+                            tokio::time::sleep(wait).await;
+                            backoff = (backoff * 2).min(Duration::from_secs(2));
+                            last = Some(s);
+                        }
+                        Err(s) => return Some(s),
+                    }
+                }
+                last
             }
         })
         .buffer_unordered(args.concurrency)
@@ -639,9 +663,10 @@ async fn main() {
         args.sync_interval
     );
     println!(
-        "  creating {total} entries (batches of 1,000, {} at once) {:>8.2} s",
+        "  creating {total} entries (batches of 1,000, {} at once) {:>8.2} s ({} batches retried)",
         args.concurrency,
-        created.as_secs_f64()
+        created.as_secs_f64(),
+        retried.load(std::sync::atomic::Ordering::Relaxed)
     );
     println!(
         "  first certificates: all {total} on disk after      {:>8.2} s",
