@@ -334,6 +334,17 @@ impl Rotator {
                 }
             }
         }
+        // The pass may have taken a while (1,000 new entries against a busy server: many
+        // seconds): what it signed is valid from the server's "now", later than the pass's
+        // start, so what to serve, and when to wake, are decided at the clock's reading now.
+        // With the start's reading, every certificate issued more than the server's backdating
+        // after it would not be valid yet: withdrawn from the Workload API and the sinks until
+        // the next pass, a minute later.
+        let now = if want.is_empty() {
+            now
+        } else {
+            self.clock.now()
+        };
         let crls = self.revocations.crls_der();
         if *self.crls_der != *crls {
             self.crls_der = crls.into();
@@ -620,6 +631,8 @@ mod tests {
         /// Answer the call but shed each entry in it with this pushback (a per-entry
         /// `retry_after_ms`).
         shed_each: Mutex<Option<Duration>>,
+        /// Each call takes this long on the fake clock before it signs (a busy server).
+        slow: Mutex<Option<Duration>>,
         /// Calls made.
         calls: Mutex<u32>,
         /// The number of CSRs in each call, in order.
@@ -693,6 +706,9 @@ mod tests {
                 };
                 return Ok(csrs.into_iter().map(shed).collect());
             }
+            if let Some(d) = *self.slow.lock().map_err(|e| bad(e.to_string()))? {
+                self.clock.advance(d);
+            }
             let wrong = *self.wrong.lock().map_err(|e| bad(e.to_string()))?;
             let now = self.clock.now();
             let mut n = self.signed.lock().map_err(|e| bad(e.to_string()))?;
@@ -750,6 +766,7 @@ mod tests {
             wrong: Mutex::new(None),
             busy: Mutex::new(None),
             shed_each: Mutex::new(None),
+            slow: Mutex::new(None),
             calls: Mutex::new(0),
             call_sizes: Mutex::new(Vec::new()),
             down_from_call: Mutex::new(None),
@@ -786,6 +803,24 @@ mod tests {
         advance(&clock, t0 + Duration::from_secs(500));
         r.tick(&entries).await;
         assert_eq!(chain(&rx.borrow()), [ca.leaf(1)]);
+    }
+
+    /// A long pass (a burst of new entries against a busy server) ends serving everything it
+    /// signed, the last calls' certificates too, which are valid only from after the pass
+    /// began; and the next pass is scheduled from the pass's end.
+    #[tokio::test]
+    async fn a_long_pass_serves_all_it_signed_and_schedules_from_its_end() {
+        let (mut r, clock, ca, rx) = setup();
+        let t0 = clock.now();
+        *ca.slow.lock().expect("lock") = Some(Duration::from_secs(15));
+        let entries: Vec<EntrySpec> = (0..2 * SIGN_BATCH)
+            .map(|i| entry(&format!("e{i}")))
+            .collect();
+        let next = r.tick(&entries).await;
+        let end = t0 + Duration::from_secs(30);
+        assert_eq!(clock.now(), end, "two calls of 15 s");
+        assert_eq!(rx.borrow().identities.len(), 2 * SIGN_BATCH, "all served");
+        assert_eq!(next, end + MAX_SLEEP);
     }
 
     #[tokio::test]
