@@ -16,6 +16,12 @@
 //!   SQLite's busy handler is left to arbitrate with other processes only. A writer waits at
 //!   most `sqlite_busy_timeout` for its turn, then answers Unavailable (retryable) having
 //!   changed nothing.
+//!
+//! The line needs no length limit of its own: who can stand in it is bounded upstream.
+//! Issuance reaches the store through the ledger writer (one writer behind a bounded queue,
+//! `ledger.queue_depth`); the network's other writes are requests the listener admitted under
+//! `limits.max_concurrent_requests`; the rest come from the owner-only admin socket and the
+//! server's own periodic tasks. Each waits at most the wait above.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
