@@ -305,6 +305,7 @@ macro_rules! impl_node_store {
                 created_at: i64,
                 expires_at: i64,
             ) -> Result<(), StoreError> {
+                let mut tx = self.begin_write().await?;
                 sqlx::query(
                     "INSERT INTO join_tokens (token_hash, node_id, created_at, expires_at) \
                      VALUES ($1, $2, $3, $4)",
@@ -313,10 +314,10 @@ macro_rules! impl_node_store {
                 .bind(node_id)
                 .bind(created_at)
                 .bind(expires_at)
-                .execute(&self.pool)
+                .execute(&mut *tx)
                 .await
                 .map_err($map)?;
-                Ok(())
+                tx.commit().await.map_err($map)
             }
 
             async fn consume_join_token(
@@ -325,6 +326,7 @@ macro_rules! impl_node_store {
                 now: i64,
             ) -> Result<$crate::store::nodes::TokenUse, StoreError> {
                 use $crate::store::nodes::TokenUse;
+                let mut tx = self.begin_write().await?;
                 // One statement: the row lock (PostgreSQL) or the write lock (SQLite) makes
                 // a concurrent second UPDATE see used_at set and match nothing.
                 let won: Option<(String,)> = sqlx::query_as(
@@ -334,19 +336,21 @@ macro_rules! impl_node_store {
                 )
                 .bind(token_hash)
                 .bind(now)
-                .fetch_optional(&self.pool)
+                .fetch_optional(&mut *tx)
                 .await
                 .map_err($map)?;
                 if let Some((node_id,)) = won {
+                    tx.commit().await.map_err($map)?;
                     return Ok(TokenUse::Consumed { node_id });
                 }
                 let found: Option<(Option<i64>, i64)> = sqlx::query_as(
                     "SELECT used_at, expires_at FROM join_tokens WHERE token_hash = $1",
                 )
                 .bind(token_hash)
-                .fetch_optional(&self.pool)
+                .fetch_optional(&mut *tx)
                 .await
                 .map_err($map)?;
+                tx.commit().await.map_err($map)?;
                 Ok(match found {
                     None => TokenUse::Unknown,
                     Some((Some(_), _)) => TokenUse::AlreadyUsed,
@@ -359,15 +363,17 @@ macro_rules! impl_node_store {
                 token_hash: &str,
                 used_at: i64,
             ) -> Result<bool, StoreError> {
+                let mut tx = self.begin_write().await?;
                 let done = sqlx::query(
                     "UPDATE join_tokens SET used_at = NULL \
                      WHERE token_hash = $1 AND used_at = $2",
                 )
                 .bind(token_hash)
                 .bind(used_at)
-                .execute(&self.pool)
+                .execute(&mut *tx)
                 .await
                 .map_err($map)?;
+                tx.commit().await.map_err($map)?;
                 Ok(done.rows_affected() > 0)
             }
 
@@ -375,6 +381,7 @@ macro_rules! impl_node_store {
                 &self,
                 node: &$crate::store::nodes::NodeRow,
             ) -> Result<(), StoreError> {
+                let mut tx = self.begin_write().await?;
                 sqlx::query(
                     "INSERT INTO nodes (node_id, spiffe_id, attested_at, banned_at, last_serial, \
                      not_after, attestation) VALUES ($1, $2, $3, NULL, $4, $5, $6) \
@@ -388,10 +395,10 @@ macro_rules! impl_node_store {
                 .bind(&node.last_serial)
                 .bind(node.not_after)
                 .bind(&node.attestation)
-                .execute(&self.pool)
+                .execute(&mut *tx)
                 .await
                 .map_err($map)?;
-                Ok(())
+                tx.commit().await.map_err($map)
             }
 
             async fn update_node_certificate(
@@ -400,14 +407,15 @@ macro_rules! impl_node_store {
                 serial: &str,
                 not_after: i64,
             ) -> Result<(), StoreError> {
+                let mut tx = self.begin_write().await?;
                 sqlx::query("UPDATE nodes SET last_serial = $2, not_after = $3 WHERE node_id = $1")
                     .bind(node_id)
                     .bind(serial)
                     .bind(not_after)
-                    .execute(&self.pool)
+                    .execute(&mut *tx)
                     .await
                     .map_err($map)?;
-                Ok(())
+                tx.commit().await.map_err($map)
             }
 
             async fn node(
@@ -443,6 +451,7 @@ macro_rules! impl_node_store {
                 node_id: &str,
                 now: i64,
             ) -> Result<Option<$crate::store::nodes::NodeRow>, StoreError> {
+                let mut tx = self.begin_write().await?;
                 let row: Option<$crate::store::nodes::DbNode> = sqlx::query_as(&format!(
                     "UPDATE nodes SET banned_at = COALESCE(banned_at, $2) WHERE node_id = $1 \
                      RETURNING {}",
@@ -450,9 +459,10 @@ macro_rules! impl_node_store {
                 ))
                 .bind(node_id)
                 .bind(now)
-                .fetch_optional(&self.pool)
+                .fetch_optional(&mut *tx)
                 .await
                 .map_err($map)?;
+                tx.commit().await.map_err($map)?;
                 Ok(row.map(Into::into))
             }
 

@@ -361,6 +361,23 @@ mod tests {
             store.create_entries(&batch(100)).await.unwrap(),
             BatchCreate::Created { .. }
         ));
+
+        // A single-statement write (a join token) stands in the same line: refused by the
+        // line's wait, not by SQLite's busy handler, and absent afterwards.
+        let long_writer = store.begin_write().await.unwrap();
+        let err = store
+            .create_join_token("h1", "n1", 1, i64::MAX)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Unavailable(m) if m.contains("sqlite_busy_timeout")),
+            "{err:?}"
+        );
+        long_writer.rollback().await.unwrap();
+        assert!(matches!(
+            store.consume_join_token("h1", 2).await.unwrap(),
+            crate::store::nodes::TokenUse::Unknown
+        ));
     }
 
     #[tokio::test]

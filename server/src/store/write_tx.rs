@@ -1,7 +1,8 @@
 //! A writing transaction, and the line SQLite's writers wait in for their turn.
 //!
 //! Every backend opens its writing transactions through `begin_write` (the shared queries
-//! call it), which returns a [`WriteTx`].
+//! call it), which returns a [`WriteTx`]; a write of one statement goes through it too, so no
+//! writer bypasses SQLite's line.
 //!
 //! - PostgreSQL: a plain `BEGIN`; writers wait for each other on row locks, in the order they
 //!   asked (bounded by `lock_timeout`).
