@@ -37,14 +37,15 @@ pub trait AuditStore: Send + Sync + 'static {
 pub(super) const INSERT_ONE: &str =
     "INSERT INTO audit_events (at, kind, caller, detail) VALUES ($1, $2, $3, $4)";
 
-/// An `audit_events` row as both drivers decode it.
-#[derive(sqlx::FromRow)]
-pub(super) struct DbAuditEvent {
-    id: i64,
-    at: i64,
-    kind: String,
-    caller: String,
-    detail: String,
+super::db_row! {
+    /// An `audit_events` row as both drivers decode it.
+    pub(super) struct DbAuditEvent {
+        id: i64,
+        at: i64,
+        kind: String,
+        caller: String,
+        detail: String,
+    }
 }
 
 impl TryFrom<DbAuditEvent> for AuditEvent {

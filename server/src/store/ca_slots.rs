@@ -160,22 +160,23 @@ pub trait CaSlotStore: Send + Sync + 'static {
     ) -> Result<Vec<(String, u64)>, StoreError>;
 }
 
-/// A `ca_keys` row as both drivers decode it.
-#[derive(sqlx::FromRow)]
-pub(super) struct DbCaSlot {
-    pub id: String,
-    pub slot: String,
-    pub kind: String,
-    pub state: String,
-    pub parent_id: Option<String>,
-    pub algorithm: String,
-    pub cert_pem: String,
-    pub encrypted_key: Vec<u8>,
-    pub created_at: i64,
-    pub activated_at: Option<i64>,
-    pub retired_at: Option<i64>,
-    pub removed_at: Option<i64>,
-    pub tainted_at: Option<i64>,
+super::db_row! {
+    /// A `ca_keys` row as both drivers decode it.
+    pub(super) struct DbCaSlot {
+        pub id: String,
+        pub slot: String,
+        pub kind: String,
+        pub state: String,
+        pub parent_id: Option<String>,
+        pub algorithm: String,
+        pub cert_pem: String,
+        pub encrypted_key: Vec<u8>,
+        pub created_at: i64,
+        pub activated_at: Option<i64>,
+        pub retired_at: Option<i64>,
+        pub removed_at: Option<i64>,
+        pub tainted_at: Option<i64>,
+    }
 }
 
 pub(super) const CA_SLOT_COLUMNS: &str = "id, slot, kind, state, parent_id, algorithm, cert_pem, \
@@ -205,16 +206,17 @@ impl From<DbCaSlot> for CaSlotRow {
 #[cfg(test)]
 pub(super) const CA_KEY_COLUMNS: &str = "id, slot, algorithm, cert_pem, encrypted_key, created_at";
 
-/// A `ca_keys` row as [`StoredCaKey`] sees it, as both drivers decode it.
 #[cfg(test)]
-#[derive(sqlx::FromRow)]
-pub(super) struct DbCaKey {
-    id: String,
-    slot: String,
-    algorithm: String,
-    cert_pem: String,
-    encrypted_key: Vec<u8>,
-    created_at: i64,
+super::db_row! {
+    /// A `ca_keys` row as [`StoredCaKey`] sees it, as both drivers decode it.
+    pub(super) struct DbCaKey {
+        id: String,
+        slot: String,
+        algorithm: String,
+        cert_pem: String,
+        encrypted_key: Vec<u8>,
+        created_at: i64,
+    }
 }
 
 #[cfg(test)]

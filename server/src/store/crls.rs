@@ -81,15 +81,16 @@ pub trait CrlStore: Send + Sync + 'static {
     ) -> Result<Option<StoredCrl>, StoreError>;
 }
 
-/// A `crl_state` row as both drivers decode it.
-#[derive(sqlx::FromRow)]
-pub(super) struct DbCrl {
-    ca_key_id: String,
-    number: i64,
-    der: Vec<u8>,
-    this_update: i64,
-    next_update: i64,
-    mark: i64,
+super::db_row! {
+    /// A `crl_state` row as both drivers decode it.
+    pub(super) struct DbCrl {
+        ca_key_id: String,
+        number: i64,
+        der: Vec<u8>,
+        this_update: i64,
+        next_update: i64,
+        mark: i64,
+    }
 }
 
 pub(super) const CRL_COLUMNS: &str = "ca_key_id, number, der, this_update, next_update, mark";

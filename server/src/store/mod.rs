@@ -23,7 +23,38 @@
 //! (`sqlite`, `postgres`) keeps only connecting, classifying its errors, the batch inserts, and
 //! how a writing transaction takes its lock; its module doc says why each differs.
 //! `rows` holds the row shapes and integer conversions the concerns share; `error` the one
-//! error type. Nothing in the store imports this module: it only assembles and re-exports.
+//! error type. Nothing in the store imports this module: it only assembles and re-exports
+//! (and defines [`db_row!`], the row decoding both drivers share).
+
+/// A row struct and its [`sqlx::FromRow`] for any driver whose columns decode to the field
+/// types, each field read from the column of its name: what `#[derive(sqlx::FromRow)]` writes,
+/// without sqlx's `macros` feature (server/build.rs says why it stays off).
+macro_rules! db_row {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $($(#[$fmeta:meta])* $fvis:vis $field:ident : $ty:ty),* $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        $vis struct $name {
+            $($(#[$fmeta])* $fvis $field: $ty,)*
+        }
+
+        impl<'r, R: sqlx::Row> sqlx::FromRow<'r, R> for $name
+        where
+            &'static str: sqlx::ColumnIndex<R>,
+            $($ty: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,)*
+        {
+            fn from_row(row: &'r R) -> Result<Self, sqlx::Error> {
+                Ok(Self {
+                    $($field: row.try_get(stringify!($field))?,)*
+                })
+            }
+        }
+    };
+}
+use db_row;
 
 pub mod audit;
 pub mod ca_slots;
@@ -34,6 +65,7 @@ pub mod crls;
 pub mod entry_events;
 mod error;
 pub mod ledger;
+mod migrations;
 pub mod nodes;
 pub mod paging;
 mod postgres;

@@ -212,17 +212,18 @@ pub trait NodeStore: Send + Sync + 'static {
     ) -> Result<EntrySync, StoreError>;
 }
 
-/// An `entries` row as both drivers decode it.
-#[derive(sqlx::FromRow)]
-pub(super) struct DbEntry {
-    id: String,
-    spiffe_id: String,
-    parent_id: String,
-    selectors: String,
-    ttl_seconds: i64,
-    dns_names: String,
-    revision: i64,
-    created_at: i64,
+super::db_row! {
+    /// An `entries` row as both drivers decode it.
+    pub(super) struct DbEntry {
+        id: String,
+        spiffe_id: String,
+        parent_id: String,
+        selectors: String,
+        ttl_seconds: i64,
+        dns_names: String,
+        revision: i64,
+        created_at: i64,
+    }
 }
 
 pub(super) const ENTRY_COLUMNS: &str =
@@ -250,16 +251,17 @@ impl TryFrom<DbEntry> for EntryRow {
     }
 }
 
-/// A `nodes` row as both drivers decode it.
-#[derive(sqlx::FromRow)]
-pub(super) struct DbNode {
-    node_id: String,
-    spiffe_id: String,
-    attested_at: i64,
-    banned_at: Option<i64>,
-    last_serial: String,
-    not_after: i64,
-    attestation: String,
+super::db_row! {
+    /// A `nodes` row as both drivers decode it.
+    pub(super) struct DbNode {
+        node_id: String,
+        spiffe_id: String,
+        attested_at: i64,
+        banned_at: Option<i64>,
+        last_serial: String,
+        not_after: i64,
+        attestation: String,
+    }
 }
 
 pub(super) const NODE_COLUMNS: &str =

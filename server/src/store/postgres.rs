@@ -29,8 +29,6 @@ use super::write_tx::WriteTx;
 /// Bounds the first connection at startup, so an unreachable database answers quickly.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-pub(super) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
-
 /// A [`super::Store`] on PostgreSQL.
 #[derive(Debug, Clone)]
 pub struct PgStore {
@@ -60,7 +58,9 @@ impl PgStore {
     /// for longer than those bounds.
     pub async fn connect_with(url: &str, cfg: &DatabaseConfig) -> Result<Self, StoreError> {
         let pool = pool(url, cfg, cfg.max_connections.max(1), "signet-server", true).await?;
-        MIGRATOR
+        super::migrations::postgres()
+            .await
+            .map_err(|e| StoreError::from_migration(e, map_err))?
             .run(&pool)
             .await
             .map_err(|e| StoreError::from_migration(e, map_err))?;

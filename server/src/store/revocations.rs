@@ -94,21 +94,22 @@ pub trait RevocationStore: Send + Sync + 'static {
     async fn events_for_serial(&self, serial: &str) -> Result<Vec<EventRow>, StoreError>;
 }
 
-/// A `ledger_events` row as both drivers decode it.
-#[derive(sqlx::FromRow)]
-pub(super) struct DbEvent {
-    seq: i64,
-    kind: String,
-    serial: String,
-    cert_seq: i64,
-    cert_hash: Vec<u8>,
-    reason: String,
-    at: i64,
-    caller: String,
-    request_id: String,
-    detail: String,
-    prev_hash: Vec<u8>,
-    hash: Vec<u8>,
+super::db_row! {
+    /// A `ledger_events` row as both drivers decode it.
+    pub(super) struct DbEvent {
+        seq: i64,
+        kind: String,
+        serial: String,
+        cert_seq: i64,
+        cert_hash: Vec<u8>,
+        reason: String,
+        at: i64,
+        caller: String,
+        request_id: String,
+        detail: String,
+        prev_hash: Vec<u8>,
+        hash: Vec<u8>,
+    }
 }
 
 pub(super) const EVENT_COLUMNS: &str = "seq, kind, serial, cert_seq, cert_hash, reason, at, caller, request_id, detail, prev_hash, hash";

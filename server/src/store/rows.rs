@@ -13,27 +13,28 @@ pub(super) const CERT_COLUMNS: &str = "seq, serial, spiffe_id, dns_names, ip_add
      not_before, not_after, issued_at, cert_sha256, prev_hash, hash, cert_der, ca_key_id, \
      caller, request_id, provenance, revoked_at, revocation_reason";
 
-/// A `certificates` row as both drivers decode it.
-#[derive(sqlx::FromRow)]
-pub(super) struct DbCertificate {
-    seq: i64,
-    serial: String,
-    spiffe_id: String,
-    dns_names: String,
-    ip_addresses: String,
-    not_before: i64,
-    not_after: i64,
-    issued_at: i64,
-    cert_sha256: Vec<u8>,
-    prev_hash: Vec<u8>,
-    hash: Vec<u8>,
-    cert_der: Vec<u8>,
-    ca_key_id: String,
-    caller: String,
-    request_id: String,
-    provenance: String,
-    revoked_at: Option<i64>,
-    revocation_reason: Option<String>,
+super::db_row! {
+    /// A `certificates` row as both drivers decode it.
+    pub(super) struct DbCertificate {
+        seq: i64,
+        serial: String,
+        spiffe_id: String,
+        dns_names: String,
+        ip_addresses: String,
+        not_before: i64,
+        not_after: i64,
+        issued_at: i64,
+        cert_sha256: Vec<u8>,
+        prev_hash: Vec<u8>,
+        hash: Vec<u8>,
+        cert_der: Vec<u8>,
+        ca_key_id: String,
+        caller: String,
+        request_id: String,
+        provenance: String,
+        revoked_at: Option<i64>,
+        revocation_reason: Option<String>,
+    }
 }
 
 impl TryFrom<DbCertificate> for CertificateRow {

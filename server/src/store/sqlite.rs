@@ -29,8 +29,6 @@ use super::write_tx::{WriteGate, WriteTx};
 /// Most connections to one SQLite file (one writer at a time anyway).
 const MAX_CONNECTIONS: u32 = 8;
 
-pub(super) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
-
 /// A [`super::Store`] on a local SQLite database.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -126,9 +124,12 @@ impl SqliteStore {
         // file makes our run fail ("table exists", or "database is locked" when two runs'
         // transactions deadlock on the upgrade to a write lock); a later run finds the work
         // done. Several migrations mean several windows, hence several attempts.
+        let migrator = super::migrations::sqlite()
+            .await
+            .map_err(|e| StoreError::from_migration(e, map_err))?;
         let mut attempt = 0;
         loop {
-            match MIGRATOR.run(&pool).await {
+            match migrator.run(&pool).await {
                 Ok(()) => break,
                 Err(e) if attempt < 10 => {
                     attempt += 1;

@@ -383,7 +383,7 @@ async fn a_database_from_before_slots_upgrades_its_root_to_the_active_root_slot(
             )
             .await
             .unwrap();
-        old(&crate::store::sqlite::MIGRATOR)
+        old(&crate::store::migrations::sqlite().await.unwrap())
             .run(&pool)
             .await
             .unwrap();
@@ -396,7 +396,7 @@ async fn a_database_from_before_slots_upgrades_its_root_to_the_active_root_slot(
             .connect(&url)
             .await
             .unwrap();
-        old(&crate::store::postgres::MIGRATOR)
+        old(&crate::store::migrations::postgres().await.unwrap())
             .run(&pool)
             .await
             .unwrap();
