@@ -45,9 +45,62 @@ pub(super) fn parse_group(s: &str) -> Result<Group, String> {
     })
 }
 
-/// CPU seconds per group at one moment (a group whose top process is gone is missing).
+/// CPU seconds per group at one moment (a group whose top process is gone is missing), and
+/// the whole machine's CPU ticks by state (missing where `/proc/stat` cannot be read).
 #[derive(Debug, Clone, Default)]
-pub(super) struct Snapshot(Vec<(String, Option<f64>)>);
+pub(super) struct Snapshot(Vec<(String, Option<f64>)>, Option<Machine>);
+
+/// The machine's CPU ticks since boot, all cores summed, by what the time went to
+/// (`/proc/stat`'s first line).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Machine {
+    /// user, nice, system, irq, softirq: running something.
+    busy: u64,
+    /// idle and iowait: nothing to run.
+    idle: u64,
+    /// Taken by the hypervisor for other guests while this one had work: a slow hour on a
+    /// shared host shows here, not in any process's figures.
+    steal: u64,
+}
+
+/// Parses `/proc/stat`'s `cpu` line (`cpu user nice system idle iowait irq softirq steal ...`).
+fn parse_machine(stat: &str) -> Option<Machine> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    let at = |i: usize| v.get(i).copied().unwrap_or(0);
+    if v.len() < 4 {
+        return None;
+    }
+    Some(Machine {
+        busy: at(0) + at(1) + at(2) + at(5) + at(6),
+        idle: at(3) + at(4),
+        steal: at(7),
+    })
+}
+
+/// Where the machine's CPU time went between `before` and `after`, as one line:
+/// `busy 93.1%, idle 4.0%, stolen by the host 2.9%`; None when either reading is missing.
+pub(super) fn machine_line(before: &Snapshot, after: &Snapshot) -> Option<String> {
+    let (b, a) = (before.1?, after.1?);
+    let busy = a.busy.saturating_sub(b.busy) as f64;
+    let idle = a.idle.saturating_sub(b.idle) as f64;
+    let steal = a.steal.saturating_sub(b.steal) as f64;
+    let all = busy + idle + steal;
+    if all <= 0.0 {
+        return None;
+    }
+    let pct = |x: f64| 100.0 * x / all;
+    Some(format!(
+        "busy {:.1}%, idle {:.1}%, stolen by the host {:.1}%",
+        pct(busy),
+        pct(idle),
+        pct(steal)
+    ))
+}
 
 /// Reads the CPU time of each group, and of this process as `signetctl`.
 pub(super) fn snapshot(groups: &[Group]) -> Snapshot {
@@ -61,7 +114,10 @@ pub(super) fn snapshot(groups: &[Group]) -> Snapshot {
         "signetctl".to_owned(),
         tree_seconds(&table, &children, std::process::id()),
     ));
-    Snapshot(out)
+    let machine = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| parse_machine(&s));
+    Snapshot(out, machine)
 }
 
 /// The CPU each group used between `before` and `after`, per answered request, as one line:
@@ -224,21 +280,54 @@ mod tests {
 
     #[test]
     fn per_request_divides_the_difference_and_says_what_is_missing() {
-        let before = Snapshot(vec![
-            ("server".into(), Some(1.0)),
-            ("gone".into(), Some(1.0)),
-            ("signetctl".into(), Some(0.5)),
-        ]);
-        let after = Snapshot(vec![
-            ("server".into(), Some(3.0)),
-            ("gone".into(), None),
-            ("signetctl".into(), Some(1.0)),
-        ]);
+        let before = Snapshot(
+            vec![
+                ("server".into(), Some(1.0)),
+                ("gone".into(), Some(1.0)),
+                ("signetctl".into(), Some(0.5)),
+            ],
+            None,
+        );
+        let after = Snapshot(
+            vec![
+                ("server".into(), Some(3.0)),
+                ("gone".into(), None),
+                ("signetctl".into(), Some(1.0)),
+            ],
+            None,
+        );
         let line = per_request(&before, &after, 10_000);
         assert_eq!(line, "server 200 µs, gone n/a, signetctl 50 µs; all 250 µs");
         assert_eq!(total_of(&line), Some(250.0));
         assert_eq!(ceiling(250.0, 2), 8_000.0);
         assert_eq!(per_request(&before, &after, 0), "no request answered");
+    }
+
+    #[test]
+    fn the_machine_line_splits_the_window_into_busy_idle_and_stolen() {
+        let before = "cpu  100 0 50 1000 10 0 5 20 0 0\ncpu0 50 0 25 500 5 0 2 10 0 0\n";
+        let after = "cpu  280 0 90 1050 20 0 15 60 0 0\ncpu0 1 1 1 1\n";
+        let b = parse_machine(before).expect("before");
+        assert_eq!(
+            b,
+            Machine {
+                busy: 155,
+                idle: 1010,
+                steal: 20
+            }
+        );
+        let a = parse_machine(after).expect("after");
+        let snap = |m| Snapshot(Vec::new(), Some(m));
+        // busy 385-155 = 230, idle 1070-1010 = 60, steal 40: of 330.
+        assert_eq!(
+            machine_line(&snap(b), &snap(a)).as_deref(),
+            Some("busy 69.7%, idle 18.2%, stolen by the host 12.1%")
+        );
+        assert_eq!(machine_line(&snap(b), &Snapshot::default()), None);
+        assert_eq!(machine_line(&snap(b), &snap(b)), None);
+        assert_eq!(parse_machine("cpu0 1 2 3 4\n"), None);
+        assert_eq!(parse_machine("cpu  1 2 x 4\n"), None);
+        assert_eq!(parse_machine("cpu  1 2\n"), None);
     }
 
     #[test]

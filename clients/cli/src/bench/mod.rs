@@ -136,6 +136,9 @@ where
         ),
         None => println!("cpu/request:   {line}"),
     }
+    if let Some(m) = cpu::machine_line(&before, &after) {
+        println!("machine:       {m}");
+    }
     Ok(outcome)
 }
 
