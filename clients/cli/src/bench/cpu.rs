@@ -56,8 +56,10 @@ pub(super) struct Snapshot(Vec<(String, Option<f64>)>, Option<Machine>);
 pub(super) struct Machine {
     /// user, nice, system, irq, softirq: running something.
     busy: u64,
-    /// idle and iowait: nothing to run.
+    /// idle: nothing to run.
     idle: u64,
+    /// iowait: nothing to run while a disk request was outstanding (the database's flushes).
+    iowait: u64,
     /// Taken by the hypervisor for other guests while this one had work: a slow hour on a
     /// shared host shows here, not in any process's figures.
     steal: u64,
@@ -77,27 +79,32 @@ fn parse_machine(stat: &str) -> Option<Machine> {
     }
     Some(Machine {
         busy: at(0) + at(1) + at(2) + at(5) + at(6),
-        idle: at(3) + at(4),
+        idle: at(3),
+        iowait: at(4),
         steal: at(7),
     })
 }
 
 /// Where the machine's CPU time went between `before` and `after`, as one line:
-/// `busy 93.1%, idle 4.0%, stolen by the host 2.9%`; None when either reading is missing.
+/// `busy 93.1%, idle 3.0%, waiting on disk 1.0%, stolen by the host 2.9%`; None when either
+/// reading is missing.
 pub(super) fn machine_line(before: &Snapshot, after: &Snapshot) -> Option<String> {
     let (b, a) = (before.1?, after.1?);
-    let busy = a.busy.saturating_sub(b.busy) as f64;
-    let idle = a.idle.saturating_sub(b.idle) as f64;
-    let steal = a.steal.saturating_sub(b.steal) as f64;
-    let all = busy + idle + steal;
+    let d = |x: u64, y: u64| x.saturating_sub(y) as f64;
+    let busy = d(a.busy, b.busy);
+    let idle = d(a.idle, b.idle);
+    let iowait = d(a.iowait, b.iowait);
+    let steal = d(a.steal, b.steal);
+    let all = busy + idle + iowait + steal;
     if all <= 0.0 {
         return None;
     }
     let pct = |x: f64| 100.0 * x / all;
     Some(format!(
-        "busy {:.1}%, idle {:.1}%, stolen by the host {:.1}%",
+        "busy {:.1}%, idle {:.1}%, waiting on disk {:.1}%, stolen by the host {:.1}%",
         pct(busy),
         pct(idle),
+        pct(iowait),
         pct(steal)
     ))
 }
@@ -312,16 +319,17 @@ mod tests {
             b,
             Machine {
                 busy: 155,
-                idle: 1010,
+                idle: 1000,
+                iowait: 10,
                 steal: 20
             }
         );
         let a = parse_machine(after).expect("after");
         let snap = |m| Snapshot(Vec::new(), Some(m));
-        // busy 385-155 = 230, idle 1070-1010 = 60, steal 40: of 330.
+        // busy 385-155 = 230, idle 1050-1000 = 50, iowait 20-10 = 10, steal 40: of 330.
         assert_eq!(
             machine_line(&snap(b), &snap(a)).as_deref(),
-            Some("busy 69.7%, idle 18.2%, stolen by the host 12.1%")
+            Some("busy 69.7%, idle 15.2%, waiting on disk 3.0%, stolen by the host 12.1%")
         );
         assert_eq!(machine_line(&snap(b), &Snapshot::default()), None);
         assert_eq!(machine_line(&snap(b), &snap(b)), None);
