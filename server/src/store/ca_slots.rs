@@ -22,17 +22,19 @@ use async_trait::async_trait;
 use super::audit::AuditEvent;
 use super::error::StoreError;
 
-/// A CA key as kept in the database. The private key is encrypted (see `ca::kek`).
 #[cfg(test)]
-#[derive(Clone, PartialEq, Eq)]
-pub struct StoredCaKey {
-    pub id: String,
-    /// At most one key per slot (`root` for the generated root): the insert race's referee.
-    pub slot: String,
-    pub algorithm: String,
-    pub cert_pem: String,
-    pub encrypted_key: Vec<u8>,
-    pub created_at: i64,
+super::db_row! {
+    /// A CA key as kept in the database. The private key is encrypted (see `ca::kek`).
+    #[derive(Clone, PartialEq, Eq)]
+    pub struct StoredCaKey {
+        pub id: String,
+        /// At most one key per slot (`root` for the generated root): the insert race's referee.
+        pub slot: String,
+        pub algorithm: String,
+        pub cert_pem: String,
+        pub encrypted_key: Vec<u8>,
+        pub created_at: i64,
+    }
 }
 
 #[cfg(test)]
@@ -47,27 +49,29 @@ impl std::fmt::Debug for StoredCaKey {
     }
 }
 
-/// A `ca_keys` row. The private key is sealed under the KEK (see `ca::kek`).
-#[derive(Clone, PartialEq, Eq)]
-pub struct CaSlotRow {
-    pub id: String,
-    /// Unique per row: `root` for the root generated before slots existed, the key ID since.
-    pub slot: String,
-    /// `root` or `intermediate`.
-    pub kind: String,
-    /// `prepared`, `active`, `retired` or `removed`.
-    pub state: String,
-    /// The key that signed this one's certificate (intermediates).
-    pub parent_id: Option<String>,
-    pub algorithm: String,
-    pub cert_pem: String,
-    pub encrypted_key: Vec<u8>,
-    /// When the key was created (prepared), unix seconds.
-    pub created_at: i64,
-    pub activated_at: Option<i64>,
-    pub retired_at: Option<i64>,
-    pub removed_at: Option<i64>,
-    pub tainted_at: Option<i64>,
+super::db_row! {
+    /// A `ca_keys` row. The private key is sealed under the KEK (see `ca::kek`).
+    #[derive(Clone, PartialEq, Eq)]
+    pub struct CaSlotRow {
+        pub id: String,
+        /// Unique per row: `root` for the root generated before slots existed, the key ID since.
+        pub slot: String,
+        /// `root` or `intermediate`.
+        pub kind: String,
+        /// `prepared`, `active`, `retired` or `removed`.
+        pub state: String,
+        /// The key that signed this one's certificate (intermediates).
+        pub parent_id: Option<String>,
+        pub algorithm: String,
+        pub cert_pem: String,
+        pub encrypted_key: Vec<u8>,
+        /// When the key was created (prepared), unix seconds.
+        pub created_at: i64,
+        pub activated_at: Option<i64>,
+        pub retired_at: Option<i64>,
+        pub removed_at: Option<i64>,
+        pub tainted_at: Option<i64>,
+    }
 }
 
 impl std::fmt::Debug for CaSlotRow {
@@ -160,78 +164,13 @@ pub trait CaSlotStore: Send + Sync + 'static {
     ) -> Result<Vec<(String, u64)>, StoreError>;
 }
 
-super::db_row! {
-    /// A `ca_keys` row as both drivers decode it.
-    pub(super) struct DbCaSlot {
-        pub id: String,
-        pub slot: String,
-        pub kind: String,
-        pub state: String,
-        pub parent_id: Option<String>,
-        pub algorithm: String,
-        pub cert_pem: String,
-        pub encrypted_key: Vec<u8>,
-        pub created_at: i64,
-        pub activated_at: Option<i64>,
-        pub retired_at: Option<i64>,
-        pub removed_at: Option<i64>,
-        pub tainted_at: Option<i64>,
-    }
-}
-
+/// The `ca_keys` columns of a [`CaSlotRow`], in its fields' order.
 pub(super) const CA_SLOT_COLUMNS: &str = "id, slot, kind, state, parent_id, algorithm, cert_pem, \
      encrypted_key, created_at, activated_at, retired_at, removed_at, tainted_at";
 
-impl From<DbCaSlot> for CaSlotRow {
-    fn from(r: DbCaSlot) -> Self {
-        CaSlotRow {
-            id: r.id,
-            slot: r.slot,
-            kind: r.kind,
-            state: r.state,
-            parent_id: r.parent_id,
-            algorithm: r.algorithm,
-            cert_pem: r.cert_pem,
-            encrypted_key: r.encrypted_key,
-            created_at: r.created_at,
-            activated_at: r.activated_at,
-            retired_at: r.retired_at,
-            removed_at: r.removed_at,
-            tainted_at: r.tainted_at,
-        }
-    }
-}
-
-/// The `ca_keys` columns of a [`StoredCaKey`], in [`DbCaKey`]'s order.
+/// The `ca_keys` columns of a [`StoredCaKey`], in its fields' order.
 #[cfg(test)]
 pub(super) const CA_KEY_COLUMNS: &str = "id, slot, algorithm, cert_pem, encrypted_key, created_at";
-
-#[cfg(test)]
-super::db_row! {
-    /// A `ca_keys` row as [`StoredCaKey`] sees it, as both drivers decode it.
-    pub(super) struct DbCaKey {
-        id: String,
-        slot: String,
-        algorithm: String,
-        cert_pem: String,
-        encrypted_key: Vec<u8>,
-        created_at: i64,
-    }
-}
-
-#[cfg(test)]
-impl From<DbCaKey> for StoredCaKey {
-    fn from(r: DbCaKey) -> Self {
-        StoredCaKey {
-            id: r.id,
-            slot: r.slot,
-            algorithm: r.algorithm,
-            cert_pem: r.cert_pem,
-            encrypted_key: r.encrypted_key,
-            created_at: r.created_at,
-        }
-    }
-}
 
 /// `$first, $first+1, …` for `n` values.
 pub(super) fn placeholders(first: usize, n: usize) -> String {
@@ -252,15 +191,14 @@ macro_rules! impl_ca_slot_store {
                 &self,
                 slot: &str,
             ) -> Result<Option<$crate::store::ca_slots::StoredCaKey>, StoreError> {
-                use $crate::store::ca_slots::{CA_KEY_COLUMNS, DbCaKey};
-                let row: Option<DbCaKey> = sqlx::query_as(&format!(
+                use $crate::store::ca_slots::{CA_KEY_COLUMNS, StoredCaKey};
+                sqlx::query_as::<_, StoredCaKey>(&format!(
                     "SELECT {CA_KEY_COLUMNS} FROM ca_keys WHERE slot = $1"
                 ))
                 .bind(slot)
                 .fetch_optional(&self.pool)
                 .await
-                .map_err($map)?;
-                Ok(row.map(Into::into))
+                .map_err($map)
             }
 
             #[cfg(test)]
@@ -292,23 +230,20 @@ macro_rules! impl_ca_slot_store {
             async fn ca_slots(
                 &self,
             ) -> Result<(u64, Vec<$crate::store::ca_slots::CaSlotRow>), StoreError> {
-                use $crate::store::ca_slots::{CA_SLOT_COLUMNS, DbCaSlot};
+                use $crate::store::ca_slots::{CA_SLOT_COLUMNS, CaSlotRow};
                 use $crate::store::rows::count;
                 let (generation,): (i64,) =
                     sqlx::query_as("SELECT gen FROM ca_generation WHERE id = 1")
                         .fetch_one(&self.pool)
                         .await
                         .map_err($map)?;
-                let rows: Vec<DbCaSlot> = sqlx::query_as(&format!(
+                let rows: Vec<CaSlotRow> = sqlx::query_as(&format!(
                     "SELECT {CA_SLOT_COLUMNS} FROM ca_keys ORDER BY created_at, id"
                 ))
                 .fetch_all(&self.pool)
                 .await
                 .map_err($map)?;
-                Ok((
-                    count(generation)?,
-                    rows.into_iter().map(Into::into).collect(),
-                ))
+                Ok((count(generation)?, rows))
             }
 
             async fn apply_ca_change(

@@ -35,18 +35,20 @@ pub enum TokenUse {
     Unknown,
 }
 
-/// An attested node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeRow {
-    pub node_id: String,
-    pub spiffe_id: String,
-    pub attested_at: i64,
-    pub banned_at: Option<i64>,
-    /// The latest node certificate's serial and expiry.
-    pub last_serial: String,
-    pub not_after: i64,
-    /// How it (last) attested: [`ATTESTATION_JOIN_TOKEN`] or [`ATTESTATION_K8S_PSAT`].
-    pub attestation: String,
+super::db_row! {
+    /// An attested node.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct NodeRow {
+        pub node_id: String,
+        pub spiffe_id: String,
+        pub attested_at: i64,
+        pub banned_at: Option<i64>,
+        /// The latest node certificate's serial and expiry.
+        pub last_serial: String,
+        pub not_after: i64,
+        /// How it (last) attested: [`ATTESTATION_JOIN_TOKEN`] or [`ATTESTATION_K8S_PSAT`].
+        pub attestation: String,
+    }
 }
 
 /// `nodes.attestation`: a one-time join token.
@@ -251,35 +253,9 @@ impl TryFrom<DbEntry> for EntryRow {
     }
 }
 
-super::db_row! {
-    /// A `nodes` row as both drivers decode it.
-    pub(super) struct DbNode {
-        node_id: String,
-        spiffe_id: String,
-        attested_at: i64,
-        banned_at: Option<i64>,
-        last_serial: String,
-        not_after: i64,
-        attestation: String,
-    }
-}
-
+/// The `nodes` columns of a [`NodeRow`], in its fields' order.
 pub(super) const NODE_COLUMNS: &str =
     "node_id, spiffe_id, attested_at, banned_at, last_serial, not_after, attestation";
-
-impl From<DbNode> for NodeRow {
-    fn from(r: DbNode) -> Self {
-        NodeRow {
-            node_id: r.node_id,
-            spiffe_id: r.spiffe_id,
-            attested_at: r.attested_at,
-            banned_at: r.banned_at,
-            last_serial: r.last_serial,
-            not_after: r.not_after,
-            attestation: r.attestation,
-        }
-    }
-}
 
 pub(super) fn revision(v: i64) -> Result<u64, StoreError> {
     u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("negative revision {v}")))
@@ -424,28 +400,26 @@ macro_rules! impl_node_store {
                 &self,
                 node_id: &str,
             ) -> Result<Option<$crate::store::nodes::NodeRow>, StoreError> {
-                let row: Option<$crate::store::nodes::DbNode> = sqlx::query_as(&format!(
+                sqlx::query_as::<_, $crate::store::nodes::NodeRow>(&format!(
                     "SELECT {} FROM nodes WHERE node_id = $1",
                     $crate::store::nodes::NODE_COLUMNS
                 ))
                 .bind(node_id)
                 .fetch_optional(&self.pool)
                 .await
-                .map_err($map)?;
-                Ok(row.map(Into::into))
+                .map_err($map)
             }
 
             async fn list_nodes(
                 &self,
             ) -> Result<Vec<$crate::store::nodes::NodeRow>, StoreError> {
-                let rows: Vec<$crate::store::nodes::DbNode> = sqlx::query_as(&format!(
+                sqlx::query_as(&format!(
                     "SELECT {} FROM nodes ORDER BY node_id",
                     $crate::store::nodes::NODE_COLUMNS
                 ))
                 .fetch_all(&self.pool)
                 .await
-                .map_err($map)?;
-                Ok(rows.into_iter().map(Into::into).collect())
+                .map_err($map)
             }
 
             async fn ban_node(
@@ -454,7 +428,7 @@ macro_rules! impl_node_store {
                 now: i64,
             ) -> Result<Option<$crate::store::nodes::NodeRow>, StoreError> {
                 let mut tx = self.begin_write().await?;
-                let row: Option<$crate::store::nodes::DbNode> = sqlx::query_as(&format!(
+                let row: Option<$crate::store::nodes::NodeRow> = sqlx::query_as(&format!(
                     "UPDATE nodes SET banned_at = COALESCE(banned_at, $2) WHERE node_id = $1 \
                      RETURNING {}",
                     $crate::store::nodes::NODE_COLUMNS
@@ -465,7 +439,7 @@ macro_rules! impl_node_store {
                 .await
                 .map_err($map)?;
                 tx.commit().await.map_err($map)?;
-                Ok(row.map(Into::into))
+                Ok(row)
             }
 
             async fn create_entry(
