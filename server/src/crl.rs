@@ -189,17 +189,26 @@ pub fn due(stored: Option<&StoredCrl>, mark: u64, now: i64, next_update: Duratio
 /// mark read before the revoked list this replica would sign: the number to sign, or None to
 /// keep `cur`. Not when nothing is [`due`], and never when `cur` covers a later mark than ours
 /// (another replica signed with revocations our list may lack: signing ours would drop them).
+///
+/// Also due: `cur` lacks one of `extra` (a root's revoked intermediates, which no mark covers),
+/// or is numbered below `floor` (the highest number this server has served for the key: an
+/// older CRL written back into the database). The number is above both.
 pub fn number_to_sign(
     cur: Option<&StoredCrl>,
     mark: u64,
     now: i64,
     next_update: Duration,
+    extra: &[RevokedEntry],
+    floor: u64,
 ) -> Option<u64> {
     if cur.is_some_and(|c| c.mark > mark) {
         return None;
     }
-    due(cur, mark, now, next_update)?;
-    Some(cur.map_or(1, |c| c.number + 1))
+    let forced = cur.is_some_and(|c| c.number < floor || !lists_all(&c.der, extra));
+    if !forced {
+        due(cur, mark, now, next_update)?;
+    }
+    Some(cur.map_or(0, |c| c.number).max(floor) + 1)
 }
 
 /// When the CRL `s` must be re-signed at the latest (unix seconds).
@@ -231,6 +240,12 @@ impl PublishedCrl {
 /// and still holds its private key. The one place the publisher asks.
 pub trait CrlSigners: Send + Sync + 'static {
     fn crl_signers(&self) -> Vec<Arc<Authority>>;
+
+    /// What `key_id`'s CRL lists besides the revoked certificates of its ledger: a root's
+    /// tainted or revoked intermediates.
+    fn extra_entries(&self, _key_id: &str) -> Vec<RevokedEntry> {
+        Vec::new()
+    }
 }
 
 /// Every CA key that has signed and is not removed (active, retired: certificates issued
@@ -239,6 +254,32 @@ impl CrlSigners for crate::ca::manager::CaManager {
     fn crl_signers(&self) -> Vec<Arc<Authority>> {
         self.signing_authorities()
     }
+
+    fn extra_entries(&self, key_id: &str) -> Vec<RevokedEntry> {
+        self.view().revoked_intermediates(key_id)
+    }
+}
+
+/// The CRL number of `der`, if it reads and fits.
+fn crl_number(der: &[u8]) -> Option<u64> {
+    let (_, crl) = x509_parser::parse_x509_crl(der).ok()?;
+    u64::try_from(crl.crl_number()?).ok()
+}
+
+/// Whether the CRL `der` lists every serial of `entries` (lowercase hex, as the ledger
+/// writes them); an unreadable CRL lists nothing.
+pub fn lists_all(der: &[u8], entries: &[RevokedEntry]) -> bool {
+    if entries.is_empty() {
+        return true;
+    }
+    let Ok((_, crl)) = x509_parser::parse_x509_crl(der) else {
+        return false;
+    };
+    let listed: std::collections::BTreeSet<String> = crl
+        .iter_revoked_certificates()
+        .map(|r| hex::encode(r.raw_serial()))
+        .collect();
+    entries.iter().all(|e| listed.contains(&e.serial))
 }
 
 /// A key ID usable as a file name and URL path segment (lowercase hex).
@@ -261,6 +302,9 @@ pub struct CrlPublisher {
     audit: Option<AuditLog>,
     /// One refresh at a time on this server (replicas are serialised by the store's lock).
     running: tokio::sync::Mutex<()>,
+    /// The highest CRL number served per key (see [`CrlPublisher::served_floor`]).
+    served: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    wake: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for CrlPublisher {
@@ -299,6 +343,8 @@ impl CrlPublisher {
             clock,
             audit: None,
             running: tokio::sync::Mutex::new(()),
+            served: std::sync::Mutex::new(std::collections::HashMap::new()),
+            wake: tokio::sync::Notify::new(),
         }
     }
 
@@ -325,19 +371,47 @@ impl CrlPublisher {
             let now_t = self.clock.now();
             let now = unix(now_t);
             let stored = self.store.stored_crl(&key_id).await?;
-            let current = if due(stored.as_ref(), mark, now, self.cfg.next_update).is_some() {
-                let revoked: Vec<RevokedEntry> = self
+            let extra = self.signers.extra_entries(&key_id);
+            let floor = self.served_floor(&key_id);
+            let rolled_back = stored.as_ref().filter(|s| s.number < floor);
+            if let Some(s) = rolled_back {
+                tracing::error!(
+                    key_id,
+                    stored = s.number,
+                    served = floor,
+                    "the database holds an older CRL than this server has served; not serving it, signing a newer one"
+                );
+                if let Some(audit) = &self.audit {
+                    audit.record(
+                        "crl.rollback_refused",
+                        "server",
+                        format!(
+                            "CA key {key_id}: the database's CRL is number {}, below number {floor} already served; it is not served, a newer one is signed",
+                            s.number
+                        ),
+                        now,
+                    );
+                }
+            }
+            let lacking = rolled_back.is_some()
+                || stored.as_ref().is_some_and(|s| !lists_all(&s.der, &extra));
+            let current = if lacking
+                || due(stored.as_ref(), mark, now, self.cfg.next_update).is_some()
+            {
+                let mut revoked: Vec<RevokedEntry> = self
                     .store
                     .revoked_certificates(&key_id, now)
                     .await?
                     .iter()
                     .map(RevokedEntry::from_row)
                     .collect();
+                revoked.extend(extra.iter().cloned());
                 let next_update = self.cfg.next_update;
                 let failed = std::sync::Mutex::new(None);
                 let sign = |cur: Option<&StoredCrl>| -> Result<Option<StoredCrl>, String> {
                     // Under the lock: another replica may have signed meanwhile.
-                    let Some(number) = number_to_sign(cur, mark, now, next_update) else {
+                    let Some(number) = number_to_sign(cur, mark, now, next_update, &extra, floor)
+                    else {
                         return Ok(None);
                     };
                     let next_t = now_t + next_update;
@@ -387,12 +461,45 @@ impl CrlPublisher {
             } else {
                 stored
             };
-            if let Some(c) = current {
-                published.push(PublishedCrl::from_stored(&c));
+            match current {
+                Some(c) if c.number >= floor => published.push(PublishedCrl::from_stored(&c)),
+                // Never serve a number lower than one served: keep the one served.
+                _ => published.extend(
+                    self.bundle
+                        .current()
+                        .crls
+                        .iter()
+                        .find(|o| o.key_id == key_id)
+                        .cloned(),
+                ),
+            }
+        }
+        {
+            let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+            for c in &published {
+                let n = served.entry(c.key_id.clone()).or_default();
+                *n = (*n).max(c.number);
             }
         }
         self.publish(&published)?;
         Ok(published)
+    }
+
+    /// The highest CRL number served for `key_id`: remembered, or on first use read from the
+    /// CRL file this server last wrote (so a restart keeps the floor).
+    fn served_floor(&self, key_id: &str) -> u64 {
+        let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+        *served.entry(key_id.to_owned()).or_insert_with(|| {
+            std::fs::read(self.dir.join(format!("{key_id}.crl")))
+                .ok()
+                .and_then(|der| crl_number(&der))
+                .unwrap_or(0)
+        })
+    }
+
+    /// Refreshes at the next chance (the CA view changed: a taint, a revoked intermediate).
+    pub fn wake(&self) {
+        self.wake.notify_one();
     }
 
     /// Writes the files that changed and hands the list to the bundle.
@@ -457,6 +564,7 @@ impl CrlPublisher {
             };
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
+                _ = self.wake.notified() => {}
                 _ = stop.wait_for(|s| *s) => return,
             }
         }
@@ -622,14 +730,17 @@ mod tests {
     #[test]
     fn under_the_lock_a_stale_view_never_replaces_a_newer_crl() {
         let day = Duration::from_secs(86400);
-        assert_eq!(number_to_sign(None, 0, T0, day), Some(1));
+        assert_eq!(number_to_sign(None, 0, T0, day, &[], 0), Some(1));
         let s = stored(3, T0, T0 + 86400, 10);
-        assert_eq!(number_to_sign(Some(&s), 10, T0 + 1, day), None);
-        assert_eq!(number_to_sign(Some(&s), 11, T0 + 1, day), Some(4));
-        assert_eq!(number_to_sign(Some(&s), 10, T0 + 43_200, day), Some(4));
+        assert_eq!(number_to_sign(Some(&s), 10, T0 + 1, day, &[], 0), None);
+        assert_eq!(number_to_sign(Some(&s), 11, T0 + 1, day, &[], 0), Some(4));
+        assert_eq!(
+            number_to_sign(Some(&s), 10, T0 + 43_200, day, &[], 0),
+            Some(4)
+        );
         // Another replica signed with mark 10 while we read mark 9 and its revoked list: even
         // when a refresh is due by time, ours would lack revocation 10.
-        assert_eq!(number_to_sign(Some(&s), 9, T0 + 43_200, day), None);
+        assert_eq!(number_to_sign(Some(&s), 9, T0 + 43_200, day, &[], 0), None);
     }
 
     #[test]

@@ -740,7 +740,8 @@ pub fn renewal(data: &[u8]) {
             if e.ttl_seconds > 0 {
                 assert_eq!(basis.max_ttl().as_secs(), e.ttl_seconds as u64);
             }
-            assert_eq!(carried.authorized_at, now);
+            // Carried forward and bounded, like a token's: the chain ages out.
+            assert!(now.saturating_sub(carried.authorized_at) <= 86400);
         }
         other => panic!("a {} certificate renewed over mTLS", other.kind()),
     }

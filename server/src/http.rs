@@ -24,18 +24,24 @@ use crate::ledger::LedgerProgress;
 use crate::metrics::Metrics;
 use crate::store::LedgerStore;
 
+/// One more thing `/readyz` checks: `Err` says why the server must not take traffic.
+pub type ReadyCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
 #[derive(Clone)]
 struct HttpState {
     store: Arc<dyn LedgerStore>,
     metrics: Arc<Metrics>,
     ledger: Option<Arc<LedgerProgress>>,
+    checks: Vec<ReadyCheck>,
 }
 
-/// The router, with `/readyz` also checking the ledger writer's progress.
+/// The router, with `/readyz` also checking the ledger writer's progress and `checks` (the
+/// CA's key slots, …).
 pub fn router_with(
     store: Arc<dyn LedgerStore>,
     metrics: Arc<Metrics>,
     ledger: Option<Arc<LedgerProgress>>,
+    checks: Vec<ReadyCheck>,
 ) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
@@ -45,6 +51,7 @@ pub fn router_with(
             store,
             metrics,
             ledger,
+            checks,
         })
 }
 
@@ -91,6 +98,13 @@ async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: {why}\n"),
+        );
+    }
+    let failed: Vec<String> = s.checks.iter().filter_map(|c| c().err()).collect();
+    if !failed.is_empty() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {}\n", failed.join("; ")),
         );
     }
     match tokio::time::timeout(Duration::from_secs(2), s.store.ping()).await {

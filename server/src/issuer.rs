@@ -445,6 +445,7 @@ impl Issuer {
             tracing::warn!(error = %e, request_id = %input.request_id, "ledger commit failed; certificate discarded");
             match e {
                 LedgerError::Overloaded => IssuerError::LedgerOverloaded,
+                e @ LedgerError::RevokedParent(_) => IssuerError::Denied(e.to_string()),
                 other => IssuerError::NotRecorded(other),
             }
         })?;

@@ -44,6 +44,10 @@ pub enum LedgerError {
     /// The commit was not done within `ledger.commit_deadline`.
     #[error("no ledger commit within {} (ledger.commit_deadline); the database may be stalled", humantime::format_duration(*.0))]
     DeadlineExceeded(Duration),
+    /// A renewal of a certificate that has been revoked (possibly a moment ago, on another
+    /// replica): never recorded, never returned.
+    #[error("the presented certificate {0} has been revoked; it cannot be renewed")]
+    RevokedParent(String),
 }
 
 /// What `/readyz` checks the writer's progress against.
@@ -334,7 +338,31 @@ async fn run(
             continue;
         }
         let started = Instant::now();
-        let result = store.append_certificates(&batch).await;
+        let mut result = store.append_certificates(&batch).await;
+        // Renewals of certificates revoked meanwhile were refused, and with them the batch:
+        // answer those, and commit the rest again (once: nothing else in it renews those).
+        if let Err(StoreError::RevokedParent(serials)) = &result {
+            let serials = serials.clone();
+            let mut kept = Vec::with_capacity(batch.len());
+            let mut kept_replies = Vec::with_capacity(batch.len());
+            for (cert, reply) in batch.drain(..).zip(replies.drain(..)) {
+                match cert.renewed_from().filter(|s| serials.contains(s)) {
+                    Some(parent) => {
+                        let _ = reply.send(Err(LedgerError::RevokedParent(parent)));
+                    }
+                    None => {
+                        kept.push(cert);
+                        kept_replies.push(reply);
+                    }
+                }
+            }
+            batch = kept;
+            replies = kept_replies;
+            if batch.is_empty() {
+                continue;
+            }
+            result = store.append_certificates(&batch).await;
+        }
         on_batch(batch.len(), started.elapsed());
         match &result {
             Ok(seqs) if seqs.len() == replies.len() => progress.committed(Instant::now()),

@@ -42,6 +42,8 @@ pub struct Metrics {
     pub audit_aggregated: Gauge,
     /// Open connections on the gRPC listener (TLS handshakes done).
     pub connections_open: Gauge,
+    /// Live CA key slots the database holds that failed vetting (trusted nowhere).
+    pub ca_slots_rejected: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -119,6 +121,12 @@ impl Metrics {
             "Open connections on the gRPC listener (limits.max_connections caps them)",
             connections_open.clone(),
         );
+        let ca_slots_rejected = Gauge::default();
+        registry.register(
+            "ca_slots_rejected",
+            "Live CA key slots in the database that fail vetting and are trusted nowhere (see signetctl ca status)",
+            ca_slots_rejected.clone(),
+        );
         Arc::new(Self {
             registry,
             issuances,
@@ -132,7 +140,15 @@ impl Metrics {
             ledger_failures,
             audit_aggregated,
             connections_open,
+            ca_slots_rejected,
         })
+    }
+
+    /// Sets `signet_ca_slots_rejected` from a CA view's rejected slots (the live ones).
+    pub fn ca_slots_rejected(&self, rejected: &[crate::ca::manager::RejectedSlot]) {
+        let live = rejected.iter().filter(|r| r.state != "removed").count();
+        self.ca_slots_rejected
+            .set(i64::try_from(live).unwrap_or(i64::MAX));
     }
 
     pub fn observe_issuance(&self, api: &'static str, outcome: &'static str, took: Duration) {

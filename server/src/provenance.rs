@@ -8,7 +8,7 @@
 //! | source | how it was authorized | renewal over mTLS |
 //! |---|---|---|
 //! | `service_account` | a Kubernetes service-account token | while the token check is younger than `policy.mtls_renewal_max_age`; names still allowed by the templates; lifetime at most the presented certificate's |
-//! | `entry` | a registration entry, signed for its parent node | while the entry exists with that ID and its node is not banned; names and lifetime bounded by the entry *now* |
+//! | `entry` | a registration entry, signed for its parent node | while the entry exists with that ID and its node is not banned, and the delivery through the node API is younger than `policy.mtls_renewal_max_age` (carried forward); names and lifetime bounded by the entry *now* |
 //! | `admin` | the operator, on the admin socket | like `service_account`: bounded age, names and lifetime of the presented certificate |
 //! | `bridge` | the Kubernetes bridge, for an object in a namespace | refused: the bridge renews for its objects with its own identity |
 //! | `impersonated` | an impersonator asking on a workload's behalf | refused: the impersonator asks again |
@@ -72,8 +72,8 @@ impl Source {
 pub struct Provenance {
     pub source: Source,
     /// Unix seconds when the source was last checked: the token's or the operator's moment for
-    /// `service_account` and `admin` (carried forward through renewals), the issuance itself
-    /// for sources checked live (`entry`, `node`).
+    /// `service_account` and `admin`, the delivery through the node API for `entry` (each
+    /// carried forward through renewals over mTLS), the issuance itself for `node`.
     pub authorized_at: i64,
     /// The serial of the certificate presented over mTLS, when this one renews it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

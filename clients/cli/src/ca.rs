@@ -66,6 +66,8 @@ fn slot_json(s: &CaKeySlot) -> serde_json::Value {
         "retired_at": time_or_none(s.retired_at),
         "removed_at": time_or_none(s.removed_at),
         "external": s.external,
+        "rejected": s.rejected,
+        "holders_not_replaced": s.holders_not_replaced,
     })
 }
 
@@ -109,6 +111,28 @@ pub async fn ca(socket: &Path, cmd: CaCmd) -> anyhow::Result<ExitCode> {
                         rfc3339(s.not_after),
                         s.unexpired_certificates,
                         s.last_expiry.map_or_else(|| "-".to_owned(), rfc3339)
+                    );
+                }
+                for s in r.slots.iter().filter(|s| s.tainted && s.state != "removed") {
+                    println!(
+                        "tainted {}: {} holder(s) have not replaced their certificate yet{}",
+                        s.key_id,
+                        s.holders_not_replaced,
+                        if s.holders_not_replaced == 0 && s.state != "active" {
+                            " (safe to remove: signetctl ca revoke KEY_ID)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                for s in r.slots.iter().filter(|s| s.rejected.is_some()) {
+                    println!(
+                        "REJECTED {} {} ({}): trusted nowhere: {}; remove it: signetctl ca revoke {}",
+                        s.kind,
+                        s.key_id,
+                        s.state,
+                        s.rejected.as_deref().unwrap_or_default(),
+                        s.key_id
                     );
                 }
                 println!("signing: {}", r.active_key_id);

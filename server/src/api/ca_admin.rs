@@ -107,8 +107,17 @@ impl CaAdmin for CaAdminApi {
                         retired_at: i.retired_at.unwrap_or(0),
                         removed_at: i.removed_at.unwrap_or(0),
                         external: i.external,
+                        rejected: String::new(),
+                        holders_not_replaced: s.holders_not_replaced,
                     }
                 })
+                .chain(view.rejected.iter().map(|r| CaSlot {
+                    key_id: r.id.clone(),
+                    kind: r.kind.clone(),
+                    state: r.state.clone(),
+                    rejected: r.reason.clone(),
+                    ..CaSlot::default()
+                }))
                 .collect(),
             plugged: view.plugged,
             active_key_id: view.active.key_id().to_owned(),

@@ -93,6 +93,15 @@ fn algorithm(key_type: KeyType) -> &'static rcgen::SignatureAlgorithm {
     }
 }
 
+/// Whether the certificate `child_der` names `parent_der`'s subject as its issuer and its
+/// signature verifies with `parent_der`'s key (a root: both the same certificate).
+pub(crate) fn verify_issued_by(child_der: &[u8], parent_der: &[u8]) -> Result<(), String> {
+    let child = parse_cert(child_der)?;
+    let parent = parse_cert(parent_der)?;
+    ca_basics(&parent)?;
+    child_of(&child, &parent)
+}
+
 fn child_of(child: &X509Certificate<'_>, parent: &X509Certificate<'_>) -> Result<(), String> {
     if child.issuer().as_raw() != parent.subject().as_raw() {
         return Err(format!(

@@ -8,9 +8,10 @@
 //! 1. the presented certificate's ledger row (by serial): it must be there, be this very
 //!    certificate (same SHA-256), name the caller's identity, and not be revoked;
 //! 2. the row's provenance, re-checked by source ([`crate::provenance`] has the table): an
-//!    `entry` still exists with that identity under a node that is not banned; a
-//!    `service_account` or `admin` authorization is younger than `policy.mtls_renewal_max_age`
-//!    (carried forward through renewals, so the chain ends); any other source (the bridge, an
+//!    `entry` still exists with that identity under a node that is not banned, and (like a
+//!    `service_account` or `admin` authorization) was delivered through the node API less than
+//!    `policy.mtls_renewal_max_age` ago (carried forward through renewals, so every chain
+//!    ends); any other source (the bridge, an
 //!    impersonator, a node's own SVID, the server) and any row without provenance cannot renew
 //!    over mTLS.
 //!
@@ -283,8 +284,11 @@ pub fn assess(
                 Ok(0) | Err(_) => policy.default_ttl,
                 Ok(s) => Duration::from_secs(s),
             };
-            // The entry is the live authority, re-checked just now.
-            (names, ttl, now)
+            // The entry is re-checked live, and the chain still ages out: its authorization is
+            // the delivery through the node API (carried forward), so a stolen certificate
+            // cannot be renewed forever while the entry stands; the agent delivers afresh.
+            within_age("the node API delivery")?;
+            (names, ttl, provenance.authorized_at)
         }
         other => {
             let why = match other {

@@ -198,7 +198,36 @@ fn an_entry_certificate_renews_only_while_its_entry_and_node_stand() {
     // The entry as it is now bounds the result, not the presented certificate.
     assert_eq!(b.dns_names(), ["app.example.org"]);
     assert_eq!(b.max_ttl(), Duration::from_secs(600));
-    assert_eq!(b.carried_forward().authorized_at, NOW);
+    // The delivery's moment is carried forward, so the chain ages out like a token's.
+    assert_eq!(b.carried_forward().authorized_at, NOW - 100);
+    let stale = row(
+        "/app",
+        &["app.example.org"],
+        86400,
+        &Provenance::new(
+            Source::Entry {
+                entry_id: "e1".into(),
+                node_id: "vm1".into(),
+            },
+            NOW - 86400 - 1,
+        )
+        .to_ledger_text(),
+    );
+    let stale_refusal = assess(
+        &p,
+        &c,
+        Some(&stale),
+        EntryFacts {
+            entry: Some(&e),
+            node: Some(&n),
+        },
+        NOW,
+    )
+    .expect_err("a delivery older than policy.mtls_renewal_max_age");
+    assert!(
+        stale_refusal.to_string().contains("mtls_renewal_max_age"),
+        "{stale_refusal}"
+    );
     // Entry TTL 0 is the default.
     let e0 = entry_row(0, &[]);
     let b = assess(

@@ -438,14 +438,20 @@ impl Revoker {
                 RevocationOutcome::Revoked {
                     event_seq,
                     row: done,
+                    cascaded,
                 } => {
-                    if let Some(f) = &self.on_revoked {
-                        f(&done.entry.cert_sha256);
+                    // The certificate, then the renewals revoked with it.
+                    let all = std::iter::once((event_seq, done))
+                        .chain(cascaded.into_iter().map(|(s, r)| (s, Box::new(r))));
+                    for (event_seq, done) in all {
+                        if let Some(f) = &self.on_revoked {
+                            f(&done.entry.cert_sha256);
+                        }
+                        let mut l = listed(&done);
+                        l.event_seq = event_seq;
+                        report.add_revoked(l);
+                        revoked_here.push((event_seq, done));
                     }
-                    let mut l = listed(&done);
-                    l.event_seq = event_seq;
-                    report.add_revoked(l);
-                    revoked_here.push((event_seq, done));
                 }
                 RevocationOutcome::AlreadyRevoked { at, reason } => {
                     // Revoked by someone else since it was selected.

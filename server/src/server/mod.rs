@@ -204,6 +204,7 @@ pub async fn run(
     // a sibling intermediate under the same root authenticates nobody.
     let client_anchors =
         tls::ClientAnchors::new(&view.client_anchors).map_err(|e| anyhow!("TLS: {e}"))?;
+    metrics.ca_slots_rejected(&view.rejected);
     let tls_config = Arc::new(
         tls::server_config_with(resolver.clone(), client_anchors.clone())
             .map_err(|e| anyhow!("TLS: {e}"))?,
@@ -215,7 +216,9 @@ pub async fn run(
         let issuer = issuer.clone();
         let bundle = bundle.clone();
         let anchors = client_anchors.clone();
+        let m = metrics.clone();
         manager.on_change(move |v| {
+            m.ca_slots_rejected(&v.rejected);
             issuer.set_ca(v.active.clone(), v.tainted.clone());
             if let Err(e) = bundle.update_with(v.roots.clone(), v.tainted.iter().cloned().collect())
             {
@@ -340,6 +343,11 @@ pub async fn run(
     if let Err(e) = crl_publisher.refresh().await {
         tracing::warn!(error = %e, "publishing the CRLs at start-up; retrying in the background");
     }
+    // A taint or a revoked intermediate changes a root's CRL: refresh at once.
+    {
+        let p = crl_publisher.clone();
+        manager.on_change(move |_| p.wake());
+    }
     tokio::spawn(crl_publisher.clone().run(stop_rx.clone()));
     let revoker = {
         let issuer = issuer.clone();
@@ -422,6 +430,10 @@ pub async fn run(
             store.clone(),
             metrics.clone(),
             Some(ledger_progress.clone()),
+            vec![{
+                let manager = manager.clone();
+                Arc::new(move || manager.view().readiness()) as crate::http::ReadyCheck
+            }],
         )
         .merge(crate::checkpoint::routes(checkpoints.clone()))
         .merge(crate::http::crl_router(bundle.clone())),

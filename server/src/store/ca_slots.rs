@@ -88,12 +88,47 @@ impl std::fmt::Debug for CaSlotRow {
 }
 
 /// One change to a slot.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum SlotUpdate {
     /// Moves `id` to `state` (stamping `activated_at`, `retired_at` or `removed_at`).
     State { id: String, state: String, at: i64 },
     /// Marks `id` tainted (keeps an earlier taint's time).
     Taint { id: String, at: i64 },
+    /// Replaces `id`'s sealed key (sealed again with its binding; empty: erased at removal).
+    SealedKey { id: String, encrypted_key: Vec<u8> },
+}
+
+impl SlotUpdate {
+    /// Erases `id`'s sealed key: a removed key is never opened again.
+    pub fn erase_key(id: String) -> Self {
+        SlotUpdate::SealedKey {
+            id,
+            encrypted_key: Vec::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for SlotUpdate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SlotUpdate::State { id, state, at } => f
+                .debug_struct("State")
+                .field("id", id)
+                .field("state", state)
+                .field("at", at)
+                .finish(),
+            SlotUpdate::Taint { id, at } => f
+                .debug_struct("Taint")
+                .field("id", id)
+                .field("at", at)
+                .finish(),
+            SlotUpdate::SealedKey { id, encrypted_key } => f
+                .debug_struct("SealedKey")
+                .field("id", id)
+                .field("bytes", &encrypted_key.len())
+                .finish(),
+        }
+    }
 }
 
 /// Everything one transition writes, applied all or nothing.
@@ -162,6 +197,19 @@ pub trait CaSlotStore: Send + Sync + 'static {
         now: i64,
         limit: u32,
     ) -> Result<Vec<(String, u64)>, StoreError>;
+
+    /// After a taint: how many holders of unexpired, unrevoked certificates issued under
+    /// `key_ids` have not replaced them yet. A holder is an identity as one caller obtained
+    /// it (an agent for one of its entries, a workload for itself); it has replaced its
+    /// certificate once a later unexpired, unrevoked certificate for the same SPIFFE ID, from
+    /// the same caller or renewed from it, was issued by a key outside `tainted`. For
+    /// `ca status`: it reads every unexpired certificate of those keys.
+    async fn ca_key_holders_not_replaced(
+        &self,
+        key_ids: &[String],
+        tainted: &[String],
+        now: i64,
+    ) -> Result<u64, StoreError>;
 }
 
 /// The `ca_keys` columns of a [`CaSlotRow`], in its fields' order.
@@ -322,6 +370,13 @@ macro_rules! impl_ca_slot_store {
                             .execute(&mut *tx)
                             .await
                         }
+                        SlotUpdate::SealedKey { id, encrypted_key } => {
+                            sqlx::query("UPDATE ca_keys SET encrypted_key = $1 WHERE id = $2")
+                                .bind(encrypted_key)
+                                .bind(id)
+                                .execute(&mut *tx)
+                                .await
+                        }
                     }
                     .map_err($map)?;
                     if done.rows_affected() != 1 {
@@ -429,6 +484,43 @@ macro_rules! impl_ca_slot_store {
                 rows.into_iter()
                     .map(|(id, n)| Ok((id, count(n)?)))
                     .collect()
+            }
+
+            async fn ca_key_holders_not_replaced(
+                &self,
+                key_ids: &[String],
+                tainted: &[String],
+                now: i64,
+            ) -> Result<u64, StoreError> {
+                use $crate::store::ca_slots::placeholders;
+                use $crate::store::rows::count;
+                if key_ids.is_empty() {
+                    return Ok(0);
+                }
+                // `tainted` always holds `key_ids` (a key is counted only while tainted).
+                let mut outside: Vec<&String> = key_ids.iter().collect();
+                outside.extend(tainted.iter().filter(|t| !key_ids.contains(t)));
+                let sql = format!(
+                    "SELECT COUNT(*) FROM (SELECT DISTINCT c.spiffe_id, c.caller \
+                     FROM certificates c \
+                     WHERE c.not_after > $1 AND c.revoked_at IS NULL AND c.ca_key_id IN ({}) \
+                     AND NOT EXISTS (SELECT 1 FROM certificates n \
+                       WHERE n.spiffe_id = c.spiffe_id AND n.seq > c.seq \
+                       AND (n.caller = c.caller OR n.renewed_from = c.serial) \
+                       AND n.not_after > $1 AND n.revoked_at IS NULL \
+                       AND n.ca_key_id NOT IN ({}))) AS holders",
+                    placeholders(2, key_ids.len()),
+                    placeholders(2 + key_ids.len(), outside.len())
+                );
+                let mut q = sqlx::query_as::<_, (i64,)>(&sql).bind(now);
+                for id in key_ids {
+                    q = q.bind(id);
+                }
+                for id in outside {
+                    q = q.bind(id);
+                }
+                let (n,) = q.fetch_one(&self.pool).await.map_err($map)?;
+                count(n)
             }
         }
     };

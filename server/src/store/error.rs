@@ -17,6 +17,10 @@ pub enum StoreError {
     /// The caller's input cannot be used (a page token from elsewhere); the message says why.
     #[error("{0}")]
     InvalidArgument(String),
+    /// Renewals of these serials were not appended: each has been revoked (nothing in the
+    /// batch was written).
+    #[error("renewal of revoked certificate(s): {}", .0.join(", "))]
+    RevokedParent(Vec<String>),
 }
 
 impl StoreError {

@@ -48,6 +48,16 @@ pub struct NewCertificate {
     pub provenance: String,
 }
 
+impl NewCertificate {
+    /// The serial this certificate renews (its provenance's `renewed_from`), if it is a
+    /// renewal over mTLS.
+    pub fn renewed_from(&self) -> Option<String> {
+        crate::provenance::Provenance::from_ledger_text(&self.provenance)
+            .ok()
+            .and_then(|p| p.renewed_from)
+    }
+}
+
 /// A ledger row as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertificateRow {
@@ -158,6 +168,30 @@ macro_rules! impl_ledger_store {
                 .map_err($map)?;
                 let head = rows::head(head_seq, &head_hash)?;
                 let (chained, new_seq, new_hash) = rows::chain(head.seq, head.hash, batch)?;
+                // A renewal of a certificate revoked meanwhile (here or on another replica:
+                // revocations take the same lock) is refused; a revocation committed after this
+                // one follows `renewed_from` to the new row instead.
+                let parents: Vec<&str> = chained
+                    .iter()
+                    .filter_map(|c| c.renewed_from.as_deref())
+                    .collect();
+                if !parents.is_empty() {
+                    let sql = format!(
+                        "SELECT serial FROM certificates WHERE revoked_at IS NOT NULL \
+                         AND serial IN ({})",
+                        $crate::store::ca_slots::placeholders(1, parents.len())
+                    );
+                    let mut q = sqlx::query_as::<_, (String,)>(&sql);
+                    for p in &parents {
+                        q = q.bind(*p);
+                    }
+                    let revoked: Vec<(String,)> = q.fetch_all(&mut *tx).await.map_err($map)?;
+                    if !revoked.is_empty() {
+                        return Err(StoreError::RevokedParent(
+                            revoked.into_iter().map(|(s,)| s).collect(),
+                        ));
+                    }
+                }
                 Self::insert_chained(&mut tx, chained).await?;
                 sqlx::query("UPDATE ledger_head SET seq = $1, hash = $2 WHERE id = 1")
                     .bind(rows::db_seq(new_seq)?)

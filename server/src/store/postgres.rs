@@ -197,11 +197,11 @@ super::nodes::impl_node_store!(PgStore, map_err);
 /// The ledger's columns an append writes, in the order of [`Columns`]' arrays.
 const INSERT_COLUMNS: &str = "seq, serial, spiffe_id, dns_names, ip_addresses, not_before, \
      not_after, issued_at, cert_sha256, prev_hash, hash, cert_der, ca_key_id, caller, \
-     request_id, provenance";
-/// The batch as rows: one array parameter per column ($1 to $16).
+     request_id, provenance, renewed_from";
+/// The batch as rows: one array parameter per column ($1 to $17).
 const UNNEST_COLUMNS: &str = "UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[], \
      $5::text[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bytea[], $10::bytea[], \
-     $11::bytea[], $12::bytea[], $13::text[], $14::text[], $15::text[], $16::text[])";
+     $11::bytea[], $12::bytea[], $13::text[], $14::text[], $15::text[], $16::text[], $17::text[])";
 
 /// A chained batch as one array per column, for `UNNEST`: the whole batch in one statement,
 /// one round trip however large the batch.
@@ -222,6 +222,7 @@ struct Columns<'a> {
     caller: Vec<&'a str>,
     request_id: Vec<&'a str>,
     provenance: Vec<&'a str>,
+    renewed_from: Vec<Option<String>>,
 }
 
 impl<'a> Columns<'a> {
@@ -244,6 +245,7 @@ impl<'a> Columns<'a> {
             caller: Vec::with_capacity(n),
             request_id: Vec::with_capacity(n),
             provenance: Vec::with_capacity(n),
+            renewed_from: Vec::with_capacity(n),
         };
         for r in chained {
             c.seq.push(r.seq);
@@ -262,11 +264,12 @@ impl<'a> Columns<'a> {
             c.caller.push(r.cert.caller.as_str());
             c.request_id.push(r.cert.request_id.as_str());
             c.provenance.push(r.cert.provenance.as_str());
+            c.renewed_from.push(r.renewed_from);
         }
         c
     }
 
-    /// Binds the sixteen arrays as `$1` to `$16` of `sql`.
+    /// Binds the seventeen arrays as `$1` to `$17` of `sql`.
     fn bind<'q>(&'q self, sql: &'q str) -> PgQuery<'q> {
         sqlx::query(sql)
             .bind(&self.seq)
@@ -285,6 +288,7 @@ impl<'a> Columns<'a> {
             .bind(&self.caller)
             .bind(&self.request_id)
             .bind(&self.provenance)
+            .bind(&self.renewed_from)
     }
 }
 
@@ -334,11 +338,15 @@ impl PgStore {
         let Some(head) = self.known_head() else {
             return Ok(None);
         };
+        // A renewal takes the locking path, which refuses one whose parent was revoked.
+        if batch.iter().any(|c| c.renewed_from().is_some()) {
+            return Ok(None);
+        }
         let (chained, new_seq, new_hash) = rows::chain(head.seq, head.hash, batch)?;
         let columns = Columns::of(chained);
         let sql = format!(
-            "WITH moved AS (UPDATE ledger_head SET seq = $17, hash = $18 \
-             WHERE id = 1 AND seq = $19 AND hash = $20 RETURNING 1) \
+            "WITH moved AS (UPDATE ledger_head SET seq = $18, hash = $19 \
+             WHERE id = 1 AND seq = $20 AND hash = $21 RETURNING 1) \
              INSERT INTO certificates ({INSERT_COLUMNS}) SELECT u.* FROM moved, {UNNEST_COLUMNS} AS u"
         );
         let done = columns

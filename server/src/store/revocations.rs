@@ -44,10 +44,13 @@ pub struct NewRevocation {
 /// What became of one [`NewRevocation`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RevocationOutcome {
-    /// Revoked now: the event's seq and the certificate's row.
+    /// Revoked now: the event's seq and the certificate's row, and every certificate renewed
+    /// from it (transitively, by `renewed_from`) that was not revoked yet, each revoked by an
+    /// event of its own in the same transaction.
     Revoked {
         event_seq: u64,
         row: Box<CertificateRow>,
+        cascaded: Vec<(u64, CertificateRow)>,
     },
     /// It was revoked before; nothing changed.
     AlreadyRevoked { at: i64, reason: String },
@@ -81,6 +84,12 @@ pub trait RevocationStore: Send + Sync + 'static {
     /// Appends one revocation event per item, in order, in one transaction under the ledger
     /// head lock, setting each revoked row's `revoked_at` and `revocation_reason`. Items already
     /// revoked or unknown change nothing. All or nothing.
+    ///
+    /// A revocation takes every certificate renewed from the revoked one with it (following
+    /// `renewed_from` forward, by its index): a thief who renewed a leaked certificate before
+    /// it was revoked keeps nothing. The ledger append refuses a renewal whose parent is
+    /// revoked under the same lock, so a renewal racing this transaction is either revoked
+    /// here or refused there.
     async fn append_revocations(
         &self,
         batch: &[NewRevocation],
@@ -268,58 +277,86 @@ macro_rules! impl_revocation_store {
                         });
                         continue;
                     }
-                    seq += 1;
-                    let event = LedgerEvent {
-                        seq,
-                        kind: EVENT_REVOKE.into(),
-                        serial: r.serial.clone(),
-                        cert_seq: row.entry.seq,
-                        cert_hash: row.hash,
-                        reason: r.reason.clone(),
-                        at: r.at,
-                        caller: r.caller.clone(),
-                        request_id: r.request_id.clone(),
-                        detail: r.detail.clone(),
-                    };
-                    let hash = event_hash(&prev, &event);
-                    sqlx::query(
-                        "INSERT INTO ledger_events (seq, kind, serial, cert_seq, cert_hash, \
-                         reason, at, caller, request_id, detail, prev_hash, hash) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-                    )
-                    .bind(i64_of(seq, "seq")?)
-                    .bind(&event.kind)
-                    .bind(&event.serial)
-                    .bind(i64_of(event.cert_seq, "cert_seq")?)
-                    .bind(&event.cert_hash[..])
-                    .bind(&event.reason)
-                    .bind(event.at)
-                    .bind(&event.caller)
-                    .bind(&event.request_id)
-                    .bind(&event.detail)
-                    .bind(&prev[..])
-                    .bind(&hash[..])
-                    .execute(&mut *tx)
-                    .await
-                    .map_err($map)?;
-                    sqlx::query(
-                        "UPDATE certificates SET revoked_at = $1, revocation_reason = $2 \
-                         WHERE seq = $3",
-                    )
-                    .bind(r.at)
-                    .bind(&r.reason)
-                    .bind(i64_of(row.entry.seq, "seq")?)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err($map)?;
-                    prev = hash;
-                    let mut row = row;
-                    row.revoked_at = Some(r.at);
-                    row.revocation_reason = Some(r.reason.clone());
-                    out.push(RevocationOutcome::Revoked {
-                        event_seq: seq,
-                        row: Box::new(row),
-                    });
+                    // The certificate, then its renewals (depth first); each its own event.
+                    let mut queue = vec![(row, r.detail.clone())];
+                    let mut done: Vec<(u64, $crate::store::ledger::CertificateRow)> = Vec::new();
+                    while let Some((row, detail)) = queue.pop() {
+                        seq += 1;
+                        let event = LedgerEvent {
+                            seq,
+                            kind: EVENT_REVOKE.into(),
+                            serial: row.entry.serial.clone(),
+                            cert_seq: row.entry.seq,
+                            cert_hash: row.hash,
+                            reason: r.reason.clone(),
+                            at: r.at,
+                            caller: r.caller.clone(),
+                            request_id: r.request_id.clone(),
+                            detail,
+                        };
+                        let hash = event_hash(&prev, &event);
+                        sqlx::query(
+                            "INSERT INTO ledger_events (seq, kind, serial, cert_seq, cert_hash, \
+                             reason, at, caller, request_id, detail, prev_hash, hash) \
+                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                        )
+                        .bind(i64_of(seq, "seq")?)
+                        .bind(&event.kind)
+                        .bind(&event.serial)
+                        .bind(i64_of(event.cert_seq, "cert_seq")?)
+                        .bind(&event.cert_hash[..])
+                        .bind(&event.reason)
+                        .bind(event.at)
+                        .bind(&event.caller)
+                        .bind(&event.request_id)
+                        .bind(&event.detail)
+                        .bind(&prev[..])
+                        .bind(&hash[..])
+                        .execute(&mut *tx)
+                        .await
+                        .map_err($map)?;
+                        sqlx::query(
+                            "UPDATE certificates SET revoked_at = $1, revocation_reason = $2 \
+                             WHERE seq = $3",
+                        )
+                        .bind(r.at)
+                        .bind(&r.reason)
+                        .bind(i64_of(row.entry.seq, "seq")?)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err($map)?;
+                        prev = hash;
+                        let children: Vec<super::rows::DbCertificate> = sqlx::query_as(&format!(
+                            "SELECT {} FROM certificates \
+                             WHERE renewed_from = $1 AND revoked_at IS NULL ORDER BY seq DESC",
+                            super::rows::CERT_COLUMNS
+                        ))
+                        .bind(&row.entry.serial)
+                        .fetch_all(&mut *tx)
+                        .await
+                        .map_err($map)?;
+                        for c in children {
+                            let c = $crate::store::ledger::CertificateRow::try_from(c)?;
+                            let why = serde_json::json!({
+                                "renewed_from": row.entry.serial,
+                                "revoked_with": r.serial,
+                            })
+                            .to_string();
+                            queue.push((c, why));
+                        }
+                        let mut row = row;
+                        row.revoked_at = Some(r.at);
+                        row.revocation_reason = Some(r.reason.clone());
+                        done.push((seq, row));
+                    }
+                    let mut done = done.into_iter();
+                    if let Some((event_seq, row)) = done.next() {
+                        out.push(RevocationOutcome::Revoked {
+                            event_seq,
+                            row: Box::new(row),
+                            cascaded: done.collect(),
+                        });
+                    }
                 }
                 if seq != head.seq {
                     sqlx::query("UPDATE ledger_head SET seq = $1, hash = $2 WHERE id = 1")

@@ -106,6 +106,8 @@ pub(super) struct Chained<'a> {
     pub hash: Hash,
     pub dns_json: String,
     pub ip_json: String,
+    /// The serial this row renews (indexed as `certificates.renewed_from`).
+    pub renewed_from: Option<String>,
 }
 
 /// Chains `batch` onto the head `(seq, hash)`; returns the rows and the new head.
@@ -142,6 +144,7 @@ pub(super) fn chain<'a>(
             hash,
             dns_json: to_json(&cert.dns_names)?,
             ip_json: to_json(&cert.ip_addresses)?,
+            renewed_from: cert.renewed_from(),
         });
         prev = hash;
     }

@@ -245,8 +245,9 @@ impl SqliteStore {
             sqlx::query(
                 "INSERT INTO certificates (seq, serial, spiffe_id, dns_names, ip_addresses, \
                  not_before, not_after, issued_at, cert_sha256, prev_hash, hash, cert_der, \
-                 ca_key_id, caller, request_id, provenance) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+                 ca_key_id, caller, request_id, provenance, renewed_from) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+                 $17)",
             )
             .bind(r.seq)
             .bind(&r.cert.serial)
@@ -264,6 +265,7 @@ impl SqliteStore {
             .bind(&r.cert.caller)
             .bind(&r.cert.request_id)
             .bind(&r.cert.provenance)
+            .bind(&r.renewed_from)
             .execute(&mut *tx)
             .await
             .map_err(map_err)?;

@@ -41,6 +41,10 @@ pub struct CaKeySlot {
     pub removed_at: Option<i64>,
     /// A plugged-in CA's certificate.
     pub external: bool,
+    /// Why the stored slot failed vetting and is trusted nowhere (`None`: it passed).
+    pub rejected: Option<String>,
+    /// A tainted key: holders of unexpired certificates under it not yet replaced.
+    pub holders_not_replaced: u64,
 }
 
 /// `CaAdmin.Status`: every slot, whether the CA is plugged in, the signing key.
@@ -169,6 +173,8 @@ fn ca_slot(s: pb::CaSlot) -> Result<CaKeySlot, CallError> {
         retired_at: nonzero(s.retired_at),
         removed_at: nonzero(s.removed_at),
         external: s.external,
+        rejected: (!s.rejected.is_empty()).then_some(s.rejected),
+        holders_not_replaced: s.holders_not_replaced,
     })
 }
 
@@ -211,6 +217,8 @@ mod tests {
             retired_at: 0,
             removed_at: 0,
             external: false,
+            rejected: String::new(),
+            holders_not_replaced: 0,
         }
     }
 

@@ -208,6 +208,14 @@ impl CaManager {
         actor: &str,
         now: SystemTime,
     ) -> Result<Outcome, ManagerError> {
+        // A slot that failed vetting is trusted nowhere already: removing it only clears it
+        // from the database (and `/readyz`), whatever it claims to have issued.
+        if self.remove_rejected(id, actor, now).await? {
+            return Ok(Outcome {
+                key_id: id.to_owned(),
+                warnings: Vec::new(),
+            });
+        }
         // Who still holds certificates under it (read before deciding).
         let (_, slots) = self.read(now).await?;
         let target = find(&slots, id)?;
@@ -264,6 +272,39 @@ impl CaManager {
         Ok(outcome)
     }
 
+    /// Removes `id` if it is a live slot that failed vetting; whether it was one.
+    async fn remove_rejected(
+        &self,
+        id: &str,
+        actor: &str,
+        now: SystemTime,
+    ) -> Result<bool, ManagerError> {
+        let _op = self.op.lock().await;
+        let staging = self.staging()?;
+        for _ in 0..8 {
+            let (generation, vetted) = self.read_vetted().await?;
+            let Some(r) = vetted
+                .rejected
+                .iter()
+                .find(|r| r.id == id && r.state != State::Removed.as_str())
+            else {
+                return Ok(false);
+            };
+            if staging.remove_rejected(generation, r, actor, now).await? {
+                tracing::warn!(
+                    key_id = id,
+                    actor,
+                    "a CA key slot that failed vetting was removed"
+                );
+                self.settle(now).await?;
+                return Ok(true);
+            }
+        }
+        Err(ManagerError::Store(StoreError::Unavailable(
+            "the CA slots keep changing under this request; retry".into(),
+        )))
+    }
+
     /// Every slot with its ledger counts.
     pub async fn status(&self, now: SystemTime) -> Result<Vec<SlotStatus>, ManagerError> {
         let view = self.view();
@@ -280,6 +321,29 @@ impl CaManager {
                 .find(|u| u.ca_key_id == id)
                 .map_or((0, None), |u| (u.unexpired, Some(u.last_not_after)))
         };
+        let tainted: Vec<String> = slots
+            .iter()
+            .filter(|s| s.slot.tainted)
+            .map(|s| s.slot.id.clone())
+            .collect();
+        let mut waiting = HashMap::new();
+        for s in slots
+            .iter()
+            .filter(|s| s.slot.tainted && s.slot.state != State::Removed)
+        {
+            let mut family = vec![s.slot.id.clone()];
+            family.extend(
+                slots
+                    .iter()
+                    .filter(|c| c.slot.parent.as_deref() == Some(s.slot.id.as_str()))
+                    .map(|c| c.slot.id.clone()),
+            );
+            let n = self
+                .store
+                .ca_key_holders_not_replaced(&family, &tainted, unix(now))
+                .await?;
+            waiting.insert(s.slot.id.clone(), n);
+        }
         let out = slots
             .iter()
             .map(|s| {
@@ -298,6 +362,7 @@ impl CaManager {
                     info: s.clone(),
                     unexpired: n,
                     last_expiry: last,
+                    holders_not_replaced: waiting.get(&s.slot.id).copied().unwrap_or(0),
                 }
             })
             .collect();

@@ -35,115 +35,131 @@ impl PluggedFiles {
     }
 }
 
-pub(super) fn parse_slots(rows: &[CaSlotRow]) -> Result<Vec<SlotInfo>, ManagerError> {
-    rows.iter()
-        .map(|r| {
-            let corrupt = |m: String| {
-                ManagerError::Store(StoreError::Corrupt(format!("CA key {}: {m}", r.id)))
-            };
-            let kind = Kind::parse(&r.kind).ok_or_else(|| corrupt(format!("kind {:?}", r.kind)))?;
-            let state =
-                State::parse(&r.state).ok_or_else(|| corrupt(format!("state {:?}", r.state)))?;
-            let der = signet_types::pem::parse_certs(r.cert_pem.as_bytes())
-                .map_err(|e| corrupt(format!("certificate: {e}")))?
-                .into_iter()
-                .next()
-                .ok_or_else(|| corrupt("no certificate".into()))?;
-            let cert = validate::parse_cert(&der).map_err(corrupt)?;
-            let nb = validate::to_system_time(&cert.validity().not_before);
-            let na = validate::to_system_time(&cert.validity().not_after);
-            Ok(SlotInfo {
-                slot: Slot {
-                    id: r.id.clone(),
-                    kind,
-                    state,
-                    parent: r.parent_id.clone(),
-                    not_before: nb,
-                    not_after: na,
-                    prepared_at: from_unix(r.created_at),
-                    retired_at: r.retired_at.map(from_unix),
-                    tainted: r.tainted_at.is_some(),
-                    issued_unexpired: 0,
-                },
-                algorithm: r.algorithm.clone(),
-                cert_der: der,
-                activated_at: r.activated_at,
-                retired_at: r.retired_at,
-                removed_at: r.removed_at,
-                external: false,
-                sealed: Sealed(r.encrypted_key.clone()),
-            })
-        })
-        .collect()
+/// Decodes the stored rows; a row that does not even decode is rejected (see `vetting`).
+fn parse_slots(rows: &[CaSlotRow]) -> (Vec<SlotInfo>, Vec<RejectedSlot>) {
+    let mut slots = Vec::with_capacity(rows.len());
+    let mut rejected = Vec::new();
+    for r in rows {
+        match parse_slot(r) {
+            Ok(s) => slots.push(s),
+            Err(reason) => rejected.push(RejectedSlot {
+                id: r.id.clone(),
+                kind: r.kind.clone(),
+                state: r.state.clone(),
+                reason,
+            }),
+        }
+    }
+    (slots, rejected)
 }
 
-/// The slot's key as an authority (decrypted once, then cached).
-pub(super) fn load_authority(
-    s: &SlotInfo,
-    slots: &[SlotInfo],
-    kek: &Kek,
-    keys: &Mutex<HashMap<String, Arc<Authority>>>,
-) -> Result<Arc<Authority>, ManagerError> {
-    if let Some(a) = keys
+fn parse_slot(r: &CaSlotRow) -> Result<SlotInfo, String> {
+    let kind = Kind::parse(&r.kind).ok_or_else(|| format!("kind {:?}", r.kind))?;
+    let state = State::parse(&r.state).ok_or_else(|| format!("state {:?}", r.state))?;
+    let der = signet_types::pem::parse_certs(r.cert_pem.as_bytes())
+        .map_err(|e| format!("certificate: {e}"))?
+        .into_iter()
+        .next()
+        .ok_or("no certificate")?;
+    let cert = validate::parse_cert(&der)?;
+    let nb = validate::to_system_time(&cert.validity().not_before);
+    let na = validate::to_system_time(&cert.validity().not_after);
+    Ok(SlotInfo {
+        slot: Slot {
+            id: r.id.clone(),
+            kind,
+            state,
+            parent: r.parent_id.clone(),
+            not_before: nb,
+            not_after: na,
+            prepared_at: from_unix(r.created_at),
+            retired_at: r.retired_at.map(from_unix),
+            tainted: r.tainted_at.is_some(),
+            issued_unexpired: 0,
+        },
+        algorithm: r.algorithm.clone(),
+        cert_der: der,
+        activated_at: r.activated_at,
+        retired_at: r.retired_at,
+        removed_at: r.removed_at,
+        tainted_at: r.tainted_at,
+        external: false,
+        sealed: Sealed(r.encrypted_key.clone()),
+    })
+}
+
+/// Decodes and vets the stored rows (see `vetting`).
+pub(super) fn vet_rows(rows: &[CaSlotRow], kek: &Kek, keys: &Mutex<KeyCache>) -> Vetted {
+    let (slots, unreadable) = parse_slots(rows);
+    let mut vetted = vetting::vet(slots, kek, keys);
+    let mut cache = keys
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get(&s.slot.id)
-    {
-        return Ok(a.clone());
-    }
-    let id = &s.slot.id;
-    let pkcs8 = kek.open(&s.sealed.0, id.as_bytes()).map_err(|e| {
-        ManagerError::Key(format!(
-            "cannot decrypt CA key {id}: {e} (is this the key-encryption key it was stored with?)"
-        ))
-    })?;
-    let anchor = match s.slot.kind {
-        Kind::Root => s.cert_der.clone(),
-        Kind::Intermediate => {
-            let parent = s.slot.parent.as_deref().unwrap_or_default();
-            find(slots, parent)
-                .map_err(|_| {
-                    ManagerError::Key(format!(
-                        "intermediate {id}: its root {parent} is not stored"
-                    ))
-                })?
-                .cert_der
-                .clone()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for r in unreadable {
+        if cache.report(&r) {
+            vetted.new_rejections.push(r.clone());
         }
-    };
-    let authority = Arc::new(
-        Authority::from_parts(s.cert_der.clone(), &pkcs8, Vec::new(), vec![anchor])
-            .map_err(|e| ManagerError::Key(format!("stored CA key {id}: {e}")))?,
-    );
-    keys.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .insert(id.clone(), authority.clone());
-    Ok(authority)
+        vetted.rejected.push(r);
+    }
+    vetted
+}
+
+/// Refuses to go on when slots are stored but not one live slot opens: that is a wrong
+/// key-encryption key, not an attack on one row, and going on would generate a new root.
+pub(super) fn refuse_foreign_kek(vetted: &Vetted) -> Result<(), ManagerError> {
+    let live_ok = vetted.slots.iter().any(|s| s.slot.state != State::Removed);
+    let live_bad: Vec<&RejectedSlot> = vetted
+        .rejected
+        .iter()
+        .filter(|r| r.state != State::Removed.as_str())
+        .collect();
+    if live_ok || live_bad.is_empty() {
+        return Ok(());
+    }
+    Err(ManagerError::Key(format!(
+        "none of the {} stored CA keys can be used (is this the key-encryption key they were stored with?): {}",
+        live_bad.len(),
+        live_bad
+            .iter()
+            .map(|r| format!("{} {}: {}", r.kind, r.id, r.reason))
+            .collect::<Vec<_>>()
+            .join("; ")
+    )))
+}
+
+/// Whether a taint in `view` has expired at `now` (the view must drop it).
+pub(super) fn expired_taints(view: &CaView, now: SystemTime) -> bool {
+    view.slots
+        .iter()
+        .any(|s| view.tainted.contains(&s.slot.id) && s.slot.not_after <= now)
 }
 
 pub(super) fn build_view(
     generation: u64,
-    slots: Vec<SlotInfo>,
-    kek: &Kek,
-    keys: &Mutex<HashMap<String, Arc<Authority>>>,
+    vetted: Vetted,
+    keys: &Mutex<KeyCache>,
+    now: SystemTime,
 ) -> Result<CaView, ManagerError> {
+    let opened = |s: &SlotInfo| {
+        vetted.authority(&s.slot.id, keys).ok_or_else(|| {
+            ManagerError::Key(format!("CA key {} was vetted but is not open", s.slot.id))
+        })
+    };
+    let slots = &vetted.slots;
     let live = |s: &&SlotInfo| s.slot.state != State::Removed;
-    let active_int = active_of(&slots, Kind::Intermediate)
+    let active_int = active_of(slots, Kind::Intermediate)
         .ok_or_else(|| ManagerError::Key("there is no active intermediate".into()))?;
-    let active = load_authority(active_int, &slots, kek, keys)?;
+    let active = opened(active_int)?;
     let mut signers = Vec::new();
     for s in slots
         .iter()
         .filter(live)
         .filter(|s| s.slot.state != State::Prepared)
     {
-        match load_authority(s, &slots, kek, keys) {
-            Ok(a) => signers.push(a),
-            Err(e) => tracing::error!(key_id = %s.slot.id, error = %e, "CA key not loaded"),
-        }
+        signers.push(opened(s)?);
     }
     let active_root_id = active_int.slot.parent.clone().unwrap_or_default();
-    let active_root = find(&slots, &active_root_id)?.cert_der.clone();
+    let active_root = find(slots, &active_root_id)?.cert_der.clone();
     let mut roots: Vec<&SlotInfo> = slots
         .iter()
         .filter(live)
@@ -168,15 +184,18 @@ pub(super) fn build_view(
         .filter(live)
         .map(|s| s.cert_der.clone())
         .collect();
+    // A taint lasts until the key expires, removed or not: holders of what it signed must
+    // still replace it, and its root's CRL still lists it.
+    let tainted_here = |s: &&SlotInfo| s.slot.tainted && s.slot.not_after > now;
     let tainted_roots: BTreeSet<&str> = slots
         .iter()
-        .filter(live)
-        .filter(|s| s.slot.tainted)
+        .filter(tainted_here)
+        .filter(|s| s.slot.kind == Kind::Root)
         .map(|s| s.slot.id.as_str())
         .collect();
     let tainted = slots
         .iter()
-        .filter(live)
+        .filter(|s| s.slot.not_after > now)
         .filter(|s| {
             s.slot.tainted
                 || s.slot
@@ -188,7 +207,7 @@ pub(super) fn build_view(
         .collect();
     Ok(CaView {
         generation,
-        slots,
+        slots: vetted.slots,
         active,
         signers,
         roots,
@@ -196,6 +215,7 @@ pub(super) fn build_view(
         client_anchors,
         tainted,
         plugged: false,
+        rejected: vetted.rejected,
     })
 }
 
@@ -226,6 +246,7 @@ pub(super) fn plugged_view(
             activated_at: None,
             retired_at: None,
             removed_at: None,
+            tainted_at: None,
             external: true,
             sealed: Sealed::default(),
         })
@@ -270,6 +291,7 @@ pub(super) fn plugged_view(
         client_anchors,
         tainted: BTreeSet::new(),
         plugged: true,
+        rejected: Vec::new(),
     }
 }
 

@@ -101,6 +101,7 @@ pub struct SlotInfo {
     pub activated_at: Option<i64>,
     pub retired_at: Option<i64>,
     pub removed_at: Option<i64>,
+    pub tainted_at: Option<i64>,
     /// A plugged-in CA's certificate (not a slot in the database).
     pub external: bool,
     sealed: Sealed,
@@ -144,9 +145,13 @@ pub struct CaView {
     /// Certificates that authenticate mTLS clients: every non-removed key Signet generated;
     /// with a plugged-in CA only its signing certificate(s), never a sibling under its root.
     pub client_anchors: Vec<Vec<u8>>,
-    /// Tainted keys that are not removed, and the intermediates under a tainted root.
+    /// Tainted keys and the intermediates under a tainted root, until they expire: a removed
+    /// key stays here until its notAfter, so holders still replace what it signed.
     pub tainted: BTreeSet<String>,
     pub plugged: bool,
+    /// Stored slots that failed vetting (see `vetting`): trusted nowhere; `/readyz` is red
+    /// while a live one remains.
+    pub rejected: Vec<RejectedSlot>,
 }
 
 impl CaView {
@@ -154,6 +159,48 @@ impl CaView {
     /// replaces nothing.
     pub fn active_is_tainted(&self) -> bool {
         self.tainted.contains(self.active.key_id())
+    }
+
+    /// What a root's CRL must list besides the certificates of its ledger: every
+    /// intermediate it signed that was tainted or revoked (`ca taint`, `ca revoke`), with
+    /// reason cACompromise, from the taint on and for as long as the root publishes a CRL
+    /// (past the intermediate's notAfter: a relying party may not check it).
+    pub fn revoked_intermediates(&self, root_id: &str) -> Vec<crate::crl::RevokedEntry> {
+        self.slots
+            .iter()
+            .filter(|s| {
+                s.slot.kind == Kind::Intermediate && s.slot.parent.as_deref() == Some(root_id)
+            })
+            .filter_map(|s| {
+                let at = s.tainted_at?;
+                let cert = validate::parse_cert(&s.cert_der).ok()?;
+                Some(crate::crl::RevokedEntry {
+                    serial: hex::encode(cert.raw_serial()),
+                    revoked_at: at,
+                    reason: crate::revocation::Reason::CaCompromise,
+                    not_after: i64::MAX,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether the CA can be trusted to serve: an error naming every live slot the database
+    /// holds that failed vetting.
+    pub fn readiness(&self) -> Result<(), String> {
+        let live: Vec<String> = self
+            .rejected
+            .iter()
+            .filter(|r| r.state != State::Removed.as_str())
+            .map(|r| format!("{} {} ({}): {}", r.kind, r.id, r.state, r.reason))
+            .collect();
+        if live.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "the database holds CA key slot(s) that fail vetting and are trusted nowhere: {}; \
+             investigate (audit event ca.slot_rejected) and remove them (signetctl ca revoke ID)",
+            live.join("; ")
+        ))
     }
 }
 
@@ -183,6 +230,9 @@ pub struct SlotStatus {
     pub unexpired: u64,
     /// When the last of them expires (unix seconds).
     pub last_expiry: Option<i64>,
+    /// A tainted key: holders not yet replaced (see
+    /// `CaSlotStore::ca_key_holders_not_replaced`); 0 otherwise.
+    pub holders_not_replaced: u64,
 }
 
 pub struct CaManager {
@@ -194,8 +244,8 @@ pub struct CaManager {
     plugged: Mutex<Option<Plugged>>,
     view: ArcSwap<CaView>,
     listeners: Mutex<Vec<Listener>>,
-    /// Decrypted keys by ID (a slot's key never changes).
-    keys: Mutex<HashMap<String, Arc<Authority>>>,
+    /// Opened keys by ID, each with the row it was opened from (see `vetting`).
+    keys: Mutex<KeyCache>,
     /// One tick or operator action at a time in this process.
     op: tokio::sync::Mutex<()>,
 }
@@ -223,11 +273,15 @@ impl CaManager {
     ) -> Result<Arc<CaManager>, ManagerError> {
         let mut generation = u64::MAX;
         let mut view = None;
-        let keys = Mutex::new(HashMap::new());
+        let keys = Mutex::new(KeyCache::default());
+        let mut rejections = Vec::new();
         // Bootstrap: a handful of transitions at most; other replicas may be racing.
         for _ in 0..16 {
             let (g, rows) = store.ca_slots().await?;
-            let slots = parse_slots(&rows)?;
+            let vetted = vet_rows(&rows, &kek, &keys);
+            refuse_foreign_kek(&vetted)?;
+            rejections.extend(vetted.new_rejections.iter().cloned());
+            let slots = &vetted.slots;
             let has = |k: Kind| {
                 slots
                     .iter()
@@ -235,7 +289,7 @@ impl CaManager {
             };
             if has(Kind::Root) && has(Kind::Intermediate) {
                 generation = g;
-                view = Some(slots);
+                view = Some(vetted);
                 break;
             }
             let bare: Vec<Slot> = slots.iter().map(|s| s.slot.clone()).collect();
@@ -255,15 +309,15 @@ impl CaManager {
                 keys: &keys,
             };
             staging
-                .apply(g, &slots, &Step::Rotate(t), ROTATOR, now)
+                .apply(g, slots, &Step::Rotate(t), ROTATOR, now)
                 .await?;
         }
-        let Some(slots) = view else {
+        let Some(vetted) = view else {
             return Err(ManagerError::Key(
                 "could not create the first CA keys (another replica keeps changing them?)".into(),
             ));
         };
-        let built = build_view(generation, slots, &kek, &keys)?;
+        let built = build_view(generation, vetted, &keys, now)?;
         let manager = Arc::new(CaManager {
             store,
             kek: Some(kek),
@@ -276,6 +330,7 @@ impl CaManager {
             keys,
             op: tokio::sync::Mutex::new(()),
         });
+        manager.report_rejections(&rejections, now).await;
         // Whatever is overdue (a server down past its intermediate's rotation or expiry)
         // happens before the first certificate is signed.
         manager.tick(now).await?;
@@ -306,7 +361,7 @@ impl CaManager {
             })),
             view: ArcSwap::from_pointee(view),
             listeners: Mutex::new(Vec::new()),
-            keys: Mutex::new(HashMap::new()),
+            keys: Mutex::new(KeyCache::default()),
             op: tokio::sync::Mutex::new(()),
         }))
     }
@@ -355,11 +410,18 @@ impl CaManager {
         })
     }
 
+    /// Reads the slots and vets them (see `vetting`): only what passes is decided on.
+    async fn read_vetted(&self) -> Result<(u64, Vetted), ManagerError> {
+        let kek = self.kek.as_ref().ok_or_else(plugged_refusal)?;
+        let (generation, rows) = self.store.ca_slots().await?;
+        Ok((generation, vet_rows(&rows, kek, &self.keys)))
+    }
+
     /// Reads the slots and the ledger's usage; the slots with usage filled in (the exact
     /// counts: for operator commands, which report them).
     async fn read(&self, now: SystemTime) -> Result<(u64, Vec<SlotInfo>), ManagerError> {
-        let (generation, rows) = self.store.ca_slots().await?;
-        let mut slots = parse_slots(&rows)?;
+        let (generation, vetted) = self.read_vetted().await?;
+        let mut slots = vetted.slots;
         let usage = self.store.ca_key_usage(unix(now)).await?;
         for s in &mut slots {
             s.slot.issued_unexpired = usage
@@ -374,22 +436,19 @@ impl CaManager {
     /// certificates (`issued_unexpired == 0`): each slot's `issued_unexpired` is 1 when it has
     /// any, 0 when not, at one index probe per key rather than a count of every unexpired row
     /// (which the tick would otherwise run every `ca.rotation_interval`, at any ledger size).
-    async fn read_for_rotation(
-        &self,
-        now: SystemTime,
-    ) -> Result<(u64, Vec<SlotInfo>), ManagerError> {
-        let (generation, rows) = self.store.ca_slots().await?;
-        let mut slots = parse_slots(&rows)?;
+    async fn read_for_rotation(&self, now: SystemTime) -> Result<(u64, Vetted), ManagerError> {
+        let (generation, mut vetted) = self.read_vetted().await?;
+        let slots = &mut vetted.slots;
         let ids: Vec<String> = slots
             .iter()
             .filter(|s| s.slot.state != State::Removed)
             .map(|s| s.slot.id.clone())
             .collect();
         let in_use = self.store.ca_keys_in_use(&ids, unix(now)).await?;
-        for s in &mut slots {
+        for s in slots.iter_mut() {
             s.slot.issued_unexpired = u64::from(in_use.contains(&s.slot.id));
         }
-        Ok((generation, slots))
+        Ok((generation, vetted))
     }
 
     /// One rotator step: re-reads the slots (picking up other replicas' transitions), applies
@@ -410,31 +469,66 @@ impl CaManager {
         let mut applied = Vec::new();
         let mut last = None;
         for _ in 0..16 {
-            let (generation, slots) = self.read_for_rotation(now).await?;
+            let (generation, vetted) = self.read_for_rotation(now).await?;
+            self.report_rejections(&vetted.new_rejections, now).await;
+            if !vetted.reseal.is_empty() {
+                staging
+                    .reseal(generation, &vetted.reseal, ROTATOR, now)
+                    .await?;
+                continue;
+            }
+            let slots = &vetted.slots;
             let bare: Vec<Slot> = slots.iter().map(|s| s.slot.clone()).collect();
             let due = rotator::decide(&bare, now, &self.cfg.policy, self.jitter.as_ref());
             let Some(t) = due.into_iter().next() else {
-                last = Some((generation, slots));
+                last = Some((generation, vetted));
                 break;
             };
             if staging
-                .apply(generation, &slots, &Step::Rotate(t.clone()), ROTATOR, now)
+                .apply(generation, slots, &Step::Rotate(t.clone()), ROTATOR, now)
                 .await?
             {
                 tracing::info!(transition = ?t, "CA slot transition");
                 applied.push(t);
             }
         }
-        let (generation, slots) = match last {
+        let (generation, vetted) = match last {
             Some(l) => l,
             None => self.read_for_rotation(now).await?,
         };
-        if generation != self.view().generation {
-            let kek = self.kek.as_ref().ok_or_else(plugged_refusal)?;
-            let view = build_view(generation, slots, kek, &self.keys)?;
+        let old = self.view();
+        // A new generation, or a taint that has just expired out of the view.
+        if generation != old.generation || expired_taints(&old, now) {
+            let view = build_view(generation, vetted, &self.keys, now)?;
             self.publish(view);
         }
         Ok(applied)
+    }
+
+    /// Logs and audits the slots vetting rejected for the first time (once per row content).
+    async fn report_rejections(&self, rejections: &[RejectedSlot], now: SystemTime) {
+        if rejections.is_empty() {
+            return;
+        }
+        let events: Vec<AuditEvent> = rejections
+            .iter()
+            .map(|r| {
+                tracing::error!(
+                    key_id = %r.id, kind = %r.kind, state = %r.state, reason = %r.reason,
+                    "a stored CA key slot fails vetting: it is trusted nowhere"
+                );
+                AuditEvent {
+                    id: 0,
+                    at: unix(now),
+                    kind: "ca.slot_rejected".into(),
+                    caller: ROTATOR.into(),
+                    detail: format!("{} {} ({}) rejected: {}", r.kind, r.id, r.state, r.reason),
+                }
+            })
+            .collect();
+        if let Err(e) = self.store.record_audit_events(&events).await {
+            tracing::warn!(error = %e, "could not record a rejected CA key slot");
+        }
     }
 
     async fn reload_plugged(&self, now: SystemTime) {
@@ -517,10 +611,13 @@ fn active_of(slots: &[SlotInfo], kind: Kind) -> Option<&SlotInfo> {
 mod commands;
 mod loading;
 mod staging;
+mod vetting;
 
 pub use loading::{PluggedFiles, start};
-use loading::{build_view, load_authority, parse_slots, plugged_view};
+use loading::{build_view, expired_taints, plugged_view, refuse_foreign_kek, vet_rows};
 use staging::Staging;
+pub use vetting::RejectedSlot;
+use vetting::{KeyCache, Vetted};
 
 #[cfg(test)]
 mod tests;

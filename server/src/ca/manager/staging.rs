@@ -10,7 +10,7 @@ pub(super) struct Staging<'a> {
     pub(super) kek: &'a Kek,
     pub(super) cfg: &'a ManagerConfig,
     pub(super) serials: &'a dyn SerialSource,
-    pub(super) keys: &'a Mutex<HashMap<String, Arc<Authority>>>,
+    pub(super) keys: &'a Mutex<KeyCache>,
 }
 
 impl Staging<'_> {
@@ -58,7 +58,14 @@ impl Staging<'_> {
             }
             Step::Rotate(Transition::PrepareIntermediate { parent, reason }) => {
                 let parent_slot = find(slots, parent)?;
-                let root = load_authority(parent_slot, slots, self.kek, self.keys)?;
+                let root = self
+                    .keys
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .get(parent_slot)
+                    .ok_or_else(|| {
+                        ManagerError::Key(format!("root {parent} is not open (see ca status)"))
+                    })?;
                 let (authority, pkcs8) = root
                     .sign_intermediate(
                         &self.cfg.trust_domain,
@@ -130,6 +137,8 @@ impl Staging<'_> {
             Step::Revoke(id) => {
                 let s = find(slots, id)?;
                 let mut ids = vec![id.clone()];
+                // Revoking is distrust: the key is tainted too (its root's CRL lists it, and
+                // holders replace what it signed until it expires).
                 if s.slot.kind == Kind::Root {
                     ids.extend(
                         slots
@@ -153,11 +162,13 @@ impl Staging<'_> {
                             }
                         ),
                     ));
+                    change.updates.push(SlotUpdate::Taint { id: k.clone(), at });
                     change.updates.push(SlotUpdate::State {
-                        id: k,
+                        id: k.clone(),
                         state: "removed".into(),
                         at,
                     });
+                    change.updates.push(SlotUpdate::erase_key(k));
                 }
             }
             Step::Rotate(Transition::Remove { id, reason }) => {
@@ -167,6 +178,7 @@ impl Staging<'_> {
                     state: "removed".into(),
                     at,
                 });
+                change.updates.push(SlotUpdate::erase_key(id.clone()));
                 change.audit.push(event(
                     "ca.removed",
                     format!(
@@ -180,6 +192,64 @@ impl Staging<'_> {
         Ok(self.store.apply_ca_change(generation, &change).await?)
     }
 
+    /// Stores keys sealed before the slot binding sealed again with it (see `vetting`), if the
+    /// slots are still at `generation`.
+    pub(super) async fn reseal(
+        &self,
+        generation: u64,
+        resealed: &[(String, Vec<u8>)],
+        actor: &str,
+        now: SystemTime,
+    ) -> Result<bool, ManagerError> {
+        let mut change = CaChange::default();
+        for (id, sealed) in resealed {
+            change.updates.push(SlotUpdate::SealedKey {
+                id: id.clone(),
+                encrypted_key: sealed.clone(),
+            });
+            change.audit.push(AuditEvent {
+                id: 0,
+                at: unix(now),
+                kind: "ca.resealed".into(),
+                caller: actor.into(),
+                detail: format!(
+                    "{id}: its key is sealed again, bound to its certificate, kind and parent"
+                ),
+            });
+        }
+        Ok(self.store.apply_ca_change(generation, &change).await?)
+    }
+
+    /// Removes a slot that failed vetting (its key erased), if the slots are still at
+    /// `generation`.
+    pub(super) async fn remove_rejected(
+        &self,
+        generation: u64,
+        r: &RejectedSlot,
+        actor: &str,
+        now: SystemTime,
+    ) -> Result<bool, ManagerError> {
+        let at = unix(now);
+        let mut change = CaChange::default();
+        change.updates.push(SlotUpdate::State {
+            id: r.id.clone(),
+            state: "removed".into(),
+            at,
+        });
+        change.updates.push(SlotUpdate::erase_key(r.id.clone()));
+        change.audit.push(AuditEvent {
+            id: 0,
+            at,
+            kind: "ca.revoked".into(),
+            caller: actor.into(),
+            detail: format!(
+                "{} {} ({}), which failed vetting ({}), removed",
+                r.kind, r.id, r.state, r.reason
+            ),
+        });
+        Ok(self.store.apply_ca_change(generation, &change).await?)
+    }
+
     fn row(
         &self,
         authority: &Authority,
@@ -189,8 +259,9 @@ impl Staging<'_> {
         at: i64,
     ) -> CaSlotRow {
         let id = authority.key_id().to_owned();
+        let aad = vetting::slot_aad(&id, kind, parent.as_deref(), authority.cert_der());
         CaSlotRow {
-            encrypted_key: self.kek.seal(pkcs8, id.as_bytes()),
+            encrypted_key: self.kek.seal(pkcs8, &aad),
             slot: id.clone(),
             id,
             kind: kind.as_str().into(),

@@ -157,7 +157,7 @@ async fn an_intermediate_has_no_life_beyond_its_root() {
     let m = manager(store, Kek::generate(), now()).await;
     let v = m.view();
     let root = v.slots.iter().find(|s| s.slot.kind == Kind::Root).unwrap();
-    let root_auth = load_authority(root, &v.slots, m.kek.as_ref().unwrap(), &m.keys).unwrap();
+    let root_auth = m.keys.lock().unwrap().get(root).unwrap();
     let late = root.slot.not_after - Duration::from_secs(60);
     let (int, _) = root_auth
         .sign_intermediate(
@@ -506,8 +506,8 @@ async fn operator_actions_are_checked_against_the_slots() {
             .any(|a| rotator_id(a) == first)
     );
     assert!(
-        !m.view().tainted.contains(&first),
-        "a removed key is no longer listed"
+        m.view().tainted.contains(&first),
+        "a removed key stays tainted until it expires: holders still replace what it signed"
     );
     // Tainting the root taints its intermediates.
     m.taint(&root_id, "op", at).await.unwrap();
@@ -594,4 +594,289 @@ fn the_kek_is_generated_once_0600_and_a_configured_one_is_never_replaced() {
     std::fs::write(&path, "not base64!").expect("write");
     let e = super::loading::load_kek(&ca, dir.path()).expect_err("a broken KEK is refused");
     assert!(e.to_string().starts_with("key-encryption key"), "{e}");
+}
+
+// ---- vetting: the database alone adds no trust (issue 24, finding 1) ----------------------
+
+/// A stored root row of `authority` (prepared), its key sealed under `kek` with `aad`.
+fn root_row(authority: &Authority, pkcs8: &[u8], kek: &Kek, aad: &[u8]) -> CaSlotRow {
+    let id = authority.key_id().to_owned();
+    CaSlotRow {
+        encrypted_key: kek.seal(pkcs8, aad),
+        slot: id.clone(),
+        id,
+        kind: "root".into(),
+        state: "prepared".into(),
+        parent_id: None,
+        algorithm: "EcdsaP256".into(),
+        cert_pem: signet_types::pem::cert_to_pem(authority.cert_der()),
+        created_at: unix(now()),
+        activated_at: None,
+        retired_at: None,
+        removed_at: None,
+        tainted_at: None,
+    }
+}
+
+async fn insert_row(store: &dyn Store, row: CaSlotRow) {
+    let (g, _) = store.ca_slots().await.unwrap();
+    let change = CaChange {
+        inserts: vec![row],
+        ..CaChange::default()
+    };
+    assert!(store.apply_ca_change(g, &change).await.unwrap());
+}
+
+async fn audit_kinds(store: &dyn Store) -> Vec<String> {
+    store
+        .audit_events(0, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_root_inserted_by_a_database_writer_is_trusted_nowhere_and_reported_once() {
+    let (store, _dir) = sqlite().await;
+    let m = manager(store.clone(), Kek::generate(), now()).await;
+    // The attacker's own root, "sealed" under a key-encryption key of their own (they do not
+    // have ours), inserted as a prepared root; the generation moves with it.
+    let (evil, pkcs8) = Authority::generate_root(
+        &testutil::td(),
+        KeyType::EcdsaP256,
+        now(),
+        ROOT_TTL,
+        &RandomSerials::default(),
+    )
+    .unwrap();
+    let id = evil.key_id().to_owned();
+    let theirs = Kek::generate();
+    let aad = vetting::slot_aad(&id, Kind::Root, None, evil.cert_der());
+    insert_row(store.as_ref(), root_row(&evil, &pkcs8, &theirs, &aad)).await;
+    m.tick(after(Duration::from_secs(1))).await.unwrap();
+    m.tick(after(Duration::from_secs(2))).await.unwrap();
+    let v = m.view();
+    let evil_der = evil.cert_der().to_vec();
+    assert!(!v.roots.contains(&evil_der), "published in the bundle");
+    assert!(!v.client_anchors.contains(&evil_der), "an mTLS anchor");
+    assert!(!v.slots.iter().any(|s| s.slot.id == id));
+    assert_eq!(v.rejected.len(), 1, "{:?}", v.rejected);
+    assert!(
+        v.rejected[0].reason.contains("does not open"),
+        "{:?}",
+        v.rejected
+    );
+    let why = v.readiness().unwrap_err();
+    assert!(
+        why.contains(&id) && why.contains("signetctl ca revoke"),
+        "{why}"
+    );
+    // Audited once, however often it is read.
+    let kinds = audit_kinds(store.as_ref()).await;
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "ca.slot_rejected").count(),
+        1,
+        "{kinds:?}"
+    );
+    // A restart does not trust it either, and still starts (our keys open).
+    let again = manager(store.clone(), kek_copy(m.kek.as_ref().unwrap()), now()).await;
+    assert!(!again.view().roots.contains(&evil_der));
+    // The operator removes it; readiness is green again.
+    m.revoke(&id, false, "op", after(Duration::from_secs(3)))
+        .await
+        .unwrap();
+    assert!(m.view().readiness().is_ok(), "{:?}", m.view().rejected);
+    let st = m.status(now()).await.unwrap();
+    let shown = st.iter().find(|s| s.info.slot.id == id).unwrap();
+    assert_eq!(shown.info.slot.state, State::Removed);
+    assert!(!m.view().roots.contains(&evil_der));
+}
+
+#[tokio::test]
+async fn a_stored_row_whose_certificate_was_swapped_does_not_open() {
+    // The database writer keeps a real sealed key but swaps in their own certificate (same ID
+    // claimed): the binding to the certificate fails it.
+    let (store, _dir) = sqlite().await;
+    let kek = Kek::generate();
+    let m = manager(store.clone(), kek_copy(&kek), now()).await;
+    let (evil, pkcs8) = Authority::generate_root(
+        &testutil::td(),
+        KeyType::EcdsaP256,
+        now(),
+        ROOT_TTL,
+        &RandomSerials::default(),
+    )
+    .unwrap();
+    // Sealed under OUR key (as if by a replica), then its certificate replaced by another.
+    let aad = vetting::slot_aad(evil.key_id(), Kind::Root, None, evil.cert_der());
+    let mut row = root_row(&evil, &pkcs8, &kek, &aad);
+    let (other, _) = Authority::generate_root(
+        &testutil::td(),
+        KeyType::EcdsaP256,
+        now(),
+        ROOT_TTL,
+        &RandomSerials::default(),
+    )
+    .unwrap();
+    row.cert_pem = signet_types::pem::cert_to_pem(other.cert_der());
+    insert_row(store.as_ref(), row).await;
+    m.tick(after(Duration::from_secs(1))).await.unwrap();
+    let v = m.view();
+    assert!(!v.roots.contains(&other.cert_der().to_vec()));
+    assert!(!v.roots.contains(&evil.cert_der().to_vec()));
+    assert_eq!(v.rejected.len(), 1, "{:?}", v.rejected);
+}
+
+#[tokio::test]
+async fn a_key_sealed_before_the_binding_is_checked_and_sealed_again() {
+    let (store, _dir) = sqlite().await;
+    let kek = Kek::generate();
+    let m = manager(store.clone(), kek_copy(&kek), now()).await;
+    let (old, pkcs8) = Authority::generate_root(
+        &testutil::td(),
+        KeyType::EcdsaP256,
+        now(),
+        ROOT_TTL,
+        &RandomSerials::default(),
+    )
+    .unwrap();
+    let id = old.key_id().to_owned();
+    // The earlier sealing: the ID alone as associated data.
+    insert_row(store.as_ref(), root_row(&old, &pkcs8, &kek, id.as_bytes())).await;
+    m.tick(after(Duration::from_secs(1))).await.unwrap();
+    let v = m.view();
+    assert!(
+        v.roots.contains(&old.cert_der().to_vec()),
+        "a legacy key stays trusted"
+    );
+    assert!(v.rejected.is_empty(), "{:?}", v.rejected);
+    assert!(
+        audit_kinds(store.as_ref())
+            .await
+            .contains(&"ca.resealed".to_owned())
+    );
+    let (_, rows) = store.ca_slots().await.unwrap();
+    let row = rows.iter().find(|r| r.id == id).unwrap();
+    let aad = vetting::slot_aad(&id, Kind::Root, None, old.cert_der());
+    assert!(
+        kek.open(&row.encrypted_key, &aad).is_ok(),
+        "now bound to its row"
+    );
+    assert!(kek.open(&row.encrypted_key, id.as_bytes()).is_err());
+}
+
+#[tokio::test]
+async fn a_removed_root_put_back_by_the_database_does_not_come_back() {
+    let (store, _dir) = sqlite().await;
+    let m = manager(store.clone(), Kek::generate(), now()).await;
+    let p = m.prepare(true, "op", now()).await.unwrap();
+    m.revoke(&p.key_id, false, "op", now()).await.unwrap();
+    let der = m
+        .view()
+        .slots
+        .iter()
+        .find(|s| s.slot.id == p.key_id)
+        .unwrap()
+        .cert_der
+        .clone();
+    assert!(!m.view().roots.contains(&der));
+    // Someone with database access resurrects it.
+    let url = signet_testutil::sqlite_url(_dir.path());
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    sqlx::query("UPDATE ca_keys SET state = 'prepared', removed_at = NULL WHERE id = $1")
+        .bind(&p.key_id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE ca_generation SET gen = gen + 1")
+        .execute(&pool)
+        .await
+        .unwrap();
+    m.tick(after(Duration::from_secs(1))).await.unwrap();
+    assert!(!m.view().roots.contains(&der), "removal erased its key");
+    assert!(m.view().readiness().is_err());
+}
+
+#[tokio::test]
+async fn the_wrong_key_encryption_key_refuses_to_start_rather_than_make_a_new_root() {
+    let (store, _dir) = sqlite().await;
+    let _m = manager(store.clone(), Kek::generate(), now()).await;
+    let Err(err) = CaManager::generated(
+        store.clone(),
+        Kek::generate(),
+        cfg(),
+        Arc::new(RandomSerials::default()),
+        Arc::new(NoJitter),
+        now(),
+    )
+    .await
+    else {
+        panic!("another KEK must not start");
+    };
+    assert!(err.to_string().contains("key-encryption key"), "{err}");
+    let (_, rows) = store.ca_slots().await.unwrap();
+    assert_eq!(rows.iter().filter(|r| r.kind == "root").count(), 1);
+}
+
+// ---- a stolen intermediate is cut off by its root's CRL (issue 24, finding 2) --------------
+
+#[tokio::test]
+async fn a_tainted_intermediate_is_listed_by_its_root_until_the_root_stops_publishing() {
+    let (store, _dir) = sqlite().await;
+    let m = manager(store.clone(), Kek::generate(), now()).await;
+    let old = m.view().active.key_id().to_owned();
+    let root_id = m
+        .view()
+        .slots
+        .iter()
+        .find(|s| s.slot.id == old)
+        .and_then(|s| s.slot.parent.clone())
+        .unwrap();
+    let p = m.prepare(false, "op", now()).await.unwrap();
+    m.activate(&p.key_id, "op", now()).await.unwrap();
+    assert!(m.view().revoked_intermediates(&root_id).is_empty());
+    m.taint(&old, "op", now()).await.unwrap();
+    let listed = m.view().revoked_intermediates(&root_id);
+    let old_slot = m
+        .view()
+        .slots
+        .iter()
+        .find(|s| s.slot.id == old)
+        .cloned()
+        .unwrap();
+    let serial = hex::encode(
+        validate::parse_cert(&old_slot.cert_der)
+            .unwrap()
+            .raw_serial(),
+    );
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].serial, serial);
+    assert_eq!(listed[0].reason, crate::revocation::Reason::CaCompromise);
+    // Removal keeps it listed (and tainted) : `ca revoke` is not a way out of the CRL.
+    m.revoke(&old, true, "op", now()).await.unwrap();
+    assert_eq!(m.view().revoked_intermediates(&root_id).len(), 1);
+    assert!(m.view().tainted.contains(&old));
+    // The root's CRL, signed with it, lists the intermediate; openssl checks a forged leaf.
+    let root = m
+        .view()
+        .signers
+        .iter()
+        .find(|a| a.key_id() == root_id)
+        .cloned()
+        .expect("the root signs CRLs");
+    let crl = crate::crl::sign_crl(
+        &root,
+        &listed,
+        1,
+        now(),
+        now() + Duration::from_secs(3600),
+        now() + ROOT_TTL,
+    )
+    .unwrap();
+    assert!(
+        crate::crl::lists_all(&crl, &listed),
+        "kept past the notAfter"
+    );
 }

@@ -11,7 +11,87 @@ conformance!(
     revocations_are_events_in_the_one_chain,
     revocable_certificates_filter_and_page,
     racing_revocations_of_one_certificate_revoke_it_once,
+    a_revocation_takes_every_renewal_with_it_and_a_revoked_parent_renews_nothing,
 );
+
+/// `cert(i)` renewed from the certificate with `parent` (over mTLS).
+fn renewal(i: usize, parent: &str) -> crate::store::NewCertificate {
+    let mut c = cert(i);
+    c.provenance =
+        format!(r#"{{"source":{{"kind":"admin"}},"authorized_at":{i},"renewed_from":"{parent}"}}"#);
+    c
+}
+
+/// Issue 24, finding 3: a thief renews a leaked certificate (and renews the renewal); the
+/// operator revokes the leaked serial. Every descendant is revoked in the same transaction,
+/// each by an event of its own, and a renewal of any of them is refused at commit.
+async fn a_revocation_takes_every_renewal_with_it_and_a_revoked_parent_renews_nothing(db: Db) {
+    let s = db.store.clone();
+    let leaked = cert(0);
+    s.append_certificates(&[leaked.clone(), cert(1)])
+        .await
+        .unwrap();
+    let child = renewal(2, &leaked.serial);
+    s.append_certificates(std::slice::from_ref(&child))
+        .await
+        .unwrap();
+    let grandchild = renewal(3, &child.serial);
+    s.append_certificates(std::slice::from_ref(&grandchild))
+        .await
+        .unwrap();
+    let out = s
+        .append_revocations(&[revocation(&leaked.serial, 1_700_000_100)])
+        .await
+        .unwrap();
+    let RevocationOutcome::Revoked { row, cascaded, .. } = &out[0] else {
+        panic!("{out:?}");
+    };
+    assert_eq!(row.entry.serial, leaked.serial);
+    let mut took: Vec<&str> = cascaded
+        .iter()
+        .map(|(_, r)| r.entry.serial.as_str())
+        .collect();
+    took.sort_unstable();
+    let mut want = vec![child.serial.as_str(), grandchild.serial.as_str()];
+    want.sort_unstable();
+    assert_eq!(took, want);
+    // Each is revoked in the index and by an event of the chain, which still verifies.
+    for serial in [&child.serial, &grandchild.serial] {
+        let events = s.events_for_serial(serial).await.unwrap();
+        assert_eq!(events.len(), 1, "{serial}");
+        assert!(
+            events[0].event.detail.contains(&leaked.serial),
+            "{events:?}"
+        );
+    }
+    verify_merged(s.as_ref()).await;
+    // The unrelated certificate is untouched.
+    let again = s
+        .append_revocations(&[revocation(&cert(1).serial, 1_700_000_200)])
+        .await
+        .unwrap();
+    assert!(
+        matches!(&again[0], RevocationOutcome::Revoked { cascaded, .. } if cascaded.is_empty())
+    );
+    // A renewal of a revoked certificate (committed after the revocation, e.g. on another
+    // replica) is refused, and nothing of its batch is written.
+    let head = s.ledger_head().await.unwrap();
+    for parent in [&leaked.serial, &grandchild.serial] {
+        let err = s
+            .append_certificates(&[cert(7), renewal(8, parent)])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, crate::store::StoreError::RevokedParent(p) if p == &vec![parent.clone()]),
+            "{err:?}"
+        );
+    }
+    assert_eq!(s.ledger_head().await.unwrap(), head);
+    // A renewal of an unrevoked certificate still commits (after any fast path).
+    s.append_certificates(&[cert(9)]).await.unwrap();
+    let ok = renewal(10, &cert(9).serial);
+    s.append_certificates(&[ok]).await.unwrap();
+}
 
 fn revocation(serial: &str, at: i64) -> NewRevocation {
     NewRevocation {
@@ -64,12 +144,12 @@ async fn revocations_are_events_in_the_one_chain(db: Db) {
         .await
         .unwrap();
     assert!(
-        matches!(&out[0], RevocationOutcome::Revoked { event_seq: 5, row } if row.entry.seq == 2)
+        matches!(&out[0], RevocationOutcome::Revoked { event_seq: 5, row, .. } if row.entry.seq == 2)
     );
     assert_eq!(out[1], RevocationOutcome::Unknown);
     assert!(matches!(&out[2], RevocationOutcome::AlreadyRevoked { .. }));
     assert!(
-        matches!(&out[3], RevocationOutcome::Revoked { event_seq: 6, row } if row.entry.seq == 4)
+        matches!(&out[3], RevocationOutcome::Revoked { event_seq: 6, row, .. } if row.entry.seq == 4)
     );
     // Certificates after events continue the same chain.
     s.append_certificates(&[cert(4)]).await.unwrap();

@@ -1,0 +1,252 @@
+//! Vetting the CA key slots the database returns, before anything trusts them.
+//!
+//! The database is not trusted to say which keys are Signet's: someone with write access to
+//! it (and not the key-encryption key) could otherwise insert a row holding a root of their
+//! own, and it would be published in the bundle, Istio's chains, the federation endpoint and
+//! the mTLS anchors. So a slot is used only when the KEK proves it:
+//!
+//! - **The sealing binds the slot.** A key is sealed (AES-256-GCM under the KEK) with
+//!   associated data that names the slot's ID, kind, parent and the SHA-256 of its
+//!   certificate ([`slot_aad`]); a sealed key opens only for the row it was sealed for.
+//!   Keys sealed before this binding (associated data: the ID alone) still open, pass every
+//!   check below, and are sealed again with the binding at once (`ca.resealed`).
+//! - **Every live slot is opened** (prepared roots too, which sign nothing yet but are
+//!   published), and its key must be the certificate's key; the ID must be the
+//!   certificate's key ID; a root must be self-signed and a CA; an intermediate must be
+//!   signed by its stored parent root, which must itself pass.
+//! - **A removed slot holds no key**: removal erases the sealed key, so a removed root put
+//!   back into a live state no longer opens. A removed slot is never trusted; it is checked
+//!   only for what it still publishes: an intermediate tainted or revoked goes on its root's
+//!   CRL, so its certificate must carry its ID and be signed by its parent.
+//!
+//! A slot that fails is rejected: not published, not trusted, not signed with, not rotated,
+//! and reported (the audit event `ca.slot_rejected`, once per row content per process;
+//! `/readyz`; the `signet_ca_slots_rejected` gauge; `signetctl ca status`). The operator
+//! clears it with `signetctl ca revoke ID` (removal) or by deleting the row.
+//!
+//! What this does not stop: a database writer who kept a copy of a live row (sealed key
+//! included) can restore it after its removal, or clear a taint; see SECURITY.md.
+
+use ring::digest::{Context, SHA256};
+
+use super::*;
+use crate::ca::authority::verify_issued_by;
+
+/// The associated data a slot's key is sealed with: the ID, kind and parent, length-prefixed,
+/// and the SHA-256 of the certificate.
+pub(super) fn slot_aad(id: &str, kind: Kind, parent: Option<&str>, cert_der: &[u8]) -> Vec<u8> {
+    let mut aad = b"signet-ca-slot-v2\0".to_vec();
+    for part in [id, kind.as_str(), parent.unwrap_or("")] {
+        aad.extend_from_slice(&(part.len() as u64).to_be_bytes());
+        aad.extend_from_slice(part.as_bytes());
+    }
+    aad.extend_from_slice(&signet_types::ledger::sha256(cert_der));
+    aad
+}
+
+/// A slot the manager refuses to trust, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RejectedSlot {
+    pub id: String,
+    pub kind: String,
+    pub state: String,
+    pub reason: String,
+}
+
+/// What the cache remembers of a row: a digest of everything the checks read.
+type RowDigest = [u8; 32];
+
+fn row_digest(s: &SlotInfo) -> RowDigest {
+    let mut h = Context::new(&SHA256);
+    for part in [
+        s.slot.id.as_bytes(),
+        s.slot.kind.as_str().as_bytes(),
+        s.slot.parent.as_deref().unwrap_or("").as_bytes(),
+        &s.cert_der,
+        &s.sealed.0,
+    ] {
+        h.update(&(part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    let mut d = [0u8; 32];
+    d.copy_from_slice(h.finish().as_ref());
+    d
+}
+
+/// Opened keys by slot ID, each with the digest of the row it was opened from: a row that
+/// changes is vetted again.
+#[derive(Default)]
+pub(super) struct KeyCache {
+    opened: HashMap<String, (RowDigest, Arc<Authority>)>,
+    /// Rejections already reported (by row digest), so each is audited once.
+    reported: BTreeSet<RowDigest>,
+}
+
+impl KeyCache {
+    /// Remembers a key this process generated and sealed for `s`.
+    pub(super) fn insert(&mut self, s: &SlotInfo, authority: Arc<Authority>) {
+        self.opened
+            .insert(s.slot.id.clone(), (row_digest(s), authority));
+    }
+
+    /// Whether `r` (a row that did not decode) is reported for the first time.
+    pub(super) fn report(&mut self, r: &RejectedSlot) -> bool {
+        let text = format!("{}\0{}\0{}\0{}", r.id, r.kind, r.state, r.reason);
+        self.reported
+            .insert(signet_types::ledger::sha256(text.as_bytes()))
+    }
+
+    pub(super) fn get(&self, s: &SlotInfo) -> Option<Arc<Authority>> {
+        self.opened
+            .get(&s.slot.id)
+            .filter(|(d, _)| *d == row_digest(s))
+            .map(|(_, a)| a.clone())
+    }
+}
+
+/// The outcome of vetting the stored slots.
+#[derive(Debug, Default)]
+pub(super) struct Vetted {
+    /// The slots that passed, with the removed ones that are consistent, in the stored order.
+    pub(super) slots: Vec<SlotInfo>,
+    pub(super) rejected: Vec<RejectedSlot>,
+    /// Rejections not reported before (audit them).
+    pub(super) new_rejections: Vec<RejectedSlot>,
+    /// Slots whose key is sealed without the binding: (ID, the key sealed again with it).
+    pub(super) reseal: Vec<(String, Vec<u8>)>,
+}
+
+impl Vetted {
+    /// The opened key of an accepted live slot.
+    pub(super) fn authority(&self, id: &str, keys: &Mutex<KeyCache>) -> Option<Arc<Authority>> {
+        let s = self.slots.iter().find(|s| s.slot.id == id)?;
+        keys.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(s)
+    }
+}
+
+/// Vets `slots` (see the module docs): roots first, so that each intermediate's parent has
+/// been decided before it.
+pub(super) fn vet(slots: Vec<SlotInfo>, kek: &Kek, keys: &Mutex<KeyCache>) -> Vetted {
+    let mut out = Vetted::default();
+    let mut accepted: HashMap<String, bool> = HashMap::new();
+    let of_kind = |k: Kind| -> Vec<usize> {
+        (0..slots.len())
+            .filter(|&i| slots[i].slot.kind == k)
+            .collect()
+    };
+    let order = [of_kind(Kind::Root), of_kind(Kind::Intermediate)].concat();
+    let mut decided: Vec<(usize, Result<(), String>)> = Vec::with_capacity(slots.len());
+    for i in order {
+        let s = &slots[i];
+        let result = vet_one(s, &slots, &accepted, kek, keys, &mut out.reseal);
+        accepted.insert(s.slot.id.clone(), result.is_ok());
+        decided.push((i, result));
+    }
+    decided.sort_by_key(|(i, _)| *i);
+    let mut cache = keys
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for (i, result) in decided {
+        let s = &slots[i];
+        match result {
+            Ok(()) => out.slots.push(s.clone()),
+            Err(reason) => {
+                let r = RejectedSlot {
+                    id: s.slot.id.clone(),
+                    kind: s.slot.kind.as_str().into(),
+                    state: s.slot.state.as_str().into(),
+                    reason,
+                };
+                if cache.reported.insert(row_digest(s)) {
+                    out.new_rejections.push(r.clone());
+                }
+                out.rejected.push(r);
+            }
+        }
+    }
+    out
+}
+
+fn vet_one(
+    s: &SlotInfo,
+    slots: &[SlotInfo],
+    accepted: &HashMap<String, bool>,
+    kek: &Kek,
+    keys: &Mutex<KeyCache>,
+    reseal: &mut Vec<(String, Vec<u8>)>,
+) -> Result<(), String> {
+    let id = &s.slot.id;
+    if crate::ca::authority::key_id_of_der(&s.cert_der).as_deref() != Some(id.as_str()) {
+        return Err(format!(
+            "its certificate's key ID is {}, not {id}",
+            crate::ca::authority::key_id_of_der(&s.cert_der).unwrap_or_else(|| "unreadable".into())
+        ));
+    }
+    let parent = match s.slot.kind {
+        Kind::Root => {
+            if s.slot.parent.is_some() {
+                return Err("a root with a parent".into());
+            }
+            verify_issued_by(&s.cert_der, &s.cert_der)
+                .map_err(|e| format!("the root is not self-signed: {e}"))?;
+            None
+        }
+        Kind::Intermediate => {
+            let pid = s
+                .slot
+                .parent
+                .as_deref()
+                .ok_or("an intermediate without a parent")?;
+            let p = slots
+                .iter()
+                .find(|p| p.slot.id == pid)
+                .ok_or_else(|| format!("its parent {pid} is not stored"))?;
+            if p.slot.kind != Kind::Root {
+                return Err(format!("its parent {pid} is not a root"));
+            }
+            if !accepted.get(pid).copied().unwrap_or(false) {
+                return Err(format!("its parent {pid} was rejected"));
+            }
+            verify_issued_by(&s.cert_der, &p.cert_der)
+                .map_err(|e| format!("not signed by its parent {pid}: {e}"))?;
+            Some(p)
+        }
+    };
+    if s.slot.state == State::Removed {
+        // Nothing is opened: removal erased the key.
+        return Ok(());
+    }
+    if keys
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(s)
+        .is_some()
+    {
+        return Ok(());
+    }
+    let aad = slot_aad(id, s.slot.kind, s.slot.parent.as_deref(), &s.cert_der);
+    let (pkcs8, legacy) = match kek.open(&s.sealed.0, &aad) {
+        Ok(k) => (k, false),
+        // Sealed before the binding (the ID alone); checked like any other, then resealed.
+        Err(_) => match kek.open(&s.sealed.0, id.as_bytes()) {
+            Ok(k) => (k, true),
+            Err(e) => {
+                return Err(format!(
+                    "its sealed key does not open for this row under this key-encryption key ({e})"
+                ));
+            }
+        },
+    };
+    let anchor = parent.map_or_else(|| s.cert_der.clone(), |p| p.cert_der.clone());
+    let authority = Authority::from_parts(s.cert_der.clone(), &pkcs8, Vec::new(), vec![anchor])
+        .map_err(|e| format!("its key and certificate do not form a CA: {e}"))?;
+    if legacy {
+        reseal.push((id.clone(), kek.seal(&pkcs8, &aad)));
+    }
+    keys.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(s, Arc::new(authority));
+    Ok(())
+}
