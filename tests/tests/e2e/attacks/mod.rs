@@ -12,9 +12,11 @@
 //! | a compromised impersonator | `impersonator_*` |
 //! | a network attacker | `network_*` |
 //! | someone with database access | `database_*` |
+//! | a thief holding a copied key (a CA's or a workload's) | `stolen_key_*` |
 
 mod support;
 
+mod database_ca_slot_injection;
 mod database_ledger_tamper;
 mod database_ledger_times;
 mod database_stalls;
@@ -28,6 +30,8 @@ mod network_reserved_names;
 mod network_server_impersonation;
 mod other_namespace_dns_templates;
 mod other_namespace_pods;
+mod stolen_key_intermediate;
+mod stolen_key_renewal;
 mod tenant_issuer_credentials;
 mod tenant_secret_sink;
 mod workload_fork_exec;
