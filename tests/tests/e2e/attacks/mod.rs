@@ -17,6 +17,7 @@ mod support;
 
 mod database_ledger_tamper;
 mod database_ledger_times;
+mod database_replica_mismatch;
 mod database_stalls;
 mod impersonator_privileged;
 mod local_user_files;
@@ -25,6 +26,7 @@ mod local_user_workload_api;
 mod network_limits;
 mod network_plugged_ca_sibling;
 mod network_reserved_names;
+mod network_retired_jwks_key;
 mod network_server_impersonation;
 mod other_namespace_dns_templates;
 mod other_namespace_pods;
