@@ -247,7 +247,7 @@ pub(crate) enum PinError {
     /// The configuration says one thing, the database another.
     #[error(
         "{name}: this server is configured {configured}, but the database at {database} \
-         belongs to {pinned} (pinned at {at}{how}). Every server sharing a database must agree \
+         belongs to {pinned} (pinned at {at}). Every server sharing a database must agree \
          on it: {advice}"
     )]
     Mismatch {
@@ -255,8 +255,8 @@ pub(crate) enum PinError {
         configured: String,
         pinned: String,
         database: String,
+        /// When, and how if derived.
         at: String,
-        how: &'static str,
         advice: String,
     },
     /// The database pins a value this server cannot read (tampering, or a newer version's).
@@ -288,14 +288,14 @@ fn when(at: i64) -> String {
 
 /// Compares this server's configuration with what the database pins. `database` is the
 /// redacted URL, for the message.
-pub(crate) fn check(want: &Deployment, pins: &[Pin], database: &str) -> Result<(), PinError> {
+pub(crate) fn check(want: &Deployment, pins: &[Pin], database: &str) -> Result<(), Box<PinError>> {
     let find = |name: &'static str| {
-        pins.iter()
-            .find(|p| p.name == name)
-            .ok_or_else(|| PinError::Missing {
+        pins.iter().find(|p| p.name == name).ok_or_else(|| {
+            Box::new(PinError::Missing {
                 name,
                 database: database.to_owned(),
             })
+        })
     };
     let how = |p: &Pin| {
         if p.source == PIN_DERIVED {
@@ -305,47 +305,49 @@ pub(crate) fn check(want: &Deployment, pins: &[Pin], database: &str) -> Result<(
         }
     };
     let td_pin = find(TRUST_DOMAIN)?;
-    let pinned_td = TrustDomain::new(&td_pin.value).map_err(|_| PinError::Unreadable {
-        name: TRUST_DOMAIN,
-        value: td_pin.value.clone(),
-        database: database.to_owned(),
-        at: when(td_pin.pinned_at),
+    let pinned_td = TrustDomain::new(&td_pin.value).map_err(|_| {
+        Box::new(PinError::Unreadable {
+            name: TRUST_DOMAIN,
+            value: td_pin.value.clone(),
+            database: database.to_owned(),
+            at: when(td_pin.pinned_at),
+        })
     })?;
     if pinned_td != want.trust_domain {
-        return Err(PinError::Mismatch {
+        return Err(Box::new(PinError::Mismatch {
             name: TRUST_DOMAIN,
             configured: format!("for {}", want.trust_domain),
             pinned: pinned_td.to_string(),
             database: database.to_owned(),
-            at: when(td_pin.pinned_at),
-            how: how(td_pin),
+            at: format!("{}{}", when(td_pin.pinned_at), how(td_pin)),
             advice: format!(
                 "set trust_domain = \"{pinned_td}\" on this server, or give it a database of \
                  its own"
             ),
-        });
+        }));
     }
     let mode_pin = find(CA_MODE)?;
-    let pinned_mode = CaMode::parse(&mode_pin.value).ok_or_else(|| PinError::Unreadable {
-        name: CA_MODE,
-        value: mode_pin.value.clone(),
-        database: database.to_owned(),
-        at: when(mode_pin.pinned_at),
+    let pinned_mode = CaMode::parse(&mode_pin.value).ok_or_else(|| {
+        Box::new(PinError::Unreadable {
+            name: CA_MODE,
+            value: mode_pin.value.clone(),
+            database: database.to_owned(),
+            at: when(mode_pin.pinned_at),
+        })
     })?;
     if pinned_mode != want.ca_mode {
-        return Err(PinError::Mismatch {
+        return Err(Box::new(PinError::Mismatch {
             name: CA_MODE,
             configured: want.ca_mode.configured().into(),
             pinned: pinned_mode.deployment().into(),
             database: database.to_owned(),
-            at: when(mode_pin.pinned_at),
-            how: how(mode_pin),
+            at: format!("{}{}", when(mode_pin.pinned_at), how(mode_pin)),
             advice: format!(
                 "configure this server {} as the others are, or give it a database of its own \
                  (moving a deployment between the modes is a change of root)",
                 pinned_mode.configured()
             ),
-        });
+        }));
     }
     Ok(())
 }
@@ -621,18 +623,18 @@ mod tests {
             pin(CA_MODE, "generated", PIN_FROM_CONFIGURATION),
         ];
         let e = check(&want("example.org", CaMode::Generated), &bad, "db").expect_err("bad");
-        assert!(matches!(e, PinError::Unreadable { .. }), "{e}");
+        assert!(matches!(*e, PinError::Unreadable { .. }), "{e}");
         let bad = [
             pin(TRUST_DOMAIN, "example.org", PIN_FROM_CONFIGURATION),
             pin(CA_MODE, "hsm", PIN_FROM_CONFIGURATION),
         ];
         let e = check(&want("example.org", CaMode::Generated), &bad, "db").expect_err("bad");
         assert!(
-            matches!(e, PinError::Unreadable { name: CA_MODE, .. }),
+            matches!(*e, PinError::Unreadable { name: CA_MODE, .. }),
             "{e}"
         );
         let e =
             check(&want("example.org", CaMode::Generated), &bad[..1], "db").expect_err("missing");
-        assert!(matches!(e, PinError::Missing { name: CA_MODE, .. }), "{e}");
+        assert!(matches!(*e, PinError::Missing { name: CA_MODE, .. }), "{e}");
     }
 }
