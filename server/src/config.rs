@@ -100,6 +100,17 @@ pub struct KubernetesAuthConfig {
     /// Clock skew tolerated on `exp`/`nbf`/`iat`.
     #[serde(default = "default_leeway", with = "humantime_serde")]
     pub leeway: Duration,
+    /// How often `jwks_file` is re-read while tokens arrive (Kubernetes rotates its
+    /// service-account signing keys; kubelet updates a mounted ConfigMap in place): a key
+    /// removed from the file stops verifying tokens within this long, without a restart. A
+    /// token signed by a key the server does not know re-reads the file at once (at most once a
+    /// second). 1 second to 1 hour.
+    #[serde(default = "default_jwks_refresh", with = "humantime_serde")]
+    pub jwks_refresh: Duration,
+}
+
+fn default_jwks_refresh() -> Duration {
+    Duration::from_secs(10)
 }
 
 fn default_audiences() -> Vec<String> {

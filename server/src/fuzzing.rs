@@ -241,6 +241,7 @@ fn auth_config() -> KubernetesAuthConfig {
         jwks_file: "/dev/null".into(),
         audiences: vec!["istio-ca".into(), "signet".into()],
         leeway: Duration::from_secs(30),
+        jwks_refresh: Duration::from_secs(10),
     }
 }
 
@@ -926,7 +927,8 @@ pub fn nodes(data: &[u8]) {
     if let [spiffe_id, parent, rest @ ..] = lines.as_slice() {
         let (selectors, dns): (Vec<String>, Vec<String>) =
             rest.iter().cloned().partition(|l| l.contains(':'));
-        if let Ok(e) = nodes::validate_entry(&td, spiffe_id, parent, &selectors, 0, &dns) {
+        if let Ok(e) = nodes::validate_entry(istio_policy(), spiffe_id, parent, &selectors, 0, &dns)
+        {
             assert!(!under_signet(&e.spiffe_id), "an entry under /signet/");
             assert!(nodes::node_id_of(&e.parent_id, &td).is_some());
             for s in &e.selectors {
@@ -934,6 +936,10 @@ pub fn nodes(data: &[u8]) {
             }
             for d in &e.dns_names {
                 assert!(DnsName::is_valid(d), "an entry's DNS name {d:?}");
+                assert!(
+                    istio_policy().refuse_server_dns_name(d).is_ok(),
+                    "an entry with the server's name {d:?}"
+                );
             }
         }
     }

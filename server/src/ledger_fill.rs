@@ -146,6 +146,14 @@ pub async fn fill(
     let store = crate::store::connect_with(&url, &cfg.database)
         .await
         .map_err(|e| anyhow!("database {}: {e}", crate::server::redact_url(&url)))?;
+    // The same gate as the server's start-up: never fill another deployment's ledger.
+    crate::server::pins::pin_and_check(
+        &store,
+        cfg,
+        &crate::server::redact_url(&url),
+        SystemTime::now(),
+    )
+    .await?;
     let serials: Arc<dyn SerialSource> = Arc::new(RandomSerials::default());
     let manager = crate::ca::manager::start(
         td.clone(),

@@ -3,13 +3,19 @@
 //!
 //! The rules themselves that other layers share live in `signet-types` (node IDs in
 //! [`signet_types::node`], DNS names in [`signet_types::dns`], requested TTLs in
-//! [`signet_types::ttl`]), so this module depends on no other part of the server: it keeps
-//! only the operator-facing validation (parents, selectors, entries) and join tokens, with
-//! messages as `String`s for the API edge.
+//! [`signet_types::ttl`]), so this module depends on no other part of the server but one: an
+//! entry is checked against the issuance policy's reserved identities and names
+//! ([`Policy::is_reserved_id`], [`Policy::refuse_server_dns_name`], the very functions the
+//! signing policy's `reserved` check calls), so an entry that could only ever fail at signing
+//! is refused when it is created, with the reason. It keeps only the operator-facing
+//! validation (parents, selectors, entries) and join tokens, with messages as `String`s for the
+//! API edge.
 
 use signet_types::dns::{Dns1123Label, DnsName};
 use signet_types::untrusted::quoted;
 use signet_types::{SpiffeId, TrustDomain};
+
+use crate::policy::Policy;
 
 pub use signet_types::node::{NODE_PATH_PREFIX, node_id_of};
 
@@ -180,17 +186,19 @@ pub struct ValidEntry {
     pub dns_names: Vec<String>,
 }
 
-/// Validates an entry: its SPIFFE ID in `td` with a path, not under `/signet/`; a node parent;
-/// 1–32 valid selectors (deduplicated, sorted); TTL 0 (the default) to ten years; valid DNS
-/// names.
+/// Validates an entry for `policy`'s trust domain: its SPIFFE ID in it with a path, not
+/// reserved (under `/signet/`); a node parent; 1–32 valid selectors (deduplicated, sorted); TTL
+/// 0 (the default) to ten years; valid DNS names, none of them the server's own (or a wildcard
+/// covering one), which signing would refuse.
 pub fn validate_entry(
-    td: &TrustDomain,
+    policy: &Policy,
     spiffe_id: &str,
     parent: &str,
     selectors: &[String],
     ttl_seconds: i64,
     dns_names: &[String],
 ) -> Result<ValidEntry, String> {
+    let td = policy.trust_domain();
     let id: SpiffeId = spiffe_id
         .parse()
         .map_err(|e| format!("spiffe_id {} is not a SPIFFE ID: {e}", quoted(spiffe_id)))?;
@@ -200,7 +208,7 @@ pub fn validate_entry(
     if id.path().is_empty() {
         return Err(format!("spiffe_id {id} has no path; name a workload"));
     }
-    if id.path() == "/signet" || id.path().starts_with("/signet/") {
+    if Policy::is_reserved_id(&id) {
         return Err(format!(
             "spiffe_id {id} is under /signet/, which is reserved for Signet's own identities"
         ));
@@ -232,6 +240,9 @@ pub fn validate_entry(
         if !DnsName::is_valid(d) {
             return Err(format!("{} is not a valid DNS name", quoted(d)));
         }
+        policy.refuse_server_dns_name(d).map_err(|denial| {
+            format!("{denial}, so this entry's workload would never get a certificate")
+        })?;
         let d = d.to_ascii_lowercase();
         if !dns.contains(&d) {
             dns.push(d);
@@ -264,7 +275,7 @@ pub struct EntryInput<'a> {
 /// inside the batch's transaction.) The first fault refuses the whole batch; its message names
 /// the entry's index (from 0).
 pub fn validate_batch(
-    td: &TrustDomain,
+    policy: &Policy,
     entries: &[EntryInput<'_>],
 ) -> Result<Vec<ValidEntry>, String> {
     if entries.is_empty() {
@@ -282,7 +293,7 @@ pub fn validate_batch(
         std::collections::HashMap::with_capacity(entries.len());
     for (i, e) in entries.iter().enumerate() {
         let v = validate_entry(
-            td,
+            policy,
             e.spiffe_id,
             e.parent,
             e.selectors,
@@ -313,6 +324,81 @@ mod tests {
 
     fn td() -> TrustDomain {
         TrustDomain::new("example.org").expect("td")
+    }
+
+    /// The policy entries are checked against: the server is `localhost` and
+    /// `signet.example.org`.
+    fn policy() -> Policy {
+        Policy::new(
+            td(),
+            std::time::Duration::from_secs(3600),
+            std::time::Duration::from_secs(86400),
+            &crate::config::PolicyConfig::default(),
+        )
+        .expect("policy")
+        .with_server_names(
+            vec!["localhost".into(), "signet.example.org".into()],
+            Vec::new(),
+        )
+    }
+
+    /// What signing refuses, creation refuses, with the reason: the server's own names, and
+    /// wildcards covering one; a name beside them is fine.
+    #[test]
+    fn entries_naming_the_servers_own_dns_names_are_refused() {
+        let one = vec!["unix:uid:1".to_owned()];
+        let create = |dns: &str| {
+            validate_entry(
+                &policy(),
+                "spiffe://example.org/app",
+                "n1",
+                &one,
+                0,
+                &["app.example.org".into(), dns.into()],
+            )
+        };
+        for (dns, named) in [
+            (
+                "signet.example.org",
+                "DNS name signet.example.org is the CA server's own name",
+            ),
+            ("SIGNET.Example.org", "DNS name signet.example.org"),
+            (
+                "*.example.org",
+                "DNS name signet.example.org (through *.example.org)",
+            ),
+            (
+                "localhost",
+                "DNS name localhost is the CA server's own name",
+            ),
+        ] {
+            let err = create(dns).expect_err(dns);
+            assert!(err.contains(named), "{dns}: {err}");
+            assert!(
+                err.contains("would never get a certificate"),
+                "{dns}: {err}"
+            );
+        }
+        for ok in ["web.example.org", "*.svc.example.org", "signet.example.com"] {
+            create(ok).expect(ok);
+        }
+        // A batch: the entry's index and the same reason.
+        let dns = ["signet.example.org".to_owned()];
+        let ids = ["spiffe://example.org/w0", "spiffe://example.org/w1"];
+        let batch: Vec<EntryInput<'_>> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| EntryInput {
+                dns_names: if i == 1 { &dns } else { &[] },
+                ..input(id, &one)
+            })
+            .collect();
+        let err = validate_batch(&policy(), &batch).expect_err("refused");
+        assert!(
+            err.starts_with("entry 1: DNS name signet.example.org is the CA server's own name"),
+            "{err}"
+        );
+        validate_batch(&policy(), &batch[..1]).expect("the other entry alone");
     }
 
     #[test]
@@ -376,7 +462,7 @@ mod tests {
     fn entries_are_validated() {
         let sel = vec!["unix:uid:1000".to_owned(), "unix:uid:1000".to_owned()];
         let e = validate_entry(
-            &td(),
+            &policy(),
             "spiffe://example.org/app",
             "n1",
             &sel,
@@ -391,7 +477,7 @@ mod tests {
             "spiffe://example.org/signet/node/n1"
         );
         let bad = |id: &str, sel: &[String], ttl: i64, dns: &[String]| {
-            validate_entry(&td(), id, "n1", sel, ttl, dns).expect_err("invalid")
+            validate_entry(&policy(), id, "n1", sel, ttl, dns).expect_err("invalid")
         };
         let one = vec!["unix:uid:1".to_owned()];
         assert!(bad("spiffe://other.org/app", &one, 0, &[]).contains("trust domain"));
@@ -403,7 +489,17 @@ mod tests {
         assert!(bad("spiffe://example.org/app", &one, -1, &[]).contains("ttl"));
         assert!(bad("spiffe://example.org/app", &one, 0, &["bad name!".into()]).contains("DNS"));
         // /signetx is not /signet/.
-        assert!(validate_entry(&td(), "spiffe://example.org/signetx", "n1", &one, 0, &[]).is_ok());
+        assert!(
+            validate_entry(
+                &policy(),
+                "spiffe://example.org/signetx",
+                "n1",
+                &one,
+                0,
+                &[]
+            )
+            .is_ok()
+        );
     }
 
     fn input<'a>(id: &'a str, sel: &'a [String]) -> EntryInput<'a> {
@@ -424,14 +520,14 @@ mod tests {
             .map(|i| format!("spiffe://example.org/w{i}"))
             .collect();
         let ok: Vec<EntryInput<'_>> = ids.iter().map(|id| input(id, &one)).collect();
-        let v = validate_batch(&td(), &ok).expect("valid");
+        let v = validate_batch(&policy(), &ok).expect("valid");
         assert_eq!(v.len(), 3);
         assert_eq!(v[2].spiffe_id.to_string(), "spiffe://example.org/w2");
 
         // One bad entry: the index and CreateEntry's own reason.
         let mut bad = ok.clone();
         bad[1] = input("spiffe://example.org/signet/x", &one);
-        let err = validate_batch(&td(), &bad).expect_err("refused");
+        let err = validate_batch(&policy(), &bad).expect_err("refused");
         assert!(err.starts_with("entry 1: "), "{err}");
         assert!(err.contains("reserved"), "{err}");
 
@@ -439,22 +535,22 @@ mod tests {
         let dup_sel = vec!["unix:uid:1".to_owned(), "unix:uid:1".to_owned()];
         let mut dup = ok.clone();
         dup.push(input("spiffe://example.org/w0", &dup_sel));
-        let err = validate_batch(&td(), &dup).expect_err("refused");
+        let err = validate_batch(&policy(), &dup).expect_err("refused");
         assert!(err.starts_with("entry 3: duplicates entry 0"), "{err}");
         // Same SPIFFE ID under other selectors is another registration.
         let mut other = ok.clone();
         other.push(input("spiffe://example.org/w0", &two));
-        assert!(validate_batch(&td(), &other).is_ok());
+        assert!(validate_batch(&policy(), &other).is_ok());
 
         assert!(
-            validate_batch(&td(), &[])
+            validate_batch(&policy(), &[])
                 .expect_err("empty")
                 .contains("empty")
         );
         let many: Vec<EntryInput<'_>> = (0..=MAX_BATCH_ENTRIES)
             .map(|_| input("spiffe://example.org/w", &one))
             .collect();
-        let err = validate_batch(&td(), &many).expect_err("too many");
+        let err = validate_batch(&policy(), &many).expect_err("too many");
         assert!(err.contains("at most 1000"), "{err}");
     }
 

@@ -1,6 +1,11 @@
 //! `signet.admin.v1.NodeAdmin`: join tokens, nodes and registration entries, served only on the
 //! admin Unix socket (whoever can open it is the operator).
 //!
+//! An entry is refused (InvalidArgument, naming the name and why) for anything signing would
+//! refuse it for, by the signing policy's own rules: a DNS name that is the server's own (or a
+//! wildcard covering one), an identity under `/signet/` (`crate::nodes::validate_entry`).
+//! Otherwise it would be stored and its workload would silently never get a certificate.
+//!
 //! An entry that is the same registration as a stored one (SPIFFE ID, parent, set of
 //! selectors; the store decides, `store::nodes`) is refused: `CreateEntry` answers
 //! AlreadyExists, `BatchCreateEntries` InvalidArgument naming its index (the batch's other
@@ -24,6 +29,7 @@ use crate::nodes::{
     EntryInput, JoinToken, ValidEntry, parse_parent, validate_batch, validate_entry,
     validate_node_id,
 };
+use crate::policy::Policy;
 use crate::store::{BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, NodeStore};
 
 /// A join token's default and longest lifetime.
@@ -33,11 +39,19 @@ const MAX_TOKEN_TTL: i64 = 30 * 24 * 3600;
 pub struct NodeAdminApi {
     issuer: Arc<Issuer>,
     store: Arc<dyn NodeStore>,
+    /// The issuance policy the issuer signs with (the same value, built once at start-up):
+    /// entries are refused at creation for what signing would refuse them for (the server's own
+    /// names, reserved identities; see `crate::nodes::validate_entry`).
+    policy: Arc<Policy>,
 }
 
 impl NodeAdminApi {
-    pub fn new(issuer: Arc<Issuer>, store: Arc<dyn NodeStore>) -> Self {
-        Self { issuer, store }
+    pub fn new(issuer: Arc<Issuer>, store: Arc<dyn NodeStore>, policy: Arc<Policy>) -> Self {
+        Self {
+            issuer,
+            store,
+            policy,
+        }
     }
 
     fn now(&self) -> i64 {
@@ -179,7 +193,7 @@ impl NodeAdmin for NodeAdminApi {
     ) -> Result<Response<EntryRecord>, Status> {
         let req = request.into_inner();
         let v = validate_entry(
-            self.issuer.trust_domain(),
+            &self.policy,
             &req.spiffe_id,
             &req.parent,
             &req.selectors,
@@ -227,8 +241,7 @@ impl NodeAdmin for NodeAdminApi {
                 dns_names: &e.dns_names,
             })
             .collect();
-        let valid = validate_batch(self.issuer.trust_domain(), &inputs)
-            .map_err(ApiError::InvalidArgument)?;
+        let valid = validate_batch(&self.policy, &inputs).map_err(ApiError::InvalidArgument)?;
         let now = self.now();
         let batch = valid
             .into_iter()

@@ -294,6 +294,27 @@ fn ca_profile(cert: &X509Certificate<'_>) -> Result<(), String> {
     Ok(())
 }
 
+/// The trust domains named by a CA certificate's SPIFFE ID URI SANs (`spiffe://<td>`, as every
+/// CA certificate Signet generates carries; a path is ignored), in SAN order: what a relying
+/// party trusts the certificate for. Empty when it names none.
+pub(crate) fn ca_trust_domains(der: &[u8]) -> Result<Vec<signet_types::TrustDomain>, String> {
+    let cert = parse_cert(der)?;
+    let mut out = Vec::new();
+    if let Some(san) = cert
+        .subject_alternative_name()
+        .map_err(|e| format!("subjectAltName: {e}"))?
+    {
+        for name in &san.value.general_names {
+            if let GeneralName::URI(u) = name
+                && let Ok(id) = u.parse::<SpiffeId>()
+            {
+                out.push(id.trust_domain().clone());
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// cA=true and keyCertSign: the least a certificate needs to sign others.
 pub(crate) fn ca_basics(cert: &X509Certificate<'_>) -> Result<(), String> {
     let bc = cert

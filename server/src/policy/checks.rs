@@ -204,20 +204,7 @@ fn check_reserved(cx: &Ctx<'_>, id: &SpiffeId) -> Result<(), Denial> {
         return Ok(());
     }
     for name in &cx.req.names.dns_names {
-        if let Some(reserved) = p.server_dns_names.iter().find(|r| dns_name_covers(name, r)) {
-            let how = if name.eq_ignore_ascii_case(reserved) {
-                String::new()
-            } else {
-                format!(" (through {name})")
-            };
-            return Err(Denial::denied(
-                "policy.reserved",
-                format!(
-                    "DNS name {reserved}{how} is the CA server's own name; no other certificate \
-                     may carry it"
-                ),
-            ));
-        }
+        p.refuse_server_dns_name(name)?;
     }
     if let Some(ip) = cx
         .req
@@ -234,6 +221,41 @@ fn check_reserved(cx: &Ctx<'_>, id: &SpiffeId) -> Result<(), Denial> {
         ));
     }
     Ok(())
+}
+
+/// The `reserved` check's rules, for whoever must apply them before a request exists: entry
+/// creation (`crate::nodes::validate_entry`) refuses what signing would refuse, by these same
+/// functions, so an entry is never stored that could only fail at signing.
+impl Policy {
+    /// Whether `id` is one of Signet's own identities (`/signet` and everything under it),
+    /// which only the server itself and a node (for its own node ID) are ever granted.
+    pub(crate) fn is_reserved_id(id: &SpiffeId) -> bool {
+        is_reserved(id)
+    }
+
+    /// Refuses `name` if it is one of the CA server's own DNS names, or a wildcard covering
+    /// one: only the server's own certificate may carry those, whoever asks.
+    pub(crate) fn refuse_server_dns_name(&self, name: &str) -> Result<(), Denial> {
+        let Some(reserved) = self
+            .server_dns_names
+            .iter()
+            .find(|r| dns_name_covers(name, r))
+        else {
+            return Ok(());
+        };
+        let how = if name.eq_ignore_ascii_case(reserved) {
+            String::new()
+        } else {
+            format!(" (through {name})")
+        };
+        Err(Denial::denied(
+            "policy.reserved",
+            format!(
+                "DNS name {reserved}{how} is the CA server's own name; no other certificate may \
+                 carry it"
+            ),
+        ))
+    }
 }
 
 /// Whether a certificate for `granted` would be accepted for `name`: equal, or `granted` is a

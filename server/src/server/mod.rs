@@ -1,4 +1,5 @@
-//! Start-up and wiring, top-down in [`run`]: data directory, store, CA key manager, bundle,
+//! Start-up and wiring, top-down in [`run`]: data directory, store, the deployment's pinned
+//! values (`pins.rs`: a server configured for another deployment stops here), CA key manager, bundle,
 //! ledger, issuer, background tasks, then the listeners (gRPC over TLS, the admin socket,
 //! HTTP, the SPIFFE bundle endpoint) until shutdown. Host-facing steps are in `setup.rs`,
 //! background tasks in `tasks.rs`.
@@ -46,6 +47,7 @@ use crate::policy::Policy;
 use crate::store::{Store, StoreError};
 use crate::tls::{self, ServerCertResolver};
 
+pub(crate) mod pins;
 mod setup;
 mod tasks;
 
@@ -80,6 +82,9 @@ pub async fn run(
     create_private_dir(&cfg.data_dir)?;
     let db_url = cfg.database_url();
     let store = connect_store(&db_url, &cfg.database).await?;
+    // Before anything is created, signed, recorded or served: this server's configuration must
+    // be the deployment's the database belongs to.
+    pins::pin_and_check(&store, &cfg, &redact_url(&db_url), clock.now()).await?;
 
     let manager = crate::ca::manager::start(
         td.clone(),
@@ -130,24 +135,19 @@ pub async fn run(
 
     let jwt = match &cfg.auth.kubernetes {
         None => None,
-        Some(k) => {
-            let jwks = std::fs::read_to_string(&k.jwks_file).with_context(|| {
-                format!(
-                    "reading auth.kubernetes.jwks_file {}",
-                    k.jwks_file.display()
-                )
-            })?;
-            Some(
-                JwtAuthenticator::new(k, &jwks, td.clone())
-                    .map_err(|e| anyhow!("auth.kubernetes: {e}"))?,
-            )
-        }
+        // Re-read while running (`jwks_refresh`): the cluster rotates its signing keys.
+        Some(k) => Some(
+            JwtAuthenticator::from_file(k, td.clone())
+                .map_err(|e| anyhow!("auth.kubernetes: {e}"))?,
+        ),
     };
     let (server_dns_names, server_ips) = server_names(&cfg);
     let policy = Policy::new(td.clone(), cfg.ca.default_ttl, cfg.ca.max_ttl, &cfg.policy)
         .map_err(|e| anyhow!("policy: {e}"))?
         .with_server_names(server_dns_names, server_ips);
 
+    // Entry creation applies the signing policy's reserved-name rules (`NodeAdminApi`).
+    let entry_policy = Arc::new(policy.clone());
     let issuer = Arc::new(
         Issuer::new(IssuerParts {
             td: td.clone(),
@@ -315,8 +315,12 @@ pub async fn run(
         .with_entry_watch(&cfg.nodes.watch)
         .with_shutdown(stop_rx.clone());
     let node = NodeServer::new(node_api).max_decoding_message_size(transport_limit);
-    let node_admin = NodeAdminServer::new(NodeAdminApi::new(issuer.clone(), store.clone()))
-        .max_decoding_message_size(transport_limit);
+    let node_admin = NodeAdminServer::new(NodeAdminApi::new(
+        issuer.clone(),
+        store.clone(),
+        entry_policy,
+    ))
+    .max_decoding_message_size(transport_limit);
     let admin = AdminServer::new(AdminApi::new(
         issuer.clone(),
         store.clone(),

@@ -11,6 +11,7 @@
 //! | `crls` | [`CrlStore`] | the last CRL per CA key, numbered under a lock |
 //! | `ca_slots` | [`CaSlotStore`] | CA keys and their slot transitions (one per generation) |
 //! | `audit` | [`AuditStore`] | denials and admin actions |
+//! | `pins` | [`PinStore`] | what every server sharing the database must agree on (trust domain, CA mode) |
 //! | `nodes` | [`NodeStore`] | join tokens, attested nodes, registration entries |
 //! | `entry_events` | (part of [`NodeStore`]) | entry-change notifications to every replica (LISTEN/NOTIFY) |
 //! | `paging` | (over [`LedgerStore`]) | keyset pages of the ledger and their opaque tokens |
@@ -68,6 +69,7 @@ pub mod ledger;
 mod migrations;
 pub mod nodes;
 pub mod paging;
+pub mod pins;
 mod postgres;
 pub mod revocations;
 mod rows;
@@ -87,6 +89,7 @@ pub use error::StoreError;
 pub use ledger::{CertificateRow, LedgerHead, LedgerStore, NewCertificate};
 pub use nodes::{BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, NodeStore, TokenUse};
 pub use paging::{CertQuery, Order, certificates_page};
+pub use pins::{Pin, PinEvidence, PinStore};
 pub use postgres::PgStore;
 pub use revocations::{CertFilter, EventRow, NewRevocation, RevocationOutcome, RevocationStore};
 pub use sqlite::SqliteStore;
@@ -95,12 +98,19 @@ pub use sqlite::SqliteStore;
 /// narrowest part they use (an `Arc<dyn Store>` coerces to any of them), so a test double
 /// implements only that part.
 pub trait Store:
-    LedgerStore + AuditStore + CaSlotStore + CrlStore + NodeStore + RevocationStore
+    LedgerStore + AuditStore + CaSlotStore + CrlStore + NodeStore + RevocationStore + PinStore
 {
 }
 
 impl<T> Store for T where
-    T: LedgerStore + AuditStore + CaSlotStore + CrlStore + NodeStore + RevocationStore + ?Sized
+    T: LedgerStore
+        + AuditStore
+        + CaSlotStore
+        + CrlStore
+        + NodeStore
+        + RevocationStore
+        + PinStore
+        + ?Sized
 {
 }
 

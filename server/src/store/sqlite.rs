@@ -233,6 +233,7 @@ super::revocations::impl_revocation_store!(SqliteStore, map_err, LOCK_READ);
 super::crls::impl_crl_store!(SqliteStore, map_err, LOCK_READ);
 super::ca_slots::impl_ca_slot_store!(SqliteStore, map_err);
 super::nodes::impl_node_store!(SqliteStore, map_err);
+super::pins::impl_pin_store!(SqliteStore, map_err);
 
 /// The batch inserts: one statement per row (SQLite has no array parameters; inside one
 /// transaction the rows cost no extra fsync).

@@ -525,3 +525,86 @@ async fn signetctl_bench_workloads_signs_batches_and_verifies_the_ledger() {
         "{out:?}"
     );
 }
+
+/// An entry naming the server's own DNS name (or a wildcard covering it) could only ever fail
+/// at signing, so its workload would silently never get a certificate: creation refuses it,
+/// single and batch, with the name and the reason. A name beside them is fine.
+#[tokio::test]
+async fn an_entry_with_the_servers_own_dns_name_is_refused_at_creation() {
+    let server = Server::start(ServerOpts {
+        extra_toml: "server_names = [\"signet.example.org\"]\n".into(),
+        ..ServerOpts::default()
+    })
+    .await;
+    let td = server.trust_domain.clone();
+    let create = |dns: &str| {
+        server.signetctl(&[
+            "entry",
+            "create",
+            "--spiffe-id",
+            &format!("spiffe://{td}/web"),
+            "--parent",
+            "n1",
+            "--selector",
+            "unix:uid:1000",
+            "--dns",
+            "web.example.org",
+            "--dns",
+            dns,
+        ])
+    };
+    for (dns, named) in [
+        (
+            "signet.example.org",
+            "DNS name signet.example.org is the CA server's own name",
+        ),
+        (
+            "localhost",
+            "DNS name localhost is the CA server's own name",
+        ),
+        (
+            "*.example.org",
+            "DNS name signet.example.org (through *.example.org)",
+        ),
+    ] {
+        let out = create(dns);
+        assert!(!out.status.success(), "{dns}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(named), "{dns}: {stderr}");
+        assert!(stderr.contains("would never get a certificate"), "{stderr}");
+    }
+    // A batch: refused whole, naming the entry's index.
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("entries.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            "- {{spiffe_id: spiffe://{td}/a, parent: n1, selectors: [unix:uid:1]}}\n\
+             - {{spiffe_id: spiffe://{td}/b, parent: n1, selectors: [unix:uid:2], \
+             dns_names: [signet.example.org]}}\n"
+        ),
+    )
+    .unwrap();
+    let out = server.signetctl(&["entry", "create", "--file", yaml.to_str().unwrap()]);
+    assert!(!out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("entry 1: DNS name signet.example.org is the CA server's own name"),
+        "{stderr}"
+    );
+    assert_eq!(entry_count(&server).await, 0, "nothing created");
+    // The same over the RPC: InvalidArgument.
+    let mut bad = req(&td, "rpc", "n1");
+    bad.dns_names = vec!["SIGNET.example.org".into()];
+    let err = node_admin(&server)
+        .await
+        .create_entry(bad)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("signet.example.org"), "{err:?}");
+    // Names that are not the server's are accepted.
+    let out = create("api.example.com");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(entry_count(&server).await, 1);
+}

@@ -7,9 +7,9 @@
 //! `now` passed in, `iss`, `aud`, the identity) still runs on every use. The invariants:
 //! - keyed by the SHA-256 of the whole token, so a hit is that exact token, byte for byte;
 //! - only a verified token is ever stored (a refusal is never memoised);
-//! - owned by the [`super::JwtAuthenticator`] together with its key set, which never changes:
-//!   a new JWKS builds a new authenticator and so an empty memo, so no token verified under a
-//!   removed key is ever served;
+//! - owned together with the key set that verified its tokens ([`super::Generation`]): a new
+//!   JWKS (a re-read `jwks_file`) comes with an empty memo, replaced in the same step, so no
+//!   token verified under a removed key is ever served;
 //! - an entry is dropped once its token has expired (`exp` plus leeway, when every use would be
 //!   refused anyway) or after [`MAX_AGE_SECS`], whichever is first, judged against the clock
 //!   the caller passes in;

@@ -21,6 +21,16 @@
 //! the same token for its whole validity window, so its signature is verified once; checks 4 to
 //! 6 run on every use, against that use's `now` and audiences.
 //!
+//! Kubernetes rotates its service-account signing keys, so the JWKS is not read once: built
+//! with [`JwtAuthenticator::from_file`], the authenticator re-reads `jwks_file` ([`reload`])
+//! before a token is checked when the last read is older than `jwks_refresh`, and at once (at
+//! most once a second) when a token's signature finds no key. The key set and the memo of
+//! tokens verified under it are one value ([`Generation`]), replaced together: a new JWKS comes
+//! with an empty memo, so a token remembered under a key that has left the JWKS is never
+//! accepted again, by construction. A file that becomes unreadable or invalid keeps the last
+//! good keys (logged loudly, once per distinct problem): an operator's typo must not lock every
+//! workload out.
+//!
 //! Error messages say what is wrong and what to do, and never contain the token ([`refuse`]).
 //! The submodules import only downwards (jws → jwks → refuse; kubernetes → claims → refuse;
 //! memo → kubernetes); this module wires them.
@@ -31,12 +41,13 @@ mod jws;
 mod kubernetes;
 mod memo;
 mod refuse;
+mod reload;
 #[cfg(test)]
 mod test_support;
 
 use std::fmt;
-use std::sync::Arc;
-use std::time::SystemTime;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
 
 use signet_types::TrustDomain;
 
@@ -46,6 +57,7 @@ use self::jws::{Jws, MAX_TOKEN_BYTES};
 use self::kubernetes::{LEGACY_ISSUER, Payload};
 use self::memo::VerifiedTokens;
 use self::refuse::bad;
+use self::reload::JwksFile;
 use super::{AuthenticatedCaller, AuthnError};
 use crate::clock::unix;
 use crate::config::KubernetesAuthConfig;
@@ -56,6 +68,10 @@ pub use self::kubernetes::VerifiedToken;
 /// Longest leeway (clock skew) `[auth.kubernetes]` may set, in seconds.
 const MAX_LEEWAY_SECS: i64 = 3600;
 
+/// The range of `[auth.kubernetes] jwks_refresh`.
+const JWKS_REFRESH_RANGE: std::ops::RangeInclusive<Duration> =
+    Duration::from_secs(1)..=Duration::from_secs(3600);
+
 /// Why the Kubernetes token authenticator could not be built from configuration. Messages
 /// name the `[auth.kubernetes]` setting (without that prefix, which the caller adds).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -65,6 +81,25 @@ pub enum JwtConfigError {
     Config(String),
     #[error("jwks_file: {0}")]
     Jwks(JwksError),
+    #[error("jwks_file {path}: {error}")]
+    Read { path: String, error: String },
+}
+
+/// One JWKS document's keys and the tokens verified under them, replaced together (see the
+/// module doc): no token is ever served from a memo whose keys are not the current ones.
+pub(super) struct Generation {
+    keys: KeySet,
+    /// Tokens whose signature verified under `keys`.
+    verified: VerifiedTokens,
+}
+
+impl Generation {
+    fn new(keys: KeySet) -> Arc<Self> {
+        Arc::new(Self {
+            keys,
+            verified: VerifiedTokens::default(),
+        })
+    }
 }
 
 /// Validates Kubernetes projected service-account tokens offline.
@@ -72,10 +107,11 @@ pub struct JwtAuthenticator {
     issuer: String,
     audiences: Vec<String>,
     leeway_secs: i64,
-    keys: KeySet,
     td: TrustDomain,
-    /// Tokens whose signature verified under `keys` (which never change).
-    verified: VerifiedTokens,
+    /// The current keys and their memo.
+    current: RwLock<Arc<Generation>>,
+    /// Where the keys are re-read from; `None` when built from a document ([`Self::new`]).
+    source: Option<JwksFile>,
 }
 
 impl fmt::Debug for JwtAuthenticator {
@@ -84,7 +120,11 @@ impl fmt::Debug for JwtAuthenticator {
             .field("issuer", &self.issuer)
             .field("audiences", &self.audiences)
             .field("leeway_secs", &self.leeway_secs)
-            .field("kids", &self.keys.kids())
+            .field("kids", &self.generation().keys.kids())
+            .field(
+                "jwks_file",
+                &self.source.as_ref().map(|s| s.path().display().to_string()),
+            )
             .field("trust_domain", &self.td)
             .finish()
     }
@@ -127,10 +167,75 @@ impl JwtAuthenticator {
             issuer: cfg.issuer.clone(),
             audiences: cfg.audiences.clone(),
             leeway_secs,
-            keys,
             td,
-            verified: VerifiedTokens::default(),
+            current: RwLock::new(Generation::new(keys)),
+            source: None,
         })
+    }
+
+    /// Builds the authenticator from `[auth.kubernetes]`, reading `cfg.jwks_file`, and keeps
+    /// re-reading it every `cfg.jwks_refresh` (and on a token whose key it does not know), so
+    /// a rotation of the cluster's signing keys needs no restart (see the module doc).
+    pub fn from_file(cfg: &KubernetesAuthConfig, td: TrustDomain) -> Result<Self, JwtConfigError> {
+        if !JWKS_REFRESH_RANGE.contains(&cfg.jwks_refresh) {
+            return Err(JwtConfigError::Config(format!(
+                "jwks_refresh {} is outside 1s to 1h",
+                humantime::format_duration(cfg.jwks_refresh)
+            )));
+        }
+        let (source, text) = JwksFile::open(&cfg.jwks_file, cfg.jwks_refresh).map_err(|error| {
+            JwtConfigError::Read {
+                path: cfg.jwks_file.display().to_string(),
+                error,
+            }
+        })?;
+        let mut auth = Self::new(cfg, &text, td)?;
+        auth.source = Some(source);
+        Ok(auth)
+    }
+
+    /// The current keys and memo (a clone of the `Arc`: a reload does not disturb a check
+    /// under way, which finishes under the keys it started with).
+    fn generation(&self) -> Arc<Generation> {
+        // Only ever holds a whole `Arc`: a panic elsewhere cannot leave it half-updated.
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Re-reads the JWKS file if the last read is at least `min_gap` old; installs its keys
+    /// (with an empty memo) when they differ. Whether the keys changed.
+    fn refresh(&self, min_gap: Duration) -> bool {
+        let Some(source) = &self.source else {
+            return false;
+        };
+        let Some(text) = source.changed_text(min_gap) else {
+            return false;
+        };
+        match KeySet::parse(&text) {
+            Ok(keys) => {
+                let kids: Vec<String> = keys
+                    .kids()
+                    .into_iter()
+                    .map(|k| k.unwrap_or("(no kid)").to_owned())
+                    .collect();
+                *self.current.write().unwrap_or_else(|e| e.into_inner()) = Generation::new(keys);
+                tracing::info!(
+                    jwks_file = %source.path().display(),
+                    kids = ?kids,
+                    "auth.kubernetes: the JWKS changed; verifying tokens with its keys from now on"
+                );
+                true
+            }
+            Err(e) => {
+                source.report_problem(format!(
+                    "the new contents are refused ({e}); still verifying tokens with the keys \
+                     last read. Fix the file (kubectl get --raw /openid/v1/jwks)"
+                ));
+                false
+            }
+        }
     }
 
     /// Validates `token` at time `now` and returns the service account it names, as
@@ -172,10 +277,28 @@ impl JwtAuthenticator {
         // An oversized token is refused by `Jws::parse` before anything hashes it.
         let key = (token.len() <= MAX_TOKEN_BYTES).then(|| memo::key(token));
         let now_secs = unix(now);
-        if let Some(hit) = key.as_ref().and_then(|k| self.verified.get(k, now_secs)) {
+        if let Some(source) = &self.source {
+            self.refresh(source.interval());
+        }
+        let mut generation = self.generation();
+        if let Some(hit) = key
+            .as_ref()
+            .and_then(|k| generation.verified.get(k, now_secs))
+        {
             return Ok(hit);
         }
-        let verified = Jws::parse(token)?.verify(&self.keys)?;
+        let verified = match Jws::parse(token)?.verify(&generation.keys) {
+            Ok(v) => v,
+            // Perhaps signed by a key the cluster has just added: read the file again (at most
+            // once a second, whoever sends such tokens) and try once more under the new keys.
+            Err(e) => {
+                if !self.refresh(reload::UNKNOWN_KEY_GAP) {
+                    return Err(e);
+                }
+                generation = self.generation();
+                Jws::parse(token)?.verify(&generation.keys)?
+            }
+        };
         let payload: Arc<Payload> = Arc::new(verified.payload()?);
         let exp = payload
             .registered()
@@ -183,7 +306,8 @@ impl JwtAuthenticator {
             .and_then(|v| claims::numeric_date(v, "exp").ok());
         if let (Some(key), Some(exp)) = (key, exp) {
             let expires = exp.saturating_add(self.leeway_secs);
-            self.verified
+            generation
+                .verified
                 .insert(key, payload.clone(), expires, now_secs);
         }
         Ok(payload)
@@ -304,7 +428,11 @@ mod tests {
         let at = |secs: u64| std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
         let token = sign_es(&f.key, Some("ec-1"), &claims());
         let first = f.auth.authenticate(&token, now()).expect("valid");
-        assert_eq!(f.auth.verified.len(), 1, "a verified token is remembered");
+        assert_eq!(
+            f.auth.generation().verified.len(),
+            1,
+            "a verified token is remembered"
+        );
         let again = f.auth.authenticate(&token, now()).expect("valid again");
         assert_eq!(first.spiffe_id(), again.spiffe_id());
         // Expiry (exp = NOW + 3600, leeway 30 s): accepted up to the leeway, refused after,
@@ -318,7 +446,7 @@ mod tests {
             .expect_err("expired");
         assert!(e.to_string().contains("expired"), "{e}");
         // The expired entry was dropped; a clock set back (the injected one) verifies anew.
-        assert_eq!(f.auth.verified.len(), 0);
+        assert_eq!(f.auth.generation().verified.len(), 0);
         f.auth.authenticate(&token, now()).expect("valid at NOW");
         // Not yet valid: a token remembered at its nbf is refused before it.
         let early = sign_es(
@@ -370,14 +498,14 @@ mod tests {
         assert!(m.contains("signature does not verify"), "{m}");
         // A refusal is never remembered: refused again, and the memo holds the good one only.
         refused(&f.auth, &spliced);
-        assert_eq!(f.auth.verified.len(), 1);
+        assert_eq!(f.auth.generation().verified.len(), 1);
         // The key is revoked: the JWKS without it builds a new authenticator, whose memo is
         // empty, so the token remembered under the old key set is refused.
         let other = ec_key("ec-2");
         let rotated = JwtAuthenticator::new(&cfg(), &jwks(&[&other.jwk]), td()).expect("authn");
         let m = refused(&rotated, &token);
         assert!(m.contains("ec-1"), "{m}");
-        assert_eq!(rotated.verified.len(), 0);
+        assert_eq!(rotated.generation().verified.len(), 0);
         // The other side: a token of the new key passes there, and not under the old set.
         let fresh = sign_es(&other, Some("ec-2"), &claims());
         rotated.authenticate(&fresh, now()).expect("new key");
@@ -386,7 +514,84 @@ mod tests {
         let huge = "a".repeat(MAX_TOKEN_BYTES + 1);
         let m = refused(&f.auth, &huge);
         assert!(m.contains("limit"), "{m}");
-        assert_eq!(f.auth.verified.len(), 1);
+        assert_eq!(f.auth.generation().verified.len(), 1);
+    }
+
+    /// The cluster rotates its signing keys: the file is re-read without a restart. A token of
+    /// a new key is accepted as soon as the file has it (an unknown key re-reads at once); a
+    /// token of a removed key is refused after the next read even though it was memoised;
+    /// an invalid file keeps the keys last read; reads are rate-limited.
+    #[test]
+    fn a_rotated_jwks_file_is_read_again_and_the_memo_follows_it() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("jwks.json");
+        let (old, new) = (ec_key("ec-1"), ec_key("ec-2"));
+        std::fs::write(&path, jwks(&[&old.jwk])).expect("write");
+        let mut c = cfg();
+        c.jwks_file = path.clone();
+        let auth = JwtAuthenticator::from_file(&c, td()).expect("authn");
+        let source = auth.source.as_ref().expect("a file source");
+        const INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+        assert_eq!(source.interval(), INTERVAL);
+        let old_token = sign_es(&old, Some("ec-1"), &claims());
+        let new_token = sign_es(&new, Some("ec-2"), &claims());
+        auth.authenticate(&old_token, now()).expect("old key");
+        assert_eq!(auth.generation().verified.len(), 1);
+        refused(&auth, &new_token);
+
+        // The cluster adds a key: its token re-reads the file at once (2 s after the last read,
+        // well within the 10 s interval; the unknown key's gap is 1 s).
+        std::fs::write(&path, jwks(&[&old.jwk, &new.jwk])).expect("write");
+        source.backdate(std::time::Duration::from_secs(2));
+        auth.authenticate(&new_token, now())
+            .expect("new key after the file changed");
+        auth.authenticate(&old_token, now())
+            .expect("old key still listed");
+        // Then removes the old one: within one interval, the memoised token is refused.
+        std::fs::write(&path, jwks(&[&new.jwk])).expect("write");
+        source.backdate(INTERVAL);
+        let m = refused(&auth, &old_token);
+        assert!(m.contains("not in the configured JWKS"), "{m}");
+        auth.authenticate(&new_token, now()).expect("new key");
+
+        // A broken file (a typo, half a write) keeps the keys last read.
+        for broken in ["{not json", r#"{"keys": []}"#] {
+            std::fs::write(&path, broken).expect("write");
+            source.backdate(INTERVAL);
+            auth.authenticate(&new_token, now()).expect("keys kept");
+        }
+        std::fs::remove_file(&path).expect("remove");
+        source.backdate(INTERVAL);
+        auth.authenticate(&new_token, now())
+            .expect("keys kept without the file");
+
+        // Reads are rate-limited: a change is not seen before the interval is up, however
+        // many unknown-key tokens arrive.
+        std::fs::write(&path, jwks(&[&old.jwk])).expect("write");
+        source.backdate(INTERVAL);
+        auth.authenticate(&old_token, now()).expect("old key back");
+        std::fs::write(&path, jwks(&[&new.jwk])).expect("write");
+        for _ in 0..3 {
+            refused(&auth, &new_token);
+        }
+        auth.authenticate(&old_token, now())
+            .expect("not yet re-read");
+        source.backdate(INTERVAL);
+        auth.authenticate(&new_token, now()).expect("re-read");
+        refused(&auth, &old_token);
+    }
+
+    #[test]
+    fn jwks_refresh_and_an_unreadable_file_are_named() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut c = cfg();
+        c.jwks_file = dir.path().join("missing.json");
+        let e = JwtAuthenticator::from_file(&c, td()).expect_err("missing");
+        assert!(matches!(e, JwtConfigError::Read { .. }), "{e}");
+        assert!(e.to_string().contains("missing.json"), "{e}");
+        c.jwks_refresh = std::time::Duration::from_millis(500);
+        let e = JwtAuthenticator::from_file(&c, td()).expect_err("too short");
+        assert_eq!(e.to_string(), "jwks_refresh 500ms is outside 1s to 1h");
     }
 
     /// The `[auth.kubernetes]` half of `bad_configuration_is_named` (the JWKS half is in

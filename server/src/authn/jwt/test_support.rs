@@ -36,6 +36,7 @@ pub fn cfg() -> KubernetesAuthConfig {
         jwks_file: PathBuf::from("/unused"),
         audiences: vec!["istio-ca".into(), "signet".into()],
         leeway: Duration::from_secs(30),
+        jwks_refresh: Duration::from_secs(10),
     }
 }
 

@@ -80,6 +80,7 @@ mod ca_keys;
 mod crls;
 mod ledger;
 mod nodes;
+mod pins;
 mod revocations;
 
 conformance!(migrations_are_idempotent);
@@ -265,7 +266,9 @@ async fn postgres_that_stops_is_unavailable_within_the_acquire_timeout() {
 /// every part answers through its own narrowed handle.
 #[tokio::test]
 async fn one_store_serves_as_each_of_its_parts() {
-    use crate::store::{AuditStore, CaSlotStore, CertFilter, CrlStore, NodeStore, RevocationStore};
+    use crate::store::{
+        AuditStore, CaSlotStore, CertFilter, CrlStore, NodeStore, PinStore, RevocationStore,
+    };
     let store = connect("sqlite::memory:", ACQUIRE).await.unwrap();
     let ledger: Arc<dyn LedgerStore> = store.clone();
     assert_eq!(
@@ -282,4 +285,6 @@ async fn one_store_serves_as_each_of_its_parts() {
     assert!(nodes.list_nodes().await.unwrap().is_empty());
     let revocations: Arc<dyn RevocationStore> = store.clone();
     assert!(revocations.any_certificate(&CertFilter::Any).await.unwrap());
+    let pins: Arc<dyn PinStore> = store.clone();
+    assert!(pins.deployment_pins().await.unwrap().is_empty());
 }
