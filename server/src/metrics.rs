@@ -42,6 +42,9 @@ pub struct Metrics {
     pub audit_aggregated: Gauge,
     /// Open connections on the gRPC listener (TLS handshakes done).
     pub connections_open: Gauge,
+    /// 1 while the ledger's head does not extend the last signed checkpoint (a rollback:
+    /// `checkpoint.rs`), else 0.
+    pub ledger_rollback: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -119,6 +122,13 @@ impl Metrics {
             "Open connections on the gRPC listener (limits.max_connections caps them)",
             connections_open.clone(),
         );
+        let ledger_rollback = Gauge::default();
+        registry.register(
+            "ledger_rollback",
+            "1 while the ledger head does not extend the last signed checkpoint (rows deleted or \
+             rewritten, the head moved back): no checkpoint is signed",
+            ledger_rollback.clone(),
+        );
         Arc::new(Self {
             registry,
             issuances,
@@ -132,6 +142,7 @@ impl Metrics {
             ledger_failures,
             audit_aggregated,
             connections_open,
+            ledger_rollback,
         })
     }
 

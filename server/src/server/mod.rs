@@ -191,6 +191,7 @@ pub async fn run(
             cfg.checkpoints_dir(),
             cfg.checkpoint.keep,
             audit.clone(),
+            metrics.clone(),
         )
         .with_context(|| format!("checkpoint directory {}", cfg.checkpoints_dir().display()))?,
     );
@@ -422,6 +423,7 @@ pub async fn run(
             store.clone(),
             metrics.clone(),
             Some(ledger_progress.clone()),
+            vec![checkpoints.clone()],
         )
         .merge(crate::checkpoint::routes(checkpoints.clone()))
         .merge(crate::http::crl_router(bundle.clone())),
