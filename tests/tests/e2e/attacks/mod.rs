@@ -15,6 +15,7 @@
 
 mod support;
 
+mod database_ledger_rollback;
 mod database_ledger_tamper;
 mod database_ledger_times;
 mod database_stalls;
