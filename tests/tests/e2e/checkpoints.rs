@@ -349,7 +349,7 @@ async fn checkpoints_catch_a_deleted_tail_and_a_rewritten_history() {
 
     // A checkpoint with a bad signature, or with another key: refused (exit status, reason).
     let mut forged = asked.clone();
-    forged["seq"] = serde_json::json!(n - 2);
+    forged["seq"] = serde_json::json!(n + 1);
     let forged_path = tmp.path().join("forged.json");
     std::fs::write(&forged_path, forged.to_string()).unwrap();
     let (ok, out) = run(
