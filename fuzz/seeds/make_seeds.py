@@ -282,4 +282,29 @@ put("ledger", row(NOW, NOW + 3600, NOW, r1) + b"\xff" + row(NOW, NOW + 3600, NOW
 put("ledger", row(NOW, NOW + 3600, NOW, r1) + b"\xff" + row(NOW, NOW + 3600, NOW, r1[:2] + ["", "web.default.svc"] + r1[4:]))
 put("ledger", row(NOW, NOW + 3600, NOW, r1) + b"\xff" + row(NOW, NOW + 3600, NOW, r1[:2] + ["a,b", ""] + r1[4:]))
 put("ledger", row(-1, 1 << 62, 0, ["", "", "", "", "", "", "", "", ""]))
+
+# ---- ledger checkpoints (signed with the fuzz target's fixed key: seed 32 x 0x07) -------------
+def checkpoint(seq, h, time, prev=None, td="example.org", fmt=None, tamper=None):
+    key = ed25519.Ed25519PrivateKey.from_private_bytes(bytes([7]) * 32)
+    spki = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    version = "v1" if prev is None else "v2"
+    stmt = ("signet-ledger-checkpoint-%s\0" % version).encode() + struct.pack(">Q", len(td)) + td.encode()
+    stmt += struct.pack(">Q", seq) + h + struct.pack(">q", time)
+    if prev is not None: stmt += struct.pack(">Q", prev[0]) + prev[1]
+    doc = {"format": fmt or "signet-ledger-checkpoint-" + version, "trust_domain": td, "seq": seq, "hash": h.hex(), "time": time}
+    if prev is not None: doc.update(previous_seq=prev[0], previous_hash=prev[1].hex())
+    doc.update(key_id=hashlib.sha256(spki).hexdigest(), signature=key.sign(stmt).hex())
+    if tamper: tamper(doc)
+    return json.dumps(doc, separators=(",", ":"))
+Z = bytes(32)
+put("checkpoint", checkpoint(42, bytes([0xab]) * 32, NOW))
+put("checkpoint", checkpoint(42, bytes([0xab]) * 32, NOW, prev=(40, bytes([0xcd]) * 32)))
+put("checkpoint", checkpoint(0, Z, NOW, prev=(0, Z)))
+put("checkpoint", checkpoint(7, bytes([1]) * 32, NOW, prev=(7, bytes([1]) * 32)))
+put("checkpoint", checkpoint(7, bytes([1]) * 32, NOW, prev=(9, bytes([1]) * 32)))
+put("checkpoint", checkpoint(7, bytes([1]) * 32, NOW, prev=(3, bytes([2]) * 32), fmt="signet-ledger-checkpoint-v1"))
+put("checkpoint", checkpoint(7, bytes([1]) * 32, NOW, tamper=lambda d: d.update(previous_seq=1)))
+put("checkpoint", checkpoint(7, bytes([1]) * 32, NOW, prev=(3, bytes([2]) * 32), tamper=lambda d: d.pop("previous_hash")))
+put("checkpoint", checkpoint(7, bytes([1]) * 32, NOW, prev=(3, bytes([2]) * 32), tamper=lambda d: d.update(seq=8)))
+put("checkpoint", checkpoint(2**64 - 1, bytes([0xff]) * 32, -(2**63), prev=(2**64 - 2, Z), td="x" * 300))
 print("seeds written to", CORPUS)

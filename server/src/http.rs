@@ -1,5 +1,6 @@
 //! The HTTP listener: `/healthz` (the process is up), `/readyz` (it can issue: the database
-//! answers and the ledger is making progress), `/metrics` (Prometheus text), and
+//! answers, the ledger is making progress, and every named [`ReadinessCheck`] passes),
+//! `/metrics` (Prometheus text), and
 //! `/crl/<key id>.crl` (the current CRL of that CA key, DER, `application/pkix-crl`; see
 //! [`crl_router`]).
 //!
@@ -24,24 +25,28 @@ use crate::ledger::LedgerProgress;
 use crate::metrics::Metrics;
 use crate::store::LedgerStore;
 
-/// One more thing `/readyz` checks: `Err` says why the server must not take traffic.
-pub type ReadyCheck = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// A named condition `/readyz` checks besides the database and the ledger writer:
+/// `Err(reason)` makes the server not ready, and the answer names the check
+/// (`not ready: <name>: <reason>`).
+pub trait ReadinessCheck: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    fn check(&self) -> Result<(), String>;
+}
 
 #[derive(Clone)]
 struct HttpState {
     store: Arc<dyn LedgerStore>,
     metrics: Arc<Metrics>,
     ledger: Option<Arc<LedgerProgress>>,
-    checks: Vec<ReadyCheck>,
+    checks: Arc<[Arc<dyn ReadinessCheck>]>,
 }
 
-/// The router, with `/readyz` also checking the ledger writer's progress and `checks` (the
-/// CA's key slots, …).
+/// The router, with `/readyz` also checking the ledger writer's progress and `checks`.
 pub fn router_with(
     store: Arc<dyn LedgerStore>,
     metrics: Arc<Metrics>,
     ledger: Option<Arc<LedgerProgress>>,
-    checks: Vec<ReadyCheck>,
+    checks: Vec<Arc<dyn ReadinessCheck>>,
 ) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
@@ -51,7 +56,7 @@ pub fn router_with(
             store,
             metrics,
             ledger,
-            checks,
+            checks: checks.into(),
         })
 }
 
@@ -100,12 +105,13 @@ async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
             format!("not ready: {why}\n"),
         );
     }
-    let failed: Vec<String> = s.checks.iter().filter_map(|c| c().err()).collect();
-    if !failed.is_empty() {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {}\n", failed.join("; ")),
-        );
+    for c in s.checks.iter() {
+        if let Err(why) = c.check() {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {}: {why}\n", c.name()),
+            );
+        }
     }
     match tokio::time::timeout(Duration::from_secs(2), s.store.ping()).await {
         Ok(Ok(())) => (StatusCode::OK, "ready\n".to_owned()),
@@ -149,4 +155,65 @@ pub async fn serve(
         shutdown,
     )
     .await
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::sync::Mutex;
+
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::store::SqliteStore;
+
+    /// A check whose answer the test sets.
+    struct Switch(Mutex<Result<(), String>>);
+
+    impl ReadinessCheck for Switch {
+        fn name(&self) -> &'static str {
+            "switch"
+        }
+        fn check(&self) -> Result<(), String> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    #[tokio::test]
+    async fn readyz_names_a_failing_check_and_recovers_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = signet_testutil::sqlite_url(dir.path());
+        let store: Arc<dyn LedgerStore> = Arc::new(
+            SqliteStore::connect(&url, Duration::from_secs(5))
+                .await
+                .unwrap(),
+        );
+        let switch = Arc::new(Switch(Mutex::new(Err("the head went back".into()))));
+        let router = router_with(store, Metrics::new(), None, vec![switch.clone()]);
+        let readyz = || async {
+            let resp = router
+                .clone()
+                .oneshot(
+                    axum::http::Request::get("/readyz")
+                        .body(axum::body::Body::empty())
+                        .unwrap(),
+                )
+                .await
+                .unwrap();
+            let status = resp.status();
+            let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+                .await
+                .unwrap();
+            (status, String::from_utf8(body.to_vec()).unwrap())
+        };
+        assert_eq!(
+            readyz().await,
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not ready: switch: the head went back\n".to_owned()
+            )
+        );
+        *switch.0.lock().unwrap() = Ok(());
+        assert_eq!(readyz().await, (StatusCode::OK, "ready\n".to_owned()));
+    }
 }

@@ -44,6 +44,9 @@ pub struct Metrics {
     pub connections_open: Gauge,
     /// Live CA key slots the database holds that failed vetting (trusted nowhere).
     pub ca_slots_rejected: Gauge,
+    /// 1 while the ledger's head does not extend the last signed checkpoint (a rollback:
+    /// `checkpoint.rs`), else 0.
+    pub ledger_rollback: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -127,6 +130,13 @@ impl Metrics {
             "Live CA key slots in the database that fail vetting and are trusted nowhere (see signetctl ca status)",
             ca_slots_rejected.clone(),
         );
+        let ledger_rollback = Gauge::default();
+        registry.register(
+            "ledger_rollback",
+            "1 while the ledger head does not extend the last signed checkpoint (rows deleted or \
+             rewritten, the head moved back): no checkpoint is signed",
+            ledger_rollback.clone(),
+        );
         Arc::new(Self {
             registry,
             issuances,
@@ -141,6 +151,7 @@ impl Metrics {
             audit_aggregated,
             connections_open,
             ca_slots_rejected,
+            ledger_rollback,
         })
     }
 

@@ -172,6 +172,41 @@ pub fn ledger(data: &[u8]) {
     );
 }
 
+/// `checkpoint::SignedCheckpoint::from_json` (a checkpoint file or `/checkpoint` answer, which
+/// an auditor fetches from anywhere) and its verification with a fixed key: whatever parses
+/// prints back to JSON that parses to the same value; a version 2 checkpoint never names a
+/// previous checkpoint above itself; a parsed checkpoint whose signature verifies with the
+/// fixed key only when the fuzzer found a genuine one, which (the key's seed being public
+/// here) re-signing reproduces exactly.
+pub fn checkpoint(data: &[u8]) {
+    use crate::checkpoint::{PublicKey, SignedCheckpoint, sign};
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(cp) = SignedCheckpoint::from_json(text) else {
+        return;
+    };
+    let again = SignedCheckpoint::from_json(&cp.to_json()).expect("printed checkpoint parses");
+    assert_eq!(again, cp, "parse → print → parse is the identity");
+    if let Some(p) = cp.head.previous {
+        assert!(
+            p.seq < cp.head.seq || p == cp.head.mark(),
+            "a checkpoint names a previous one above itself"
+        );
+    }
+    let Ok(key) = ring::signature::Ed25519KeyPair::from_seed_unchecked(&[7; 32]) else {
+        return;
+    };
+    let Ok(public) = PublicKey::from_raw(ring::signature::KeyPair::public_key(&key).as_ref())
+    else {
+        return;
+    };
+    if let Ok(v) = public.verify(&cp) {
+        assert_eq!(v.head(), &cp.head);
+        assert_eq!(sign(&key, cp.head.clone()).signature, cp.signature);
+    }
+}
+
 pub mod replay {
     //! Replays the committed corpora and regressions (`fuzz/` at the workspace root); every
     //! crate's `fuzz_corpora_replay` test uses it.
@@ -223,6 +258,34 @@ mod tests {
         );
         assert!(replay("pem", super::pem) > 0, "pem corpus");
         assert!(replay("ledger", super::ledger) > 0, "ledger corpus");
+        assert!(
+            replay("checkpoint", super::checkpoint) > 0,
+            "checkpoint corpus"
+        );
+    }
+
+    /// The checkpoint corpus holds genuinely signed checkpoints of both versions (signed with
+    /// the target's fixed key), so the fuzzer starts past the signature check.
+    #[test]
+    fn checkpoint_corpus_has_genuine_checkpoints() {
+        use crate::checkpoint::{PublicKey, SignedCheckpoint};
+        let key = ring::signature::Ed25519KeyPair::from_seed_unchecked(&[7; 32]).unwrap();
+        let public =
+            PublicKey::from_raw(ring::signature::KeyPair::public_key(&key).as_ref()).unwrap();
+        let genuine: Vec<_> = super::replay::inputs("checkpoint")
+            .into_iter()
+            .filter_map(|(_, d)| SignedCheckpoint::from_json(std::str::from_utf8(&d).ok()?).ok())
+            .filter(|c| public.verify(c).is_ok())
+            .map(|c| c.head.format())
+            .collect();
+        assert!(
+            genuine.contains(&crate::checkpoint::FORMAT_V1),
+            "{genuine:?}"
+        );
+        assert!(
+            genuine.contains(&crate::checkpoint::FORMAT_V2),
+            "{genuine:?}"
+        );
     }
 
     #[test]

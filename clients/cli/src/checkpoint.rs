@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use anyhow::{Context, anyhow, bail};
 use clap::Subcommand;
 use signet_client::admin::{LedgerAdminClient, LedgerCheckpoint};
-use signet_types::checkpoint::{PublicKey, SignedCheckpoint};
+use signet_types::checkpoint::{Head, Mark, PublicKey, SignedCheckpoint};
 use signet_types::ledger::{GENESIS, Hash};
 
 use crate::{call_err, rfc3339, write_replacing};
@@ -125,6 +125,8 @@ pub(crate) async fn run(socket: &Path, cmd: CheckpointCmd) -> anyhow::Result<Exi
 struct Expected {
     /// How to name it in a report (`checkpoint FILE (…)` or `--expect-head …`).
     what: String,
+    /// Not listed in the success report (a point of the chain of checkpoints, summed up there).
+    quiet: bool,
     seq: u64,
     hash: Hash,
 }
@@ -158,6 +160,7 @@ fn verify_checkpoint(
         );
     }
     Ok(Expected {
+        quiet: false,
         what: format!(
             "checkpoint {name} (row {}, signed {} by key {})",
             h.seq,
@@ -220,6 +223,111 @@ pub(crate) async fn load_start(
     })
 }
 
+/// One checkpoint of the server's list, verified.
+#[derive(Debug, Clone)]
+pub(crate) struct Link {
+    /// How to name it in a report.
+    pub(crate) what: String,
+    pub(crate) head: Head,
+}
+
+/// The newest `depth` checkpoints the server keeps, each verified with `key` and for
+/// `trust_domain`: a checkpoint that does not verify is refused (an error naming it).
+pub(crate) async fn load_chain(
+    socket: &Path,
+    key_path: &Path,
+    trust_domain: &str,
+    depth: u32,
+) -> anyhow::Result<Vec<Link>> {
+    let pem = std::fs::read(key_path)
+        .with_context(|| format!("reading checkpoint key {}", key_path.display()))?;
+    let key = PublicKey::from_pem(&pem)
+        .map_err(|e| anyhow!("checkpoint key {}: {e}", key_path.display()))?;
+    let listed = client(socket)
+        .await?
+        .checkpoints(depth)
+        .await
+        .map_err(|e| call_err("list checkpoints", &e))?;
+    let mut out = Vec::with_capacity(listed.len());
+    for cp in listed {
+        let name = format!("of row {} ({})", cp.seq, cp.path);
+        let signed = SignedCheckpoint::from_json(cp.json.trim())
+            .map_err(|e| anyhow!("checkpoint {name}: {e}"))?;
+        let v = key
+            .verify(&signed)
+            .map_err(|e| anyhow!("checkpoint {name} refused: {e}"))?;
+        if v.head().trust_domain != trust_domain {
+            bail!(
+                "checkpoint {name} is for trust domain {:?}, but this server's is {trust_domain:?}",
+                v.head().trust_domain
+            );
+        }
+        out.push(Link {
+            what: format!("checkpoint {name}, signed {}", rfc3339(v.head().time)),
+            head: v.head().clone(),
+        });
+    }
+    Ok(out)
+}
+
+/// Checks a chain of verified checkpoints (any order): in signing order (time, then seq) the
+/// seq never decreases and a checkpoint of the same row has the same hash; a version 2
+/// checkpoint's `previous` is not below the checkpoint signed before it, and is that very
+/// checkpoint when at its row (above it: a checkpoint of another replica in between). Returns
+/// the points the ledger must still hold: every checkpoint's head and every `previous`, each
+/// once, named; or what is wrong.
+pub(crate) fn check_chain(links: &[Link]) -> Result<Vec<(String, Mark)>, String> {
+    let mut order: Vec<&Link> = links.iter().collect();
+    order.sort_by_key(|l| (l.head.time, l.head.seq));
+    for pair in order.windows(2) {
+        let (older, newer) = (pair[0], pair[1]);
+        let (o, n) = (older.head.mark(), newer.head.mark());
+        if n.seq < o.seq {
+            return Err(format!(
+                "the checkpoints went back: {} is at row {}, below {} at row {} signed before                  it: the ledger's head was moved back between them (rows deleted)",
+                newer.what, n.seq, older.what, o.seq
+            ));
+        }
+        if n.seq == o.seq && n.hash != o.hash {
+            return Err(format!(
+                "{} and {} are both at row {} with different hashes: the ledger's history up to                  it was rewritten between them",
+                older.what, newer.what, n.seq
+            ));
+        }
+        if let Some(p) = newer.head.previous {
+            if p.seq < o.seq {
+                return Err(format!(
+                    "{} names as the checkpoint it extends row {}, but {} at row {} was signed                      before it: it was signed without extending that one (the ledger was                      rolled back and a server without a record of the later checkpoint signed)",
+                    newer.what, p.seq, older.what, o.seq
+                ));
+            }
+            if p.seq == o.seq && p.hash != o.hash {
+                return Err(format!(
+                    "{} names as the checkpoint it extends row {} with hash {}, but {} has hash                      {} there: the history up to it was rewritten",
+                    newer.what,
+                    p.seq,
+                    hex::encode(p.hash),
+                    older.what,
+                    hex::encode(o.hash)
+                ));
+            }
+        }
+    }
+    let mut marks: Vec<(String, Mark)> = Vec::new();
+    for l in &order {
+        let mut add = |what: String, m: Mark| {
+            if !marks.iter().any(|(_, x)| *x == m) {
+                marks.push((what, m));
+            }
+        };
+        add(l.what.clone(), l.head.mark());
+        if let Some(p) = l.head.previous {
+            add(format!("the checkpoint {} extends", l.what), p);
+        }
+    }
+    Ok(marks)
+}
+
 /// Parses `SEQ:HASH` (HASH: 64 hex digits).
 pub(crate) fn parse_expect_head(s: &str) -> anyhow::Result<(u64, Hash)> {
     let (seq, hash) = s
@@ -267,12 +375,23 @@ impl Expectations {
         for s in expect_heads {
             let (seq, hash) = parse_expect_head(s)?;
             items.push(Expected {
+                quiet: false,
                 what: format!("--expect-head {seq}:{}", hex::encode(hash)),
                 seq,
                 hash,
             });
         }
         Ok(Self { items })
+    }
+
+    /// Adds a point the chain must contain (from the chain of checkpoints).
+    pub(crate) fn push(&mut self, what: String, mark: Mark) {
+        self.items.push(Expected {
+            what,
+            quiet: true,
+            seq: mark.seq,
+            hash: mark.hash,
+        });
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -322,7 +441,11 @@ impl Expectations {
 
     /// What was checked, for the success report.
     pub(crate) fn checked(&self) -> Vec<String> {
-        self.items.iter().map(|e| e.what.clone()).collect()
+        self.items
+            .iter()
+            .filter(|e| !e.quiet)
+            .map(|e| e.what.clone())
+            .collect()
     }
 }
 
@@ -348,5 +471,62 @@ mod tests {
         let err = e.finish(3).unwrap_err();
         assert!(err.contains("rows 4..=5 were deleted"), "{err}");
         assert!(Expectations::load(&[PathBuf::from("x")], None, &[], "x").is_err());
+    }
+
+    fn link(seq: u64, hash: u8, time: i64, previous: Option<(u64, u8)>) -> Link {
+        Link {
+            what: format!("checkpoint {seq}@{time}"),
+            head: Head {
+                trust_domain: "example.org".into(),
+                seq,
+                hash: [hash; 32],
+                time,
+                previous: previous.map(|(seq, h)| Mark {
+                    seq,
+                    hash: if seq == 0 { GENESIS } else { [h; 32] },
+                }),
+            },
+        }
+    }
+
+    #[test]
+    fn a_chain_of_checkpoints_links_up_or_says_where_it_breaks() {
+        // A v1 checkpoint, then v2 ones each extending the one before, listed newest first.
+        let good = vec![
+            link(9, 9, 40, Some((7, 7))),
+            link(7, 7, 30, Some((5, 5))),
+            link(5, 5, 20, Some((3, 3))),
+            link(3, 3, 10, None),
+        ];
+        let marks = check_chain(&good).unwrap();
+        let seqs: Vec<u64> = marks.iter().map(|(_, m)| m.seq).collect();
+        assert_eq!(seqs, [3, 5, 7, 9], "each point once, oldest first");
+        // The first checkpoint ever (previous: the empty ledger) and an unchanged head.
+        let first = vec![link(2, 2, 5, Some((0, 0))), link(2, 2, 6, Some((2, 2)))];
+        assert!(check_chain(&first).is_ok());
+        // Another replica's checkpoint in between (previous above the one before): linked.
+        let replicas = vec![link(3, 3, 10, None), link(9, 9, 40, Some((6, 6)))];
+        let marks = check_chain(&replicas).unwrap();
+        assert!(
+            marks
+                .iter()
+                .any(|(w, m)| m.seq == 6 && w.contains("extends"))
+        );
+
+        // A checkpoint of a shorter head signed after a longer one: the head went back.
+        let err = check_chain(&[link(7, 7, 30, None), link(4, 4, 40, Some((0, 0)))]).unwrap_err();
+        assert!(err.contains("went back") && err.contains("row 4"), "{err}");
+        // Same row, another hash.
+        let err = check_chain(&[link(7, 7, 30, None), link(7, 8, 40, Some((7, 7)))]).unwrap_err();
+        assert!(err.contains("different hashes"), "{err}");
+        // Longer again, but not extending the one before (signed with no record of it).
+        let err = check_chain(&[link(7, 7, 30, None), link(9, 9, 40, Some((0, 0)))]).unwrap_err();
+        assert!(err.contains("without extending"), "{err}");
+        // Extending the row before with another hash: rewritten.
+        let err = check_chain(&[link(7, 7, 30, None), link(9, 9, 40, Some((7, 1)))]).unwrap_err();
+        assert!(err.contains("rewritten"), "{err}");
+        // Empty and single chains are fine.
+        assert!(check_chain(&[]).unwrap().is_empty());
+        assert_eq!(check_chain(&good[..1]).unwrap().len(), 2);
     }
 }

@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use anyhow::anyhow;
 use clap::Subcommand;
 use signet_client::proto::admin::{GetLedgerHeadRequest, StreamLedgerRequest};
-use signet_types::ledger::{Hash, LedgerEntry, Verifier};
+use signet_types::ledger::{GENESIS, Hash, LedgerEntry, Verifier};
 
 use crate::{admin, checkpoint, revoke, status_err};
 
@@ -45,9 +45,15 @@ pub(crate) enum LedgerCmd {
         expect_heads: Vec<String>,
         /// Verify only the rows after a signed checkpoint, chaining from its hash: `latest`,
         /// a checkpoint's seq (`ledger checkpoint list`), or a checkpoint file. Needs
-        /// --checkpoint-key.
+        /// --checkpoint-key. Also checks the chain of the checkpoints the server keeps
+        /// (see --chain-depth).
         #[arg(long, value_name = "latest|SEQ|FILE")]
         from_checkpoint: Option<String>,
+        /// With --from-checkpoint: how many of the server's newest checkpoints must form one
+        /// chain (seqs never going back, each extending the one before) whose rows the ledger
+        /// still holds with their hashes; 0 skips that check.
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        chain_depth: u32,
     },
     /// Signed checkpoints of the ledger's head.
     Checkpoint {
@@ -68,9 +74,15 @@ pub(crate) async fn ledger_verify(
     json: bool,
     expect: &checkpoint::Expectations,
     start: Option<&checkpoint::Start>,
+    chain: Option<&[checkpoint::Link]>,
 ) -> anyhow::Result<ExitCode> {
     let started = std::time::Instant::now();
-    let report = verify_ledger_from(socket, expect, start).await?;
+    let mut expect = expect.clone();
+    let report = match chain_checked(socket, &mut expect, start, chain).await? {
+        Ok(()) => verify_ledger_from(socket, &expect, start).await?,
+        Err(why) => Err(why),
+    };
+    let chained = chain.map_or(0, <[_]>::len);
     if let Ok(n) = &report {
         let secs = started.elapsed().as_secs_f64();
         eprintln!(
@@ -83,13 +95,19 @@ pub(crate) async fn ledger_verify(
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({"ok": true, "rows": n, "from_checkpoint": s.what, "from_seq": s.seq, "consistent_with": expect.checked()})
+                    serde_json::json!({"ok": true, "rows": n, "from_checkpoint": s.what, "from_seq": s.seq, "checkpoint_chain": chained, "consistent_with": expect.checked()})
                 );
             } else {
                 println!(
                     "ledger OK: {n} rows after {} verified, hash chain intact up to the head",
                     s.what
                 );
+                if chained > 0 {
+                    println!(
+                        "  checkpoint chain: the newest {chained} checkpoints extend one another \
+                         and the ledger still holds each one's row"
+                    );
+                }
                 for what in expect.checked() {
                     println!("  consistent with {what}");
                 }
@@ -121,6 +139,100 @@ pub(crate) async fn ledger_verify(
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// The chain of checkpoints (`chain`, verified) checked: linked ([`checkpoint::check_chain`]),
+/// and the ledger still holds every point of it: those after `start` are added to `expect`
+/// (checked as the rows stream), those up to it are read and their hashes recomputed here.
+/// Ok(Err(what is wrong)) when not.
+async fn chain_checked(
+    socket: &Path,
+    expect: &mut checkpoint::Expectations,
+    start: Option<&checkpoint::Start>,
+    chain: Option<&[checkpoint::Link]>,
+) -> anyhow::Result<Result<(), String>> {
+    let Some(links) = chain else {
+        return Ok(Ok(()));
+    };
+    let marks = match checkpoint::check_chain(links) {
+        Ok(m) => m,
+        Err(why) => return Ok(Err(why)),
+    };
+    let (from, from_hash) = start.map_or((0, GENESIS), |s| (s.seq, s.hash));
+    let mut client = admin(socket).await?;
+    for (what, mark) in marks {
+        if mark.seq > from {
+            expect.push(what, mark);
+            continue;
+        }
+        let held = if mark.seq == from {
+            Ok(from_hash)
+        } else {
+            held_hash(&mut client, socket, mark.seq).await?
+        };
+        match held {
+            Ok(h) if h == mark.hash => {}
+            Ok(h) => {
+                return Ok(Err(format!(
+                    "row {}: the ledger's hash there is {}, but {what} says {}: the history up \
+                     to row {} was rewritten",
+                    mark.seq,
+                    hex::encode(h),
+                    hex::encode(mark.hash),
+                    mark.seq
+                )));
+            }
+            Err(why) => return Ok(Err(format!("{why} ({what} is at that row)"))),
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// The hash of row `seq` as recomputed from what it stores (a certificate or an event;
+/// [`GENESIS`] at 0); Ok(Err(why)) when the row is gone or does not hash to what it stores.
+async fn held_hash(
+    client: &mut signet_client::proto::admin::admin_client::AdminClient<tonic::transport::Channel>,
+    socket: &Path,
+    seq: u64,
+) -> anyhow::Result<Result<Hash, String>> {
+    let Some(before) = seq.checked_sub(1) else {
+        return Ok(Ok(GENESIS));
+    };
+    let row = client
+        .stream_ledger(StreamLedgerRequest {
+            after_seq: before,
+            up_to_seq: seq,
+        })
+        .await
+        .map_err(|s| status_err("ledger", s))?
+        .into_inner()
+        .message()
+        .await
+        .map_err(|s| status_err("ledger stream", s))?;
+    if let Some(r) = row.filter(|r| r.seq == seq) {
+        let (row, prev, hash) = entry_of(r)?;
+        if signet_types::ledger::sha256(&row.cert_der) != row.entry.cert_sha256
+            || signet_types::ledger::chain_hash(&prev, &row.entry) != hash
+        {
+            return Ok(Err(format!(
+                "row {seq} does not hash to what it stores (altered)"
+            )));
+        }
+        return Ok(Ok(hash));
+    }
+    let mut events = revoke::Events::open_after(socket, before, seq).await?;
+    if let Some(e) = events.next_before(u64::MAX).await?
+        && e.seq == seq
+    {
+        let (event, prev, hash) = revoke::event_of(&e)?;
+        if signet_types::ledger::event_hash(&prev, &event) != hash {
+            return Ok(Err(format!(
+                "row {seq} (an event) does not hash to what it stores (altered)"
+            )));
+        }
+        return Ok(Ok(hash));
+    }
+    Ok(Err(format!("row {seq} is gone from the ledger (deleted)")))
 }
 
 /// Ok(Ok(rows)) when intact, Ok(Err(where it breaks)) when not.

@@ -225,10 +225,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     checkpoint_key,
                     expect_heads,
                     from_checkpoint,
+                    chain_depth,
                 },
         } => {
-            let start = match &from_checkpoint {
-                None => None,
+            let (start, chain) = match &from_checkpoint {
+                None => (None, None),
                 Some(which) => {
                     let key = checkpoint_key.as_deref().ok_or_else(|| {
                         anyhow::anyhow!("--from-checkpoint needs --checkpoint-key PUBKEY.pem")
@@ -240,7 +241,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         .map_err(|e| call_err("bundle", &e))?
                         .trust_domain
                         .to_string();
-                    Some(checkpoint::load_start(&cli.socket, which, key, &td).await?)
+                    let start = checkpoint::load_start(&cli.socket, which, key, &td).await?;
+                    let chain = if chain_depth == 0 {
+                        None
+                    } else {
+                        Some(checkpoint::load_chain(&cli.socket, key, &td, chain_depth).await?)
+                    };
+                    (Some(start), chain)
                 }
             };
             // The key was for the start point: --checkpoint files are optional with it.
@@ -266,7 +273,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     &td,
                 )?
             };
-            ledger_verify(&cli.socket, json, &expect, start.as_ref()).await
+            ledger_verify(&cli.socket, json, &expect, start.as_ref(), chain.as_deref()).await
         }
         Cmd::Ledger {
             cmd: LedgerCmd::Checkpoint { cmd },

@@ -31,6 +31,11 @@ impl From<CheckpointError> for ApiError {
     fn from(e: CheckpointError) -> Self {
         match e {
             CheckpointError::Store(s) => ApiError::from(s),
+            // The head does not extend the last checkpoint: the message says what was found
+            // and what to do; signing it anyway is exactly what must not happen.
+            rollback @ CheckpointError::Rollback(_) => {
+                ApiError::FailedPrecondition(rollback.to_string())
+            }
             other => {
                 tracing::error!(error = %other, "checkpoint");
                 ApiError::Internal("checkpoint".into())
@@ -42,7 +47,7 @@ impl From<CheckpointError> for ApiError {
 fn to_proto(s: &Stored) -> PbCheckpoint {
     let c = &s.checkpoint;
     PbCheckpoint {
-        format: signet_types::checkpoint::FORMAT.into(),
+        format: c.head.format().into(),
         trust_domain: c.head.trust_domain.clone(),
         seq: c.head.seq,
         hash: c.head.hash.to_vec(),
@@ -145,6 +150,7 @@ mod tests {
             dir.path().join("checkpoints"),
             100,
             AuditLog::spawn(store, 64),
+            crate::metrics::Metrics::new(),
         )
         .unwrap();
         let clock = Arc::new(FakeClock::at_unix(1_800_000_000));

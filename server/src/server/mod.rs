@@ -191,6 +191,7 @@ pub async fn run(
             cfg.checkpoints_dir(),
             cfg.checkpoint.keep,
             audit.clone(),
+            metrics.clone(),
         )
         .with_context(|| format!("checkpoint directory {}", cfg.checkpoints_dir().display()))?,
     );
@@ -434,10 +435,11 @@ pub async fn run(
             store.clone(),
             metrics.clone(),
             Some(ledger_progress.clone()),
-            vec![{
-                let manager = manager.clone();
-                Arc::new(move || manager.view().readiness()) as crate::http::ReadyCheck
-            }],
+            vec![
+                Arc::new(crate::ca::manager::CaReadiness(manager.clone()))
+                    as Arc<dyn crate::http::ReadinessCheck>,
+                checkpoints.clone(),
+            ],
         )
         .merge(crate::checkpoint::routes(checkpoints.clone()))
         .merge(crate::http::crl_router(bundle.clone())),

@@ -30,6 +30,15 @@ pub trait AuditStore: Send + Sync + 'static {
 
     /// Events with `id > after_id`, ascending, at most `limit`.
     async fn audit_events(&self, after_id: u64, limit: u32) -> Result<Vec<AuditEvent>, StoreError>;
+
+    /// The newest `limit` events of one of `kinds` among the newest `window` events (by id),
+    /// newest first: a backward walk of the primary key, bounded whatever the table holds.
+    async fn newest_audit_events(
+        &self,
+        kinds: &[&str],
+        window: u32,
+        limit: u32,
+    ) -> Result<Vec<AuditEvent>, StoreError>;
 }
 
 /// Inserts one event (`$1`..`$4`: at, kind, caller, detail), for the row-by-row inserts: SQLite's
@@ -95,6 +104,38 @@ macro_rules! impl_audit_store {
                 .fetch_all(&self.pool)
                 .await
                 .map_err($map)?;
+                found
+                    .into_iter()
+                    .map($crate::store::audit::AuditEvent::try_from)
+                    .collect()
+            }
+
+            async fn newest_audit_events(
+                &self,
+                kinds: &[&str],
+                window: u32,
+                limit: u32,
+            ) -> Result<Vec<$crate::store::audit::AuditEvent>, StoreError> {
+                use $crate::store::rows;
+                if kinds.is_empty() || limit == 0 {
+                    return Ok(Vec::new());
+                }
+                // `kind IN ($3, $4, …)`; `$1` is the window, `$2` the limit.
+                let placeholders: Vec<String> =
+                    (0..kinds.len()).map(|i| format!("${}", i + 3)).collect();
+                let sql = format!(
+                    "SELECT id, at, kind, caller, detail FROM audit_events \
+                     WHERE id > (SELECT COALESCE(MAX(id), 0) FROM audit_events) - $1 \
+                     AND kind IN ({}) ORDER BY id DESC LIMIT $2",
+                    placeholders.join(", ")
+                );
+                let mut q = sqlx::query_as::<_, $crate::store::audit::DbAuditEvent>(&sql)
+                    .bind(rows::limit(window))
+                    .bind(rows::limit(limit));
+                for k in kinds {
+                    q = q.bind(*k);
+                }
+                let found = q.fetch_all(&self.pool).await.map_err($map)?;
                 found
                     .into_iter()
                     .map($crate::store::audit::AuditEvent::try_from)

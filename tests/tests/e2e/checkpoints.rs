@@ -149,12 +149,14 @@ fn from_hex(s: &str) -> Vec<u8> {
 /// has `openssl pkeyutl -verify` check the signature with the public key file.
 fn openssl_verifies(cp: &serde_json::Value, key: &Path, dir: &Path) {
     let td = cp["trust_domain"].as_str().unwrap().as_bytes();
-    let mut stmt = b"signet-ledger-checkpoint-v1\0".to_vec();
+    let mut stmt = b"signet-ledger-checkpoint-v2\0".to_vec();
     stmt.extend_from_slice(&(td.len() as u64).to_be_bytes());
     stmt.extend_from_slice(td);
     stmt.extend_from_slice(&cp["seq"].as_u64().unwrap().to_be_bytes());
     stmt.extend_from_slice(&from_hex(cp["hash"].as_str().unwrap()));
     stmt.extend_from_slice(&cp["time"].as_i64().unwrap().to_be_bytes());
+    stmt.extend_from_slice(&cp["previous_seq"].as_u64().unwrap().to_be_bytes());
+    stmt.extend_from_slice(&from_hex(cp["previous_hash"].as_str().unwrap()));
     let (stmt_path, sig_path) = (dir.join("statement.bin"), dir.join("signature.bin"));
     std::fs::write(&stmt_path, &stmt).unwrap();
     std::fs::write(&sig_path, from_hex(cp["signature"].as_str().unwrap())).unwrap();
@@ -209,7 +211,7 @@ async fn checkpoints_catch_a_deleted_tail_and_a_rewritten_history() {
     let (seq0, _) = head(&mut db).await;
     let first = poll("the first checkpoint", || files(&server.data_dir).pop()).await;
     assert_eq!(first.1["seq"], seq0);
-    assert_eq!(first.1["format"], "signet-ledger-checkpoint-v1");
+    assert_eq!(first.1["format"], "signet-ledger-checkpoint-v2");
     assert_eq!(first.1["trust_domain"], server.trust_domain.as_str());
 
     // On schedule: the head moved, a new checkpoint at the new head; then none while it rests.
@@ -347,7 +349,7 @@ async fn checkpoints_catch_a_deleted_tail_and_a_rewritten_history() {
 
     // A checkpoint with a bad signature, or with another key: refused (exit status, reason).
     let mut forged = asked.clone();
-    forged["seq"] = serde_json::json!(n - 2);
+    forged["seq"] = serde_json::json!(n + 1);
     let forged_path = tmp.path().join("forged.json");
     std::fs::write(&forged_path, forged.to_string()).unwrap();
     let (ok, out) = run(
@@ -428,21 +430,15 @@ async fn checkpoints_catch_a_deleted_tail_and_a_rewritten_history() {
         "{out}"
     );
 
-    // 2. Separately: the last rows deleted and the head moved back. A checkpoint of the
-    // (rewritten, now current) head catches it: the chain ends before its row.
-    let cp_r = tmp.path().join("cp-rewritten.json");
-    let (ok, text) = run(
-        &server,
-        &[
-            "ledger",
-            "checkpoint",
-            "create",
-            "--out",
-            cp_r.to_str().unwrap(),
-        ],
+    // The server does not sign the rewritten head: it does not extend its last checkpoint.
+    let (ok, text) = run(&server, &["ledger", "checkpoint", "create"]);
+    assert!(
+        !ok && text.contains("ledger rollback detected") && text.contains(&format!("row {n}")),
+        "{text}"
     );
-    assert!(ok, "{text}");
-    let expect_r = format!("{n}:{}", to_hex(&rewritten_hash));
+
+    // 2. Then the last rows deleted and the head moved back: the checkpoint of row n (taken
+    // before the rewrite) catches it: the chain ends before its row.
     let keep = n - 2;
     sqlx::query("DELETE FROM certificates WHERE seq > $1")
         .bind(keep as i64)
@@ -469,7 +465,7 @@ async fn checkpoints_catch_a_deleted_tail_and_a_rewritten_history() {
             "ledger",
             "verify",
             "--checkpoint",
-            cp_r.to_str().unwrap(),
+            cp_s,
             "--checkpoint-key",
             key_s,
         ],
@@ -480,7 +476,7 @@ async fn checkpoints_catch_a_deleted_tail_and_a_rewritten_history() {
             && out.contains(&format!("rows {}..={n} were deleted", keep + 1)),
         "{out}"
     );
-    let (ok, out) = run(&server, &["ledger", "verify", "--expect-head", &expect_r]);
+    let (ok, out) = run(&server, &["ledger", "verify", "--expect-head", &expect_n]);
     assert!(!ok && out.contains("were deleted"), "{out}");
 
     server.stop().await;

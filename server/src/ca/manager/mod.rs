@@ -204,6 +204,19 @@ impl CaView {
     }
 }
 
+/// `/readyz`'s check of the CA key slots ([`CaView::readiness`]).
+pub struct CaReadiness(pub Arc<CaManager>);
+
+impl crate::http::ReadinessCheck for CaReadiness {
+    fn name(&self) -> &'static str {
+        "ca_slots"
+    }
+
+    fn check(&self) -> Result<(), String> {
+        self.0.view().readiness()
+    }
+}
+
 type Listener = Box<dyn Fn(&Arc<CaView>) + Send + Sync>;
 
 struct Plugged {

@@ -6,7 +6,10 @@ use std::collections::BTreeSet;
 use super::Db;
 use crate::store::AuditEvent;
 
-conformance!(audit_events_round_trip_with_paging,);
+conformance!(
+    audit_events_round_trip_with_paging,
+    newest_audit_event_of_kinds_within_a_window,
+);
 
 async fn audit_events_round_trip_with_paging(db: Db) {
     db.store.record_audit_events(&[]).await.unwrap();
@@ -48,4 +51,81 @@ async fn audit_events_round_trip_with_paging(db: Db) {
             (want.at, &want.kind, &want.caller, &want.detail)
         );
     }
+}
+
+async fn newest_audit_event_of_kinds_within_a_window(db: Db) {
+    let kinds = ["ledger.checkpoint", "admin.ledger_checkpoint"];
+    let details =
+        |events: Vec<AuditEvent>| -> Vec<String> { events.into_iter().map(|e| e.detail).collect() };
+    assert!(
+        db.store
+            .newest_audit_events(&kinds, 100, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let event = |kind: &str, i: usize| AuditEvent {
+        id: 0,
+        at: 1_700_000_000 + i as i64,
+        kind: kind.into(),
+        caller: "server".into(),
+        detail: format!("d{i}"),
+    };
+    db.store
+        .record_audit_events(&[
+            event("ledger.checkpoint", 0),
+            event("admin.ledger_checkpoint", 1),
+            event("ledger.checkpoint", 2),
+            event("issue.denied", 3),
+            event("issue.denied", 4),
+        ])
+        .await
+        .unwrap();
+    // Newest first, of the kinds asked, at most `limit`.
+    assert_eq!(
+        details(db.store.newest_audit_events(&kinds, 100, 10).await.unwrap()),
+        ["d2", "d1", "d0"]
+    );
+    let newest = db.store.newest_audit_events(&kinds, 100, 1).await.unwrap();
+    assert_eq!(newest.len(), 1);
+    assert_eq!(
+        (newest[0].kind.as_str(), newest[0].detail.as_str()),
+        ("ledger.checkpoint", "d2")
+    );
+    assert_eq!(
+        details(
+            db.store
+                .newest_audit_events(&["admin.ledger_checkpoint"], 100, 10)
+                .await
+                .unwrap()
+        ),
+        ["d1"]
+    );
+    // Only the newest `window` events are searched: the two denials hide the checkpoints
+    // from a window of 2, not all of them from one of 4.
+    assert!(
+        db.store
+            .newest_audit_events(&kinds, 2, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        details(db.store.newest_audit_events(&kinds, 4, 10).await.unwrap()),
+        ["d2", "d1"]
+    );
+    assert!(
+        db.store
+            .newest_audit_events(&[], 100, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        db.store
+            .newest_audit_events(&kinds, 100, 0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }

@@ -17,6 +17,7 @@
 mod support;
 
 mod database_ca_slot_injection;
+mod database_ledger_rollback;
 mod database_ledger_tamper;
 mod database_ledger_times;
 mod database_replica_mismatch;
