@@ -1613,6 +1613,59 @@ mod tests {
         assert_eq!(*rx.borrow().crls_der, *std::slice::from_ref(&crl2.der));
     }
 
+    /// The server publishes one CRL per CA key, roots included: the root's CRL listing the
+    /// intermediate the held certificate was signed by replaces it now (under the new
+    /// intermediate), and every CRL, the root's too, is served and handed to the sinks.
+    #[tokio::test(start_paused = true)]
+    async fn a_roots_crl_revoking_the_intermediate_replaces_now_and_every_crl_reaches_the_sinks() {
+        let root = TestCa::new("root");
+        let old = Arc::new(root.intermediate("old", 0x51));
+        let new = Arc::new(root.intermediate("new", 0x52));
+        let (r, _clock, pki, rx, _m) = pki_setup_with(&old, vec![root.der.clone()]);
+        let sink = Arc::new(LogSink::default());
+        let mut r = r.with_sinks(vec![SinkBinding {
+            spiffe_id: "spiffe://example.org/web".parse().expect("id"),
+            deletion_policy: DeletionPolicy::Delete,
+            timeout: Duration::from_secs(30),
+            sink: sink.clone(),
+        }]);
+        let entries = [entry("web")];
+        r.tick(&entries).await;
+        assert_eq!(served(&rx).0, old.key_id);
+        // The operator rotated to a new intermediate and revoked the old one with the root.
+        *pki.ca.lock().expect("lock") = new.clone();
+        let crls = [old.crl_msg(1, &[]), root.crl_msg(1, &[0x51])];
+        assert!(r.set_revocations(&[], &crls));
+        r.tick(&entries).await;
+        settle(Duration::from_millis(10)).await;
+        assert_eq!(pki.signed(), 2, "replaced now, not at half-life");
+        assert_eq!(served(&rx).0, new.key_id);
+        let mut want: Vec<Vec<u8>> = crls.iter().map(|c| c.der.clone()).collect();
+        want.sort();
+        let mut got = rx.borrow().crls_der.to_vec();
+        got.sort();
+        assert_eq!(got, want, "both CRLs served, the root's included");
+        let last = sink
+            .0
+            .lock()
+            .expect("lock")
+            .last()
+            .cloned()
+            .expect("delivered");
+        assert_eq!(
+            served(&rx).1,
+            CertRef::parse(last.svid.certificate().leaf_der())
+                .expect("leaf")
+                .serial_hex
+        );
+        let mut handed = last.crls_der.to_vec();
+        handed.sort();
+        assert_eq!(handed, want);
+        // The replacement, under the new intermediate, is not compromised: nothing more.
+        r.tick(&entries).await;
+        assert_eq!(pki.signed(), 2);
+    }
+
     #[tokio::test]
     async fn a_crl_of_an_issuer_learnt_from_a_chain_verifies_once_the_chain_arrives() {
         // The CRL's issuer is an intermediate the agent only sees in the chains it is given.
