@@ -645,7 +645,7 @@ mod tests {
             set.update(|_| Some(same.clone()));
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             assert_eq!(current_generation(&d), g3, "{layout:?}: rewritten");
-            assert_eq!(generations(&d), [g3.clone()]);
+            assert_eq!(generations(&d), std::slice::from_ref(&g3));
             let reports = telemetry.health().reports();
             assert!(reports.iter().all(|(_, r)| r.failures == 0), "{reports:?}");
         }
