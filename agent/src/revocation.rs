@@ -73,6 +73,10 @@ pub struct CertRef {
     serial: Vec<u8>,
     /// For logs: the serial as lowercase hex.
     pub serial_hex: String,
+    /// The CA certificates the chain carries above the leaf (its intermediates), each with
+    /// its own issuing key and serial, so that a root's CRL listing one of them (a revoked
+    /// intermediate) names every certificate under it. Empty for a CA certificate itself.
+    pub cas: Vec<CertRef>,
 }
 
 impl CertRef {
@@ -85,6 +89,18 @@ impl CertRef {
             issuer_name: cert.issuer().as_raw().to_vec(),
             serial_hex: hex(&serial),
             serial,
+            cas: Vec::new(),
+        })
+    }
+
+    /// Reads a DER chain, leaf first, with the CA certificates above it; `None` if the leaf
+    /// does not parse (a CA certificate that does not parse is left out: no CRL can name it,
+    /// and the chain would not verify anyway).
+    pub fn parse_chain(chain: &[Vec<u8>]) -> Option<Self> {
+        let (leaf, cas) = chain.split_first()?;
+        Some(Self {
+            cas: cas.iter().filter_map(|der| Self::parse(der)).collect(),
+            ..Self::parse(leaf)?
         })
     }
 }
@@ -96,6 +112,13 @@ pub enum Compromise {
     Tainted { key_id: String },
     /// Listed in its issuer's CRL.
     Revoked { key_id: String, crl_number: u64 },
+    /// A CA certificate of its chain (an intermediate) is listed in its issuer's (a root's)
+    /// CRL: everything it signed is cut off for relying parties that check the chain.
+    CaRevoked {
+        serial_hex: String,
+        key_id: String,
+        crl_number: u64,
+    },
 }
 
 impl fmt::Display for Compromise {
@@ -105,6 +128,15 @@ impl fmt::Display for Compromise {
             Compromise::Revoked { key_id, crl_number } => {
                 write!(f, "revoked (CRL {crl_number} of CA key {key_id})")
             }
+            Compromise::CaRevoked {
+                serial_hex,
+                key_id,
+                crl_number,
+            } => write!(
+                f,
+                "its issuing CA certificate {serial_hex} is revoked (CRL {crl_number} of CA key \
+                 {key_id})"
+            ),
         }
     }
 }
@@ -384,13 +416,32 @@ impl Revocations {
         self.crls.values()
     }
 
-    /// Why `cert` must be replaced now, if it must.
+    /// Why `cert` must be replaced now, if it must: its issuing key is tainted, its issuer's
+    /// CRL lists it, or a CRL lists a CA certificate of its chain (a root's CRL listing the
+    /// intermediate that signed it).
     pub fn check(&self, cert: &CertRef) -> Option<Compromise> {
         if let Some(k) = &cert.issuer_key_id
             && self.tainted.contains(k)
         {
             return Some(Compromise::Tainted { key_id: k.clone() });
         }
+        if let Some(crl) = self.listing(cert) {
+            return Some(Compromise::Revoked {
+                key_id: crl.key_id.clone(),
+                crl_number: crl.number,
+            });
+        }
+        cert.cas.iter().find_map(|ca| {
+            self.listing(ca).map(|crl| Compromise::CaRevoked {
+                serial_hex: ca.serial_hex.clone(),
+                key_id: crl.key_id.clone(),
+                crl_number: crl.number,
+            })
+        })
+    }
+
+    /// The CRL of `cert`'s issuer, when it lists `cert`.
+    fn listing(&self, cert: &CertRef) -> Option<&AcceptedCrl> {
         let crl = match &cert.issuer_key_id {
             Some(k) => self.crls.get(k),
             None => self
@@ -398,12 +449,7 @@ impl Revocations {
                 .values()
                 .find(|c| c.issuer_name == cert.issuer_name),
         }?;
-        crl.revoked
-            .contains(&cert.serial)
-            .then(|| Compromise::Revoked {
-                key_id: crl.key_id.clone(),
-                crl_number: crl.number,
-            })
+        crl.revoked.contains(&cert.serial).then_some(crl)
     }
 }
 
@@ -594,6 +640,72 @@ mod tests {
         assert!(rev.check(&listed).is_some(), "never un-revoked by a replay");
         assert_eq!(rev.offer(&ca.crl_msg(6, &[7, 8]), &iss), Ok(true));
         assert_eq!(rev.crls().next().map(|c| c.revoked_count()), Some(2));
+    }
+
+    /// A root's CRL and its intermediate's, side by side (one per CA key, as the server
+    /// publishes them): both kept and served; the root's listing the intermediate names every
+    /// chain through it, the intermediate's listing a leaf names that leaf only.
+    #[test]
+    fn a_roots_crl_listing_an_intermediate_names_every_chain_under_it() {
+        let root = TestCa::new("root");
+        let (inter, other) = (
+            root.intermediate("old", 0x51),
+            root.intermediate("new", 0x52),
+        );
+        let iss = issuers(&[&root, &inter, &other]);
+        let chain = |ca: &TestCa, serial: u64| {
+            let (leaf, _) = ca.leaf("spiffe://x.org/a", serial, t0(), Duration::from_secs(60));
+            CertRef::parse_chain(&[leaf, ca.der.clone()]).expect("chain")
+        };
+        let (under_old, under_new) = (chain(&inter, 7), chain(&other, 8));
+        assert_eq!(under_old.cas.len(), 1);
+        assert_eq!(under_old.cas[0].serial_hex, "51");
+        assert_eq!(
+            under_old.cas[0].issuer_key_id.as_deref(),
+            Some(root.key_id.as_str())
+        );
+        let mut rev = Revocations::default();
+        assert_eq!(rev.offer(&inter.crl_msg(1, &[9]), &iss), Ok(true));
+        assert_eq!(rev.offer(&root.crl_msg(1, &[]), &iss), Ok(true));
+        assert_eq!(
+            rev.crls_der().len(),
+            2,
+            "one per CA key, the root's included"
+        );
+        assert_eq!(rev.check(&under_old), None);
+        // The root revokes the old intermediate.
+        assert_eq!(rev.offer(&root.crl_msg(2, &[0x51]), &iss), Ok(true));
+        assert_eq!(
+            rev.check(&under_old),
+            Some(Compromise::CaRevoked {
+                serial_hex: "51".into(),
+                key_id: root.key_id.clone(),
+                crl_number: 2
+            })
+        );
+        assert!(rev.check(&under_old).is_some_and(|c| {
+            c.to_string()
+                .contains("issuing CA certificate 51 is revoked")
+        }));
+        assert_eq!(
+            rev.check(&under_new),
+            None,
+            "the other intermediate's chains"
+        );
+        // The leaf's own CRL still decides first.
+        assert_eq!(rev.offer(&other.crl_msg(1, &[8]), &iss), Ok(true));
+        assert_eq!(
+            rev.check(&under_new),
+            Some(Compromise::Revoked {
+                key_id: other.key_id.clone(),
+                crl_number: 1
+            })
+        );
+        assert_eq!(rev.crls_der().len(), 3);
+        // A leaf alone (no chain) is only named by its own CRL.
+        assert!(CertRef::parse_chain(&[]).is_none());
+        let (leaf, _) = inter.leaf("spiffe://x.org/a", 7, t0(), Duration::from_secs(60));
+        assert_eq!(rev.check(&CertRef::parse(&leaf).expect("leaf")), None);
     }
 
     #[test]

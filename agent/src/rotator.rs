@@ -471,7 +471,7 @@ impl Rotator {
                         self.fraction,
                         self.random.unit(),
                     );
-                    let cert = CertRef::parse(c.leaf_der());
+                    let cert = CertRef::parse_chain(c.chain_der());
                     let before = self.issuers.clone();
                     self.issuers.learn(issuers.iter());
                     *learnt |= before != self.issuers;
@@ -1546,6 +1546,124 @@ mod tests {
                 .encode()
                 .contains("signet_agent_crl_rejections_total{reason=\"not_newer\"} 1")
         );
+    }
+
+    /// Keeps every delivery it was handed.
+    #[derive(Default)]
+    struct LogSink(Mutex<Vec<Delivered>>);
+
+    #[async_trait::async_trait]
+    impl Sink for LogSink {
+        fn name(&self) -> &str {
+            "log"
+        }
+        async fn deliver(&self, d: &Delivered) -> Result<Applied, crate::sinks::SinkError> {
+            if let Ok(mut l) = self.0.lock() {
+                l.push(d.clone());
+            }
+            Ok(Applied::default())
+        }
+        async fn remove(&self) -> Result<Applied, crate::sinks::SinkError> {
+            Ok(Applied::default())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_crl_arriving_after_the_certificate_or_changing_alone_reaches_the_sinks() {
+        let a = Arc::new(TestCa::new("a"));
+        let (r, _clock, pki, rx, _m) = pki_setup(&a);
+        let sink = Arc::new(LogSink::default());
+        let mut r = r.with_sinks(vec![SinkBinding {
+            spiffe_id: "spiffe://example.org/web".parse().expect("id"),
+            deletion_policy: DeletionPolicy::Delete,
+            timeout: Duration::from_secs(30),
+            sink: sink.clone(),
+        }]);
+        let entries = [entry("web")];
+        let deliveries = || sink.0.lock().expect("lock").clone();
+        // The certificate comes first, before any CRL.
+        r.tick(&entries).await;
+        settle(Duration::from_millis(10)).await;
+        assert_eq!(deliveries().len(), 1);
+        assert!(deliveries()[0].crls_der.is_empty());
+        // A's CRL arrives, listing a peer's serial (not the sink's): the same certificate is
+        // delivered again, now with the CRL.
+        let crl1 = a.crl_msg(1, &[77]);
+        assert!(r.set_revocations(&[], std::slice::from_ref(&crl1)));
+        r.tick(&entries).await;
+        settle(Duration::from_millis(10)).await;
+        let d = deliveries();
+        assert_eq!(d.len(), 2, "the CRL is a delivery");
+        assert_eq!(d[1].svid, d[0].svid, "the certificate did not change");
+        assert_eq!(*d[1].crls_der, *std::slice::from_ref(&crl1.der));
+        // Nothing new: nothing delivered.
+        r.tick(&entries).await;
+        settle(Duration::from_millis(10)).await;
+        assert_eq!(deliveries().len(), 2);
+        // A newer CRL alone (another peer revoked): delivered.
+        let crl2 = a.crl_msg(2, &[77, 78]);
+        assert!(r.set_revocations(&[], std::slice::from_ref(&crl2)));
+        r.tick(&entries).await;
+        settle(Duration::from_millis(10)).await;
+        let d = deliveries();
+        assert_eq!(d.len(), 3);
+        assert_eq!(d[2].svid, d[0].svid);
+        assert_eq!(*d[2].crls_der, *std::slice::from_ref(&crl2.der));
+        assert_eq!(pki.signed(), 1, "no certificate was replaced for any of it");
+        assert_eq!(*rx.borrow().crls_der, *std::slice::from_ref(&crl2.der));
+    }
+
+    /// The server publishes one CRL per CA key, roots included: the root's CRL listing the
+    /// intermediate the held certificate was signed by replaces it now (under the new
+    /// intermediate), and every CRL, the root's too, is served and handed to the sinks.
+    #[tokio::test(start_paused = true)]
+    async fn a_roots_crl_revoking_the_intermediate_replaces_now_and_every_crl_reaches_the_sinks() {
+        let root = TestCa::new("root");
+        let old = Arc::new(root.intermediate("old", 0x51));
+        let new = Arc::new(root.intermediate("new", 0x52));
+        let (r, _clock, pki, rx, _m) = pki_setup_with(&old, vec![root.der.clone()]);
+        let sink = Arc::new(LogSink::default());
+        let mut r = r.with_sinks(vec![SinkBinding {
+            spiffe_id: "spiffe://example.org/web".parse().expect("id"),
+            deletion_policy: DeletionPolicy::Delete,
+            timeout: Duration::from_secs(30),
+            sink: sink.clone(),
+        }]);
+        let entries = [entry("web")];
+        r.tick(&entries).await;
+        assert_eq!(served(&rx).0, old.key_id);
+        // The operator rotated to a new intermediate and revoked the old one with the root.
+        *pki.ca.lock().expect("lock") = new.clone();
+        let crls = [old.crl_msg(1, &[]), root.crl_msg(1, &[0x51])];
+        assert!(r.set_revocations(&[], &crls));
+        r.tick(&entries).await;
+        settle(Duration::from_millis(10)).await;
+        assert_eq!(pki.signed(), 2, "replaced now, not at half-life");
+        assert_eq!(served(&rx).0, new.key_id);
+        let mut want: Vec<Vec<u8>> = crls.iter().map(|c| c.der.clone()).collect();
+        want.sort();
+        let mut got = rx.borrow().crls_der.to_vec();
+        got.sort();
+        assert_eq!(got, want, "both CRLs served, the root's included");
+        let last = sink
+            .0
+            .lock()
+            .expect("lock")
+            .last()
+            .cloned()
+            .expect("delivered");
+        assert_eq!(
+            served(&rx).1,
+            CertRef::parse(last.svid.certificate().leaf_der())
+                .expect("leaf")
+                .serial_hex
+        );
+        let mut handed = last.crls_der.to_vec();
+        handed.sort();
+        assert_eq!(handed, want);
+        // The replacement, under the new intermediate, is not compromised: nothing more.
+        r.tick(&entries).await;
+        assert_eq!(pki.signed(), 2);
     }
 
     #[tokio::test]

@@ -45,6 +45,35 @@ impl TestCa {
         }
     }
 
+    /// An intermediate CA named `name` with `serial`, signed by this CA (its authority key
+    /// identifier is this CA's key ID), valid for a day.
+    pub fn intermediate(&self, name: &str, serial: u64) -> TestCa {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, name.to_owned());
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        p.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        p.key_identifier_method = rcgen::KeyIdMethod::Sha256;
+        p.use_authority_key_identifier_extension = true;
+        p.serial_number = Some(rcgen::SerialNumber::from(serial.to_be_bytes().to_vec()));
+        let now = SystemTime::now();
+        p.not_before = (now - Duration::from_secs(3600)).into();
+        p.not_after = (now + Duration::from_secs(86_400)).into();
+        let cert = p.signed_by(&key, &self.issuer).expect("intermediate");
+        let der = cert.der().to_vec();
+        let (_, c) = x509_parser::parse_x509_certificate(&der).expect("parse");
+        let key_id = crate::revocation::ski_of(&c).expect("ski");
+        TestCa {
+            issuer: rcgen::Issuer::new(p, key),
+            der,
+            key_id,
+        }
+    }
+
     /// A leaf with `serial` for `spiffe_id`, valid from `nb` for `ttl`, with its key.
     pub fn leaf(
         &self,

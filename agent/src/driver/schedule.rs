@@ -65,7 +65,8 @@ impl Step {
 pub struct NodeCert {
     pub not_before: SystemTime,
     pub not_after: SystemTime,
-    /// The leaf's issuing key and serial, for taints and CRLs (`None`: it does not parse).
+    /// The leaf's issuing key and serial, and its chain's CA certificates, for taints and
+    /// CRLs (`None`: it does not parse).
     pub leaf: Option<CertRef>,
 }
 
@@ -74,7 +75,7 @@ impl NodeCert {
         Self {
             not_before: n.certificate().not_before(),
             not_after: n.certificate().not_after(),
-            leaf: CertRef::parse(n.certificate().leaf_der()),
+            leaf: CertRef::parse_chain(n.certificate().chain_der()),
         }
     }
 }

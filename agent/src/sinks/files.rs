@@ -563,6 +563,94 @@ mod tests {
         }
     }
 
+    /// The name `..data` points at now.
+    fn current_generation(dir: &Path) -> String {
+        std::fs::read_link(dir.join(DATA_LINK))
+            .expect("..data")
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// Polls `f` every 10 ms until it holds; panics after 10 s.
+    async fn until(what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !f() {
+            assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Through the sink's worker, as the rotator hands deliveries over: the CRL arriving
+    /// after the certificate, then changing alone, is written to `crl.pem` each time (the
+    /// certificate and key as they were); the same delivery again writes nothing.
+    #[tokio::test]
+    async fn a_crl_alone_is_written_in_each_layout_and_an_unchanged_delivery_writes_nothing() {
+        use crate::config::DeletionPolicy;
+        use crate::sinks::worker::{SinkBinding, SinkSet, Telemetry};
+        for layout in [FileLayout::Istio, FileLayout::SpiffeHelper, FileLayout::Tls] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let d = dir.path().to_owned();
+            let telemetry = Telemetry::new(None);
+            let mut set = SinkSet::start(
+                vec![SinkBinding {
+                    spiffe_id: "spiffe://example.org/web".parse().expect("id"),
+                    deletion_policy: DeletionPolicy::Delete,
+                    timeout: std::time::Duration::from_secs(30),
+                    sink: Arc::new(FilesSink::new("web", cfg(&d, layout))),
+                }],
+                telemetry.clone(),
+                Arc::new(signet_runtime::clock::SystemClock),
+                Arc::new(|| 0.5),
+            );
+            let [chain, key, bundle] = layout_names(layout);
+            let first = svid(1);
+            set.update(|_| Some(first.clone()));
+            until("the first delivery", || d.join(DATA_LINK).exists()).await;
+            assert!(!d.join(CRL_FILE).exists(), "{layout:?}: no CRL yet");
+            let g1 = current_generation(&d);
+            let cert_before = read_pem(&d.join(chain));
+
+            // The CRL arrives a moment after the certificate.
+            let crl1 = Delivered {
+                crls_der: vec![vec![1, 9]].into(),
+                ..first.clone()
+            };
+            set.update(|_| Some(crl1.clone()));
+            until("crl.pem", || d.join(CRL_FILE).exists()).await;
+            assert_eq!(read_pem(&d.join(CRL_FILE)), [vec![1, 9]], "{layout:?}");
+            let g2 = current_generation(&d);
+            assert_ne!(g1, g2);
+
+            // Another peer revoked: only the CRL changes.
+            let crl2 = Delivered {
+                crls_der: vec![vec![2, 9]].into(),
+                ..first.clone()
+            };
+            set.update(|_| Some(crl2.clone()));
+            until("the newer CRL", || {
+                read_pem(&d.join(CRL_FILE)) == [vec![2, 9]]
+            })
+            .await;
+            assert_eq!(read_pem(&d.join(chain)), cert_before, "{layout:?}");
+            assert_eq!(read_pem(&d.join(key)), key_of(1), "{layout:?}");
+            assert_eq!(read_pem(&d.join(bundle)), first.bundle_der.to_vec());
+            let g3 = current_generation(&d);
+
+            // The same again, in new allocations (as every pass builds it): nothing written.
+            let same = Delivered {
+                svid: Arc::new((*crl2.svid).clone()),
+                bundle_der: crl2.bundle_der.to_vec().into(),
+                crls_der: crl2.crls_der.to_vec().into(),
+            };
+            set.update(|_| Some(same.clone()));
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            assert_eq!(current_generation(&d), g3, "{layout:?}: rewritten");
+            assert_eq!(generations(&d), std::slice::from_ref(&g3));
+            let reports = telemetry.health().reports();
+            assert!(reports.iter().all(|(_, r)| r.failures == 0), "{reports:?}");
+        }
+    }
+
     fn read_pem(p: &Path) -> Vec<Vec<u8>> {
         let text = std::fs::read(p).expect("read");
         pem::parse_many(text)

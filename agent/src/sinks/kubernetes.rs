@@ -2,6 +2,17 @@
 //! (`cert-chain.pem`, `key.pem`, `root-cert.pem`) or `kubernetes.io/tls` (`tls.crt`,
 //! `tls.key`, `ca.crt`), labelled `app.kubernetes.io/managed-by: signet`.
 //!
+//! # CRLs
+//!
+//! When the agent holds verified CRLs of its issuing CAs, both types also carry [`CRL_KEY`]
+//! (`ca.crl`: one PEM `X509 CRL` block per issuing CA key, as the files sink's `crl.pem`).
+//! Neither Secret type defines a CRL key; `ca.crl` is the one the ecosystem reads (Istio's
+//! gateways take it from a `credentialName` Secret beside `tls.crt`, `tls.key`, `ca.crt`), and
+//! a Secret mounted as a volume gives the workload a file of that name. Without CRLs the key
+//! is left out, and server-side apply removes the one the agent wrote before. A Secret holds
+//! at most 1 MiB: CRLs over [`MAX_SECRET_CRL_BYTES`] are left out with a warning (on
+//! `/readyz` and in the sink metrics) rather than fail every delivery, certificates included.
+//!
 //! # Only the agent's own Secret
 //!
 //! A Secret of that name may already exist and belong to someone else. So every delivery and
@@ -37,6 +48,10 @@ pub const APPLY_PATCH: &str = "application/apply-patch+yaml";
 pub const JSON: &str = "application/json";
 /// The label every Secret the agent writes carries.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "signet");
+/// The Secret key of the CRLs (PEM), in both Secret types.
+pub const CRL_KEY: &str = "ca.crl";
+/// The most PEM CRL bytes a Secret carries (a Secret holds at most 1 MiB in all).
+pub const MAX_SECRET_CRL_BYTES: usize = 512 * 1024;
 
 /// One request to the Kubernetes API. `body` may hold key material: never log it.
 #[derive(Clone, PartialEq, Eq)]
@@ -178,8 +193,8 @@ impl SecretSink {
     }
 
     /// The Secret manifest for `svid` (the server-side-apply body; with a resourceVersion,
-    /// a conditional one).
-    pub fn apply_body(&self, svid: &Delivered) -> Value {
+    /// a conditional one), and what was left out of it.
+    pub fn apply_body(&self, svid: &Delivered) -> (Value, Applied) {
         let (type_name, [chain, key, ca]) = match self.cfg.secret_type {
             SecretType::IstioKeyAndCert => (
                 "istio.io/key-and-cert",
@@ -187,7 +202,7 @@ impl SecretSink {
             ),
             SecretType::KubernetesTls => ("kubernetes.io/tls", ["tls.crt", "tls.key", "ca.crt"]),
         };
-        json!({
+        let mut body = json!({
             "apiVersion": "v1",
             "kind": "Secret",
             "metadata": {
@@ -202,7 +217,23 @@ impl SecretSink {
                 key: B64.encode(svid.key_pem()),
                 ca: B64.encode(svid.bundle_pem()),
             },
-        })
+        });
+        let mut applied = Applied::default();
+        if !svid.crls_der.is_empty() {
+            let crls = svid.crls_pem();
+            if crls.len() <= MAX_SECRET_CRL_BYTES {
+                body["data"][CRL_KEY] = Value::String(B64.encode(crls));
+            } else {
+                applied.warnings.push(format!(
+                    "{}: the CRLs ({} bytes of PEM) exceed the {MAX_SECRET_CRL_BYTES} bytes a \
+                     Secret is given, so {CRL_KEY} was left out; consumers of this Secret \
+                     cannot see revocations (fetch the CRLs from the server's /crl/ instead)",
+                    self.what(),
+                    crls.len()
+                ));
+            }
+        }
+        (body, applied)
     }
 
     fn what(&self) -> String {
@@ -285,7 +316,7 @@ impl Sink for SecretSink {
     }
 
     async fn deliver(&self, svid: &Delivered) -> Result<Applied, SinkError> {
-        let mut body = self.apply_body(svid);
+        let (mut body, applied) = self.apply_body(svid);
         let req = match self.inspect().await? {
             Existing::Foreign(why) => return Err(self.refuse("overwrite", &why)),
             Existing::Absent => KubeRequest {
@@ -316,8 +347,8 @@ impl Sink for SecretSink {
         if !resp.status.is_success() {
             return Err(self.conflict_or("cannot write", resp.status));
         }
-        tracing::info!(sink = %self.name, spiffe_id = %svid.spiffe_id(), "Secret written");
-        Ok(Applied::default())
+        tracing::info!(sink = %self.name, spiffe_id = %svid.spiffe_id(), crls = svid.crls_der.len(), "Secret written");
+        Ok(applied)
     }
 
     async fn remove(&self) -> Result<Applied, SinkError> {
@@ -629,6 +660,50 @@ mod tests {
             with_rv["metadata"]["resourceVersion"] = json!("101");
             assert_eq!(body, with_rv, "conditional on the version read");
             assert!(!format!("{patch:?}").contains(&B64.encode(d.key_pem())));
+        }
+    }
+
+    /// Both Secret types carry the CRLs in `ca.crl`: added when they arrive after the
+    /// certificate, replaced when they alone change, removed when there are none; CRLs too
+    /// large for a Secret are left out with a warning, the certificate still written.
+    #[tokio::test]
+    async fn crls_are_carried_in_ca_crl_in_both_secret_types() {
+        for secret_type in [SecretType::KubernetesTls, SecretType::IstioKeyAndCert] {
+            let (s, api) = sink(secret_type);
+            let crl = |crls: Vec<Vec<u8>>| Delivered {
+                crls_der: crls.into(),
+                ..svid()
+            };
+            s.deliver(&svid()).await.expect("without CRLs");
+            assert!(api.get(PATH).expect("stored")["data"][CRL_KEY].is_null());
+            let with = crl(vec![vec![1, 9], vec![2, 9]]);
+            let applied = s.deliver(&with).await.expect("with CRLs");
+            assert!(applied.warnings.is_empty(), "{applied:?}");
+            let stored = api.get(PATH).expect("stored");
+            let pem_text = decoded(&stored, CRL_KEY);
+            assert_eq!(pem_text, with.crls_pem(), "{secret_type:?}");
+            let blocks = pem::parse_many(&pem_text).expect("pem");
+            assert_eq!(blocks.len(), 2);
+            assert!(blocks.iter().all(|b| b.tag() == "X509 CRL"));
+            s.deliver(&crl(vec![vec![3, 9]]))
+                .await
+                .expect("a newer CRL");
+            let stored = api.get(PATH).expect("stored");
+            assert_eq!(decoded(&stored, CRL_KEY), crl(vec![vec![3, 9]]).crls_pem());
+            s.deliver(&svid()).await.expect("none any more");
+            assert!(api.get(PATH).expect("stored")["data"][CRL_KEY].is_null());
+
+            // Too large for a Secret: the rest is written, the CRLs left out, and said so.
+            let huge = crl(vec![vec![7; MAX_SECRET_CRL_BYTES]]);
+            let applied = s.deliver(&huge).await.expect("written without the CRLs");
+            assert_eq!(applied.warnings.len(), 1, "{applied:?}");
+            assert!(
+                applied.warnings[0].contains("ca.crl was left out"),
+                "{applied:?}"
+            );
+            let stored = api.get(PATH).expect("stored");
+            assert!(stored["data"][CRL_KEY].is_null());
+            assert_eq!(stored["data"].as_object().map(|m| m.len()), Some(3));
         }
     }
 

@@ -22,6 +22,12 @@ pub mod worker;
 /// What a sink delivers: an X509-SVID (chain leaf first, roots left out, and its key), the
 /// trust bundle and the CRLs. `Debug` hides the key. All three are shared with the rotator
 /// and the Workload API state (`Arc`s); the PEM a sink writes is made when it writes.
+///
+/// **Its equality is the sinks' "already delivered" test** ([`worker::SinkSet::update`]
+/// hands a sink a new delivery exactly when the new value differs from the last one): every
+/// sink writes only what is in here, and the equality, derived, compares every field, so a
+/// change of any part (the CRLs alone, the bundle alone) is a delivery, and a field added
+/// here takes part without anyone remembering to add it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Delivered {
     pub svid: Arc<X509Svid>,

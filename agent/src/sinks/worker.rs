@@ -126,13 +126,11 @@ enum Sent {
 }
 
 impl Sent {
-    /// Whether `d` is what was handed over: the same leaf and the same bundle.
+    /// Whether `d` is what was handed over: the whole [`Delivered`] (see its equality), so a
+    /// change of any part a sink writes, the CRLs alone included, is a delivery.
     fn is(&self, d: &Delivered) -> bool {
         match self {
-            Sent::Delivered(s) => {
-                s.svid.certificate().leaf_der() == d.svid.certificate().leaf_der()
-                    && s.bundle_der == d.bundle_der
-            }
+            Sent::Delivered(s) => **s == *d,
             Sent::Nothing | Sent::Removed => false,
         }
     }
@@ -508,6 +506,73 @@ mod tests {
         }
         async fn remove(&self) -> Result<Applied, SinkError> {
             Ok(Applied::default())
+        }
+    }
+
+    /// Keeps every delivery it was handed.
+    #[derive(Default)]
+    struct Keeping(Mutex<Vec<Delivered>>);
+
+    #[async_trait::async_trait]
+    impl Sink for Keeping {
+        fn name(&self) -> &str {
+            "keeping"
+        }
+        async fn deliver(&self, d: &Delivered) -> Result<Applied, SinkError> {
+            self.0.lock().expect("lock").push(d.clone());
+            Ok(Applied::default())
+        }
+        async fn remove(&self) -> Result<Applied, SinkError> {
+            Ok(Applied::default())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn any_change_of_what_a_sink_writes_is_a_delivery_and_nothing_new_is_none() {
+        let sink = Arc::new(Keeping::default());
+        let mut set = SinkSet::start(
+            vec![SinkBinding {
+                spiffe_id: "spiffe://example.org/web".parse().expect("id"),
+                deletion_policy: DeletionPolicy::Delete,
+                timeout: Duration::from_secs(5),
+                sink: sink.clone(),
+            }],
+            Telemetry::new(None),
+            Arc::new(SystemClock),
+            Arc::new(|| 0.5),
+        );
+        let first = crate::testing::delivered("spiffe://example.org/web", 1);
+        let with_crl = Delivered {
+            crls_der: vec![vec![1, 9]].into(),
+            ..first.clone()
+        };
+        let newer_crl = Delivered {
+            crls_der: vec![vec![2, 9]].into(),
+            ..first.clone()
+        };
+        let other_bundle = Delivered {
+            bundle_der: vec![b"another root".to_vec()].into(),
+            ..newer_crl.clone()
+        };
+        let mut handed = Vec::new();
+        // Each value twice, the second time in new allocations (as every pass builds them):
+        // the CRL arriving after the certificate, a newer CRL alone, a bundle alone, no CRL.
+        for d in [&first, &with_crl, &newer_crl, &other_bundle, &first] {
+            for copy in [d.clone(), deep_copy(d)] {
+                set.update(|_| Some(copy.clone()));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            handed.push(d.clone());
+        }
+        assert_eq!(*sink.0.lock().expect("lock"), handed);
+    }
+
+    /// `d` in allocations of its own.
+    fn deep_copy(d: &Delivered) -> Delivered {
+        Delivered {
+            svid: Arc::new((*d.svid).clone()),
+            bundle_der: d.bundle_der.to_vec().into(),
+            crls_der: d.crls_der.to_vec().into(),
         }
     }
 

@@ -40,4 +40,5 @@ mod tenant_secret_sink;
 mod workload_fork_exec;
 mod workload_mtls_renewal;
 mod workload_sink_links;
+mod workload_stale_crl;
 mod workload_stuck_sink;
