@@ -845,7 +845,7 @@ mod tests {
         assert_eq!(c.ca.intermediate_prepare_at, 0.4);
         assert_eq!(c.ca.rotation_interval, Duration::from_millis(200));
         let d = CaConfig::default();
-        assert_eq!(d.intermediate_ttl, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(d.intermediate_ttl, Duration::from_secs(48 * 3600));
         assert_eq!((d.intermediate_prepare_at, d.root_prepare_at), (0.5, 0.5));
         assert!((d.intermediate_activate_at - 5.0 / 6.0).abs() < 1e-9);
         for (toml, names) in [

@@ -24,7 +24,12 @@ pub struct CaConfig {
     #[serde(with = "humantime_serde")]
     pub root_ttl: Duration,
     /// Lifetime of a generated intermediate (the key that signs workload certificates; never
-    /// beyond its root's notAfter).
+    /// beyond its root's notAfter). Default 48h: a stolen intermediate key is good for at most
+    /// two days against relying parties that do not check CRLs (7 days before; SPIRE's CA uses
+    /// 24h). Not shorter: certificates of the default life (1h) always get their full life,
+    /// and one of `ca.max_ttl` (24h) does for the first 24 of the 40 hours the intermediate is
+    /// active (then it is cut to the intermediate's notAfter, as no leaf outlives its issuer);
+    /// the 8 hours between its successor's activation and its end cover lagging replicas.
     #[serde(with = "humantime_serde")]
     pub intermediate_ttl: Duration,
     /// The next intermediate is prepared at this fraction of the active one's lifetime…
@@ -68,7 +73,7 @@ impl Default for CaConfig {
             default_ttl: Duration::from_secs(3600),
             max_ttl: Duration::from_secs(24 * 3600),
             root_ttl: Duration::from_secs(10 * 365 * 24 * 3600),
-            intermediate_ttl: Duration::from_secs(7 * 24 * 3600),
+            intermediate_ttl: Duration::from_secs(48 * 3600),
             intermediate_prepare_at: 0.5,
             intermediate_activate_at: 5.0 / 6.0,
             root_prepare_at: 0.5,
