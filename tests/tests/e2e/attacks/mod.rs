@@ -24,6 +24,7 @@ mod local_user_mint_key_mode;
 mod local_user_workload_api;
 mod network_limits;
 mod network_plugged_ca_sibling;
+mod network_probe_starvation;
 mod network_reserved_names;
 mod network_server_impersonation;
 mod other_namespace_dns_templates;
