@@ -1037,6 +1037,14 @@ mod tests {
         )
         .expect("loads");
         assert_eq!(c.limits.max_connections, 10);
+        let p = load_toml(
+            "probe_listen = \"127.0.0.1:0\"\n[limits]\nhttp_max_connections_per_source = 2\n\
+             http_idle_timeout = \"1s\"\n",
+        )
+        .expect("loads");
+        assert_eq!(p.probe_listen, Some("127.0.0.1:0".parse().unwrap()));
+        assert_eq!(p.limits.http_limits().max_connections_per_source, 2);
+        assert_eq!(p.limits.http_limits().idle_timeout, Duration::from_secs(1));
         assert_eq!(c.limits.connection_idle_timeout, Duration::from_secs(1));
         assert_eq!(c.limits.issuance_per_caller, RateConfig::new(3, 0.5));
         assert_eq!(c.database.lock_timeout, Duration::from_millis(500));
@@ -1053,6 +1061,15 @@ mod tests {
             (
                 "[database]\nlock_timeout = \"0s\"\n",
                 "database.lock_timeout",
+            ),
+            (
+                "[limits]\nhttp_idle_timeout = \"0s\"\n",
+                "limits.http_idle_timeout",
+            ),
+            (
+                "[limits]\nhttp_max_connections = 4\n",
+                "limits.http_max_connections_per_source (8) is larger than \
+                 limits.http_max_connections (4)",
             ),
             (
                 "[limits]\nissuance_per_caller = { burst = 0, per_second = 1.0 }\n",
