@@ -16,7 +16,7 @@ fn router() -> Router {
         )
         .route(
             "/never",
-            axum::routing::get(|| std::future::pending::<&'static str>()),
+            axum::routing::get(std::future::pending::<&'static str>),
         )
 }
 
