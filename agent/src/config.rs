@@ -52,6 +52,10 @@ pub struct Config {
     pub http_listen: SocketAddr,
     /// Bounds of the `http_listen` listener.
     pub http: HttpConfig,
+    /// The probe listener: only `/healthz` and `/readyz`, with bounds of its own, so that no
+    /// client of `http_listen` can crowd the kubelet's probes out. Off when absent; deploy/
+    /// sets it and points the probes at it.
+    pub probe_listen: Option<SocketAddr>,
     /// How often the agent asks the server for changes to its registration entries even when
     /// the server's entry stream (`WatchEntries`) says nothing: the slow safety net (default
     /// 30 s; the stream brings a change in about a second).
@@ -104,6 +108,7 @@ impl Default for Config {
             renew_fraction: 0.5,
             http_listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
             http: HttpConfig::default(),
+            probe_listen: None,
             sync_interval: Duration::from_secs(30),
             sinks: Vec::new(),
             kubernetes_api: KubernetesApiConfig::default(),
@@ -519,6 +524,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "renew_fraction",
     "http_listen",
     "http",
+    "probe_listen",
     "sync_interval",
     "sinks",
     "kubernetes_api",
@@ -527,15 +533,21 @@ const TOP_LEVEL_KEYS: &[&str] = &[
 ];
 
 /// `[http]`: the bounds of the `http_listen` listener (`/healthz`, `/readyz`, `/metrics`), so
-/// a port scanner or a half-sent request cannot hold it.
+/// a port scanner, a half-sent request or one source's idle connections cannot hold it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
     /// Connections served at once; more are closed as soon as they are accepted.
     pub max_connections: usize,
+    /// Of those, from one source address (IPv6: one /64); more are closed likewise.
+    pub max_connections_per_source: usize,
     /// How long a connection may take to send a request's headers.
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
+    /// A connection with no request in flight that has received nothing for this long
+    /// (before its first request, between keep-alive requests) is closed.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
     /// The longest a connection may stay open.
     #[serde(with = "humantime_serde")]
     pub connection_timeout: Duration,
@@ -546,7 +558,9 @@ impl Default for HttpConfig {
         let d = signet_runtime::http::HttpLimits::default();
         Self {
             max_connections: d.max_connections,
+            max_connections_per_source: d.max_connections_per_source,
             header_read_timeout: d.header_read_timeout,
+            idle_timeout: d.idle_timeout,
             connection_timeout: d.connection_timeout,
         }
     }
@@ -554,24 +568,18 @@ impl Default for HttpConfig {
 
 impl HttpConfig {
     fn validate(&self) -> Result<(), ConfigError> {
-        if self.max_connections == 0
-            || self.header_read_timeout.is_zero()
-            || self.connection_timeout.is_zero()
-        {
-            return Err(ConfigError::Invalid(
-                "http.max_connections, http.header_read_timeout and http.connection_timeout \
-                 must be more than zero"
-                    .into(),
-            ));
-        }
-        Ok(())
+        self.limits()
+            .validate(|field| format!("http.{field}"))
+            .map_err(|e| ConfigError::Invalid(e.to_string()))
     }
 
     /// As the listener takes them.
     pub fn limits(&self) -> signet_runtime::http::HttpLimits {
         signet_runtime::http::HttpLimits {
             max_connections: self.max_connections,
+            max_connections_per_source: self.max_connections_per_source,
             header_read_timeout: self.header_read_timeout,
+            idle_timeout: self.idle_timeout,
             connection_timeout: self.connection_timeout,
         }
     }

@@ -179,10 +179,23 @@ async fn run(mut cfg: Config) -> Result<(), String> {
         .await
         .map_err(|e| format!("http_listen {}: {e}", cfg.http_listen))?;
     let http_addr = http.local_addr().map_err(|e| e.to_string())?;
+    let probes = match cfg.probe_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("probe_listen {addr}: {e}"))?,
+        ),
+        None => None,
+    };
+    let probe_addr = match &probes {
+        Some(l) => Some(l.local_addr().map_err(|e| e.to_string())?),
+        None => None,
+    };
 
     tracing::info!(
         socket = %cfg.workload_api_socket.display(),
         http = %http_addr,
+        probes = ?probe_addr,
         sinks = sinks.len(),
         "signet-agent started"
     );
@@ -233,11 +246,24 @@ async fn run(mut cfg: Config) -> Result<(), String> {
         metrics.workload.clone(),
         wait_stop(stop_rx.clone()),
     ));
+    let router = router(metrics, ready);
+    let probe_task = probes.map(|l| {
+        tokio::spawn(signet_runtime::http::serve_probes(
+            "probe_listen",
+            l,
+            router.clone(),
+            |_| {},
+            wait_stop(stop_rx.clone()),
+        ))
+    });
     let http_task = tokio::spawn(signet_runtime::http::serve(
-        http,
-        router(metrics, ready),
-        cfg.http.limits(),
-        || {},
+        signet_runtime::http::HttpListener {
+            name: "http_listen",
+            listener: http,
+            limits: cfg.http.limits(),
+        },
+        router,
+        |_| {},
         wait_stop(stop_rx),
     ));
 
@@ -254,6 +280,13 @@ async fn run(mut cfg: Config) -> Result<(), String> {
     }
     let w = workload_task.await;
     let h = http_task.await;
+    if let Some(p) = probe_task {
+        match p.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "probe listener"),
+            Err(e) => tracing::warn!(error = %e, "probe listener task failed"),
+        }
+    }
     let _ = std::fs::remove_file(&cfg.workload_api_socket);
     match (w, h) {
         (Ok(Ok(())), Ok(Ok(()))) => Ok(()),

@@ -6,9 +6,12 @@
 //! - [`shutdown`]: the SIGTERM / ctrl-c future.
 //! - [`config`]: layered configuration (defaults, TOML file, environment, flags), unknown
 //!   keys refused by name.
-//! - [`http`]: the small HTTP listener each binary runs for `/healthz`, `/readyz` and
-//!   `/metrics`, bounded like every other listener (a connection cap, a header-read timeout and
-//!   a connection lifetime), so a port scanner or a half-sent request cannot hold it.
+//! - [`http`]: the small HTTP listeners each binary runs for `/healthz`, `/readyz` and
+//!   `/metrics` (and the server's CRLs, checkpoints and SPIFFE bundle endpoint), bounded like
+//!   every other listener (a connection cap, a per-source cap, header-read, idle and lifetime
+//!   timeouts), and the separate probe listener that no other client can crowd out.
+//! - [`source`]: what a source address is (IPv6: its /64) and the per-source counters behind
+//!   every per-source cap.
 //! - [`clock`]: the one `Clock` (system, fake and tokio clocks), saturating conversions between
 //!   `SystemTime` and Unix seconds, and the one `sleep`.
 //! - [`backoff`]: capped exponential backoff with a jitter choice (full, equal, ±spread) and the
@@ -23,4 +26,5 @@ pub mod config;
 pub mod http;
 pub mod random;
 pub mod shutdown;
+pub mod source;
 pub mod telemetry;

@@ -27,8 +27,12 @@ pub struct Config {
     pub trust_domain: String,
     /// gRPC listener (TLS): native, Istio and health/reflection services.
     pub listen: SocketAddr,
-    /// HTTP listener: /healthz, /readyz, /metrics.
+    /// HTTP listener: /healthz, /readyz, /metrics, /crl, /checkpoint.
     pub http_listen: SocketAddr,
+    /// The probe listener: only /healthz and /readyz, with bounds of its own, so that no client
+    /// of `http_listen` can crowd the kubelet's probes out (see [`signet_runtime::http`]). Off
+    /// when absent; deploy/ sets it and points the probes at it.
+    pub probe_listen: Option<SocketAddr>,
     /// `sqlite://PATH` or `postgres://…`. Empty means `sqlite://<data_dir>/signet.db`.
     pub database_url: String,
     /// Where the bundle, admin socket, key-encryption key and (by default) the database live.
@@ -58,6 +62,7 @@ impl Default for Config {
             trust_domain: "example.org".into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 8443)),
             http_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            probe_listen: None,
             database_url: String::new(),
             data_dir: PathBuf::from("signet-data"),
             server_names: Vec::new(),
@@ -355,8 +360,14 @@ pub struct LimitsConfig {
     pub max_watch_streams: usize,
     /// Requests and streams one source address holds at once; more answer ResourceExhausted.
     pub max_requests_per_source: usize,
-    /// Open connections on `http_listen`; more are closed at once.
+    /// Open connections on `http_listen` (and on the bundle endpoint); more are closed at once.
     pub http_max_connections: usize,
+    /// Of those, from one source address (IPv6: one /64); more are closed at once.
+    pub http_max_connections_per_source: usize,
+    /// An HTTP connection with no request in flight that has received nothing for this long
+    /// (before its first request, between keep-alive requests) is closed.
+    #[serde(with = "humantime_serde")]
+    pub http_idle_timeout: Duration,
     /// An HTTP request whose headers have not all arrived within this is dropped.
     #[serde(with = "humantime_serde")]
     pub http_header_read_timeout: Duration,
@@ -399,6 +410,8 @@ impl Default for LimitsConfig {
             max_watch_streams: 4096,
             max_requests_per_source: 512,
             http_max_connections: 64,
+            http_max_connections_per_source: 8,
+            http_idle_timeout: Duration::from_secs(3),
             http_header_read_timeout: Duration::from_secs(5),
             http_connection_timeout: Duration::from_secs(60),
             issuance_per_caller: RateConfig::new(100, 10.0),
@@ -408,6 +421,19 @@ impl Default for LimitsConfig {
             rate_limit_max_keys: 100_000,
             audit_burst: 5,
             audit_window: Duration::from_secs(10),
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// The bounds of `http_listen` and of the bundle endpoint, as the listener takes them.
+    pub fn http_limits(&self) -> signet_runtime::http::HttpLimits {
+        signet_runtime::http::HttpLimits {
+            max_connections: self.http_max_connections,
+            max_connections_per_source: self.http_max_connections_per_source,
+            header_read_timeout: self.http_header_read_timeout,
+            idle_timeout: self.http_idle_timeout,
+            connection_timeout: self.http_connection_timeout,
         }
     }
 }
@@ -497,6 +523,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "trust_domain",
     "listen",
     "http_listen",
+    "probe_listen",
     "database_url",
     "data_dir",
     "server_names",
@@ -606,6 +633,10 @@ impl Config {
             ("limits.max_concurrent_requests", l.max_concurrent_requests),
             ("limits.max_watch_streams", l.max_watch_streams),
             ("limits.http_max_connections", l.http_max_connections),
+            (
+                "limits.http_max_connections_per_source",
+                l.http_max_connections_per_source,
+            ),
             ("limits.rate_limit_max_keys", l.rate_limit_max_keys),
             ("database.max_connections", d.max_connections as usize),
             ("ledger.ready_max_queue", self.ledger.ready_max_queue),
@@ -626,6 +657,7 @@ impl Config {
                 l.http_header_read_timeout,
             ),
             ("limits.http_connection_timeout", l.http_connection_timeout),
+            ("limits.http_idle_timeout", l.http_idle_timeout),
             ("limits.audit_window", l.audit_window),
             ("database.acquire_timeout", d.acquire_timeout),
             ("database.lock_timeout", d.lock_timeout),
@@ -662,6 +694,9 @@ impl Config {
                 )));
             }
         }
+        l.http_limits()
+            .validate(|field| format!("limits.http_{field}"))
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if self.ledger.commit_deadline <= d.lock_timeout {
             return Err(ConfigError::Invalid(format!(
                 "ledger.commit_deadline ({}) must be longer than database.lock_timeout ({}), \
@@ -1013,6 +1048,14 @@ mod tests {
         )
         .expect("loads");
         assert_eq!(c.limits.max_connections, 10);
+        let p = load_toml(
+            "probe_listen = \"127.0.0.1:0\"\n[limits]\nhttp_max_connections_per_source = 2\n\
+             http_idle_timeout = \"1s\"\n",
+        )
+        .expect("loads");
+        assert_eq!(p.probe_listen, Some("127.0.0.1:0".parse().unwrap()));
+        assert_eq!(p.limits.http_limits().max_connections_per_source, 2);
+        assert_eq!(p.limits.http_limits().idle_timeout, Duration::from_secs(1));
         assert_eq!(c.limits.connection_idle_timeout, Duration::from_secs(1));
         assert_eq!(c.limits.issuance_per_caller, RateConfig::new(3, 0.5));
         assert_eq!(c.database.lock_timeout, Duration::from_millis(500));
@@ -1029,6 +1072,15 @@ mod tests {
             (
                 "[database]\nlock_timeout = \"0s\"\n",
                 "database.lock_timeout",
+            ),
+            (
+                "[limits]\nhttp_idle_timeout = \"0s\"\n",
+                "limits.http_idle_timeout",
+            ),
+            (
+                "[limits]\nhttp_max_connections = 4\n",
+                "limits.http_max_connections_per_source (8) is larger than \
+                 limits.http_max_connections (4)",
             ),
             (
                 "[limits]\nissuance_per_caller = { burst = 0, per_second = 1.0 }\n",

@@ -22,12 +22,13 @@
 //! `spiffe://<trust domain>/signet/server` (the gRPC listener's certificate, renewed in place);
 //! the relying party authenticates it with a bundle obtained out of band and checks that SPIFFE
 //! ID. Profile `https_web`: a configured certificate chain and key (`web_cert_file`,
-//! `web_key_file`), for Web PKI. Bounded like `http_listen`: at most
-//! `limits.http_max_connections` connections (more are closed at once), the TLS handshake within
-//! `limits.tls_handshake_timeout`, the request headers within `limits.http_header_read_timeout`,
+//! `web_key_file`), for Web PKI. Bounded like `http_listen` (the same listener code, see
+//! [`signet_runtime::http`]): at most `limits.http_max_connections` connections and
+//! `limits.http_max_connections_per_source` from one source (more are closed at once), the TLS
+//! handshake within `limits.tls_handshake_timeout`, the request headers within
+//! `limits.http_header_read_timeout`, idle connections closed after `limits.http_idle_timeout`,
 //! no connection longer than `limits.http_connection_timeout`.
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -38,10 +39,8 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use signet_runtime::http::{Handshake, HttpLimits, HttpListener, Refusal};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
 use crate::bundle::{Bundle, BundleHandle};
@@ -247,27 +246,47 @@ pub fn tls_config(
     Ok(Arc::new(tls))
 }
 
-/// The bounds of the bundle endpoint's listener.
+/// The bounds of the bundle endpoint's listener: those of `http_listen` (`limits.http_*`),
+/// and the TLS handshake within `limits.tls_handshake_timeout`.
 #[derive(Debug, Clone, Copy)]
 pub struct EndpointLimits {
-    pub max_connections: usize,
+    pub http: HttpLimits,
     pub handshake_timeout: Duration,
-    pub header_read_timeout: Duration,
-    pub connection_timeout: Duration,
 }
 
 impl EndpointLimits {
     pub fn from_config(cfg: &Config) -> Self {
         Self {
-            max_connections: cfg.limits.http_max_connections,
+            http: cfg.limits.http_limits(),
             handshake_timeout: cfg.limits.tls_handshake_timeout,
-            header_read_timeout: cfg.limits.http_header_read_timeout,
-            connection_timeout: cfg.limits.http_connection_timeout,
         }
     }
 }
 
-/// Serves `router` over TLS on `listener` within `limits` until `shutdown` resolves.
+/// The bundle endpoint's TLS handshake, bounded in time.
+#[derive(Clone)]
+struct TlsHandshake {
+    acceptor: TlsAcceptor,
+    timeout: Duration,
+}
+
+impl Handshake for TlsHandshake {
+    type Io = tokio_rustls::server::TlsStream<TcpStream>;
+
+    async fn handshake(&self, tcp: TcpStream) -> std::io::Result<Self::Io> {
+        match tokio::time::timeout(self.timeout, self.acceptor.accept(tcp)).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "TLS handshake not finished within limits.tls_handshake_timeout",
+            )),
+        }
+    }
+}
+
+/// Serves `router` over TLS on `listener` within `limits` until `shutdown` resolves (see
+/// [`signet_runtime::http::serve_with`]). Refused connections are counted as
+/// `bundle_endpoint_connections` and `bundle_endpoint_connections_per_source`.
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -276,68 +295,28 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let acceptor = TlsAcceptor::from(tls);
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut refused: u64 = 0;
-    loop {
-        let (tcp, peer): (_, SocketAddr) = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "bundle endpoint: accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            refused += 1;
-            metrics.limited("bundle_endpoint_connections");
-            if refused.is_power_of_two() || refused.is_multiple_of(1024) {
-                tracing::warn!(%peer, refused_total = refused,
-                    "bundle endpoint: connection refused, the connection cap is reached");
-            }
-            drop(tcp);
-            continue;
-        };
-        let acceptor = acceptor.clone();
-        let service = TowerToHyperService::new(router.clone());
-        tokio::spawn(async move {
-            let _permit = permit;
-            let served = async {
-                let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp))
-                    .await
-                {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) => {
-                        tracing::debug!(%peer, error = %e, "bundle endpoint: TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(%peer, "bundle endpoint: TLS handshake timed out");
-                        return;
-                    }
-                };
-                let mut builder = hyper::server::conn::http1::Builder::new();
-                builder
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(limits.header_read_timeout);
-                if let Err(e) = builder.serve_connection(TokioIo::new(tls), service).await {
-                    tracing::debug!(%peer, error = %e, "bundle endpoint: connection ended");
-                }
-            };
-            // The handshake counts against the connection's lifetime too.
-            if tokio::time::timeout(limits.connection_timeout, served)
-                .await
-                .is_err()
-            {
-                tracing::debug!(%peer, "bundle endpoint: connection closed at its lifetime bound");
-            }
-        });
-    }
-    Ok(())
+    let handshake = TlsHandshake {
+        acceptor: TlsAcceptor::from(tls),
+        timeout: limits.handshake_timeout,
+    };
+    let l = HttpListener {
+        name: "federation.bundle_endpoint_listen",
+        listener,
+        limits: limits.http,
+    };
+    signet_runtime::http::serve_with(
+        l,
+        handshake,
+        router,
+        move |why| {
+            metrics.limited(match why {
+                Refusal::ListenerFull => "bundle_endpoint_connections",
+                Refusal::SourceFull => "bundle_endpoint_connections_per_source",
+            })
+        },
+        shutdown,
+    )
+    .await
 }
 
 #[cfg(test)]

@@ -5,9 +5,13 @@
 //! [`crl_router`]).
 //!
 //! Served by [`signet_runtime::http::serve`], so that every connection is bounded: at most
-//! `limits.http_max_connections` at once (more are closed at once), headers must arrive within
-//! `limits.http_header_read_timeout`, and no connection lives longer than
-//! `limits.http_connection_timeout`.
+//! `limits.http_max_connections` at once and `limits.http_max_connections_per_source` from one
+//! source (more are closed at once), headers must arrive within
+//! `limits.http_header_read_timeout`, a connection with nothing in flight is closed after
+//! `limits.http_idle_timeout`, and no connection lives longer than
+//! `limits.http_connection_timeout`. With `probe_listen` set, `/healthz` and `/readyz` are
+//! also served there by [`serve_probes`], which no client of `http_listen` can crowd out
+//! (why a listener of its own: [`signet_runtime::http`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,7 +21,7 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use signet_runtime::http::HttpLimits;
+use signet_runtime::http::{HttpListener, Refusal};
 use tokio::net::TcpListener;
 
 use crate::config::LimitsConfig;
@@ -134,7 +138,9 @@ async fn metrics_text(State(s): State<HttpState>) -> impl IntoResponse {
 }
 
 /// Serves `router` on `listener` with the connection limits of `limits` until `shutdown`
-/// resolves (see [`signet_runtime::http::serve`]).
+/// resolves (see [`signet_runtime::http::serve`]). Refused connections are counted in
+/// `signet_limited_total{limit="http_connections"}` (listener full) and
+/// `{limit="http_connections_per_source"}` (one source at its cap).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
@@ -142,16 +148,43 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let bounds = HttpLimits {
-        max_connections: limits.http_max_connections,
-        header_read_timeout: limits.http_header_read_timeout,
-        connection_timeout: limits.http_connection_timeout,
+    let l = HttpListener {
+        name: "http_listen",
+        listener,
+        limits: limits.http_limits(),
     };
     signet_runtime::http::serve(
+        l,
+        router,
+        move |why| {
+            metrics.limited(match why {
+                Refusal::ListenerFull => "http_connections",
+                Refusal::SourceFull => "http_connections_per_source",
+            })
+        },
+        shutdown,
+    )
+    .await
+}
+
+/// Serves the probes of `router` on `probe_listen` (see [`signet_runtime::http::serve_probes`]).
+/// Refusals are counted as `probe_connections` and `probe_connections_per_source`.
+pub async fn serve_probes(
+    listener: TcpListener,
+    router: Router,
+    metrics: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    signet_runtime::http::serve_probes(
+        "probe_listen",
         listener,
         router,
-        bounds,
-        move || metrics.limited("http_connections"),
+        move |why| {
+            metrics.limited(match why {
+                Refusal::ListenerFull => "probe_connections",
+                Refusal::SourceFull => "probe_connections_per_source",
+            })
+        },
         shutdown,
     )
     .await

@@ -90,6 +90,9 @@ fn main() -> std::process::ExitCode {
         println!("signet-server: CA for trust domain {td}");
         println!("  gRPC (TLS):    {}", s.grpc);
         println!("  HTTP:          {}", s.http);
+        if let Some(a) = s.probes {
+            println!("  probes:        {a}");
+        }
         println!("  root SHA-256:  {}", s.root_sha256);
         println!("  trust bundle:  {}", s.bundle_path.display());
         println!("  admin socket:  {}", s.admin_socket.display());

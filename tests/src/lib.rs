@@ -147,6 +147,8 @@ pub struct Server {
     pub data_dir: PathBuf,
     pub grpc: SocketAddr,
     pub http: SocketAddr,
+    /// The probe listener, when `probe_listen` is set.
+    pub probes: Option<SocketAddr>,
     pub root_sha256: String,
     pub bundle_pem: Vec<u8>,
     /// From the start-up banner ("CA for trust domain …").
@@ -233,6 +235,10 @@ impl Server {
         };
         let grpc = field("gRPC (TLS):").parse().unwrap();
         let http = field("HTTP:").parse().unwrap();
+        let probes = stdout
+            .iter()
+            .find_map(|l| l.trim().strip_prefix("probes:"))
+            .map(|v| v.trim().parse().unwrap());
         let root_sha256 = field("root SHA-256:");
         let bundle_pem = std::fs::read(data_dir.join("bundle.pem")).unwrap();
         let trust_domain = stdout
@@ -248,6 +254,7 @@ impl Server {
             data_dir,
             grpc,
             http,
+            probes,
             root_sha256,
             bundle_pem,
             trust_domain,

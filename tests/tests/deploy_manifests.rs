@@ -35,6 +35,9 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("Deployment", "signet-system", "signet-server"),
     ("Service", "signet-system", "signet-server"),
     ("PodDisruptionBudget", "signet-system", "signet-server"),
+    ("NetworkPolicy", "signet-system", "signet-server"),
+    ("NetworkPolicy", "signet-system", "signet-agent"),
+    ("NetworkPolicy", "signet-system", "signet-k8s"),
     ("ServiceAccount", "signet-system", "signet-agent"),
     ("ClusterRole", "", "signet-agent"),
     ("ClusterRoleBinding", "", "signet-agent"),
@@ -568,6 +571,47 @@ fn configs_load_and_the_pieces_agree() {
         agent.http_listen.ip().is_unspecified(),
         "probes reach the pod IP"
     );
+
+    // The kubelet's probes go to the probe listener (probe_listen), which no other client can
+    // fill (issue 24, finding 5), and no NetworkPolicy rule opens it: only the node reaches it.
+    for (kind, name, probe_listen) in [
+        ("Deployment", "signet-server", server.probe_listen),
+        ("DaemonSet", "signet-agent", agent.probe_listen),
+    ] {
+        let addr = probe_listen.unwrap_or_else(|| panic!("{name}: probe_listen must be set"));
+        assert!(
+            addr.ip().is_unspecified(),
+            "{name}: probes reach the pod IP"
+        );
+        let c = &pod_spec(&objs, kind, name)["containers"][0];
+        let port = c["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["containerPort"].as_u64() == Some(u64::from(addr.port())))
+            .unwrap_or_else(|| panic!("{name}: no container port for probe_listen {addr}"));
+        let port_name = s(port, "/name");
+        for probe in ["readinessProbe", "livenessProbe"] {
+            assert_eq!(
+                s(c, &format!("/{probe}/httpGet/port")),
+                port_name,
+                "{name}: {probe} must use the probe listener"
+            );
+        }
+        let policy = find(&objs, "NetworkPolicy", name);
+        for rule in policy["spec"]["ingress"].as_array().into_iter().flatten() {
+            let ports = rule["ports"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{name}: an ingress rule without ports opens all"));
+            for p in ports {
+                assert!(
+                    p["port"].as_str() != Some(port_name)
+                        && p["port"].as_u64() != Some(u64::from(addr.port())),
+                    "{name}: a NetworkPolicy rule admits pods to the probe listener"
+                );
+            }
+        }
+    }
 
     // Cross-checks on the raw TOML (keys of config sections that may be newer than this test).
     let st: toml::Value = toml::from_str(&server_toml).expect("server TOML");

@@ -153,22 +153,17 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// `/healthz` and `/readyz` (the process is up), on a listener bounded like every other one
-/// (connection cap, header-read timeout, connection lifetime).
+/// `/healthz` and `/readyz` (the process is up), on a probe listener
+/// ([`signet_runtime::http::serve_probes`]: connection and per-source caps, header-read, idle
+/// and lifetime timeouts sized for the kubelet).
 async fn health(addr: SocketAddr) -> anyhow::Result<()> {
     let l = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "health endpoint");
     let router = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok\n" }))
         .route("/readyz", axum::routing::get(|| async { "ok\n" }));
-    signet_runtime::http::serve(
-        l,
-        router,
-        signet_runtime::http::HttpLimits::default(),
-        || {},
-        std::future::pending(),
-    )
-    .await?;
+    signet_runtime::http::serve_probes("--health-addr", l, router, |_| {}, std::future::pending())
+        .await?;
     Ok(())
 }
 

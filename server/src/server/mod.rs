@@ -61,6 +61,8 @@ use tasks::{issue_server_cert, renew_server_cert, rotate, server_names};
 pub struct Started {
     pub grpc: SocketAddr,
     pub http: SocketAddr,
+    /// The probe listener (`probe_listen`), when on.
+    pub probes: Option<SocketAddr>,
     pub root_sha256: String,
     pub bundle_path: std::path::PathBuf,
     pub admin_socket: std::path::PathBuf,
@@ -242,6 +244,14 @@ pub async fn run(
     let http_listener = TcpListener::bind(cfg.http_listen)
         .await
         .with_context(|| format!("binding http_listen address {}", cfg.http_listen))?;
+    let probe_listener = match cfg.probe_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding probe_listen address {addr}"))?,
+        ),
+        None => None,
+    };
     let admin_path = cfg.admin_socket_path();
     let admin_listener = bind_admin_socket(&admin_path)?;
     let bundle_endpoint = match cfg.federation.bundle_endpoint_listen {
@@ -257,6 +267,10 @@ pub async fn run(
     let started = Started {
         grpc: grpc_listener.local_addr()?,
         http: http_listener.local_addr()?,
+        probes: match &probe_listener {
+            Some(l) => Some(l.local_addr()?),
+            None => None,
+        },
         root_sha256,
         bundle_path: cfg.bundle_path(),
         admin_socket: admin_path.clone(),
@@ -448,6 +462,23 @@ pub async fn run(
         wait(stop_rx.clone()),
     );
 
+    let probes = async {
+        let Some(listener) = probe_listener else {
+            return Ok(());
+        };
+        crate::http::serve_probes(
+            listener,
+            crate::http::router_with(
+                store.clone(),
+                metrics.clone(),
+                Some(ledger_progress.clone()),
+            ),
+            metrics.clone(),
+            wait(stop_rx.clone()),
+        )
+        .await
+    };
+
     let federation = async {
         let Some((listener, tls)) = bundle_endpoint else {
             return Ok(());
@@ -480,12 +511,13 @@ pub async fn run(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let (g, a, h, f) = tokio::join!(grpc, admin_srv, http, federation);
+    let (g, a, h, p, f) = tokio::join!(grpc, admin_srv, http, probes, federation);
     checkpoint_task.abort();
     let _ = std::fs::remove_file(&admin_path);
     g.context("gRPC server")?;
     a.context("admin server")?;
     h.context("HTTP server")?;
+    p.context("probe listener")?;
     f.context("SPIFFE bundle endpoint")?;
     Ok(())
 }

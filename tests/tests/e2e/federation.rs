@@ -218,7 +218,8 @@ async fn closed_within(tcp: &mut tokio::net::TcpStream, limit: Duration) -> Dura
 async fn the_bundle_endpoint_is_bounded_and_timed_out() {
     let server = Server::start(ServerOpts {
         extra_toml: "[federation]\nbundle_endpoint_listen = \"127.0.0.1:0\"\n\
-                     [limits]\nhttp_max_connections = 2\ntls_handshake_timeout = \"2s\"\n"
+                     [limits]\nhttp_max_connections = 2\nhttp_max_connections_per_source = 2\n\
+                     tls_handshake_timeout = \"2s\"\n"
             .into(),
         ..ServerOpts::default()
     })

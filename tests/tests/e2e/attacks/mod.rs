@@ -28,6 +28,7 @@ mod local_user_mint_key_mode;
 mod local_user_workload_api;
 mod network_limits;
 mod network_plugged_ca_sibling;
+mod network_probe_starvation;
 mod network_reserved_names;
 mod network_retired_jwks_key;
 mod network_server_impersonation;

@@ -520,7 +520,7 @@ async fn idle_and_half_open_connections_are_closed() {
 async fn connections_beyond_the_cap_are_closed_at_once() {
     let server = Server::start(ServerOpts {
         extra_toml: "[limits]\nmax_connections = 6\nmax_connections_per_source = 3\n\
-                     http_max_connections = 2\n"
+                     http_max_connections = 2\nhttp_max_connections_per_source = 2\n"
             .into(),
         ..ServerOpts::default()
     })
