@@ -371,7 +371,19 @@ impl CrlPublisher {
             let now_t = self.clock.now();
             let now = unix(now_t);
             let stored = self.store.stored_crl(&key_id).await?;
-            let extra = self.signers.extra_entries(&key_id);
+            let mut extra = self.signers.extra_entries(&key_id);
+            // What a root's CRL has listed as compromised stays listed, whatever the database
+            // says now (a cleared taint, a deleted slot): a stolen intermediate stays cut off.
+            for e in self.served_ca_compromises(&ca) {
+                if !extra.iter().any(|x| x.serial == e.serial) {
+                    tracing::error!(
+                        key_id,
+                        serial = %e.serial,
+                        "an intermediate this root's CRL listed as compromised is no longer tainted in the database; it stays listed"
+                    );
+                    extra.push(e);
+                }
+            }
             let floor = self.served_floor(&key_id);
             let rolled_back = stored.as_ref().filter(|s| s.number < floor);
             if let Some(s) = rolled_back {
@@ -495,6 +507,42 @@ impl CrlPublisher {
                 .and_then(|der| crl_number(&der))
                 .unwrap_or(0)
         })
+    }
+
+    /// The cACompromise entries of the CRL last served for the root `ca` (from memory, or the
+    /// CRL file this server wrote); none for an intermediate.
+    fn served_ca_compromises(&self, ca: &Authority) -> Vec<RevokedEntry> {
+        let der = ca.cert_der();
+        if crate::ca::authority::verify_issued_by(der, der).is_err() {
+            return Vec::new();
+        }
+        let key_id = ca.key_id();
+        let served = self
+            .bundle
+            .current()
+            .crls
+            .iter()
+            .find(|c| c.key_id == key_id)
+            .map(|c| c.der.clone())
+            .or_else(|| std::fs::read(self.dir.join(format!("{key_id}.crl"))).ok());
+        let Some(served) = served else {
+            return Vec::new();
+        };
+        let Ok((_, crl)) = x509_parser::parse_x509_crl(&served) else {
+            return Vec::new();
+        };
+        crl.iter_revoked_certificates()
+            .filter(|r| {
+                r.reason_code()
+                    .is_some_and(|(_, c)| c == x509_parser::x509::ReasonCode::CACompromise)
+            })
+            .map(|r| RevokedEntry {
+                serial: hex::encode(r.raw_serial()),
+                revoked_at: r.revocation_date.timestamp(),
+                reason: Reason::CaCompromise,
+                not_after: i64::MAX,
+            })
+            .collect()
     }
 
     /// Refreshes at the next chance (the CA view changed: a taint, a revoked intermediate).
@@ -860,5 +908,38 @@ mod tests {
         clock.advance(Duration::from_secs(3600));
         let fourth = p.refresh().await.unwrap();
         assert_eq!((fourth[0].number, fourth[0].entries), (4, 0));
+
+        // Someone with database access writes an older, validly signed CRL (number 2, listing
+        // the revoked certificate... or not) back: it is never served again, by this server or
+        // after a restart (the floor comes from the CRL file it wrote), and a newer one is
+        // signed above the highest number served.
+        let mark = store.revocation_mark().await.unwrap();
+        let older = StoredCrl {
+            ca_key_id: ca.key_id().into(),
+            number: second[0].number,
+            der: second[0].der.clone(),
+            this_update: unix(clock.now()),
+            next_update: unix(clock.now()) + 600,
+            mark,
+        };
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        sqlx::query(
+            "UPDATE crl_state SET number = $1, der = $2, this_update = $3, next_update = $4, \
+             mark = $5 WHERE ca_key_id = $6",
+        )
+        .bind(i64::try_from(older.number).unwrap())
+        .bind(&older.der)
+        .bind(older.this_update)
+        .bind(older.next_update)
+        .bind(i64::try_from(older.mark).unwrap())
+        .bind(ca.key_id())
+        .execute(&pool)
+        .await
+        .unwrap();
+        let restarted = publisher(clock.clone());
+        let fifth = restarted.refresh().await.unwrap();
+        assert_eq!(fifth[0].number, 5, "never below the 4 already served");
+        assert_eq!(std::fs::read(&file).unwrap(), fifth[0].der);
+        assert_eq!(bundle.current().crls, fifth);
     }
 }

@@ -443,17 +443,18 @@ pub async fn run(
             UnixListenerStream::new(admin_listener),
             wait(stop_rx.clone()),
         );
+    // What /readyz checks besides the database and the ledger writer (both listeners).
+    let ready_checks: Vec<Arc<dyn crate::http::ReadinessCheck>> = vec![
+        Arc::new(crate::ca::manager::CaReadiness(manager.clone())),
+        checkpoints.clone(),
+    ];
     let http = crate::http::serve(
         http_listener,
         crate::http::router_with(
             store.clone(),
             metrics.clone(),
             Some(ledger_progress.clone()),
-            vec![
-                Arc::new(crate::ca::manager::CaReadiness(manager.clone()))
-                    as Arc<dyn crate::http::ReadinessCheck>,
-                checkpoints.clone(),
-            ],
+            ready_checks.clone(),
         )
         .merge(crate::checkpoint::routes(checkpoints.clone()))
         .merge(crate::http::crl_router(bundle.clone())),
@@ -472,6 +473,7 @@ pub async fn run(
                 store.clone(),
                 metrics.clone(),
                 Some(ledger_progress.clone()),
+                ready_checks.clone(),
             ),
             metrics.clone(),
             wait(stop_rx.clone()),

@@ -314,6 +314,11 @@ impl CaManager {
                     "the CA slots have no active key and nothing to do".into(),
                 ));
             };
+            if vetted.is_root_step(&t)
+                && let Some(why) = vetted.root_replacement_refused()
+            {
+                return Err(ManagerError::Key(why));
+            }
             let staging = Staging {
                 store: store.as_ref(),
                 kek: &kek,
@@ -493,7 +498,21 @@ impl CaManager {
             let slots = &vetted.slots;
             let bare: Vec<Slot> = slots.iter().map(|s| s.slot.clone()).collect();
             let due = rotator::decide(&bare, now, &self.cfg.policy, self.jitter.as_ref());
-            let Some(t) = due.into_iter().next() else {
+            let refused = vetted.root_replacement_refused();
+            let mut due = due.into_iter();
+            let t = loop {
+                match due.next() {
+                    Some(t) if vetted.is_root_step(&t) && refused.is_some() => {
+                        tracing::error!(
+                            transition = ?t,
+                            reason = refused.as_deref().unwrap_or_default(),
+                            "CA root transition withheld"
+                        );
+                    }
+                    other => break other,
+                }
+            };
+            let Some(t) = t else {
                 last = Some((generation, vetted));
                 break;
             };

@@ -880,3 +880,137 @@ async fn a_tainted_intermediate_is_listed_by_its_root_until_the_root_stops_publi
         "kept past the notAfter"
     );
 }
+
+// ---- fresh-eyes review: database edits that used to make a new root or drop a CRL entry --
+
+async fn sql(dir: &tempfile::TempDir, statements: &[&str]) {
+    let pool = sqlx::SqlitePool::connect(&signet_testutil::sqlite_url(dir.path()))
+        .await
+        .unwrap();
+    for s in statements {
+        sqlx::query(s).execute(&pool).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_database_that_breaks_the_active_root_gets_no_new_root_by_itself() {
+    for edit in [
+        // The active root's state changed to retired (no rejection at all).
+        "UPDATE ca_keys SET state = 'retired' WHERE kind = 'root'",
+        // Its certificate swapped for another (rejected).
+        "UPDATE ca_keys SET cert_pem = (SELECT cert_pem FROM ca_keys WHERE kind = 'intermediate') WHERE kind = 'root'",
+    ] {
+        let (store, dir) = sqlite().await;
+        let kek = Kek::generate();
+        let m = manager(store.clone(), kek_copy(&kek), now()).await;
+        let roots = m.view().roots.clone();
+        sql(&dir, &[edit, "UPDATE ca_generation SET gen = gen + 1"]).await;
+        let _ = m.tick(after(Duration::from_secs(1))).await;
+        let (_, rows) = store.ca_slots().await.unwrap();
+        assert_eq!(
+            rows.iter().filter(|r| r.kind == "root").count(),
+            1,
+            "{edit}: a new root was made"
+        );
+        assert_eq!(m.view().roots, roots, "{edit}: the published roots changed");
+        // A restart refuses rather than replace the trust.
+        let Err(e) = CaManager::generated(
+            store.clone(),
+            kek_copy(&kek),
+            cfg(),
+            Arc::new(RandomSerials::default()),
+            Arc::new(NoJitter),
+            after(Duration::from_secs(2)),
+        )
+        .await
+        else {
+            panic!("{edit}: started with a new root");
+        };
+        let e = e.to_string();
+        assert!(
+            e.contains("refusing to generate") || e.contains("none of the"),
+            "{e}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_roots_crl_keeps_listing_an_intermediate_whose_taint_the_database_cleared() {
+    use crate::clock::fake::FakeClock;
+    let (store, dir) = sqlite().await;
+    let m = manager(store.clone(), Kek::generate(), now()).await;
+    let old = m.view().active.key_id().to_owned();
+    let p = m.prepare(false, "op", now()).await.unwrap();
+    m.activate(&p.key_id, "op", now()).await.unwrap();
+    m.taint(&old, "op", now()).await.unwrap();
+    m.revoke(&old, true, "op", now()).await.unwrap();
+    let bundle = crate::bundle::BundleHandle::new(
+        crate::bundle::Bundle {
+            trust_domain: testutil::td(),
+            roots: m.view().roots.clone(),
+            tainted_key_ids: Vec::new(),
+            revision: 1,
+            crls: Vec::new(),
+        },
+        dir.path().join("bundle.pem"),
+    )
+    .unwrap();
+    let publisher = |clock: Arc<FakeClock>| {
+        crate::crl::CrlPublisher::new(
+            store.clone(),
+            m.clone(),
+            bundle.clone(),
+            dir.path().join("crl"),
+            crate::crl::CrlConfig::default(),
+            clock,
+        )
+    };
+    let old_serial = hex::encode(
+        validate::parse_cert(
+            &m.view()
+                .slots
+                .iter()
+                .find(|s| s.slot.id == old)
+                .unwrap()
+                .cert_der,
+        )
+        .unwrap()
+        .raw_serial(),
+    );
+    let listed = |crls: &[crate::bundle::PublishedCrl]| {
+        crls.iter().any(|c| {
+            x509_parser::parse_x509_crl(&c.der).is_ok_and(|(_, crl)| {
+                crl.iter_revoked_certificates()
+                    .any(|r| hex::encode(r.raw_serial()) == old_serial)
+            })
+        })
+    };
+    let clock = Arc::new(FakeClock::at_unix(unix(now())));
+    assert!(listed(&publisher(clock.clone()).refresh().await.unwrap()));
+    // The database writer clears the taint (or deletes the row) and a revocation re-signs.
+    sql(
+        &dir,
+        &[
+            &format!("DELETE FROM ca_keys WHERE id = '{old}'"),
+            "UPDATE ca_generation SET gen = gen + 1",
+        ],
+    )
+    .await;
+    m.tick(after(Duration::from_secs(1))).await.unwrap();
+    assert!(
+        m.view()
+            .revoked_intermediates(
+                &m.view()
+                    .slots
+                    .iter()
+                    .find(|s| s.slot.kind == Kind::Root)
+                    .unwrap()
+                    .slot
+                    .id
+            )
+            .is_empty()
+    );
+    clock.advance(Duration::from_secs(13 * 3600));
+    // Same process, and a restart (a new publisher reading the CRL file it wrote).
+    assert!(listed(&publisher(clock.clone()).refresh().await.unwrap()));
+}

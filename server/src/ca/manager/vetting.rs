@@ -117,6 +117,60 @@ pub(super) struct Vetted {
 }
 
 impl Vetted {
+    /// Why the rotator must not make or activate a root by itself now, if it must not: there
+    /// is no accepted active root, yet the database holds roots (retired, or live but
+    /// rejected). That is the database's doing (a changed state, a swapped
+    /// certificate), not a first start: a new root would break every relying party's trust
+    /// without the propagation a root rotation waits for. The operator decides.
+    pub(super) fn root_replacement_refused(&self) -> Option<String> {
+        let root = |s: &&SlotInfo| s.slot.kind == Kind::Root;
+        if self
+            .slots
+            .iter()
+            .filter(root)
+            .any(|s| s.slot.state == State::Active)
+        {
+            return None;
+        }
+        let mut held: Vec<String> = self
+            .slots
+            .iter()
+            .filter(root)
+            // A prepared root with none active is a first start (or the active one put back
+            // to prepared: activating it again changes no trust).
+            .filter(|s| s.slot.state == State::Retired)
+            .map(|s| format!("{} ({})", s.slot.id, s.slot.state.as_str()))
+            .collect();
+        held.extend(
+            self.rejected
+                .iter()
+                .filter(|r| r.kind == Kind::Root.as_str() && r.state != State::Removed.as_str())
+                .map(|r| format!("{} ({}, rejected: {})", r.id, r.state, r.reason)),
+        );
+        if held.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "no stored root is active and usable, but the database holds root(s) {}: refusing to \
+             generate or activate a root by itself (that would replace the trust every relying \
+             party has); restore the row, or prepare and activate a root deliberately \
+             (signetctl ca prepare --root; signetctl ca activate KEY_ID)",
+            held.join(", ")
+        ))
+    }
+
+    /// Whether `t` makes or activates a root.
+    pub(super) fn is_root_step(&self, t: &Transition) -> bool {
+        match t {
+            Transition::PrepareRoot { .. } => true,
+            Transition::Activate { id, .. } => self
+                .slots
+                .iter()
+                .any(|s| s.slot.id == *id && s.slot.kind == Kind::Root),
+            _ => false,
+        }
+    }
+
     /// The opened key of an accepted live slot.
     pub(super) fn authority(&self, id: &str, keys: &Mutex<KeyCache>) -> Option<Arc<Authority>> {
         let s = self.slots.iter().find(|s| s.slot.id == id)?;
