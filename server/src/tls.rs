@@ -81,6 +81,10 @@ pub fn certified_key(chain: &[Vec<u8>], key_pkcs8: &[u8]) -> Result<CertifiedKey
 /// clients send the one certificate they have.
 pub struct ClientAnchors {
     current: ArcSwap<Arc<dyn ClientCertVerifier>>,
+    /// The anchors themselves: a client certificate must be signed directly by one of them
+    /// (a root is an anchor too, and webpki would otherwise accept a chain through any
+    /// intermediate it signed, a removed one included).
+    issuers: ArcSwap<Vec<Vec<u8>>>,
 }
 
 impl std::fmt::Debug for ClientAnchors {
@@ -106,13 +110,23 @@ impl ClientAnchors {
     pub fn new(anchors: &[Vec<u8>]) -> Result<Arc<Self>, String> {
         Ok(Arc::new(Self {
             current: ArcSwap::from_pointee(client_verifier(anchors)?),
+            issuers: ArcSwap::from_pointee(anchors.to_vec()),
         }))
     }
 
     /// Replaces the anchors for the handshakes that start from now on.
     pub fn replace(&self, anchors: &[Vec<u8>]) -> Result<(), String> {
         self.current.store(Arc::new(client_verifier(anchors)?));
+        self.issuers.store(Arc::new(anchors.to_vec()));
         Ok(())
+    }
+
+    /// Whether `leaf` is signed directly by one of the anchors.
+    fn issued_by_an_anchor(&self, leaf: &[u8]) -> bool {
+        self.issuers
+            .load()
+            .iter()
+            .any(|a| crate::ca::authority::verify_issued_by(leaf, a).is_ok())
     }
 }
 
@@ -135,9 +149,17 @@ impl ClientCertVerifier for ClientAnchors {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.current
+        let verified = self
+            .current
             .load()
-            .verify_client_cert(end_entity, intermediates, now)
+            .verify_client_cert(end_entity, intermediates, now)?;
+        if !self.issued_by_an_anchor(end_entity.as_ref()) {
+            // A chain through an intermediate that is no longer trusted (removed).
+            return Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::UnknownIssuer,
+            ));
+        }
+        Ok(verified)
     }
 
     fn verify_tls12_signature(

@@ -92,7 +92,7 @@ fn steal_key(url: &str, data_dir: &Path, id: &str) -> (String, Vec<u8>) {
 }
 
 /// A leaf for `spiffe_id` signed with the stolen key: no ledger row, no serial Signet knows.
-fn forge(int_pem: &str, pkcs8: &[u8]) -> String {
+fn forge(int_pem: &str, pkcs8: &[u8]) -> (String, String) {
     let ca_key = rcgen::KeyPair::try_from(pkcs8).unwrap();
     let issuer = rcgen::Issuer::from_ca_cert_pem(int_pem, ca_key).unwrap();
     let key = rcgen::KeyPair::generate().unwrap();
@@ -110,7 +110,7 @@ fn forge(int_pem: &str, pkcs8: &[u8]) -> String {
         rcgen::ExtendedKeyUsagePurpose::ClientAuth,
     ];
     p.use_authority_key_identifier_extension = true;
-    p.signed_by(&key, &issuer).unwrap().pem()
+    (p.signed_by(&key, &issuer).unwrap().pem(), key.serialize_pem())
 }
 
 /// Every CRL the server publishes (its `<data_dir>/crl/*.crl`), as one PEM file.
@@ -185,7 +185,7 @@ async fn a_stolen_intermediate_is_cut_off_by_its_roots_crl_after_the_walkthrough
     // The theft, and what it buys before anyone notices: a leaf of any identity that verifies
     // with CRL checking.
     let (int_pem, pkcs8) = steal_key(&url, &server.data_dir, &old);
-    let forged = forge(&int_pem, &pkcs8);
+    let (forged, forged_key) = forge(&int_pem, &pkcs8);
     verify_with_crls(&server, &int_pem, &forged).expect("the forged leaf verifies before");
 
     // The walkthrough.
@@ -213,6 +213,17 @@ async fn a_stolen_intermediate_is_cut_off_by_its_roots_crl_after_the_walkthrough
     })
     .await;
     assert!(why.contains("certificate revoked"), "{why}");
+    // The server's mTLS does not take it either: the handshake refuses a chain through the
+    // removed intermediate (the root is an anchor, but a leaf must be signed by a live key).
+    let der = |pem: &str| signet_types::pem::parse_certs(pem.as_bytes()).unwrap().remove(0);
+    let holder = super::support::identity(&[der(&forged), der(&int_pem)], &forged_key);
+    let refused = super::support::renew_over_mtls(&server, &holder, 0, &[])
+        .await
+        .expect_err("a forged leaf authenticated");
+    assert!(
+        !refused.message().contains("ledger"),
+        "the TLS handshake let it through to the ledger check: {refused:?}"
+    );
     let (code, _) = server.http_get(&format!("/crl/{root}.crl")).await;
     assert_eq!(code, 200, "the root's CRL over HTTP");
     // The taint signal stays while the old key's certificates may be held.
