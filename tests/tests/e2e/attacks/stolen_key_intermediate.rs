@@ -110,7 +110,10 @@ fn forge(int_pem: &str, pkcs8: &[u8]) -> (String, String) {
         rcgen::ExtendedKeyUsagePurpose::ClientAuth,
     ];
     p.use_authority_key_identifier_extension = true;
-    (p.signed_by(&key, &issuer).unwrap().pem(), key.serialize_pem())
+    (
+        p.signed_by(&key, &issuer).unwrap().pem(),
+        key.serialize_pem(),
+    )
 }
 
 /// Every CRL the server publishes (its `<data_dir>/crl/*.crl`), as one PEM file.
@@ -215,7 +218,11 @@ async fn a_stolen_intermediate_is_cut_off_by_its_roots_crl_after_the_walkthrough
     assert!(why.contains("certificate revoked"), "{why}");
     // The server's mTLS does not take it either: the handshake refuses a chain through the
     // removed intermediate (the root is an anchor, but a leaf must be signed by a live key).
-    let der = |pem: &str| signet_types::pem::parse_certs(pem.as_bytes()).unwrap().remove(0);
+    let der = |pem: &str| {
+        signet_types::pem::parse_certs(pem.as_bytes())
+            .unwrap()
+            .remove(0)
+    };
     let holder = super::support::identity(&[der(&forged), der(&int_pem)], &forged_key);
     let refused = super::support::renew_over_mtls(&server, &holder, 0, &[])
         .await
