@@ -7,23 +7,10 @@
 //! operator removes it with `signetctl ca revoke`.
 
 use signet_proto::ca::GetBundleRequest;
-use signet_proto::istio_ca::IstioCertificateRequest;
 use signet_tests::*;
 
 use super::support::*;
 use crate::agent::eventually;
-
-fn psql(url: &str, sql: &str) {
-    let out = std::process::Command::new("psql")
-        .args([url, "-v", "ON_ERROR_STOP=1", "-qc", sql])
-        .output()
-        .expect("psql");
-    assert!(
-        out.status.success(),
-        "{sql}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 #[tokio::test]
 async fn a_root_inserted_into_the_database_is_trusted_nowhere_and_flagged() {
@@ -116,24 +103,7 @@ async fn a_root_inserted_into_the_database_is_trusted_nowhere_and_flagged() {
         !b.roots.iter().any(|r| r.as_slice() == root.der().as_ref()),
         "in GetBundle"
     );
-    let (csr, _key) = csr_with(&[], &[]);
-    let req = signet_client::with_bearer(
-        IstioCertificateRequest {
-            csr,
-            validity_duration: 600,
-            metadata: None,
-        },
-        &tokens.token("payments", "api"),
-    )
-    .unwrap();
-    let chain = server
-        .istio()
-        .await
-        .create_certificate(req)
-        .await
-        .unwrap()
-        .into_inner()
-        .cert_chain;
+    let chain = istio_chain(&server, &tokens).await;
     assert!(
         !chain.last().unwrap().contains(pem_text.trim()),
         "in Istio's cert_chain"

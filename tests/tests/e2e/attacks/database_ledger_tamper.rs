@@ -16,18 +16,6 @@ use super::support::*;
 
 const ZTUNNEL: &str = "spiffe://example.org/ns/istio-system/sa/ztunnel";
 
-fn psql(url: &str, sql: &str) {
-    let out = std::process::Command::new("psql")
-        .args([url, "-v", "ON_ERROR_STOP=1", "-qc", sql])
-        .output()
-        .expect("psql");
-    assert!(
-        out.status.success(),
-        "{sql}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn verify(server: &Server) -> (bool, String) {
     let o = server.signetctl(&["ledger", "verify"]);
     (

@@ -10,18 +10,6 @@ use signet_tests::{Server, ServerOpts, TokenIssuer, csr_with};
 
 use super::support::*;
 
-fn psql(url: &str, sql: &str) {
-    let out = std::process::Command::new("psql")
-        .args([url, "-v", "ON_ERROR_STOP=1", "-qc", sql])
-        .output()
-        .expect("psql");
-    assert!(
-        out.status.success(),
-        "{sql}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[tokio::test]
 async fn extreme_times_in_a_ledger_row_neither_crash_nor_widen_a_renewal() {
     let tokens = TokenIssuer::new("k1");

@@ -10,23 +10,11 @@ use std::path::Path;
 
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use signet_proto::ca::GetBundleRequest;
-use signet_proto::istio_ca::IstioCertificateRequest;
 use signet_tests::*;
 
-use crate::agent::eventually;
+use super::support::{istio_chain, psql_one};
 
-fn psql_one(url: &str, sql: &str) -> String {
-    let out = std::process::Command::new("psql")
-        .args([url, "-v", "ON_ERROR_STOP=1", "-At", "-c", sql])
-        .output()
-        .expect("psql");
-    assert!(
-        out.status.success(),
-        "{sql}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
+use crate::agent::eventually;
 
 fn ctl(server: &Server, args: &[&str]) -> String {
     let out = server.signetctl(args);
@@ -255,24 +243,7 @@ async fn a_stolen_intermediate_is_cut_off_by_its_roots_crl_after_the_walkthrough
         &url,
         &format!("SELECT cert_pem FROM ca_keys WHERE id = '{new}'"),
     );
-    let (csr, _key) = csr_with(&[], &[]);
-    let req = signet_client::with_bearer(
-        IstioCertificateRequest {
-            csr,
-            validity_duration: 600,
-            metadata: None,
-        },
-        &tokens.token("payments", "api"),
-    )
-    .unwrap();
-    let chain = server
-        .istio()
-        .await
-        .create_certificate(req)
-        .await
-        .unwrap()
-        .into_inner()
-        .cert_chain;
+    let chain = istio_chain(&server, &tokens).await;
     assert_eq!(
         chain[1].trim(),
         new_pem.trim(),

@@ -1,5 +1,6 @@
 //! What several attack modules need: a node attested with a join token, entries and their
-//! certificates through the node API, mTLS identities from issued chains.
+//! certificates through the node API, mTLS identities from issued chains, an Istio chain for a
+//! token, and `psql` for the database attacker.
 
 use signet_client::ClientIdentity;
 use signet_proto::admin::node_admin_client::NodeAdminClient;
@@ -148,4 +149,46 @@ pub fn assert_denied<T: std::fmt::Debug>(r: Result<T, tonic::Status>, want: &str
     let e = r.expect_err(want);
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
     assert!(e.message().contains(want), "{want}: {}", e.message());
+}
+
+/// Runs `sql` in `url` with psql, as someone with database access does.
+pub fn psql(url: &str, sql: &str) {
+    psql_one(url, sql);
+}
+
+/// [`psql`], returning the output unaligned, without headers (`-At`), trimmed.
+pub fn psql_one(url: &str, sql: &str) -> String {
+    let out = std::process::Command::new("psql")
+        .args([url, "-v", "ON_ERROR_STOP=1", "-At", "-c", sql])
+        .output()
+        .expect("psql");
+    assert!(
+        out.status.success(),
+        "{sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// The Istio API's `cert_chain` for the `payments/api` service account's token (leaf,
+/// intermediate, then every root concatenated).
+pub async fn istio_chain(server: &Server, tokens: &signet_tests::TokenIssuer) -> Vec<String> {
+    let (csr, _key) = signet_tests::csr_with(&[], &[]);
+    let req = signet_client::with_bearer(
+        signet_proto::istio_ca::IstioCertificateRequest {
+            csr,
+            validity_duration: 600,
+            metadata: None,
+        },
+        &tokens.token("payments", "api"),
+    )
+    .unwrap();
+    server
+        .istio()
+        .await
+        .create_certificate(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .cert_chain
 }
