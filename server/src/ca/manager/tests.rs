@@ -598,6 +598,18 @@ fn the_kek_is_generated_once_0600_and_a_configured_one_is_never_replaced() {
 
 // ---- vetting: the database alone adds no trust (issue 24, finding 1) ----------------------
 
+/// A new self-signed root and its PKCS#8 key, stored nowhere.
+fn fresh_root() -> (Authority, Vec<u8>) {
+    Authority::generate_root(
+        &testutil::td(),
+        KeyType::EcdsaP256,
+        now(),
+        ROOT_TTL,
+        &RandomSerials::default(),
+    )
+    .unwrap()
+}
+
 /// A stored root row of `authority` (prepared), its key sealed under `kek` with `aad`.
 fn root_row(authority: &Authority, pkcs8: &[u8], kek: &Kek, aad: &[u8]) -> CaSlotRow {
     let id = authority.key_id().to_owned();
@@ -643,14 +655,7 @@ async fn a_root_inserted_by_a_database_writer_is_trusted_nowhere_and_reported_on
     let m = manager(store.clone(), Kek::generate(), now()).await;
     // The attacker's own root, "sealed" under a key-encryption key of their own (they do not
     // have ours), inserted as a prepared root; the generation moves with it.
-    let (evil, pkcs8) = Authority::generate_root(
-        &testutil::td(),
-        KeyType::EcdsaP256,
-        now(),
-        ROOT_TTL,
-        &RandomSerials::default(),
-    )
-    .unwrap();
+    let (evil, pkcs8) = fresh_root();
     let id = evil.key_id().to_owned();
     let theirs = Kek::generate();
     let aad = vetting::slot_aad(&id, Kind::Root, None, evil.cert_der());
@@ -701,25 +706,11 @@ async fn a_stored_row_whose_certificate_was_swapped_does_not_open() {
     let (store, _dir) = sqlite().await;
     let kek = Kek::generate();
     let m = manager(store.clone(), kek_copy(&kek), now()).await;
-    let (evil, pkcs8) = Authority::generate_root(
-        &testutil::td(),
-        KeyType::EcdsaP256,
-        now(),
-        ROOT_TTL,
-        &RandomSerials::default(),
-    )
-    .unwrap();
+    let (evil, pkcs8) = fresh_root();
     // Sealed under OUR key (as if by a replica), then its certificate replaced by another.
     let aad = vetting::slot_aad(evil.key_id(), Kind::Root, None, evil.cert_der());
     let mut row = root_row(&evil, &pkcs8, &kek, &aad);
-    let (other, _) = Authority::generate_root(
-        &testutil::td(),
-        KeyType::EcdsaP256,
-        now(),
-        ROOT_TTL,
-        &RandomSerials::default(),
-    )
-    .unwrap();
+    let (other, _) = fresh_root();
     row.cert_pem = signet_types::pem::cert_to_pem(other.cert_der());
     insert_row(store.as_ref(), row).await;
     m.tick(after(Duration::from_secs(1))).await.unwrap();
@@ -734,14 +725,7 @@ async fn a_key_sealed_before_the_binding_is_checked_and_sealed_again() {
     let (store, _dir) = sqlite().await;
     let kek = Kek::generate();
     let m = manager(store.clone(), kek_copy(&kek), now()).await;
-    let (old, pkcs8) = Authority::generate_root(
-        &testutil::td(),
-        KeyType::EcdsaP256,
-        now(),
-        ROOT_TTL,
-        &RandomSerials::default(),
-    )
-    .unwrap();
+    let (old, pkcs8) = fresh_root();
     let id = old.key_id().to_owned();
     // The earlier sealing: the ID alone as associated data.
     insert_row(store.as_ref(), root_row(&old, &pkcs8, &kek, id.as_bytes())).await;
@@ -783,17 +767,17 @@ async fn a_removed_root_put_back_by_the_database_does_not_come_back() {
         .clone();
     assert!(!m.view().roots.contains(&der));
     // Someone with database access resurrects it.
-    let url = signet_testutil::sqlite_url(_dir.path());
-    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
-    sqlx::query("UPDATE ca_keys SET state = 'prepared', removed_at = NULL WHERE id = $1")
-        .bind(&p.key_id)
-        .execute(&pool)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE ca_generation SET gen = gen + 1")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sql(
+        &_dir,
+        &[
+            &format!(
+                "UPDATE ca_keys SET state = 'prepared', removed_at = NULL WHERE id = '{}'",
+                p.key_id
+            ),
+            "UPDATE ca_generation SET gen = gen + 1",
+        ],
+    )
+    .await;
     m.tick(after(Duration::from_secs(1))).await.unwrap();
     assert!(!m.view().roots.contains(&der), "removal erased its key");
     assert!(m.view().readiness().is_err());
