@@ -339,11 +339,11 @@ impl PgStore {
         let Some(head) = self.known_head() else {
             return Ok(None);
         };
+        let (chained, new_seq, new_hash) = rows::chain(head.seq, head.hash, batch)?;
         // A renewal takes the locking path, which refuses one whose parent was revoked.
-        if batch.iter().any(|c| c.renewed_from().is_some()) {
+        if chained.iter().any(|c| c.renewed_from.is_some()) {
             return Ok(None);
         }
-        let (chained, new_seq, new_hash) = rows::chain(head.seq, head.hash, batch)?;
         let columns = Columns::of(chained);
         let sql = format!(
             "WITH moved AS (UPDATE ledger_head SET seq = $18, hash = $19 \
