@@ -231,6 +231,15 @@ for s in ["unix:uid:1000", "unix:gid:0", "unix:user:www-data", "unix:path:/usr/b
           "unix:path:/a//b/", "unix:user:a:b", "k8s:ns:default", "unix:uid:4294967296", "unix:path:relative"]:
     put("selector", s)
 put("selector", "www-data\nroot:x:0:0:root:/root:/bin/bash\n# comment:x:5:5\nwww-data:x:33:33::/var/www:/usr/sbin/nologin\nbroken\n")
+for s in ["k8s:sa:web-1", "k8s:pod-label:app.kubernetes.io/name:web", "k8s:pod-label:tier:",
+          "k8s:ns:Default", "unix:uid:01000", "unix:path:/usr/../bin/sh", "unix:user:a b", "unix:path:/a\nb",
+          "unix:uid:1000\nunix:path:/usr/bin/app\nk8s:ns:team-a\nk8s:sa:web-1"]:
+    put("selector", s)
+# DNS names, RFC 1123 labels and subdomains (Kubernetes names): signet_types::fuzzing::dns_names
+for s in ["a", "web-1", "a.b", "istio.default", "z" * 63, "a." * 126 + "b", "", ".", "a.", "a..b", "a.-b",
+          "a-.b", "a_b", "*.a", "Web", "a.B", "z" * 64, "a." * 126 + "bc", "*.example.org", "::1", "1.2.3.4",
+          "signet-system\nkube-system\nsignet-agent.v2\nnode-1.example.internal"]:
+    put("dns_names", s)
 
 # ---- DNS templates, nodes ----------------------------------------------------------------
 for t in ["{serviceaccount}.{namespace}.svc;*.{namespace}.svc.cluster.local\n*.{namespace}.svc\nweb.default.svc\ndefault\nweb\nother\nweb",

@@ -10,6 +10,12 @@
 //! - [`DnsLabel`]: one LDH label (letters, digits, `-`; 1–63; no leading or trailing `-`).
 //! - [`Dns1123Label`]: a Kubernetes namespace name (RFC 1123 label): a [`DnsLabel`] in
 //!   lowercase.
+//! - [`Dns1123Subdomain`]: a Kubernetes object name (Secret, ServiceAccount, Node): one or more
+//!   [`Dns1123Label`]s joined by `.`, at most 253 in all. Stricter than Kubernetes' own
+//!   `IsDNS1123Subdomain` in one way: each label is at most 63 (RFC 1123), as a DNS name's is.
+//!
+//! Which to use for a Kubernetes name: a namespace is a [`Dns1123Label`]; a Secret, a Node or
+//! a ServiceAccount name is a [`Dns1123Subdomain`].
 
 use std::fmt;
 use std::net::IpAddr;
@@ -145,6 +151,44 @@ fn check_1123_label(label: &str) -> Result<(), DnsError> {
     Ok(())
 }
 
+/// A Kubernetes object name (RFC 1123 subdomain): lowercase [`Dns1123Label`]s of 1–63
+/// joined by `.`, at most 253 bytes; so every label starts and ends with a letter or digit,
+/// and there is no empty label (`a..b`, `.a`, `a.` are refused).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Dns1123Subdomain(String);
+
+impl Dns1123Subdomain {
+    pub fn new(name: &str) -> Result<Self, DnsError> {
+        check_1123_subdomain(name)?;
+        Ok(Self(name.to_owned()))
+    }
+
+    /// Whether [`Dns1123Subdomain::new`] accepts `name`.
+    pub fn is_valid(name: &str) -> bool {
+        check_1123_subdomain(name).is_ok()
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+fn check_1123_subdomain(name: &str) -> Result<(), DnsError> {
+    if name.is_empty() {
+        return Err(DnsError::Empty);
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(DnsError::NameTooLong);
+    }
+    for label in name.split('.') {
+        check_1123_label(label).map_err(|e| match e {
+            DnsError::Empty => DnsError::BadLabel,
+            e => e,
+        })?;
+    }
+    Ok(())
+}
+
 macro_rules! string_newtype {
     ($t:ident) => {
         impl FromStr for $t {
@@ -184,12 +228,31 @@ macro_rules! string_newtype {
                 v.0
             }
         }
+
+        impl PartialEq<str> for $t {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<String> for $t {
+            fn eq(&self, other: &String) -> bool {
+                &self.0 == other
+            }
+        }
+
+        impl PartialEq<$t> for String {
+            fn eq(&self, other: &$t) -> bool {
+                self == &other.0
+            }
+        }
     };
 }
 
 string_newtype!(DnsName);
 string_newtype!(DnsLabel);
 string_newtype!(Dns1123Label);
+string_newtype!(Dns1123Subdomain);
 
 #[cfg(test)]
 mod tests {
@@ -244,6 +307,64 @@ mod tests {
         let ns: Dns1123Label = "web".parse().expect("valid");
         assert_eq!(ns.as_str(), "web");
         assert_eq!(format!("{ns:?}"), "Dns1123Label(\"web\")");
+    }
+
+    #[test]
+    fn kubernetes_object_names() {
+        for ok in [
+            "a",
+            "web-1",
+            "signet-agent",
+            "a.b",
+            "istio.default",
+            "0.1-x.z9",
+            &"z".repeat(63),
+            &format!("{}b", "a.".repeat(126)),
+        ] {
+            assert!(Dns1123Subdomain::is_valid(ok), "{ok}");
+            let n: Dns1123Subdomain = ok.parse().expect("valid");
+            assert_eq!(n.to_string(), ok, "kept as written");
+        }
+        for (bad, why) in [
+            ("", DnsError::Empty),
+            (".", DnsError::BadLabel),
+            ("a.", DnsError::BadLabel),
+            (".a", DnsError::BadLabel),
+            ("a..b", DnsError::BadLabel),
+            ("-a", DnsError::BadLabel),
+            ("a-", DnsError::BadLabel),
+            ("a.-b", DnsError::BadLabel),
+            ("a-.b", DnsError::BadLabel),
+            ("a_b", DnsError::BadLabel),
+            ("a b", DnsError::BadLabel),
+            ("*.a", DnsError::BadLabel),
+            ("Web", DnsError::Uppercase),
+            ("a.B", DnsError::Uppercase),
+            (&"z".repeat(64), DnsError::BadLabel),
+            (&format!("a.{}", "z".repeat(64)), DnsError::BadLabel),
+            (&format!("{}bc", "a.".repeat(126)), DnsError::NameTooLong),
+        ] {
+            assert!(!Dns1123Subdomain::is_valid(bad), "{bad}");
+            assert_eq!(Dns1123Subdomain::new(bad), Err(why), "{bad}");
+        }
+        // Every RFC 1123 label is a one-label subdomain, and only lowercase DNS names are.
+        assert!(Dns1123Subdomain::is_valid("signet-system"));
+        let ns: Dns1123Label = "web".parse().expect("valid");
+        assert!(ns == *"web" && ns == "web".to_owned() && "web".to_owned() == ns);
+    }
+
+    /// What the four copies this type replaced accepted and it does not (issue 25): the
+    /// agent's sink-name check (`agent/src/config.rs`) let `a..b`, `a.-b`, `a-.b` and `.` in
+    /// names of more than one character through (it only looked at the first and last
+    /// character); none of the four bounded a label to 63; the server's PSAT node-name check
+    /// (`server/src/authn/psat.rs`) had no total bound of 253 either.
+    #[test]
+    fn inputs_the_old_copies_accepted_are_refused() {
+        let long_label = format!("a.{}", "b".repeat(64));
+        let long_name = format!("{}bc", "a.".repeat(126));
+        for bad in ["a..b", "a.-b", "a-.b", &long_label, &long_name] {
+            assert!(!Dns1123Subdomain::is_valid(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -5,7 +5,9 @@
 
 use std::str::FromStr;
 
+use crate::dns::{Dns1123Label, Dns1123Subdomain, DnsLabel, DnsName};
 use crate::ledger::{self, GENESIS, LedgerEntry, Verifier};
+use crate::selector::{MAX_SELECTOR_LEN, Selector};
 use crate::{SpiffeId, TrustDomain, pem};
 
 /// `SpiffeId::from_str` and `TrustDomain::new`: whatever parses prints back to a string that
@@ -85,6 +87,79 @@ pub fn pem(data: &[u8]) {
         );
     }
     let _ = pem::parse_one(data, &[]);
+}
+
+/// Registration-entry selectors (`Selector::from_str`), one per line, as the server validates
+/// them and the agent parses them: only the canonical spelling parses (print gives back the
+/// very input), parse → print → parse is the identity, and an accepted selector is short and
+/// free of control characters.
+pub fn selector(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    for line in text.split('\n').take(8) {
+        let Ok(sel) = Selector::from_str(line) else {
+            continue;
+        };
+        let printed = sel.to_string();
+        assert_eq!(printed, line, "only the canonical spelling parses");
+        assert_eq!(
+            Selector::from_str(&printed).as_ref(),
+            Ok(&sel),
+            "selector round trip"
+        );
+        assert!(line.len() <= MAX_SELECTOR_LEN);
+        assert!(!line.chars().any(char::is_control));
+        assert_eq!(sel.is_kubernetes(), line.starts_with("k8s:"));
+    }
+}
+
+/// DNS names and Kubernetes names (`dns`), one per line: each type's `is_valid` agrees with
+/// its constructor, what is built prints as written, and the types nest as documented: an RFC
+/// 1123 label is a one-label subdomain and an LDH label; a subdomain is lowercase, at most 253,
+/// every label an RFC 1123 label, and a DNS name unless it reads as an IP address.
+pub fn dns_names(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    for line in text.split('\n').take(8) {
+        let name = DnsName::new(line);
+        let label = DnsLabel::new(line);
+        let k8s_label = Dns1123Label::new(line);
+        let sub = Dns1123Subdomain::new(line);
+        assert_eq!(name.is_ok(), DnsName::is_valid(line));
+        assert_eq!(label.is_ok(), DnsLabel::is_valid(line));
+        assert_eq!(k8s_label.is_ok(), Dns1123Label::is_valid(line));
+        assert_eq!(sub.is_ok(), Dns1123Subdomain::is_valid(line));
+        for printed in [
+            name.as_ref().ok().map(ToString::to_string),
+            label.as_ref().ok().map(ToString::to_string),
+            k8s_label.as_ref().ok().map(ToString::to_string),
+            sub.as_ref().ok().map(ToString::to_string),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            assert_eq!(printed, line, "kept as written");
+        }
+        if k8s_label.is_ok() {
+            assert!(label.is_ok() && sub.is_ok(), "a 1123 label is a subdomain");
+        }
+        if label.is_ok() {
+            assert!(line.parse::<std::net::IpAddr>().is_ok() || name.is_ok());
+        }
+        let by_labels = !line.is_empty()
+            && line.len() <= crate::dns::MAX_NAME_LEN
+            && line.split('.').all(Dns1123Label::is_valid);
+        assert_eq!(sub.is_ok(), by_labels, "a subdomain is 1123 labels");
+        if sub.is_ok() {
+            assert!(!line.bytes().any(|b| b.is_ascii_uppercase()));
+            assert!(
+                name.is_ok() || line.parse::<std::net::IpAddr>().is_ok(),
+                "a subdomain is a DNS name"
+            );
+        }
+    }
 }
 
 fn ledger_entry(seq: u64, data: &[u8]) -> Option<LedgerEntry> {
@@ -261,6 +336,11 @@ mod tests {
         assert!(
             replay("checkpoint", super::checkpoint) > 0,
             "checkpoint corpus"
+        );
+        assert!(replay("selector", super::selector) > 0, "selector corpus");
+        assert!(
+            replay("dns_names", super::dns_names) > 0,
+            "dns_names corpus"
         );
     }
 

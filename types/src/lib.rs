@@ -7,8 +7,11 @@
 //! - [`ledger`]: the canonical encoding and hash chain of the issuance ledger, shared by the
 //!   server that writes it and the CLI that verifies it.
 //! - [`checkpoint`]: the signed statement of the ledger's head (encoding, signature, JSON).
-//! - [`dns`]: DNS names and labels ([`dns::DnsName`], [`dns::DnsLabel`],
-//!   [`dns::Dns1123Label`]), only constructible valid.
+//! - [`dns`]: DNS names and labels ([`dns::DnsName`], [`dns::DnsLabel`]) and Kubernetes names
+//!   ([`dns::Dns1123Label`] for a namespace, [`dns::Dns1123Subdomain`] for an object name),
+//!   only constructible valid.
+//! - [`selector`]: registration-entry selectors ([`Selector`]), the one grammar the server
+//!   validates and the agent matches.
 //! - [`node`]: node IDs and the node SPIFFE IDs they make.
 //! - [`ttl`]: the limits on a requested certificate lifetime.
 //! - [`untrusted`]: the one way to put text a caller sent into a message (quoted, cut short,
@@ -22,10 +25,12 @@ pub mod fuzzing;
 pub mod ledger;
 pub mod node;
 pub mod pem;
+pub mod selector;
 mod spiffe_id;
 pub mod ttl;
 pub mod untrusted;
 
+pub use selector::{Selector, SelectorError};
 pub use spiffe_id::{SpiffeId, SpiffeIdError, TrustDomain};
 
 /// Lowercase hex of a certificate serial's magnitude: the DER INTEGER content without leading
