@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use signet_runtime::config::Layers;
 use signet_types::SpiffeId;
+use signet_types::dns::{Dns1123Label, Dns1123Subdomain};
 
 use crate::ca::AttestCredential;
 
@@ -665,8 +666,19 @@ impl Config {
                 ))
             })?;
             if let SinkKind::KubernetesSecret(k) = &s.kind {
-                for (what, v) in [("namespace", &k.namespace), ("secret_name", &k.secret_name)] {
-                    if !is_dns_subdomain(v) {
+                for (what, v, ok) in [
+                    (
+                        "namespace",
+                        &k.namespace,
+                        Dns1123Label::is_valid(&k.namespace),
+                    ),
+                    (
+                        "secret_name",
+                        &k.secret_name,
+                        Dns1123Subdomain::is_valid(&k.secret_name),
+                    ),
+                ] {
+                    if !ok {
                         return Err(ConfigError::Invalid(format!(
                             "sink {:?}: {what} {v:?} is not a valid Kubernetes name",
                             s.name
@@ -743,16 +755,6 @@ impl Config {
                 .map_err(|e| ConfigError::Load(format!("join_token_file {}: {e}", p.display()))),
         }
     }
-}
-
-/// RFC 1123 subdomain, as Kubernetes requires of object names.
-fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
 #[cfg(test)]
@@ -857,6 +859,20 @@ mod tests {
         )
         .expect_err("refused");
         assert!(err.to_string().contains("namespace"), "{err}");
+        // Kubernetes names are `signet_types::dns`'s: a namespace is an RFC 1123 label, a
+        // Secret name a subdomain. Refused since issue 25 (the old check let these through).
+        for (ns, name, what) in [
+            ("a.b", "s", "namespace"),
+            ("a", "a..b", "secret_name"),
+            ("a", "a.-b", "secret_name"),
+            ("a", &format!("a.{}", "b".repeat(64)), "secret_name"),
+        ] {
+            let err = load_toml(&format!(
+                "[[sinks]]\nname='a'\nkind='kubernetes-secret'\nspiffe_id='spiffe://e.org/a'\nnamespace='{ns}'\nsecret_name='{name}'\n",
+            ))
+            .expect_err("refused");
+            assert!(err.to_string().contains(what), "{err}");
+        }
         let err = load_toml("trust_domain = 'Not A Domain'\n").expect_err("refused");
         assert!(err.to_string().contains("trust_domain"), "{err}");
     }
