@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use signet_runtime::config::Layers;
 use signet_types::TrustDomain;
+use signet_types::dns::{Dns1123Label, Dns1123Subdomain};
 
 pub use crate::store::DatabaseConfig;
 
@@ -767,8 +768,9 @@ impl Config {
             ));
         }
         for sa in &n.allowed_service_accounts {
+            // A namespace is an RFC 1123 label, a service account a subdomain.
             let ok = sa.split_once(':').is_some_and(|(ns, name)| {
-                is_k8s_name(ns) && is_k8s_name(name) && !name.contains(':')
+                Dns1123Label::is_valid(ns) && Dns1123Subdomain::is_valid(name)
             });
             if !ok {
                 return Err(ConfigError::Invalid(format!(
@@ -826,19 +828,6 @@ impl Config {
     pub fn checkpoints_dir(&self) -> PathBuf {
         self.data_dir.join("checkpoints")
     }
-}
-
-/// A Kubernetes object name (RFC 1123 subdomain: lowercase letters, digits, '-', '.').
-fn is_k8s_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|l| {
-            !l.is_empty()
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-                && l.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        })
 }
 
 #[cfg(test)]
@@ -988,6 +977,11 @@ mod tests {
                 format!(
                     "{AUTH}\n[nodes.kubernetes]\nallowed_service_accounts = [\"signet-agent\"]\n"
                 ),
+                "<namespace>:<serviceaccount>",
+            ),
+            (
+                // A namespace is an RFC 1123 label, not a subdomain (accepted before issue 25).
+                format!("{AUTH}\n[nodes.kubernetes]\nallowed_service_accounts = [\"a.b:c\"]\n"),
                 "<namespace>:<serviceaccount>",
             ),
             (

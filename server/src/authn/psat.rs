@@ -10,6 +10,8 @@
 
 use std::time::SystemTime;
 
+use signet_types::dns::Dns1123Subdomain;
+
 use super::jwt::{JwtAuthenticator, VerifiedToken};
 use super::{AuthnError, CallerKind};
 use crate::config::NodesKubernetesConfig;
@@ -101,7 +103,9 @@ impl PsatAttestor {
                  or later binds it to the node)"
             ));
         };
-        if !is_node_name(node_name) {
+        // A Kubernetes node name is an RFC 1123 subdomain (and its length is checked again
+        // as a node ID's below).
+        if !Dns1123Subdomain::is_valid(node_name) {
             return Err(format!(
                 "node name {:?} from the token does not make a node ID: a Kubernetes node name \
                  is lowercase letters, digits, '-' and '.'",
@@ -118,18 +122,6 @@ impl PsatAttestor {
             pod: pod.clone(),
         })
     }
-}
-
-/// A Kubernetes node name: an RFC 1123 subdomain (the length is checked as a node ID).
-fn is_node_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.split('.').all(|l| {
-            !l.is_empty()
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-                && l.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        })
 }
 
 #[cfg(test)]
@@ -211,7 +203,17 @@ mod tests {
 
     #[test]
     fn node_names_that_make_no_node_id_are_refused() {
-        for bad in ["a/b", "..", "x y", "Worker", "-a", &"n".repeat(130)] {
+        // A label over 63 (`n.nnn…`) was accepted before issue 25 (the node-ID length held).
+        let long_label = format!("n.{}", "n".repeat(64));
+        for bad in [
+            "a/b",
+            "..",
+            "x y",
+            "Worker",
+            "-a",
+            &"n".repeat(130),
+            &long_label,
+        ] {
             let e = attestor()
                 .node_for(&token("signet-system", "signet-agent", Some(bad)))
                 .expect_err(bad);

@@ -2,7 +2,7 @@
 //! workload. Only callers in `policy.impersonators`, only ordinary workload identities.
 
 use signet_types::SpiffeId;
-use signet_types::dns::Dns1123Label;
+use signet_types::dns::{Dns1123Label, Dns1123Subdomain};
 use signet_types::untrusted::quoted;
 
 use super::{Ctx, Resolver, dns_refused, fixed};
@@ -102,8 +102,5 @@ fn is_workload_service_account_path(path: &str) -> bool {
     let Some(service_account) = rest.strip_prefix("sa/") else {
         return false;
     };
-    Dns1123Label::is_valid(namespace)
-        && !service_account.is_empty()
-        && service_account.len() <= 253
-        && service_account.split('.').all(Dns1123Label::is_valid)
+    Dns1123Label::is_valid(namespace) && Dns1123Subdomain::is_valid(service_account)
 }
