@@ -24,6 +24,7 @@ use crate::crd::{
 use crate::operator::BridgeConfig;
 use crate::signer::{Credentials, SignerConfig};
 
+mod operator_target;
 pub(crate) mod validate;
 use signet_client::{ClientIdentity, ServerTarget};
 pub(crate) use validate::check_pem_roots;

@@ -1,7 +1,8 @@
 //! The checks an issuer's spec passes before anything is read or dialled, and the
 //! [`ResolveError`] every resolution failure is reported as (its `reason()` is the word of the
-//! issuer's Ready condition). Pure: no I/O and nothing of the operator's configuration, so the
-//! operator's own checks ([`crate::operator`]) can use them too.
+//! issuer's Ready condition). Pure: no I/O and nothing of the operator's configuration.
+
+use signet_types::dns::Dns1123Subdomain;
 
 use crate::crd::{ClusterIssuerSpec, IssuerSpec, LocalObjectRef};
 
@@ -134,25 +135,13 @@ fn check_secret_ref(r: &LocalObjectRef, namespace: &str, which: &str) -> Result<
              {which} ({namespace}); remove the namespace"
         )));
     }
-    if !is_dns_subdomain(&r.name) {
+    if !Dns1123Subdomain::is_valid(&r.name) {
         return Err(ResolveError::InvalidSpec(format!(
             "spec.auth.tlsSecretRef.name {:?} is not a Secret name",
             r.name
         )));
     }
     Ok(())
-}
-
-fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|l| {
-            !l.is_empty()
-                && l.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-        })
 }
 
 pub(crate) fn check_pem_roots(pem_bytes: &[u8], from: &str) -> Result<Vec<u8>, ResolveError> {
