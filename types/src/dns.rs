@@ -350,7 +350,10 @@ mod tests {
         // Every RFC 1123 label is a one-label subdomain, and only lowercase DNS names are.
         assert!(Dns1123Subdomain::is_valid("signet-system"));
         let ns: Dns1123Label = "web".parse().expect("valid");
-        assert!(ns == *"web" && ns == "web".to_owned() && "web".to_owned() == ns);
+        let owned = String::from("web");
+        assert_eq!(ns, *"web");
+        assert_eq!(ns, owned);
+        assert_eq!(owned, ns);
     }
 
     /// What the four copies this type replaced accepted and it does not (issue 25): the
