@@ -196,9 +196,10 @@ fn jwt_key(index: usize, key: &Map<String, Value>) -> Result<JwtAuthority, Bundl
 fn optional_u64(doc: &Map<String, Value>, member: &str) -> Result<Option<u64>, BundleError> {
     match doc.get(member) {
         None => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-            BundleError::Shape(format!("{member} is not a non-negative integer"))
-        }),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| BundleError::Shape(format!("{member} is not a non-negative integer"))),
     }
 }
 
@@ -208,7 +209,8 @@ impl SpiffeBundle {
         if json.len() > MAX_DOCUMENT_BYTES {
             return Err(BundleError::TooLarge);
         }
-        let doc: Value = serde_json::from_slice(json).map_err(|e| BundleError::Json(e.to_string()))?;
+        let doc: Value =
+            serde_json::from_slice(json).map_err(|e| BundleError::Json(e.to_string()))?;
         let doc = doc
             .as_object()
             .ok_or_else(|| BundleError::Shape("not a JSON object".into()))?;

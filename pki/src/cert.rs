@@ -321,13 +321,19 @@ mod tests {
 
     #[test]
     fn reads_the_facts_of_a_leaf_under_a_ca() {
-        let ca_key = generate(KeyAlgorithm::EcdsaP256).unwrap().key_pair().unwrap();
+        let ca_key = generate(KeyAlgorithm::EcdsaP256)
+            .unwrap()
+            .key_pair()
+            .unwrap();
         let mut ca_p = params(&[], &[]);
         ca_p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         ca_p.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign];
         let ca_der = ca_p.self_signed(&ca_key).unwrap().der().to_vec();
         let issuer = rcgen::Issuer::new(ca_p, ca_key);
-        let leaf_key = generate(KeyAlgorithm::EcdsaP256).unwrap().key_pair().unwrap();
+        let leaf_key = generate(KeyAlgorithm::EcdsaP256)
+            .unwrap()
+            .key_pair()
+            .unwrap();
         let mut p = params(&["spiffe://example.org/w"], &["w.example.org", "w"]);
         p.use_authority_key_identifier_extension = true;
         p.serial_number = Some(rcgen::SerialNumber::from_slice(&[0x00, 0x8f, 0x01]));
@@ -339,7 +345,10 @@ mod tests {
         assert!(!c.is_ca() && !c.key_cert_sign());
         let ski = ca.subject_key_id().expect("rcgen writes an SKI");
         assert_eq!(ski.len() % 2, 0);
-        assert!(ski.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(
+            ski.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
         assert_eq!(c.authority_key_id(), Some(ski));
         assert_eq!(c.spiffe_id().unwrap().to_string(), "spiffe://example.org/w");
         assert_eq!(c.dns_names(), ["w.example.org", "w"]);
@@ -355,7 +364,10 @@ mod tests {
 
     #[test]
     fn the_spiffe_id_is_the_one_uri_san() {
-        let key = generate(KeyAlgorithm::EcdsaP256).unwrap().key_pair().unwrap();
+        let key = generate(KeyAlgorithm::EcdsaP256)
+            .unwrap()
+            .key_pair()
+            .unwrap();
         let id = |uris: &[&str]| {
             let der = params(uris, &[]).self_signed(&key).unwrap().der().to_vec();
             ParsedCert::from_der(&der).unwrap().spiffe_id()
@@ -377,8 +389,14 @@ mod tests {
             ParsedCert::from_der(b"junk"),
             Err(CertError::Malformed(_))
         ));
-        assert!(matches!(ParsedCert::from_der(&[]), Err(CertError::Malformed(_))));
-        let key = generate(KeyAlgorithm::EcdsaP256).unwrap().key_pair().unwrap();
+        assert!(matches!(
+            ParsedCert::from_der(&[]),
+            Err(CertError::Malformed(_))
+        ));
+        let key = generate(KeyAlgorithm::EcdsaP256)
+            .unwrap()
+            .key_pair()
+            .unwrap();
         let mut der = params(&[], &[]).self_signed(&key).unwrap().der().to_vec();
         der.push(0);
         assert_eq!(ParsedCert::from_der(&der), Err(CertError::TrailingBytes(1)));

@@ -114,8 +114,7 @@ impl ParsedCsr {
             Ok(_) => return Err(CsrError::TrailingBytes),
             Err(e) => return Err(CsrError::Malformed(e.to_string())),
         };
-        csr.verify_signature()
-            .map_err(|_| CsrError::BadSignature)?;
+        csr.verify_signature().map_err(|_| CsrError::BadSignature)?;
         let mut requests_ca = false;
         let mut usages: Option<BTreeSet<String>> = None;
         for ext in csr.requested_extensions().into_iter().flatten() {

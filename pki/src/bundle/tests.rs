@@ -30,7 +30,12 @@ fn a_bundle_round_trips_through_its_document() {
         refresh_hint: Some(Duration::from_secs(300)),
     };
     let doc = bundle.to_json().unwrap();
-    let mut members: Vec<&str> = doc.as_object().unwrap().keys().map(String::as_str).collect();
+    let mut members: Vec<&str> = doc
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     members.sort_unstable();
     assert_eq!(members, ["keys", "spiffe_refresh_hint", "spiffe_sequence"]);
     let k = &doc["keys"][0];
@@ -90,7 +95,10 @@ fn what_is_not_a_spiffe_bundle_is_refused() {
         Err(BundleError::TooLarge)
     );
     let many: Vec<Value> = (0..=MAX_KEYS).map(|_| json!({"use": "other"})).collect();
-    assert_eq!(parse(json!({ "keys": many })), Err(BundleError::TooManyKeys));
+    assert_eq!(
+        parse(json!({ "keys": many })),
+        Err(BundleError::TooManyKeys)
+    );
     let refused = |key: Value| {
         let e = parse(json!({ "keys": [key] })).unwrap_err();
         assert!(matches!(e, BundleError::Key { index: 0, .. }), "{e}");
@@ -136,7 +144,11 @@ fn rsa_roots_are_rsa_keys() {
     let key = crate::key::generate(crate::key::KeyAlgorithm::Rsa(2048)).unwrap();
     let mut p = rcgen::CertificateParams::default();
     p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let der = p.self_signed(&key.key_pair().unwrap()).unwrap().der().to_vec();
+    let der = p
+        .self_signed(&key.key_pair().unwrap())
+        .unwrap()
+        .der()
+        .to_vec();
     let cert = ParsedCert::from_der(&der).unwrap();
     let jwk = x509_svid_jwk(&cert).unwrap();
     assert_eq!(jwk["kty"], "RSA");

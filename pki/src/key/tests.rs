@@ -152,7 +152,10 @@ fn sec1_keys_name_their_curve() {
     let sec1 = |der: Vec<u8>| ::pem::encode(&::pem::Pem::new("EC PRIVATE KEY", der));
     assert!(PrivateKey::from_pem(sec1(b"not der".to_vec()).as_bytes()).is_err());
     // A PKCS#8 document is not an ECPrivateKey.
-    let pkcs8 = generate(KeyAlgorithm::EcdsaP256).unwrap().pkcs8_der().to_vec();
+    let pkcs8 = generate(KeyAlgorithm::EcdsaP256)
+        .unwrap()
+        .pkcs8_der()
+        .to_vec();
     assert!(PrivateKey::from_pem(sec1(pkcs8).as_bytes()).is_err());
 }
 
