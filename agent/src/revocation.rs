@@ -17,49 +17,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::SystemTime;
 
-use x509_parser::certificate::X509Certificate;
-use x509_parser::extensions::ParsedExtension;
-use x509_parser::revocation_list::CertificateRevocationList;
+use signet_pki::{CrlError, ParsedCert, ParsedCrl};
 
 use crate::ca::Crl;
 
 /// Most CA certificates remembered as CRL issuers.
 pub const MAX_ISSUERS: usize = 256;
-
-/// Lowercase hex.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// A serial number as unsigned big-endian bytes without leading zeros (DER encodes a positive
-/// serial with a leading 0x00 when its top bit is set; both forms compare equal here).
-fn serial_key(raw: &[u8]) -> Vec<u8> {
-    let start = raw.iter().position(|b| *b != 0).unwrap_or(raw.len());
-    raw[start..].to_vec()
-}
-
-fn aki_of(cert: &X509Certificate<'_>) -> Option<String> {
-    cert.extensions()
-        .iter()
-        .find_map(|e| match e.parsed_extension() {
-            ParsedExtension::AuthorityKeyIdentifier(a) => a.key_identifier.as_ref(),
-            _ => None,
-        })
-        .map(|k| hex(k.0))
-}
-
-pub(crate) fn ski_of(cert: &X509Certificate<'_>) -> Option<String> {
-    cert.extensions()
-        .iter()
-        .find_map(|e| match e.parsed_extension() {
-            ParsedExtension::SubjectKeyIdentifier(k) => Some(hex(k.0)),
-            _ => None,
-        })
-}
-
-fn unix(t: x509_parser::time::ASN1Time) -> SystemTime {
-    signet_runtime::clock::from_unix_clamped(t.timestamp())
-}
 
 /// What the revocation checks need of a certificate the agent holds: the key that issued it
 /// and its serial.
@@ -80,17 +43,20 @@ pub struct CertRef {
 }
 
 impl CertRef {
-    /// Reads a DER certificate; `None` if it does not parse.
+    /// Reads a DER certificate; `None` if it does not parse ([`ParsedCert::from_der`]).
     pub fn parse(der: &[u8]) -> Option<Self> {
-        let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-        let serial = serial_key(cert.raw_serial());
-        Some(Self {
-            issuer_key_id: aki_of(&cert),
-            issuer_name: cert.issuer().as_raw().to_vec(),
-            serial_hex: hex(&serial),
-            serial,
+        Some(Self::of(&ParsedCert::from_der(der).ok()?))
+    }
+
+    /// What the checks need of a certificate already read.
+    pub fn of(cert: &ParsedCert) -> Self {
+        Self {
+            issuer_key_id: cert.authority_key_id().map(str::to_owned),
+            issuer_name: cert.issuer_der().to_vec(),
+            serial: cert.serial().to_vec(),
+            serial_hex: cert.serial_hex().to_owned(),
             cas: Vec::new(),
-        })
+        }
     }
 
     /// Reads a DER chain, leaf first, with the CA certificates above it; `None` if the leaf
@@ -144,9 +110,7 @@ impl fmt::Display for Compromise {
 /// A CA certificate that may sign CRLs.
 #[derive(Clone, PartialEq, Eq)]
 struct Issuer {
-    subject: Vec<u8>,
-    spki: Vec<u8>,
-    not_after: SystemTime,
+    cert: ParsedCert,
 }
 
 /// The CA certificates the agent knows by key ID: its bundle roots and the intermediates in
@@ -165,24 +129,22 @@ impl Issuers {
     /// Remembers every CA certificate among `ders` that has a subject key identifier.
     pub fn learn<'a>(&mut self, ders: impl IntoIterator<Item = &'a Vec<u8>>) {
         for der in ders {
-            let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+            let Ok(cert) = ParsedCert::from_der(der) else {
                 continue;
             };
             if !cert.is_ca() {
                 continue;
             }
-            let Some(ski) = ski_of(&cert) else { continue };
-            let issuer = Issuer {
-                subject: cert.subject().as_raw().to_vec(),
-                spki: cert.public_key().raw.to_vec(),
-                not_after: unix(cert.validity().not_after),
+            let Some(ski) = cert.subject_key_id().map(str::to_owned) else {
+                continue;
             };
+            let issuer = Issuer { cert };
             if self.0.len() >= MAX_ISSUERS && !self.0.contains_key(&ski) {
                 // Forget the one expiring first.
                 if let Some(k) = self
                     .0
                     .iter()
-                    .min_by_key(|(_, i)| i.not_after)
+                    .min_by_key(|(_, i)| i.cert.not_after())
                     .map(|(k, _)| k.clone())
                 {
                     self.0.remove(&k);
@@ -194,7 +156,7 @@ impl Issuers {
 
     /// Forgets issuers expired at `now` (their certificates are all expired too).
     pub fn prune(&mut self, now: SystemTime) {
-        self.0.retain(|_, i| i.not_after > now);
+        self.0.retain(|_, i| i.cert.not_after() > now);
     }
 
     pub fn knows(&self, key_id: &str) -> bool {
@@ -270,25 +232,11 @@ impl CrlRejected {
 /// given; `None` skips the signature check, for CRLs the agent itself persisted).
 fn check(key_id: &str, der: &[u8], issuers: Option<&Issuers>) -> Result<AcceptedCrl, CrlRejected> {
     let malformed = |why: String| CrlRejected::Malformed(key_id.to_owned(), why);
-    let (rest, crl) = x509_parser::parse_x509_crl(der).map_err(|e| malformed(e.to_string()))?;
-    if !rest.is_empty() {
-        return Err(malformed("trailing data after the CRL".into()));
-    }
-    let crl: CertificateRevocationList<'_> = crl;
+    let crl = ParsedCrl::from_der(der).map_err(|e| malformed(e.to_string()))?;
     let number = crl
-        .crl_number()
+        .number()
         .ok_or_else(|| malformed("no CRL number extension".into()))?;
-    let number = u64::try_from(number).map_err(|_| malformed("CRL number above 2^64".into()))?;
-    let crl_aki = crl
-        .extensions()
-        .iter()
-        .find_map(|e| match e.parsed_extension() {
-            ParsedExtension::AuthorityKeyIdentifier(a) => {
-                a.key_identifier.as_ref().map(|k| hex(k.0))
-            }
-            _ => None,
-        });
-    if let Some(aki) = &crl_aki
+    if let Some(aki) = crl.authority_key_id()
         && aki != key_id
     {
         return Err(CrlRejected::Mismatch(
@@ -301,31 +249,20 @@ fn check(key_id: &str, der: &[u8], issuers: Option<&Issuers>) -> Result<Accepted
             .0
             .get(key_id)
             .ok_or_else(|| CrlRejected::UnknownIssuer(key_id.to_owned()))?;
-        if crl.issuer().as_raw() != issuer.subject.as_slice() {
-            return Err(CrlRejected::Mismatch(
-                key_id.to_owned(),
-                "its issuer name is not that CA's subject".into(),
-            ));
-        }
-        let (_, spki) =
-            <x509_parser::x509::SubjectPublicKeyInfo<'_> as x509_parser::prelude::FromDer<
-                x509_parser::error::X509Error,
-            >>::from_der(&issuer.spki)
-            .map_err(|e| malformed(format!("issuer key: {e}")))?;
-        crl.verify_signature(&spki)
-            .map_err(|_| CrlRejected::BadSignature(key_id.to_owned()))?;
+        crl.verify(&issuer.cert).map_err(|e| match e {
+            CrlError::IssuerMismatch => CrlRejected::Mismatch(key_id.to_owned(), e.to_string()),
+            CrlError::BadSignature => CrlRejected::BadSignature(key_id.to_owned()),
+            other => malformed(other.to_string()),
+        })?;
     }
     Ok(AcceptedCrl {
         key_id: key_id.to_owned(),
-        der: der.to_vec(),
         number,
-        issuer_name: crl.issuer().as_raw().to_vec(),
-        this_update: unix(crl.last_update()),
-        next_update: crl.next_update().map(unix),
-        revoked: crl
-            .iter_revoked_certificates()
-            .map(|r| serial_key(r.raw_serial()))
-            .collect(),
+        issuer_name: crl.issuer_der().to_vec(),
+        this_update: crl.this_update(),
+        next_update: crl.next_update(),
+        revoked: crl.entries().keys().cloned().collect(),
+        der: crl.into_der(),
     })
 }
 
@@ -367,20 +304,11 @@ impl Revocations {
     /// Restores a CRL the agent persisted itself (checked when it was received): parsed, not
     /// verified again, and kept only if newer.
     pub fn restore(&mut self, der: &[u8]) -> Result<bool, CrlRejected> {
-        let (_, crl) = x509_parser::parse_x509_crl(der)
+        let crl = ParsedCrl::from_der(der)
             .map_err(|e| CrlRejected::Malformed("?".into(), e.to_string()))?;
-        let key_id = crl
-            .extensions()
-            .iter()
-            .find_map(|e| match e.parsed_extension() {
-                ParsedExtension::AuthorityKeyIdentifier(a) => {
-                    a.key_identifier.as_ref().map(|k| hex(k.0))
-                }
-                _ => None,
-            })
-            .ok_or_else(|| {
-                CrlRejected::Malformed("?".into(), "no authority key identifier".into())
-            })?;
+        let key_id = crl.authority_key_id().map(str::to_owned).ok_or_else(|| {
+            CrlRejected::Malformed("?".into(), "no authority key identifier".into())
+        })?;
         let accepted = check(&key_id, der, None)?;
         self.keep(accepted)
     }

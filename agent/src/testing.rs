@@ -36,8 +36,11 @@ impl TestCa {
         p.not_after = (now + Duration::from_secs(86_400)).into();
         let cert = p.self_signed(&key).expect("ca");
         let der = cert.der().to_vec();
-        let (_, c) = x509_parser::parse_x509_certificate(&der).expect("parse");
-        let key_id = crate::revocation::ski_of(&c).expect("ski");
+        let key_id = signet_pki::ParsedCert::from_der(&der)
+            .expect("parse")
+            .subject_key_id()
+            .expect("ski")
+            .to_owned();
         Self {
             issuer: rcgen::Issuer::new(p, key),
             der,
@@ -65,8 +68,11 @@ impl TestCa {
         p.not_after = (now + Duration::from_secs(86_400)).into();
         let cert = p.signed_by(&key, &self.issuer).expect("intermediate");
         let der = cert.der().to_vec();
-        let (_, c) = x509_parser::parse_x509_certificate(&der).expect("parse");
-        let key_id = crate::revocation::ski_of(&c).expect("ski");
+        let key_id = signet_pki::ParsedCert::from_der(&der)
+            .expect("parse")
+            .subject_key_id()
+            .expect("ski")
+            .to_owned();
         TestCa {
             issuer: rcgen::Issuer::new(p, key),
             der,

@@ -72,6 +72,21 @@ pub enum KeyError {
     Invalid(String),
     #[error("CSR: {0}")]
     Csr(String),
+    /// The input is not PEM.
+    #[error("not valid PEM ({0})")]
+    Pem(String),
+    /// No block labelled `… PRIVATE KEY`.
+    #[error("no PRIVATE KEY block found")]
+    NoPrivateKey,
+    /// An `ENCRYPTED PRIVATE KEY`: Signet reads unencrypted keys only.
+    #[error("the key is encrypted")]
+    Encrypted,
+    /// A SEC1 `EC PRIVATE KEY` that does not name its curve (Signet does not guess it).
+    #[error("the EC PRIVATE KEY does not name its curve (P-256 or P-384)")]
+    Sec1WithoutCurve,
+    /// An elliptic curve other than P-256 and P-384 (its OID).
+    #[error("unsupported elliptic curve {0}; Signet reads P-256 and P-384 keys")]
+    UnsupportedCurve(String),
 }
 
 const OID_EC_PUBLIC_KEY: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.2.1");
@@ -175,10 +190,22 @@ impl PrivateKey {
         ))
     }
 
-    /// Reads a PEM private key (`PRIVATE KEY`, `EC PRIVATE KEY` or `RSA PRIVATE KEY`) and
-    /// checks that ring can sign with it.
+    /// Reads a PEM private key and checks that ring can sign with it. This is Signet's one key
+    /// importer (the clients' keys, the CA key an operator plugs in):
+    ///
+    /// - the first block whose label ends in `PRIVATE KEY` is read; blocks before it that are
+    ///   not keys (`EC PARAMETERS`, as `openssl ecparam -genkey` writes first) are skipped;
+    /// - `PRIVATE KEY` (PKCS#8), `RSA PRIVATE KEY` (PKCS#1) and `EC PRIVATE KEY` (SEC1) are
+    ///   read; a SEC1 key must name its curve (P-256 or P-384): one without a named curve, or
+    ///   with another curve, is refused ([`KeyError::Sec1WithoutCurve`],
+    ///   [`KeyError::UnsupportedCurve`]), never guessed;
+    /// - `ENCRYPTED PRIVATE KEY` is refused as such ([`KeyError::Encrypted`]).
     pub fn from_pem(input: &[u8]) -> Result<Self, KeyError> {
-        let p = pem::parse(input).map_err(|e| KeyError::Invalid(e.to_string()))?;
+        let blocks = pem::parse_many(input).map_err(|e| KeyError::Pem(e.to_string()))?;
+        let p = blocks
+            .iter()
+            .find(|b| b.tag().ends_with("PRIVATE KEY"))
+            .ok_or(KeyError::NoPrivateKey)?;
         let pkcs8 = match p.tag() {
             "PRIVATE KEY" => p.contents().to_vec(),
             "RSA PRIVATE KEY" => wrap_pkcs8(OID_RSA, Some(AnyRef::NULL), p.contents())?,
@@ -187,11 +214,13 @@ impl PrivateKey {
                     .map_err(invalid)?
                     .parameters
                     .and_then(|p| p.named_curve())
-                    .ok_or_else(|| {
-                        KeyError::Invalid("EC PRIVATE KEY without curve parameters".into())
-                    })?;
+                    .ok_or(KeyError::Sec1WithoutCurve)?;
+                if curve != OID_P256 && curve != OID_P384 {
+                    return Err(KeyError::UnsupportedCurve(curve.to_string()));
+                }
                 wrap_pkcs8(OID_EC_PUBLIC_KEY, Some(AnyRef::from(&curve)), p.contents())?
             }
+            "ENCRYPTED PRIVATE KEY" => return Err(KeyError::Encrypted),
             other => return Err(KeyError::Invalid(format!("unexpected PEM block {other:?}"))),
         };
         let algorithm = algorithm_of_pkcs8(&pkcs8)?;
@@ -268,7 +297,7 @@ fn algorithm_of_pkcs8(pkcs8: &[u8]) -> Result<KeyAlgorithm, KeyError> {
         } else if curve == OID_P384 {
             Ok(KeyAlgorithm::EcdsaP384)
         } else {
-            Err(KeyError::Invalid("unsupported elliptic curve".into()))
+            Err(KeyError::UnsupportedCurve(curve.to_string()))
         };
     }
     if oid == OID_RSA {

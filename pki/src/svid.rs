@@ -14,11 +14,12 @@
 //! certificate's own shape. `Debug` never prints the key.
 
 use std::fmt;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use signet_types::SpiffeId;
-use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+use x509_parser::prelude::{FromDer, X509Certificate};
 
+use crate::cert::{CertError, ParsedCert};
 use crate::fingerprint;
 use crate::key::PrivateKey;
 
@@ -61,13 +62,6 @@ impl fmt::Debug for SvidCertificate {
     }
 }
 
-fn unix(secs: i64) -> SystemTime {
-    match u64::try_from(secs) {
-        Ok(s) => SystemTime::UNIX_EPOCH + Duration::from_secs(s),
-        Err(_) => SystemTime::UNIX_EPOCH,
-    }
-}
-
 impl SvidCertificate {
     /// Checks `chain_der` (leaf first) as described in the module documentation.
     pub fn from_chain_der(chain_der: Vec<Vec<u8>>) -> Result<Self, SvidError> {
@@ -78,57 +72,30 @@ impl SvidCertificate {
                 reason: e.to_string(),
             })?;
         }
-        let (rest, leaf) =
-            X509Certificate::from_der(leaf_der).map_err(|e| SvidError::Malformed {
-                index: 0,
-                reason: e.to_string(),
-            })?;
-        if !rest.is_empty() {
-            return Err(SvidError::Malformed {
+        let leaf = ParsedCert::from_der(leaf_der).map_err(|e| match e {
+            CertError::Malformed(reason) => SvidError::Malformed { index: 0, reason },
+            CertError::TrailingBytes(_) => SvidError::Malformed {
                 index: 0,
                 reason: "trailing bytes after the certificate".into(),
-            });
-        }
+            },
+            other => SvidError::NotAnSvid(other.to_string()),
+        })?;
         let not_an_svid = |s: &str| SvidError::NotAnSvid(s.to_owned());
         if leaf.is_ca() {
             return Err(not_an_svid("it is a CA certificate"));
         }
-        let uris: Vec<&str> = match leaf.subject_alternative_name() {
-            Ok(Some(san)) => san
-                .value
-                .general_names
-                .iter()
-                .filter_map(|n| match n {
-                    GeneralName::URI(u) => Some(*u),
-                    _ => None,
-                })
-                .collect(),
-            Ok(None) => Vec::new(),
-            Err(e) => return Err(SvidError::NotAnSvid(format!("subjectAltName: {e}"))),
-        };
-        let [uri] = uris.as_slice() else {
-            return Err(SvidError::NotAnSvid(format!(
-                "it carries {} URI SANs, an X509-SVID exactly one",
-                uris.len()
-            )));
-        };
-        let spiffe_id: SpiffeId = uri
-            .parse()
-            .map_err(|e| SvidError::NotAnSvid(format!("URI SAN is not a SPIFFE ID: {e}")))?;
-        let validity = leaf.validity();
-        let (nb, na) = (
-            validity.not_before.timestamp(),
-            validity.not_after.timestamp(),
-        );
-        if na < nb {
+        let spiffe_id = leaf
+            .spiffe_id()
+            .map_err(|e| SvidError::NotAnSvid(e.to_string()))?;
+        if leaf.validity_inverted() {
             return Err(not_an_svid("its validity ends before it starts"));
         }
         Ok(Self {
             spiffe_id,
-            serial_hex: signet_types::serial_hex(leaf.raw_serial()),
-            not_before: unix(nb),
-            not_after: unix(na),
-            spki_der: leaf.public_key().raw.to_vec(),
+            serial_hex: leaf.serial_hex().to_owned(),
+            not_before: leaf.not_before(),
+            not_after: leaf.not_after(),
+            spki_der: leaf.spki_der().to_vec(),
             chain_der,
         })
     }

@@ -11,7 +11,8 @@
 //!
 //! one key per root of [`BundleHandle::current`] (`x5c`: exactly that root, standard base64 of
 //! its DER; `kty` and the key's parameters per RFC 7518 section 6: EC P-256/P-384, RSA, or
-//! Ed25519 as `OKP`). `spiffe_refresh_hint` is `federation.refresh_hint` in seconds.
+//! Ed25519 as `OKP`). `spiffe_refresh_hint` is `federation.refresh_hint` in seconds. The
+//! document is written by [`signet_pki::SpiffeBundle`], the one reader and writer of the format.
 //! `spiffe_sequence` increases whenever the served roots change: [`next_sequence`] takes the
 //! larger of "previous + 1" and the current unix time, so it also increases across restarts
 //! (as long as the clock does not go back and the roots change less than once a second on
@@ -37,8 +38,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use base64::Engine;
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use signet_pki::{ParsedCert, SpiffeBundle};
 use signet_runtime::http::{Handshake, HttpLimits, HttpListener, Refusal};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
@@ -55,84 +55,25 @@ pub fn next_sequence(prev: u64, now_unix: i64) -> u64 {
         .max(u64::try_from(now_unix).unwrap_or(0))
 }
 
-/// One root as a JWK (`use: x509-svid`), or why it cannot be one.
-pub fn root_jwk(der: &[u8]) -> Result<serde_json::Value, String> {
-    use x509_parser::prelude::{FromDer, X509Certificate};
-    use x509_parser::public_key::PublicKey;
-    let (_, cert) =
-        X509Certificate::from_der(der).map_err(|e| format!("a root does not parse: {e}"))?;
-    let spki = cert.public_key();
-    let b64u = |b: &[u8]| URL_SAFE_NO_PAD.encode(b);
-    let mut jwk = match spki
-        .parsed()
-        .map_err(|e| format!("a root's public key does not parse: {e}"))?
-    {
-        PublicKey::EC(point) => {
-            let curve = spki
-                .algorithm
-                .parameters
-                .as_ref()
-                .and_then(|p| p.as_oid().ok())
-                .map(|o| o.to_id_string());
-            let (crv, len) = match curve.as_deref() {
-                Some("1.2.840.10045.3.1.7") => ("P-256", 32),
-                Some("1.3.132.0.34") => ("P-384", 48),
-                Some("1.3.132.0.35") => ("P-521", 66),
-                other => return Err(format!("a root's EC curve is not supported: {other:?}")),
-            };
-            let data = point.data();
-            if data.len() != 1 + 2 * len || data.first() != Some(&4) {
-                return Err("a root's EC point is not an uncompressed point".into());
-            }
-            serde_json::json!({
-                "kty": "EC",
-                "crv": crv,
-                "x": b64u(&data[1..=len]),
-                "y": b64u(&data[1 + len..]),
-            })
-        }
-        PublicKey::RSA(rsa) => {
-            let strip = |b: &[u8]| -> Vec<u8> {
-                let i = b
-                    .iter()
-                    .position(|&x| x != 0)
-                    .unwrap_or(b.len().saturating_sub(1));
-                b[i..].to_vec()
-            };
-            serde_json::json!({
-                "kty": "RSA",
-                "n": b64u(&strip(rsa.modulus)),
-                "e": b64u(&strip(rsa.exponent)),
-            })
-        }
-        _ if spki.algorithm.algorithm.to_id_string() == "1.3.101.112" => serde_json::json!({
-            "kty": "OKP",
-            "crv": "Ed25519",
-            "x": b64u(&spki.subject_public_key.data),
-        }),
-        _ => return Err("a root's key type has no JWK form here".into()),
-    };
-    jwk["use"] = "x509-svid".into();
-    jwk["x5c"] = serde_json::json!([STANDARD.encode(der)]);
-    Ok(jwk)
-}
-
-/// The SPIFFE bundle document of `bundle`'s roots.
+/// The SPIFFE bundle document of `bundle`'s roots ([`SpiffeBundle::to_json`]).
 pub fn bundle_document(
     bundle: &Bundle,
     sequence: u64,
     refresh_hint: Duration,
 ) -> Result<serde_json::Value, String> {
-    let keys = bundle
+    let x509_authorities = bundle
         .roots
         .iter()
-        .map(|r| root_jwk(r))
+        .map(|r| ParsedCert::from_der(r).map_err(|e| format!("a root does not parse: {e}")))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(serde_json::json!({
-        "keys": keys,
-        "spiffe_sequence": sequence,
-        "spiffe_refresh_hint": refresh_hint.as_secs().max(1),
-    }))
+    SpiffeBundle {
+        x509_authorities,
+        jwt_authorities: Vec::new(),
+        sequence: Some(sequence),
+        refresh_hint: Some(refresh_hint),
+    }
+    .to_json()
+    .map_err(|e| e.to_string())
 }
 
 /// The endpoint's state: the bundle it serves and the sequence of what it served last.
@@ -324,6 +265,14 @@ pub async fn serve(
 mod tests {
     use super::*;
     use crate::clock::fake::FakeClock;
+    use base64::Engine;
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+
+    /// One root as a JWK (`use: x509-svid`), or why it cannot be one.
+    fn root_jwk(der: &[u8]) -> Result<serde_json::Value, String> {
+        let cert = ParsedCert::from_der(der).map_err(|e| format!("a root does not parse: {e}"))?;
+        signet_pki::bundle::x509_svid_jwk(&cert).map_err(|e| e.to_string())
+    }
     use signet_types::TrustDomain;
     use tower::ServiceExt;
 

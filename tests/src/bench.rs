@@ -97,21 +97,15 @@ pub fn leaf_info(path: &Path) -> Option<LeafInfo> {
         .ok()?
         .into_iter()
         .next()?;
-    let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
-    let issuer_key_id = cert
-        .extensions()
-        .iter()
-        .find_map(|e| match e.parsed_extension() {
-            x509_parser::extensions::ParsedExtension::AuthorityKeyIdentifier(aki) => {
-                aki.key_identifier.as_ref().map(|k| hex::encode(k.0))
-            }
-            _ => None,
-        })
-        .unwrap_or_default();
+    let cert = signet_pki::ParsedCert::from_der(&der).ok()?;
+    let not_before = cert
+        .not_before()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
     Some(LeafInfo {
-        serial: signet_types::serial_hex(cert.raw_serial()),
-        not_before: cert.validity().not_before.timestamp(),
-        issuer_key_id,
+        serial: cert.serial_hex().to_owned(),
+        not_before,
+        issuer_key_id: cert.authority_key_id().unwrap_or_default().to_owned(),
     })
 }
 

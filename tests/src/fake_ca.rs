@@ -239,17 +239,11 @@ impl Node for Svc {
 }
 
 fn ski_hex(der: &[u8]) -> String {
-    use x509_parser::extensions::ParsedExtension;
-    let (_, c) = x509_parser::parse_x509_certificate(der).unwrap();
-    c.extensions()
-        .iter()
-        .find_map(|e| match e.parsed_extension() {
-            ParsedExtension::SubjectKeyIdentifier(k) => {
-                Some(k.0.iter().map(|b| format!("{b:02x}")).collect())
-            }
-            _ => None,
-        })
+    signet_pki::ParsedCert::from_der(der)
+        .unwrap()
+        .subject_key_id()
         .expect("the root has a subject key identifier")
+        .to_owned()
 }
 
 impl FakeCa {

@@ -430,28 +430,18 @@ pub fn openssl_verify(chain: &[String], root_pem: &[u8]) -> Result<(), String> {
 
 /// The URI SANs of a PEM certificate.
 pub fn uri_sans(pem: &str) -> Vec<String> {
-    let der = signet_types::pem::parse_certs(pem.as_bytes())
+    signet_pki::ParsedCert::from_pem_first(pem.as_bytes())
         .unwrap()
-        .remove(0);
-    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
-    let mut out = Vec::new();
-    if let Ok(Some(san)) = cert.subject_alternative_name() {
-        for n in &san.value.general_names {
-            if let x509_parser::extensions::GeneralName::URI(u) = n {
-                out.push((*u).to_owned());
-            }
-        }
-    }
-    out
+        .uris()
+        .to_vec()
 }
 
 /// The serial (lowercase hex) of a PEM certificate.
 pub fn serial_of(pem: &str) -> String {
-    let der = signet_types::pem::parse_certs(pem.as_bytes())
+    signet_pki::ParsedCert::from_pem_first(pem.as_bytes())
         .unwrap()
-        .remove(0);
-    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
-    signet_types::serial_hex(cert.raw_serial())
+        .serial_hex()
+        .to_owned()
 }
 
 pub fn data_path(p: &Path, name: &str) -> PathBuf {

@@ -134,12 +134,9 @@ fn print_row(r: &CertificateRow, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// TLS-style display (`AB:CD:…`), as `openssl x509 -fingerprint -sha256` prints it.
 pub(crate) fn fingerprint(der: &[u8]) -> String {
-    signet_types::ledger::sha256(der)
-        .iter()
-        .map(|b| format!("{b:02X}"))
-        .collect::<Vec<_>>()
-        .join(":")
+    signet_pki::fingerprint::sha256_colon(der)
 }
 
 pub(crate) async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCode> {

@@ -4,9 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use x509_parser::certification_request::X509CertificationRequest;
-use x509_parser::extensions::ParsedExtension;
-use x509_parser::prelude::FromDer;
+use signet_pki::{CsrError, ParsedCsr};
 
 /// cert-manager's default `usages` when a request lists none.
 pub const DEFAULT_USAGES: &[&str] = &["digital signature", "key encipherment"];
@@ -59,67 +57,19 @@ pub fn check(request: &[u8], is_ca: bool, usages: &[String]) -> Result<CheckedCs
             ));
         }
     };
-    let csr = match X509CertificationRequest::from_der(&der) {
-        Ok(([], csr)) => csr,
-        Ok(_) => return Err("spec.request has trailing bytes after the CSR".into()),
-        Err(e) => return Err(format!("spec.request does not parse as a PKCS#10 CSR: {e}")),
-    };
-    if csr.verify_signature().is_err() {
-        return Err("the CSR's signature does not verify with its own public key".into());
-    }
-
-    let mut csr_usages: BTreeSet<String> = BTreeSet::new();
-    let mut has_usage_ext = false;
-    if let Some(exts) = csr.requested_extensions() {
-        for ext in exts {
-            match ext {
-                ParsedExtension::BasicConstraints(bc) if bc.ca => {
-                    return Err(
-                        "the CSR asks for a CA certificate (basicConstraints CA:TRUE) while \
-                         spec.isCA is false: Signet issues leaf certificates only"
-                            .into(),
-                    );
-                }
-                ParsedExtension::KeyUsage(ku) => {
-                    has_usage_ext = true;
-                    for (on, name) in [
-                        (ku.digital_signature(), "digital signature"),
-                        (ku.non_repudiation(), "content commitment"),
-                        (ku.key_encipherment(), "key encipherment"),
-                        (ku.data_encipherment(), "data encipherment"),
-                        (ku.key_agreement(), "key agreement"),
-                        (ku.key_cert_sign(), "cert sign"),
-                        (ku.crl_sign(), "crl sign"),
-                        (ku.encipher_only(), "encipher only"),
-                        (ku.decipher_only(), "decipher only"),
-                    ] {
-                        if on {
-                            csr_usages.insert(name.into());
-                        }
-                    }
-                }
-                ParsedExtension::ExtendedKeyUsage(eku) => {
-                    has_usage_ext = true;
-                    for (on, name) in [
-                        (eku.any, "any"),
-                        (eku.server_auth, "server auth"),
-                        (eku.client_auth, "client auth"),
-                        (eku.code_signing, "code signing"),
-                        (eku.email_protection, "email protection"),
-                        (eku.time_stamping, "timestamping"),
-                        (eku.ocsp_signing, "ocsp signing"),
-                    ] {
-                        if on {
-                            csr_usages.insert(name.into());
-                        }
-                    }
-                    for oid in &eku.other {
-                        csr_usages.insert(format!("oid {oid}"));
-                    }
-                }
-                _ => {}
-            }
+    let csr = ParsedCsr::from_der(&der).map_err(|e| match e {
+        CsrError::TrailingBytes => "spec.request has trailing bytes after the CSR".to_owned(),
+        CsrError::BadSignature => {
+            "the CSR's signature does not verify with its own public key".to_owned()
         }
+        other => format!("spec.request {other}"),
+    })?;
+    if csr.requests_ca() {
+        return Err(
+            "the CSR asks for a CA certificate (basicConstraints CA:TRUE) while spec.isCA is \
+             false: Signet issues leaf certificates only"
+                .into(),
+        );
     }
 
     let spec_usages: BTreeSet<String> = if usages.is_empty() {
@@ -141,12 +91,14 @@ pub fn check(request: &[u8], is_ca: bool, usages: &[String]) -> Result<CheckedCs
             ALLOWED_USAGES.join(", ")
         ));
     }
-    if has_usage_ext && csr_usages != spec_usages {
+    if let Some(csr_usages) = csr.usages()
+        && *csr_usages != spec_usages
+    {
         let fmt = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>().join(", ");
         return Err(format!(
             "the CSR's key usages [{}] disagree with spec.usages [{}]: encode the same usages \
              in both, or none in the CSR",
-            fmt(&csr_usages),
+            fmt(csr_usages),
             fmt(&spec_usages)
         ));
     }

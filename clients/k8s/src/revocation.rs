@@ -12,20 +12,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use x509_parser::extensions::ParsedExtension;
+use signet_pki::cert::{hex, serial_bytes};
+use signet_pki::{ParsedCert, ParsedCrl};
 
 /// Most tainted keys and CRLs taken from one bundle.
 pub const MAX_ITEMS: usize = 256;
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// A serial number without the leading zero bytes of its DER integer.
-fn serial_key(raw: &[u8]) -> Vec<u8> {
-    let start = raw.iter().position(|b| *b != 0).unwrap_or(raw.len());
-    raw[start..].to_vec()
-}
 
 /// The taints and CRLs in force, from the server's current bundle.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -52,12 +43,8 @@ impl Revocations {
         let mut revoked = BTreeMap::new();
         let mut pems = BTreeMap::new();
         for (key_id, der) in crls.into_iter().take(MAX_ITEMS) {
-            let crl = match x509_parser::parse_x509_crl(der) {
-                Ok(([], crl)) => crl,
-                Ok(_) => {
-                    tracing::warn!(key_id, "ignoring a CRL with trailing data");
-                    continue;
-                }
+            let crl = match ParsedCrl::from_der(der) {
+                Ok(crl) => crl,
                 Err(e) => {
                     tracing::warn!(key_id, error = %e, "ignoring a CRL that does not parse");
                     continue;
@@ -65,31 +52,13 @@ impl Revocations {
             };
             // The signed authority key identifier wins over the label beside it.
             let key_id = crl
-                .extensions()
-                .iter()
-                .find_map(|e| match e.parsed_extension() {
-                    ParsedExtension::AuthorityKeyIdentifier(a) => {
-                        a.key_identifier.as_ref().map(|k| hex(k.0))
-                    }
-                    _ => None,
-                })
+                .authority_key_id()
+                .map(str::to_owned)
                 .unwrap_or_else(|| key_id.trim().to_ascii_lowercase());
-            let number = crl
-                .crl_number()
-                .and_then(|n| u64::try_from(n).ok())
-                .unwrap_or(0);
-            let serials = crl
-                .iter_revoked_certificates()
-                .map(|r| serial_key(r.raw_serial()))
-                .collect();
+            let number = crl.number().unwrap_or(0);
+            let serials = crl.entries().keys().cloned().collect();
             revoked.insert(key_id.clone(), (number, serials));
-            pems.insert(
-                key_id,
-                pem::encode_config(
-                    &pem::Pem::new("X509 CRL", der.to_vec()),
-                    pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
-                ),
-            );
+            pems.insert(key_id, crl.to_pem());
         }
         Self {
             tainted,
@@ -122,17 +91,8 @@ impl Revocations {
         if self.is_empty() {
             return None;
         }
-        let (_, cert) = x509_parser::parse_x509_certificate(leaf).ok()?;
-        let aki = cert
-            .extensions()
-            .iter()
-            .find_map(|e| match e.parsed_extension() {
-                ParsedExtension::AuthorityKeyIdentifier(a) => {
-                    a.key_identifier.as_ref().map(|k| hex(k.0))
-                }
-                _ => None,
-            });
-        self.check_parts(aki.as_deref(), &serial_key(cert.raw_serial()))
+        let cert = ParsedCert::from_der(leaf).ok()?;
+        self.check_parts(cert.authority_key_id(), cert.serial())
     }
 
     /// As [`Self::check_der`], for a certificate's issuing key ID (its authority key
@@ -143,11 +103,11 @@ impl Revocations {
             return Some(format!("was issued under the tainted CA key {aki}"));
         }
         let (number, serials) = self.revoked.get(aki)?;
-        let serial = serial_key(serial);
-        serials.contains(&serial).then(|| {
+        let serial = serial_bytes(serial);
+        serials.contains(serial).then(|| {
             format!(
                 "is revoked (serial {} in CRL {number} of CA key {aki})",
-                hex(&serial)
+                hex(serial)
             )
         })
     }

@@ -242,13 +242,11 @@ fn issued_of_istio(resp: istio::IstioCertificateResponse) -> Result<Issued, Call
     split_root(chain, &id)
 }
 
-/// `der` is exactly one X.509 certificate.
+/// `der` is exactly one X.509 certificate that [`signet_pki::ParsedCert`] reads.
 pub(crate) fn whole_certificate(der: &[u8]) -> Result<(), String> {
-    match x509_parser::parse_x509_certificate(der) {
-        Ok(([], _)) => Ok(()),
-        Ok(_) => Err("trailing data after the certificate".into()),
-        Err(e) => Err(e.to_string()),
-    }
+    signet_pki::ParsedCert::from_der(der)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 impl TryFrom<pb::Bundle> for TrustBundle {

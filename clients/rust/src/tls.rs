@@ -106,25 +106,11 @@ impl fmt::Debug for WrongServerIdentity {
     }
 }
 
-/// The URI SANs of a DER certificate.
+/// The URI SANs of a DER certificate ([`signet_pki::ParsedCert`]).
 fn uri_sans(der: &[u8]) -> Result<Vec<String>, String> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der)
-        .map_err(|e| format!("the server's certificate does not parse: {e}"))?;
-    let san = cert
-        .subject_alternative_name()
-        .map_err(|e| format!("the server's subjectAltName does not parse: {e}"))?;
-    Ok(san
-        .map(|s| {
-            s.value
-                .general_names
-                .iter()
-                .filter_map(|n| match n {
-                    x509_parser::extensions::GeneralName::URI(u) => Some((*u).to_owned()),
-                    _ => None,
-                })
-                .collect()
-        })
-        .unwrap_or_default())
+    signet_pki::ParsedCert::from_der(der)
+        .map(|c| c.uris().to_vec())
+        .map_err(|e| format!("the server's certificate cannot be read: {e}"))
 }
 
 /// Checks that the leaf `der` carries exactly one URI SAN and that it is `expected`.

@@ -4,8 +4,8 @@
 //! identity out of the verified leaf and refuses anything that is not a proper X509-SVID leaf of
 //! our trust domain.
 
+use signet_pki::ParsedCert;
 use signet_types::{SpiffeId, TrustDomain};
-use x509_parser::extensions::GeneralName;
 
 use super::{AuthenticatedCaller, AuthnError, CallerKind};
 
@@ -17,58 +17,18 @@ pub fn authenticate_peer(
     leaf_der: &[u8],
     td: &TrustDomain,
 ) -> Result<AuthenticatedCaller, AuthnError> {
-    let (rest, cert) = x509_parser::parse_x509_certificate(leaf_der)
-        .map_err(|e| bad(format!("not a DER X.509 certificate: {e}")))?;
-    if !rest.is_empty() {
-        return Err(bad(format!(
-            "{} unexpected bytes after the certificate",
-            rest.len()
-        )));
-    }
-
-    let bc = cert
-        .basic_constraints()
-        .map_err(|e| bad(format!("unreadable basic constraints: {e}")))?;
-    if bc.is_some_and(|bc| bc.value.ca) {
+    let cert = ParsedCert::from_der(leaf_der).map_err(|e| bad(e.to_string()))?;
+    if cert.is_ca() {
         return Err(bad(
             "it is a CA certificate (basicConstraints cA=true), not an X509-SVID leaf",
         ));
     }
-    let ku = cert
-        .key_usage()
-        .map_err(|e| bad(format!("unreadable key usage: {e}")))?;
-    if ku.is_some_and(|ku| ku.value.key_cert_sign()) {
+    if cert.key_cert_sign() {
         return Err(bad(
             "it may sign certificates (keyUsage keyCertSign), so it is not an X509-SVID leaf",
         ));
     }
-
-    let san = cert
-        .subject_alternative_name()
-        .map_err(|e| bad(format!("unreadable subjectAltName: {e}")))?
-        .ok_or_else(|| bad("it has no subjectAltName, so no SPIFFE ID"))?;
-    let mut uris = Vec::new();
-    let mut dns_names = Vec::new();
-    for name in &san.value.general_names {
-        match name {
-            GeneralName::URI(u) => uris.push(*u),
-            GeneralName::DNSName(d) => dns_names.push((*d).to_owned()),
-            _ => {}
-        }
-    }
-    let uri = match uris.as_slice() {
-        [one] => *one,
-        [] => return Err(bad("it has no URI SAN, so no SPIFFE ID")),
-        many => {
-            return Err(bad(format!(
-                "it has {} URI SANs; an X509-SVID carries exactly one",
-                many.len()
-            )));
-        }
-    };
-    let id: SpiffeId = uri
-        .parse()
-        .map_err(|e| bad(format!("its URI SAN is not a SPIFFE ID: {e}")))?;
+    let id: SpiffeId = cert.spiffe_id().map_err(|e| bad(e.to_string()))?;
     if !id.is_member_of(td) {
         return Err(bad(format!(
             "{id} is not in trust domain {td}; this server only authenticates its own trust domain"
@@ -80,7 +40,8 @@ pub fn authenticate_peer(
         )));
     }
 
-    let serial = signet_types::serial_hex(cert.raw_serial());
+    let serial = cert.serial_hex().to_owned();
+    let dns_names = cert.dns_names().to_vec();
     let leaf_sha256 = signet_types::ledger::sha256(leaf_der);
     // A node SVID makes the caller a node, whatever API it calls; policy decides what a node
     // may do (renew itself, sign its entries' workloads, nothing else).

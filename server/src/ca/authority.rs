@@ -8,9 +8,6 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use pkcs8::der::asn1::{AnyRef, ContextSpecific, ObjectIdentifier, OctetStringRef};
-use pkcs8::der::{Encode, Reader, SliceReader, TagNumber};
-use pkcs8::{AlgorithmIdentifierRef, PrivateKeyInfo};
 use rcgen::{BasicConstraints, IsCa, Issuer, KeyPair, PublicKeyData, SerialNumber};
 use rustls::pki_types::CertificateDer;
 use signet_types::TrustDomain;
@@ -415,81 +412,22 @@ impl Authority {
 }
 
 // --- private key formats ---------------------------------------------------------------
-// Encoded and decoded with the RustCrypto `pkcs8` crate (and its `der`), not by hand.
 
-/// rsaEncryption (RFC 8017), with NULL parameters.
-const OID_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.1");
-/// id-ecPublicKey (RFC 5480), with the named curve as parameters.
-const OID_EC: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.2.1");
-/// The named curves ring can load: secp256r1 (P-256), secp384r1 (P-384).
-const OID_P256: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.3.1.7");
-const OID_P384: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.132.0.34");
-
-/// PrivateKeyInfo { version 0, `algorithm` with `parameters`, privateKey OCTET STRING }.
-fn wrap_pkcs8(
-    algorithm: ObjectIdentifier,
-    parameters: AnyRef<'_>,
-    private_key: &[u8],
-) -> Option<Vec<u8>> {
-    let alg = AlgorithmIdentifierRef {
-        oid: algorithm,
-        parameters: Some(parameters),
-    };
-    PrivateKeyInfo::new(alg, private_key).to_der().ok()
-}
-
-/// The named curve a SEC1 `ECPrivateKey` (RFC 5915) states in its optional `parameters`
-/// field; `Ok(None)` if it states none. `Err` if it is not an `ECPrivateKey` at all.
-fn sec1_curve(der: &[u8]) -> Result<Option<ObjectIdentifier>, pkcs8::der::Error> {
-    let mut reader = SliceReader::new(der)?;
-    let curve = reader.sequence(|r| {
-        let _version: u8 = r.decode()?;
-        let _private_key: OctetStringRef<'_> = r.decode()?;
-        let curve = ContextSpecific::<ObjectIdentifier>::decode_explicit(r, TagNumber::N0)?;
-        let _public_key = ContextSpecific::<AnyRef<'_>>::decode_explicit(r, TagNumber::N1)?;
-        Ok(curve.map(|c| c.value))
-    })?;
-    reader.finish(curve)
-}
-
-/// Converts a PEM private key (PKCS#8, SEC1 `EC PRIVATE KEY`, PKCS#1 `RSA PRIVATE KEY`) to
-/// PKCS#8 DER that ring accepts.
+/// Converts a PEM private key to PKCS#8 DER through Signet's one key importer
+/// ([`signet_pki::PrivateKey::from_pem`]: PKCS#8, SEC1 naming P-256 or P-384, PKCS#1), adding
+/// the conversion hint an operator needs.
 fn key_to_pkcs8(key_pem: &[u8]) -> Result<Vec<u8>, AuthorityError> {
-    let file = "ca-key.pem";
-    let blocks = pem::parse_many(key_pem).map_err(|e| AuthorityError::Pem {
-        file,
-        reason: format!("not valid PEM ({e})"),
-    })?;
-    let Some(block) = blocks.iter().find(|b| b.tag().ends_with("PRIVATE KEY")) else {
-        return Err(AuthorityError::Pem {
-            file,
-            reason: "no PRIVATE KEY block found".into(),
-        });
-    };
-    let loads = |der: &[u8]| KeyPair::try_from(der).is_ok();
-    let bad = |what: &str| AuthorityError::Key(format!("{what}; {CONVERT_HINT}"));
-    match block.tag() {
-        "PRIVATE KEY" => Ok(block.contents().to_vec()),
-        "RSA PRIVATE KEY" => wrap_pkcs8(OID_RSA, AnyRef::NULL, block.contents())
-            .filter(|der| loads(der))
-            .ok_or_else(|| bad("the PKCS#1 RSA key cannot be loaded")),
-        "EC PRIVATE KEY" => {
-            // The curve the key names, or (none named) each curve Signet can load in turn.
-            let curves = match sec1_curve(block.contents()) {
-                Ok(Some(curve)) => vec![curve],
-                Ok(None) | Err(_) => vec![OID_P256, OID_P384],
-            };
-            curves
-                .iter()
-                .filter(|c| [OID_P256, OID_P384].contains(c))
-                .filter_map(|c| wrap_pkcs8(OID_EC, AnyRef::from(c), block.contents()))
-                .find(|der| loads(der))
-                .ok_or_else(|| bad("the SEC1 EC key is not a P-256 or P-384 key Signet can load"))
-        }
-        "ENCRYPTED PRIVATE KEY" => Err(AuthorityError::Key(format!(
+    use signet_pki::KeyError;
+    match signet_pki::PrivateKey::from_pem(key_pem) {
+        Ok(key) => Ok(key.pkcs8_der().to_vec()),
+        Err(e @ (KeyError::Pem(_) | KeyError::NoPrivateKey)) => Err(AuthorityError::Pem {
+            file: "ca-key.pem",
+            reason: e.to_string(),
+        }),
+        Err(KeyError::Encrypted) => Err(AuthorityError::Key(format!(
             "the key is encrypted; decrypt it and {CONVERT_HINT}"
         ))),
-        other => Err(bad(&format!("unsupported key format {other:?}"))),
+        Err(e) => Err(AuthorityError::Key(format!("{e}; {CONVERT_HINT}"))),
     }
 }
 
@@ -658,20 +596,6 @@ pub(crate) mod tests {
         ]);
         let key = KeyPair::from_pem(std::str::from_utf8(&p8).expect("utf8")).expect("pkcs8 key");
         (pem, key)
-    }
-
-    #[test]
-    fn sec1_keys_name_their_curve() {
-        for (name, oid) in [("prime256v1", OID_P256), ("secp384r1", OID_P384)] {
-            let (key_pem, _) = key_pem_of(&["ecparam", "-name", name, "-genkey", "-noout"]);
-            let block = pem::parse(&key_pem).expect("pem");
-            assert_eq!(block.tag(), "EC PRIVATE KEY");
-            assert_eq!(sec1_curve(block.contents()), Ok(Some(oid)), "{name}");
-        }
-        assert!(sec1_curve(b"not der").is_err());
-        // A PKCS#8 document is not an ECPrivateKey.
-        let key = KeyPair::generate().expect("key");
-        assert!(sec1_curve(&key.serialize_der()).is_err());
     }
 
     #[test]

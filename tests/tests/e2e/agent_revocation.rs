@@ -43,9 +43,9 @@ impl Agent {
 fn sink_serial(sink: &Path) -> Option<u64> {
     let pem = std::fs::read(sink.join("svid.pem")).ok()?;
     let blocks = pem::parse_many(pem).ok()?;
-    let (_, c) = x509_parser::parse_x509_certificate(blocks.first()?.contents()).ok()?;
-    let raw = c.raw_serial();
-    (raw.len() <= 9).then(|| raw.iter().fold(0u64, |n, b| (n << 8) | u64::from(*b)))
+    let c = signet_pki::ParsedCert::from_der(blocks.first()?.contents()).ok()?;
+    let raw = c.serial();
+    (raw.len() <= 8).then(|| raw.iter().fold(0u64, |n, b| (n << 8) | u64::from(*b)))
 }
 
 /// The serial of the leaf the Workload API serves, and its `crl` field.
@@ -63,8 +63,8 @@ async fn workload_api(socket: &Path) -> Option<(u64, Vec<Vec<u8>>)> {
         .ok()?
         .ok()??;
     let svid = resp.svids.first()?;
-    let (_, c) = x509_parser::parse_x509_certificate(&svid.x509_svid).ok()?;
-    let raw = c.raw_serial();
+    let c = signet_pki::ParsedCert::from_der(&svid.x509_svid).ok()?;
+    let raw = c.serial();
     let serial = raw.iter().fold(0u64, |n, b| (n << 8) | u64::from(*b));
     Some((serial, resp.crl))
 }

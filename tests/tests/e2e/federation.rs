@@ -106,6 +106,11 @@ async fn the_bundle_endpoint_serves_a_spiffe_bundle_over_spiffe_tls() {
     }
     let x5c = k["x5c"].as_array().unwrap();
     assert_eq!(x5c.len(), 1);
+    // The one reader of the format accepts it: one x509 authority, the SPIFFE members set.
+    let parsed = signet_pki::SpiffeBundle::parse(body.trim().as_bytes()).unwrap();
+    assert_eq!(parsed.x509_authorities.len(), 1);
+    assert_eq!(parsed.refresh_hint, Some(Duration::from_secs(120)));
+    assert_eq!(parsed.sequence, doc["spiffe_sequence"].as_u64());
     let der = base64::engine::general_purpose::STANDARD
         .decode(x5c[0].as_str().unwrap())
         .unwrap();

@@ -47,17 +47,11 @@ impl Material {
 
     /// The leaf's authority key identifier, lowercase hex.
     fn issuer_key_id(&self) -> String {
-        let (_, leaf) = x509_parser::parse_x509_certificate(&self.chain[0]).unwrap();
-        leaf.extensions()
-            .iter()
-            .find_map(|e| match e.parsed_extension() {
-                x509_parser::extensions::ParsedExtension::AuthorityKeyIdentifier(a) => a
-                    .key_identifier
-                    .as_ref()
-                    .map(|k| k.0.iter().map(|b| format!("{b:02x}")).collect()),
-                _ => None,
-            })
+        signet_pki::ParsedCert::from_der(&self.chain[0])
+            .unwrap()
+            .authority_key_id()
             .expect("leaf has an authority key identifier")
+            .to_owned()
     }
 }
 

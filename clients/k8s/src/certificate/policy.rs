@@ -267,52 +267,18 @@ pub struct IssuedCert {
 }
 
 impl IssuedCert {
-    /// The first certificate of a PEM chain.
+    /// The first certificate of a PEM chain ([`signet_pki::ParsedCert`]).
     pub fn parse(chain_pem: &[u8]) -> Result<Self, String> {
-        use x509_parser::prelude::*;
-        let ders = signet_types::pem::parse_certs(chain_pem).map_err(|e| e.to_string())?;
-        let der = ders.first().ok_or("no certificate")?;
-        let (_, cert) = X509Certificate::from_der(der).map_err(|e| e.to_string())?;
-        let mut uris = Vec::new();
-        let mut dns_names = Vec::new();
-        if let Ok(Some(san)) = cert.subject_alternative_name() {
-            for n in &san.value.general_names {
-                match n {
-                    GeneralName::URI(u) => uris.push(u.to_string()),
-                    GeneralName::DNSName(d) => dns_names.push(d.to_string()),
-                    _ => {}
-                }
-            }
-        }
-        let common_name = cert
-            .subject()
-            .iter_common_name()
-            .next()
-            .and_then(|c| c.as_str().ok())
-            .map(str::to_owned);
-        let t = |x: ASN1Time| signet_runtime::clock::from_unix_clamped(x.timestamp());
+        let cert = signet_pki::ParsedCert::from_pem_first(chain_pem).map_err(|e| e.to_string())?;
         Ok(Self {
-            not_before: t(cert.validity().not_before),
-            not_after: t(cert.validity().not_after),
-            uris,
-            dns_names,
-            common_name,
-            spki: cert.tbs_certificate.subject_pki.raw.to_vec(),
-            issuer_key_id: cert
-                .extensions()
-                .iter()
-                .find_map(|e| match e.parsed_extension() {
-                    ParsedExtension::AuthorityKeyIdentifier(a) => a
-                        .key_identifier
-                        .as_ref()
-                        .map(|k| k.0.iter().map(|b| format!("{b:02x}")).collect()),
-                    _ => None,
-                }),
-            serial: {
-                let raw = cert.raw_serial();
-                let start = raw.iter().position(|b| *b != 0).unwrap_or(raw.len());
-                raw[start..].to_vec()
-            },
+            not_before: cert.not_before(),
+            not_after: cert.not_after(),
+            uris: cert.uris().to_vec(),
+            dns_names: cert.dns_names().to_vec(),
+            common_name: cert.common_name().map(str::to_owned),
+            spki: cert.spki_der().to_vec(),
+            issuer_key_id: cert.authority_key_id().map(str::to_owned),
+            serial: cert.serial().to_vec(),
         })
     }
 

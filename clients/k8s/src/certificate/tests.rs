@@ -52,18 +52,11 @@ impl FakeSigner {
 impl FakeSigner {
     /// Its CA's key ID (lowercase hex subject key identifier), as a taint names it.
     pub fn key_id(&self) -> String {
-        use x509_parser::extensions::ParsedExtension;
-        let der = pem::parse(&self.ca_pem).unwrap().into_contents();
-        let (_, c) = x509_parser::parse_x509_certificate(&der).unwrap();
-        c.extensions()
-            .iter()
-            .find_map(|e| match e.parsed_extension() {
-                ParsedExtension::SubjectKeyIdentifier(k) => {
-                    Some(k.0.iter().map(|b| format!("{b:02x}")).collect())
-                }
-                _ => None,
-            })
+        signet_pki::ParsedCert::from_pem_first(self.ca_pem.as_bytes())
             .unwrap()
+            .subject_key_id()
+            .unwrap()
+            .to_owned()
     }
 
     /// A DER CRL of its CA numbered `number` listing the serials (raw DER integer bytes).

@@ -316,9 +316,10 @@ fn bundle_with(tainted: &[String], crls: &[(String, Vec<u8>)]) -> BundleInfo {
 }
 
 fn leaf_serial(chain_pem: &str) -> Vec<u8> {
-    let der = signet_types::pem::parse_certs(chain_pem.as_bytes()).unwrap()[0].clone();
-    let (_, c) = x509_parser::parse_x509_certificate(&der).unwrap();
-    c.raw_serial().to_vec()
+    signet_pki::ParsedCert::from_pem_first(chain_pem.as_bytes())
+        .unwrap()
+        .serial()
+        .to_vec()
 }
 
 /// One reconcile at `now` of the ServiceAccount whose Secret is `secret`, expecting a new
@@ -486,7 +487,7 @@ async fn ca_crl_pem_is_written_to_the_root_configmap_and_follows_the_crls() {
     let current = applied("cm1")(&seen[1].body).1;
     let parsed = pem::parse_many(current["data"]["ca-crl.pem"].as_str().unwrap()).unwrap();
     assert_eq!(parsed.len(), 1);
-    assert!(x509_parser::parse_x509_crl(parsed[0].contents()).is_ok());
+    assert!(signet_pki::ParsedCrl::from_der(parsed[0].contents()).is_ok());
 
     // Same CRL: read only.
     let (client, server) = scripted(vec![Expect::reply("GET", CM_URI, 200, current.clone())]);

@@ -38,17 +38,11 @@ async fn a_root_inserted_into_the_database_is_trusted_nowhere_and_flagged() {
         rcgen::KeyUsagePurpose::CrlSign,
     ];
     let root = rp.self_signed(&root_key).unwrap();
-    let (_, parsed) = x509_parser::parse_x509_certificate(root.der()).unwrap();
-    let id = parsed
-        .extensions()
-        .iter()
-        .find_map(|e| match e.parsed_extension() {
-            x509_parser::extensions::ParsedExtension::SubjectKeyIdentifier(k) => {
-                Some(hex::encode(k.0))
-            }
-            _ => None,
-        })
-        .expect("a subject key identifier");
+    let id = signet_pki::ParsedCert::from_der(root.der())
+        .unwrap()
+        .subject_key_id()
+        .expect("a subject key identifier")
+        .to_owned();
     let issuer = rcgen::Issuer::new(rp, root_key);
     let leaf_key = rcgen::KeyPair::generate().unwrap();
     let mut lp = rcgen::CertificateParams::new(vec![]).unwrap();
