@@ -28,7 +28,7 @@ pub mod bundle;
 pub mod ca;
 pub mod config;
 pub mod driver;
-#[doc(hidden)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod http;
 pub mod kube_https;

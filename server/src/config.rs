@@ -5,7 +5,7 @@
 //! About 800 lines, on purpose: this is the operator's whole `signet.toml` surface and every
 //! rule that spans sections, so a setting and its check are found in one file. Sections owned by
 //! one subsystem live with it and are re-exported here (`ca::config`, `store::DatabaseConfig`,
-//! `crl::CrlConfig`, `signet_runtime::telemetry::TelemetryConfig`).
+//! `revoked::CrlConfig`, `signet_runtime::telemetry::TelemetryConfig`).
 //!
 //! Nested keys use a double underscore in the environment: `SIGNET_CA__DEFAULT_TTL=30m`,
 //! `SIGNET_AUTH__KUBERNETES__ISSUER=…`; top-level ones a single prefix: `SIGNET_TRUST_DOMAIN`.
@@ -52,7 +52,7 @@ pub struct Config {
     pub checkpoint: CheckpointConfig,
     pub federation: FederationConfig,
     /// Certificate revocation lists (`[crl]`, see [`crate::crl`]).
-    pub crl: crate::crl::CrlConfig,
+    pub crl: crate::revoked::CrlConfig,
     /// Traces over OTLP (`[telemetry]`, see [`signet_runtime::telemetry`]); off by default.
     pub telemetry: signet_runtime::telemetry::TelemetryConfig,
 }
@@ -77,7 +77,7 @@ impl Default for Config {
             database: DatabaseConfig::default(),
             checkpoint: CheckpointConfig::default(),
             federation: FederationConfig::default(),
-            crl: crate::crl::CrlConfig::default(),
+            crl: crate::revoked::CrlConfig::default(),
             telemetry: Default::default(),
         }
     }

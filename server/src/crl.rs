@@ -26,7 +26,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rcgen::{CertificateRevocationListParams, KeyIdMethod, RevokedCertParams, SerialNumber};
-use serde::{Deserialize, Serialize};
 
 use crate::audit::AuditLog;
 use crate::bundle::BundleHandle;
@@ -34,66 +33,9 @@ use crate::ca::Authority;
 use crate::ca::time::to_offset;
 use crate::clock::{Clock, from_unix, unix};
 use crate::files::write_atomic;
-use crate::revocation::reason::Reason;
-use crate::store::{CrlStore, RevokedRow, StoreError, StoredCrl};
-
-/// `[crl]` in the server configuration.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields, default)]
-pub struct CrlConfig {
-    /// nextUpdate - thisUpdate of every CRL. A new CRL is signed on every revocation, and at
-    /// the latest when half of this has passed.
-    #[serde(with = "humantime_serde")]
-    pub next_update: Duration,
-    /// How often a server checks the database for revocations made by other replicas.
-    #[serde(with = "humantime_serde")]
-    pub poll_interval: Duration,
-}
-
-impl Default for CrlConfig {
-    fn default() -> Self {
-        Self {
-            next_update: Duration::from_secs(24 * 3600),
-            poll_interval: Duration::from_secs(10),
-        }
-    }
-}
-
-impl CrlConfig {
-    pub fn validate(&self) -> Result<(), String> {
-        if self.next_update < Duration::from_secs(2) {
-            return Err("crl.next_update must be at least 2s".into());
-        }
-        if self.poll_interval.is_zero() {
-            return Err("crl.poll_interval must be positive".into());
-        }
-        Ok(())
-    }
-}
-
-/// One revoked certificate as a CRL lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RevokedEntry {
-    /// Lowercase hex of the serial's DER integer content, as in the ledger.
-    pub serial: String,
-    /// Unix seconds.
-    pub revoked_at: i64,
-    pub reason: Reason,
-    /// The certificate's notAfter (unix seconds): past it, the entry may leave the CRL.
-    pub not_after: i64,
-}
-
-impl RevokedEntry {
-    /// From the store's row; an unreadable reason is listed as `unspecified`.
-    pub fn from_row(r: &RevokedRow) -> Self {
-        Self {
-            serial: r.serial.clone(),
-            revoked_at: r.revoked_at,
-            reason: r.reason.parse().unwrap_or(Reason::Unspecified),
-            not_after: r.not_after,
-        }
-    }
-}
+use crate::revoked::Reason;
+pub use crate::revoked::{CrlConfig, RevokedEntry};
+use crate::store::{CrlStore, StoreError, StoredCrl};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

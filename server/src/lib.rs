@@ -19,12 +19,18 @@ pub mod config;
 pub(crate) mod crl;
 pub(crate) mod federation;
 pub(crate) mod files;
+/// The cargo-fuzz targets' bodies (fuzz/ enables the `fuzzing` feature); never in a production
+/// build.
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 pub(crate) mod http;
+pub(crate) mod issuance;
 pub(crate) mod issuer;
 pub(crate) mod ledger;
-/// The benchmark fill (`signet-ledger-fill`, a binary of this package, so it must be `pub`).
+/// The benchmark fill (`signet-ledger-fill`, a binary of this package, so it must be `pub`);
+/// only with the `bench` feature, which that binary requires.
+#[cfg(feature = "bench")]
 #[doc(hidden)]
 pub mod ledger_fill;
 pub(crate) mod limits;
@@ -33,6 +39,7 @@ pub(crate) mod nodes;
 pub(crate) mod policy;
 pub(crate) mod provenance;
 pub(crate) mod revocation;
+pub(crate) mod revoked;
 pub mod server;
 pub(crate) mod store;
 pub(crate) mod tls;

@@ -53,6 +53,7 @@ pub enum Source {
 
 impl Source {
     /// A short name for messages and metrics.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn kind(&self) -> &'static str {
         match self {
             Source::ServiceAccount { .. } => "service_account",

@@ -18,9 +18,10 @@
 //!   control characters escaped).
 #![forbid(unsafe_code)]
 
+pub mod ca_slot;
 pub mod checkpoint;
 pub mod dns;
-#[doc(hidden)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod ledger;
 pub mod node;

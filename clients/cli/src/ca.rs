@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::anyhow;
 use clap::Subcommand;
 use signet_client::admin::{CaAction, CaAdminClient, CaKeySlot};
+use signet_types::ca_slot::{SlotState, UnknownSlotState};
 
 use crate::{call_err, rfc3339};
 
@@ -49,11 +50,19 @@ fn time_or_none(t: Option<i64>) -> serde_json::Value {
     }
 }
 
+/// The slot's state as the server stored it (a rejected slot's may be no state at all).
+fn state_text(s: &CaKeySlot) -> &str {
+    match &s.state {
+        Ok(state) => state.as_str(),
+        Err(UnknownSlotState(text)) => text,
+    }
+}
+
 fn slot_json(s: &CaKeySlot) -> serde_json::Value {
     serde_json::json!({
         "key_id": s.key_id,
         "kind": s.kind,
-        "state": s.state,
+        "state": state_text(s),
         "tainted": s.tainted,
         "algorithm": s.algorithm,
         "not_before": rfc3339(s.not_before),
@@ -105,7 +114,7 @@ pub async fn ca(socket: &Path, cmd: CaCmd) -> anyhow::Result<ExitCode> {
                         "{:<42} {:<12} {:<9} {:<7} {:<20} {:<20} {:>9}  {}",
                         s.key_id,
                         s.kind,
-                        s.state,
+                        state_text(s),
                         if s.tainted { "yes" } else { "no" },
                         rfc3339(s.not_before),
                         rfc3339(s.not_after),
@@ -113,12 +122,16 @@ pub async fn ca(socket: &Path, cmd: CaCmd) -> anyhow::Result<ExitCode> {
                         s.last_expiry.map_or_else(|| "-".to_owned(), rfc3339)
                     );
                 }
-                for s in r.slots.iter().filter(|s| s.tainted && s.state != "removed") {
+                for s in r
+                    .slots
+                    .iter()
+                    .filter(|s| s.tainted && s.state != Ok(SlotState::Removed))
+                {
                     println!(
                         "tainted {}: {} holder(s) have not replaced their certificate yet{}",
                         s.key_id,
                         s.holders_not_replaced,
-                        if s.holders_not_replaced == 0 && s.state != "active" {
+                        if s.holders_not_replaced == 0 && s.state != Ok(SlotState::Active) {
                             " (safe to remove: signetctl ca revoke KEY_ID)"
                         } else {
                             ""
@@ -130,7 +143,7 @@ pub async fn ca(socket: &Path, cmd: CaCmd) -> anyhow::Result<ExitCode> {
                         "REJECTED {} {} ({}): trusted nowhere: {}; remove it: signetctl ca revoke {}",
                         s.kind,
                         s.key_id,
-                        s.state,
+                        state_text(s),
                         s.rejected.as_deref().unwrap_or_default(),
                         s.key_id
                     );

@@ -127,7 +127,10 @@ impl RevocationAdmin for RevocationAdminApi {
             )
             .into());
         }
-        let reason: Reason = req.reason.parse().map_err(ApiError::InvalidArgument)?;
+        let reason: Reason = req
+            .reason
+            .parse()
+            .map_err(|e: crate::revoked::UnknownReason| ApiError::InvalidArgument(e.to_string()))?;
         let caller = AuthenticatedCaller::admin_label(&self.td);
         let report = self
             .revoker

@@ -68,6 +68,7 @@ impl AdminSocket {
 
     /// For the fuzz bodies only (`crate::fuzzing`), which decide as the operator to reach the
     /// policy checks no other caller reaches; never a request path.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn for_fuzzing() -> Self {
         Self(())
     }

@@ -34,7 +34,7 @@ pub(crate) mod time;
 pub mod validate;
 
 use std::net::IpAddr;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use signet_types::SpiffeId;
 
@@ -50,20 +50,8 @@ pub enum KeyType {
     EcdsaP384,
 }
 
-/// How far notBefore is backdated, to tolerate clock skew between hosts.
-pub const BACKDATE: Duration = Duration::from_secs(10);
-
-/// The names a CSR asks for (its subjectAltName extension request), as parsed by
-/// `csr::VerifiedCsr`. Policy compares these with what the caller may have.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RequestedNames {
-    pub uris: Vec<String>,
-    pub dns_names: Vec<String>,
-    pub ip_addresses: Vec<IpAddr>,
-    pub emails: Vec<String>,
-    /// SAN types Signet never issues (otherName, directoryName, registeredID, …), by name.
-    pub other: Vec<String>,
-}
+/// Shared with policy, defined below both (`crate::issuance`).
+pub use crate::issuance::{BACKDATE, RequestedNames};
 
 /// What policy decided the caller may have: defined by policy, which alone makes one.
 pub use crate::policy::grant::Grant;

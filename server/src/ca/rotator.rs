@@ -47,39 +47,9 @@ impl Kind {
     }
 }
 
-/// A slot's state. `tainted` is a flag beside it, not a state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum State {
-    /// A root: in the bundle, signing nothing yet. An intermediate: signing nothing yet.
-    Prepared,
-    /// Signing (a root: intermediates; an intermediate: workload certificates).
-    Active,
-    /// No longer signing; a root stays in the bundle while anything chains to it.
-    Retired,
-    /// Gone from the bundle and from the keys that authenticate mTLS clients.
-    Removed,
-}
-
-impl State {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Prepared => "prepared",
-            State::Active => "active",
-            State::Retired => "retired",
-            State::Removed => "removed",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<State> {
-        match s {
-            "prepared" => Some(State::Prepared),
-            "active" => Some(State::Active),
-            "retired" => Some(State::Retired),
-            "removed" => Some(State::Removed),
-            _ => None,
-        }
-    }
-}
+/// A slot's state (one spelling with the store, the admin API and `signetctl`). `tainted` is
+/// a flag beside it, not a state.
+pub use signet_types::ca_slot::SlotState as State;
 
 /// What [`decide`] knows about a slot.
 #[derive(Debug, Clone, PartialEq, Eq)]

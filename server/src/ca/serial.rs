@@ -18,6 +18,7 @@
 //! and the hex order is the numeric order. A source never returns all zeroes, so the serial is
 //! never zero either.
 
+#[cfg(any(test, feature = "fuzzing"))]
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -75,12 +76,14 @@ impl SerialSource for RandomSerials {
 
 /// A deterministic source for tests: 1, 2, 3, … (zero is skipped), optionally with a fixed
 /// high half so tests can exercise serials whose top bit is set.
+#[cfg(any(test, feature = "fuzzing"))]
 #[derive(Debug)]
 pub struct SequentialSerials {
     high: u64,
     next: AtomicU64,
 }
 
+#[cfg(any(test, feature = "fuzzing"))]
 impl SequentialSerials {
     /// Counts up from `start` (as the low 64 bits; the high 64 bits are zero).
     pub fn new(start: u64) -> Self {
@@ -96,6 +99,7 @@ impl SequentialSerials {
     }
 }
 
+#[cfg(any(test, feature = "fuzzing"))]
 impl SerialSource for SequentialSerials {
     fn next_serial(&self, _now: SystemTime) -> [u8; 16] {
         loop {

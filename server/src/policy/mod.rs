@@ -67,7 +67,7 @@ use std::time::Duration;
 use signet_types::{SpiffeId, TrustDomain};
 
 use crate::authn::AuthenticatedCaller;
-use crate::ca::RequestedNames;
+use crate::issuance::RequestedNames;
 
 mod checks;
 pub(crate) mod config;

@@ -26,7 +26,7 @@ use signet_types::SpiffeId;
 
 use super::{Denial, Policy};
 use crate::authn::{AuthenticatedCaller, CallerKind};
-use crate::ca::BACKDATE;
+use crate::issuance::BACKDATE;
 use crate::provenance::{Provenance, ProvenanceError, Source};
 use crate::store::{CertificateRow, EntryRow, NodeRow};
 

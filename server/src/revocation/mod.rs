@@ -34,8 +34,7 @@ pub const PAGE: u32 = 500;
 /// Most certificates listed by name in a [`Report`] (the counts are complete).
 pub const MAX_LISTED: usize = 1000;
 
-pub(crate) mod reason;
-pub use reason::Reason;
+pub use crate::revoked::Reason;
 
 /// Which certificates to revoke.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -512,7 +511,7 @@ mod tests {
         assert_eq!("CA_COMPROMISE".parse(), Ok(Reason::CaCompromise));
         assert_eq!(Reason::PrivilegeWithdrawn.code(), 9);
         for bad in ["", "certificateHold", "removeFromCRL", "compromised"] {
-            let e = bad.parse::<Reason>().unwrap_err();
+            let e = bad.parse::<Reason>().unwrap_err().to_string();
             assert!(e.contains("keyCompromise"), "{e}");
         }
     }

@@ -2,9 +2,15 @@
 //! (retried with [`signet_runtime::backoff`] while it is unavailable, and its URL redacted for
 //! logs), the admin socket (0600 from the start).
 
-use signet_runtime::backoff::Backoff;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 
-use super::*;
+use anyhow::{Context, anyhow, bail};
+use signet_runtime::backoff::Backoff;
+use tokio::net::UnixListener;
+
+use crate::store::{Store, StoreError};
 
 /// Creates `data_dir` with mode 0700, or forces an existing one to 0700. Refuses a directory
 /// owned by another user (whoever owns it can read the CA's key-encryption key and replace

@@ -1,8 +1,24 @@
 //! The server's background tasks: the CA rotator's tick, the server's own TLS certificate
 //! (issued like any other, renewed before expiry or at once when revoked), and publishing
-//! internal counters to metrics.
+//! internal counters to metrics. Each is a future that runs until it is dropped; `serve.rs`
+//! spawns them under the server's one shutdown. Also `/readyz`'s check of the CA key slots.
 
-use super::*;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::anyhow;
+
+use crate::audit::AuditLog;
+use crate::authn::AuthenticatedCaller;
+use crate::ca::RequestedNames;
+use crate::ca::manager::CaManager;
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::issuer::{IssueInput, Issuer};
+use crate::limits::conn::ConnRegistry;
+use crate::metrics::Metrics;
+use crate::tls::{self, ServerCertResolver};
 
 /// The rotator's loop: a manager tick every `interval` (±10%, so replicas spread out).
 pub(super) async fn rotate(manager: Arc<CaManager>, clock: Arc<dyn Clock>, interval: Duration) {
@@ -126,31 +142,42 @@ pub(super) async fn renew_server_cert(
 }
 
 /// Publishes audit-drop counts, ledger progress and open connections to metrics, every second.
-pub(super) fn spawn_metrics_publisher(
+pub(super) async fn publish_metrics(
     audit: AuditLog,
     metrics: Arc<Metrics>,
     progress: Arc<crate::ledger::LedgerProgress>,
     conns: Arc<ConnRegistry>,
 ) {
-    tokio::spawn(async move {
-        let mut failures = 0;
-        loop {
-            metrics
-                .audit_dropped
-                .set(i64::try_from(audit.dropped()).unwrap_or(i64::MAX));
-            metrics
-                .audit_aggregated
-                .set(i64::try_from(audit.aggregated()).unwrap_or(i64::MAX));
-            metrics
-                .ledger_pending
-                .set(i64::try_from(progress.pending()).unwrap_or(i64::MAX));
-            metrics
-                .connections_open
-                .set(i64::try_from(conns.len()).unwrap_or(i64::MAX));
-            let now = progress.failures();
-            metrics.ledger_failures.inc_by(now.saturating_sub(failures));
-            failures = now;
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-    });
+    let mut failures = 0;
+    loop {
+        metrics
+            .audit_dropped
+            .set(i64::try_from(audit.dropped()).unwrap_or(i64::MAX));
+        metrics
+            .audit_aggregated
+            .set(i64::try_from(audit.aggregated()).unwrap_or(i64::MAX));
+        metrics
+            .ledger_pending
+            .set(i64::try_from(progress.pending()).unwrap_or(i64::MAX));
+        metrics
+            .connections_open
+            .set(i64::try_from(conns.len()).unwrap_or(i64::MAX));
+        let now = progress.failures();
+        metrics.ledger_failures.inc_by(now.saturating_sub(failures));
+        failures = now;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// `/readyz`'s check of the CA key slots ([`crate::ca::manager::CaView::readiness`]).
+pub(super) struct CaReadiness(pub(super) Arc<CaManager>);
+
+impl crate::http::ReadinessCheck for CaReadiness {
+    fn name(&self) -> &'static str {
+        "ca_slots"
+    }
+
+    fn check(&self) -> Result<(), String> {
+        self.0.view().readiness()
+    }
 }

@@ -18,6 +18,7 @@
 //! The SQL is the same on both databases, so it is written once ([`impl_ca_slot_store`]).
 
 use async_trait::async_trait;
+use signet_types::ca_slot::SlotState;
 
 use super::audit::AuditEvent;
 use super::error::StoreError;
@@ -58,7 +59,9 @@ super::db_row! {
         pub slot: String,
         /// `root` or `intermediate`.
         pub kind: String,
-        /// `prepared`, `active`, `retired` or `removed`.
+        /// A [`SlotState`] as stored (`SlotState::as_str`). Read back as the text the database
+        /// holds: the key manager vets it with the rest of the row, so one bad row is one
+        /// rejected slot, not an unreadable table.
         pub state: String,
         /// The key that signed this one's certificate (intermediates).
         pub parent_id: Option<String>,
@@ -90,8 +93,13 @@ impl std::fmt::Debug for CaSlotRow {
 /// One change to a slot.
 #[derive(Clone, PartialEq, Eq)]
 pub enum SlotUpdate {
-    /// Moves `id` to `state` (stamping `activated_at`, `retired_at` or `removed_at`).
-    State { id: String, state: String, at: i64 },
+    /// Moves `id` to `state` (stamping `activated_at`, `retired_at` or `removed_at`; a slot is
+    /// never moved back to prepared).
+    State {
+        id: String,
+        state: SlotState,
+        at: i64,
+    },
     /// Marks `id` tainted (keeps an earlier taint's time).
     Taint { id: String, at: i64 },
     /// Replaces `id`'s sealed key (sealed again with its binding; empty: erased at removal).
@@ -341,20 +349,21 @@ macro_rules! impl_ca_slot_store {
                 for u in &change.updates {
                     let done = match u {
                         SlotUpdate::State { id, state, at } => {
-                            let column = match state.as_str() {
-                                "active" => "activated_at",
-                                "retired" => "retired_at",
-                                "removed" => "removed_at",
-                                other => {
+                            let column = match state {
+                                ::signet_types::ca_slot::SlotState::Active => "activated_at",
+                                ::signet_types::ca_slot::SlotState::Retired => "retired_at",
+                                ::signet_types::ca_slot::SlotState::Removed => "removed_at",
+                                other @ ::signet_types::ca_slot::SlotState::Prepared => {
                                     return Err(StoreError::Database(format!(
-                                        "no CA slot transition to state {other:?}"
+                                        "no CA slot transition to state {:?}",
+                                        other.as_str()
                                     )));
                                 }
                             };
                             sqlx::query(&format!(
                                 "UPDATE ca_keys SET state = $1, {column} = $2 WHERE id = $3"
                             ))
-                            .bind(state)
+                            .bind(state.as_str())
                             .bind(*at)
                             .bind(id)
                             .execute(&mut *tx)

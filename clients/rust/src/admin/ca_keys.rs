@@ -2,16 +2,19 @@
 //! and intermediates): their status, and preparing, activating, tainting and revoking one.
 //!
 //! The invariant is the crate's: a slot or an action's answer reaches the caller only if it
-//! names a key (an empty key ID is a [`CallError::InvalidAnswer`]); the proto's "0 means none"
-//! times and empty parent are `None` here.
+//! names a key (an empty key ID is a [`CallError::InvalidAnswer`]), and a slot that passed the
+//! server's vetting names a [`SlotState`] (any other text is an invalid answer); the proto's
+//! "0 means none" times and empty parent are `None` here.
 
 use std::path::Path;
 
 use signet_proto::admin as pb;
 use signet_proto::admin::ca_admin_client::CaAdminClient as PbCaAdminClient;
+use signet_types::ca_slot::{SlotState, UnknownSlotState};
 use tonic::transport::Channel;
 
 use crate::ClientError;
+
 use crate::convert::request;
 use crate::error::CallError;
 
@@ -21,8 +24,9 @@ pub struct CaKeySlot {
     pub key_id: String,
     /// `root` or `intermediate`, as the server names it.
     pub kind: String,
-    /// `prepared`, `active`, `retired` or `removed`, as the server names it.
-    pub state: String,
+    /// The slot's state. Only a slot that failed the server's vetting (`rejected`) may hold
+    /// stored text that is no state: then the error carries that text.
+    pub state: Result<SlotState, UnknownSlotState>,
     pub tainted: bool,
     pub algorithm: String,
     /// Unix seconds.
@@ -157,10 +161,20 @@ fn ca_slot(s: pb::CaSlot) -> Result<CaKeySlot, CallError> {
     if s.key_id.is_empty() {
         return Err(CallError::invalid_answer("a CA key slot without a key ID"));
     }
+    let state = match s.state.parse::<SlotState>() {
+        Ok(state) => Ok(state),
+        Err(e) if !s.rejected.is_empty() => Err(e),
+        Err(e) => {
+            return Err(CallError::invalid_answer(format!(
+                "CA key slot {}: {e}",
+                s.key_id
+            )));
+        }
+    };
     Ok(CaKeySlot {
         key_id: s.key_id,
         kind: s.kind,
-        state: s.state,
+        state,
         tainted: s.tainted,
         algorithm: s.algorithm,
         not_before: s.not_before,
@@ -249,6 +263,25 @@ mod tests {
         })
         .unwrap();
         assert!(st.plugged && st.slots.len() == 1 && st.active_key_id == "k1");
+    }
+
+    #[test]
+    fn a_slot_state_is_typed_and_only_a_rejected_slot_may_hold_other_text() {
+        assert_eq!(ca_slot(slot()).unwrap().state, Ok(SlotState::Active));
+        let e = ca_slot(pb::CaSlot {
+            state: "Active".into(),
+            ..slot()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("\"Active\""), "{e}");
+        let rejected = ca_slot(pb::CaSlot {
+            state: "bogus".into(),
+            rejected: "state \"bogus\"".into(),
+            ..slot()
+        })
+        .unwrap();
+        assert_eq!(rejected.state, Err(UnknownSlotState("bogus".into())));
+        assert_eq!(rejected.rejected.as_deref(), Some("state \"bogus\""));
     }
 
     #[test]

@@ -56,6 +56,7 @@ use self::jwks::KeySet;
 use self::jws::{Jws, MAX_TOKEN_BYTES};
 use self::kubernetes::{LEGACY_ISSUER, Payload};
 use self::memo::VerifiedTokens;
+#[cfg(any(test, feature = "fuzzing"))]
 use self::refuse::bad;
 use self::reload::JwksFile;
 use super::{AuthenticatedCaller, AuthnError};
@@ -315,6 +316,7 @@ impl JwtAuthenticator {
 
     /// The claim checks alone, on a payload's JSON: what a token whose signature verified may
     /// carry. For `crate::fuzzing`, which cannot sign its mutations.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn verify_claims_json(
         &self,
         json: &[u8],

@@ -55,7 +55,10 @@ fn parse_slots(rows: &[CaSlotRow]) -> (Vec<SlotInfo>, Vec<RejectedSlot>) {
 
 fn parse_slot(r: &CaSlotRow) -> Result<SlotInfo, String> {
     let kind = Kind::parse(&r.kind).ok_or_else(|| format!("kind {:?}", r.kind))?;
-    let state = State::parse(&r.state).ok_or_else(|| format!("state {:?}", r.state))?;
+    let state: State = r
+        .state
+        .parse()
+        .map_err(|_| format!("state {:?}", r.state))?;
     let der = signet_types::pem::parse_certs(r.cert_pem.as_bytes())
         .map_err(|e| format!("certificate: {e}"))?
         .into_iter()

@@ -165,7 +165,7 @@ impl CaView {
     /// intermediate it signed that was tainted or revoked (`ca taint`, `ca revoke`), with
     /// reason cACompromise, from the taint on and for as long as the root publishes a CRL
     /// (past the intermediate's notAfter: a relying party may not check it).
-    pub fn revoked_intermediates(&self, root_id: &str) -> Vec<crate::crl::RevokedEntry> {
+    pub fn revoked_intermediates(&self, root_id: &str) -> Vec<crate::revoked::RevokedEntry> {
         self.slots
             .iter()
             .filter(|s| {
@@ -174,10 +174,10 @@ impl CaView {
             .filter_map(|s| {
                 let at = s.tainted_at?;
                 let cert = validate::parse_cert(&s.cert_der).ok()?;
-                Some(crate::crl::RevokedEntry {
+                Some(crate::revoked::RevokedEntry {
                     serial: hex::encode(cert.raw_serial()),
                     revoked_at: at,
-                    reason: crate::revocation::Reason::CaCompromise,
+                    reason: crate::revoked::Reason::CaCompromise,
                     not_after: i64::MAX,
                 })
             })
@@ -201,19 +201,6 @@ impl CaView {
              investigate (audit event ca.slot_rejected) and remove them (signetctl ca revoke ID)",
             live.join("; ")
         ))
-    }
-}
-
-/// `/readyz`'s check of the CA key slots ([`CaView::readiness`]).
-pub struct CaReadiness(pub Arc<CaManager>);
-
-impl crate::http::ReadinessCheck for CaReadiness {
-    fn name(&self) -> &'static str {
-        "ca_slots"
-    }
-
-    fn check(&self) -> Result<(), String> {
-        self.0.view().readiness()
     }
 }
 

@@ -96,7 +96,7 @@ impl Staging<'_> {
                 let s = find(slots, id)?;
                 change.updates.push(SlotUpdate::State {
                     id: id.clone(),
-                    state: "active".into(),
+                    state: State::Active,
                     at,
                 });
                 change.audit.push(event(
@@ -113,7 +113,7 @@ impl Staging<'_> {
                 {
                     change.updates.push(SlotUpdate::State {
                         id: old.slot.id.clone(),
-                        state: "retired".into(),
+                        state: State::Retired,
                         at,
                     });
                     change.audit.push(event(
@@ -165,7 +165,7 @@ impl Staging<'_> {
                     change.updates.push(SlotUpdate::Taint { id: k.clone(), at });
                     change.updates.push(SlotUpdate::State {
                         id: k.clone(),
-                        state: "removed".into(),
+                        state: State::Removed,
                         at,
                     });
                     change.updates.push(SlotUpdate::erase_key(k));
@@ -175,7 +175,7 @@ impl Staging<'_> {
                 let s = find(slots, id)?;
                 change.updates.push(SlotUpdate::State {
                     id: id.clone(),
-                    state: "removed".into(),
+                    state: State::Removed,
                     at,
                 });
                 change.updates.push(SlotUpdate::erase_key(id.clone()));
@@ -233,7 +233,7 @@ impl Staging<'_> {
         let mut change = CaChange::default();
         change.updates.push(SlotUpdate::State {
             id: r.id.clone(),
-            state: "removed".into(),
+            state: State::Removed,
             at,
         });
         change.updates.push(SlotUpdate::erase_key(r.id.clone()));
@@ -265,7 +265,7 @@ impl Staging<'_> {
             slot: id.clone(),
             id,
             kind: kind.as_str().into(),
-            state: "prepared".into(),
+            state: State::Prepared.as_str().into(),
             parent_id: parent,
             algorithm: format!("{:?}", self.cfg.key_type),
             cert_pem: signet_types::pem::cert_to_pem(authority.cert_der()),

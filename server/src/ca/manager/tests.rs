@@ -837,7 +837,7 @@ async fn a_tainted_intermediate_is_listed_by_its_root_until_the_root_stops_publi
     );
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].serial, serial);
-    assert_eq!(listed[0].reason, crate::revocation::Reason::CaCompromise);
+    assert_eq!(listed[0].reason, crate::revoked::Reason::CaCompromise);
     // Removal keeps it listed (and tainted) : `ca revoke` is not a way out of the CRL.
     m.revoke(&old, true, "op", now()).await.unwrap();
     assert_eq!(m.view().revoked_intermediates(&root_id).len(), 1);
@@ -945,7 +945,7 @@ async fn a_roots_crl_keeps_listing_an_intermediate_whose_taint_the_database_clea
             m.clone(),
             bundle.clone(),
             dir.path().join("crl"),
-            crate::crl::CrlConfig::default(),
+            crate::revoked::CrlConfig::default(),
             clock,
         )
     };

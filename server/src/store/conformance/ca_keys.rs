@@ -4,6 +4,8 @@
 //! slots existed) signed leaves directly.
 #![allow(clippy::unwrap_used)]
 
+use signet_types::ca_slot::SlotState;
+
 use super::{ACQUIRE, Db};
 use crate::store::{
     AuditEvent, CaChange, CaSlotRow, CertFilter, NewCertificate, NewRevocation, SlotUpdate,
@@ -159,7 +161,7 @@ async fn a_failing_change_is_rolled_back_whole(db: Db) {
         inserts: vec![row("r1", "root", None)],
         updates: vec![SlotUpdate::State {
             id: "nope".into(),
-            state: "active".into(),
+            state: SlotState::Active,
             at: 5,
         }],
         audit: vec![event("r1")],
@@ -180,7 +182,7 @@ async fn a_failing_change_is_rolled_back_whole(db: Db) {
         updates: vec![
             SlotUpdate::State {
                 id: "r1".into(),
-                state: "active".into(),
+                state: SlotState::Active,
                 at: 10,
             },
             SlotUpdate::Taint {
@@ -193,7 +195,7 @@ async fn a_failing_change_is_rolled_back_whole(db: Db) {
             },
             SlotUpdate::State {
                 id: "i1".into(),
-                state: "removed".into(),
+                state: SlotState::Removed,
                 at: 13,
             },
         ],

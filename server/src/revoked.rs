@@ -1,5 +1,13 @@
-//! The revocation reasons Signet records and lists in its CRLs (RFC 5280 CRLReason). A leaf:
-//! the CRL encoder uses it without depending on the revoker.
+//! What a CRL lists, and how: the revocation reasons Signet records (RFC 5280 CRLReason), one
+//! revoked entry, the `[crl]` settings. A leaf below the revoker (`crate::revocation`), the CRL
+//! publisher (`crate::crl`), the CA key manager (a root's revoked intermediates) and the
+//! configuration, so each of them imports it and none imports another for it.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::RevokedRow;
 
 /// RFC 5280 §5.3.1 CRLReason, without `certificateHold` and `removeFromCRL`: a Signet
 /// revocation is final.
@@ -77,12 +85,17 @@ impl std::fmt::Display for Reason {
     }
 }
 
+/// Text that names no [`Reason`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown revocation reason {0:?} (one of: {names})", names = Reason::ALL.map(Reason::name).join(", "))]
+pub struct UnknownReason(pub String);
+
 impl std::str::FromStr for Reason {
-    type Err = String;
+    type Err = UnknownReason;
 
     /// The RFC 5280 name in any case, with or without `-` / `_` (`keyCompromise`,
     /// `key-compromise`, `KEY_COMPROMISE`).
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, UnknownReason> {
         let norm = |n: &str| {
             n.chars()
                 .filter(|c| *c != '-' && *c != '_')
@@ -93,12 +106,64 @@ impl std::str::FromStr for Reason {
         Reason::ALL
             .into_iter()
             .find(|r| norm(r.name()) == want)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Reason::ALL.iter().map(|r| r.name()).collect();
-                format!(
-                    "unknown revocation reason {s:?} (one of: {})",
-                    names.join(", ")
-                )
-            })
+            .ok_or_else(|| UnknownReason(s.to_owned()))
+    }
+}
+
+/// `[crl]` in the server configuration.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CrlConfig {
+    /// nextUpdate - thisUpdate of every CRL. A new CRL is signed on every revocation, and at
+    /// the latest when half of this has passed.
+    #[serde(with = "humantime_serde")]
+    pub next_update: Duration,
+    /// How often a server checks the database for revocations made by other replicas.
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+}
+
+impl Default for CrlConfig {
+    fn default() -> Self {
+        Self {
+            next_update: Duration::from_secs(24 * 3600),
+            poll_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+impl CrlConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.next_update < Duration::from_secs(2) {
+            return Err("crl.next_update must be at least 2s".into());
+        }
+        if self.poll_interval.is_zero() {
+            return Err("crl.poll_interval must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// One revoked certificate as a CRL lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RevokedEntry {
+    /// Lowercase hex of the serial's DER integer content, as in the ledger.
+    pub serial: String,
+    /// Unix seconds.
+    pub revoked_at: i64,
+    pub reason: Reason,
+    /// The certificate's notAfter (unix seconds): past it, the entry may leave the CRL.
+    pub not_after: i64,
+}
+
+impl RevokedEntry {
+    /// From the store's row; an unreadable reason is listed as `unspecified`.
+    pub fn from_row(r: &RevokedRow) -> Self {
+        Self {
+            serial: r.serial.clone(),
+            revoked_at: r.revoked_at,
+            reason: r.reason.parse().unwrap_or(Reason::Unspecified),
+            not_after: r.not_after,
+        }
     }
 }
