@@ -97,8 +97,13 @@ impl Inner {
         SinkError::new(&self.name, format!("{what} {}: {e}", path.display()))
     }
 
+    /// A fresh generation's name: unique across restarts (the wall time through the runtime's
+    /// clock, the pid) and within the process (the counter). Only uniqueness matters: nothing
+    /// decides by it.
     fn generation_name(&self) -> GenerationName {
-        let nanos = std::time::SystemTime::now()
+        use signet_runtime::clock::{Clock, SystemClock};
+        let nanos = SystemClock
+            .now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or_default();
@@ -571,11 +576,12 @@ mod tests {
             .into_owned()
     }
 
-    /// Polls `f` every 10 ms until it holds; panics after 10 s.
+    /// Polls `f` every 10 ms until it holds; panics after 10 s. Real time: the writes run on
+    /// the blocking threads, which paused time would not wait for.
     async fn until(what: &str, mut f: impl FnMut() -> bool) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
         while !f() {
-            assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+            assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     }

@@ -17,6 +17,7 @@ pub mod health;
 pub mod kubernetes;
 pub mod reload;
 pub mod safe_dir;
+pub mod telemetry;
 pub mod worker;
 
 /// What a sink delivers: an X509-SVID (chain leaf first, roots left out, and its key), the
@@ -271,7 +272,7 @@ mod tests {
         let d = Delivered {
             svid: Arc::new(crate::testing::self_signed_svid(
                 "spiffe://example.org/a",
-                std::time::SystemTime::now(),
+                signet_runtime::clock::Clock::now(&signet_runtime::clock::SystemClock),
                 std::time::Duration::from_secs(60),
             )),
             bundle_der: Ders::default(),

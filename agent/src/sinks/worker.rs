@@ -6,8 +6,9 @@
 //! backoff, and skips straight to the newest SVID when a newer one arrives meanwhile. So a
 //! sink that hangs (a reload command that never returns, an API server that never answers, a
 //! hung filesystem) delays nothing but itself: not node renewal, not entry sync, not another
-//! sink, not the Workload API. Its state is kept in [`SinkHealth`] (shown on `/readyz`), in
-//! the `signet_agent_sink_*` metrics and in the logs.
+//! sink, not the Workload API. Its state is kept in [`crate::sinks::health::SinkHealth`] (shown
+//! on `/readyz`), in the `signet_agent_sink_*` metrics (both through [`Telemetry`]) and in the
+//! logs.
 //!
 //! Memory: at most [`DELIVERY_SLOTS`] deliveries or removals are under way at once (each
 //! builds its PEM files in memory), so a burst of 1,000 new certificates does not hold 1,000
@@ -22,14 +23,14 @@
 //! lease, is a future of its own, allocated only while it runs.
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore};
 
 use crate::config::DeletionPolicy;
-use crate::metrics::{Metrics, SinkLabels};
-use crate::sinks::health::{SinkHealth, SinkReport, SinkState};
-use crate::sinks::{Applied, Delivered, Sink, SinkError, SinkErrorKind};
+use crate::sinks::{Applied, Delivered, Sink, SinkError};
+
+pub use crate::sinks::telemetry::Telemetry;
 use signet_runtime::backoff::Backoff;
 use signet_runtime::clock::Clock;
 use signet_runtime::random::Random;
@@ -313,150 +314,12 @@ async fn apply<'a>(
     }
 }
 
-/// Where workers report: the health table and, when present, the metrics.
-#[derive(Clone)]
-pub struct Telemetry {
-    health: SinkHealth,
-    metrics: Option<Arc<Metrics>>,
-}
-
-impl Telemetry {
-    pub fn new(metrics: Option<Arc<Metrics>>) -> Self {
-        Self {
-            health: metrics
-                .as_ref()
-                .map(|m| m.sinks.clone())
-                .unwrap_or_default(),
-            metrics,
-        }
-    }
-
-    pub fn health(&self) -> &SinkHealth {
-        &self.health
-    }
-
-    fn labels(name: &str) -> SinkLabels {
-        vec![("sink", name.to_owned())]
-    }
-
-    fn set_healthy(&self, name: &str, ok: bool) {
-        if let Some(m) = &self.metrics {
-            m.sink_healthy
-                .get_or_create(&Self::labels(name))
-                .set(i64::from(ok));
-        }
-    }
-
-    fn register(&self, name: &str, now: SystemTime) {
-        self.health.with(|h| {
-            h.insert(
-                name.to_owned(),
-                SinkReport {
-                    state: SinkState::Idle,
-                    since: now,
-                    busy_since: None,
-                    last_error: None,
-                    last_error_kind: None,
-                    warnings: Vec::new(),
-                    failures: 0,
-                },
-            );
-        });
-        self.set_healthy(name, true);
-    }
-
-    fn update(&self, name: &str, f: impl FnOnce(&mut SinkReport)) {
-        self.health.with(|h| {
-            if let Some(r) = h.get_mut(name) {
-                f(r);
-            }
-        });
-    }
-
-    fn busy(&self, name: &str, now: SystemTime) {
-        self.update(name, |r| r.busy_since = Some(now));
-    }
-
-    fn idle(&self, name: &str, now: SystemTime) {
-        self.update(name, |r| {
-            if r.state != SinkState::Idle {
-                r.since = now;
-            }
-            r.state = SinkState::Idle;
-            r.failures = 0;
-            r.busy_since = None;
-        });
-        self.set_healthy(name, true);
-    }
-
-    fn succeeded(&self, name: &str, what: &str, applied: &Applied, now: SystemTime) {
-        for w in &applied.warnings {
-            tracing::warn!(sink = %name, warning = %w, "sink: found entries the agent did not create; nothing they point at was touched");
-        }
-        if let Some(m) = &self.metrics {
-            m.sink_deliveries.get_or_create(&Self::labels(name)).inc();
-            if !applied.warnings.is_empty() {
-                m.sink_warnings
-                    .get_or_create(&Self::labels(name))
-                    .inc_by(applied.warnings.len() as u64);
-            }
-        }
-        self.update(name, |r| {
-            if r.state == SinkState::Failing {
-                tracing::info!(sink = %name, after = r.failures, "sink recovered");
-            }
-            if r.state != SinkState::Healthy {
-                r.since = now;
-            }
-            r.state = SinkState::Healthy;
-            r.busy_since = None;
-            r.failures = 0;
-            r.warnings = applied.warnings.clone();
-        });
-        self.set_healthy(name, true);
-        tracing::debug!(sink = %name, what, "sink up to date");
-    }
-
-    fn failed(
-        &self,
-        name: &str,
-        what: &str,
-        e: &SinkError,
-        failures: u32,
-        retry_in: Duration,
-        now: SystemTime,
-    ) {
-        let reason = e.kind.label();
-        match e.kind {
-            SinkErrorKind::Failed => {
-                tracing::warn!(sink = %name, what, reason, error = %e, failures, ?retry_in, "sink failed; will retry")
-            }
-            SinkErrorKind::Refused | SinkErrorKind::Timeout => {
-                tracing::error!(sink = %name, what, reason, error = %e, failures, ?retry_in, "sink failed; will retry")
-            }
-        }
-        if let Some(m) = &self.metrics {
-            let mut l = Self::labels(name);
-            l.push(("reason", reason.to_owned()));
-            m.sink_failures.get_or_create(&l).inc();
-        }
-        self.update(name, |r| {
-            if r.state != SinkState::Failing {
-                r.since = now;
-            }
-            r.state = SinkState::Failing;
-            r.busy_since = None;
-            r.failures = failures;
-            r.last_error = Some(e.reason.clone());
-            r.last_error_kind = Some(e.kind);
-        });
-        self.set_healthy(name, false);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::Metrics;
+    use crate::sinks::SinkErrorKind;
+    use crate::sinks::health::SinkState;
     use signet_runtime::clock::SystemClock;
     use std::sync::Mutex;
 
@@ -587,7 +450,7 @@ mod tests {
                 timeout: Duration::from_secs(5),
                 sink: Arc::new(Refusing),
             }],
-            Telemetry::new(Some(metrics.clone())),
+            Telemetry::new(Some(metrics.sinks.clone())),
             Arc::new(SystemClock),
             Arc::new(|| 0.5),
         );
@@ -755,6 +618,6 @@ mod tests {
                 "spiffe://example.org/two".to_owned()
             ]
         );
-        assert!(telemetry.health().problems(SystemTime::now()).is_empty());
+        assert!(telemetry.health().problems(SystemClock.now()).is_empty());
     }
 }

@@ -12,15 +12,15 @@
 //! changes; a caller that loses its last identity gets PermissionDenied and the stream ends.
 //! Both fill their `crl` field (DER, one per issuing CA key) with the CRLs the agent verified
 //! (SPIRE leaves it empty); a new CRL is a change, so it is streamed at once.
-//! The JWT RPCs answer Unimplemented.
+//! The JWT RPCs answer Unimplemented. Every refusal is a [`WorkloadError`], made a gRPC status
+//! in one place ([`error`]).
 
 pub mod conn;
+pub mod error;
 pub mod listen;
 pub mod metrics;
 
 use std::collections::HashMap;
-use std::io;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -31,10 +31,11 @@ use signet_proto::workload::spiffe_workload_api_server::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::attest::{AttestError, Attestor, Caller};
+use crate::attest::{Attestor, Caller};
 use crate::state::{AgentState, Identity, StateReceiver};
 use conn::{ActiveGuard, PeerSource};
 pub use conn::{AttestedStream, Peer, PeerInfo};
+pub use error::{ListenError, WorkloadError};
 pub use listen::{ServeOptions, bind, bind_with, serve, serve_with};
 pub use metrics::WorkloadMetrics;
 
@@ -69,20 +70,18 @@ impl WorkloadApi {
     }
 
     /// The connection's peer, once the security header is checked.
-    pub(crate) fn peer<T>(req: &Request<T>) -> Result<Arc<Peer>, Status> {
+    pub(crate) fn peer<T>(req: &Request<T>) -> Result<Arc<Peer>, WorkloadError> {
         let header = req
             .metadata()
             .get(SECURITY_HEADER)
             .and_then(|v| v.to_str().ok());
         if header != Some("true") {
-            return Err(Status::invalid_argument(
-                "security header workload.spiffe.io: true is missing",
-            ));
+            return Err(WorkloadError::MissingHeader);
         }
         req.extensions()
             .get::<PeerInfo>()
             .map(|p| p.0.clone())
-            .ok_or_else(|| Status::permission_denied("caller could not be attested"))
+            .ok_or(WorkloadError::NoPeer)
     }
 
     /// What the peer proves now.
@@ -90,7 +89,7 @@ impl WorkloadApi {
         attestor: &Attestor,
         metrics: &WorkloadMetrics,
         peer: &Peer,
-    ) -> Result<Caller, Status> {
+    ) -> Result<Caller, WorkloadError> {
         let result = match peer.source() {
             PeerSource::Process(p) => attestor.attest(p).await,
             #[cfg(test)]
@@ -99,14 +98,7 @@ impl WorkloadApi {
         result.map_err(|e| {
             metrics.attestation_failures.inc();
             tracing::debug!(error = %e, "Workload API: caller not attested");
-            match e {
-                AttestError::Process(_) => {
-                    Status::permission_denied(format!("caller could not be attested: {e}"))
-                }
-                AttestError::Kubernetes(_) => {
-                    Status::unavailable(format!("caller could not be attested: {e}; retry"))
-                }
-            }
+            WorkloadError::from(e)
         })
     }
 
@@ -114,7 +106,7 @@ impl WorkloadApi {
     /// each time for the caller as attested at that moment. `view` returns `None` when the
     /// caller has no identity: PermissionDenied, end. The connection counts as in use while
     /// the stream is open.
-    async fn watch<T, F>(&self, peer: Arc<Peer>, view: F) -> Result<WatchStream<T>, Status>
+    async fn watch<T, F>(&self, peer: Arc<Peer>, view: F) -> Result<WatchStream<T>, WorkloadError>
     where
         T: PartialEq + Clone + Send + 'static,
         F: Fn(&Attestor, &Caller, &AgentState) -> Option<T> + Copy + Send + Sync + 'static,
@@ -129,7 +121,7 @@ impl WorkloadApi {
             let state = rx.borrow_and_update();
             view(&attestor, &caller, &state)
         }
-        .ok_or_else(no_identity)?;
+        .ok_or(WorkloadError::NoIdentity)?;
         struct Watch<T> {
             rx: StateReceiver,
             pending: Option<T>,
@@ -165,15 +157,15 @@ impl WorkloadApi {
                     // been reused, or it may run another executable now.
                     let caller = match Self::attest(&attestor, &metrics, &w.peer).await {
                         Ok(c) => c,
-                        Err(status) => {
+                        Err(e) => {
                             w.done = true;
-                            return Some((Err(status), w));
+                            return Some((Err(e.into()), w));
                         }
                     };
                     match view(&attestor, &caller, &state) {
                         None => {
                             w.done = true;
-                            return Some((Err(no_identity()), w));
+                            return Some((Err(WorkloadError::NoIdentity.into()), w));
                         }
                         Some(item) if w.last.as_ref() == Some(&item) => continue,
                         Some(item) => {
@@ -189,10 +181,6 @@ impl WorkloadApi {
 }
 
 type WatchStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
-
-fn no_identity() -> Status {
-    Status::permission_denied("no identity issued")
-}
 
 fn concat(ders: &[Vec<u8>]) -> Vec<u8> {
     ders.concat()
@@ -255,7 +243,7 @@ impl SpiffeWorkloadApi for WorkloadApi {
         req: Request<pb::X509svidRequest>,
     ) -> Result<Response<Self::FetchX509SVIDStream>, Status> {
         let peer = Self::peer(&req)?;
-        self.watch(peer, x509_svid_view).await.map(Response::new)
+        Ok(Response::new(self.watch(peer, x509_svid_view).await?))
     }
 
     async fn fetch_x509_bundles(
@@ -263,39 +251,29 @@ impl SpiffeWorkloadApi for WorkloadApi {
         req: Request<pb::X509BundlesRequest>,
     ) -> Result<Response<Self::FetchX509BundlesStream>, Status> {
         let peer = Self::peer(&req)?;
-        self.watch(peer, x509_bundles_view).await.map(Response::new)
+        Ok(Response::new(self.watch(peer, x509_bundles_view).await?))
     }
 
     async fn fetch_jwtsvid(
         &self,
         _req: Request<pb::JwtsvidRequest>,
     ) -> Result<Response<pb::JwtsvidResponse>, Status> {
-        Err(Status::unimplemented("JWT-SVIDs are not supported"))
+        Err(WorkloadError::Unsupported("JWT-SVIDs").into())
     }
 
     async fn fetch_jwt_bundles(
         &self,
         _req: Request<pb::JwtBundlesRequest>,
     ) -> Result<Response<Self::FetchJWTBundlesStream>, Status> {
-        Err(Status::unimplemented("JWT bundles are not supported"))
+        Err(WorkloadError::Unsupported("JWT bundles").into())
     }
 
     async fn validate_jwtsvid(
         &self,
         _req: Request<pb::ValidateJwtsvidRequest>,
     ) -> Result<Response<pb::ValidateJwtsvidResponse>, Status> {
-        Err(Status::unimplemented("JWT-SVIDs are not supported"))
+        Err(WorkloadError::Unsupported("JWT-SVIDs").into())
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum WorkloadError {
-    #[error("workload API socket {0}: {1}")]
-    Socket(PathBuf, io::Error),
-    #[error("workload API socket {0}: a file that is not a socket is in the way")]
-    NotASocket(PathBuf),
-    #[error("workload API server: {0}")]
-    Serve(String),
 }
 
 #[cfg(test)]
@@ -619,7 +597,7 @@ mod tests {
             drop(l);
             let file = dir.path().join("file");
             std::fs::write(&file, b"x").expect("write");
-            assert!(matches!(bind(&file), Err(WorkloadError::NotASocket(_))));
+            assert!(matches!(bind(&file), Err(ListenError::NotASocket(_))));
             assert_eq!(std::fs::read(&file).expect("kept"), b"x");
             // A restrictive mode and a group, set before the socket is reachable by name;
             // the private staging directory is gone.
