@@ -54,7 +54,7 @@ enum Fatal {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("kubernetes-secret sinks need the Kubernetes API: {0}")]
-    KubernetesApi(String),
+    KubernetesApi(signet_agent::sinks::apiserver::ApiServerError),
     #[error(transparent)]
     Sink(#[from] SinkError),
     #[error("sink {name:?}: {source}")]
