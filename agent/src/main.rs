@@ -169,7 +169,12 @@ async fn run(mut cfg: Config) -> Result<(), Fatal> {
     // is half a megabyte, and the rest of `cfg` is kept (and cloned) until the agent stops.
     let sink_cfgs = std::mem::take(&mut cfg.sinks);
     let registry = Registry::default();
-    let mut deps = Deps::default();
+    // The one clock every part reads (sinks, metrics, the main loop).
+    let clock = Arc::new(SystemClock);
+    let mut deps = Deps {
+        clock: clock.clone(),
+        ..Deps::default()
+    };
     if sink_cfgs
         .iter()
         .any(|s| matches!(s.kind, SinkKind::KubernetesSecret(_)))
@@ -196,7 +201,7 @@ async fn run(mut cfg: Config) -> Result<(), Fatal> {
     drop(sink_cfgs);
 
     let (state_tx, state_rx) = state::channel();
-    let metrics = Arc::new(Metrics::new(state_rx.clone(), Arc::new(SystemClock)));
+    let metrics = Arc::new(Metrics::new(state_rx.clone(), clock.clone()));
     let ready = Readiness::default();
 
     let wl = &cfg.workload_api;
@@ -252,7 +257,6 @@ async fn run(mut cfg: Config) -> Result<(), Fatal> {
     let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let clock = Arc::new(SystemClock);
     let token_cfg = cfg.clone();
     let settings = Settings {
         data_dir: cfg.data_dir.clone(),

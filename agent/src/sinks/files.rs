@@ -46,6 +46,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use signet_runtime::clock::{Clock, SystemClock};
+
 use crate::config::{FileLayout, FilesSinkConfig};
 use crate::sinks::reload;
 use crate::sinks::safe_dir::{Component, DATA_LINK, GenerationName, OpenError, SinkDir};
@@ -71,6 +73,8 @@ struct Inner {
     name: String,
     cfg: FilesSinkConfig,
     counter: AtomicU64,
+    /// Names the generations (see [`Inner::generation_name`]).
+    clock: Arc<dyn Clock>,
     /// Held by the blocking writer. A write abandoned at its deadline (a hung filesystem) still
     /// holds it, and the next attempt fails at once instead of piling up blocked threads.
     busy: Mutex<()>,
@@ -82,11 +86,17 @@ fn comp(s: &str) -> Component<'_> {
 }
 
 impl FilesSink {
+    /// On the system clock.
     pub fn new(name: &str, cfg: FilesSinkConfig) -> Self {
+        Self::with_clock(name, cfg, Arc::new(SystemClock))
+    }
+
+    pub fn with_clock(name: &str, cfg: FilesSinkConfig, clock: Arc<dyn Clock>) -> Self {
         Self(Arc::new(Inner {
             name: name.to_owned(),
             cfg,
             counter: AtomicU64::new(0),
+            clock,
             busy: Mutex::new(()),
         }))
     }
@@ -97,12 +107,11 @@ impl Inner {
         SinkError::new(&self.name, format!("{what} {}: {e}", path.display()))
     }
 
-    /// A fresh generation's name: unique across restarts (the wall time through the runtime's
-    /// clock, the pid) and within the process (the counter). Only uniqueness matters: nothing
-    /// decides by it.
+    /// A fresh generation's name: unique across restarts (the clock's wall time, the pid) and
+    /// within the process (the counter). Only uniqueness matters: nothing decides by it.
     fn generation_name(&self) -> GenerationName {
-        use signet_runtime::clock::{Clock, SystemClock};
-        let nanos = SystemClock
+        let nanos = self
+            .clock
             .now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
