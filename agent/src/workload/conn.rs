@@ -485,7 +485,8 @@ mod tests {
         (client, s, metrics)
     }
 
-    #[tokio::test]
+    // Paused time: the deadline passes as soon as nothing else can happen.
+    #[tokio::test(start_paused = true)]
     async fn bytes_from_the_peer_pass_and_an_unused_connection_times_out() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let (mut client, mut server, metrics) = pair().await;
