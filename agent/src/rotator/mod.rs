@@ -165,27 +165,48 @@ impl Rotator {
             self.clock.now()
         };
         out.publish(&self.held, trust, now);
-        // Upcoming renewals set the next pass; overdue ones (signing failed) are retried
-        // with backoff, never in a tight loop: while the server fails, the retry pass is the
-        // next one (it takes whatever came due meanwhile), so entries coming due one after
-        // another during an outage do not each cut the backoff short.
         let rev = trust.revocations();
-        let mut next = self
-            .held
-            .next_due_after(rev, now)
-            .unwrap_or(now + MAX_SLEEP)
-            .min(now + MAX_SLEEP);
-        if failed {
+        let ended = if failed {
             let wait = retry_wait(self.failures, self.random.unit(), pushback);
             self.failures = self.failures.saturating_add(1);
             self.hold_until = pushback.map(|_| now + wait);
-            next = now + wait;
+            Ended::Failed { wait }
         } else if let Some(until) = hold {
-            next = next.min(until);
-        } else if self.held.any_overdue(rev, now) {
-            next = next.min(now + BACKOFF_BASE);
-        }
-        next
+            Ended::Held { until }
+        } else {
+            Ended::Done {
+                overdue: self.held.any_overdue(rev, now),
+            }
+        };
+        next_pass(now, self.held.next_due_after(rev, now), ended)
+    }
+}
+
+/// How a pass ended, for [`next_pass`].
+#[derive(Debug, Clone, Copy)]
+enum Ended {
+    /// Signing failed (all or part): retry after `wait` ([`retry_wait`]).
+    Failed { wait: Duration },
+    /// Nothing was asked: the server's pushback runs `until` then.
+    Held { until: SystemTime },
+    /// Everything due was signed; `overdue`: something is still due (a compromised
+    /// replacement came back compromised, say).
+    Done { overdue: bool },
+}
+
+/// When the next pass runs after one that ended at `now` (`next_due`: the earliest renewal
+/// after `now`). The rule, in one place: upcoming renewals set it, never more than
+/// [`MAX_SLEEP`] away; overdue ones (signing failed) are retried with backoff, never in a tight
+/// loop: while the server fails, the retry pass is the next one (it takes whatever came due
+/// meanwhile), so entries coming due one after another during an outage do not each cut the
+/// backoff short.
+fn next_pass(now: SystemTime, next_due: Option<SystemTime>, ended: Ended) -> SystemTime {
+    let usual = next_due.unwrap_or(now + MAX_SLEEP).min(now + MAX_SLEEP);
+    match ended {
+        Ended::Failed { wait } => now + wait,
+        Ended::Held { until } => usual.min(until),
+        Ended::Done { overdue: true } => usual.min(now + BACKOFF_BASE),
+        Ended::Done { overdue: false } => usual,
     }
 }
 

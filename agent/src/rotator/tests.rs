@@ -432,6 +432,30 @@ async fn a_call_failing_part_way_keeps_what_was_signed_and_retries_the_rest() {
 }
 
 #[test]
+fn the_next_pass_is_the_earliest_renewal_within_max_sleep_or_the_retry() {
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let soon = now + Duration::from_secs(5);
+    let later = now + Duration::from_secs(600);
+    let done = Ended::Done { overdue: false };
+    assert_eq!(next_pass(now, Some(soon), done), soon);
+    assert_eq!(next_pass(now, Some(later), done), now + MAX_SLEEP);
+    assert_eq!(next_pass(now, None, done), now + MAX_SLEEP);
+    // A failure waits its backoff, even past an earlier renewal.
+    let wait = Duration::from_secs(7);
+    assert_eq!(
+        next_pass(now, Some(soon), Ended::Failed { wait }),
+        now + wait
+    );
+    // A pushback caps the wait; something still due is looked at after BACKOFF_BASE.
+    let until = now + Duration::from_secs(2);
+    assert_eq!(next_pass(now, Some(soon), Ended::Held { until }), until);
+    assert_eq!(
+        next_pass(now, Some(soon), Ended::Done { overdue: true }),
+        now + BACKOFF_BASE
+    );
+}
+
+#[test]
 fn the_retry_wait_is_capped_jittered_and_never_under_the_pushback() {
     // Early failures grow: attempt 0 waits up to 1 s, attempt 3 up to 8 s.
     assert_eq!(retry_wait(0, 0.5, None), Duration::from_millis(500));
