@@ -2,7 +2,10 @@
 //!
 //! - [`config`]: the TOML/env configuration.
 //! - [`rotation`]: when to renew, backoff, whether to keep serving (pure functions).
-//! - [`rotator`]: workload certificate rotation against a [`ca::Ca`], publishing to the state.
+//! - [`rotator`]: workload certificate rotation against a [`ca::Ca`]: signs and holds, and
+//!   publishes what it holds through the [`rotator::Outlets`] (Workload API state, sinks).
+//! - [`trust`]: the trust state (served roots, taints, verified CRLs) the driver owns and lends
+//!   to each rotator pass.
 //! - [`state`]: identities and bundle, published on a `watch` channel.
 //! - [`bundle`]: which trust bundle is served; the server's bundle stream that updates it.
 //! - [`revocation`]: tainted CA keys and verified CRLs (which held certificates to replace now).
@@ -42,5 +45,6 @@ pub mod sinks;
 pub mod state;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod trust;
 pub mod watch;
 pub mod workload;

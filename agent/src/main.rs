@@ -6,25 +6,27 @@
 //! `signet.agent.v1.Node` over mTLS (see [`signet_agent::driver`]).
 #![forbid(unsafe_code)]
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use signet_agent::attest::{Attestor, K8sAttestor};
-use signet_agent::config::{Config, SinkKind};
-use signet_agent::driver::{Driver, GrpcConnector, Settings, SwapCa};
+use signet_agent::attest::{Attestor, K8sAttestor, K8sError};
+use signet_agent::config::{Config, ConfigError, SinkKind};
+use signet_agent::driver::{Driver, GrpcConnector, Settings};
 use signet_agent::http::{Readiness, router};
 use signet_agent::metrics::Metrics;
-use signet_agent::rotator::{Rotator, SinkBinding};
+use signet_agent::rotator::SinkBinding;
 use signet_agent::sinks::apiserver::ApiServer;
-use signet_agent::sinks::{Deps, Registry};
+use signet_agent::sinks::{Deps, Registry, SinkError};
 use signet_agent::state;
-use signet_agent::workload::{self, ServeOptions, WorkloadApi};
+use signet_agent::workload::{self, ListenError, ServeOptions, WorkloadApi};
 use signet_runtime::clock::SystemClock;
 use signet_runtime::random::SystemRandom;
 use signet_runtime::shutdown;
 use signet_runtime::telemetry::{self, LogOptions};
+use signet_types::SpiffeIdError;
 
 /// Signet node agent: SPIFFE Workload API, certificate rotation, file and Secret sinks.
 #[derive(Debug, Parser)]
@@ -37,6 +39,43 @@ struct Args {
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
+}
+
+/// Why the agent cannot start, or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+enum Fatal {
+    #[error("configuration: server_address is required")]
+    NoServerAddress,
+    #[error("configuration: trust_domain {value:?}: {source}")]
+    TrustDomain {
+        value: String,
+        source: SpiffeIdError,
+    },
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("kubernetes-secret sinks need the Kubernetes API: {0}")]
+    KubernetesApi(signet_agent::sinks::apiserver::ApiServerError),
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error("sink {name:?}: {source}")]
+    SinkSpiffeId { name: String, source: SpiffeIdError },
+    #[error(transparent)]
+    Listen(#[from] ListenError),
+    #[error(transparent)]
+    Kubernetes(#[from] K8sError),
+    /// `http_listen` or `probe_listen` cannot be bound.
+    #[error("{what} {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error("http listener: {0}")]
+    Http(std::io::Error),
+    #[error("task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
 }
 
 /// Threads for blocking work: the sinks' file writes (write, fsync, rename). tokio's default
@@ -110,40 +149,47 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(mut cfg: Config) -> Result<(), String> {
+async fn run(mut cfg: Config) -> Result<(), Fatal> {
     if cfg.server_address.is_empty() {
-        return Err("configuration: server_address is required".into());
+        return Err(Fatal::NoServerAddress);
     }
     // Validated by Config::validate; None: named by the bundle's roots at each connection.
-    let trust_domain = match &cfg.trust_domain {
-        Some(td) => Some(
-            td.parse::<signet_types::TrustDomain>()
-                .map_err(|e| format!("configuration: trust_domain {td:?}: {e}"))?,
-        ),
-        None => None,
-    };
+    let trust_domain =
+        match &cfg.trust_domain {
+            Some(td) => Some(td.parse::<signet_types::TrustDomain>().map_err(|source| {
+                Fatal::TrustDomain {
+                    value: td.clone(),
+                    source,
+                }
+            })?),
+            None => None,
+        };
     // Sinks are built now so a bad sink fails the start, not the first rotation. Their
     // configuration is then dropped (each sink keeps what it needs): with a thousand sinks it
     // is half a megabyte, and the rest of `cfg` is kept (and cloned) until the agent stops.
     let sink_cfgs = std::mem::take(&mut cfg.sinks);
     let registry = Registry::default();
-    let mut deps = Deps::default();
+    // The one clock every part reads (sinks, metrics, the main loop).
+    let clock = Arc::new(SystemClock);
+    let mut deps = Deps {
+        clock: clock.clone(),
+        ..Deps::default()
+    };
     if sink_cfgs
         .iter()
         .any(|s| matches!(s.kind, SinkKind::KubernetesSecret(_)))
     {
-        let api = ApiServer::from_config(&cfg.kubernetes_api)
-            .map_err(|e| format!("kubernetes-secret sinks need the Kubernetes API: {e}"))?;
+        let api = ApiServer::from_config(&cfg.kubernetes_api).map_err(Fatal::KubernetesApi)?;
         deps.kube = Some(Arc::new(api));
     }
     let sinks = sink_cfgs
         .iter()
         .map(|s| {
-            let sink = registry.build(s, &deps).map_err(|e| e.to_string())?;
-            let spiffe_id = s
-                .spiffe_id
-                .parse()
-                .map_err(|e| format!("sink {:?}: {e}", s.name))?;
+            let sink = registry.build(s, &deps)?;
+            let spiffe_id = s.spiffe_id.parse().map_err(|source| Fatal::SinkSpiffeId {
+                name: s.name.clone(),
+                source,
+            })?;
             Ok(SinkBinding {
                 spiffe_id,
                 deletion_policy: s.deletion_policy,
@@ -151,44 +197,51 @@ async fn run(mut cfg: Config) -> Result<(), String> {
                 sink,
             })
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>, Fatal>>()?;
     drop(sink_cfgs);
 
     let (state_tx, state_rx) = state::channel();
-    let metrics = Arc::new(Metrics::new(state_rx.clone(), Arc::new(SystemClock)));
+    let metrics = Arc::new(Metrics::new(state_rx.clone(), clock.clone()));
     let ready = Readiness::default();
 
     let wl = &cfg.workload_api;
-    let mode = wl.socket_mode().map_err(|e| e.to_string())?;
+    let mode = wl.socket_mode()?;
     let gid = wl
         .socket_group
         .as_deref()
         .map(|g| workload::listen::resolve_group(g, std::path::Path::new("/etc/group")))
         .transpose()?;
     workload::listen::ensure_fd_headroom(wl.max_connections);
-    let listener =
-        workload::bind_with(&cfg.workload_api_socket, mode, gid).map_err(|e| e.to_string())?;
+    let listener = workload::bind_with(&cfg.workload_api_socket, mode, gid)?;
     let mut attestor = Attestor::default()
         .with_proc_root(&wl.proc_root)
         .with_unix_only_entries_for_containers(wl.unix_only_entries_for_containers);
     if wl.kubernetes.enabled {
-        let k8s = K8sAttestor::from_config(&wl.kubernetes).map_err(|e| e.to_string())?;
+        let k8s = K8sAttestor::from_config(&wl.kubernetes)?;
         attestor = attestor.with_kubernetes(Arc::new(k8s));
     }
     let http = tokio::net::TcpListener::bind(cfg.http_listen)
         .await
-        .map_err(|e| format!("http_listen {}: {e}", cfg.http_listen))?;
-    let http_addr = http.local_addr().map_err(|e| e.to_string())?;
+        .map_err(|source| Fatal::Bind {
+            what: "http_listen",
+            addr: cfg.http_listen,
+            source,
+        })?;
+    let http_addr = http.local_addr()?;
     let probes = match cfg.probe_listen {
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
                 .await
-                .map_err(|e| format!("probe_listen {addr}: {e}"))?,
+                .map_err(|source| Fatal::Bind {
+                    what: "probe_listen",
+                    addr,
+                    source,
+                })?,
         ),
         None => None,
     };
     let probe_addr = match &probes {
-        Some(l) => Some(l.local_addr().map_err(|e| e.to_string())?),
+        Some(l) => Some(l.local_addr()?),
         None => None,
     };
 
@@ -204,24 +257,13 @@ async fn run(mut cfg: Config) -> Result<(), String> {
     let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let clock = Arc::new(SystemClock);
-    let ca = Arc::new(SwapCa::default());
-    let rotator = Rotator::new(
-        ca.clone(),
-        clock.clone(),
-        Arc::new(SystemRandom::default()),
-        cfg.renew_fraction,
-        state_tx,
-    )
-    .with_sinks(sinks)
-    .with_metrics(metrics.clone());
     let token_cfg = cfg.clone();
     let settings = Settings {
         data_dir: cfg.data_dir.clone(),
         trust_bundle_file: cfg.trust_bundle_file.clone(),
         renew_fraction: cfg.renew_fraction,
         sync_interval: cfg.sync_interval,
-        credential: Arc::new(move || token_cfg.attest_credential().map_err(|e| e.to_string())),
+        credential: Arc::new(move || token_cfg.attest_credential()),
     };
     let connector = Arc::new(GrpcConnector {
         address: cfg.server_address.clone(),
@@ -232,9 +274,10 @@ async fn run(mut cfg: Config) -> Result<(), String> {
         connector,
         clock,
         Arc::new(SystemRandom::default()),
-        ca,
-        rotator,
+        state_tx,
     )
+    .with_sinks(sinks)
+    .with_metrics(metrics.clone())
     .with_readiness(ready.clone());
     let mut driver_task = tokio::spawn(driver.run(stop_rx.clone()));
 
@@ -290,8 +333,8 @@ async fn run(mut cfg: Config) -> Result<(), String> {
     let _ = std::fs::remove_file(&cfg.workload_api_socket);
     match (w, h) {
         (Ok(Ok(())), Ok(Ok(()))) => Ok(()),
-        (Ok(Err(e)), _) => Err(e.to_string()),
-        (_, Ok(Err(e))) => Err(format!("http listener: {e}")),
-        (Err(e), _) | (_, Err(e)) => Err(format!("task failed: {e}")),
+        (Ok(Err(e)), _) => Err(e.into()),
+        (_, Ok(Err(e))) => Err(Fatal::Http(e)),
+        (Err(e), _) | (_, Err(e)) => Err(e.into()),
     }
 }

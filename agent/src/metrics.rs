@@ -1,5 +1,9 @@
 //! The agent's Prometheus metrics. Gauges about held certificates are computed from the
 //! state at scrape time, so they can never drift from what the Workload API serves.
+//!
+//! The sinks' and the Workload API's metrics are defined beside them
+//! ([`crate::sinks::telemetry::SinkMetrics`], [`crate::workload::WorkloadMetrics`]) and
+//! registered here: this module depends on them, never the other way round.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -9,12 +13,12 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::sinks::health::SinkHealth;
+use crate::sinks::telemetry::SinkMetrics;
 use crate::state::{AgentState, StateReceiver};
 use signet_runtime::clock::Clock;
 
-/// Labels of the per-sink metrics: `sink`, and for failures `reason`.
-pub type SinkLabels = Vec<(&'static str, String)>;
+/// Labels of a metric family (`reason`…).
+pub type Labels = Vec<(&'static str, String)>;
 
 pub struct Metrics {
     registry: Registry,
@@ -29,17 +33,10 @@ pub struct Metrics {
     pub compromised_replacements: Counter,
     /// CRLs from the server that were not accepted, by reason (`bad_signature`,
     /// `unknown_issuer`, `mismatch`, `malformed`, `not_newer`).
-    pub crl_rejections: Family<SinkLabels, Counter>,
-    /// Completed sink deliveries and removals, by sink.
-    pub sink_deliveries: Family<SinkLabels, Counter>,
-    /// Failed sink attempts, by sink and reason (`error`, `refused`, `timeout`).
-    pub sink_failures: Family<SinkLabels, Counter>,
-    /// Things a sink refused to touch and left alone (a planted link), by sink.
-    pub sink_warnings: Family<SinkLabels, Counter>,
-    /// 1 while a sink holds what it should, 0 while it is failing or stuck.
-    pub sink_healthy: Family<SinkLabels, Gauge>,
-    /// What each sink is doing, for `/readyz` and the logs.
-    pub sinks: SinkHealth,
+    pub crl_rejections: Family<Labels, Counter>,
+    /// The sinks' deliveries, failures, warnings and health (`signet_agent_sink_*`), and what
+    /// each sink is doing, for `/readyz` and the logs.
+    pub sinks: Arc<SinkMetrics>,
     /// The Workload API's defences (connection caps, timeouts, refused writers).
     pub workload: Arc<crate::workload::WorkloadMetrics>,
     state: StateReceiver,
@@ -79,36 +76,13 @@ impl Metrics {
             "Certificates replaced early: issued under a tainted CA key, or revoked",
             compromised_replacements.clone(),
         );
-        let crl_rejections = Family::<SinkLabels, Counter>::default();
+        let crl_rejections = Family::<Labels, Counter>::default();
         registry.register(
             "crl_rejections",
             "CRLs from the server not accepted (reason: bad_signature, unknown_issuer, mismatch, malformed, not_newer)",
             crl_rejections.clone(),
         );
-        let sink_deliveries = Family::<SinkLabels, Counter>::default();
-        registry.register(
-            "sink_deliveries",
-            "Completed sink deliveries and removals",
-            sink_deliveries.clone(),
-        );
-        let sink_failures = Family::<SinkLabels, Counter>::default();
-        registry.register(
-            "sink_failures",
-            "Failed sink attempts (reason: error, refused, timeout)",
-            sink_failures.clone(),
-        );
-        let sink_warnings = Family::<SinkLabels, Counter>::default();
-        registry.register(
-            "sink_warnings",
-            "Entries a sink found planted (links it did not create) and left alone",
-            sink_warnings.clone(),
-        );
-        let sink_healthy = Family::<SinkLabels, Gauge>::default();
-        registry.register(
-            "sink_healthy",
-            "1 while the sink holds what it should, 0 while it fails or is stuck",
-            sink_healthy.clone(),
-        );
+        let sinks = Arc::new(SinkMetrics::register(&mut registry));
         let workload = Arc::new(crate::workload::WorkloadMetrics::register(&mut registry));
         Self {
             registry,
@@ -119,11 +93,7 @@ impl Metrics {
             renewal_failures,
             compromised_replacements,
             crl_rejections,
-            sink_deliveries,
-            sink_failures,
-            sink_warnings,
-            sink_healthy,
-            sinks: SinkHealth::default(),
+            sinks,
             state,
             clock,
         }
@@ -145,9 +115,10 @@ impl Metrics {
         self.earliest_expiry_seconds.set(earliest);
     }
 
-    /// One line per sink that fails, is stuck or refused something (see [`SinkHealth`]).
+    /// One line per sink that fails, is stuck or refused something (see
+    /// [`crate::sinks::health::SinkHealth`]).
     pub fn sink_problems(&self) -> Vec<String> {
-        self.sinks.problems(self.clock.now())
+        self.sinks.health.problems(self.clock.now())
     }
 
     /// The OpenMetrics text exposition.

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use signet_client::ClientIdentity;
-use signet_pki::{KeyEncoding, PrivateKey, SvidCertificate, X509Svid};
+use signet_pki::{KeyEncoding, KeyError, PrivateKey, SvidCertificate, SvidError, X509Svid};
 
 pub const KEY_FILE: &str = "node.key";
 pub const CERT_FILE: &str = "node.pem";
@@ -25,11 +25,25 @@ pub const CRLS_FILE: &str = "crls.pem";
 /// shows the key.
 pub type NodeIdentity = X509Svid;
 
+/// Why a node identity cannot be made from what the server issued.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    /// The key the agent generated does not import (a local fault).
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// The chain is not an X509-SVID, or not for that key.
+    #[error(transparent)]
+    Svid(#[from] SvidError),
+}
+
 /// The node identity from the server's answer and the key the agent generated for it
 /// (PKCS#8 DER): refused when the key is not the leaf's or the chain is not an X509-SVID.
-pub fn from_issued(issued: SvidCertificate, key_pkcs8_der: &[u8]) -> Result<NodeIdentity, String> {
-    let key = PrivateKey::from_pkcs8_der(key_pkcs8_der).map_err(|e| e.to_string())?;
-    X509Svid::new(issued, key).map_err(|e| e.to_string())
+pub fn from_issued(
+    issued: SvidCertificate,
+    key_pkcs8_der: &[u8],
+) -> Result<NodeIdentity, IdentityError> {
+    let key = PrivateKey::from_pkcs8_der(key_pkcs8_der)?;
+    Ok(X509Svid::new(issued, key)?)
 }
 
 /// Whether the node certificate may be used at `now` (see [`crate::rotation::should_serve`]).
@@ -38,14 +52,12 @@ pub fn is_valid_at(id: &NodeIdentity, now: SystemTime) -> bool {
 }
 
 /// The key as PEM `PRIVATE KEY` (PKCS#8, LF line endings). Never log it.
-fn key_pem(id: &NodeIdentity) -> Result<String, String> {
-    id.key()
-        .to_pem(KeyEncoding::Pkcs8)
-        .map_err(|e| e.to_string())
+fn key_pem(id: &NodeIdentity) -> Result<String, KeyError> {
+    id.key().to_pem(KeyEncoding::Pkcs8)
 }
 
 /// The identity for mTLS to the server.
-pub fn client_identity(id: &NodeIdentity) -> Result<ClientIdentity, String> {
+pub fn client_identity(id: &NodeIdentity) -> Result<ClientIdentity, KeyError> {
     Ok(ClientIdentity {
         cert_chain_pem: id.certificate().chain_pem().into_bytes(),
         key_pem: key_pem(id)?.into_bytes(),
@@ -185,6 +197,7 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> std::io::Result<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use signet_runtime::clock::{Clock, SystemClock};
     use std::os::unix::fs::PermissionsExt;
     use std::time::Duration;
 
@@ -192,7 +205,7 @@ mod tests {
     fn identity(secs: u64) -> NodeIdentity {
         crate::testing::self_signed_svid(
             "spiffe://example.org/signet/node/n1",
-            SystemTime::now(),
+            SystemClock.now(),
             Duration::from_secs(secs),
         )
     }
@@ -217,10 +230,10 @@ mod tests {
             Stored::Found(back) => assert_eq!(back, id),
             other => panic!("unexpected {other:?}"),
         }
-        assert!(is_valid_at(&id, SystemTime::now()));
+        assert!(is_valid_at(&id, SystemClock.now()));
         assert!(!is_valid_at(
             &id,
-            SystemTime::now() + Duration::from_secs(7200)
+            SystemClock.now() + Duration::from_secs(7200)
         ));
         assert!(!format!("{id:?}").contains("PRIVATE"));
     }
@@ -260,7 +273,7 @@ mod tests {
             id.spiffe_id().to_string(),
             "spiffe://example.org/signet/node/fixture"
         );
-        assert!(is_valid_at(&id, SystemTime::now()));
+        assert!(is_valid_at(&id, SystemClock.now()));
         let dir = tempfile::tempdir().expect("tempdir");
         save(dir.path(), &id).expect("save");
         for file in [KEY_FILE, CERT_FILE] {

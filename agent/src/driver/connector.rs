@@ -48,7 +48,7 @@ impl Connector for GrpcConnector {
         let id = identity
             .map(crate::node::client_identity)
             .transpose()
-            .map_err(CaError::Invalid)?;
+            .map_err(|e| CaError::Invalid(e.to_string()))?;
         let connect = GrpcCa::connect(
             &self.address,
             self.trust_domain.as_ref(),

@@ -5,6 +5,11 @@
 //! bundle stream ([`roots`], [`crate::bundle`]), and drive the [`Rotator`] that signs the workloads'
 //! certificates and publishes them and the bundle to the Workload API state and the sinks.
 //!
+//! The loop owns what the rotator works with and lends it to each pass: the trust state
+//! ([`Trust`]: the roots served, the taints and CRLs in force, fed from the server's bundle
+//! stream and `data_dir`), and the [`Outlets`] (the Workload API state, and the sinks, whose
+//! workers it starts when it runs).
+//!
 //! What to do next and when is decided by the pure [`schedule`]; this module only executes
 //! its steps and sleeps (waking early for a bundle or an entry change from the server, or the
 //! stop signal).
@@ -26,12 +31,18 @@ use signet_types::TrustDomain;
 
 use crate::bundle::BundleWatch;
 use crate::ca::{AttestCredential, Ca, EntriesUpdate, EntrySpec};
+use crate::config::ConfigError;
+use crate::metrics::Metrics;
 use crate::node::NodeIdentity;
-use crate::rotator::{Random, Rotator};
+use crate::rotator::{Outlets, Random, Rotator, SinkBinding};
+use crate::sinks::worker::Telemetry;
+use crate::state::StateSender;
+use crate::trust::Trust;
 use schedule::{NodeCert, Schedule, Step};
 use signet_runtime::clock::Clock;
 
 pub use connector::{CONNECT_TIMEOUT, Connector, GrpcConnector, RPC_TIMEOUT, SwapCa};
+pub use node::{NodeError, RenewFailed};
 pub use schedule::{RETRY_BASE, RETRY_CAP};
 
 /// What the loop needs from the configuration.
@@ -44,7 +55,7 @@ pub struct Settings {
     /// Reads the attestation credential: the join token, or the Kubernetes service-account
     /// token (called at each attestation attempt, so a token file written or rotated later is
     /// picked up). Never logged.
-    pub credential: Arc<dyn Fn() -> Result<Option<AttestCredential>, String> + Send + Sync>,
+    pub credential: Arc<dyn Fn() -> Result<Option<AttestCredential>, ConfigError> + Send + Sync>,
 }
 
 pub struct Driver {
@@ -54,6 +65,11 @@ pub struct Driver {
     random: Random,
     ca: Arc<SwapCa>,
     rotator: Rotator,
+    /// The roots served, the taints and CRLs in force: lent to each rotator pass.
+    trust: Trust,
+    /// Where the rotator's passes publish: the Workload API state and the sinks.
+    outlets: Outlets,
+    metrics: Option<Arc<Metrics>>,
     ready: Option<crate::http::Readiness>,
     entries: Vec<EntrySpec>,
     revision: u64,
@@ -106,15 +122,21 @@ async fn sleep(d: Duration, stop: &mut tokio::sync::watch::Receiver<bool>) -> bo
 }
 
 impl Driver {
-    /// `rotator` must have been built over `ca`.
+    /// The loop, publishing the workloads' certificates and the bundle to `state`.
     pub fn new(
         settings: Settings,
         connector: Arc<dyn Connector>,
         clock: Arc<dyn Clock>,
         random: Random,
-        ca: Arc<SwapCa>,
-        rotator: Rotator,
+        state: StateSender,
     ) -> Self {
+        let ca = Arc::new(SwapCa::default());
+        let rotator = Rotator::new(
+            ca.clone(),
+            clock.clone(),
+            random.clone(),
+            settings.renew_fraction,
+        );
         Self {
             settings,
             connector,
@@ -122,10 +144,28 @@ impl Driver {
             random,
             ca,
             rotator,
+            trust: Trust::default(),
+            outlets: Outlets::new(state),
+            metrics: None,
             ready: None,
             entries: Vec::new(),
             revision: 0,
         }
+    }
+
+    /// The sinks, started when the loop runs.
+    pub fn with_sinks(mut self, sinks: Vec<SinkBinding>) -> Self {
+        self.outlets = self.outlets.with_sinks(sinks);
+        self
+    }
+
+    /// Counts renewals, compromised replacements, refused CRLs and the sinks' work in
+    /// `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.rotator = self.rotator.with_metrics(metrics.clone());
+        self.trust = self.trust.with_metrics(metrics.clone());
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Marks `ready` once the node is connected and its entries have been synced and signed
@@ -137,6 +177,11 @@ impl Driver {
 
     /// Runs until `stop` turns true.
     pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        self.outlets.start_sinks(
+            Telemetry::new(self.metrics.as_ref().map(|m| m.sinks.clone())),
+            self.clock.clone(),
+            self.random.clone(),
+        );
         loop {
             let Some(node) = self.obtain_node(&mut stop).await else {
                 return;
@@ -173,7 +218,7 @@ impl Driver {
                 let stream_due = s.watch.reopen_at().is_some_and(|at| now >= at);
                 let Some(step) = s
                     .schedule
-                    .plan(now, done, self.rotator.revocations(), stream_due)
+                    .plan(now, done, self.trust.revocations(), stream_due)
                 else {
                     break false;
                 };
@@ -194,7 +239,7 @@ impl Driver {
             }
             let mut wait = s.schedule.wait(
                 self.clock.now(),
-                self.rotator.revocations(),
+                self.trust.revocations(),
                 s.watch.reopen_at(),
             );
             if let Some(at) = s.entry_watch.reopen_at().filter(|_| connected) {
@@ -235,15 +280,15 @@ impl Driver {
         }
     }
 
-    /// Installs `node` at `now`: the rotator learns its chain and serves the known bundle and
-    /// the CRLs kept from before a restart, before the server answers.
+    /// Installs `node` at `now`: its chain is learnt as CRL issuers, and the known bundle and
+    /// the CRLs kept from before a restart are served before the server answers.
     fn start_serving(&mut self, node: NodeIdentity, now: SystemTime) -> Serving {
         let bundle = self.served_bundle();
         let trust_domain = node.spiffe_id().trust_domain().clone();
         let td = trust_domain.id_string();
-        self.rotator.set_bundle(td.clone(), bundle.clone());
-        self.rotator.learn_issuers(node.certificate().chain_der());
-        self.rotator
+        self.trust.set_bundle(td.clone(), bundle.clone());
+        self.trust.learn_issuers(node.certificate().chain_der());
+        self.trust
             .restore_crls(&crate::node::load_crls(&self.settings.data_dir));
         let schedule = Schedule::new(
             &NodeCert::of(&node),
@@ -279,15 +324,15 @@ impl Driver {
                 }
             },
             Step::RenewNode => {
-                let was = s.schedule.node_compromise(self.rotator.revocations());
+                let was = s.schedule.node_compromise(self.trust.revocations());
                 if let Some(why) = &was {
                     tracing::info!(node = %s.node.spiffe_id(), reason = %why, "replacing the compromised node certificate now");
                 }
                 match self.renew_node().await {
                     Ok(n) => {
                         tracing::info!(node = %n.spiffe_id(), not_after = ?n.certificate().not_after(), "node certificate renewed");
-                        self.rotator.learn_issuers(n.certificate().chain_der());
-                        if let Some(m) = self.rotator.metrics()
+                        self.trust.learn_issuers(n.certificate().chain_der());
+                        if let Some(m) = &self.metrics
                             && was.is_some()
                         {
                             m.compromised_replacements.inc();
@@ -295,7 +340,7 @@ impl Driver {
                         let again = s.schedule.node_renewed(
                             &NodeCert::of(&n),
                             now,
-                            self.rotator.revocations(),
+                            self.trust.revocations(),
                             self.random.as_ref(),
                         );
                         if let Some(why) = again {
@@ -307,9 +352,11 @@ impl Driver {
                         return Flow::Restart;
                     }
                     Err(e) => {
-                        let wait =
-                            s.schedule
-                                .node_renewal_failed(now, self.random.unit(), e.retry_after);
+                        let wait = s.schedule.node_renewal_failed(
+                            now,
+                            self.random.unit(),
+                            e.retry_after(),
+                        );
                         tracing::warn!(error = %e, retry_in = ?wait, "node renewal failed");
                     }
                 }
@@ -345,7 +392,10 @@ impl Driver {
                     .await;
             }
             Step::Rotate => {
-                let next = self.rotator.tick(&self.entries).await;
+                let next = self
+                    .rotator
+                    .tick(&self.entries, &mut self.trust, &mut self.outlets)
+                    .await;
                 if s.schedule.rotated(next)
                     && let Some(r) = &self.ready
                 {

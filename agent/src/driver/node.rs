@@ -4,16 +4,60 @@
 //! ([`crate::node`] owns the files).
 //!
 //! Invariant: an attested identity is kept in memory even when it cannot be persisted (the
-//! join token is spent); every failure is an error string for the loop to log and retry,
-//! never a panic or an exit.
+//! join token is spent); every failure is a [`NodeError`] (or [`RenewFailed`]) for the loop to
+//! log and retry, never a panic or an exit.
 
+use std::path::PathBuf;
+
+use signet_pki::KeyError;
 use signet_runtime::backoff::Retry;
 
 use super::connector::RPC_TIMEOUT;
 use super::schedule::RETRY;
 use super::{Driver, sleep};
-use crate::ca::Ca;
-use crate::node::{self, NodeIdentity, Stored};
+use crate::ca::{Ca, CaError};
+use crate::config::ConfigError;
+use crate::node::{self, IdentityError, NodeIdentity, Stored};
+
+/// Why the loop has no node identity, or no connection with it, yet (logged and retried).
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The configured `trust_bundle_file` cannot be read.
+    #[error("trust_bundle_file {}: {source}", path.display())]
+    BundleFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The configured `trust_bundle_file` is not PEM certificates.
+    #[error("trust_bundle_file {}: {source}", path.display())]
+    BundlePem {
+        path: PathBuf,
+        source: signet_types::pem::PemError,
+    },
+    #[error("no trust bundle for the server: set trust_bundle_file (PEM roots)")]
+    NoServerRoots,
+    /// The attestation credential cannot be read (a token file, say).
+    #[error(transparent)]
+    Credential(#[from] ConfigError),
+    #[error(
+        "no valid node identity in {} and no join token configured (join_token or \
+         join_token_file, or attestation = \"kubernetes\")",
+        dir.display()
+    )]
+    NoCredential { dir: PathBuf },
+    /// The node's key and CSR cannot be made (a local fault).
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error("attestation: {0}")]
+    Attestation(CaError),
+    #[error("attestation: the server did not answer in time")]
+    AttestationTimeout,
+    #[error("attestation answer: {0}")]
+    Answer(IdentityError),
+    /// The mTLS connection with the node identity failed.
+    #[error(transparent)]
+    Connect(CaError),
+}
 
 impl Driver {
     /// Retries [`Self::try_obtain_node`] with backoff until it succeeds or the agent stops.
@@ -36,7 +80,7 @@ impl Driver {
         }
     }
 
-    async fn try_obtain_node(&self) -> Result<NodeIdentity, String> {
+    async fn try_obtain_node(&self) -> Result<NodeIdentity, NodeError> {
         let dir = &self.settings.data_dir;
         let now = self.clock.now();
         match node::load(dir) {
@@ -52,26 +96,20 @@ impl Driver {
             }
             Stored::Absent => {}
         }
-        let cred = (self.settings.credential)()?.ok_or_else(|| {
-            format!(
-                "no valid node identity in {} and no join token configured (join_token or \
-                 join_token_file, or attestation = \"kubernetes\")",
-                dir.display()
-            )
-        })?;
+        let cred = (self.settings.credential)()?
+            .ok_or_else(|| NodeError::NoCredential { dir: dir.clone() })?;
         let (_, roots_pem) = self.server_roots()?;
         let ca = self
             .connector
             .connect(roots_pem.as_bytes(), None)
             .await
-            .map_err(|e| format!("attestation: {e}"))?;
-        let kc = signet_pki::new_key_and_csr().map_err(|e| e.to_string())?;
+            .map_err(NodeError::Attestation)?;
+        let kc = signet_pki::new_key_and_csr()?;
         let attested = tokio::time::timeout(RPC_TIMEOUT, ca.attest(&cred, &kc.csr_der))
             .await
-            .map_err(|_| "attestation: the server did not answer in time".to_owned())?
-            .map_err(|e| format!("attestation: {e}"))?;
-        let n = node::from_issued(attested.svid, &kc.key_pkcs8_der)
-            .map_err(|e| format!("attestation answer: {e}"))?;
+            .map_err(|_| NodeError::AttestationTimeout)?
+            .map_err(NodeError::Attestation)?;
+        let n = node::from_issued(attested.svid, &kc.key_pkcs8_der).map_err(NodeError::Answer)?;
         // The token is spent: keep the identity in memory even if it cannot be persisted.
         if let Err(e) = node::save_bundle(dir, &attested.bundle_der) {
             tracing::error!(error = %e, dir = %dir.display(), "cannot persist the trust bundle");
@@ -84,13 +122,13 @@ impl Driver {
     }
 
     /// Connects with `node`, installing the connection in the shared [`super::SwapCa`].
-    pub(super) async fn connect(&self, node: &NodeIdentity) -> Result<(), String> {
+    pub(super) async fn connect(&self, node: &NodeIdentity) -> Result<(), NodeError> {
         let (_, roots_pem) = self.server_roots()?;
         let ca = self
             .connector
             .connect(roots_pem.as_bytes(), Some(node))
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(NodeError::Connect)?;
         self.ca.set(Some(ca));
         Ok(())
     }
@@ -103,16 +141,9 @@ impl Driver {
         err(Display)
     )]
     pub(super) async fn renew_node(&self) -> Result<NodeIdentity, RenewFailed> {
-        let kc = signet_pki::new_key_and_csr().map_err(RenewFailed::local)?;
-        let svid = self
-            .ca
-            .renew_node(&kc.csr_der)
-            .await
-            .map_err(|e| RenewFailed {
-                message: e.to_string(),
-                retry_after: e.retry_after(),
-            })?;
-        let n = node::from_issued(svid, &kc.key_pkcs8_der).map_err(RenewFailed::local)?;
+        let kc = signet_pki::new_key_and_csr()?;
+        let svid = self.ca.renew_node(&kc.csr_der).await?;
+        let n = node::from_issued(svid, &kc.key_pkcs8_der)?;
         if let Err(e) = node::save(&self.settings.data_dir, &n) {
             tracing::error!(error = %e, "cannot persist the renewed node identity");
         }
@@ -120,24 +151,26 @@ impl Driver {
     }
 }
 
-/// Why a node renewal failed, and the wait the server asked for (its pushback), if it did.
-#[derive(Debug)]
-pub(super) struct RenewFailed {
-    message: String,
-    pub(super) retry_after: Option<std::time::Duration>,
+/// Why a node renewal failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RenewFailed {
+    /// The server failed or refused (it may have said when to come back).
+    #[error(transparent)]
+    Server(#[from] CaError),
+    /// The new key and CSR cannot be made (a local fault).
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// The answer is not an X509-SVID for the new key.
+    #[error(transparent)]
+    Answer(#[from] IdentityError),
 }
 
 impl RenewFailed {
-    fn local(e: impl std::fmt::Display) -> Self {
-        Self {
-            message: e.to_string(),
-            retry_after: None,
+    /// The wait the server asked for (its pushback), if it did.
+    pub(super) fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            RenewFailed::Server(e) => e.retry_after(),
+            RenewFailed::Key(_) | RenewFailed::Answer(_) => None,
         }
-    }
-}
-
-impl std::fmt::Display for RenewFailed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
     }
 }

@@ -9,6 +9,7 @@
 
 use std::time::SystemTime;
 
+use super::node::NodeError;
 use super::{Driver, Serving};
 use crate::bundle::Decision;
 use crate::ca::TrustBundle;
@@ -17,13 +18,18 @@ use crate::node;
 impl Driver {
     /// The PEM roots trusted for the server's TLS certificate: the configured file and the
     /// bundle received at attestation.
-    pub(super) fn server_roots(&self) -> Result<(Vec<Vec<u8>>, String), String> {
+    pub(super) fn server_roots(&self) -> Result<(Vec<Vec<u8>>, String), NodeError> {
         let mut roots = node::load_bundle(&self.settings.data_dir);
         if let Some(f) = &self.settings.trust_bundle_file {
-            let pem =
-                std::fs::read(f).map_err(|e| format!("trust_bundle_file {}: {e}", f.display()))?;
-            let certs = signet_types::pem::parse_certs(&pem)
-                .map_err(|e| format!("trust_bundle_file {}: {e}", f.display()))?;
+            let pem = std::fs::read(f).map_err(|source| NodeError::BundleFile {
+                path: f.clone(),
+                source,
+            })?;
+            let certs =
+                signet_types::pem::parse_certs(&pem).map_err(|source| NodeError::BundlePem {
+                    path: f.clone(),
+                    source,
+                })?;
             for c in certs {
                 if !roots.contains(&c) {
                     roots.push(c);
@@ -31,7 +37,7 @@ impl Driver {
             }
         }
         if roots.is_empty() {
-            return Err("no trust bundle for the server: set trust_bundle_file (PEM roots)".into());
+            return Err(NodeError::NoServerRoots);
         }
         let pem = signet_types::pem::certs_to_pem(roots.iter().map(Vec::as_slice));
         Ok((roots, pem))
@@ -56,17 +62,17 @@ impl Driver {
             return false;
         }
         s.bundle = b;
-        self.rotator.set_bundle(s.td.clone(), s.bundle.clone());
+        self.trust.set_bundle(s.td.clone(), s.bundle.clone());
         true
     }
 
     /// Applies the taints and CRLs of a bundle from the server; persists the CRLs when what is
     /// in force changed. Returns whether it changed.
     fn apply_revocations(&mut self, b: &TrustBundle) -> bool {
-        if !self.rotator.set_revocations(&b.tainted_key_ids, &b.crls) {
+        if !self.trust.set_revocations(&b.tainted_key_ids, &b.crls) {
             return false;
         }
-        let crls = self.rotator.revocations().crls_der();
+        let crls = self.trust.revocations().crls_der();
         if let Err(e) = node::save_crls(&self.settings.data_dir, &crls) {
             tracing::error!(error = %e, "cannot persist the CRLs; serving them anyway");
         }
@@ -78,7 +84,7 @@ impl Driver {
         if let Err(e) = node::save_bundle(&self.settings.data_dir, &roots) {
             tracing::error!(error = %e, "cannot persist the new trust bundle; serving it anyway");
         }
-        self.rotator.set_bundle(td.to_owned(), roots);
+        self.trust.set_bundle(td.to_owned(), roots);
     }
 
     /// A bundle from the server's stream, received at `now`: new roots are served and

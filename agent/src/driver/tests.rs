@@ -58,7 +58,7 @@ impl Fake {
         Arc::new(Self {
             issuer: rcgen::Issuer::new(p, key),
             root_der: root.der().to_vec(),
-            clock: TokioClock::starting_at(SystemTime::now()),
+            clock: TokioClock::starting_at(signet_runtime::clock::SystemClock.now()),
             node_ttl,
             failing_connects: Mutex::new(failing_connects),
             connects: Mutex::new(Vec::new()),
@@ -227,7 +227,7 @@ fn start_with_sinks(
     fake: &Arc<Fake>,
     data_dir: &std::path::Path,
     token: Option<&str>,
-    sinks: Vec<crate::rotator::SinkBinding>,
+    sinks: Vec<SinkBinding>,
 ) -> Running {
     start_polling_every(fake, data_dir, token, sinks, Duration::from_millis(100))
 }
@@ -236,7 +236,7 @@ fn start_polling_every(
     fake: &Arc<Fake>,
     data_dir: &std::path::Path,
     token: Option<&str>,
-    sinks: Vec<crate::rotator::SinkBinding>,
+    sinks: Vec<SinkBinding>,
     sync_interval: Duration,
 ) -> Running {
     let bundle = tempfile::NamedTempFile::new().expect("tmp");
@@ -254,19 +254,16 @@ fn start_polling_every(
         credential: Arc::new(move || Ok(token.clone().map(AttestCredential::JoinToken))),
     };
     let (tx, state) = channel();
-    let ca = Arc::new(SwapCa::default());
     let random: Random = Arc::new(|| 0.0);
-    let rotator =
-        Rotator::new(ca.clone(), Arc::new(fake.clock), random.clone(), 0.5, tx).with_sinks(sinks);
     let ready = crate::http::Readiness::default();
     let driver = Driver::new(
         settings,
         Arc::new(FakeConnector(fake.clone())),
         Arc::new(fake.clock),
         random,
-        ca,
-        rotator,
+        tx,
     )
+    .with_sinks(sinks)
     .with_readiness(ready.clone());
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(driver.run(stop_rx));
@@ -449,7 +446,7 @@ async fn bundle_stream_reaches_workload_api_sinks_and_survives_restart() {
             ..FilesSinkConfig::new(sink_dir.path())
         },
     );
-    let sinks = vec![crate::rotator::SinkBinding {
+    let sinks = vec![SinkBinding {
         spiffe_id: "spiffe://example.org/app".parse().expect("id"),
         deletion_policy: DeletionPolicy::Delete,
         timeout: Duration::from_secs(30),

@@ -17,6 +17,33 @@ use crate::sinks::kubernetes::{KubeError, KubeRequest, KubeResponse, KubeTranspo
 /// Largest answer read (a Secret is at most 1 MiB, plus its metadata).
 pub const MAX_BODY: usize = 4 << 20;
 
+/// Why the Kubernetes API client cannot be built from the configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiServerError {
+    #[error(transparent)]
+    ServerUrl(#[from] BadServerUrl),
+    #[error(
+        "KUBERNETES_SERVICE_HOST is not set (not running in a pod) and kubernetes_api.server is \
+         not configured"
+    )]
+    NotInCluster,
+    #[error("kubernetes_api.ca_file {}: {source}", path.display())]
+    CaFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The CA bundle or the TLS configuration ([`crate::kube_https`]'s reason).
+    #[error("{0}")]
+    Tls(String),
+    #[error("server name {name:?}: {reason}")]
+    ServerName { name: String, reason: String },
+}
+
+/// A `kubernetes_api.server` that is not `https://host[:port]`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("kubernetes_api.server {0:?} must be https://host[:port]")]
+pub struct BadServerUrl(String);
+
 pub struct ApiServer {
     http: KubeHttps,
     timeout: Duration,
@@ -25,15 +52,12 @@ pub struct ApiServer {
 impl ApiServer {
     /// From the configuration: `server`, or the in-cluster `KUBERNETES_SERVICE_HOST`/`_PORT`,
     /// with the CA bundle and token files it names.
-    pub fn from_config(cfg: &KubernetesApiConfig) -> Result<Self, String> {
+    pub fn from_config(cfg: &KubernetesApiConfig) -> Result<Self, ApiServerError> {
         let addr = match &cfg.server {
             Some(url) => host_port(url)?,
             None => {
-                let host = std::env::var("KUBERNETES_SERVICE_HOST").map_err(|_| {
-                    "KUBERNETES_SERVICE_HOST is not set (not running in a pod) and \
-                     kubernetes_api.server is not configured"
-                        .to_owned()
-                })?;
+                let host = std::env::var("KUBERNETES_SERVICE_HOST")
+                    .map_err(|_| ApiServerError::NotInCluster)?;
                 let port =
                     std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
                 if host.contains(':') {
@@ -43,8 +67,10 @@ impl ApiServer {
                 }
             }
         };
-        let ca = std::fs::read(&cfg.ca_file)
-            .map_err(|e| format!("kubernetes_api.ca_file {}: {e}", cfg.ca_file.display()))?;
+        let ca = std::fs::read(&cfg.ca_file).map_err(|source| ApiServerError::CaFile {
+            path: cfg.ca_file.clone(),
+            source,
+        })?;
         Ok(
             Self::new(addr, &cfg.server_name, &ca, cfg.token_file.clone())?
                 .with_timeout(cfg.timeout),
@@ -56,10 +82,16 @@ impl ApiServer {
         server_name: &str,
         ca_pem: &[u8],
         token_file: PathBuf,
-    ) -> Result<Self, String> {
-        let tls = client_config(roots_from_pem(ca_pem, "CA bundle")?)?;
-        let server_name = ServerName::try_from(server_name.to_owned())
-            .map_err(|e| format!("server name {server_name:?}: {e}"))?;
+    ) -> Result<Self, ApiServerError> {
+        let tls = roots_from_pem(ca_pem, "CA bundle")
+            .and_then(client_config)
+            .map_err(ApiServerError::Tls)?;
+        let server_name = ServerName::try_from(server_name.to_owned()).map_err(|e| {
+            ApiServerError::ServerName {
+                name: server_name.to_owned(),
+                reason: e.to_string(),
+            }
+        })?;
         Ok(Self {
             http: KubeHttps::new(addr, server_name, Arc::new(tls), token_file, MAX_BODY),
             timeout: crate::config::DEFAULT_KUBERNETES_API_TIMEOUT,
@@ -90,8 +122,8 @@ impl ApiServer {
 }
 
 /// `host:port` of `https://host[:port][/]` (port 443 when absent).
-fn host_port(url: &str) -> Result<String, String> {
-    let bad = || format!("kubernetes_api.server {url:?} must be https://host[:port]");
+fn host_port(url: &str) -> Result<String, BadServerUrl> {
+    let bad = || BadServerUrl(url.to_owned());
     let rest = url
         .strip_prefix("https://")
         .ok_or_else(bad)?
@@ -287,7 +319,8 @@ mod tests {
         assert!(err.to_string().contains("TLS"), "{err}");
     }
 
-    #[tokio::test]
+    // Paused time: the deadline passes as soon as nothing else can happen.
+    #[tokio::test(start_paused = true)]
     async fn a_server_that_never_answers_times_out() {
         // Accepts connections and holds them without a word.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -10,6 +10,7 @@ use signet_types::SpiffeId;
 
 use crate::config::{SinkConfig, SinkKind};
 use crate::state::Ders;
+use signet_runtime::clock::{Clock, SystemClock};
 
 pub mod apiserver;
 pub mod files;
@@ -17,6 +18,7 @@ pub mod health;
 pub mod kubernetes;
 pub mod reload;
 pub mod safe_dir;
+pub mod telemetry;
 pub mod worker;
 
 /// What a sink delivers: an X509-SVID (chain leaf first, roots left out, and its key), the
@@ -162,10 +164,22 @@ pub trait Sink: Send + Sync {
 }
 
 /// Shared dependencies a sink factory may need.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Deps {
     /// The Kubernetes API, when the agent has one.
     pub kube: Option<Arc<dyn kubernetes::KubeTransport>>,
+    /// The agent's clock.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for Deps {
+    /// No Kubernetes API; the system clock.
+    fn default() -> Self {
+        Self {
+            kube: None,
+            clock: Arc::new(SystemClock),
+        }
+    }
 }
 
 type Factory = Box<dyn Fn(&SinkConfig, &Deps) -> Result<Arc<dyn Sink>, SinkError> + Send + Sync>;
@@ -179,8 +193,12 @@ impl Default for Registry {
     /// The built-in sinks: `files` and `kubernetes-secret`.
     fn default() -> Self {
         let mut r = Registry::empty();
-        r.register("files", |cfg, _| match &cfg.kind {
-            SinkKind::Files(f) => Ok(Arc::new(files::FilesSink::new(&cfg.name, f.clone()))),
+        r.register("files", |cfg, deps| match &cfg.kind {
+            SinkKind::Files(f) => Ok(Arc::new(files::FilesSink::with_clock(
+                &cfg.name,
+                f.clone(),
+                deps.clock.clone(),
+            ))),
             _ => Err(SinkError::new(&cfg.name, "not a files sink")),
         });
         r.register("kubernetes-secret", |cfg, deps| match &cfg.kind {
@@ -271,7 +289,7 @@ mod tests {
         let d = Delivered {
             svid: Arc::new(crate::testing::self_signed_svid(
                 "spiffe://example.org/a",
-                std::time::SystemTime::now(),
+                signet_runtime::clock::Clock::now(&signet_runtime::clock::SystemClock),
                 std::time::Duration::from_secs(60),
             )),
             bundle_der: Ders::default(),

@@ -325,51 +325,86 @@ impl SinkDir {
     /// Removes the generation `name`: a link or a file of that name is unlinked (never
     /// followed); a directory only if it is a real directory owned by the agent, holding no
     /// directory. Returns why something was left in place, or what was not the agent's.
-    pub fn remove_generation(&self, name: &GenerationName) -> Result<Option<String>, String> {
+    pub fn remove_generation(
+        &self,
+        name: &GenerationName,
+    ) -> Result<Option<String>, GenerationLeft> {
         let n = name.as_str();
+        let left = |action: &'static str, e: &dyn std::fmt::Display| GenerationLeft::Io {
+            action,
+            name: n.to_owned(),
+            reason: e.to_string(),
+        };
         let st = match rfs::statat(&self.fd, n, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) => st,
             Err(rustix::io::Errno::NOENT) => return Ok(None),
-            Err(e) => return Err(format!("cannot inspect {n}: {}", errno(e))),
+            Err(e) => return Err(left("inspect", &errno(e))),
         };
         match FileType::from_raw_mode(st.st_mode) {
             FileType::Directory => {}
             FileType::Symlink | FileType::RegularFile | FileType::Fifo | FileType::Socket => {
                 // Someone put a non-directory under a generation name: drop the entry itself.
                 self.unlink(name.component())
-                    .map_err(|e| format!("cannot remove {n}: {e}"))?;
+                    .map_err(|e| left("remove", &e))?;
                 return Ok(Some(format!(
                     "{n} was not a directory the agent created (a link or file); the entry \
                      was removed, nothing it pointed at was touched"
                 )));
             }
             _ => {
-                return Err(format!(
-                    "{n} is not a directory the agent created; left in place"
-                ));
+                return Err(GenerationLeft::NotOurs(n.to_owned()));
             }
         }
         let dir = self
             .open_own_dir(name.component())
-            .map_err(|e| format!("{n} was left in place: {e}"))?;
-        for entry in rfs::Dir::read_from(&dir.fd).map_err(|e| format!("cannot list {n}: {e}"))? {
-            let entry = entry.map_err(|e| format!("cannot list {n}: {e}"))?;
+            .map_err(|e| GenerationLeft::NotOwnDir {
+                name: n.to_owned(),
+                reason: e.to_string(),
+            })?;
+        for entry in rfs::Dir::read_from(&dir.fd).map_err(|e| left("list", &e))? {
+            let entry = entry.map_err(|e| left("list", &e))?;
             let file = entry.file_name();
             if is_dot(file) {
                 continue;
             }
             // unlinkat without AT_REMOVEDIR refuses a directory (EISDIR): no recursion.
-            rfs::unlinkat(&dir.fd, file, AtFlags::empty()).map_err(|e| {
-                format!(
-                    "cannot remove {n}/{}: {e}; left in place",
-                    OsStr::from_bytes(file.to_bytes()).to_string_lossy()
-                )
+            rfs::unlinkat(&dir.fd, file, AtFlags::empty()).map_err(|e| GenerationLeft::Entry {
+                name: n.to_owned(),
+                file: OsStr::from_bytes(file.to_bytes())
+                    .to_string_lossy()
+                    .into_owned(),
+                reason: e.to_string(),
             })?;
         }
-        rfs::unlinkat(&self.fd, n, AtFlags::REMOVEDIR)
-            .map_err(|e| format!("cannot remove {n}: {e}"))?;
+        rfs::unlinkat(&self.fd, n, AtFlags::REMOVEDIR).map_err(|e| left("remove", &e))?;
         Ok(None)
     }
+}
+
+/// Why a generation (or part of it) was left in place; the wording is the warning a sink
+/// reports. Reasons are the system's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GenerationLeft {
+    /// An entry could not be inspected, listed or removed.
+    #[error("cannot {action} {name}: {reason}")]
+    Io {
+        action: &'static str,
+        name: String,
+        reason: String,
+    },
+    /// Neither a directory nor a link or file: not of the agent's making.
+    #[error("{0} is not a directory the agent created; left in place")]
+    NotOurs(String),
+    /// A directory that is not the agent's own (owner, mode, a link).
+    #[error("{name} was left in place: {reason}")]
+    NotOwnDir { name: String, reason: String },
+    /// A file inside the generation could not be removed (a subdirectory, say).
+    #[error("cannot remove {name}/{file}: {reason}; left in place")]
+    Entry {
+        name: String,
+        file: String,
+        reason: String,
+    },
 }
 
 fn is_dot(name: &CStr) -> bool {
@@ -419,184 +454,5 @@ impl OwnDir {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn components_are_single_names() {
-        for bad in ["", ".", "..", "a/b", "/abs", "a\0b", "../x"] {
-            assert!(Component::new(bad).is_none(), "{bad:?}");
-        }
-        for good in ["tls.key", "..data", "..signet-1-2-3", ".x.tmp"] {
-            assert!(Component::new(good).is_some(), "{good:?}");
-        }
-    }
-
-    #[test]
-    fn generation_names_are_exactly_the_agents_naming() {
-        let g = GenerationName::new(17, 42, 3);
-        assert_eq!(g.as_str(), "..signet-17-42-3");
-        assert_eq!(GenerationName::parse(g.as_str().as_bytes()), Some(g));
-        for bad in [
-            "/etc",
-            "../../victim",
-            "..signet-1-2",
-            "..signet-1-2-3-4",
-            "..signet-1-2-x",
-            "..signet-1-2-3/..",
-            "..signet-1-2-3/x",
-            "..signet--2-3",
-            "x..signet-1-2-3",
-            "..data",
-        ] {
-            assert!(GenerationName::parse(bad.as_bytes()).is_none(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn remove_generation_never_follows_links() {
-        let root = tempfile::tempdir().expect("tempdir");
-        let sink = root.path().join("sink");
-        let victim = root.path().join("victim");
-        std::fs::create_dir(&sink).expect("mkdir");
-        std::fs::create_dir(&victim).expect("mkdir");
-        std::fs::write(victim.join("precious"), b"keep").expect("write");
-        let dir = SinkDir::open(&sink).expect("open");
-
-        // A link named like a generation: the link goes, the victim stays.
-        let g = GenerationName::new(1, 1, 1);
-        std::os::unix::fs::symlink(&victim, sink.join(g.as_str())).expect("link");
-        let note = dir.remove_generation(&g).expect("removed the link");
-        assert!(note.is_some());
-        assert!(victim.join("precious").exists());
-        assert!(std::fs::symlink_metadata(sink.join(g.as_str())).is_err());
-
-        // A real generation holding a link to the victim: the link goes, not its target.
-        let g = GenerationName::new(2, 1, 1);
-        let own = dir.create_generation(&g).expect("create");
-        own.write_file(Component::new("a").expect("c"), b"x", 0o600, (None, None))
-            .expect("write");
-        std::os::unix::fs::symlink(&victim, sink.join(g.as_str()).join("link")).expect("link");
-        assert_eq!(dir.remove_generation(&g), Ok(None));
-        assert!(victim.join("precious").exists());
-        assert!(!sink.join(g.as_str()).exists());
-
-        // A generation holding a directory is left in place (no recursion).
-        let g = GenerationName::new(3, 1, 1);
-        dir.create_generation(&g).expect("create");
-        std::fs::create_dir(sink.join(g.as_str()).join("sub")).expect("mkdir");
-        assert!(dir.remove_generation(&g).is_err());
-        assert!(sink.join(g.as_str()).join("sub").exists());
-
-        // Absent: nothing to do.
-        assert_eq!(
-            dir.remove_generation(&GenerationName::new(9, 9, 9)),
-            Ok(None)
-        );
-    }
-
-    #[test]
-    fn only_real_directories_of_the_agent_are_opened() {
-        let root = tempfile::tempdir().expect("tempdir");
-        let dir = SinkDir::open(root.path()).expect("open");
-        let victim = root.path().join("victim");
-        std::fs::create_dir(&victim).expect("mkdir");
-        std::os::unix::fs::symlink(&victim, root.path().join("link")).expect("link");
-        assert!(
-            dir.open_own_dir(Component::new("link").expect("c"))
-                .is_err()
-        );
-        std::fs::write(root.path().join("file"), b"x").expect("write");
-        assert!(
-            dir.open_own_dir(Component::new("file").expect("c"))
-                .is_err()
-        );
-        assert!(
-            dir.open_own_dir(Component::new("victim").expect("c"))
-                .is_ok()
-        );
-        if euid() == 0 {
-            std::os::unix::fs::chown(&victim, Some(65534), None).expect("chown");
-            let err = dir
-                .open_own_dir(Component::new("victim").expect("c"))
-                .err()
-                .expect("not the agent's");
-            assert!(err.to_string().contains("owned by uid 65534"), "{err}");
-        }
-        // A generation name that already exists (planted first) is not taken over.
-        let g = GenerationName::new(5, 5, 5);
-        std::os::unix::fs::symlink(&victim, root.path().join(g.as_str())).expect("link");
-        assert!(dir.create_generation(&g).is_err());
-    }
-
-    #[test]
-    fn write_file_refuses_existing_names_and_links() {
-        let root = tempfile::tempdir().expect("tempdir");
-        let dir = SinkDir::open(root.path()).expect("open");
-        let g = GenerationName::new(1, 2, 3);
-        let own = dir.create_generation(&g).expect("create");
-        let victim = root.path().join("victim");
-        std::fs::write(&victim, b"keep").expect("write");
-        std::os::unix::fs::symlink(&victim, root.path().join(g.as_str()).join("k")).expect("link");
-        let c = Component::new("k").expect("c");
-        assert!(own.write_file(c, b"x", 0o600, (None, None)).is_err());
-        assert_eq!(std::fs::read(&victim).expect("read"), b"keep");
-    }
-
-    #[test]
-    fn trusted_paths_follow_only_links_nobody_else_could_plant() {
-        use std::os::unix::fs::PermissionsExt;
-        let root = tempfile::tempdir().expect("tempdir");
-        let r = root.path();
-        std::fs::set_permissions(r, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        std::fs::create_dir_all(r.join("real/sink")).expect("mkdir");
-        std::os::unix::fs::symlink("real", r.join("alias")).expect("link");
-        std::os::unix::fs::symlink(r.join("real/sink"), r.join("abs")).expect("link");
-        // Through links the agent's own directories hold: fine.
-        for p in ["real/sink", "alias/sink", "abs", "real/../real/sink"] {
-            let fd = open_trusted_dir(&r.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
-            let ino = File::from(fd).metadata().expect("meta").ino();
-            let want = std::fs::metadata(r.join("real/sink")).expect("meta").ino();
-            assert_eq!(ino, want, "{p}");
-        }
-        // A directory others can write on the way: refused, link or not.
-        std::fs::set_permissions(r.join("real"), std::fs::Permissions::from_mode(0o777))
-            .expect("chmod");
-        for p in ["real/sink", "alias/sink"] {
-            assert!(
-                matches!(open_trusted_dir(&r.join(p)), Err(OpenError::Untrusted(_))),
-                "{p}"
-            );
-        }
-        std::fs::set_permissions(r.join("real"), std::fs::Permissions::from_mode(0o755))
-            .expect("chmod");
-        if euid() == 0 {
-            // A parent owned by the workload could swap the sink directory for a link.
-            std::os::unix::fs::chown(r.join("real"), Some(65534), None).expect("chown");
-            let err = open_trusted_dir(&r.join("real/sink")).expect_err("untrusted");
-            assert!(err.to_string().contains("uid 65534"), "{err}");
-            std::os::unix::fs::chown(r.join("real"), Some(0), None).expect("chown");
-            // The sink directory itself may be the workload's.
-            std::os::unix::fs::chown(r.join("real/sink"), Some(65534), None).expect("chown");
-            open_trusted_dir(&r.join("real/sink")).expect("the workload's own directory");
-        }
-        assert!(open_trusted_dir(&r.join("missing")).is_err());
-    }
-
-    #[test]
-    fn shared_directories_are_detected() {
-        use std::os::unix::fs::PermissionsExt;
-        let root = tempfile::tempdir().expect("tempdir");
-        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755))
-            .expect("chmod");
-        assert!(!SinkDir::open(root.path()).expect("open").is_shared());
-        for mode in [0o775, 0o757, 0o1777] {
-            std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(mode))
-                .expect("chmod");
-            assert!(
-                SinkDir::open(root.path()).expect("open").is_shared(),
-                "{mode:o}"
-            );
-        }
-    }
-}
+#[path = "safe_dir_tests.rs"]
+mod tests;

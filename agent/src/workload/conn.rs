@@ -356,18 +356,7 @@ impl AsyncRead for AttestedStream {
                     {
                         this.metrics.foreign_writers.inc();
                         // An attacker can repeat this at will: at most one line per 10 s.
-                        static LAST_WARNED: std::sync::atomic::AtomicU64 =
-                            std::sync::atomic::AtomicU64::new(0);
-                        let now = std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map(|d| d.as_secs())
-                            .unwrap_or(0);
-                        let last = LAST_WARNED.load(Ordering::Relaxed);
-                        if now >= last + 10
-                            && LAST_WARNED
-                                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                                .is_ok()
-                        {
+                        if warn_foreign_writer_now(Instant::now()) {
                             tracing::warn!(
                             peer_pid = pid,
                             writer_pid = ?writer,
@@ -416,6 +405,18 @@ impl AsyncWrite for AttestedStream {
     fn is_write_vectored(&self) -> bool {
         self.inner.is_write_vectored()
     }
+}
+
+/// Whether a foreign-writer warning may be logged at `now` (monotonic): at most one every
+/// 10 s, whatever the connection, as an attacker can repeat the write at will.
+fn warn_foreign_writer_now(now: Instant) -> bool {
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    if last.is_some_and(|l| now < l + Duration::from_secs(10)) {
+        return false;
+    }
+    *last = Some(now);
+    true
 }
 
 #[cfg(test)]
@@ -484,7 +485,8 @@ mod tests {
         (client, s, metrics)
     }
 
-    #[tokio::test]
+    // Paused time: the deadline passes as soon as nothing else can happen.
+    #[tokio::test(start_paused = true)]
     async fn bytes_from_the_peer_pass_and_an_unused_connection_times_out() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let (mut client, mut server, metrics) = pair().await;

@@ -12,12 +12,12 @@ use tokio::net::UnixListener;
 
 use super::conn::{AttestedStream, ConnLimiter, Refusal, Timeouts};
 use super::metrics::WorkloadMetrics;
-use super::{WorkloadApi, WorkloadError};
+use super::{ListenError, WorkloadApi};
 use crate::attest::PeerProcess;
 use crate::config::WorkloadApiConfig;
 
 /// Binds the socket with mode 0777 (see [`bind_with`]).
-pub fn bind(path: &Path) -> Result<UnixListener, WorkloadError> {
+pub fn bind(path: &Path) -> Result<UnixListener, ListenError> {
     bind_with(path, 0o777, None)
 }
 
@@ -25,11 +25,11 @@ pub fn bind(path: &Path) -> Result<UnixListener, WorkloadError> {
 /// private (0700) directory next to `path`, sets `mode` and the group, turns on per-message
 /// credentials (`SO_PASSCRED`, inherited by accepted sockets), then renames the socket into
 /// place. So no one can connect to it before it has its final mode and group.
-pub fn bind_with(path: &Path, mode: u32, gid: Option<u32>) -> Result<UnixListener, WorkloadError> {
-    let err = |e| WorkloadError::Socket(path.to_owned(), e);
+pub fn bind_with(path: &Path, mode: u32, gid: Option<u32>) -> Result<UnixListener, ListenError> {
+    let err = |e| ListenError::Socket(path.to_owned(), e);
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).map_err(err)?,
-        Ok(_) => return Err(WorkloadError::NotASocket(path.to_owned())),
+        Ok(_) => return Err(ListenError::NotASocket(path.to_owned())),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(err(e)),
     }
@@ -105,7 +105,7 @@ pub async fn serve(
     listener: UnixListener,
     api: WorkloadApi,
     shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), WorkloadError> {
+) -> Result<(), ListenError> {
     serve_with(
         listener,
         api,
@@ -227,7 +227,7 @@ pub async fn serve_with(
     opts: ServeOptions,
     metrics: Arc<WorkloadMetrics>,
     shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), WorkloadError> {
+) -> Result<(), ListenError> {
     let limiter = ConnLimiter::new(
         opts.max_connections,
         opts.max_connections_per_uid,
@@ -254,21 +254,22 @@ pub async fn serve_with(
         .add_service(api.with_metrics(metrics).into_server())
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
-        .map_err(|e| WorkloadError::Serve(e.to_string()))
+        .map_err(ListenError::Serve)
 }
 
 /// The gid of a `socket_group` value: a number, or a name in `group_file` (`/etc/group`).
-pub fn resolve_group(value: &str, group_file: &Path) -> Result<u32, String> {
+pub fn resolve_group(value: &str, group_file: &Path) -> Result<u32, ListenError> {
     if let Ok(gid) = value.parse() {
         return Ok(gid);
     }
-    let text = std::fs::read_to_string(group_file)
-        .map_err(|e| format!("socket_group {value:?}: {}: {e}", group_file.display()))?;
-    crate::attest::uid_of(&text, value).ok_or_else(|| {
-        format!(
-            "socket_group {value:?}: no such group in {}",
-            group_file.display()
-        )
+    let text = std::fs::read_to_string(group_file).map_err(|source| ListenError::GroupFile {
+        value: value.to_owned(),
+        path: group_file.to_owned(),
+        source,
+    })?;
+    crate::attest::uid_of(&text, value).ok_or_else(|| ListenError::NoSuchGroup {
+        value: value.to_owned(),
+        path: group_file.to_owned(),
     })
 }
 

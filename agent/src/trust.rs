@@ -1,0 +1,175 @@
+//! The agent's trust state: the roots it serves (with their trust domain), the tainted CA
+//! keys and the verified CRLs in force, and the CA certificates CRLs are verified with.
+//!
+//! One [`Trust`] is owned by the main loop ([`crate::driver`]), which feeds it what the server
+//! sends (bundles, taints, CRLs) and what it persisted, and lends it to each pass of the
+//! [`crate::rotator::Rotator`]: the rotator reads the roots and the revocations, and teaches it
+//! the CA certificates of the chains it is given (a CRL whose issuer was unknown is offered
+//! again then). What a pass publishes shares its roots and CRLs ([`Ders`]), so the Workload API
+//! state and every sink hold one copy.
+//!
+//! Invariant: a CRL is in force only once verified against the CA certificate it names (or
+//! restored from the agent's own `data_dir`), and only if newer than the one kept
+//! ([`crate::revocation`]); one that fails is logged, counted and ignored.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::ca::Crl;
+use crate::metrics::Metrics;
+use crate::revocation::{CrlRejected, Issuers, Revocations};
+use crate::state::Ders;
+
+#[derive(Default)]
+pub struct Trust {
+    /// The trust domain's SPIFFE ID string (`spiffe://example.org`), as the state publishes it.
+    trust_domain_id: String,
+    /// The roots served (DER).
+    bundle_der: Ders,
+    /// The CRLs in force as served (DER), kept in step with `revocations`.
+    crls_der: Ders,
+    /// Taints and verified CRLs in force.
+    revocations: Revocations,
+    /// CA certificates CRLs are verified with.
+    issuers: Issuers,
+    /// The CRLs of the last bundle that could not be verified yet for want of their issuer:
+    /// offered again when a new chain teaches the agent more CA certificates.
+    unverified: Vec<Crl>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl Trust {
+    /// Counts refused CRLs in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// The trust bundle served alongside the SVIDs (its roots are CRL issuers too). A change
+    /// reaches the Workload API and every sink on the rotator's next pass.
+    pub fn set_bundle(&mut self, trust_domain_id: String, bundle_der: Vec<Vec<u8>>) {
+        self.issuers.learn(&bundle_der);
+        self.trust_domain_id = trust_domain_id;
+        if *self.bundle_der != *bundle_der {
+            self.bundle_der = bundle_der.into();
+        }
+    }
+
+    pub fn trust_domain_id(&self) -> &str {
+        &self.trust_domain_id
+    }
+
+    /// The roots served.
+    pub fn bundle_der(&self) -> &Ders {
+        &self.bundle_der
+    }
+
+    /// The CRLs in force, as served.
+    pub fn crls_der(&self) -> &Ders {
+        &self.crls_der
+    }
+
+    /// The taints and CRLs in force.
+    pub fn revocations(&self) -> &Revocations {
+        &self.revocations
+    }
+
+    /// Learns the CA certificates in `chain` (the node's, for instance) as CRL issuers.
+    pub fn learn_issuers(&mut self, chain: &[Vec<u8>]) {
+        self.issuers.learn(chain);
+    }
+
+    /// Learns the CA certificates in `chain` (a signed workload's); returns whether one was
+    /// new (then [`Self::retry_unverified`] may verify a waiting CRL).
+    pub fn learn_new_issuers(&mut self, chain: &[Vec<u8>]) -> bool {
+        let before = self.issuers.clone();
+        self.issuers.learn(chain);
+        before != self.issuers
+    }
+
+    /// Forgets the CA certificates expired at `now`.
+    pub fn prune(&mut self, now: SystemTime) {
+        self.issuers.prune(now);
+    }
+
+    /// Restores CRLs the agent persisted (see [`Revocations::restore`]); served at once.
+    pub fn restore_crls(&mut self, ders: &[Vec<u8>]) {
+        for der in ders {
+            if let Err(e) = self.revocations.restore(der) {
+                tracing::warn!(error = %e, "ignoring a persisted CRL");
+            }
+        }
+        self.refresh_crls();
+    }
+
+    /// Applies the bundle's taints (the complete current set) and CRLs: each CRL is verified
+    /// against the CA certificate it names and kept only if newer than the one kept (see
+    /// [`crate::revocation`]); one that fails is logged, counted and ignored. Returns whether
+    /// anything in force changed (then the caller persists the CRLs and runs a pass now).
+    pub fn set_revocations(&mut self, tainted: &[String], crls: &[Crl]) -> bool {
+        let mut changed = self.revocations.set_tainted(tainted);
+        if changed {
+            tracing::info!(tainted = ?tainted, "tainted CA keys changed");
+        }
+        self.unverified.clear();
+        for crl in crls {
+            changed |= self.offer_crl(crl, true);
+        }
+        self.refresh_crls();
+        changed
+    }
+
+    /// Offers again the CRLs whose issuer was unknown, after new chains were installed.
+    /// Returns whether one was accepted.
+    pub fn retry_unverified(&mut self) -> bool {
+        let pending = std::mem::take(&mut self.unverified);
+        let mut changed = false;
+        for crl in &pending {
+            changed |= self.offer_crl(crl, false);
+        }
+        self.refresh_crls();
+        changed
+    }
+
+    /// Offers one CRL; `report`: log and count a refusal (not on a silent retry).
+    fn offer_crl(&mut self, crl: &Crl, report: bool) -> bool {
+        match self.revocations.offer(crl, &self.issuers) {
+            Ok(true) => {
+                let kept = self.revocations.crls().find(|c| c.key_id == crl.key_id);
+                tracing::info!(
+                    key_id = %crl.key_id,
+                    number = kept.map(|c| c.number),
+                    revoked = kept.map(|c| c.revoked_count()),
+                    "new CRL"
+                );
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                if matches!(e, CrlRejected::UnknownIssuer(_)) {
+                    self.unverified.push(crl.clone());
+                }
+                if report {
+                    if let Some(m) = &self.metrics {
+                        m.crl_rejections
+                            .get_or_create(&vec![("reason", e.label().to_owned())])
+                            .inc();
+                    }
+                    match e {
+                        CrlRejected::NotNewer { .. } => tracing::debug!(error = %e, "CRL ignored"),
+                        _ => tracing::warn!(error = %e, "CRL ignored"),
+                    }
+                }
+                false
+            }
+        }
+    }
+
+    /// Keeps the served CRLs in step with those in force; the same set keeps its copy.
+    fn refresh_crls(&mut self) {
+        let crls = self.revocations.crls_der();
+        if *self.crls_der != *crls {
+            self.crls_der = crls.into();
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! Why the Workload API refuses a request ([`WorkloadError`]), and the one place that becomes a
+//! gRPC status (`impl From<WorkloadError> for Status`), as the server's `api` module does.
+//!
+//! The codes are those the SPIFFE Workload API standard gives: a request without the
+//! `workload.spiffe.io: true` header is InvalidArgument; a caller that cannot be attested, or
+//! that is entitled to no identity, PermissionDenied; a caller whose attestation needs a
+//! service that did not answer (the kubelet) Unavailable, so clients retry; the JWT profile,
+//! not served yet, Unimplemented. And why a socket cannot be served ([`ListenError`]).
+
+use std::io;
+use std::path::PathBuf;
+
+use tonic::{Code, Status};
+
+use crate::attest::AttestError;
+
+/// Why a Workload API request (or an open stream's next update) is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    /// The request lacks the metadata `workload.spiffe.io: true`.
+    #[error("security header workload.spiffe.io: true is missing")]
+    MissingHeader,
+    /// The connection carries no peer credentials (it did not come through the agent's
+    /// listener).
+    #[error("caller could not be attested")]
+    NoPeer,
+    /// The caller's process could not be attested: it exited, its pid was reused, it runs
+    /// another executable, or it could not be read.
+    #[error("caller could not be attested: {0}")]
+    NotAttested(AttestError),
+    /// Attesting the caller needs a service that did not answer (the kubelet); worth a retry.
+    #[error("caller could not be attested: {0}; retry")]
+    AttestationUnavailable(AttestError),
+    /// The caller, as attested now, is entitled to no identity.
+    #[error("no identity issued")]
+    NoIdentity,
+    /// A profile the agent does not serve (what: "JWT-SVIDs", "JWT bundles").
+    #[error("{0} are not supported")]
+    Unsupported(&'static str),
+}
+
+impl From<AttestError> for WorkloadError {
+    fn from(e: AttestError) -> Self {
+        match e {
+            AttestError::Process(_) => WorkloadError::NotAttested(e),
+            AttestError::Kubernetes(_) => WorkloadError::AttestationUnavailable(e),
+        }
+    }
+}
+
+impl WorkloadError {
+    /// The gRPC code clients see.
+    pub fn code(&self) -> Code {
+        match self {
+            WorkloadError::MissingHeader => Code::InvalidArgument,
+            WorkloadError::NoPeer | WorkloadError::NotAttested(_) | WorkloadError::NoIdentity => {
+                Code::PermissionDenied
+            }
+            WorkloadError::AttestationUnavailable(_) => Code::Unavailable,
+            WorkloadError::Unsupported(_) => Code::Unimplemented,
+        }
+    }
+}
+
+impl From<WorkloadError> for Status {
+    fn from(e: WorkloadError) -> Self {
+        Status::new(e.code(), e.to_string())
+    }
+}
+
+/// Why the Workload API socket cannot be bound or served.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    #[error("workload API socket {0}: {1}")]
+    Socket(PathBuf, io::Error),
+    #[error("workload API socket {0}: a file that is not a socket is in the way")]
+    NotASocket(PathBuf),
+    #[error("socket_group {value:?}: {}: {source}", path.display())]
+    GroupFile {
+        value: String,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("socket_group {value:?}: no such group in {}", path.display())]
+    NoSuchGroup { value: String, path: PathBuf },
+    #[error("workload API server: {0}")]
+    Serve(#[source] tonic::transport::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attest::{K8sError, ProcessError};
+
+    #[test]
+    fn each_refusal_has_the_standards_code_and_todays_message() {
+        let process = AttestError::Process(ProcessError::Gone(4242));
+        let kubelet = AttestError::Kubernetes(K8sError("connect: refused".into()));
+        let cases = [
+            (
+                WorkloadError::MissingHeader,
+                Code::InvalidArgument,
+                "security header workload.spiffe.io: true is missing".to_owned(),
+            ),
+            (
+                WorkloadError::NoPeer,
+                Code::PermissionDenied,
+                "caller could not be attested".to_owned(),
+            ),
+            (
+                WorkloadError::from(process.clone()),
+                Code::PermissionDenied,
+                format!("caller could not be attested: {process}"),
+            ),
+            (
+                WorkloadError::from(kubelet.clone()),
+                Code::Unavailable,
+                format!("caller could not be attested: {kubelet}; retry"),
+            ),
+            (
+                WorkloadError::NoIdentity,
+                Code::PermissionDenied,
+                "no identity issued".to_owned(),
+            ),
+            (
+                WorkloadError::Unsupported("JWT-SVIDs"),
+                Code::Unimplemented,
+                "JWT-SVIDs are not supported".to_owned(),
+            ),
+        ];
+        for (e, code, message) in cases {
+            let s = Status::from(e);
+            assert_eq!((s.code(), s.message()), (code, message.as_str()));
+        }
+    }
+}
