@@ -20,6 +20,7 @@ mod lifecycle;
 mod node_psat;
 mod nodes;
 mod plugged;
+mod readme;
 mod revocation;
 mod rotation_handshakes;
 mod sink_harness;
