@@ -5,16 +5,34 @@
 //! Invariant: decisions take `now` as an argument; only an async shell calls
 //! [`Clock::now`], and nothing in this module panics or wraps around: every conversion
 //! saturates at the ends of its range.
+//!
+//! This is the one module that reads the clocks directly: `clippy.toml` bans
+//! `SystemTime::now`, `std::time::Instant::now` and `tokio::time::Instant::now` everywhere
+//! else, hence the `allow` below.
+#![allow(clippy::disallowed_methods)]
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-/// Where "now" comes from.
+/// Where "now" comes from: the wall clock for what is written down (certificates, the ledger,
+/// expiry), and a monotonic reading for what is measured (durations, deadlines, rates).
 pub trait Clock: Send + Sync + 'static {
+    /// The wall clock.
     fn now(&self) -> SystemTime;
+
+    /// A monotonic reading, for measuring durations and setting deadlines. A
+    /// `tokio::time::Instant`, not `std`'s: a paused tokio test runtime moves it
+    /// (`tokio::time::advance`, auto-advance while every task sleeps), and it is what
+    /// `tokio::time::sleep_until` and `timeout_at` take, so a measured duration and the timers
+    /// that act on it read the same clock. Outside a paused runtime it is the real monotonic
+    /// clock (`into_std()` converts).
+    fn monotonic(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now()
+    }
 }
 
-/// The real wall clock.
+/// The real wall clock (and the real monotonic clock, or tokio's paused one in a paused test
+/// runtime).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
 
@@ -31,13 +49,31 @@ pub async fn sleep(d: Duration) {
     tokio::time::sleep(d).await
 }
 
-/// A clock that moves only when told, for tests. Clones share one time.
+/// A clock that moves only when told, for tests: [`FakeClock::advance`] moves the wall clock
+/// and the monotonic reading together ([`FakeClock::set`] only the wall clock, as a clock step
+/// does). Clones share one time.
 #[derive(Debug, Clone)]
-pub struct FakeClock(Arc<Mutex<SystemTime>>);
+pub struct FakeClock(Arc<Mutex<FakeTime>>);
+
+#[derive(Debug)]
+struct FakeTime {
+    wall: SystemTime,
+    /// The monotonic reading at creation, and how far it has been advanced since.
+    base: tokio::time::Instant,
+    elapsed: Duration,
+}
 
 impl FakeClock {
     pub fn at(t: SystemTime) -> Self {
-        Self(Arc::new(Mutex::new(t)))
+        Self(Arc::new(Mutex::new(FakeTime {
+            wall: t,
+            base: tokio::time::Instant::now(),
+            elapsed: Duration::ZERO,
+        })))
+    }
+
+    fn time(&self) -> std::sync::MutexGuard<'_, FakeTime> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// At `secs` Unix seconds (negative: before 1970).
@@ -47,19 +83,27 @@ impl FakeClock {
         Self::at(from_unix(secs))
     }
 
+    /// Moves both readings forward by `d` (saturating).
     pub fn advance(&self, d: Duration) {
-        let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        *t = t.checked_add(d).unwrap_or(*t);
+        let mut t = self.time();
+        t.wall = t.wall.checked_add(d).unwrap_or(t.wall);
+        t.elapsed = t.elapsed.saturating_add(d);
     }
 
+    /// Sets the wall clock (forwards or back); the monotonic reading does not move.
     pub fn set(&self, to: SystemTime) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = to;
+        self.time().wall = to;
     }
 }
 
 impl Clock for FakeClock {
     fn now(&self) -> SystemTime {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.time().wall
+    }
+
+    fn monotonic(&self) -> tokio::time::Instant {
+        let t = self.time();
+        t.base.checked_add(t.elapsed).unwrap_or(t.base)
     }
 }
 
@@ -202,5 +246,26 @@ mod tests {
         shared.set(from_unix(-3));
         assert_eq!(unix(c.now()), -3);
         assert_eq!(unix(FakeClock::at_unix(7i64).now()), 7);
+    }
+
+    #[test]
+    fn fake_clock_advance_moves_the_monotonic_reading_and_set_does_not() {
+        let c = FakeClock::at_unix(1_000u64);
+        let t0 = c.monotonic();
+        c.advance(Duration::from_secs(5));
+        assert_eq!(c.clone().monotonic() - t0, Duration::from_secs(5));
+        c.set(from_unix(0));
+        assert_eq!(
+            c.monotonic() - t0,
+            Duration::from_secs(5),
+            "a clock step is not elapsed time"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_system_clock_s_monotonic_reading_follows_a_paused_runtime() {
+        let t0 = SystemClock.monotonic();
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert_eq!(SystemClock.monotonic() - t0, Duration::from_secs(600));
     }
 }

@@ -52,6 +52,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
+use crate::clock::{Clock, SystemClock};
 use crate::source::{PerSource, SourceSlot};
 
 /// The paths a probe listener answers; anything else is 404 there.
@@ -301,7 +302,7 @@ async fn accept_loop<H: Handshake>(
             Ok(held) => held,
             Err(why) => {
                 on_refused(why);
-                if let Some(since) = log.note(Instant::now()) {
+                if let Some(since) = log.note(SystemClock.monotonic()) {
                     tracing::warn!(
                         listener = name,
                         %peer,
@@ -355,7 +356,7 @@ async fn connection<H: Handshake>(
     ctx: ConnCtx,
     _held: (OwnedSemaphorePermit, SourceSlot),
 ) {
-    let deadline = Instant::now() + ctx.limits.connection_timeout;
+    let deadline = SystemClock.monotonic() + ctx.limits.connection_timeout;
     let io = match tokio::time::timeout_at(deadline, handshake.handshake(tcp)).await {
         Ok(Ok(io)) => io,
         Ok(Err(e)) => {
@@ -411,7 +412,7 @@ where
                 break;
             }
             () = &mut idle, if !closing => {
-                let now = Instant::now();
+                let now = SystemClock.monotonic();
                 match activity.idle_deadline(limits.idle_timeout) {
                     Some(at) if at <= now => {
                         tracing::debug!(listener = ctx.name, peer = %ctx.peer,
@@ -444,12 +445,12 @@ impl Activity {
     fn new() -> Self {
         Self {
             in_flight: AtomicUsize::new(0),
-            last: Mutex::new(Instant::now()),
+            last: Mutex::new(SystemClock.monotonic()),
         }
     }
 
     fn touch(&self) {
-        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = SystemClock.monotonic();
     }
 
     fn begin(self: &Arc<Self>) -> Busy {

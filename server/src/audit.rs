@@ -238,7 +238,7 @@ impl AuditLog {
                 .aggregator
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .admit(key, &detail, at_unix, Instant::now());
+                .admit(key, &detail, at_unix, crate::clock::monotonic().into_std());
             if !admitted {
                 self.aggregated.fetch_add(1, Ordering::Relaxed);
                 return;
@@ -313,7 +313,7 @@ async fn run(
         let summaries = aggregator
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .flush(Instant::now(), all);
+            .flush(crate::clock::monotonic().into_std(), all);
         for e in &summaries {
             tracing::info!(target: "signet::audit", kind = %e.kind, caller = %e.caller, detail = %e.detail, at = e.at, "audit event");
         }
@@ -488,7 +488,7 @@ mod tests {
             window: Duration::from_secs(10),
             slots: HashMap::new(),
         };
-        let t0 = Instant::now();
+        let t0 = crate::clock::monotonic().into_std();
         let key = |caller: &str| Key {
             lane: Lane::of("issue.denied", caller),
             kind: "issue.denied".into(),

@@ -1053,7 +1053,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (store, cp) = setup(dir.path()).await;
         store.append_certificates(&[cert(1)]).await.unwrap();
-        let made = cp.tick(SystemTime::now()).await.unwrap().unwrap();
+        let made = cp.tick(crate::clock::system_now()).await.unwrap().unwrap();
         let key_id = cp.public_key().key_id();
         drop(cp);
         let (_store2, again) = setup(dir.path()).await;
@@ -1063,7 +1063,13 @@ mod tests {
             "the key file is reused"
         );
         assert_eq!(again.latest().unwrap(), made);
-        assert!(again.tick(SystemTime::now()).await.unwrap().is_none());
+        assert!(
+            again
+                .tick(crate::clock::system_now())
+                .await
+                .unwrap()
+                .is_none()
+        );
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(dir.path().join("checkpoint.key"))
             .unwrap()
@@ -1107,7 +1113,7 @@ mod tests {
             PublicKey::from_pem(pem.as_bytes()).unwrap(),
             cp.public_key()
         );
-        let made = cp.tick(SystemTime::now()).await.unwrap().unwrap();
+        let made = cp.tick(crate::clock::system_now()).await.unwrap().unwrap();
         let (status, body) = get("/checkpoint").await;
         assert_eq!(status, StatusCode::OK);
         let parsed = SignedCheckpoint::from_json(body.trim()).unwrap();
@@ -1234,11 +1240,14 @@ mod tests {
             .append_certificates(&[cert(1), cert(2)])
             .await
             .unwrap();
-        cp.tick(SystemTime::now()).await.unwrap().expect("signed");
+        cp.tick(crate::clock::system_now())
+            .await
+            .unwrap()
+            .expect("signed");
         store.append_certificates(&[cert(3)]).await.unwrap();
         // The new tail row deleted, the head left in place.
         sql(dir.path(), "DELETE FROM certificates WHERE seq = 3").await;
-        let err = cp.tick(SystemTime::now()).await.unwrap_err();
+        let err = cp.tick(crate::clock::system_now()).await.unwrap_err();
         assert!(
             matches!(
                 err,
@@ -1257,7 +1266,11 @@ mod tests {
             .append_certificates(&[cert(1), cert(2), cert(3)])
             .await
             .unwrap();
-        let good = cp.tick(SystemTime::now()).await.unwrap().expect("signed");
+        let good = cp
+            .tick(crate::clock::system_now())
+            .await
+            .unwrap()
+            .expect("signed");
         drop(cp);
         // Rolled back while the server was down.
         let row2 = store.list_certificates(1, 1, None).await.unwrap().remove(0);
@@ -1265,7 +1278,7 @@ mod tests {
         set_head(dir.path(), 2, &row2.hash).await;
         let (_store, again) = setup(dir.path()).await;
         assert_eq!(again.latest().unwrap(), good);
-        let err = again.tick(SystemTime::now()).await.unwrap_err();
+        let err = again.tick(crate::clock::system_now()).await.unwrap_err();
         let CheckpointError::Rollback(Rollback::Shorter { floor, .. }) = &err else {
             panic!("{err:?}")
         };
@@ -1282,7 +1295,11 @@ mod tests {
             .append_certificates(&[cert(1), cert(2), cert(3)])
             .await
             .unwrap();
-        let signed = a.tick(SystemTime::now()).await.unwrap().expect("signed");
+        let signed = a
+            .tick(crate::clock::system_now())
+            .await
+            .unwrap()
+            .expect("signed");
         // The checkpoint is in its audit event, signed.
         let events = audited(&store, "ledger.checkpoint", 1).await;
         assert!(events[0].detail.ends_with(&signed.json), "{events:?}");
@@ -1295,7 +1312,11 @@ mod tests {
         assert!(b.latest().is_none());
         // It extends what A signed.
         store.append_certificates(&[cert(4)]).await.unwrap();
-        let made = b.tick(SystemTime::now()).await.unwrap().expect("signed");
+        let made = b
+            .tick(crate::clock::system_now())
+            .await
+            .unwrap()
+            .expect("signed");
         assert_eq!(
             made.checkpoint.head.previous,
             Some(signed.checkpoint.head.mark())
@@ -1306,7 +1327,7 @@ mod tests {
         set_head(dir.path(), 1, &row1.hash).await;
         let c_dir = tempfile::tempdir().unwrap();
         let c = checkpointer(&store, key(), c_dir.path(), 3);
-        let err = c.tick(SystemTime::now()).await.unwrap_err();
+        let err = c.tick(crate::clock::system_now()).await.unwrap_err();
         let CheckpointError::Rollback(Rollback::Shorter { floor, .. }) = &err else {
             panic!("{err:?}")
         };
@@ -1344,7 +1365,7 @@ mod tests {
             made.checkpoint.head.mark(),
             "not the forged row 1000"
         );
-        let err = d.tick(SystemTime::now()).await.unwrap_err();
+        let err = d.tick(crate::clock::system_now()).await.unwrap_err();
         assert!(
             matches!(err, CheckpointError::Rollback(Rollback::Shorter { .. })),
             "{err:?}"

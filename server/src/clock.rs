@@ -7,6 +7,20 @@
 
 pub use signet_runtime::clock::{Clock, SystemClock, from_unix, unix};
 
+/// The system clock's monotonic reading (tokio's, so a paused test runtime moves it; see
+/// [`Clock::monotonic`]), for code that measures durations and does not take an injected
+/// [`Clock`] yet: grep for this to find them. `.into_std()` where a `std::time::Instant` is
+/// wanted.
+pub fn monotonic() -> tokio::time::Instant {
+    SystemClock.monotonic()
+}
+
+/// The system clock's wall time, for tests.
+#[cfg(test)]
+pub fn system_now() -> std::time::SystemTime {
+    SystemClock.now()
+}
+
 #[cfg(test)]
 pub mod fake {
     pub use signet_runtime::clock::FakeClock;

@@ -14,7 +14,7 @@
 //! (why a listener of its own: [`signet_runtime::http`]).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Path, State};
@@ -102,7 +102,7 @@ async fn crl(
 
 async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
     if let Some(ledger) = &s.ledger
-        && let Err(why) = ledger.readiness(Instant::now())
+        && let Err(why) = ledger.readiness(crate::clock::monotonic().into_std())
     {
         return (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -200,7 +200,7 @@ impl Issuer {
             return Ok(());
         };
         limits
-            .check_attestation(node_id, Instant::now())
+            .check_attestation(node_id, self.clock.monotonic().into_std())
             .map_err(|l| {
                 self.metrics.limited("per_caller");
                 IssuerError::RateLimited {
@@ -222,19 +222,21 @@ impl Issuer {
         };
         let label = caller.label();
         let key = crate::limits::caller_key(caller, impersonate);
-        limits.check_issuance(&key, Instant::now()).map_err(|l| {
-            self.metrics.limited("per_caller");
-            self.audit.record(
-                "limits.refused",
-                &label,
-                l.message.clone(),
-                unix(self.clock.now()),
-            );
-            IssuerError::RateLimited {
-                message: l.message,
-                retry_after: l.retry_after,
-            }
-        })
+        limits
+            .check_issuance(&key, self.clock.monotonic().into_std())
+            .map_err(|l| {
+                self.metrics.limited("per_caller");
+                self.audit.record(
+                    "limits.refused",
+                    &label,
+                    l.message.clone(),
+                    unix(self.clock.now()),
+                );
+                IssuerError::RateLimited {
+                    message: l.message,
+                    retry_after: l.retry_after,
+                }
+            })
     }
 
     pub fn trust_domain(&self) -> &TrustDomain {
@@ -309,7 +311,7 @@ impl Issuer {
         creds: &Credentials,
         input: IssueInput<'_>,
     ) -> Result<IssuedCert, IssuerError> {
-        let started = Instant::now();
+        let started = self.clock.monotonic().into_std();
         let api = input.api;
         let result = match self.authenticate(creds) {
             Ok(caller) => match self.check_caller_rate(&caller, input.impersonate) {
@@ -329,7 +331,7 @@ impl Issuer {
         caller: &AuthenticatedCaller,
         input: IssueInput<'_>,
     ) -> Result<IssuedCert, IssuerError> {
-        let started = Instant::now();
+        let started = self.clock.monotonic().into_std();
         let api = input.api;
         let result = self.issue_inner(caller, input).await;
         self.observe(api, &result, started);

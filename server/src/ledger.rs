@@ -293,7 +293,7 @@ impl LedgerWriter {
     /// waits longer than the commit deadline: then `DeadlineExceeded`, and the certificate
     /// must be discarded (it may still be recorded later, but is never returned).
     pub async fn commit(&self, cert: NewCertificate) -> Result<u64, LedgerError> {
-        let _waiting = self.progress.wait(Instant::now());
+        let _waiting = self.progress.wait(crate::clock::monotonic().into_std());
         let (reply, answer) = oneshot::channel();
         self.tx.try_send((cert, reply)).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => LedgerError::Overloaded,
@@ -337,7 +337,7 @@ async fn run(
         if batch.is_empty() {
             continue;
         }
-        let started = Instant::now();
+        let started = crate::clock::monotonic().into_std();
         let mut result = store.append_certificates(&batch).await;
         // Renewals of certificates revoked meanwhile were refused, and with them the batch:
         // answer those, and commit the rest again (once: nothing else in it renews those).
@@ -365,12 +365,14 @@ async fn run(
         }
         on_batch(batch.len(), started.elapsed());
         match &result {
-            Ok(seqs) if seqs.len() == replies.len() => progress.committed(Instant::now()),
+            Ok(seqs) if seqs.len() == replies.len() => {
+                progress.committed(crate::clock::monotonic().into_std())
+            }
             Ok(_) => progress.failed(
-                Instant::now(),
+                crate::clock::monotonic().into_std(),
                 "the store returned the wrong number of sequence numbers".into(),
             ),
-            Err(e) => progress.failed(Instant::now(), e.to_string()),
+            Err(e) => progress.failed(crate::clock::monotonic().into_std(), e.to_string()),
         }
         match result {
             Ok(seqs) if seqs.len() == replies.len() => {
@@ -734,7 +736,10 @@ mod tests {
         };
         let w = LedgerWriter::spawn(store.clone(), &config, on_batch);
         let progress = w.progress();
-        assert_eq!(progress.readiness(Instant::now()), Ok(()));
+        assert_eq!(
+            progress.readiness(crate::clock::monotonic().into_std()),
+            Ok(())
+        );
 
         // The store never answers: the waiters give up at the deadline, not later.
         let first = hold_first(&w, &store).await;
@@ -742,10 +747,10 @@ mod tests {
         assert_eq!(progress.pending(), 4);
         // While they wait, readiness turns bad once they have waited ready_max_wait.
         let why = progress
-            .readiness(Instant::now() + Duration::from_secs(3))
+            .readiness(crate::clock::monotonic().into_std() + Duration::from_secs(3))
             .unwrap_err();
         assert!(why.contains("4 issuances have waited"), "{why}");
-        let started = tokio::time::Instant::now();
+        let started = crate::clock::monotonic();
         for h in first.into_iter().chain(rest) {
             assert_eq!(
                 h.await.unwrap(),
@@ -760,7 +765,10 @@ mod tests {
         store.open(100);
         assert_eq!(w.commit(cert(9)).await, Ok(2));
         assert_eq!(store.serials(), vec![cert(0).serial, cert(9).serial]);
-        assert_eq!(progress.readiness(Instant::now()), Ok(()));
+        assert_eq!(
+            progress.readiness(crate::clock::monotonic().into_std()),
+            Ok(())
+        );
     }
 
     #[tokio::test]
@@ -769,7 +777,7 @@ mod tests {
             max_wait: Duration::from_secs(5),
             max_queue: 2,
         }));
-        let t0 = Instant::now();
+        let t0 = crate::clock::monotonic().into_std();
         p.failed(t0, "database unavailable: lock timeout".into());
         let why = p.readiness(t0 + Duration::from_secs(1)).unwrap_err();
         assert!(
@@ -863,7 +871,7 @@ mod tests {
         let (on_batch, sizes) = recorder();
         let w = LedgerWriter::spawn(store.clone(), &LedgerConfig::default(), on_batch);
         let (clients, per_client) = (1000usize, 30usize);
-        let started = Instant::now();
+        let started = crate::clock::monotonic().into_std();
         let tasks: Vec<_> = (0..clients)
             .map(|c| {
                 let w = w.clone();

@@ -21,6 +21,7 @@ use std::process::ExitCode;
 use anyhow::anyhow;
 use clap::Subcommand;
 use signet_client::proto::admin::{GetLedgerHeadRequest, StreamLedgerRequest};
+use signet_runtime::clock::{Clock, SystemClock};
 use signet_types::ledger::{GENESIS, Hash, LedgerEntry, Verifier};
 
 use crate::{admin, checkpoint, revoke, status_err};
@@ -76,7 +77,8 @@ pub(crate) async fn ledger_verify(
     start: Option<&checkpoint::Start>,
     chain: Option<&[checkpoint::Link]>,
 ) -> anyhow::Result<ExitCode> {
-    let started = std::time::Instant::now();
+    // The time printed is wall time: the real clock, named.
+    let started = SystemClock.monotonic();
     let mut expect = expect.clone();
     let report = match chain_checked(socket, &mut expect, start, chain).await? {
         Ok(()) => verify_ledger_from(socket, &expect, start).await?,

@@ -52,7 +52,10 @@ pub(crate) fn write_replacing(path: &Path, data: &[u8], mode: u32) -> anyhow::Re
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let nanos = std::time::SystemTime::now()
+    // Only to make the temporary name unlikely to collide; create_new refuses one that does.
+    use signet_runtime::clock::Clock as _;
+    let nanos = signet_runtime::clock::SystemClock
+        .now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);

@@ -280,7 +280,7 @@ fn spawn_conn(limits: HttpLimits, routes: Routes) -> DuplexStream {
         limits,
         stop,
     };
-    let deadline = Instant::now() + limits.connection_timeout;
+    let deadline = SystemClock.monotonic() + limits.connection_timeout;
     tokio::spawn(async move {
         serve_connection(server, routes, ctx, deadline).await;
         drop(stop_tx);
@@ -290,7 +290,7 @@ fn spawn_conn(limits: HttpLimits, routes: Routes) -> DuplexStream {
 
 /// Reads until the peer closes; how long that took.
 async fn time_to_close(s: &mut DuplexStream) -> Duration {
-    let started = Instant::now();
+    let started = SystemClock.monotonic();
     let mut buf = [0u8; 256];
     loop {
         match s.read(&mut buf).await {
@@ -337,7 +337,7 @@ async fn a_connection_that_never_sends_is_closed_after_the_idle_timeout() {
 #[tokio::test(start_paused = true)]
 async fn a_request_in_flight_is_not_idle() {
     let mut c = spawn_conn(TIMED, Routes::All(router()));
-    let started = Instant::now();
+    let started = SystemClock.monotonic();
     // The handler takes 10 s, five idle timeouts.
     let r = request(&mut c, "/slow").await;
     assert!(r.contains("200 OK") && r.ends_with("slow\n"), "{r}");
@@ -353,7 +353,7 @@ async fn a_trickled_request_is_bounded_by_the_header_read_timeout() {
         ..TIMED
     };
     let mut c = spawn_conn(limits, Routes::All(router()));
-    let started = Instant::now();
+    let started = SystemClock.monotonic();
     // A byte a second: never idle for 2 s, never a whole header.
     let trickle = async {
         for b in b"GET /healthz HTTP/1.1\r\nhost: xxxxxxxxxxxxxxxxxxxxxxxxxxxxx" {
@@ -401,7 +401,7 @@ async fn a_probe_listener_answers_only_the_probe_paths() {
 #[test]
 fn refusals_are_logged_once_per_interval_with_the_count_since() {
     let mut log = RefusalLog::default();
-    let t0 = Instant::now();
+    let t0 = SystemClock.monotonic();
     assert_eq!(log.note(t0), Some(1));
     for _ in 0..500 {
         assert_eq!(log.note(t0 + Duration::from_secs(1)), None);

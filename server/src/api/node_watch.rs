@@ -117,7 +117,7 @@ pub fn watch(
             ),
             retry_after: limits.keepalive,
         })?;
-    let now = Instant::now();
+    let now = crate::clock::monotonic();
     let mut keepalive = tokio::time::interval_at(now + limits.keepalive, limits.keepalive);
     keepalive.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let state = State {
@@ -347,7 +347,7 @@ mod tests {
     async fn an_unchanged_revision_is_sent_again_at_each_keepalive() {
         let store = Fake::new(7);
         let mut s = open(&store, WatchLimits::default()).unwrap();
-        let t0 = Instant::now();
+        let t0 = crate::clock::monotonic();
         assert_eq!(revision(&mut s).await, 7);
         assert_eq!(t0.elapsed(), Duration::ZERO);
         // Nothing changes: the same revision, every 15 s.
@@ -370,7 +370,7 @@ mod tests {
     async fn a_node_banned_while_its_stream_is_open_is_cut_at_the_next_keepalive() {
         let store = Fake::new(3);
         let mut s = open(&store, WatchLimits::default()).unwrap();
-        let t0 = Instant::now();
+        let t0 = crate::clock::monotonic();
         assert_eq!(revision(&mut s).await, 3);
         tokio::time::sleep(Duration::from_secs(1)).await;
         *store.banned.lock().unwrap() = true;
@@ -399,7 +399,7 @@ mod tests {
             max_lifetime: Duration::from_secs(60),
         });
         let mut s = open(&store, limits).unwrap();
-        let t0 = Instant::now();
+        let t0 = crate::clock::monotonic();
         let mut sent = 0;
         while let Some(m) = s.next().await {
             assert_eq!(m.unwrap().revision, 1);
@@ -425,7 +425,7 @@ mod tests {
             Some(rx),
         )
         .unwrap();
-        let t0 = Instant::now();
+        let t0 = crate::clock::monotonic();
         assert_eq!(revision(&mut s).await, 1);
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(5)).await;

@@ -129,8 +129,8 @@ mod tests {
     #[test]
     fn random_serials_differ_and_are_not_zero() {
         let s = RandomSerials::new();
-        let a = s.next_serial(SystemTime::now());
-        let b = s.next_serial(SystemTime::now());
+        let a = s.next_serial(crate::clock::system_now());
+        let b = s.next_serial(crate::clock::system_now());
         assert_ne!(a, b);
         assert_ne!(a, [0u8; 16]);
         // Issued today: the first byte is the millisecond count's top (0x01 until 2039), so the

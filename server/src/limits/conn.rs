@@ -33,7 +33,7 @@ impl ConnState {
     fn new() -> Self {
         Self {
             in_flight: AtomicUsize::new(0),
-            idle_since: Mutex::new(Instant::now()),
+            idle_since: Mutex::new(crate::clock::monotonic()),
         }
     }
 
@@ -67,7 +67,7 @@ impl Drop for InFlight {
                 .0
                 .idle_since
                 .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Instant::now();
+                .unwrap_or_else(PoisonError::into_inner) = crate::clock::monotonic();
         }
     }
 }
@@ -164,7 +164,7 @@ impl<T> LimitedIo<T> {
     /// True when the connection has been idle for `idle_timeout`; re-arms the timer otherwise.
     fn poll_idle(&mut self, cx: &mut Context<'_>) -> bool {
         while self.timer.as_mut().poll(cx).is_ready() {
-            let now = Instant::now();
+            let now = crate::clock::monotonic();
             match self.state.idle_deadline(self.idle_timeout) {
                 Some(deadline) if deadline <= now => return true,
                 Some(deadline) => self.timer.as_mut().reset(deadline),
@@ -280,7 +280,7 @@ mod tests {
         drop(guard);
 
         // Idle from now on: the read side ends after 10 s, not before.
-        let started = Instant::now();
+        let started = crate::clock::monotonic();
         let n = io.read(&mut buf).await.unwrap();
         assert_eq!(n, 0);
         assert_eq!(started.elapsed(), Duration::from_secs(10));

@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::body::Body;
@@ -135,7 +135,7 @@ impl GrpcLimits {
             CallKind::Stream | CallKind::Other => None,
         };
         if let (Some((limiter, what, key)), Some(src)) = (limited, source)
-            && let Err(wait) = limiter.check(&src, Instant::now())
+            && let Err(wait) = limiter.check(&src, crate::clock::monotonic().into_std())
         {
             self.metrics.limited("per_source");
             return Err(resource_exhausted(

@@ -126,7 +126,7 @@ mod tests {
             issuance_per_caller: RateConfig::new(1, 0.25),
             ..LimitsConfig::default()
         });
-        let now = Instant::now();
+        let now = crate::clock::monotonic().into_std();
         l.check_issuance("jwt:spiffe://example.org/ns/a/sa/x", now)
             .unwrap();
         let e = l

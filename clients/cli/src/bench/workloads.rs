@@ -22,6 +22,7 @@ use anyhow::{Context, anyhow};
 use signet_client::admin::{NewEntry, NodeAdminClient};
 use signet_client::node::{AttestCredential, MAX_CSRS_PER_CALL, NodeClient, WorkloadCsr};
 use signet_client::{ClientIdentity, ServerTarget};
+use signet_runtime::clock::{Clock, SystemClock};
 
 use super::load::{self, Outcome, Plan};
 
@@ -66,7 +67,7 @@ pub(super) async fn run(w: Workloads<'_>) -> anyhow::Result<Outcome> {
     let token = admin
         .create_join_token(
             Duration::from_secs(600),
-            Some(fresh_node_id(SystemTime::now())),
+            Some(fresh_node_id(SystemClock.now())),
         )
         .await
         .map_err(|e| crate::call_err("create join token", &e))?;

@@ -69,7 +69,7 @@ impl JwksFile {
             path: path.to_owned(),
             interval,
             state: Mutex::new(State {
-                last_read: Instant::now(),
+                last_read: crate::clock::monotonic().into_std(),
                 last_seen: digest(text.as_bytes()),
                 last_problem: None,
             }),
@@ -94,7 +94,7 @@ impl JwksFile {
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return None,
         };
-        let now = Instant::now();
+        let now = crate::clock::monotonic().into_std();
         if now.saturating_duration_since(state.last_read) < min_gap {
             return None;
         }
@@ -124,7 +124,7 @@ impl JwksFile {
     #[cfg(test)]
     pub(super) fn backdate(&self, ago: Duration) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(t) = Instant::now().checked_sub(ago) {
+        if let Some(t) = crate::clock::monotonic().into_std().checked_sub(ago) {
             state.last_read = t;
         }
     }
