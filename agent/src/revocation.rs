@@ -395,7 +395,8 @@ mod tests {
     }
 
     fn t0() -> SystemTime {
-        SystemTime::now() - Duration::from_secs(10)
+        signet_runtime::clock::Clock::now(&signet_runtime::clock::SystemClock)
+            - Duration::from_secs(10)
     }
 
     #[test]
@@ -657,7 +658,10 @@ mod tests {
         i.learn(&[leaf, ca.der.clone(), b"junk".to_vec()]);
         assert!(i.knows(&ca.key_id));
         assert_eq!(i.0.len(), 1);
-        i.prune(SystemTime::now() + Duration::from_secs(2 * 86_400));
+        i.prune(
+            signet_runtime::clock::Clock::now(&signet_runtime::clock::SystemClock)
+                + Duration::from_secs(2 * 86_400),
+        );
         assert!(!i.knows(&ca.key_id));
     }
 }

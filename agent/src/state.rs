@@ -68,7 +68,7 @@ mod tests {
     fn svid_debug_hides_key() {
         let svid = crate::testing::self_signed_svid(
             "spiffe://example.org/a",
-            std::time::SystemTime::now(),
+            signet_runtime::clock::Clock::now(&signet_runtime::clock::SystemClock),
             std::time::Duration::from_secs(60),
         );
         let key = svid.key().pkcs8_der();

@@ -31,7 +31,7 @@ impl TestCa {
             rcgen::KeyUsagePurpose::CrlSign,
         ];
         p.key_identifier_method = rcgen::KeyIdMethod::Sha256;
-        let now = SystemTime::now();
+        let now = signet_runtime::clock::Clock::now(&signet_runtime::clock::SystemClock);
         p.not_before = (now - Duration::from_secs(3600)).into();
         p.not_after = (now + Duration::from_secs(86_400)).into();
         let cert = p.self_signed(&key).expect("ca");
@@ -63,7 +63,7 @@ impl TestCa {
         p.key_identifier_method = rcgen::KeyIdMethod::Sha256;
         p.use_authority_key_identifier_extension = true;
         p.serial_number = Some(rcgen::SerialNumber::from(serial.to_be_bytes().to_vec()));
-        let now = SystemTime::now();
+        let now = signet_runtime::clock::Clock::now(&signet_runtime::clock::SystemClock);
         p.not_before = (now - Duration::from_secs(3600)).into();
         p.not_after = (now + Duration::from_secs(86_400)).into();
         let cert = p.signed_by(&key, &self.issuer).expect("intermediate");
@@ -110,7 +110,12 @@ impl TestCa {
     /// A CRL numbered `number` listing `serials`.
     pub fn crl(&self, number: u64, serials: &[u64]) -> Vec<u8> {
         let serials: Vec<Vec<u8>> = serials.iter().map(|s| s.to_be_bytes().to_vec()).collect();
-        crl(&self.issuer, SystemTime::now(), number, &serials)
+        crl(
+            &self.issuer,
+            signet_runtime::clock::Clock::now(&signet_runtime::clock::SystemClock),
+            number,
+            &serials,
+        )
     }
 
     pub fn crl_msg(&self, number: u64, serials: &[u64]) -> Crl {
@@ -221,7 +226,8 @@ pub fn delivered(spiffe_id: &str, n: u8) -> Delivered {
         .or_insert_with(|| {
             let ca = TestCa::new(&format!("ca {n}"));
             let root = TestCa::new(&format!("root {n}"));
-            let nb = SystemTime::now() - Duration::from_secs(60);
+            let nb = signet_runtime::clock::Clock::now(&signet_runtime::clock::SystemClock)
+                - Duration::from_secs(60);
             let (leaf, key) = ca.leaf(spiffe_id, n.into(), nb, Duration::from_secs(3600));
             Delivered {
                 svid: Arc::new(

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use futures::StreamExt;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType};
@@ -44,7 +44,7 @@ impl Pki {
         p.is_ca = IsCa::ExplicitNoCa;
         p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         p.subject_alt_names = vec![SanType::URI(ID.try_into().expect("uri"))];
-        let now = SystemTime::now();
+        let now = signet_runtime::clock::Clock::now(&signet_runtime::clock::SystemClock);
         p.not_before = now.into();
         p.not_after = (now + Duration::from_secs(3600)).into();
         let cert = p.signed_by(&key, &self.issuer).expect("leaf");
@@ -78,7 +78,7 @@ fn state(pki: &Pki, svid: X509Svid, uid: u32) -> Arc<AgentState> {
 impl Pki {
     /// A CRL of the root numbered `number`.
     fn crl(&self, number: u64) -> Vec<u8> {
-        let now = SystemTime::now();
+        let now = signet_runtime::clock::Clock::now(&signet_runtime::clock::SystemClock);
         rcgen::CertificateRevocationListParams {
             this_update: now.into(),
             next_update: (now + Duration::from_secs(3600)).into(),

@@ -11,7 +11,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use signet_runtime::clock::{Clock, SystemClock};
+use tokio::time::Instant;
 
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use serde::Deserialize;
@@ -98,7 +101,9 @@ impl K8sAttestor {
     /// The running pod that `container` belongs to, or `None`.
     pub async fn pod_of(&self, container: &ContainerRef) -> Result<Option<PodInfo>, K8sError> {
         let mut cache = self.cache.lock().await;
-        let age = cache.fetched.map(|t| t.elapsed());
+        let age = cache
+            .fetched
+            .map(|t| SystemClock.monotonic().saturating_duration_since(t));
         if age.is_some_and(|a| a < self.cache_ttl)
             && let Some(p) = find(&cache.pods, container)
         {
@@ -109,7 +114,7 @@ impl K8sAttestor {
         }
         let pods = self.lister.list().await?;
         cache.pods = Arc::new(pods);
-        cache.fetched = Some(Instant::now());
+        cache.fetched = Some(SystemClock.monotonic());
         Ok(find(&cache.pods, container))
     }
 }

@@ -206,9 +206,13 @@ fn current_generation(dir: &Path) -> String {
 /// Polls `f` every 10 ms until it holds; panics after 10 s. Real time: the writes run on
 /// the blocking threads, which paused time would not wait for.
 async fn until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = signet_runtime::clock::Clock::monotonic(&signet_runtime::clock::SystemClock)
+        + std::time::Duration::from_secs(10);
     while !f() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        assert!(
+            signet_runtime::clock::Clock::monotonic(&signet_runtime::clock::SystemClock) < deadline,
+            "timed out: {what}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }

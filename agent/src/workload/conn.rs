@@ -21,6 +21,7 @@ use std::time::Duration;
 use futures::task::AtomicWaker;
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, UnixCredentials, recvmsg};
 use prometheus_client::metrics::gauge::Gauge;
+use signet_runtime::clock::{Clock, SystemClock};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::UnixStream;
 use tokio::time::{Instant, Sleep};
@@ -140,7 +141,7 @@ impl Activity {
     fn new() -> Arc<Self> {
         Arc::new(Self {
             active: AtomicUsize::new(0),
-            idle: Mutex::new((Instant::now(), false)),
+            idle: Mutex::new((SystemClock.monotonic(), false)),
             reader: AtomicWaker::new(),
         })
     }
@@ -163,7 +164,8 @@ pub struct ActiveGuard(Arc<Activity>);
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
         if self.0.active.fetch_sub(1, Ordering::SeqCst) == 1 {
-            *self.0.idle.lock().unwrap_or_else(|e| e.into_inner()) = (Instant::now(), true);
+            *self.0.idle.lock().unwrap_or_else(|e| e.into_inner()) =
+                (SystemClock.monotonic(), true);
             // The reader re-arms its idle deadline.
             self.0.reader.wake();
         }
@@ -243,7 +245,7 @@ impl AttestedStream {
         metrics: Arc<WorkloadMetrics>,
     ) -> Self {
         let activity = Activity::new();
-        let first = Instant::now() + timeouts.first_request;
+        let first = SystemClock.monotonic() + timeouts.first_request;
         Self {
             inner,
             peer: Arc::new(Peer {
@@ -356,7 +358,7 @@ impl AsyncRead for AttestedStream {
                     {
                         this.metrics.foreign_writers.inc();
                         // An attacker can repeat this at will: at most one line per 10 s.
-                        if warn_foreign_writer_now(Instant::now()) {
+                        if warn_foreign_writer_now(SystemClock.monotonic()) {
                             tracing::warn!(
                             peer_pid = pid,
                             writer_pid = ?writer,
@@ -445,7 +447,7 @@ mod tests {
             idle: Duration::from_secs(10),
         };
         let a = Activity::new();
-        let start = Instant::now();
+        let start = SystemClock.monotonic();
         assert_eq!(a.deadline(&t), Some(start + t.first_request));
         let peer = Peer {
             source: PeerSource::Fixed(Caller::host(1, 1, None, None)),

@@ -136,7 +136,7 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Whether to log now; arms the next quiet period.
 fn log_due(quiet_until: &mut Option<tokio::time::Instant>) -> bool {
-    let now = tokio::time::Instant::now();
+    let now = signet_runtime::clock::Clock::monotonic(&signet_runtime::clock::SystemClock);
     if quiet_until.is_some_and(|q| now < q) {
         return false;
     }

@@ -49,9 +49,5 @@ pub async fn run(
 
 /// SHA-256 fingerprint in the usual `AB:CD:…` spelling.
 fn fingerprint(der: &[u8]) -> String {
-    signet_types::ledger::sha256(der)
-        .iter()
-        .map(|b| format!("{b:02X}"))
-        .collect::<Vec<_>>()
-        .join(":")
+    signet_pki::fingerprint::sha256_colon(der)
 }

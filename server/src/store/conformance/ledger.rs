@@ -3,7 +3,6 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
-use std::time::Instant;
 
 use super::{Db, cert, certs, verify_chain};
 use crate::store::paging::CertPage;
@@ -259,7 +258,8 @@ async fn postgres_append_throughput() {
             .map(|b| certs(next + b * batch_size..next + (b + 1) * batch_size))
             .collect();
         next += batches * batch_size;
-        let started = Instant::now();
+        let started =
+            signet_runtime::clock::Clock::monotonic(&signet_runtime::clock::SystemClock).into_std();
         for batch in &prepared {
             db.store.append_certificates(batch).await.unwrap();
         }

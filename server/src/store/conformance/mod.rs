@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use signet_types::ledger::{GENESIS, Verifier, sha256};
 
@@ -149,7 +149,8 @@ async fn migrations_are_idempotent(db: Db) {
 #[tokio::test]
 async fn postgres_unreachable_is_unavailable_quickly() {
     // Port 1 on loopback: nothing listens, the connection is refused.
-    let started = Instant::now();
+    let started =
+        signet_runtime::clock::Clock::monotonic(&signet_runtime::clock::SystemClock).into_std();
     let result = tokio::time::timeout(
         Duration::from_secs(30),
         PgStore::connect(
@@ -249,7 +250,8 @@ async fn postgres_that_stops_is_unavailable_within_the_acquire_timeout() {
         .unwrap();
     assert!(stopped.success());
     for _ in 0..2 {
-        let started = Instant::now();
+        let started =
+            signet_runtime::clock::Clock::monotonic(&signet_runtime::clock::SystemClock).into_std();
         let err = store.append_certificates(&certs(2..4)).await.unwrap_err();
         assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
         let err = store.ping().await.unwrap_err();
