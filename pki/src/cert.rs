@@ -50,10 +50,7 @@ pub enum CertError {
     NotSpiffeId(String),
 }
 
-/// Lowercase hex without separators: how Signet spells key identifiers, serials and digests.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use crate::fingerprint::hex;
 
 /// `bytes` without leading zero bytes: a DER INTEGER serial as the unsigned big-endian number it
 /// is (DER puts a 0x00 before a positive serial whose top bit is set; both spellings compare

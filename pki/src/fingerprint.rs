@@ -5,9 +5,14 @@
 //! pairs joined by colons as `openssl x509 -fingerprint -sha256` prints them (`signetctl`'s
 //! certificate and CA views, the server's start-up log of its CA).
 
+/// Lowercase hex without separators: how Signet spells key identifiers, serials and digests.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// SHA-256 of `der`, lowercase hex.
 pub fn sha256_hex(der: &[u8]) -> String {
-    crate::cert::hex(ring::digest::digest(&ring::digest::SHA256, der).as_ref())
+    hex(ring::digest::digest(&ring::digest::SHA256, der).as_ref())
 }
 
 /// SHA-256 of `der` as TLS tools display it: uppercase hex pairs joined by `:`
