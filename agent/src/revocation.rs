@@ -369,15 +369,20 @@ impl Revocations {
     }
 
     /// The CRL of `cert`'s issuer, when it lists `cert`.
+    /// Without a key identifier the issuer is known only by name, which two CA keys (a root
+    /// and its successor, rotated intermediates) share: any CRL of that name listing the serial
+    /// counts.
     fn listing(&self, cert: &CertRef) -> Option<&AcceptedCrl> {
-        let crl = match &cert.issuer_key_id {
-            Some(k) => self.crls.get(k),
+        match &cert.issuer_key_id {
+            Some(k) => self
+                .crls
+                .get(k)
+                .filter(|crl| crl.revoked.contains(&cert.serial)),
             None => self
                 .crls
                 .values()
-                .find(|c| c.issuer_name == cert.issuer_name),
-        }?;
-        crl.revoked.contains(&cert.serial).then_some(crl)
+                .find(|c| c.issuer_name == cert.issuer_name && c.revoked.contains(&cert.serial)),
+        }
     }
 }
 
@@ -475,6 +480,33 @@ mod tests {
             ..ca.crl_msg(1, &[7])
         };
         assert_eq!(rev.offer(&same, &iss), Ok(false));
+    }
+
+    /// A certificate without an authority key identifier is found by its issuer's name, which
+    /// two CA keys can share: every CRL of that name is asked, not the first one found.
+    #[test]
+    fn without_a_key_identifier_every_crl_of_the_issuers_name_is_asked() {
+        let (old, new) = (TestCa::new("ca"), TestCa::new("ca"));
+        let iss = issuers(&[&old, &new]);
+        let mut rev = Revocations::default();
+        assert_eq!(rev.offer(&old.crl_msg(1, &[1]), &iss), Ok(true));
+        assert_eq!(rev.offer(&new.crl_msg(1, &[7]), &iss), Ok(true));
+        for (ca, serial) in [(&new, 7), (&old, 1)] {
+            let mut cert = CertRef::parse(
+                &ca.leaf("spiffe://x.org/a", serial, t0(), Duration::from_secs(60))
+                    .0,
+            )
+            .expect("leaf");
+            cert.issuer_key_id = None;
+            assert_eq!(
+                rev.check(&cert),
+                Some(Compromise::Revoked {
+                    key_id: ca.key_id.clone(),
+                    crl_number: 1
+                }),
+                "serial {serial}"
+            );
+        }
     }
 
     #[test]

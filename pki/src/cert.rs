@@ -14,7 +14,8 @@ use std::time::{Duration, SystemTime};
 use signet_types::SpiffeId;
 use x509_parser::extensions::{GeneralName, ParsedExtension};
 use x509_parser::oid_registry::{
-    OID_X509_EXT_AUTHORITY_KEY_IDENTIFIER, OID_X509_EXT_SUBJECT_KEY_IDENTIFIER,
+    OID_X509_EXT_AUTHORITY_KEY_IDENTIFIER, OID_X509_EXT_BASIC_CONSTRAINTS, OID_X509_EXT_KEY_USAGE,
+    OID_X509_EXT_SUBJECT_ALT_NAME, OID_X509_EXT_SUBJECT_KEY_IDENTIFIER,
 };
 use x509_parser::prelude::{FromDer, X509Certificate};
 
@@ -43,14 +44,18 @@ pub enum CertError {
     #[error("it has no URI SAN, so no SPIFFE ID")]
     NoUriSan,
     /// More than one URI SAN: an X509-SVID carries exactly one.
-    #[error("it has {count} URI SANs ({}); an X509-SVID carries exactly one", uris.join(", "))]
-    ManyUriSans { count: usize, uris: Vec<String> },
+    /// `first` holds the first few, each cut and quoted as untrusted text.
+    #[error("it has {count} URI SANs ({}{}); an X509-SVID carries exactly one", first.join(", "), if *count > first.len() { ", …" } else { "" })]
+    ManyUriSans { count: usize, first: Vec<String> },
     /// The one URI SAN is not a SPIFFE ID.
     #[error("its URI SAN is not a SPIFFE ID: {0}")]
     NotSpiffeId(String),
 }
 
 pub use crate::fingerprint::hex;
+
+/// How many of a certificate's URI SANs [`CertError::ManyUriSans`] names.
+const MANY_URIS_SHOWN: usize = 3;
 
 /// `bytes` without leading zero bytes: a DER INTEGER serial as the unsigned big-endian number it
 /// is (DER puts a 0x00 before a positive serial whose top bit is set; both spellings compare
@@ -102,7 +107,11 @@ impl fmt::Debug for ParsedCert {
     }
 }
 
-fn unique_key_id<'a>(
+/// The one extension `oid` of `cert`, parsed: `None` when absent; an error when it appears twice
+/// or does not parse. (x509-parser's own accessors — `basic_constraints()` and its siblings —
+/// read an extension that fails to parse as absent, which would make an unreadable
+/// basicConstraints a leaf's.)
+fn unique_ext<'a>(
     cert: &'a X509Certificate<'_>,
     oid: &x509_parser::der_parser::Oid<'_>,
     extension: &'static str,
@@ -130,27 +139,20 @@ impl ParsedCert {
         if !rest.is_empty() {
             return Err(CertError::TrailingBytes(rest.len()));
         }
-        let ext_err = |extension: &'static str| {
-            move |e: x509_parser::error::X509Error| CertError::Extension {
-                extension,
-                reason: e.to_string(),
-            }
+        let is_ca = match unique_ext(&cert, &OID_X509_EXT_BASIC_CONSTRAINTS, "basic constraints")? {
+            Some(ParsedExtension::BasicConstraints(bc)) => bc.ca,
+            _ => false,
         };
-        let is_ca = cert
-            .basic_constraints()
-            .map_err(ext_err("basic constraints"))?
-            .is_some_and(|bc| bc.value.ca);
-        let key_cert_sign = cert
-            .key_usage()
-            .map_err(ext_err("key usage"))?
-            .is_some_and(|ku| ku.value.key_cert_sign());
+        let key_cert_sign = match unique_ext(&cert, &OID_X509_EXT_KEY_USAGE, "key usage")? {
+            Some(ParsedExtension::KeyUsage(ku)) => ku.key_cert_sign(),
+            _ => false,
+        };
         let mut uris = Vec::new();
         let mut dns_names = Vec::new();
-        if let Some(san) = cert
-            .subject_alternative_name()
-            .map_err(ext_err("subjectAltName"))?
+        if let Some(ParsedExtension::SubjectAlternativeName(san)) =
+            unique_ext(&cert, &OID_X509_EXT_SUBJECT_ALT_NAME, "subjectAltName")?
         {
-            for name in &san.value.general_names {
+            for name in &san.general_names {
                 match name {
                     GeneralName::URI(u) => uris.push((*u).to_owned()),
                     GeneralName::DNSName(d) => dns_names.push((*d).to_owned()),
@@ -158,7 +160,7 @@ impl ParsedCert {
                 }
             }
         }
-        let subject_key_id = match unique_key_id(
+        let subject_key_id = match unique_ext(
             &cert,
             &OID_X509_EXT_SUBJECT_KEY_IDENTIFIER,
             "subject key identifier",
@@ -166,7 +168,7 @@ impl ParsedCert {
             Some(ParsedExtension::SubjectKeyIdentifier(k)) => Some(hex(k.0)),
             _ => None,
         };
-        let authority_key_id = match unique_key_id(
+        let authority_key_id = match unique_ext(
             &cert,
             &OID_X509_EXT_AUTHORITY_KEY_IDENTIFIER,
             "authority key identifier",
@@ -216,12 +218,16 @@ impl ParsedCert {
     pub fn spiffe_id(&self) -> Result<SpiffeId, CertError> {
         match self.uris.as_slice() {
             [] => Err(CertError::NoUriSan),
-            [one] => one
-                .parse()
-                .map_err(|e| CertError::NotSpiffeId(format!("{one:?}: {e}"))),
+            [one] => one.parse().map_err(|e| {
+                CertError::NotSpiffeId(format!("{}: {e}", signet_types::untrusted::quoted(one)))
+            }),
             many => Err(CertError::ManyUriSans {
                 count: many.len(),
-                uris: many.to_vec(),
+                first: many
+                    .iter()
+                    .take(MANY_URIS_SHOWN)
+                    .map(|u| signet_types::untrusted::quoted(u))
+                    .collect(),
             }),
         }
     }
@@ -378,6 +384,59 @@ mod tests {
             id(&["https://a.org/x"]),
             Err(CertError::NotSpiffeId(_))
         ));
+    }
+
+    /// A basicConstraints saying `cA TRUE` with a pathLen past u32 fails x509-parser's parse;
+    /// its own accessor reads that as "no basicConstraints", which would pass a CA certificate
+    /// as a leaf. Signet refuses the certificate instead.
+    #[test]
+    fn an_unparsable_basic_constraints_refuses_the_certificate() {
+        let key = generate(KeyAlgorithm::EcdsaP256)
+            .unwrap()
+            .key_pair()
+            .unwrap();
+        let mut p = params(&["spiffe://example.org/w"], &[]);
+        // SEQUENCE { BOOLEAN TRUE, INTEGER 2^32 }
+        let bc = vec![
+            0x30, 0x0a, 0x01, 0x01, 0xff, 0x02, 0x05, 0x01, 0x00, 0x00, 0x00, 0x00,
+        ];
+        let mut ext = rcgen::CustomExtension::from_oid_content(&[2, 5, 29, 19], bc);
+        ext.set_criticality(true);
+        p.custom_extensions.push(ext);
+        let der = p.self_signed(&key).unwrap().der().to_vec();
+        match ParsedCert::from_der(&der) {
+            Err(CertError::Extension { extension, .. }) => {
+                assert_eq!(extension, "basic constraints")
+            }
+            other => panic!("read as {other:?}"),
+        }
+    }
+
+    /// A hostile certificate's URI SANs reach error messages cut, quoted and counted, never
+    /// whole.
+    #[test]
+    fn many_uri_sans_are_named_briefly() {
+        let key = generate(KeyAlgorithm::EcdsaP256)
+            .unwrap()
+            .key_pair()
+            .unwrap();
+        let long: Vec<String> = (0..20)
+            .map(|i| format!("spiffe://a.org/{i}/{}\u{1b}[2J", "x".repeat(2000)))
+            .collect();
+        let uris: Vec<&str> = long.iter().map(String::as_str).collect();
+        let der = params(&uris, &[]).self_signed(&key).unwrap().der().to_vec();
+        let err = ParsedCert::from_der(&der).unwrap().spiffe_id().unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("it has 20 URI SANs (\"spiffe://a.org/0/"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains(", …); an X509-SVID carries exactly one"),
+            "{msg}"
+        );
+        assert!(msg.len() < 4 * 300, "{} bytes", msg.len());
+        assert!(!msg.contains('\u{1b}'));
     }
 
     #[test]

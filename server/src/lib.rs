@@ -17,6 +17,7 @@ pub(crate) mod checkpoint;
 pub(crate) mod clock;
 pub mod config;
 pub(crate) mod crl;
+pub(crate) mod entry_upgrade;
 pub(crate) mod federation;
 pub(crate) mod files;
 /// The cargo-fuzz targets' bodies (fuzz/ enables the `fuzzing` feature); never in a production

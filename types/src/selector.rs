@@ -73,6 +73,11 @@ pub enum SelectorReason {
     TooLong,
     #[error("contains control characters")]
     ControlCharacter,
+    #[error(
+        "contains an invisible character (a Unicode format character such as a zero-width space \
+         or a bidirectional override, or a line or paragraph separator)"
+    )]
+    InvisibleCharacter,
     #[error("expected <type>:<key>:<value>, e.g. unix:uid:1000")]
     Shape,
     #[error("has an empty value")]
@@ -142,6 +147,38 @@ impl TryFrom<&str> for Selector {
     }
 }
 
+/// Whether `c` is a character a person reading a selector cannot see: Unicode's format
+/// characters (general category Cf, as of Unicode 15: zero-width spaces and joiners,
+/// bidirectional marks and overrides, the byte order mark, invisible operators, tags) and the
+/// line and paragraph separators. Two selectors that look the same must be the same selector,
+/// so an operator reviewing `entry show` sees what the agent matches.
+fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{ad}'
+            | '\u{600}'..='\u{605}'
+            | '\u{61c}'
+            | '\u{6dd}'
+            | '\u{70f}'
+            | '\u{890}'..='\u{891}'
+            | '\u{8e2}'
+            | '\u{180e}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{206f}'
+            | '\u{feff}'
+            | '\u{fff9}'..='\u{fffb}'
+            | '\u{110bd}'
+            | '\u{110cd}'
+            | '\u{13430}'..='\u{1343f}'
+            | '\u{1bca0}'..='\u{1bca3}'
+            | '\u{1d173}'..='\u{1d17a}'
+            | '\u{e0001}'
+            | '\u{e0020}'..='\u{e007f}'
+    )
+}
+
 fn parse(s: &str) -> Result<Selector, SelectorReason> {
     use SelectorReason as R;
     if s.len() > MAX_SELECTOR_LEN {
@@ -149,6 +186,9 @@ fn parse(s: &str) -> Result<Selector, SelectorReason> {
     }
     if s.chars().any(char::is_control) {
         return Err(R::ControlCharacter);
+    }
+    if s.chars().any(is_invisible) {
+        return Err(R::InvisibleCharacter);
     }
     let mut parts = s.splitn(3, ':');
     let (Some(kind), Some(key), Some(value)) = (parts.next(), parts.next(), parts.next()) else {
@@ -326,6 +366,12 @@ mod tests {
             ("unix:path:/usr/./bin/sh", R::PathComponents),
             ("unix:path:/a\tb", R::ControlCharacter),
             ("k8s:pod-label:app:a\u{7f}", R::ControlCharacter),
+            ("unix:path:/usr/bin/\u{202e}hsab", R::InvisibleCharacter),
+            ("unix:path:/usr/bin/ba\u{200b}sh", R::InvisibleCharacter),
+            ("unix:path:/a\u{2028}b", R::InvisibleCharacter),
+            ("unix:path:/a\u{2029}b", R::InvisibleCharacter),
+            ("unix:path:/\u{feff}a", R::InvisibleCharacter),
+            ("unix:path:/a\u{e0041}", R::InvisibleCharacter),
             // accepted by both: not in the one canonical spelling
             ("unix:uid:+1000", R::BadId),
             ("unix:uid:01000", R::BadId),
@@ -344,6 +390,11 @@ mod tests {
         assert!(
             long.parse::<Selector>().is_err(),
             "agent had no length bound"
+        );
+        // Visible non-ASCII stays a path a person can read and match.
+        assert_eq!(
+            "unix:path:/opt/café/bin/ünïcode".parse::<Selector>(),
+            Ok(Selector::Path(PathBuf::from("/opt/café/bin/ünïcode")))
         );
     }
 

@@ -80,10 +80,22 @@ impl Revocations {
     }
 
     /// Why the leaf of `chain_pem` must be replaced now, if it must: issued under a tainted
-    /// key, or listed in its issuer's CRL.
+    /// key, or listed in its issuer's CRL. While anything is tainted or revoked, a leaf that
+    /// cannot be read (or names no issuing key) must be replaced too: it cannot be shown not to
+    /// be listed.
     pub fn check_pem(&self, chain_pem: &[u8]) -> Option<String> {
-        let ders = signet_types::pem::parse_certs(chain_pem).ok()?;
-        self.check_der(ders.first()?)
+        if self.is_empty() {
+            return None;
+        }
+        match signet_types::pem::parse_certs(chain_pem) {
+            Ok(ders) => match ders.first() {
+                Some(leaf) => self.check_der(leaf),
+                None => Some("holds no certificate, so its revocation cannot be checked".into()),
+            },
+            Err(e) => Some(format!(
+                "is not a PEM certificate chain ({e}), so its revocation cannot be checked"
+            )),
+        }
     }
 
     /// As [`Self::check_pem`], for a DER leaf.
@@ -91,8 +103,17 @@ impl Revocations {
         if self.is_empty() {
             return None;
         }
-        let cert = ParsedCert::from_der(leaf).ok()?;
-        self.check_parts(cert.authority_key_id(), cert.serial())
+        match ParsedCert::from_der(leaf) {
+            Ok(cert) if cert.authority_key_id().is_none() => Some(
+                "names no issuing CA key (no authority key identifier), so its revocation \
+                 cannot be checked"
+                    .into(),
+            ),
+            Ok(cert) => self.check_parts(cert.authority_key_id(), cert.serial()),
+            Err(e) => Some(format!(
+                "cannot be read ({e}), so its revocation cannot be checked"
+            )),
+        }
     }
 
     /// As [`Self::check_der`], for a certificate's issuing key ID (its authority key
@@ -110,5 +131,26 @@ impl Revocations {
                 hex(serial)
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// While a key is tainted, a stored leaf the bridge cannot read is replaced rather than
+    /// taken as not revoked.
+    #[test]
+    fn a_leaf_that_cannot_be_read_is_replaced_while_anything_is_revoked() {
+        let none = Revocations::new([], []);
+        assert_eq!(none.check_pem(b"junk"), None);
+        assert_eq!(none.check_der(b"junk"), None);
+
+        let tainted = Revocations::new(["ab01"], []);
+        let why = tainted.check_der(b"junk").expect("replaced");
+        assert!(why.starts_with("cannot be read ("), "{why}");
+        let why = tainted.check_pem(b"junk").expect("replaced");
+        assert!(why.contains("revocation cannot be checked"), "{why}");
+        assert!(tainted.check_pem(b"").is_some());
     }
 }

@@ -319,6 +319,14 @@ mod tests {
         async fn delete_entry(&self, _: &str) -> Result<bool, StoreError> {
             Err(not_here())
         }
+        async fn replace_entry_selectors(
+            &self,
+            _: &str,
+            _: &[String],
+            _: &[String],
+        ) -> Result<bool, StoreError> {
+            Err(not_here())
+        }
         async fn entry_revision(&self, parent_id: &str) -> Result<u64, StoreError> {
             assert_eq!(parent_id, PARENT, "a stream reads only its own parent");
             Ok(*self.revision.lock().unwrap())

@@ -90,6 +90,15 @@ pub(super) async fn build(cfg: &Config) -> anyhow::Result<Parts> {
             window: cfg.limits.audit_window,
         },
     );
+    // Entries stored before selectors had one spelling: rewritten or reported, before any
+    // agent is served (see `entry_upgrade`).
+    crate::entry_upgrade::upgrade_selectors(
+        store.as_ref(),
+        &audit,
+        crate::clock::unix(clock.now()),
+    )
+    .await
+    .map_err(|e| anyhow!("reading the registration entries: {e}"))?;
     let (issuer, entry_policy) = build_issuer(
         cfg, &clock, serials, &view, ledger, &store, &audit, &metrics,
     )?;

@@ -95,7 +95,7 @@ pub enum EntryCreate {
 /// The selectors as a registration is compared: a set (sorted, without repeats), so two
 /// entries that differ only in the order or repetition of their selectors are the same
 /// registration. The one definition of a duplicate entry, for single and batch creates.
-pub(super) fn registration_selectors(selectors: &[String]) -> Vec<String> {
+pub(crate) fn registration_selectors(selectors: &[String]) -> Vec<String> {
     let mut sel = selectors.to_vec();
     sel.sort();
     sel.dedup();
@@ -198,6 +198,17 @@ pub trait NodeStore: Send + Sync + 'static {
     /// Deletes an entry, bumping its parent's revision; false if there was none.
     async fn delete_entry(&self, id: &str) -> Result<bool, StoreError>;
 
+    /// Replaces an entry's selectors with `new` if they are still `old`, with a new revision on
+    /// the entry and its parent (so agents fetch it); false if the entry is gone or changed.
+    /// Only for the start-up rewrite of legacy spellings (`crate::entry_upgrade`): entries are
+    /// otherwise immutable.
+    async fn replace_entry_selectors(
+        &self,
+        id: &str,
+        old: &[String],
+        new: &[String],
+    ) -> Result<bool, StoreError>;
+
     /// The parent's current entry revision (0: none was ever created for it): one indexed
     /// read, for the node streams.
     async fn entry_revision(&self, parent_id: &str) -> Result<u64, StoreError>;
@@ -261,7 +272,7 @@ pub(super) fn revision(v: i64) -> Result<u64, StoreError> {
     u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("negative revision {v}")))
 }
 
-pub(super) fn json(list: &[String]) -> Result<String, StoreError> {
+pub(crate) fn json(list: &[String]) -> Result<String, StoreError> {
     serde_json::to_string(list).map_err(|e| StoreError::Database(format!("encoding a list: {e}")))
 }
 
@@ -702,6 +713,53 @@ macro_rules! impl_node_store {
                         .map_err($map)?;
                 let Some((parent_id,)) = gone else {
                     // Nothing deleted: roll back, so the counter does not move either.
+                    tx.rollback().await.map_err($map)?;
+                    return Ok(false);
+                };
+                sqlx::query(
+                    "INSERT INTO node_revisions (parent_id, revision) VALUES ($1, $2) \
+                     ON CONFLICT (parent_id) DO UPDATE SET revision = excluded.revision",
+                )
+                .bind(&parent_id)
+                .bind(rev)
+                .execute(&mut *tx)
+                .await
+                .map_err($map)?;
+                Self::notify_entries_in_tx(&mut tx, &parent_id).await?;
+                tx.commit().await.map_err($map)?;
+                self.events.notify(&parent_id);
+                Ok(true)
+            }
+
+            async fn replace_entry_selectors(
+                &self,
+                id: &str,
+                old: &[String],
+                new: &[String],
+            ) -> Result<bool, StoreError> {
+                let (old, new) = (
+                    $crate::store::nodes::json(old)?,
+                    $crate::store::nodes::json(new)?,
+                );
+                let mut tx = self.begin_write().await?;
+                let (rev,): (i64,) = sqlx::query_as(
+                    "UPDATE entry_revision_seq SET value = value + 1 WHERE id = 1 RETURNING value",
+                )
+                .fetch_one(&mut *tx)
+                .await
+                .map_err($map)?;
+                let changed: Option<(String,)> = sqlx::query_as(
+                    "UPDATE entries SET selectors = $1, revision = $2 \
+                     WHERE id = $3 AND selectors = $4 RETURNING parent_id",
+                )
+                .bind(&new)
+                .bind(rev)
+                .bind(id)
+                .bind(&old)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err($map)?;
+                let Some((parent_id,)) = changed else {
                     tx.rollback().await.map_err($map)?;
                     return Ok(false);
                 };

@@ -21,6 +21,7 @@ conformance!(
     entry_batches_are_all_or_nothing,
     a_single_entry_repeating_a_stored_registration_is_refused,
     entry_changes_wake_watchers_on_every_replica,
+    legacy_selector_spellings_are_rewritten_or_reported,
 );
 
 async fn join_tokens_are_single_use_and_expire(db: Db) {
@@ -429,4 +430,119 @@ async fn entry_changes_wake_watchers_on_every_replica(db: Db) {
     tokio::time::timeout(wait, sub.changed()).await.unwrap();
     assert!(writer.delete_entry("a").await.unwrap());
     tokio::time::timeout(wait, sub.changed()).await.unwrap();
+}
+
+/// An upgrade from a version whose server accepted other selector spellings: what has a
+/// canonical spelling is rewritten (with a new revision, so agents fetch it), what has none is
+/// left as stored and reported, a rewrite into another entry's registration is not made, and a
+/// second pass changes nothing.
+async fn legacy_selector_spellings_are_rewritten_or_reported(db: Db) {
+    use crate::audit::AuditLog;
+    use crate::entry_upgrade::upgrade_selectors;
+    use crate::store::NewEntry;
+    let s = &db.store;
+    let parent = "spiffe://example.org/signet/node/n1";
+    let entry = |id: &str, app: &str, selectors: &[&str]| NewEntry {
+        id: id.into(),
+        spiffe_id: format!("spiffe://example.org/app/{app}"),
+        parent_id: parent.into(),
+        selectors: selectors.iter().map(|s| (*s).to_owned()).collect(),
+        ttl_seconds: 600,
+        dns_names: vec![],
+        created_at: 42,
+    };
+    let fine = created(
+        s.create_entry(&entry("fine", "a", &["unix:uid:1000"]))
+            .await
+            .unwrap(),
+    );
+    let legacy = created(
+        s.create_entry(&entry(
+            "legacy",
+            "b",
+            &[
+                "unix:uid:+01000",
+                "unix:path:/usr//bin/./app/",
+                "unix:gid:0",
+            ],
+        ))
+        .await
+        .unwrap(),
+    );
+    let dotdot = created(
+        s.create_entry(&entry("dotdot", "c", &["unix:path:/usr/../bin/sh"]))
+            .await
+            .unwrap(),
+    );
+    let twin = created(
+        s.create_entry(&entry("twin", "a", &["unix:uid:01000"]))
+            .await
+            .unwrap(),
+    );
+    let before = s.entry_revision(parent).await.unwrap();
+
+    let audit = AuditLog::spawn(s.clone(), 64);
+    let report = upgrade_selectors(s.as_ref(), &audit, 1_700_000_000)
+        .await
+        .unwrap();
+    assert_eq!(report.rewritten, ["legacy"]);
+    let mut unservable = report.unservable.clone();
+    unservable.sort();
+    assert_eq!(unservable, ["dotdot", "twin"]);
+
+    let now = s.entry("legacy").await.unwrap().unwrap();
+    assert_eq!(
+        now.selectors,
+        ["unix:uid:1000", "unix:path:/usr/bin/app", "unix:gid:0"]
+    );
+    assert!(now.revision > legacy.revision);
+    let after = s.entry_revision(parent).await.unwrap();
+    assert!(after > before, "agents must see a change");
+    assert_eq!(s.entry("fine").await.unwrap(), Some(fine));
+    assert_eq!(s.entry("dotdot").await.unwrap(), Some(dotdot));
+    assert_eq!(s.entry("twin").await.unwrap(), Some(twin));
+
+    // The stored selectors moved on: a stale compare-and-set writes nothing.
+    assert!(
+        !s.replace_entry_selectors(
+            "legacy",
+            &["unix:uid:+01000".into()],
+            &["unix:uid:7".into()]
+        )
+        .await
+        .unwrap()
+    );
+    assert!(!s.replace_entry_selectors("gone", &[], &[]).await.unwrap());
+    assert_eq!(s.entry_revision(parent).await.unwrap(), after);
+
+    // Idempotent: nothing left to rewrite.
+    let again = upgrade_selectors(s.as_ref(), &audit, 1_700_000_001)
+        .await
+        .unwrap();
+    assert!(again.rewritten.is_empty());
+    assert_eq!(s.entry_revision(parent).await.unwrap(), after);
+
+    // Audited: the rewrite with both spellings, and each entry left as stored.
+    // The audit log writes in the background: up to 10 s of 10 ms polls.
+    for round in 0.. {
+        let events = s.audit_events(0, 100).await.unwrap();
+        let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+        if kinds.iter().filter(|k| **k == "entry.unservable").count() >= 2
+            && kinds.contains(&"entry.selectors_upgraded")
+        {
+            let up = events
+                .iter()
+                .find(|e| e.kind == "entry.selectors_upgraded")
+                .unwrap();
+            assert!(up.detail.contains("unix:uid:+01000"), "{}", up.detail);
+            assert!(
+                up.detail.contains("unix:path:/usr/bin/app"),
+                "{}",
+                up.detail
+            );
+            break;
+        }
+        assert!(round < 1000, "{kinds:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }
