@@ -86,8 +86,7 @@ pub fn public_jwk(cert: &ParsedCert) -> Result<Map<String, Value>, BundleError> 
 /// [`public_jwk`].
 pub fn spki_jwk(spki_der: &[u8]) -> Result<Map<String, Value>, BundleError> {
     let no = |why: String| BundleError::NoJwkForm(why);
-    let (rest, spki) =
-        SubjectPublicKeyInfo::from_der(spki_der).map_err(|e| no(e.to_string()))?;
+    let (rest, spki) = SubjectPublicKeyInfo::from_der(spki_der).map_err(|e| no(e.to_string()))?;
     if !rest.is_empty() {
         return Err(no("bytes follow its SubjectPublicKeyInfo".into()));
     }

@@ -192,8 +192,8 @@ fn issue_for(csr: &VerifiedCsr) {
             assert_eq!(cert.dns_names, grant.dns_names());
             assert!(cert.ip_addresses.is_empty());
             assert_eq!(cert.chain.first(), Some(&cert.der));
-            let parsed = signet_pki::ParsedCert::from_der(&cert.der)
-                .expect("an issued certificate parses");
+            let parsed =
+                signet_pki::ParsedCert::from_der(&cert.der).expect("an issued certificate parses");
             assert_eq!(parsed.spki_der(), csr.public_key_der(), "the CSR's key");
         }
         Err(IssueError::NotGranted(_)) => {}

@@ -189,12 +189,13 @@ impl JwtAuthenticator {
                 humantime::format_duration(cfg.jwks_refresh)
             )));
         }
-        let (source, text) = JwksFile::open(&cfg.jwks_file, cfg.jwks_refresh, clock).map_err(|error| {
-            JwtConfigError::Read {
-                path: cfg.jwks_file.display().to_string(),
-                error,
-            }
-        })?;
+        let (source, text) =
+            JwksFile::open(&cfg.jwks_file, cfg.jwks_refresh, clock).map_err(|error| {
+                JwtConfigError::Read {
+                    path: cfg.jwks_file.display().to_string(),
+                    error,
+                }
+            })?;
         let mut auth = Self::new(cfg, &text, td)?;
         auth.source = Some(source);
         Ok(auth)
@@ -538,8 +539,7 @@ mod tests {
         c.jwks_file = path.clone();
         // The re-reads are timed by the monotonic reading of this clock, moved by hand.
         let clock = crate::clock::fake::FakeClock::at(now());
-        let auth =
-            JwtAuthenticator::from_file(&c, td(), Arc::new(clock.clone())).expect("authn");
+        let auth = JwtAuthenticator::from_file(&c, td(), Arc::new(clock.clone())).expect("authn");
         let source = auth.source.as_ref().expect("a file source");
         const INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
         assert_eq!(source.interval(), INTERVAL);
@@ -596,11 +596,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let mut c = cfg();
         c.jwks_file = dir.path().join("missing.json");
-        let e = JwtAuthenticator::from_file(&c, td(), Arc::new(crate::clock::SystemClock)).expect_err("missing");
+        let e = JwtAuthenticator::from_file(&c, td(), Arc::new(crate::clock::SystemClock))
+            .expect_err("missing");
         assert!(matches!(e, JwtConfigError::Read { .. }), "{e}");
         assert!(e.to_string().contains("missing.json"), "{e}");
         c.jwks_refresh = std::time::Duration::from_millis(500);
-        let e = JwtAuthenticator::from_file(&c, td(), Arc::new(crate::clock::SystemClock)).expect_err("too short");
+        let e = JwtAuthenticator::from_file(&c, td(), Arc::new(crate::clock::SystemClock))
+            .expect_err("too short");
         assert_eq!(e.to_string(), "jwks_refresh 500ms is outside 1s to 1h");
     }
 
