@@ -24,8 +24,9 @@ use std::time::Duration;
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use serde_json::{Map, Value};
-use x509_parser::prelude::{FromDer, X509Certificate};
+use x509_parser::prelude::FromDer;
 use x509_parser::public_key::PublicKey;
+use x509_parser::x509::SubjectPublicKeyInfo;
 
 use crate::cert::ParsedCert;
 
@@ -77,9 +78,18 @@ pub struct SpiffeBundle {
 /// The JWK members (RFC 7518 section 6) of a certificate's public key: EC P-256/P-384/P-521,
 /// RSA, or Ed25519 as `OKP`; without `use` and `x5c`.
 pub fn public_jwk(cert: &ParsedCert) -> Result<Map<String, Value>, BundleError> {
+    spki_jwk(cert.spki_der())
+}
+
+/// The JWK members of a public key given as exactly one DER `SubjectPublicKeyInfo` (as
+/// [`ParsedCert::spki_der`] holds it, or `openssl pkey -pubout -outform DER` writes it); see
+/// [`public_jwk`].
+pub fn spki_jwk(spki_der: &[u8]) -> Result<Map<String, Value>, BundleError> {
     let no = |why: String| BundleError::NoJwkForm(why);
-    let (_, x509) = X509Certificate::from_der(cert.der()).map_err(|e| no(e.to_string()))?;
-    let spki = x509.public_key();
+    let (rest, spki) = SubjectPublicKeyInfo::from_der(spki_der).map_err(|e| no(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(no("bytes follow its SubjectPublicKeyInfo".into()));
+    }
     let b64u = |b: &[u8]| Value::from(URL_SAFE_NO_PAD.encode(b));
     let mut jwk = Map::new();
     match spki

@@ -76,6 +76,23 @@ impl CrlReason {
             other => Self::Other(other),
         }
     }
+
+    /// The RFC 5280 reason code (`keyCompromise` is 1, `cACompromise` 2, …).
+    pub fn code(self) -> u8 {
+        match self {
+            Self::Unspecified => 0,
+            Self::KeyCompromise => 1,
+            Self::CaCompromise => 2,
+            Self::AffiliationChanged => 3,
+            Self::Superseded => 4,
+            Self::CessationOfOperation => 5,
+            Self::CertificateHold => 6,
+            Self::RemoveFromCrl => 8,
+            Self::PrivilegeWithdrawn => 9,
+            Self::AaCompromise => 10,
+            Self::Other(code) => code,
+        }
+    }
 }
 
 /// A CRL and what Signet reads from it.

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use crate::clock::Clock;
 use crate::store::{AuditEvent, AuditStore};
 
 /// Most events written in one store call.
@@ -171,6 +172,8 @@ pub struct AuditLog {
     aggregator: Arc<Mutex<Aggregator>>,
     dropped: Arc<AtomicU64>,
     aggregated: Arc<AtomicU64>,
+    /// Times the aggregation windows (the writer task reads the same clock to close them).
+    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for AuditLog {
@@ -188,10 +191,19 @@ impl AuditLog {
     /// is queued).
     #[cfg(test)]
     pub fn spawn(store: Arc<dyn AuditStore>, capacity: usize) -> AuditLog {
-        Self::spawn_with(store, AuditLimits::new(capacity))
+        Self::spawn_with(
+            store,
+            AuditLimits::new(capacity),
+            Arc::new(crate::clock::SystemClock),
+        )
     }
 
-    pub fn spawn_with(store: Arc<dyn AuditStore>, limits: AuditLimits) -> AuditLog {
+    /// Starts the writer task; `clock` times the aggregation windows.
+    pub fn spawn_with(
+        store: Arc<dyn AuditStore>,
+        limits: AuditLimits,
+        clock: Arc<dyn Clock>,
+    ) -> AuditLog {
         let capacity = limits.capacity.max(1);
         let (admin, admin_rx) = mpsc::channel(capacity);
         let (authenticated, authenticated_rx) = mpsc::channel(capacity);
@@ -207,6 +219,7 @@ impl AuditLog {
             [admin_rx, authenticated_rx, anonymous_rx],
             aggregator.clone(),
             dropped.clone(),
+            clock.clone(),
         ));
         AuditLog {
             lanes: Arc::new(Lanes {
@@ -217,6 +230,7 @@ impl AuditLog {
             aggregator,
             dropped,
             aggregated: Arc::new(AtomicU64::new(0)),
+            clock,
         }
     }
 
@@ -238,7 +252,7 @@ impl AuditLog {
                 .aggregator
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .admit(key, &detail, at_unix, crate::clock::monotonic().into_std());
+                .admit(key, &detail, at_unix, self.clock.monotonic().into_std());
             if !admitted {
                 self.aggregated.fetch_add(1, Ordering::Relaxed);
                 return;
@@ -286,6 +300,7 @@ async fn run(
     lanes: [mpsc::Receiver<AuditEvent>; 3],
     aggregator: Arc<Mutex<Aggregator>>,
     dropped: Arc<AtomicU64>,
+    clock: Arc<dyn Clock>,
 ) {
     let [mut admin, mut authenticated, mut anonymous] = lanes;
     let window = aggregator
@@ -313,7 +328,7 @@ async fn run(
         let summaries = aggregator
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .flush(crate::clock::monotonic().into_std(), all);
+            .flush(clock.monotonic().into_std(), all);
         for e in &summaries {
             tracing::info!(target: "signet::audit", kind = %e.kind, caller = %e.caller, detail = %e.detail, at = e.at, "audit event");
         }
@@ -432,6 +447,7 @@ mod tests {
                 burst: 3,
                 window: Duration::from_millis(200),
             },
+            Arc::new(crate::clock::SystemClock),
         );
         let peer: std::net::SocketAddr = "192.0.2.7:5000".parse().unwrap();
         crate::limits::context::CONTEXT

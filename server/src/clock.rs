@@ -8,9 +8,12 @@
 pub use signet_runtime::clock::{Clock, SystemClock, from_unix, unix};
 
 /// The system clock's monotonic reading (tokio's, so a paused test runtime moves it; see
-/// [`Clock::monotonic`]), for code that measures durations and does not take an injected
-/// [`Clock`] yet: grep for this to find them. `.into_std()` where a `std::time::Instant` is
-/// wanted.
+/// [`Clock::monotonic`]), for code that does not take an injected [`Clock`]: grep for this to
+/// find them. Logic reads the injected clock (the ledger writer, the audit log, the JWKS
+/// re-reads, `/readyz`, the gRPC rate limits, the entry streams' start); what is left is the
+/// tests' own stopwatches and [`crate::limits::conn`]'s idle timer, whose reading must be the
+/// clock its tokio `Sleep` runs on (a paused runtime moves both). `.into_std()` where a
+/// `std::time::Instant` is wanted.
 pub fn monotonic() -> tokio::time::Instant {
     SystemClock.monotonic()
 }

@@ -20,7 +20,6 @@ use figment::providers::{Format, Serialized, Toml};
 use prost::Message;
 use signet_types::dns::DnsName;
 use signet_types::{SpiffeId, TrustDomain};
-use x509_parser::prelude::FromDer;
 
 use crate::authn::jwt::{self, JwtAuthenticator};
 use crate::authn::psat::PsatAttestor;
@@ -107,12 +106,10 @@ pub fn csr(data: &[u8]) {
     let Ok(csr) = VerifiedCsr::parse(data) else {
         return;
     };
-    let (rest, _) = x509_parser::x509::SubjectPublicKeyInfo::from_der(csr.public_key_der())
-        .expect("an accepted CSR's key is a SubjectPublicKeyInfo");
-    assert!(
-        rest.is_empty(),
-        "the key is exactly one SubjectPublicKeyInfo"
-    );
+    // Read by signet-pki, which refuses bytes after it: exactly one SubjectPublicKeyInfo, of
+    // a key type a JWK set (the bundle) can carry.
+    signet_pki::bundle::spki_jwk(csr.public_key_der())
+        .expect("an accepted CSR's key is exactly one SubjectPublicKeyInfo");
     if let KeyAlgorithm::Rsa(bits) = csr.key_algorithm() {
         assert!((2048..=8192).contains(&bits), "RSA-{bits} accepted");
     }
@@ -195,13 +192,9 @@ fn issue_for(csr: &VerifiedCsr) {
             assert_eq!(cert.dns_names, grant.dns_names());
             assert!(cert.ip_addresses.is_empty());
             assert_eq!(cert.chain.first(), Some(&cert.der));
-            let (_, parsed) = x509_parser::parse_x509_certificate(&cert.der)
-                .expect("an issued certificate parses");
-            assert_eq!(
-                parsed.public_key().raw,
-                csr.public_key_der(),
-                "the CSR's key"
-            );
+            let parsed =
+                signet_pki::ParsedCert::from_der(&cert.der).expect("an issued certificate parses");
+            assert_eq!(parsed.spki_der(), csr.public_key_der(), "the CSR's key");
         }
         Err(IssueError::NotGranted(_)) => {}
         Err(e) => panic!("issuing for an accepted CSR failed: {e}"),

@@ -24,6 +24,7 @@ use axum::routing::get;
 use signet_runtime::http::{HttpListener, Refusal};
 use tokio::net::TcpListener;
 
+use crate::clock::Clock;
 use crate::config::LimitsConfig;
 use crate::ledger::LedgerProgress;
 use crate::metrics::Metrics;
@@ -43,14 +44,18 @@ struct HttpState {
     metrics: Arc<Metrics>,
     ledger: Option<Arc<LedgerProgress>>,
     checks: Arc<[Arc<dyn ReadinessCheck>]>,
+    /// What the ledger's progress is judged against.
+    clock: Arc<dyn Clock>,
 }
 
-/// The router, with `/readyz` also checking the ledger writer's progress and `checks`.
+/// The router, with `/readyz` also checking the ledger writer's progress (at `clock`'s
+/// monotonic reading) and `checks`.
 pub fn router_with(
     store: Arc<dyn LedgerStore>,
     metrics: Arc<Metrics>,
     ledger: Option<Arc<LedgerProgress>>,
     checks: Vec<Arc<dyn ReadinessCheck>>,
+    clock: Arc<dyn Clock>,
 ) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
@@ -61,6 +66,7 @@ pub fn router_with(
             metrics,
             ledger,
             checks: checks.into(),
+            clock,
         })
 }
 
@@ -102,7 +108,7 @@ async fn crl(
 
 async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
     if let Some(ledger) = &s.ledger
-        && let Err(why) = ledger.readiness(crate::clock::monotonic().into_std())
+        && let Err(why) = ledger.readiness(s.clock.monotonic().into_std())
     {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -222,7 +228,13 @@ mod tests {
                 .unwrap(),
         );
         let switch = Arc::new(Switch(Mutex::new(Err("the head went back".into()))));
-        let router = router_with(store, Metrics::new(), None, vec![switch.clone()]);
+        let router = router_with(
+            store,
+            Metrics::new(),
+            None,
+            vec![switch.clone()],
+            Arc::new(crate::clock::SystemClock),
+        );
         let readyz = || async {
             let resp = router
                 .clone()

@@ -258,6 +258,11 @@ impl Issuer {
         self.clock.now()
     }
 
+    /// The clock's monotonic reading (for deadlines and durations).
+    pub fn monotonic(&self) -> tokio::time::Instant {
+        self.clock.monotonic()
+    }
+
     /// The Kubernetes token validator, when `[auth.kubernetes]` is configured.
     pub fn jwt(&self) -> Option<&JwtAuthenticator> {
         self.jwt.as_ref()
@@ -348,8 +353,13 @@ impl Issuer {
             Ok(_) => "issued",
             Err(e) => e.outcome(),
         };
-        self.metrics
-            .observe_issuance(api, outcome, started.elapsed());
+        // Measured on the injected clock `started` was read from (not `Instant::elapsed`).
+        let took = self
+            .clock
+            .monotonic()
+            .into_std()
+            .saturating_duration_since(started);
+        self.metrics.observe_issuance(api, outcome, took);
     }
 
     async fn issue_inner(

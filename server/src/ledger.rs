@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::clock::Clock;
 use crate::config::LedgerConfig;
 use crate::store::{LedgerStore, NewCertificate, StoreError};
 
@@ -192,6 +193,8 @@ pub struct LedgerWriter {
     tx: mpsc::Sender<(NewCertificate, Reply)>,
     deadline: Duration,
     progress: Arc<LedgerProgress>,
+    /// When waiting starts (the writer task reads the same clock for its commits).
+    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for LedgerWriter {
@@ -205,7 +208,8 @@ impl std::fmt::Debug for LedgerWriter {
 impl LedgerWriter {
     /// Starts the writer task on the current tokio runtime (tests; the server gives the
     /// writer a thread of its own, [`LedgerWriter::spawn_on_own_thread`]). It stops when every
-    /// handle is dropped (after committing what is queued).
+    /// handle is dropped (after committing what is queued). It reads the system clock
+    /// (tokio's, so a paused test runtime moves it).
     #[cfg(test)]
     pub fn spawn(
         store: Arc<dyn LedgerStore>,
@@ -217,27 +221,32 @@ impl LedgerWriter {
             max_wait: cfg.ready_max_wait,
             max_queue: cfg.ready_max_queue,
         }));
+        let clock: Arc<dyn Clock> = Arc::new(crate::clock::SystemClock);
         tokio::spawn(run(
             store,
             rx,
             cfg.max_batch.max(1),
             on_batch,
             progress.clone(),
+            clock.clone(),
         ));
         LedgerWriter {
             tx,
             deadline: cfg.commit_deadline,
             progress,
+            clock,
         }
     }
 
     /// Starts the writer on a thread of its own, on a single-threaded runtime, appending
     /// through the store `open` makes there (see the module doc for why); returns once the
     /// store is open, or why it could not be. The thread ends when every handle is dropped.
+    /// `clock` times the waits and commits `/readyz` judges.
     pub async fn spawn_on_own_thread<F, Fut>(
         open: F,
         cfg: &LedgerConfig,
         on_batch: OnBatch,
+        clock: Arc<dyn Clock>,
     ) -> Result<LedgerWriter, StoreError>
     where
         F: FnOnce() -> Fut + Send + 'static,
@@ -251,6 +260,7 @@ impl LedgerWriter {
         let (opened_tx, opened) = oneshot::channel();
         let max_batch = cfg.max_batch.max(1);
         let task_progress = progress.clone();
+        let task_clock = clock.clone();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -269,7 +279,7 @@ impl LedgerWriter {
                             return;
                         }
                     };
-                    run(store, rx, max_batch, on_batch, task_progress).await;
+                    run(store, rx, max_batch, on_batch, task_progress, task_clock).await;
                 });
             })
             .map_err(|e| StoreError::Unavailable(format!("ledger writer thread: {e}")))?;
@@ -280,6 +290,7 @@ impl LedgerWriter {
             tx,
             deadline: cfg.commit_deadline,
             progress,
+            clock,
         })
     }
 
@@ -293,7 +304,7 @@ impl LedgerWriter {
     /// waits longer than the commit deadline: then `DeadlineExceeded`, and the certificate
     /// must be discarded (it may still be recorded later, but is never returned).
     pub async fn commit(&self, cert: NewCertificate) -> Result<u64, LedgerError> {
-        let _waiting = self.progress.wait(crate::clock::monotonic().into_std());
+        let _waiting = self.progress.wait(self.clock.monotonic().into_std());
         let (reply, answer) = oneshot::channel();
         self.tx.try_send((cert, reply)).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => LedgerError::Overloaded,
@@ -319,6 +330,7 @@ async fn run(
     max_batch: usize,
     on_batch: OnBatch,
     progress: Arc<LedgerProgress>,
+    clock: Arc<dyn Clock>,
 ) {
     let mut pending: Vec<(NewCertificate, Reply)> = Vec::with_capacity(max_batch);
     let mut batch: Vec<NewCertificate> = Vec::with_capacity(max_batch);
@@ -337,7 +349,7 @@ async fn run(
         if batch.is_empty() {
             continue;
         }
-        let started = crate::clock::monotonic().into_std();
+        let started = clock.monotonic();
         let mut result = store.append_certificates(&batch).await;
         // Renewals of certificates revoked meanwhile were refused, and with them the batch:
         // answer those, and commit the rest again (once: nothing else in it renews those).
@@ -363,16 +375,16 @@ async fn run(
             }
             result = store.append_certificates(&batch).await;
         }
-        on_batch(batch.len(), started.elapsed());
+        let done = clock.monotonic();
+        on_batch(batch.len(), done.saturating_duration_since(started));
+        let done = done.into_std();
         match &result {
-            Ok(seqs) if seqs.len() == replies.len() => {
-                progress.committed(crate::clock::monotonic().into_std())
-            }
+            Ok(seqs) if seqs.len() == replies.len() => progress.committed(done),
             Ok(_) => progress.failed(
-                crate::clock::monotonic().into_std(),
+                done,
                 "the store returned the wrong number of sequence numbers".into(),
             ),
-            Err(e) => progress.failed(crate::clock::monotonic().into_std(), e.to_string()),
+            Err(e) => progress.failed(done, e.to_string()),
         }
         match result {
             Ok(seqs) if seqs.len() == replies.len() => {
@@ -635,6 +647,7 @@ mod tests {
             },
             &cfg(64, 100),
             on_batch,
+            Arc::new(crate::clock::SystemClock),
         )
         .await
         .unwrap();
@@ -655,6 +668,7 @@ mod tests {
             || async { Err(StoreError::Unavailable("no route to the database".into())) },
             &cfg(64, 100),
             on_batch,
+            Arc::new(crate::clock::SystemClock),
         )
         .await
         .unwrap_err();

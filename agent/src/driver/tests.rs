@@ -556,9 +556,12 @@ fn fake_crl(fake: &Fake, number: u64, serials: &[Vec<u8>]) -> Vec<u8> {
     crate::testing::crl(&fake.issuer, fake.clock.now(), number, serials)
 }
 
+/// The leaf's serial (unsigned big-endian, as `signet_pki` reads it).
 fn serial_bytes(der: &[u8]) -> Vec<u8> {
-    let (_, c) = x509_parser::parse_x509_certificate(der).expect("leaf");
-    c.raw_serial().to_vec()
+    signet_pki::ParsedCert::from_der(der)
+        .expect("leaf")
+        .serial()
+        .to_vec()
 }
 
 #[tokio::test(start_paused = true)]

@@ -159,3 +159,25 @@ fn rsa_roots_are_rsa_keys() {
     let b = SpiffeBundle::parse(doc.to_string().as_bytes()).unwrap();
     assert_eq!(b.x509_authorities, [cert]);
 }
+
+#[test]
+fn a_bare_public_key_has_the_same_jwk_and_must_be_exactly_one() {
+    for alg in [
+        &rcgen::PKCS_ECDSA_P256_SHA256,
+        &rcgen::PKCS_ECDSA_P384_SHA384,
+        &rcgen::PKCS_ED25519,
+    ] {
+        let (cert, _) = root(alg);
+        assert_eq!(
+            spki_jwk(cert.spki_der()).unwrap(),
+            public_jwk(&cert).unwrap()
+        );
+        let mut trailing = cert.spki_der().to_vec();
+        trailing.push(0);
+        assert!(matches!(
+            spki_jwk(&trailing),
+            Err(BundleError::NoJwkForm(_))
+        ));
+    }
+    assert!(spki_jwk(b"not DER").is_err());
+}

@@ -69,6 +69,16 @@ fn reads_number_times_issuer_and_entries() {
         Some(&Some(CrlReason::KeyCompromise))
     );
     assert_eq!(c.entries().get(&[0x05][..]), Some(&None));
+    assert_eq!(CrlReason::KeyCompromise.code(), 1);
+    assert_eq!(CrlReason::RemoveFromCrl.code(), 8);
+    assert_eq!(CrlReason::Other(42).code(), 42);
+    for code in 0..=12 {
+        assert_eq!(
+            CrlReason::from_code(code).code(),
+            code,
+            "round trip of {code}"
+        );
+    }
     assert!(c.lists(&[0x00, 0x8f, 0x01]) && c.lists(&[0x8f, 0x01]) && !c.lists(&[0x06]));
     assert_eq!(c.der(), der.as_slice());
     // PEM round trip.

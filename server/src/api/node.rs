@@ -273,6 +273,7 @@ impl Node for NodeApi {
             node_id.to_owned(),
             self.watch_limits,
             self.stop.clone(),
+            self.issuer.monotonic(),
         )?;
         Ok(Response::new(stream))
     }

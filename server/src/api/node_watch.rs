@@ -98,13 +98,15 @@ enum Wake {
     End,
 }
 
-/// The stream of `parent`'s revisions for the authenticated node `node_id`.
+/// The stream of `parent`'s revisions for the authenticated node `node_id`, opened `now` (the
+/// keep-alives and the lifetime count from there).
 pub fn watch(
     store: Arc<dyn NodeStore>,
     parent: String,
     node_id: String,
     limits: WatchLimits,
     stop: Option<tokio::sync::watch::Receiver<bool>>,
+    now: Instant,
 ) -> Result<EntryStream, ApiError> {
     let sub = store
         .entry_events()
@@ -117,7 +119,6 @@ pub fn watch(
             ),
             retry_after: limits.keepalive,
         })?;
-    let now = crate::clock::monotonic();
     let mut keepalive = tokio::time::interval_at(now + limits.keepalive, limits.keepalive);
     keepalive.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let state = State {
@@ -340,7 +341,14 @@ mod tests {
     }
 
     fn open(store: &Arc<Fake>, limits: WatchLimits) -> Result<EntryStream, ApiError> {
-        watch(store.clone(), PARENT.into(), "n1".into(), limits, None)
+        watch(
+            store.clone(),
+            PARENT.into(),
+            "n1".into(),
+            limits,
+            None,
+            crate::clock::monotonic(),
+        )
     }
 
     async fn revision(s: &mut EntryStream) -> u64 {
@@ -431,6 +439,7 @@ mod tests {
             "n1".into(),
             WatchLimits::default(),
             Some(rx),
+            crate::clock::monotonic(),
         )
         .unwrap();
         let t0 = crate::clock::monotonic();
@@ -472,6 +481,7 @@ mod tests {
             "n2".into(),
             limits,
             None,
+            crate::clock::monotonic(),
         );
         assert!(other.is_ok());
         // Closing one frees a slot.

@@ -162,6 +162,8 @@ impl<T> LimitedIo<T> {
     }
 
     /// True when the connection has been idle for `idle_timeout`; re-arms the timer otherwise.
+    /// Reads tokio's clock ([`crate::clock::monotonic`]), not an injected one: the deadline
+    /// re-arms a tokio `Sleep`, which runs on that clock (tests pause and advance it).
     fn poll_idle(&mut self, cx: &mut Context<'_>) -> bool {
         while self.timer.as_mut().poll(cx).is_ready() {
             let now = crate::clock::monotonic();

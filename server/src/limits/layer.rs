@@ -27,6 +27,7 @@ use super::conn::{ConnRegistry, InFlight};
 use super::rate::{RateLimiter, human, source_key};
 use super::source::{PerSource, SourceSlot};
 use super::{CONTEXT, RequestContext, resource_exhausted};
+use crate::clock::Clock;
 use crate::config::LimitsConfig;
 use crate::metrics::Metrics;
 
@@ -72,6 +73,8 @@ pub struct GrpcLimits {
     issuance_per_source: RateLimiter<std::net::IpAddr>,
     attestation_per_source: RateLimiter<std::net::IpAddr>,
     metrics: Arc<Metrics>,
+    /// What the rate limits' buckets refill by.
+    clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for GrpcLimits {
@@ -101,7 +104,12 @@ impl Held {
 }
 
 impl GrpcLimits {
-    pub fn new(cfg: &LimitsConfig, conns: Arc<ConnRegistry>, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub fn new(
+        cfg: &LimitsConfig,
+        conns: Arc<ConnRegistry>,
+        metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             conns,
             requests: Arc::new(Semaphore::new(cfg.max_concurrent_requests)),
@@ -115,6 +123,7 @@ impl GrpcLimits {
                 cfg.rate_limit_max_keys,
             ),
             metrics,
+            clock,
         })
     }
 
@@ -135,7 +144,7 @@ impl GrpcLimits {
             CallKind::Stream | CallKind::Other => None,
         };
         if let (Some((limiter, what, key)), Some(src)) = (limited, source)
-            && let Err(wait) = limiter.check(&src, crate::clock::monotonic().into_std())
+            && let Err(wait) = limiter.check(&src, self.clock.monotonic().into_std())
         {
             self.metrics.limited("per_source");
             return Err(resource_exhausted(
@@ -295,10 +304,16 @@ impl http_body::Body for Guarded {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::clock::fake::FakeClock;
     use crate::config::RateConfig;
 
     fn limits(cfg: LimitsConfig) -> Arc<GrpcLimits> {
-        GrpcLimits::new(&cfg, ConnRegistry::new(), Metrics::new())
+        limits_at(cfg, FakeClock::at_unix(1_000u64))
+    }
+
+    /// The limits on a clock the test moves.
+    fn limits_at(cfg: LimitsConfig, clock: FakeClock) -> Arc<GrpcLimits> {
+        GrpcLimits::new(&cfg, ConnRegistry::new(), Metrics::new(), Arc::new(clock))
     }
 
     #[test]
@@ -386,10 +401,14 @@ mod tests {
 
     #[test]
     fn per_source_limits_name_the_source_and_the_wait() {
-        let l = limits(LimitsConfig {
-            attestation_per_source: RateConfig::new(2, 0.5),
-            ..LimitsConfig::default()
-        });
+        let clock = FakeClock::at_unix(1_000u64);
+        let l = limits_at(
+            LimitsConfig {
+                attestation_per_source: RateConfig::new(2, 0.5),
+                ..LimitsConfig::default()
+            },
+            clock.clone(),
+        );
         let a: SocketAddr = "192.0.2.1:1000".parse().unwrap();
         let b: SocketAddr = "192.0.2.2:1000".parse().unwrap();
         l.admit(CallKind::Attestation, Some(a)).unwrap();
@@ -414,9 +433,15 @@ mod tests {
             .unwrap()
             .parse()
             .unwrap();
-        assert!((1900..=2000).contains(&ms), "{ms}");
+        // No time passed on the injected clock: the hint is exactly the refill time.
+        assert_eq!(ms, 2000);
         // Another source, and other calls from the same source, are unaffected.
         l.admit(CallKind::Attestation, Some(b)).unwrap();
         l.admit(CallKind::Issuance, Some(a)).unwrap();
+        // The wait is over when the clock says so, and not before.
+        clock.advance(Duration::from_secs(1));
+        assert!(l.admit(CallKind::Attestation, Some(a)).is_err());
+        clock.advance(Duration::from_secs(1));
+        l.admit(CallKind::Attestation, Some(a)).unwrap();
     }
 }

@@ -80,7 +80,7 @@ pub(super) async fn build(cfg: &Config) -> anyhow::Result<Parts> {
     let view = manager.view();
     let bundle = first_bundle(cfg, &view)?;
     let metrics = Metrics::new();
-    let ledger = start_ledger(cfg, &store, &metrics).await?;
+    let ledger = start_ledger(cfg, &store, &metrics, &clock).await?;
     let ledger_progress = ledger.progress();
     let audit = AuditLog::spawn_with(
         store.clone(),
@@ -89,6 +89,7 @@ pub(super) async fn build(cfg: &Config) -> anyhow::Result<Parts> {
             burst: cfg.limits.audit_burst,
             window: cfg.limits.audit_window,
         },
+        clock.clone(),
     );
     // Entries stored before selectors had one spelling: rewritten or reported, before any
     // agent is served (see `entry_upgrade`).
@@ -164,6 +165,7 @@ async fn start_ledger(
     cfg: &Config,
     store: &Arc<dyn Store>,
     metrics: &Arc<Metrics>,
+    clock: &Arc<dyn Clock>,
 ) -> anyhow::Result<LedgerWriter> {
     let batch_metrics = metrics.clone();
     let (writer_url, writer_db, shared) = (cfg.database_url(), cfg.database.clone(), store.clone());
@@ -173,6 +175,7 @@ async fn start_ledger(
         },
         &cfg.ledger,
         Arc::new(move |size, took| batch_metrics.observe_batch(size, took)),
+        clock.clone(),
     )
     .await
     .map_err(|e| anyhow!("ledger writer: {e}"))
@@ -195,7 +198,7 @@ fn build_issuer(
         None => None,
         // Re-read while running (`jwks_refresh`): the cluster rotates its signing keys.
         Some(k) => Some(
-            JwtAuthenticator::from_file(k, td.clone())
+            JwtAuthenticator::from_file(k, td.clone(), clock.clone())
                 .map_err(|e| anyhow!("auth.kubernetes: {e}"))?,
         ),
     };

@@ -246,6 +246,7 @@ fn spawn_grpc(
             limits,
             conns.clone(),
             parts.metrics.clone(),
+            parts.clock.clone(),
         )))
         .add_service(health)
         .add_service(reflection)
@@ -325,6 +326,7 @@ fn spawn_http(
             parts.metrics.clone(),
             Some(parts.ledger_progress.clone()),
             ready_checks.clone(),
+            parts.clock.clone(),
         )
     };
     let router = health_router()

@@ -289,14 +289,38 @@ async fn short_lived_certificates_rotate_and_outlive_the_server() {
     agent.stop().await;
 }
 
-/// Forwards TCP connections from `listener` to `to`.
-async fn proxy(listener: tokio::net::TcpListener, to: std::net::SocketAddr) {
-    while let Ok((mut inbound, _)) = listener.accept().await {
-        tokio::spawn(async move {
-            if let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await {
-                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+/// A TCP gate in front of the server: closed, it drops each connection at once and counts it
+/// (an unreachable server, whose attempts can be seen); open, it forwards them.
+#[derive(Clone, Default)]
+struct Gate {
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    refused: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Gate {
+    fn open(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Connections dropped while closed.
+    fn refused(&self) -> usize {
+        self.refused.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    async fn serve(self, listener: tokio::net::TcpListener, to: std::net::SocketAddr) {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            if !self.open.load(std::sync::atomic::Ordering::SeqCst) {
+                drop(inbound);
+                self.refused
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                continue;
             }
-        });
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
     }
 }
 
@@ -309,26 +333,27 @@ async fn agent_started_before_the_server_is_reachable_retries_then_serves() {
     let app = "spiffe://example.org/late";
     let token = create_token(&server, "vm3");
     create_entry(&server, app, "vm3", &[]);
-    // A port nothing listens on yet.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // The agent's address: a gate that closes every connection at once (the server is not
+    // reachable) and counts them, until it is opened.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let gate = Gate::default();
+    let forward = tokio::spawn(gate.clone().serve(listener, server.grpc));
     let l = write_config_at(port, &server, &token, app);
     let mut agent = Agent::start(&l.config);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Two attempts refused: the agent tried, failed, and tried again (after its backoff).
+    eventually(20, "a second connection attempt", || async {
+        (gate.refused() >= 2).then_some(())
+    })
+    .await;
     assert!(
         agent.child.try_wait().unwrap().is_none(),
         "the agent keeps retrying instead of exiting"
     );
     assert!(fetch_svid(&l.socket).await.is_none());
 
-    // The server becomes reachable on that port.
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let forward = tokio::spawn(proxy(listener, server.grpc));
+    // The server becomes reachable at that address.
+    gate.open();
     let (id, chain) = eventually(40, "an SVID once the server is reachable", || {
         fetch_svid(&l.socket)
     })
@@ -370,7 +395,8 @@ async fn node_certificate_is_renewed_persisted_and_still_signs() {
     })
     .await;
     // The renewed node identity still gets workload certificates signed: a new entry is
-    // served after the first node certificate has expired.
+    // served after the first node certificate has expired. A real wait: the expiry is on the
+    // wall clock of the agent and the server, real processes; no event marks it.
     tokio::time::sleep(first_expired.saturating_duration_since(Instant::now())).await;
     let late = "spiffe://example.org/renewing-late";
     create_entry(&server, late, "vm4", &[]);

@@ -150,6 +150,8 @@ async fn agent_replaces_a_tainted_then_a_revoked_workload_certificate_within_sec
     })
     .await;
     let signed_before = ca.signed().len();
+    // A real wait: a rate over a window of the real agent's time (its backoff runs on its own
+    // clock); no event marks "not a loop".
     tokio::time::sleep(Duration::from_secs(2)).await;
     let burst = ca.signed().len() - signed_before;
     assert!(
@@ -159,6 +161,8 @@ async fn agent_replaces_a_tainted_then_a_revoked_workload_certificate_within_sec
 
     // The taint is lifted: the agent settles on the last certificate, nothing more is signed.
     ca.push(vec![], vec![]);
+    // A real wait: a replacement already under way when the taint was lifted may still land;
+    // nothing the agent exposes says it has taken the new bundle in.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let settled = ca.signed().len();
     let last_app = || {
@@ -174,6 +178,7 @@ async fn agent_replaces_a_tainted_then_a_revoked_workload_certificate_within_sec
     .await;
     assert_ne!(held, first);
     let _ = after_taint;
+    // A real wait: that nothing more is signed can only be watched for, over a window.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(ca.signed().len(), settled, "nothing signed once untainted");
 

@@ -72,12 +72,13 @@ async fn http_bytes(server: &Server, path: &str) -> (u16, String, Vec<u8>) {
 }
 
 fn crl_serials(der: &[u8]) -> Vec<(String, Option<u8>)> {
-    let (_, crl) = x509_parser::parse_x509_crl(der).unwrap();
-    crl.iter_revoked_certificates()
-        .map(|r| {
+    let crl = signet_pki::ParsedCrl::from_der(der).unwrap();
+    crl.entries()
+        .iter()
+        .map(|(serial, reason)| {
             (
-                signet_types::serial_hex(r.raw_serial()),
-                r.reason_code().map(|(_, c)| c.0),
+                signet_types::serial_hex(serial),
+                reason.map(signet_pki::CrlReason::code),
             )
         })
         .collect()
@@ -99,16 +100,11 @@ fn issuer_key_id(pem: &str) -> String {
     let der = signet_types::pem::parse_certs(pem.as_bytes())
         .unwrap()
         .remove(0);
-    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
-    cert.extensions()
-        .iter()
-        .find_map(|e| match e.parsed_extension() {
-            x509_parser::extensions::ParsedExtension::AuthorityKeyIdentifier(a) => {
-                a.key_identifier.as_ref().map(|k| hex_lower(k.0))
-            }
-            _ => None,
-        })
+    signet_pki::ParsedCert::from_der(&der)
+        .unwrap()
+        .authority_key_id()
         .expect("an authority key identifier")
+        .to_owned()
 }
 
 /// The same, through an intermediate (`-untrusted`).
@@ -845,9 +841,9 @@ async fn replicas_publish_the_same_crl_and_reissue_it_before_next_update() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let on_b = on_b.expect("replica B never listed the revocation");
-    let (_, crl_b) = x509_parser::parse_x509_crl(&on_b).unwrap();
-    let number_b = crl_b.crl_number().unwrap().clone();
-    assert!(number_b >= on_a.number.into());
+    let crl_b = signet_pki::ParsedCrl::from_der(&on_b).unwrap();
+    let number_b = crl_b.number().unwrap();
+    assert!(number_b >= on_a.number);
     // B refuses the revoked certificate's renewal (its row cache lives at most 1 s).
     let id = ClientIdentity {
         cert_chain_pem: chain[0].clone().into_bytes(),
@@ -875,10 +871,10 @@ async fn replicas_publish_the_same_crl_and_reissue_it_before_next_update() {
         );
         for s in [&a, &b] {
             let c = bundle_crl(s, &chain[0]).await;
-            let (_, parsed) = x509_parser::parse_x509_crl(&c.der).unwrap();
+            let parsed = signet_pki::ParsedCrl::from_der(&c.der).unwrap();
             let now = now_unix();
             assert!(
-                parsed.next_update().unwrap().timestamp() >= now,
+                signet_runtime::clock::unix(parsed.next_update().unwrap()) >= now,
                 "a published CRL is past its nextUpdate"
             );
             assert_eq!(crl_serials(&c.der), vec![(serial.clone(), Some(4))]);
@@ -974,19 +970,13 @@ async fn a_plugged_in_intermediate_signs_the_crl_of_what_it_issued() {
     ]));
     assert_eq!(v["revoked_count"], 1, "{v}");
     let crl = bundle_crl(&server, &chain[0]).await;
-    let (_, parsed) = x509_parser::parse_x509_crl(&crl.der).unwrap();
-    let (_, inter_cert) = x509_parser::parse_x509_certificate(inter.der()).unwrap();
-    assert_eq!(parsed.issuer(), inter_cert.subject());
-    parsed.verify_signature(inter_cert.public_key()).unwrap();
-    let ski = inter_cert
-        .extensions()
-        .iter()
-        .find_map(|e| match e.parsed_extension() {
-            x509_parser::extensions::ParsedExtension::SubjectKeyIdentifier(k) => Some(k.0.to_vec()),
-            _ => None,
-        })
-        .unwrap();
-    assert_eq!(crl.key_id, hex_lower(&ski));
+    let parsed = signet_pki::ParsedCrl::from_der(&crl.der).unwrap();
+    let inter_cert = signet_pki::ParsedCert::from_der(inter.der()).unwrap();
+    assert_eq!(parsed.issuer_der(), inter_cert.subject_der());
+    // The issuer name matches (again) and the signature verifies with its key.
+    parsed.verify(&inter_cert).unwrap();
+    let ski = inter_cert.subject_key_id().unwrap();
+    assert_eq!(crl.key_id, ski);
     let root_pem = root.pem();
     let e = openssl_verify_crl_via(&chain[0], Some(&chain[1]), root_pem.as_bytes(), &crl.der)
         .unwrap_err();
@@ -998,10 +988,6 @@ async fn a_plugged_in_intermediate_signs_the_crl_of_what_it_issued() {
         &crl.der,
     )
     .unwrap();
-}
-
-fn hex_lower(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// The real agent against the real server: `signetctl certs revoke` of the certificate the

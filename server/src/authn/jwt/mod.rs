@@ -60,7 +60,7 @@ use self::memo::VerifiedTokens;
 use self::refuse::bad;
 use self::reload::JwksFile;
 use super::{AuthenticatedCaller, AuthnError};
-use crate::clock::unix;
+use crate::clock::{Clock, unix};
 use crate::config::KubernetesAuthConfig;
 
 pub use self::jwks::JwksError;
@@ -176,20 +176,26 @@ impl JwtAuthenticator {
 
     /// Builds the authenticator from `[auth.kubernetes]`, reading `cfg.jwks_file`, and keeps
     /// re-reading it every `cfg.jwks_refresh` (and on a token whose key it does not know), so
-    /// a rotation of the cluster's signing keys needs no restart (see the module doc).
-    pub fn from_file(cfg: &KubernetesAuthConfig, td: TrustDomain) -> Result<Self, JwtConfigError> {
+    /// a rotation of the cluster's signing keys needs no restart (see the module doc). `clock`
+    /// says when a re-read is due.
+    pub fn from_file(
+        cfg: &KubernetesAuthConfig,
+        td: TrustDomain,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, JwtConfigError> {
         if !JWKS_REFRESH_RANGE.contains(&cfg.jwks_refresh) {
             return Err(JwtConfigError::Config(format!(
                 "jwks_refresh {} is outside 1s to 1h",
                 humantime::format_duration(cfg.jwks_refresh)
             )));
         }
-        let (source, text) = JwksFile::open(&cfg.jwks_file, cfg.jwks_refresh).map_err(|error| {
-            JwtConfigError::Read {
-                path: cfg.jwks_file.display().to_string(),
-                error,
-            }
-        })?;
+        let (source, text) =
+            JwksFile::open(&cfg.jwks_file, cfg.jwks_refresh, clock).map_err(|error| {
+                JwtConfigError::Read {
+                    path: cfg.jwks_file.display().to_string(),
+                    error,
+                }
+            })?;
         let mut auth = Self::new(cfg, &text, td)?;
         auth.source = Some(source);
         Ok(auth)
@@ -531,7 +537,9 @@ mod tests {
         std::fs::write(&path, jwks(&[&old.jwk])).expect("write");
         let mut c = cfg();
         c.jwks_file = path.clone();
-        let auth = JwtAuthenticator::from_file(&c, td()).expect("authn");
+        // The re-reads are timed by the monotonic reading of this clock, moved by hand.
+        let clock = crate::clock::fake::FakeClock::at(now());
+        let auth = JwtAuthenticator::from_file(&c, td(), Arc::new(clock.clone())).expect("authn");
         let source = auth.source.as_ref().expect("a file source");
         const INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
         assert_eq!(source.interval(), INTERVAL);
@@ -544,14 +552,14 @@ mod tests {
         // The cluster adds a key: its token re-reads the file at once (2 s after the last read,
         // well within the 10 s interval; the unknown key's gap is 1 s).
         std::fs::write(&path, jwks(&[&old.jwk, &new.jwk])).expect("write");
-        source.backdate(std::time::Duration::from_secs(2));
+        clock.advance(std::time::Duration::from_secs(2));
         auth.authenticate(&new_token, now())
             .expect("new key after the file changed");
         auth.authenticate(&old_token, now())
             .expect("old key still listed");
         // Then removes the old one: within one interval, the memoised token is refused.
         std::fs::write(&path, jwks(&[&new.jwk])).expect("write");
-        source.backdate(INTERVAL);
+        clock.advance(INTERVAL);
         let m = refused(&auth, &old_token);
         assert!(m.contains("not in the configured JWKS"), "{m}");
         auth.authenticate(&new_token, now()).expect("new key");
@@ -559,18 +567,18 @@ mod tests {
         // A broken file (a typo, half a write) keeps the keys last read.
         for broken in ["{not json", r#"{"keys": []}"#] {
             std::fs::write(&path, broken).expect("write");
-            source.backdate(INTERVAL);
+            clock.advance(INTERVAL);
             auth.authenticate(&new_token, now()).expect("keys kept");
         }
         std::fs::remove_file(&path).expect("remove");
-        source.backdate(INTERVAL);
+        clock.advance(INTERVAL);
         auth.authenticate(&new_token, now())
             .expect("keys kept without the file");
 
         // Reads are rate-limited: a change is not seen before the interval is up, however
         // many unknown-key tokens arrive.
         std::fs::write(&path, jwks(&[&old.jwk])).expect("write");
-        source.backdate(INTERVAL);
+        clock.advance(INTERVAL);
         auth.authenticate(&old_token, now()).expect("old key back");
         std::fs::write(&path, jwks(&[&new.jwk])).expect("write");
         for _ in 0..3 {
@@ -578,7 +586,7 @@ mod tests {
         }
         auth.authenticate(&old_token, now())
             .expect("not yet re-read");
-        source.backdate(INTERVAL);
+        clock.advance(INTERVAL);
         auth.authenticate(&new_token, now()).expect("re-read");
         refused(&auth, &old_token);
     }
@@ -588,11 +596,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let mut c = cfg();
         c.jwks_file = dir.path().join("missing.json");
-        let e = JwtAuthenticator::from_file(&c, td()).expect_err("missing");
+        let e = JwtAuthenticator::from_file(&c, td(), Arc::new(crate::clock::SystemClock))
+            .expect_err("missing");
         assert!(matches!(e, JwtConfigError::Read { .. }), "{e}");
         assert!(e.to_string().contains("missing.json"), "{e}");
         c.jwks_refresh = std::time::Duration::from_millis(500);
-        let e = JwtAuthenticator::from_file(&c, td()).expect_err("too short");
+        let e = JwtAuthenticator::from_file(&c, td(), Arc::new(crate::clock::SystemClock))
+            .expect_err("too short");
         assert_eq!(e.to_string(), "jwks_refresh 500ms is outside 1s to 1h");
     }
 

@@ -12,8 +12,10 @@
 //! line), not on every interval, and the keys last read stay in force.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use crate::clock::Clock;
 
 /// Least time between two reads caused by tokens whose key is unknown: whoever sends forged
 /// tokens makes the server read a small local file at most once a second.
@@ -32,11 +34,12 @@ struct State {
     last_problem: Option<String>,
 }
 
-/// `[auth.kubernetes] jwks_file` and when it was last read.
+/// `[auth.kubernetes] jwks_file` and when it was last read (on `clock`'s monotonic reading).
 pub(super) struct JwksFile {
     path: PathBuf,
     interval: Duration,
     state: Mutex<State>,
+    clock: Arc<dyn Clock>,
 }
 
 fn digest(bytes: &[u8]) -> [u8; 32] {
@@ -63,16 +66,21 @@ fn read(path: &Path) -> Result<String, String> {
 
 impl JwksFile {
     /// Reads `path` for the first time: the source, and its contents.
-    pub(super) fn open(path: &Path, interval: Duration) -> Result<(Self, String), String> {
+    pub(super) fn open(
+        path: &Path,
+        interval: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Result<(Self, String), String> {
         let text = read(path)?;
         let source = Self {
             path: path.to_owned(),
             interval,
             state: Mutex::new(State {
-                last_read: crate::clock::monotonic().into_std(),
+                last_read: clock.monotonic().into_std(),
                 last_seen: digest(text.as_bytes()),
                 last_problem: None,
             }),
+            clock,
         };
         Ok((source, text))
     }
@@ -94,7 +102,7 @@ impl JwksFile {
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return None,
         };
-        let now = crate::clock::monotonic().into_std();
+        let now = self.clock.monotonic().into_std();
         if now.saturating_duration_since(state.last_read) < min_gap {
             return None;
         }
@@ -117,15 +125,6 @@ impl JwksFile {
                 ));
                 None
             }
-        }
-    }
-
-    /// Pretends the file was last read `ago` (tests stand in for time).
-    #[cfg(test)]
-    pub(super) fn backdate(&self, ago: Duration) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(t) = crate::clock::monotonic().into_std().checked_sub(ago) {
-            state.last_read = t;
         }
     }
 

@@ -73,9 +73,6 @@ pub struct RsaKey {
 pub fn rsa_key() -> &'static RsaKey {
     static KEY: OnceLock<RsaKey> = OnceLock::new();
     KEY.get_or_init(|| {
-        use x509_parser::prelude::FromDer;
-        use x509_parser::public_key::PublicKey;
-        use x509_parser::x509::SubjectPublicKeyInfo;
         let dir = tempfile::tempdir().expect("tempdir");
         let key_path = dir.path().join("key.pem");
         let status = std::process::Command::new("openssl")
@@ -98,20 +95,11 @@ pub fn rsa_key() -> &'static RsaKey {
             .output()
             .expect("run openssl");
         assert!(out.status.success());
-        let (_, spki) = SubjectPublicKeyInfo::from_der(&out.stdout).expect("spki");
-        let PublicKey::RSA(rsa) = spki.parsed().expect("parsed") else {
-            panic!("not RSA")
-        };
-        let strip = |b: &[u8]| {
-            b.iter()
-                .skip_while(|x| **x == 0)
-                .copied()
-                .collect::<Vec<_>>()
-        };
+        let public = signet_pki::bundle::spki_jwk(&out.stdout).expect("a JWK");
+        assert_eq!(public["kty"], "RSA");
         let jwk = json!({
             "kty": "RSA", "kid": "rsa-1", "use": "sig", "alg": "RS256",
-            "n": URL_SAFE_NO_PAD.encode(strip(rsa.modulus)),
-            "e": URL_SAFE_NO_PAD.encode(strip(rsa.exponent)),
+            "n": public["n"], "e": public["e"],
         });
         RsaKey {
             pem: std::fs::read(&key_path).expect("read key"),

@@ -185,6 +185,7 @@ async fn accept_failures_back_off_instead_of_spinning() {
     // Over a window of flooding, the agent uses little CPU: a loop retrying a failing
     // accept would use a whole core.
     let (t0, c0) = (Instant::now(), cpu_ticks(pid));
+    // A real wait: the measurement window of the real agent's CPU use.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (wall, cpu) = (t0.elapsed(), cpu_ticks(pid) - c0);
     let wall_ticks = wall.as_secs_f64() * TICKS_PER_SECOND as f64;

@@ -506,6 +506,9 @@ async fn idle_and_half_open_connections_are_closed() {
     // channel reconnects for the next call.
     let mut native = server.native().await;
     native.get_bundle(GetBundleRequest {}).await.unwrap();
+    // A real wait: the server's idle timer (1 s, its own clock) closes the connection, which
+    // the channel does not report; `grpc_connections_open` is published only once a second,
+    // so watching it would take longer than this.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     for _ in 0..3 {
         native.get_bundle(GetBundleRequest {}).await.unwrap();

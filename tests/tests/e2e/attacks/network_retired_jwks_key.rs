@@ -88,6 +88,9 @@ async fn a_rotated_jwks_is_read_again_and_the_retired_keys_tokens_are_refused() 
 
     // A broken file keeps the keys last read: no outage from a bad write.
     std::fs::write(&file, "{\"keys\": [").unwrap();
+    // A real wait: the server re-reads the file only on a request at least `jwks_refresh`
+    // (1 s) after its last read, on its own clock; a good read and a refused one answer the
+    // same, so no answer says the broken file was read: wait out the interval.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     sign(&server, &new_token).await.unwrap();
     let e = sign(&server, &old_token).await.unwrap_err();

@@ -35,27 +35,22 @@ fn crls_in(file: &Path) -> Vec<Vec<u8>> {
 
 /// The serials a DER CRL lists (lowercase hex, as the server prints them).
 fn listed(crl: &[u8]) -> Vec<String> {
-    let (_, crl) = x509_parser::parse_x509_crl(crl).unwrap();
-    crl.iter_revoked_certificates()
-        .map(|r| signet_types::serial_hex(r.raw_serial()))
+    let crl = signet_pki::ParsedCrl::from_der(crl).unwrap();
+    crl.entries()
+        .keys()
+        .map(|serial| signet_types::serial_hex(serial))
         .collect()
 }
 
-/// The authority key identifier in `extensions` (the signing CA key), lowercase hex.
-fn aki(extensions: &[x509_parser::extensions::X509Extension<'_>]) -> Option<String> {
-    extensions.iter().find_map(|e| match e.parsed_extension() {
-        x509_parser::extensions::ParsedExtension::AuthorityKeyIdentifier(a) => a
-            .key_identifier
-            .as_ref()
-            .map(|k| k.0.iter().map(|b| format!("{b:02x}")).collect()),
-        _ => None,
-    })
-}
-
-/// The CA keys that signed the CRLs.
+/// The CA keys that signed the CRLs (their authority key identifiers, lowercase hex).
 fn crl_signers(crls: &[Vec<u8>]) -> Vec<String> {
     crls.iter()
-        .filter_map(|der| aki(x509_parser::parse_x509_crl(der).ok()?.1.extensions()))
+        .filter_map(|der| {
+            signet_pki::ParsedCrl::from_der(der)
+                .ok()?
+                .authority_key_id()
+                .map(str::to_owned)
+        })
         .collect()
 }
 
@@ -66,10 +61,10 @@ fn chain_signers(chain_pem: &[u8]) -> Vec<String> {
         .unwrap()
         .iter()
         .filter_map(|der| {
-            aki(x509_parser::parse_x509_certificate(der)
+            signet_pki::ParsedCert::from_der(der)
                 .ok()?
-                .1
-                .extensions())
+                .authority_key_id()
+                .map(str::to_owned)
         })
         .collect()
 }
