@@ -187,7 +187,7 @@ impl JwtAuthenticator {
         let (source, text) = JwksFile::open(&cfg.jwks_file, cfg.jwks_refresh).map_err(|error| {
             JwtConfigError::Read {
                 path: cfg.jwks_file.display().to_string(),
-                error,
+                error: error.to_string(),
             }
         })?;
         let mut auth = Self::new(cfg, &text, td)?;
