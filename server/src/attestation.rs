@@ -175,7 +175,7 @@ impl Attestation {
         request_id: String,
     ) -> Result<(String, IssuedCert), IssuerError> {
         let token = JoinToken::parse(token).map_err(|m| {
-            let e = AuthnError::BadJoinToken(m);
+            let e = AuthnError::BadJoinToken(m.to_string());
             self.record("authn.refused", "anonymous", e.to_string());
             IssuerError::Unauthenticated(e)
         })?;
@@ -244,7 +244,8 @@ impl Attestation {
         let node = match psat.attest(self.issuer.jwt(), token, self.issuer.now()) {
             Ok(node) => node,
             Err(PsatRefusal::Unauthenticated(e)) => return Err(refuse(e)),
-            Err(PsatRefusal::Denied { caller, message }) => {
+            Err(PsatRefusal::Denied { caller, reason }) => {
+                let message = reason.to_string();
                 self.record("node.denied", &caller, message.clone());
                 return Err(IssuerError::Denied(message));
             }

@@ -224,6 +224,14 @@ fn found_text(found: Option<&Hash>) -> String {
     }
 }
 
+/// `/readyz`'s reason while a [`Rollback`] is in force ([`Checkpointer::readiness`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "ledger rollback detected ({0}); no checkpoint is signed until the ledger \
+     extends the last one again"
+)]
+pub struct RollbackDetected(pub Rollback);
+
 impl std::fmt::Display for Rollback {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -430,13 +438,10 @@ impl Checkpointer {
     }
 
     /// For `/readyz`: not ready while the head does not extend the last checkpoint.
-    pub fn readiness(&self) -> Result<(), String> {
+    pub fn readiness(&self) -> Result<(), RollbackDetected> {
         match self.rollback() {
             None => Ok(()),
-            Some(r) => Err(format!(
-                "ledger rollback detected ({r}); no checkpoint is signed until the ledger \
-                 extends the last one again"
-            )),
+            Some(r) => Err(RollbackDetected(r)),
         }
     }
 
@@ -694,8 +699,8 @@ impl crate::http::ReadinessCheck for Checkpointer {
         "ledger_rollback"
     }
 
-    fn check(&self) -> Result<(), String> {
-        self.readiness()
+    fn check(&self) -> Result<(), crate::http::NotReady> {
+        self.readiness().map_err(crate::http::NotReady::new)
     }
 }
 
@@ -1170,7 +1175,7 @@ mod tests {
         assert!(matches!(err, CheckpointError::Rollback(_)), "{err:?}");
         assert_eq!(cp.list(10).unwrap().len(), 1);
         // Flagged: readiness, the metric, one audit event (not one per tick).
-        let why = cp.readiness().unwrap_err();
+        let why = cp.readiness().unwrap_err().to_string();
         assert!(
             why.contains("ledger rollback detected") && why.contains("row 1"),
             "{why}"

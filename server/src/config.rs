@@ -574,8 +574,12 @@ impl Config {
                 humantime::format_duration(self.ca.max_ttl)
             )));
         }
-        self.ca.plugged().map_err(ConfigError::Invalid)?;
-        self.ca.validate_rotation().map_err(ConfigError::Invalid)?;
+        self.ca
+            .plugged()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        self.ca
+            .validate_rotation()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.validate_nodes()?;
         self.nodes.watch.validate()?;
         if self.ledger.max_batch == 0 || self.ledger.queue_depth == 0 {

@@ -349,72 +349,68 @@ impl CrlPublisher {
             }
             let lacking = rolled_back.is_some()
                 || stored.as_ref().is_some_and(|s| !lists_all(&s.der, &extra));
-            let current = if lacking
-                || due(stored.as_ref(), mark, now, self.cfg.next_update).is_some()
-            {
-                let mut revoked: Vec<RevokedEntry> = self
-                    .store
-                    .revoked_certificates(&key_id, now)
-                    .await?
-                    .iter()
-                    .map(RevokedEntry::from_row)
-                    .collect();
-                revoked.extend(extra.iter().cloned());
-                let next_update = self.cfg.next_update;
-                let failed = std::sync::Mutex::new(None);
-                let sign = |cur: Option<&StoredCrl>| -> Result<Option<StoredCrl>, String> {
-                    // Under the lock: another replica may have signed meanwhile.
-                    let Some(number) = number_to_sign(cur, mark, now, next_update, &extra, floor)
-                    else {
-                        return Ok(None);
+            let current =
+                if lacking || due(stored.as_ref(), mark, now, self.cfg.next_update).is_some() {
+                    let mut revoked: Vec<RevokedEntry> = self
+                        .store
+                        .revoked_certificates(&key_id, now)
+                        .await?
+                        .iter()
+                        .map(RevokedEntry::from_row)
+                        .collect();
+                    revoked.extend(extra.iter().cloned());
+                    let next_update = self.cfg.next_update;
+                    let failed = std::sync::Mutex::new(None);
+                    let sign = |cur: Option<&StoredCrl>| -> Option<StoredCrl> {
+                        // Under the lock: another replica may have signed meanwhile.
+                        let number = number_to_sign(cur, mark, now, next_update, &extra, floor)?;
+                        let next_t = now_t + next_update;
+                        match sign_crl(&ca, &revoked, number, now_t, next_t, now_t) {
+                            Ok(der) => Some(StoredCrl {
+                                ca_key_id: key_id.clone(),
+                                number,
+                                der,
+                                this_update: now,
+                                next_update: unix(next_t),
+                                mark,
+                            }),
+                            Err(e) => {
+                                *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                                None
+                            }
+                        }
                     };
-                    let next_t = now_t + next_update;
-                    match sign_crl(&ca, &revoked, number, now_t, next_t, now_t) {
-                        Ok(der) => Ok(Some(StoredCrl {
-                            ca_key_id: key_id.clone(),
-                            number,
-                            der,
-                            this_update: now,
-                            next_update: unix(next_t),
-                            mark,
-                        })),
-                        Err(e) => {
-                            *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                            Ok(None)
+                    let before = stored.as_ref().map(|s| s.number);
+                    let current = self.store.refresh_crl(&key_id, &sign).await?;
+                    if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                        tracing::warn!(key_id, error = %e, "cannot sign a CRL for this CA key");
+                    }
+                    if let Some(c) = &current
+                        && Some(c.number) != before
+                    {
+                        let p = PublishedCrl::from_stored(c);
+                        tracing::info!(
+                            key_id,
+                            number = p.number,
+                            entries = p.entries,
+                            "published a new CRL"
+                        );
+                        if let Some(audit) = &self.audit {
+                            audit.record(
+                                "crl.issued",
+                                "server",
+                                format!(
+                                    "CRL {} of CA key {key_id}: {} revoked serials, next update {}",
+                                    p.number, p.entries, p.next_update
+                                ),
+                                now,
+                            );
                         }
                     }
+                    current
+                } else {
+                    stored
                 };
-                let before = stored.as_ref().map(|s| s.number);
-                let current = self.store.refresh_crl(&key_id, &sign).await?;
-                if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
-                    tracing::warn!(key_id, error = %e, "cannot sign a CRL for this CA key");
-                }
-                if let Some(c) = &current
-                    && Some(c.number) != before
-                {
-                    let p = PublishedCrl::from_stored(c);
-                    tracing::info!(
-                        key_id,
-                        number = p.number,
-                        entries = p.entries,
-                        "published a new CRL"
-                    );
-                    if let Some(audit) = &self.audit {
-                        audit.record(
-                            "crl.issued",
-                            "server",
-                            format!(
-                                "CRL {} of CA key {key_id}: {} revoked serials, next update {}",
-                                p.number, p.entries, p.next_update
-                            ),
-                            now,
-                        );
-                    }
-                }
-                current
-            } else {
-                stored
-            };
             match current {
                 Some(c) if c.number >= floor => published.push(PublishedCrl::from_stored(&c)),
                 // Never serve a number lower than one served: keep the one served.

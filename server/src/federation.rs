@@ -55,25 +55,33 @@ pub fn next_sequence(prev: u64, now_unix: i64) -> u64 {
         .max(u64::try_from(now_unix).unwrap_or(0))
 }
 
+/// Why the bundle cannot be served as a SPIFFE bundle document.
+#[derive(Debug, thiserror::Error)]
+pub enum DocumentError {
+    #[error("a root does not parse: {0}")]
+    Root(#[source] signet_pki::cert::CertError),
+    #[error(transparent)]
+    Bundle(#[from] signet_pki::bundle::BundleError),
+}
+
 /// The SPIFFE bundle document of `bundle`'s roots ([`SpiffeBundle::to_json`]).
 pub fn bundle_document(
     bundle: &Bundle,
     sequence: u64,
     refresh_hint: Duration,
-) -> Result<serde_json::Value, String> {
+) -> Result<serde_json::Value, DocumentError> {
     let x509_authorities = bundle
         .roots
         .iter()
-        .map(|r| ParsedCert::from_der(r).map_err(|e| format!("a root does not parse: {e}")))
+        .map(|r| ParsedCert::from_der(r).map_err(DocumentError::Root))
         .collect::<Result<Vec<_>, _>>()?;
-    SpiffeBundle {
+    Ok(SpiffeBundle {
         x509_authorities,
         jwt_authorities: Vec::new(),
         sequence: Some(sequence),
         refresh_hint: Some(refresh_hint),
     }
-    .to_json()
-    .map_err(|e| e.to_string())
+    .to_json()?)
 }
 
 /// The endpoint's state: the bundle it serves and the sequence of what it served last.
@@ -105,7 +113,7 @@ impl BundleEndpoint {
 
     /// The document for the current bundle: the same sequence as last time if the roots are the
     /// same, else the next one.
-    pub fn document(&self) -> Result<serde_json::Value, String> {
+    pub fn document(&self) -> Result<serde_json::Value, DocumentError> {
         let current = self.bundle.current();
         let sequence = {
             let mut served = self.served.lock().unwrap_or_else(PoisonError::into_inner);
@@ -269,9 +277,9 @@ mod tests {
     use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 
     /// One root as a JWK (`use: x509-svid`), or why it cannot be one.
-    fn root_jwk(der: &[u8]) -> Result<serde_json::Value, String> {
-        let cert = ParsedCert::from_der(der).map_err(|e| format!("a root does not parse: {e}"))?;
-        signet_pki::bundle::x509_svid_jwk(&cert).map_err(|e| e.to_string())
+    fn root_jwk(der: &[u8]) -> Result<serde_json::Value, DocumentError> {
+        let cert = ParsedCert::from_der(der).map_err(DocumentError::Root)?;
+        Ok(signet_pki::bundle::x509_svid_jwk(&cert)?)
     }
     use signet_types::TrustDomain;
     use tower::ServiceExt;

@@ -35,7 +35,19 @@ use crate::store::LedgerStore;
 /// (`not ready: <name>: <reason>`).
 pub trait ReadinessCheck: Send + Sync + 'static {
     fn name(&self) -> &'static str;
-    fn check(&self) -> Result<(), String>;
+    fn check(&self) -> Result<(), NotReady>;
+}
+
+/// Why a [`ReadinessCheck`] fails: the checked layer's own error (its type is the layer's, e.g.
+/// [`crate::checkpoint::RollbackDetected`]), shown as it is after the check's name.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct NotReady(Box<dyn std::error::Error + Send + Sync>);
+
+impl NotReady {
+    pub fn new(reason: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(Box::new(reason))
+    }
 }
 
 #[derive(Clone)]
@@ -207,14 +219,18 @@ mod tests {
     use crate::store::SqliteStore;
 
     /// A check whose answer the test sets.
-    struct Switch(Mutex<Result<(), String>>);
+    struct Switch(Mutex<Result<(), HeadWentBack>>);
+
+    #[derive(Debug, Clone, thiserror::Error)]
+    #[error("the head went back")]
+    struct HeadWentBack;
 
     impl ReadinessCheck for Switch {
         fn name(&self) -> &'static str {
             "switch"
         }
-        fn check(&self) -> Result<(), String> {
-            self.0.lock().unwrap().clone()
+        fn check(&self) -> Result<(), NotReady> {
+            self.0.lock().unwrap().clone().map_err(NotReady::new)
         }
     }
 
@@ -227,7 +243,7 @@ mod tests {
                 .await
                 .unwrap(),
         );
-        let switch = Arc::new(Switch(Mutex::new(Err("the head went back".into()))));
+        let switch = Arc::new(Switch(Mutex::new(Err(HeadWentBack))));
         let router = router_with(
             store,
             Metrics::new(),

@@ -125,20 +125,14 @@ impl LedgerProgress {
     }
 
     /// `Ok` when the ledger is making progress, else why not (for `/readyz`'s body).
-    pub fn readiness(&self, now: Instant) -> Result<(), String> {
+    pub fn readiness(&self, now: Instant) -> Result<(), LedgerNotReady> {
         let s = self.lock();
         let t = self.thresholds;
-        let fmt = |d: Duration| {
-            humantime::format_duration(Duration::from_millis(
-                u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
-            ))
-            .to_string()
-        };
         if s.pending > t.max_queue {
-            return Err(format!(
-                "{} issuances are waiting for a ledger commit (more than ledger.ready_max_queue = {})",
-                s.pending, t.max_queue
-            ));
+            return Err(LedgerNotReady::QueueDeep {
+                pending: s.pending,
+                max_queue: t.max_queue,
+            });
         }
         if s.pending > 0 {
             // Waiting since the later of: the last commit, the moment requests began waiting.
@@ -148,26 +142,56 @@ impl LedgerProgress {
             };
             let waited = now.saturating_duration_since(since);
             if waited > t.max_wait {
-                return Err(format!(
-                    "{} issuances have waited {} without a ledger commit (ledger.ready_max_wait = {}); \
-                     is the database stalled or the ledger head row locked?",
-                    s.pending,
-                    fmt(waited),
-                    fmt(t.max_wait)
-                ));
+                return Err(LedgerNotReady::Stalled {
+                    pending: s.pending,
+                    waited,
+                    max_wait: t.max_wait,
+                });
             }
         }
         if let Some((at, error)) = &s.last_failure {
             let ago = now.saturating_duration_since(*at);
             if ago <= t.max_wait {
-                return Err(format!(
-                    "the last ledger commit failed {} ago and none has succeeded since: {error}",
-                    fmt(ago)
-                ));
+                return Err(LedgerNotReady::Failing {
+                    ago,
+                    error: error.clone(),
+                });
             }
         }
         Ok(())
     }
+}
+
+/// Why the ledger writer is not making progress ([`LedgerProgress::readiness`]); durations are
+/// shown to the millisecond.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerNotReady {
+    #[error(
+        "{pending} issuances are waiting for a ledger commit (more than ledger.ready_max_queue = {max_queue})"
+    )]
+    QueueDeep { pending: usize, max_queue: usize },
+    #[error(
+        "{pending} issuances have waited {} without a ledger commit (ledger.ready_max_wait = {}); \
+         is the database stalled or the ledger head row locked?",
+        millis(.waited),
+        millis(.max_wait)
+    )]
+    Stalled {
+        pending: usize,
+        waited: Duration,
+        max_wait: Duration,
+    },
+    #[error(
+        "the last ledger commit failed {} ago and none has succeeded since: {error}",
+        millis(.ago)
+    )]
+    Failing { ago: Duration, error: String },
+}
+
+fn millis(d: &Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(Duration::from_millis(
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+    ))
 }
 
 /// An issuance waiting for its commit.
@@ -763,7 +787,7 @@ mod tests {
         let why = progress
             .readiness(crate::clock::monotonic().into_std() + Duration::from_secs(3))
             .unwrap_err();
-        assert!(why.contains("4 issuances have waited"), "{why}");
+        assert!(why.to_string().contains("4 issuances have waited"), "{why}");
         let started = crate::clock::monotonic();
         for h in first.into_iter().chain(rest) {
             assert_eq!(
@@ -795,7 +819,7 @@ mod tests {
         p.failed(t0, "database unavailable: lock timeout".into());
         let why = p.readiness(t0 + Duration::from_secs(1)).unwrap_err();
         assert!(
-            why.contains("failed 1s ago") && why.contains("lock timeout"),
+            why.to_string().contains("failed 1s ago") && why.to_string().contains("lock timeout"),
             "{why}"
         );
         // A failure long ago with nothing since: ready again (the next request will tell).
@@ -806,7 +830,7 @@ mod tests {
 
         let waiting: Vec<_> = (0..3).map(|_| p.wait(t0)).collect();
         let why = p.readiness(t0).unwrap_err();
-        assert!(why.contains("ready_max_queue = 2"), "{why}");
+        assert!(why.to_string().contains("ready_max_queue = 2"), "{why}");
         drop(waiting);
         assert_eq!(p.pending(), 0);
         // An idle server whose last commit is old is ready; a new waiter is not stalled yet.

@@ -8,14 +8,17 @@
 //! ([`Policy::is_reserved_id`], [`Policy::refuse_server_dns_name`], the very functions the
 //! signing policy's `reserved` check calls), so an entry that could only ever fail at signing
 //! is refused when it is created, with the reason. It keeps only the operator-facing
-//! validation (parents, selectors, entries) and join tokens, with messages as `String`s for the
-//! API edge.
+//! validation (parents, selectors, entries) and join tokens; each refusal is an error type of
+//! its own ([`ParentError`], [`EntryError`], [`BatchError`], [`BadJoinToken`]) whose message
+//! the API edge returns as it is (`api::ApiError`'s `From` impls).
 
 use signet_types::dns::DnsName;
+use signet_types::node::NodeIdError;
 use signet_types::selector::{Selector, SelectorError};
 use signet_types::untrusted::quoted;
-use signet_types::{SpiffeId, TrustDomain};
+use signet_types::{SpiffeId, SpiffeIdError, TrustDomain};
 
+use crate::policy::Denial;
 use crate::policy::Policy;
 
 pub use signet_types::node::{NODE_PATH_PREFIX, node_id_of};
@@ -30,32 +33,48 @@ const MAX_DNS_NAMES: usize = 32;
 pub const MAX_BATCH_ENTRIES: usize = 1000;
 
 /// A node ID: 1–128 of `[A-Za-z0-9._-]`, not `.` or `..` ([`signet_types::node::NodeId`]).
-pub fn validate_node_id(id: &str) -> Result<(), String> {
-    signet_types::node::NodeId::new(id)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+pub fn validate_node_id(id: &str) -> Result<(), NodeIdError> {
+    signet_types::node::NodeId::new(id).map(|_| ())
 }
 
 /// The node's SPIFFE ID ([`signet_types::node::node_spiffe_id`]).
-pub fn node_spiffe_id(td: &TrustDomain, node_id: &str) -> Result<SpiffeId, String> {
-    signet_types::node::node_spiffe_id(td, node_id).map_err(|e| e.to_string())
+pub fn node_spiffe_id(td: &TrustDomain, node_id: &str) -> Result<SpiffeId, NodeIdError> {
+    signet_types::node::node_spiffe_id(td, node_id)
+}
+
+/// Why a parent (a node ID or a node SPIFFE ID) is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParentError {
+    /// It starts like a SPIFFE ID but is not one (`given` is quoted for display).
+    #[error("parent {given} is not a SPIFFE ID: {source}")]
+    NotSpiffeId {
+        given: String,
+        source: SpiffeIdError,
+    },
+    /// A SPIFFE ID, but not a node's in this trust domain.
+    #[error(
+        "parent {id} is not a node ID of this trust domain \
+         (spiffe://{td}{NODE_PATH_PREFIX}<node-id>)"
+    )]
+    NotANode { id: SpiffeId, td: TrustDomain },
+    /// A bare node ID that is not valid.
+    #[error("parent: {0}")]
+    NodeId(#[source] NodeIdError),
 }
 
 /// A parent as the operator names it: a node ID, or a node SPIFFE ID of `td`.
-pub fn parse_parent(td: &TrustDomain, parent: &str) -> Result<SpiffeId, String> {
+pub fn parse_parent(td: &TrustDomain, parent: &str) -> Result<SpiffeId, ParentError> {
     if parent.starts_with("spiffe://") {
-        let id: SpiffeId = parent
-            .parse()
-            .map_err(|e| format!("parent {} is not a SPIFFE ID: {e}", quoted(parent)))?;
+        let id: SpiffeId = parent.parse().map_err(|source| ParentError::NotSpiffeId {
+            given: quoted(parent),
+            source,
+        })?;
         if node_id_of(&id, td).is_none() {
-            return Err(format!(
-                "parent {id} is not a node ID of this trust domain \
-                 (spiffe://{td}{NODE_PATH_PREFIX}<node-id>)"
-            ));
+            return Err(ParentError::NotANode { id, td: td.clone() });
         }
         Ok(id)
     } else {
-        node_spiffe_id(td, parent).map_err(|e| format!("parent: {e}"))
+        node_spiffe_id(td, parent).map_err(ParentError::NodeId)
     }
 }
 
@@ -74,27 +93,37 @@ impl std::fmt::Debug for JoinToken {
 /// secret scanner and unmistakable for anything else).
 const TOKEN_PREFIX: &str = "sjt_";
 
+/// The system gave no randomness for a new join token (our fault, not the caller's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no randomness for a join token")]
+pub struct NoRandomness;
+
+/// A caller's join token is not in the token format. Never carries the input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a join token is {TOKEN_PREFIX} followed by 64 hex digits (as printed by \
+     `signetctl token create`)"
+)]
+pub struct BadJoinToken;
+
 impl JoinToken {
     /// A fresh random token.
-    pub fn generate() -> Result<Self, String> {
+    pub fn generate() -> Result<Self, NoRandomness> {
         let mut b = [0u8; 32];
         ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b)
-            .map_err(|_| "no randomness for a join token".to_owned())?;
+            .map_err(|_| NoRandomness)?;
         Ok(Self(format!("{TOKEN_PREFIX}{}", hex::encode(b))))
     }
 
     /// Parses what a caller sent. The error never repeats the input.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, BadJoinToken> {
         let ok = s
             .strip_prefix(TOKEN_PREFIX)
             .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()));
         if ok {
             Ok(Self(s.to_ascii_lowercase()))
         } else {
-            Err(format!(
-                "a join token is {TOKEN_PREFIX} followed by 64 hex digits (as printed by \
-                 `signetctl token create`)"
-            ))
+            Err(BadJoinToken)
         }
     }
 
@@ -126,6 +155,44 @@ pub struct ValidEntry {
     pub dns_names: Vec<String>,
 }
 
+/// Why an entry is refused at creation, each with the message the operator sees.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EntryError {
+    /// `given` is quoted for display.
+    #[error("spiffe_id {given} is not a SPIFFE ID: {source}")]
+    NotSpiffeId {
+        given: String,
+        source: SpiffeIdError,
+    },
+    #[error("spiffe_id {id} is not in trust domain {td}")]
+    ForeignTrustDomain { id: SpiffeId, td: TrustDomain },
+    #[error("spiffe_id {0} has no path; name a workload")]
+    NoPath(SpiffeId),
+    #[error("spiffe_id {0} is under /signet/, which is reserved for Signet's own identities")]
+    Reserved(SpiffeId),
+    #[error(transparent)]
+    Parent(#[from] ParentError),
+    #[error("an entry needs at least one selector, e.g. unix:uid:1000")]
+    NoSelectors,
+    #[error("at most {MAX_SELECTORS} selectors per entry")]
+    TooManySelectors,
+    #[error(transparent)]
+    Selector(#[from] SelectorError),
+    #[error(
+        "ttl {0} s is out of range (0 for the default, at most ten years; \
+         the CA clamps it to its maximum)"
+    )]
+    Ttl(i64),
+    #[error("at most {MAX_DNS_NAMES} DNS names per entry")]
+    TooManyDnsNames,
+    /// The name, quoted for display.
+    #[error("{0} is not a valid DNS name")]
+    DnsName(String),
+    /// One of the server's own names (or a wildcard covering one): signing would refuse it.
+    #[error("{0}, so this entry's workload would never get a certificate")]
+    ServerDnsName(Denial),
+}
+
 /// Validates an entry for `policy`'s trust domain: its SPIFFE ID in it with a path, not
 /// reserved (under `/signet/`); a node parent; 1–32 valid selectors (deduplicated, sorted); TTL
 /// 0 (the default) to ten years; valid DNS names, none of them the server's own (or a wildcard
@@ -137,52 +204,50 @@ pub fn validate_entry(
     selectors: &[String],
     ttl_seconds: i64,
     dns_names: &[String],
-) -> Result<ValidEntry, String> {
+) -> Result<ValidEntry, EntryError> {
     let td = policy.trust_domain();
     let id: SpiffeId = spiffe_id
         .parse()
-        .map_err(|e| format!("spiffe_id {} is not a SPIFFE ID: {e}", quoted(spiffe_id)))?;
+        .map_err(|source| EntryError::NotSpiffeId {
+            given: quoted(spiffe_id),
+            source,
+        })?;
     if !id.is_member_of(td) {
-        return Err(format!("spiffe_id {id} is not in trust domain {td}"));
+        return Err(EntryError::ForeignTrustDomain { id, td: td.clone() });
     }
     if id.path().is_empty() {
-        return Err(format!("spiffe_id {id} has no path; name a workload"));
+        return Err(EntryError::NoPath(id));
     }
     if Policy::is_reserved_id(&id) {
-        return Err(format!(
-            "spiffe_id {id} is under /signet/, which is reserved for Signet's own identities"
-        ));
+        return Err(EntryError::Reserved(id));
     }
     let parent_id = parse_parent(td, parent)?;
     if selectors.is_empty() {
-        return Err("an entry needs at least one selector, e.g. unix:uid:1000".into());
+        return Err(EntryError::NoSelectors);
     }
     if selectors.len() > MAX_SELECTORS {
-        return Err(format!("at most {MAX_SELECTORS} selectors per entry"));
+        return Err(EntryError::TooManySelectors);
     }
     for s in selectors {
-        validate_selector(s).map_err(|e| e.to_string())?;
+        validate_selector(s)?;
     }
     let mut sel = selectors.to_vec();
     sel.sort();
     sel.dedup();
     if !signet_types::ttl::is_requestable(ttl_seconds) {
-        return Err(format!(
-            "ttl {ttl_seconds} s is out of range (0 for the default, at most ten years; \
-             the CA clamps it to its maximum)"
-        ));
+        return Err(EntryError::Ttl(ttl_seconds));
     }
     if dns_names.len() > MAX_DNS_NAMES {
-        return Err(format!("at most {MAX_DNS_NAMES} DNS names per entry"));
+        return Err(EntryError::TooManyDnsNames);
     }
     let mut dns = Vec::new();
     for d in dns_names {
         if !DnsName::is_valid(d) {
-            return Err(format!("{} is not a valid DNS name", quoted(d)));
+            return Err(EntryError::DnsName(quoted(d)));
         }
-        policy.refuse_server_dns_name(d).map_err(|denial| {
-            format!("{denial}, so this entry's workload would never get a certificate")
-        })?;
+        policy
+            .refuse_server_dns_name(d)
+            .map_err(EntryError::ServerDnsName)?;
         let d = d.to_ascii_lowercase();
         if !dns.contains(&d) {
             dns.push(d);
@@ -207,6 +272,28 @@ pub struct EntryInput<'a> {
     pub dns_names: &'a [String],
 }
 
+/// Why a batch of entries is refused (all of it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BatchError {
+    #[error("the batch is empty; send at least one entry")]
+    Empty,
+    #[error("{0} entries in one batch; send at most {MAX_BATCH_ENTRIES}")]
+    TooMany(usize),
+    /// Entry `index` (from 0) is refused as [`validate_entry`] refuses one.
+    #[error("entry {index}: {source}")]
+    Entry { index: usize, source: EntryError },
+    /// Entry `index` is the same registration as the earlier entry `first`.
+    #[error(
+        "entry {index}: duplicates entry {first} of this batch (same spiffe_id {spiffe_id}, \
+         parent and selectors)"
+    )]
+    Duplicate {
+        index: usize,
+        first: usize,
+        spiffe_id: SpiffeId,
+    },
+}
+
 /// Validates a batch: 1 to [`MAX_BATCH_ENTRIES`] entries, each exactly as [`validate_entry`]
 /// validates one, and no two the same registration. Two entries are the same registration when
 /// their SPIFFE ID, parent and (sorted, deduplicated) selectors are equal, as SPIRE's "similar
@@ -217,15 +304,12 @@ pub struct EntryInput<'a> {
 pub fn validate_batch(
     policy: &Policy,
     entries: &[EntryInput<'_>],
-) -> Result<Vec<ValidEntry>, String> {
+) -> Result<Vec<ValidEntry>, BatchError> {
     if entries.is_empty() {
-        return Err("the batch is empty; send at least one entry".into());
+        return Err(BatchError::Empty);
     }
     if entries.len() > MAX_BATCH_ENTRIES {
-        return Err(format!(
-            "{} entries in one batch; send at most {MAX_BATCH_ENTRIES}",
-            entries.len()
-        ));
+        return Err(BatchError::TooMany(entries.len()));
     }
     let mut valid: Vec<ValidEntry> = Vec::with_capacity(entries.len());
     // Registration key -> index, to find a duplicate in one pass.
@@ -240,18 +324,18 @@ pub fn validate_batch(
             e.ttl_seconds,
             e.dns_names,
         )
-        .map_err(|why| format!("entry {i}: {why}"))?;
+        .map_err(|source| BatchError::Entry { index: i, source })?;
         let key = (
             v.spiffe_id.to_string(),
             v.parent_id.to_string(),
             v.selectors.clone(),
         );
         if let Some(first) = seen.insert(key, i) {
-            return Err(format!(
-                "entry {i}: duplicates entry {first} of this batch (same spiffe_id {}, parent \
-                 and selectors)",
-                v.spiffe_id
-            ));
+            return Err(BatchError::Duplicate {
+                index: i,
+                first,
+                spiffe_id: v.spiffe_id,
+            });
         }
         valid.push(v);
     }
@@ -312,7 +396,7 @@ mod tests {
                 "DNS name localhost is the CA server's own name",
             ),
         ] {
-            let err = create(dns).expect_err(dns);
+            let err = create(dns).expect_err(dns).to_string();
             assert!(err.contains(named), "{dns}: {err}");
             assert!(
                 err.contains("would never get a certificate"),
@@ -333,7 +417,9 @@ mod tests {
                 ..input(id, &one)
             })
             .collect();
-        let err = validate_batch(&policy(), &batch).expect_err("refused");
+        let err = validate_batch(&policy(), &batch)
+            .expect_err("refused")
+            .to_string();
         assert!(
             err.starts_with("entry 1: DNS name signet.example.org is the CA server's own name"),
             "{err}"
@@ -359,7 +445,8 @@ mod tests {
             0,
             &[],
         )
-        .expect_err("refused");
+        .expect_err("refused")
+        .to_string();
         assert!(err.starts_with("selector \"unix:uid:01000\": "), "{err}");
     }
 
@@ -402,7 +489,9 @@ mod tests {
             "spiffe://example.org/signet/node/n1"
         );
         let bad = |id: &str, sel: &[String], ttl: i64, dns: &[String]| {
-            validate_entry(&policy(), id, "n1", sel, ttl, dns).expect_err("invalid")
+            validate_entry(&policy(), id, "n1", sel, ttl, dns)
+                .expect_err("invalid")
+                .to_string()
         };
         let one = vec!["unix:uid:1".to_owned()];
         assert!(bad("spiffe://other.org/app", &one, 0, &[]).contains("trust domain"));
@@ -452,7 +541,9 @@ mod tests {
         // One bad entry: the index and CreateEntry's own reason.
         let mut bad = ok.clone();
         bad[1] = input("spiffe://example.org/signet/x", &one);
-        let err = validate_batch(&policy(), &bad).expect_err("refused");
+        let err = validate_batch(&policy(), &bad)
+            .expect_err("refused")
+            .to_string();
         assert!(err.starts_with("entry 1: "), "{err}");
         assert!(err.contains("reserved"), "{err}");
 
@@ -460,7 +551,9 @@ mod tests {
         let dup_sel = vec!["unix:uid:1".to_owned(), "unix:uid:1".to_owned()];
         let mut dup = ok.clone();
         dup.push(input("spiffe://example.org/w0", &dup_sel));
-        let err = validate_batch(&policy(), &dup).expect_err("refused");
+        let err = validate_batch(&policy(), &dup)
+            .expect_err("refused")
+            .to_string();
         assert!(err.starts_with("entry 3: duplicates entry 0"), "{err}");
         // Same SPIFFE ID under other selectors is another registration.
         let mut other = ok.clone();
@@ -470,12 +563,15 @@ mod tests {
         assert!(
             validate_batch(&policy(), &[])
                 .expect_err("empty")
+                .to_string()
                 .contains("empty")
         );
         let many: Vec<EntryInput<'_>> = (0..=MAX_BATCH_ENTRIES)
             .map(|_| input("spiffe://example.org/w", &one))
             .collect();
-        let err = validate_batch(&policy(), &many).expect_err("too many");
+        let err = validate_batch(&policy(), &many)
+            .expect_err("too many")
+            .to_string();
         assert!(err.contains("at most 1000"), "{err}");
     }
 
@@ -489,7 +585,7 @@ mod tests {
         assert_eq!(t.hash().len(), 64);
         assert_ne!(t.hash(), t.expose());
         let secret = "sjt_zzzz";
-        let err = JoinToken::parse(secret).expect_err("bad");
+        let err = JoinToken::parse(secret).expect_err("bad").to_string();
         assert!(!err.contains("zzzz"));
         assert!(JoinToken::parse("").is_err());
     }

@@ -93,21 +93,32 @@ impl std::fmt::Debug for ClientAnchors {
     }
 }
 
-fn client_verifier(anchors: &[Vec<u8>]) -> Result<Arc<dyn ClientCertVerifier>, String> {
+/// Why rustls refused the TLS setup: its error, with what it refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    #[error("client CA certificate refused by rustls: {0}")]
+    ClientCa(#[source] rustls::Error),
+    #[error("client verifier: {0}")]
+    ClientVerifier(#[source] rustls::server::VerifierBuilderError),
+    #[error("TLS versions: {0}")]
+    Versions(#[source] rustls::Error),
+}
+
+fn client_verifier(anchors: &[Vec<u8>]) -> Result<Arc<dyn ClientCertVerifier>, TlsSetupError> {
     let mut store = RootCertStore::empty();
     for r in anchors {
         store
             .add(CertificateDer::from(r.clone()))
-            .map_err(|e| format!("client CA certificate refused by rustls: {e}"))?;
+            .map_err(TlsSetupError::ClientCa)?;
     }
     WebPkiClientVerifier::builder_with_provider(Arc::new(store), provider())
         .allow_unauthenticated()
         .build()
-        .map_err(|e| format!("client verifier: {e}"))
+        .map_err(TlsSetupError::ClientVerifier)
 }
 
 impl ClientAnchors {
-    pub fn new(anchors: &[Vec<u8>]) -> Result<Arc<Self>, String> {
+    pub fn new(anchors: &[Vec<u8>]) -> Result<Arc<Self>, TlsSetupError> {
         Ok(Arc::new(Self {
             current: ArcSwap::from_pointee(client_verifier(anchors)?),
             issuers: ArcSwap::from_pointee(anchors.to_vec()),
@@ -115,7 +126,7 @@ impl ClientAnchors {
     }
 
     /// Replaces the anchors for the handshakes that start from now on.
-    pub fn replace(&self, anchors: &[Vec<u8>]) -> Result<(), String> {
+    pub fn replace(&self, anchors: &[Vec<u8>]) -> Result<(), TlsSetupError> {
         self.current.store(Arc::new(client_verifier(anchors)?));
         self.issuers.store(Arc::new(anchors.to_vec()));
         Ok(())
@@ -194,10 +205,10 @@ impl ClientCertVerifier for ClientAnchors {
 pub fn server_config_with(
     resolver: Arc<ServerCertResolver>,
     anchors: Arc<ClientAnchors>,
-) -> Result<rustls::ServerConfig, String> {
+) -> Result<rustls::ServerConfig, TlsSetupError> {
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS versions: {e}"))?
+        .map_err(TlsSetupError::Versions)?
         .with_client_cert_verifier(anchors)
         .with_cert_resolver(resolver);
     cfg.alpn_protocols = vec![b"h2".to_vec()];

@@ -165,6 +165,26 @@ impl From<ApiError> for Status {
     }
 }
 
+/// Refusals of what the caller sent, by the layer that checks it: each is `InvalidArgument` with
+/// the layer's own message.
+macro_rules! invalid_argument_from {
+    ($($error:ty),+ $(,)?) => {
+        $(impl From<$error> for ApiError {
+            fn from(e: $error) -> Self {
+                ApiError::InvalidArgument(e.to_string())
+            }
+        })+
+    };
+}
+
+invalid_argument_from!(
+    signet_types::node::NodeIdError,
+    crate::nodes::ParentError,
+    crate::nodes::EntryError,
+    crate::nodes::BatchError,
+    crate::revocation::BadSelector,
+);
+
 /// The issuer's refusals keep the codes and messages callers have always seen: refusals of the
 /// request map one to one; every retryable fault is `Unavailable` with the issuer's message; a
 /// store failure maps as everywhere else (see `admin.rs`).

@@ -131,10 +131,10 @@ impl NodeAdmin for NodeAdminApi {
         let node_id = if req.node_id.is_empty() {
             format!("node-{}", random_hex(8)?)
         } else {
-            validate_node_id(&req.node_id).map_err(ApiError::InvalidArgument)?;
+            validate_node_id(&req.node_id).map_err(ApiError::from)?;
             req.node_id
         };
-        let token = JoinToken::generate().map_err(ApiError::Internal)?;
+        let token = JoinToken::generate().map_err(|e| ApiError::Internal(e.to_string()))?;
         let now = self.now();
         let expires_at = now.saturating_add(ttl);
         self.store
@@ -167,8 +167,8 @@ impl NodeAdmin for NodeAdminApi {
     ) -> Result<Response<NodeRecord>, Status> {
         let req = request.into_inner();
         // Accept a node SPIFFE ID as well as a bare node ID.
-        let parent = parse_parent(self.issuer.trust_domain(), &req.node_id)
-            .map_err(ApiError::InvalidArgument)?;
+        let parent =
+            parse_parent(self.issuer.trust_domain(), &req.node_id).map_err(ApiError::from)?;
         let node_id = crate::nodes::node_id_of(&parent, self.issuer.trust_domain())
             .ok_or_else(|| ApiError::InvalidArgument("not a node ID".into()))?;
         let node = self
@@ -200,7 +200,7 @@ impl NodeAdmin for NodeAdminApi {
             req.ttl_seconds,
             &req.dns_names,
         )
-        .map_err(ApiError::InvalidArgument)?;
+        .map_err(ApiError::from)?;
         let entry = new_entry(v, self.now())?;
         // The same duplicate rule as the batch (`store::nodes::registration_selectors`), but
         // AlreadyExists: one entry has nothing else wrong with it.
@@ -241,7 +241,7 @@ impl NodeAdmin for NodeAdminApi {
                 dns_names: &e.dns_names,
             })
             .collect();
-        let valid = validate_batch(&self.policy, &inputs).map_err(ApiError::InvalidArgument)?;
+        let valid = validate_batch(&self.policy, &inputs).map_err(ApiError::from)?;
         let now = self.now();
         let batch = valid
             .into_iter()
@@ -295,7 +295,7 @@ impl NodeAdmin for NodeAdminApi {
         } else {
             Some(
                 parse_parent(self.issuer.trust_domain(), &req.parent)
-                    .map_err(ApiError::InvalidArgument)?
+                    .map_err(ApiError::from)?
                     .to_string(),
             )
         };

@@ -118,7 +118,7 @@ impl RevocationAdmin for RevocationAdminApi {
             Some(S::Entry(v)) => ("entry", v),
             Some(S::CaKeyId(v)) => ("ca_key", v),
         };
-        let selector = parse_selector(&self.td, by, value).map_err(ApiError::InvalidArgument)?;
+        let selector = parse_selector(&self.td, by, value).map_err(ApiError::from)?;
         if req.reason.is_empty() {
             return Err(ApiError::InvalidArgument(
                 "a reason is required (RFC 5280 name, e.g. keyCompromise, superseded, \

@@ -27,8 +27,38 @@ pub enum PsatRefusal {
     /// `caller` is the token's label (`jwt:<id>`) for the audit log.
     Denied {
         caller: String,
-        message: String,
+        reason: PsatDenial,
     },
+}
+
+/// Why a valid token may not attest a node ([`PsatAttestor::node_for`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PsatDenial {
+    #[error("not a service-account token")]
+    NotServiceAccount,
+    /// `allowed` is `nodes.kubernetes.allowed_service_accounts`, joined.
+    #[error(
+        "service account {service_account} may not attest a node; nodes.kubernetes.\
+         allowed_service_accounts lists {allowed}"
+    )]
+    ServiceAccount {
+        service_account: String,
+        allowed: String,
+    },
+    #[error(
+        "the token of {0} is not bound to a node (no kubernetes.io.node.name claim): \
+         mount a projected service-account token in the agent's pod (Kubernetes 1.30 \
+         or later binds it to the node)"
+    )]
+    NoNode(String),
+    /// The node name, cut to 64 characters.
+    #[error(
+        "node name {0:?} from the token does not make a node ID: a Kubernetes node name \
+         is lowercase letters, digits, '-' and '.'"
+    )]
+    NodeName(String),
+    #[error("node name from the token does not make a node ID: {0}")]
+    NodeId(#[source] signet_types::node::NodeIdError),
 }
 
 /// A node proved by its token.
@@ -70,15 +100,15 @@ impl PsatAttestor {
             .authenticate_node_token(token, now, &self.audiences)
             .map_err(PsatRefusal::Unauthenticated)?;
         self.node_for(&verified)
-            .map_err(|message| PsatRefusal::Denied {
+            .map_err(|reason| PsatRefusal::Denied {
                 caller: verified.caller.label(),
-                message,
+                reason,
             })
     }
 
     /// The claim checks on an already verified token: an allowed service account, bound to a
     /// node whose name makes a valid node ID.
-    pub fn node_for(&self, t: &VerifiedToken) -> Result<PsatNode, String> {
+    pub fn node_for(&self, t: &VerifiedToken) -> Result<PsatNode, PsatDenial> {
         let CallerKind::KubernetesServiceAccount {
             namespace,
             service_account,
@@ -86,35 +116,27 @@ impl PsatAttestor {
             ..
         } = t.caller.kind()
         else {
-            return Err("not a service-account token".into());
+            return Err(PsatDenial::NotServiceAccount);
         };
         let sa = format!("{namespace}:{service_account}");
         if !self.allowed.contains(&sa) {
-            return Err(format!(
-                "service account {sa} may not attest a node; nodes.kubernetes.\
-                 allowed_service_accounts lists {}",
-                self.allowed.join(", ")
-            ));
+            return Err(PsatDenial::ServiceAccount {
+                service_account: sa,
+                allowed: self.allowed.join(", "),
+            });
         }
         let Some(node_name) = t.node_name.as_deref().filter(|n| !n.is_empty()) else {
-            return Err(format!(
-                "the token of {sa} is not bound to a node (no kubernetes.io.node.name claim): \
-                 mount a projected service-account token in the agent's pod (Kubernetes 1.30 \
-                 or later binds it to the node)"
-            ));
+            return Err(PsatDenial::NoNode(sa));
         };
         // A Kubernetes node name is an RFC 1123 subdomain (and its length is checked again
         // as a node ID's below).
         if !Dns1123Subdomain::is_valid(node_name) {
-            return Err(format!(
-                "node name {:?} from the token does not make a node ID: a Kubernetes node name \
-                 is lowercase letters, digits, '-' and '.'",
-                node_name.chars().take(64).collect::<String>()
+            return Err(PsatDenial::NodeName(
+                node_name.chars().take(64).collect::<String>(),
             ));
         }
         let node_id = format!("{NODE_ID_PREFIX}{node_name}");
-        crate::nodes::validate_node_id(&node_id)
-            .map_err(|e| format!("node name from the token does not make a node ID: {e}"))?;
+        crate::nodes::validate_node_id(&node_id).map_err(PsatDenial::NodeId)?;
         Ok(PsatNode {
             node_id,
             node_name: node_name.to_owned(),
@@ -182,7 +204,8 @@ mod tests {
         ] {
             let e = attestor()
                 .node_for(&token(ns, sa, Some("worker-1")))
-                .expect_err("refused");
+                .expect_err("refused")
+                .to_string();
             assert!(
                 e.contains(&format!("service account {ns}:{sa} may not attest")),
                 "{e}"
@@ -196,7 +219,8 @@ mod tests {
         for node in [None, Some("")] {
             let e = attestor()
                 .node_for(&token("signet-system", "signet-agent", node))
-                .expect_err("refused");
+                .expect_err("refused")
+                .to_string();
             assert!(e.contains("not bound to a node"), "{e}");
         }
     }
@@ -216,7 +240,8 @@ mod tests {
         ] {
             let e = attestor()
                 .node_for(&token("signet-system", "signet-agent", Some(bad)))
-                .expect_err(bad);
+                .expect_err(bad)
+                .to_string();
             assert!(e.contains("does not make a node ID"), "{e}");
         }
     }

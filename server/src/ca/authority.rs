@@ -16,7 +16,9 @@ use x509_parser::certificate::X509Certificate;
 use super::serial::SerialSource;
 use super::template::ca_params;
 use super::time::{floor_secs, to_offset};
-use super::validate::{IssuerFacts, ca_basics, parse_cert, subject_key_id, to_system_time};
+use super::validate::{
+    CertError, IssuerFacts, ca_basics, parse_cert, subject_key_id, to_system_time,
+};
 use super::{BACKDATE, KeyType};
 
 const CONVERT_HINT: &str = "convert it to unencrypted PKCS#8 with `openssl pkcs8 -topk8 -nocrypt -in ca-key.pem -out ca-key.pkcs8.pem`";
@@ -92,30 +94,27 @@ fn algorithm(key_type: KeyType) -> &'static rcgen::SignatureAlgorithm {
 
 /// Whether the certificate `child_der` names `parent_der`'s subject as its issuer and its
 /// signature verifies with `parent_der`'s key (a root: both the same certificate).
-pub(crate) fn verify_issued_by(child_der: &[u8], parent_der: &[u8]) -> Result<(), String> {
+pub(crate) fn verify_issued_by(child_der: &[u8], parent_der: &[u8]) -> Result<(), CertError> {
     let child = parse_cert(child_der)?;
     let parent = parse_cert(parent_der)?;
     ca_basics(&parent)?;
     child_of(&child, &parent)
 }
 
-fn child_of(child: &X509Certificate<'_>, parent: &X509Certificate<'_>) -> Result<(), String> {
+fn child_of(child: &X509Certificate<'_>, parent: &X509Certificate<'_>) -> Result<(), CertError> {
     if child.issuer().as_raw() != parent.subject().as_raw() {
-        return Err(format!(
-            "\"{}\" names issuer \"{}\", not \"{}\"",
-            child.subject(),
-            child.issuer(),
-            parent.subject()
-        ));
+        return Err(CertError::OtherIssuer {
+            child: child.subject().to_string(),
+            named: child.issuer().to_string(),
+            parent: parent.subject().to_string(),
+        });
     }
     child
         .verify_signature(Some(parent.public_key()))
-        .map_err(|e| {
-            format!(
-                "the signature on \"{}\" does not verify with the key of \"{}\" ({e})",
-                child.subject(),
-                parent.subject()
-            )
+        .map_err(|e| CertError::NotSignedBy {
+            child: child.subject().to_string(),
+            parent: parent.subject().to_string(),
+            error: e.to_string(),
         })
 }
 
@@ -134,7 +133,8 @@ impl Authority {
         let key = KeyPair::generate_for(algorithm(key_type))
             .map_err(|e| AuthorityError::Generate(e.to_string()))?;
 
-        let mut params = ca_params(td, "root", now).map_err(AuthorityError::Generate)?;
+        let mut params =
+            ca_params(td, "root", now).map_err(|e| AuthorityError::Generate(e.to_string()))?;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         let not_before = now
             .checked_sub(BACKDATE)
@@ -175,7 +175,8 @@ impl Authority {
     ) -> Result<(Authority, Vec<u8>), AuthorityError> {
         let key = KeyPair::generate_for(algorithm(key_type))
             .map_err(|e| AuthorityError::Generate(e.to_string()))?;
-        let mut params = ca_params(td, "intermediate", now).map_err(AuthorityError::Generate)?;
+        let mut params = ca_params(td, "intermediate", now)
+            .map_err(|e| AuthorityError::Generate(e.to_string()))?;
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
         params.use_authority_key_identifier_extension = true;
         let out_of_range =
@@ -221,8 +222,8 @@ impl Authority {
         intermediates: Vec<Vec<u8>>,
         roots: Vec<Vec<u8>>,
     ) -> Result<Authority, AuthorityError> {
-        let cert = parse_cert(&cert_der).map_err(AuthorityError::Certificate)?;
-        ca_basics(&cert).map_err(AuthorityError::NotACa)?;
+        let cert = parse_cert(&cert_der).map_err(|e| AuthorityError::Certificate(e.to_string()))?;
+        ca_basics(&cert).map_err(|e| AuthorityError::NotACa(e.to_string()))?;
         for rdn in cert.subject().iter() {
             if rdn.iter().count() != 1 {
                 return Err(AuthorityError::Certificate(
@@ -258,7 +259,7 @@ impl Authority {
             ca_basics(pair[1]).map_err(|e| {
                 AuthorityError::Chain(format!("intermediate \"{}\": {e}", pair[1].subject()))
             })?;
-            child_of(pair[0], pair[1]).map_err(AuthorityError::Chain)?;
+            child_of(pair[0], pair[1]).map_err(|e| AuthorityError::Chain(e.to_string()))?;
         }
         let mut chain: Vec<Vec<u8>> = Vec::with_capacity(path.len() + 1);
         chain.push(cert_der.clone());
@@ -274,7 +275,7 @@ impl Authority {
                 .position(|root| match child_of(last_parsed, root) {
                     Ok(()) => true,
                     Err(e) => {
-                        reasons.push(e);
+                        reasons.push(e.to_string());
                         false
                     }
                 });

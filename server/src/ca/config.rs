@@ -99,23 +99,56 @@ pub struct PluggedCaFiles<'a> {
     pub root: &'a Path,
 }
 
+/// Why the `[ca]` section is refused; `crate::config` shows it as a configuration error.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CaConfigError {
+    #[error("ca.root_ttl and ca.intermediate_ttl must be positive")]
+    NonPositiveTtl,
+    #[error(
+        "ca.intermediate_ttl ({}) is longer than ca.root_ttl ({})",
+        humantime::format_duration(*.intermediate),
+        humantime::format_duration(*.root)
+    )]
+    IntermediateOutlivesRoot {
+        intermediate: Duration,
+        root: Duration,
+    },
+    #[error("ca.rotation_jitter ({0}) must be in [0, 0.25)")]
+    Jitter(f64),
+    /// `what` is `intermediate` or `root`.
+    #[error(
+        "ca.{what}_prepare_at ({prepare}) and ca.{what}_activate_at ({activate}) must satisfy \
+         0 < prepare < activate < 1 with room for ca.rotation_jitter ({jitter}) on each side"
+    )]
+    Thresholds {
+        what: &'static str,
+        prepare: f64,
+        activate: f64,
+        jitter: f64,
+    },
+    #[error("ca.rotation_interval must be at least 100ms")]
+    RotationInterval,
+    #[error(
+        "ca.cert_file, ca.key_file, ca.chain_file and ca.root_file go together: set all four or none"
+    )]
+    PartlyPlugged,
+}
+
 impl CaConfig {
     /// The rotation thresholds and lifetimes must make sense together.
-    pub fn validate_rotation(&self) -> Result<(), String> {
-        let bad = |m: String| Err(m);
+    pub fn validate_rotation(&self) -> Result<(), CaConfigError> {
         if self.root_ttl.is_zero() || self.intermediate_ttl.is_zero() {
-            return bad("ca.root_ttl and ca.intermediate_ttl must be positive".into());
+            return Err(CaConfigError::NonPositiveTtl);
         }
         if self.intermediate_ttl > self.root_ttl {
-            return bad(format!(
-                "ca.intermediate_ttl ({}) is longer than ca.root_ttl ({})",
-                humantime::format_duration(self.intermediate_ttl),
-                humantime::format_duration(self.root_ttl)
-            ));
+            return Err(CaConfigError::IntermediateOutlivesRoot {
+                intermediate: self.intermediate_ttl,
+                root: self.root_ttl,
+            });
         }
         let j = self.rotation_jitter;
         if !(0.0..0.25).contains(&j) {
-            return bad(format!("ca.rotation_jitter ({j}) must be in [0, 0.25)"));
+            return Err(CaConfigError::Jitter(j));
         }
         for (what, p, a) in [
             (
@@ -126,20 +159,27 @@ impl CaConfig {
             ("root", self.root_prepare_at, self.root_activate_at),
         ] {
             if !(p > j && p + j < a - j && a + j < 1.0) {
-                return bad(format!(
-                    "ca.{what}_prepare_at ({p}) and ca.{what}_activate_at ({a}) must satisfy \
-                     0 < prepare < activate < 1 with room for ca.rotation_jitter ({j}) on each side"
-                ));
+                return Err(CaConfigError::Thresholds {
+                    what,
+                    prepare: p,
+                    activate: a,
+                    jitter: j,
+                });
             }
         }
         if self.rotation_interval < Duration::from_millis(100) {
-            return bad("ca.rotation_interval must be at least 100ms".into());
+            return Err(CaConfigError::RotationInterval);
         }
         Ok(())
     }
 
-    pub fn plugged(&self) -> Result<Option<PluggedCaFiles<'_>>, String> {
-        match (&self.cert_file, &self.key_file, &self.chain_file, &self.root_file) {
+    pub fn plugged(&self) -> Result<Option<PluggedCaFiles<'_>>, CaConfigError> {
+        match (
+            &self.cert_file,
+            &self.key_file,
+            &self.chain_file,
+            &self.root_file,
+        ) {
             (None, None, None, None) => Ok(None),
             (Some(cert), Some(key), Some(chain), Some(root)) => Ok(Some(PluggedCaFiles {
                 cert,
@@ -147,9 +187,7 @@ impl CaConfig {
                 chain,
                 root,
             })),
-            _ => Err(
-                "ca.cert_file, ca.key_file, ca.chain_file and ca.root_file go together: set all four or none".into(),
-            ),
+            _ => Err(CaConfigError::PartlyPlugged),
         }
     }
 }

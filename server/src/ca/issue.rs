@@ -17,7 +17,7 @@ use super::authority::Authority;
 use super::csr::VerifiedCsr;
 use super::serial::SerialSource;
 use super::template::{self, CaWindow, LeafTemplate};
-use super::validate::{IssuerFacts, LeafInfo, check_parsed_leaf, parse_cert};
+use super::validate::{CertError, IssuerFacts, LeafInfo, check_parsed_leaf, parse_cert};
 use super::{Grant, IssueError, IssuedCert};
 
 impl Authority {
@@ -78,12 +78,12 @@ fn self_check(
     // One parse of the leaf serves every check; the issuer's side was taken from our own
     // certificate when the authority was built. The checks are `check_leaf`'s, signature
     // verification under the CA's public key included.
-    let parsed = parse_cert(der).map_err(|e| IssueError::SelfCheck(format!("leaf: {e}")))?;
+    let parsed = parse_cert(der).map_err(|e| IssueError::SelfCheck(e.of("leaf")))?;
     let info = check_parsed_leaf(&parsed, issuer, now).map_err(IssueError::SelfCheck)?;
     if parsed.public_key().raw != csr.public_key_der() {
-        return Err(IssueError::SelfCheck(
-            "the certified public key differs from the CSR's".into(),
-        ));
+        return Err(IssueError::SelfCheck(CertError::Profile(
+            "the certified public key differs from the CSR's",
+        )));
     }
     if info.spiffe_id != *grant.spiffe_id()
         || info.dns_names != grant.dns_names()
@@ -91,9 +91,9 @@ fn self_check(
         || info.not_before != leaf.not_before
         || info.not_after != leaf.not_after
     {
-        return Err(IssueError::SelfCheck(
-            "the certificate's names or validity differ from what was granted".into(),
-        ));
+        return Err(IssueError::SelfCheck(CertError::Profile(
+            "the certificate's names or validity differ from what was granted",
+        )));
     }
     Ok(info)
 }

@@ -103,5 +103,5 @@ pub enum IssueError {
     Signing(String),
     /// The signed certificate failed its own re-validation (internal; never returned to a caller).
     #[error("issued certificate failed self-check: {0}")]
-    SelfCheck(String),
+    SelfCheck(validate::CertError),
 }

@@ -180,6 +180,11 @@ fn generation_label(now: SystemTime) -> String {
         .map_or_else(|| "generation".to_owned(), |t| format!("generation {t}"))
 }
 
+/// The trust domain's SPIFFE ID cannot be encoded as a URI SAN (rcgen's words).
+#[derive(Debug, thiserror::Error)]
+#[error("trust domain URI: {0}")]
+pub struct TrustDomainUri(#[source] rcgen::Error);
+
 /// What every CA certificate Signet generates has: the name `O=Signet, OU=<generation>,
 /// CN=Signet <kind> CA for <td>` (CAs of one trust domain differ by name too: a rotation has two
 /// at once; X.520 caps commonName at 64 characters), the trust domain's SPIFFE ID, and
@@ -188,7 +193,7 @@ pub(crate) fn ca_params(
     td: &TrustDomain,
     kind: &str,
     now: SystemTime,
-) -> Result<CertificateParams, String> {
+) -> Result<CertificateParams, TrustDomainUri> {
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::OrganizationName, "Signet");
@@ -203,10 +208,7 @@ pub(crate) fn ca_params(
         },
     );
     params.distinguished_name = dn;
-    let uri = td
-        .id_string()
-        .try_into()
-        .map_err(|e| format!("trust domain URI: {e}"))?;
+    let uri = td.id_string().try_into().map_err(TrustDomainUri)?;
     params.subject_alt_names = vec![SanType::URI(uri)];
     params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,

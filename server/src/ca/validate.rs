@@ -8,7 +8,7 @@
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use signet_types::SpiffeId;
+use signet_types::{SpiffeId, SpiffeIdError};
 use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::{GeneralName, ParsedExtension};
 use x509_parser::oid_registry::{
@@ -34,15 +34,81 @@ pub struct LeafInfo {
     pub serial: String,
 }
 
+/// Why a certificate fails a check of this module (or [`super::authority`]'s issued-by check),
+/// each with the message an operator or a log reads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CertError {
+    /// The parser's words.
+    #[error("not an X.509 certificate: {0}")]
+    NotX509(String),
+    #[error("{0} unexpected bytes after the certificate")]
+    TrailingBytes(usize),
+    /// An extension the checks read (named) is malformed: the parser's words.
+    #[error("{0}: {1}")]
+    Malformed(&'static str, String),
+    /// A rule of the profile the certificate breaks, stated whole.
+    #[error("{0}")]
+    Profile(&'static str),
+    /// A critical extension the checks do not understand (its OID).
+    #[error("unknown critical extension {0}")]
+    UnknownCritical(String),
+    #[error("extension {oid} cannot be parsed: {error}")]
+    UnparsableExtension { oid: String, error: String },
+    /// A SAN of a kind an X509-SVID never has (its `Debug`).
+    #[error("unexpected subjectAltName entry {0}")]
+    UnexpectedSan(String),
+    #[error("an X509-SVID has exactly one URI SAN, this one has {0}")]
+    UriSans(usize),
+    #[error("the URI SAN {uri:?} is not a SPIFFE ID: {source}")]
+    NotSpiffeId { uri: String, source: SpiffeIdError },
+    #[error("the SPIFFE ID {0} of a leaf must have a path")]
+    LeafIdWithoutPath(SpiffeId),
+    /// Only the test-side profile check ([`check_ca`]) makes it.
+    #[cfg_attr(not(test), allow(dead_code))]
+    #[error("a CA certificate's SPIFFE ID must not have a path: {0}")]
+    CaIdWithPath(SpiffeId),
+    #[error("the issuer's public key does not parse: {0}")]
+    IssuerKey(String),
+    #[error("the signature does not verify with the issuer's key: {0}")]
+    Signature(String),
+    /// The child names another issuer (subjects as text).
+    #[error("\"{child}\" names issuer \"{named}\", not \"{parent}\"")]
+    OtherIssuer {
+        child: String,
+        named: String,
+        parent: String,
+    },
+    /// What `which` certificate (`leaf`, `issuer`, ...) of several failed.
+    #[error("{which}: {error}")]
+    Of {
+        which: &'static str,
+        error: Box<CertError>,
+    },
+    /// The child's signature does not verify with the parent's key (subjects as text).
+    #[error("the signature on \"{child}\" does not verify with the key of \"{parent}\" ({error})")]
+    NotSignedBy {
+        child: String,
+        parent: String,
+        error: String,
+    },
+}
+
+impl CertError {
+    /// This error, as that of the `which` certificate.
+    pub(crate) fn of(self, which: &'static str) -> Self {
+        CertError::Of {
+            which,
+            error: Box::new(self),
+        }
+    }
+}
+
 /// Parses one DER certificate, refusing trailing bytes.
-pub(crate) fn parse_cert(der: &[u8]) -> Result<X509Certificate<'_>, String> {
+pub(crate) fn parse_cert(der: &[u8]) -> Result<X509Certificate<'_>, CertError> {
     let (rest, cert) =
-        X509Certificate::from_der(der).map_err(|e| format!("not an X.509 certificate: {e}"))?;
+        X509Certificate::from_der(der).map_err(|e| CertError::NotX509(e.to_string()))?;
     if !rest.is_empty() {
-        return Err(format!(
-            "{} unexpected bytes after the certificate",
-            rest.len()
-        ));
+        return Err(CertError::TrailingBytes(rest.len()));
     }
     Ok(cert)
 }
@@ -76,18 +142,19 @@ fn authority_key_id<'a>(cert: &'a X509Certificate<'_>) -> Option<&'a [u8]> {
         })
 }
 
-fn positive_serial(raw: &[u8]) -> Result<(), String> {
-    match raw.first() {
-        None => Err("the serial number is empty".into()),
-        Some(b) if b & 0x80 != 0 => Err("the serial number is negative".into()),
-        Some(_) if raw.iter().all(|b| *b == 0) => Err("the serial number is zero".into()),
-        Some(_) if raw.len() > 20 => Err("the serial number is longer than 20 octets".into()),
-        Some(_) => Ok(()),
-    }
+fn positive_serial(raw: &[u8]) -> Result<(), CertError> {
+    let broken = match raw.first() {
+        None => "the serial number is empty",
+        Some(b) if b & 0x80 != 0 => "the serial number is negative",
+        Some(_) if raw.iter().all(|b| *b == 0) => "the serial number is zero",
+        Some(_) if raw.len() > 20 => "the serial number is longer than 20 octets",
+        Some(_) => return Ok(()),
+    };
+    Err(CertError::Profile(broken))
 }
 
 /// Rejects certificates with a critical extension the checks below do not understand.
-fn no_unknown_critical(cert: &X509Certificate<'_>) -> Result<(), String> {
+fn no_unknown_critical(cert: &X509Certificate<'_>) -> Result<(), CertError> {
     let known = [
         OID_X509_EXT_BASIC_CONSTRAINTS,
         OID_X509_EXT_KEY_USAGE,
@@ -99,16 +166,13 @@ fn no_unknown_critical(cert: &X509Certificate<'_>) -> Result<(), String> {
     ];
     for ext in cert.extensions() {
         if ext.critical && !known.contains(&ext.oid) {
-            return Err(format!(
-                "unknown critical extension {}",
-                ext.oid.to_id_string()
-            ));
+            return Err(CertError::UnknownCritical(ext.oid.to_id_string()));
         }
         if let ParsedExtension::ParseError { error } = ext.parsed_extension() {
-            return Err(format!(
-                "extension {} cannot be parsed: {error}",
-                ext.oid.to_id_string()
-            ));
+            return Err(CertError::UnparsableExtension {
+                oid: ext.oid.to_id_string(),
+                error: error.to_string(),
+            });
         }
     }
     Ok(())
@@ -118,9 +182,9 @@ fn no_unknown_critical(cert: &X509Certificate<'_>) -> Result<(), String> {
 /// The issuance path runs the same checks through [`check_parsed_leaf`] with the issuer's facts
 /// taken once; this from-DER form is what the profile's tests drive.
 #[cfg(test)]
-pub fn check_leaf(der: &[u8], issuer_der: &[u8], now: SystemTime) -> Result<LeafInfo, String> {
-    let leaf = parse_cert(der).map_err(|e| format!("leaf: {e}"))?;
-    let issuer = parse_cert(issuer_der).map_err(|e| format!("issuer: {e}"))?;
+pub fn check_leaf(der: &[u8], issuer_der: &[u8], now: SystemTime) -> Result<LeafInfo, CertError> {
+    let leaf = parse_cert(der).map_err(|e| e.of("leaf"))?;
+    let issuer = parse_cert(issuer_der).map_err(|e| e.of("issuer"))?;
     check_parsed_leaf(&leaf, &IssuerFacts::of(&issuer), now)
 }
 
@@ -154,9 +218,9 @@ pub(crate) fn check_parsed_leaf(
     leaf: &X509Certificate<'_>,
     issuer: &IssuerFacts,
     now: SystemTime,
-) -> Result<LeafInfo, String> {
+) -> Result<LeafInfo, CertError> {
     if leaf.version().0 != 2 {
-        return Err("not an X.509 v3 certificate".into());
+        return Err(CertError::Profile("not an X.509 v3 certificate"));
     }
     positive_serial(leaf.raw_serial())?;
     no_unknown_critical(leaf)?;
@@ -164,10 +228,12 @@ pub(crate) fn check_parsed_leaf(
     // Names.
     let san = leaf
         .subject_alternative_name()
-        .map_err(|e| format!("subjectAltName: {e}"))?
-        .ok_or("no subjectAltName extension")?;
+        .map_err(|e| CertError::Malformed("subjectAltName", e.to_string()))?
+        .ok_or(CertError::Profile("no subjectAltName extension"))?;
     if leaf.subject().iter().next().is_none() && !san.critical {
-        return Err("the subject is empty but the subjectAltName extension is not critical".into());
+        return Err(CertError::Profile(
+            "the subject is empty but the subjectAltName extension is not critical",
+        ));
     }
     let mut uris = Vec::new();
     let mut dns_names = Vec::new();
@@ -176,82 +242,88 @@ pub(crate) fn check_parsed_leaf(
         match name {
             GeneralName::URI(u) => uris.push(*u),
             GeneralName::DNSName(d) => dns_names.push((*d).to_owned()),
-            GeneralName::IPAddress(b) => {
-                ip_addresses.push(ip_from_bytes(b).ok_or("an iPAddress SAN is malformed")?)
-            }
-            other => return Err(format!("unexpected subjectAltName entry {other:?}")),
+            GeneralName::IPAddress(b) => ip_addresses
+                .push(ip_from_bytes(b).ok_or(CertError::Profile("an iPAddress SAN is malformed"))?),
+            other => return Err(CertError::UnexpectedSan(format!("{other:?}"))),
         }
     }
     let [uri] = uris.as_slice() else {
-        return Err(format!(
-            "an X509-SVID has exactly one URI SAN, this one has {}",
-            uris.len()
-        ));
+        return Err(CertError::UriSans(uris.len()));
     };
-    let spiffe_id: SpiffeId = uri
-        .parse()
-        .map_err(|e| format!("the URI SAN {uri:?} is not a SPIFFE ID: {e}"))?;
+    let spiffe_id: SpiffeId = uri.parse().map_err(|source| CertError::NotSpiffeId {
+        uri: (*uri).to_owned(),
+        source,
+    })?;
     if spiffe_id.path().is_empty() {
-        return Err(format!(
-            "the SPIFFE ID {spiffe_id} of a leaf must have a path"
-        ));
+        return Err(CertError::LeafIdWithoutPath(spiffe_id));
     }
 
     // Constraints and usages.
     let bc = leaf
         .basic_constraints()
-        .map_err(|e| format!("basicConstraints: {e}"))?
-        .ok_or("no basicConstraints extension")?;
+        .map_err(|e| CertError::Malformed("basicConstraints", e.to_string()))?
+        .ok_or(CertError::Profile("no basicConstraints extension"))?;
     if bc.value.ca {
-        return Err("basicConstraints says cA=true on a leaf".into());
+        return Err(CertError::Profile(
+            "basicConstraints says cA=true on a leaf",
+        ));
     }
     let ku = leaf
         .key_usage()
-        .map_err(|e| format!("keyUsage: {e}"))?
-        .ok_or("no keyUsage extension")?;
+        .map_err(|e| CertError::Malformed("keyUsage", e.to_string()))?
+        .ok_or(CertError::Profile("no keyUsage extension"))?;
     if !ku.critical {
-        return Err("the keyUsage extension is not critical".into());
+        return Err(CertError::Profile("the keyUsage extension is not critical"));
     }
     if !ku.value.digital_signature() {
-        return Err("keyUsage lacks digitalSignature".into());
+        return Err(CertError::Profile("keyUsage lacks digitalSignature"));
     }
     if ku.value.key_cert_sign() || ku.value.crl_sign() {
-        return Err("keyUsage of a leaf has keyCertSign or cRLSign".into());
+        return Err(CertError::Profile(
+            "keyUsage of a leaf has keyCertSign or cRLSign",
+        ));
     }
     let eku = leaf
         .extended_key_usage()
-        .map_err(|e| format!("extendedKeyUsage: {e}"))?
-        .ok_or("no extendedKeyUsage extension")?;
+        .map_err(|e| CertError::Malformed("extendedKeyUsage", e.to_string()))?
+        .ok_or(CertError::Profile("no extendedKeyUsage extension"))?;
     if !(eku.value.server_auth && eku.value.client_auth) {
-        return Err("extendedKeyUsage lacks serverAuth or clientAuth".into());
+        return Err(CertError::Profile(
+            "extendedKeyUsage lacks serverAuth or clientAuth",
+        ));
     }
 
     // Key identifiers and issuer.
-    subject_key_id(leaf).ok_or("no subjectKeyIdentifier")?;
-    let aki = authority_key_id(leaf).ok_or("no authorityKeyIdentifier key id")?;
+    subject_key_id(leaf).ok_or(CertError::Profile("no subjectKeyIdentifier"))?;
+    let aki =
+        authority_key_id(leaf).ok_or(CertError::Profile("no authorityKeyIdentifier key id"))?;
     if let Some(issuer_ski) = &issuer.subject_key_id
         && aki != issuer_ski.as_slice()
     {
-        return Err(
-            "authorityKeyIdentifier does not match the issuer's subjectKeyIdentifier".into(),
-        );
+        return Err(CertError::Profile(
+            "authorityKeyIdentifier does not match the issuer's subjectKeyIdentifier",
+        ));
     }
     if leaf.issuer().as_raw() != issuer.subject_raw.as_slice() {
-        return Err("the issuer name is not byte-identical to the issuer's subject".into());
+        return Err(CertError::Profile(
+            "the issuer name is not byte-identical to the issuer's subject",
+        ));
     }
     let (_, issuer_key) = SubjectPublicKeyInfo::from_der(&issuer.spki_der)
-        .map_err(|e| format!("the issuer's public key does not parse: {e}"))?;
+        .map_err(|e| CertError::IssuerKey(e.to_string()))?;
     leaf.verify_signature(Some(&issuer_key))
-        .map_err(|e| format!("the signature does not verify with the issuer's key: {e}"))?;
+        .map_err(|e| CertError::Signature(e.to_string()))?;
 
     // Validity.
     let not_before = to_system_time(&leaf.validity().not_before);
     let not_after = to_system_time(&leaf.validity().not_after);
     if not_before < issuer.not_before || not_after > issuer.not_after {
-        return Err("the validity is not inside the issuer's validity".into());
+        return Err(CertError::Profile(
+            "the validity is not inside the issuer's validity",
+        ));
     }
     if now < not_before || now >= not_after {
-        return Err("not valid at the given time".into());
+        return Err(CertError::Profile("not valid at the given time"));
     }
 
     Ok(LeafInfo {
@@ -267,27 +339,27 @@ pub(crate) fn check_parsed_leaf(
 /// Checks that `der` is a signing (CA) certificate: cA=true, keyCertSign, a subject key
 /// identifier, and if it carries a SPIFFE ID, one without a path.
 #[cfg(test)]
-pub fn check_ca(der: &[u8]) -> Result<(), String> {
+pub fn check_ca(der: &[u8]) -> Result<(), CertError> {
     let cert = parse_cert(der)?;
     ca_profile(&cert)
 }
 
 #[cfg(test)]
-fn ca_profile(cert: &X509Certificate<'_>) -> Result<(), String> {
+fn ca_profile(cert: &X509Certificate<'_>) -> Result<(), CertError> {
     ca_basics(cert)?;
-    subject_key_id(cert).ok_or("no subjectKeyIdentifier on the CA certificate")?;
+    subject_key_id(cert).ok_or(CertError::Profile(
+        "no subjectKeyIdentifier on the CA certificate",
+    ))?;
     if let Some(san) = cert
         .subject_alternative_name()
-        .map_err(|e| format!("subjectAltName: {e}"))?
+        .map_err(|e| CertError::Malformed("subjectAltName", e.to_string()))?
     {
         for name in &san.value.general_names {
             if let GeneralName::URI(u) = name
                 && let Ok(id) = u.parse::<SpiffeId>()
                 && !id.path().is_empty()
             {
-                return Err(format!(
-                    "a CA certificate's SPIFFE ID must not have a path: {id}"
-                ));
+                return Err(CertError::CaIdWithPath(id));
             }
         }
     }
@@ -297,12 +369,12 @@ fn ca_profile(cert: &X509Certificate<'_>) -> Result<(), String> {
 /// The trust domains named by a CA certificate's SPIFFE ID URI SANs (`spiffe://<td>`, as every
 /// CA certificate Signet generates carries; a path is ignored), in SAN order: what a relying
 /// party trusts the certificate for. Empty when it names none.
-pub(crate) fn ca_trust_domains(der: &[u8]) -> Result<Vec<signet_types::TrustDomain>, String> {
+pub(crate) fn ca_trust_domains(der: &[u8]) -> Result<Vec<signet_types::TrustDomain>, CertError> {
     let cert = parse_cert(der)?;
     let mut out = Vec::new();
     if let Some(san) = cert
         .subject_alternative_name()
-        .map_err(|e| format!("subjectAltName: {e}"))?
+        .map_err(|e| CertError::Malformed("subjectAltName", e.to_string()))?
     {
         for name in &san.value.general_names {
             if let GeneralName::URI(u) = name
@@ -316,20 +388,28 @@ pub(crate) fn ca_trust_domains(der: &[u8]) -> Result<Vec<signet_types::TrustDoma
 }
 
 /// cA=true and keyCertSign: the least a certificate needs to sign others.
-pub(crate) fn ca_basics(cert: &X509Certificate<'_>) -> Result<(), String> {
+pub(crate) fn ca_basics(cert: &X509Certificate<'_>) -> Result<(), CertError> {
     let bc = cert
         .basic_constraints()
-        .map_err(|e| format!("basicConstraints: {e}"))?
-        .ok_or("no basicConstraints extension: not a CA certificate")?;
+        .map_err(|e| CertError::Malformed("basicConstraints", e.to_string()))?
+        .ok_or(CertError::Profile(
+            "no basicConstraints extension: not a CA certificate",
+        ))?;
     if !bc.value.ca {
-        return Err("basicConstraints cA=false: not a CA certificate".into());
+        return Err(CertError::Profile(
+            "basicConstraints cA=false: not a CA certificate",
+        ));
     }
     let ku = cert
         .key_usage()
-        .map_err(|e| format!("keyUsage: {e}"))?
-        .ok_or("no keyUsage extension: a CA certificate needs keyCertSign")?;
+        .map_err(|e| CertError::Malformed("keyUsage", e.to_string()))?
+        .ok_or(CertError::Profile(
+            "no keyUsage extension: a CA certificate needs keyCertSign",
+        ))?;
     if !ku.value.key_cert_sign() {
-        return Err("keyUsage lacks keyCertSign: the certificate may not sign certificates".into());
+        return Err(CertError::Profile(
+            "keyUsage lacks keyCertSign: the certificate may not sign certificates",
+        ));
     }
     Ok(())
 }

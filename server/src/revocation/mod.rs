@@ -93,27 +93,60 @@ impl Selector {
     }
 }
 
+/// Why a revocation selector is refused; `value` is the operator's, shown with `{:?}`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadSelector {
+    #[error("{by} is empty")]
+    Empty { by: String },
+    #[error("{by} is longer than 2048 bytes")]
+    TooLong { by: String },
+    #[error("serial {value:?} is not hexadecimal (e.g. 5f3a… or 5F:3A:…)")]
+    Serial { value: String },
+    #[error("spiffe_id {value:?}: {source}")]
+    SpiffeId {
+        value: String,
+        source: signet_types::SpiffeIdError,
+    },
+    #[error("spiffe_id {value:?} is not in this CA's trust domain {td}")]
+    ForeignTrustDomain { value: String, td: TrustDomain },
+    #[error(transparent)]
+    Node(#[from] crate::nodes::ParentError),
+    #[error("{value:?} is not a node ID or node SPIFFE ID")]
+    NotANode { value: String },
+    #[error("entry ID {value:?} has characters an entry ID never has")]
+    Entry { value: String },
+    #[error("CA key ID {value:?} is not hexadecimal")]
+    CaKey { value: String },
+    #[error("unknown selector {by:?}")]
+    Unknown { by: String },
+}
+
 /// A selector as the operator wrote it, checked: a serial in hex (colons allowed), a SPIFFE ID
 /// of this trust domain, a node ID or node SPIFFE ID, an entry ID, a CA key ID in hex.
-pub fn parse_selector(td: &TrustDomain, by: &str, value: &str) -> Result<Selector, String> {
+pub fn parse_selector(td: &TrustDomain, by: &str, value: &str) -> Result<Selector, BadSelector> {
     if value.is_empty() {
-        return Err(format!("{by} is empty"));
+        return Err(BadSelector::Empty { by: by.to_owned() });
     }
     if value.len() > 2048 {
-        return Err(format!("{by} is longer than 2048 bytes"));
+        return Err(BadSelector::TooLong { by: by.to_owned() });
     }
+    let value_owned = || value.to_owned();
     match by {
         "serial" => signet_types::normalize_serial(value)
             .map(Selector::Serial)
-            .ok_or_else(|| format!("serial {value:?} is not hexadecimal (e.g. 5f3a… or 5F:3A:…)")),
+            .ok_or_else(|| BadSelector::Serial {
+                value: value_owned(),
+            }),
         "spiffe_id" => {
-            let id: SpiffeId = value
-                .parse()
-                .map_err(|e| format!("spiffe_id {value:?}: {e}"))?;
+            let id: SpiffeId = value.parse().map_err(|source| BadSelector::SpiffeId {
+                value: value_owned(),
+                source,
+            })?;
             if !id.is_member_of(td) {
-                return Err(format!(
-                    "spiffe_id {value:?} is not in this CA's trust domain {td}"
-                ));
+                return Err(BadSelector::ForeignTrustDomain {
+                    value: value_owned(),
+                    td: td.clone(),
+                });
             }
             Ok(Selector::SpiffeId(id))
         }
@@ -121,7 +154,9 @@ pub fn parse_selector(td: &TrustDomain, by: &str, value: &str) -> Result<Selecto
             let parent = crate::nodes::parse_parent(td, value)?;
             crate::nodes::node_id_of(&parent, td)
                 .map(|n| Selector::Node(n.to_owned()))
-                .ok_or_else(|| format!("{value:?} is not a node ID or node SPIFFE ID"))
+                .ok_or_else(|| BadSelector::NotANode {
+                    value: value_owned(),
+                })
         }
         "entry" => {
             if value
@@ -130,9 +165,9 @@ pub fn parse_selector(td: &TrustDomain, by: &str, value: &str) -> Result<Selecto
             {
                 Ok(Selector::Entry(value.to_owned()))
             } else {
-                Err(format!(
-                    "entry ID {value:?} has characters an entry ID never has"
-                ))
+                Err(BadSelector::Entry {
+                    value: value_owned(),
+                })
             }
         }
         "ca_key" => {
@@ -140,10 +175,14 @@ pub fn parse_selector(td: &TrustDomain, by: &str, value: &str) -> Result<Selecto
             if crate::crl::valid_key_id(&k) {
                 Ok(Selector::CaKey(k))
             } else {
-                Err(format!("CA key ID {value:?} is not hexadecimal"))
+                Err(BadSelector::CaKey {
+                    value: value_owned(),
+                })
             }
         }
-        other => Err(format!("unknown selector {other:?}")),
+        other => Err(BadSelector::Unknown {
+            by: other.to_owned(),
+        }),
     }
 }
 

@@ -177,7 +177,10 @@ impl crate::http::ReadinessCheck for CaReadiness {
         "ca_slots"
     }
 
-    fn check(&self) -> Result<(), String> {
-        self.0.view().readiness()
+    fn check(&self) -> Result<(), crate::http::NotReady> {
+        self.0
+            .view()
+            .readiness()
+            .map_err(crate::http::NotReady::new)
     }
 }

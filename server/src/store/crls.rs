@@ -51,9 +51,9 @@ impl std::fmt::Debug for StoredCrl {
 }
 
 /// Called by [`CrlStore::refresh_crl`] under the lock with the key's current CRL: `None`
-/// keeps it; `Some` replaces it (its number must be the current one plus one, or 1).
-pub type CrlSigner<'a> =
-    &'a (dyn Fn(Option<&StoredCrl>) -> Result<Option<StoredCrl>, String> + Send + Sync);
+/// keeps it; `Some` replaces it (its number must be the current one plus one, or 1). It cannot
+/// fail: a signer that cannot sign keeps the current CRL and reports why itself.
+pub type CrlSigner<'a> = &'a (dyn Fn(Option<&StoredCrl>) -> Option<StoredCrl> + Send + Sync);
 
 #[async_trait]
 pub trait CrlStore: Send + Sync + 'static {
@@ -209,8 +209,7 @@ macro_rules! impl_crl_store {
                 .map_err($map)?;
                 let current = StoredCrl::try_from(current)?;
                 let current = (current.number > 0).then_some(current);
-                let next = sign(current.as_ref()).map_err(StoreError::Database)?;
-                let Some(next) = next else {
+                let Some(next) = sign(current.as_ref()) else {
                     tx.commit().await.map_err($map)?;
                     return Ok(current);
                 };

@@ -43,8 +43,13 @@ impl MigrationSource<'static> for Embedded {
     }
 }
 
+/// A compiled-in migration file whose name has no integer version before its first `_`.
+#[derive(Debug, thiserror::Error)]
+#[error("migration {0:?}: the name must start with an integer version")]
+struct UnversionedMigration(&'static str);
+
 impl Embedded {
-    fn migrations(self) -> Result<Vec<Migration>, String> {
+    fn migrations(self) -> Result<Vec<Migration>, UnversionedMigration> {
         let mut out = Vec::with_capacity(self.0.len());
         for &(file, sql) in self.0 {
             let Some((version, rest)) = file.split_once('_') else {
@@ -53,9 +58,7 @@ impl Embedded {
             if !rest.ends_with(".sql") {
                 continue;
             }
-            let version: i64 = version.parse().map_err(|_| {
-                format!("migration {file:?}: the name must start with an integer version")
-            })?;
+            let version: i64 = version.parse().map_err(|_| UnversionedMigration(file))?;
             let migration_type = MigrationType::from_filename(rest);
             let description = rest
                 .trim_end_matches(migration_type.suffix())
@@ -147,6 +150,10 @@ mod tests {
             ]
         );
         let bad = Embedded(&[("first_step.sql", "SELECT 1;")]).migrations();
-        assert!(bad.expect_err("not a version").contains("first_step.sql"));
+        assert!(
+            bad.expect_err("not a version")
+                .to_string()
+                .contains("first_step.sql")
+        );
     }
 }

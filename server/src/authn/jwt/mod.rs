@@ -193,7 +193,7 @@ impl JwtAuthenticator {
             JwksFile::open(&cfg.jwks_file, cfg.jwks_refresh, clock).map_err(|error| {
                 JwtConfigError::Read {
                     path: cfg.jwks_file.display().to_string(),
-                    error,
+                    error: error.to_string(),
                 }
             })?;
         let mut auth = Self::new(cfg, &text, td)?;

@@ -49,19 +49,26 @@ fn digest(bytes: &[u8]) -> [u8; 32] {
     out
 }
 
-fn read(path: &Path) -> Result<String, String> {
+/// Why the file's contents could not be read as text.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ReadError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("larger than {MAX_JWKS_BYTES} bytes; is it the cluster's JWKS?")]
+    TooLarge,
+    #[error("is not UTF-8 text")]
+    NotUtf8,
+}
+
+fn read(path: &Path) -> Result<String, ReadError> {
     use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let file = std::fs::File::open(path)?;
     let mut bytes = Vec::new();
-    file.take(MAX_JWKS_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
+    file.take(MAX_JWKS_BYTES + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > MAX_JWKS_BYTES {
-        return Err(format!(
-            "larger than {MAX_JWKS_BYTES} bytes; is it the cluster's JWKS?"
-        ));
+        return Err(ReadError::TooLarge);
     }
-    String::from_utf8(bytes).map_err(|_| "is not UTF-8 text".to_owned())
+    String::from_utf8(bytes).map_err(|_| ReadError::NotUtf8)
 }
 
 impl JwksFile {
@@ -70,7 +77,7 @@ impl JwksFile {
         path: &Path,
         interval: Duration,
         clock: Arc<dyn Clock>,
-    ) -> Result<(Self, String), String> {
+    ) -> Result<(Self, String), ReadError> {
         let text = read(path)?;
         let source = Self {
             path: path.to_owned(),

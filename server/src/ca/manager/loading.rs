@@ -46,24 +46,39 @@ fn parse_slots(rows: &[CaSlotRow]) -> (Vec<SlotInfo>, Vec<RejectedSlot>) {
                 id: r.id.clone(),
                 kind: r.kind.clone(),
                 state: r.state.clone(),
-                reason,
+                reason: reason.to_string(),
             }),
         }
     }
     (slots, rejected)
 }
 
-fn parse_slot(r: &CaSlotRow) -> Result<SlotInfo, String> {
-    let kind = Kind::parse(&r.kind).ok_or_else(|| format!("kind {:?}", r.kind))?;
+/// Why a stored slot row cannot even be read (the `reason` of its [`RejectedSlot`]).
+#[derive(Debug, thiserror::Error)]
+enum UnreadableSlot {
+    #[error("kind {0:?}")]
+    Kind(String),
+    #[error("state {0:?}")]
+    State(String),
+    #[error("certificate: {0}")]
+    Pem(#[source] signet_types::pem::PemError),
+    #[error("no certificate")]
+    NoCertificate,
+    #[error(transparent)]
+    Certificate(#[from] validate::CertError),
+}
+
+fn parse_slot(r: &CaSlotRow) -> Result<SlotInfo, UnreadableSlot> {
+    let kind = Kind::parse(&r.kind).ok_or_else(|| UnreadableSlot::Kind(r.kind.clone()))?;
     let state: State = r
         .state
         .parse()
-        .map_err(|_| format!("state {:?}", r.state))?;
+        .map_err(|_| UnreadableSlot::State(r.state.clone()))?;
     let der = signet_types::pem::parse_certs(r.cert_pem.as_bytes())
-        .map_err(|e| format!("certificate: {e}"))?
+        .map_err(UnreadableSlot::Pem)?
         .into_iter()
         .next()
-        .ok_or("no certificate")?;
+        .ok_or(UnreadableSlot::NoCertificate)?;
     let cert = validate::parse_cert(&der)?;
     let nb = validate::to_system_time(&cert.validity().not_before);
     let na = validate::to_system_time(&cert.validity().not_after);

@@ -186,22 +186,36 @@ impl CaView {
 
     /// Whether the CA can be trusted to serve: an error naming every live slot the database
     /// holds that failed vetting.
-    pub fn readiness(&self) -> Result<(), String> {
-        let live: Vec<String> = self
+    pub fn readiness(&self) -> Result<(), UntrustedSlots> {
+        let live: Vec<RejectedSlot> = self
             .rejected
             .iter()
             .filter(|r| r.state != State::Removed.as_str())
-            .map(|r| format!("{} {} ({}): {}", r.kind, r.id, r.state, r.reason))
+            .cloned()
             .collect();
         if live.is_empty() {
             return Ok(());
         }
-        Err(format!(
-            "the database holds CA key slot(s) that fail vetting and are trusted nowhere: {}; \
-             investigate (audit event ca.slot_rejected) and remove them (signetctl ca revoke ID)",
-            live.join("; ")
-        ))
+        Err(UntrustedSlots(live))
     }
+}
+
+/// `/readyz`'s reason while the database holds live CA key slots that failed vetting
+/// ([`CaView::readiness`]): every one of them, with why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the database holds CA key slot(s) that fail vetting and are trusted nowhere: {}; \
+     investigate (audit event ca.slot_rejected) and remove them (signetctl ca revoke ID)",
+    listed(.0)
+)]
+pub struct UntrustedSlots(pub Vec<RejectedSlot>);
+
+fn listed(slots: &[RejectedSlot]) -> String {
+    slots
+        .iter()
+        .map(|r| format!("{} {} ({}): {}", r.kind, r.id, r.state, r.reason))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 type Listener = Box<dyn Fn(&Arc<CaView>) + Send + Sync>;

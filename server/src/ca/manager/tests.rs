@@ -673,7 +673,7 @@ async fn a_root_inserted_by_a_database_writer_is_trusted_nowhere_and_reported_on
         "{:?}",
         v.rejected
     );
-    let why = v.readiness().unwrap_err();
+    let why = v.readiness().unwrap_err().to_string();
     assert!(
         why.contains(&id) && why.contains("signetctl ca revoke"),
         "{why}"

@@ -31,6 +31,7 @@ use ring::digest::{Context, SHA256};
 
 use super::*;
 use crate::ca::authority::verify_issued_by;
+use crate::ca::validate::CertError;
 
 /// The associated data a slot's key is sealed with: the ID, kind and parent, length-prefixed,
 /// and the SHA-256 of the certificate.
@@ -51,6 +52,32 @@ pub struct RejectedSlot {
     pub kind: String,
     pub state: String,
     pub reason: String,
+}
+
+/// Why vetting refuses a slot: the `reason` of its [`RejectedSlot`].
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SlotRejection {
+    /// `found`: the certificate's key ID, or `unreadable`.
+    #[error("its certificate's key ID is {found}, not {id}")]
+    KeyId { found: String, id: String },
+    #[error("a root with a parent")]
+    RootWithParent,
+    #[error("the root is not self-signed: {0}")]
+    NotSelfSigned(#[source] CertError),
+    #[error("an intermediate without a parent")]
+    NoParent,
+    #[error("its parent {0} is not stored")]
+    ParentMissing(String),
+    #[error("its parent {0} is not a root")]
+    ParentNotRoot(String),
+    #[error("its parent {0} was rejected")]
+    ParentRejected(String),
+    #[error("not signed by its parent {parent}: {error}")]
+    NotSignedByParent { parent: String, error: CertError },
+    #[error("its sealed key does not open for this row under this key-encryption key ({0})")]
+    Sealed(#[source] crate::ca::kek::KekError),
+    #[error("its key and certificate do not form a CA: {0}")]
+    NotACa(#[source] crate::ca::authority::AuthorityError),
 }
 
 /// What the cache remembers of a row: a digest of everything the checks read.
@@ -191,7 +218,7 @@ pub(super) fn vet(slots: Vec<SlotInfo>, kek: &Kek, keys: &Mutex<KeyCache>) -> Ve
             .collect()
     };
     let order = [of_kind(Kind::Root), of_kind(Kind::Intermediate)].concat();
-    let mut decided: Vec<(usize, Result<(), String>)> = Vec::with_capacity(slots.len());
+    let mut decided: Vec<(usize, Result<(), SlotRejection>)> = Vec::with_capacity(slots.len());
     for i in order {
         let s = &slots[i];
         let result = vet_one(s, &slots, &accepted, kek, keys, &mut out.reseal);
@@ -211,7 +238,7 @@ pub(super) fn vet(slots: Vec<SlotInfo>, kek: &Kek, keys: &Mutex<KeyCache>) -> Ve
                     id: s.slot.id.clone(),
                     kind: s.slot.kind.as_str().into(),
                     state: s.slot.state.as_str().into(),
-                    reason,
+                    reason: reason.to_string(),
                 };
                 if cache.reported.insert(row_digest(s)) {
                     out.new_rejections.push(r.clone());
@@ -230,41 +257,41 @@ fn vet_one(
     kek: &Kek,
     keys: &Mutex<KeyCache>,
     reseal: &mut Vec<(String, Vec<u8>)>,
-) -> Result<(), String> {
+) -> Result<(), SlotRejection> {
     let id = &s.slot.id;
-    if crate::ca::authority::key_id_of_der(&s.cert_der).as_deref() != Some(id.as_str()) {
-        return Err(format!(
-            "its certificate's key ID is {}, not {id}",
-            crate::ca::authority::key_id_of_der(&s.cert_der).unwrap_or_else(|| "unreadable".into())
-        ));
+    let key_id = crate::ca::authority::key_id_of_der(&s.cert_der);
+    if key_id.as_deref() != Some(id.as_str()) {
+        return Err(SlotRejection::KeyId {
+            found: key_id.unwrap_or_else(|| "unreadable".into()),
+            id: id.clone(),
+        });
     }
     let parent = match s.slot.kind {
         Kind::Root => {
             if s.slot.parent.is_some() {
-                return Err("a root with a parent".into());
+                return Err(SlotRejection::RootWithParent);
             }
-            verify_issued_by(&s.cert_der, &s.cert_der)
-                .map_err(|e| format!("the root is not self-signed: {e}"))?;
+            verify_issued_by(&s.cert_der, &s.cert_der).map_err(SlotRejection::NotSelfSigned)?;
             None
         }
         Kind::Intermediate => {
-            let pid = s
-                .slot
-                .parent
-                .as_deref()
-                .ok_or("an intermediate without a parent")?;
+            let pid = s.slot.parent.as_deref().ok_or(SlotRejection::NoParent)?;
             let p = slots
                 .iter()
                 .find(|p| p.slot.id == pid)
-                .ok_or_else(|| format!("its parent {pid} is not stored"))?;
+                .ok_or_else(|| SlotRejection::ParentMissing(pid.to_owned()))?;
             if p.slot.kind != Kind::Root {
-                return Err(format!("its parent {pid} is not a root"));
+                return Err(SlotRejection::ParentNotRoot(pid.to_owned()));
             }
             if !accepted.get(pid).copied().unwrap_or(false) {
-                return Err(format!("its parent {pid} was rejected"));
+                return Err(SlotRejection::ParentRejected(pid.to_owned()));
             }
-            verify_issued_by(&s.cert_der, &p.cert_der)
-                .map_err(|e| format!("not signed by its parent {pid}: {e}"))?;
+            verify_issued_by(&s.cert_der, &p.cert_der).map_err(|error| {
+                SlotRejection::NotSignedByParent {
+                    parent: pid.to_owned(),
+                    error,
+                }
+            })?;
             Some(p)
         }
     };
@@ -286,16 +313,12 @@ fn vet_one(
         // Sealed before the binding (the ID alone); checked like any other, then resealed.
         Err(_) => match kek.open(&s.sealed.0, id.as_bytes()) {
             Ok(k) => (k, true),
-            Err(e) => {
-                return Err(format!(
-                    "its sealed key does not open for this row under this key-encryption key ({e})"
-                ));
-            }
+            Err(e) => return Err(SlotRejection::Sealed(e)),
         },
     };
     let anchor = parent.map_or_else(|| s.cert_der.clone(), |p| p.cert_der.clone());
     let authority = Authority::from_parts(s.cert_der.clone(), &pkcs8, Vec::new(), vec![anchor])
-        .map_err(|e| format!("its key and certificate do not form a CA: {e}"))?;
+        .map_err(SlotRejection::NotACa)?;
     if legacy {
         reseal.push((id.clone(), kek.seal(&pkcs8, &aad)));
     }
