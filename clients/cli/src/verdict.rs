@@ -101,3 +101,49 @@ pub(crate) enum Broken {
         older_hash: Hash,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn findings_read_as_before() {
+        let what = "--expect-head 5:0707".to_owned();
+        assert_eq!(
+            Broken::Truncated {
+                last: 3,
+                seq: 5,
+                what: what.clone()
+            }
+            .to_string(),
+            "the chain ends at row 3, before row 5 of --expect-head 5:0707: rows 4..=5 were \
+             deleted (a truncated tail)"
+        );
+        let found = [1u8; 32];
+        let expected = [7u8; 32];
+        assert_eq!(
+            Broken::Rewritten {
+                seq: 5,
+                found,
+                what,
+                expected
+            }
+            .to_string(),
+            format!(
+                "row 5: the chain's hash there is {}, but --expect-head 5:0707 says {}: the \
+                 history up to row 5 was rewritten (and the chain recomputed after it)",
+                hex::encode(found),
+                hex::encode(expected)
+            )
+        );
+        assert_eq!(
+            Broken::NotTheNamedCertificate {
+                event: 9,
+                row: 3,
+                serial: "0c".into()
+            }
+            .to_string(),
+            "event 9: row 3 is not the certificate with serial 0c it names"
+        );
+    }
+}

@@ -251,6 +251,44 @@ mod tests {
         assert!(check(&csr(|_| {}), false, &s(&["code signing"])).is_err());
     }
 
+    /// The refusals' messages are the Failed condition's text, word for word.
+    #[test]
+    fn refusal_messages_are_the_condition_texts() {
+        let allowed = "digital signature, key encipherment, key agreement, content commitment, \
+                       data encipherment, server auth, client auth";
+        assert_eq!(
+            CsrRefusal::UsageNotAllowed("cert sign".into()).to_string(),
+            format!(
+                "spec.usages asks for \"cert sign\" (it needs a CA certificate, which Signet does \
+                 not issue); Signet issues only {allowed}"
+            )
+        );
+        assert_eq!(
+            CsrRefusal::UsageNotAllowed("code signing".into()).to_string(),
+            format!("spec.usages asks for \"code signing\"; Signet issues only {allowed}")
+        );
+        assert_eq!(
+            CsrRefusal::UsagesDisagree {
+                csr: s(&["digital signature", "server auth"])
+                    .into_iter()
+                    .collect(),
+                spec: s(&["client auth"]).into_iter().collect(),
+            }
+            .to_string(),
+            "the CSR's key usages [digital signature, server auth] disagree with spec.usages \
+             [client auth]: encode the same usages in both, or none in the CSR"
+        );
+        assert_eq!(
+            CsrRefusal::RequestsCa.to_string(),
+            "the CSR asks for a CA certificate (basicConstraints CA:TRUE) while spec.isCA is false: \
+             Signet issues leaf certificates only"
+        );
+        assert_eq!(
+            CsrRefusal::from(CsrError::BadSignature).to_string(),
+            "the CSR's signature does not verify with its own public key"
+        );
+    }
+
     /// Hostile input never panics: random bytes, random bytes in a PEM wrapper, and a valid
     /// CSR with single bytes flipped are all answered with `Err` (or `Ok` for a harmless flip).
     #[test]
