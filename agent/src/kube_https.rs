@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::{error::Error as StdError, io};
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
@@ -20,6 +21,49 @@ pub struct KubeHttps {
     tls: Arc<rustls::ClientConfig>,
     token_file: PathBuf,
     max_body: usize,
+}
+
+/// Why one request got no answer. Each reason names the request or the endpoint, never the
+/// token.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeHttpsError {
+    /// The service-account token file could not be read.
+    #[error("service-account token {}: {source}", path.display())]
+    Token { path: PathBuf, source: io::Error },
+    #[error("connect {addr}: {source}")]
+    Connect { addr: String, source: io::Error },
+    #[error("TLS to {addr}: {source}")]
+    Tls { addr: String, source: io::Error },
+    #[error("HTTP to {addr}: {source}")]
+    Handshake { addr: String, source: hyper::Error },
+    /// The request could not be built (what: `METHOD path`).
+    #[error("{what}: {source}")]
+    Request { what: String, source: http::Error },
+    #[error("{what}: {source}")]
+    Send { what: String, source: hyper::Error },
+    /// The answer broke off or is larger than the limit.
+    #[error("{what}: reading the answer: {source}")]
+    Answer {
+        what: String,
+        source: Box<dyn StdError + Send + Sync>,
+    },
+}
+
+/// Why a TLS client configuration for Kubernetes cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeTlsError {
+    /// The CA bundle is not PEM certificates (what: the file, as the caller names it).
+    #[error("{what}: {source}")]
+    Pem {
+        what: String,
+        source: signet_types::pem::PemError,
+    },
+    /// A certificate of the bundle is not a usable root.
+    #[error("{what}: {source}")]
+    Root { what: String, source: rustls::Error },
+    /// The crypto provider offers no safe protocol version.
+    #[error("{0}")]
+    Versions(rustls::Error),
 }
 
 /// What came back.
@@ -59,21 +103,33 @@ impl KubeHttps {
         path_and_query: &str,
         content_type: Option<&str>,
         body: Vec<u8>,
-    ) -> Result<KubeAnswer, String> {
+    ) -> Result<KubeAnswer, KubeHttpsError> {
         let what = format!("{method} {path_and_query}");
         let token = tokio::fs::read_to_string(&self.token_file)
             .await
-            .map_err(|e| format!("service-account token {}: {e}", self.token_file.display()))?;
+            .map_err(|source| KubeHttpsError::Token {
+                path: self.token_file.clone(),
+                source,
+            })?;
         let tcp = tokio::net::TcpStream::connect(&self.addr)
             .await
-            .map_err(|e| format!("connect {}: {e}", self.addr))?;
+            .map_err(|source| KubeHttpsError::Connect {
+                addr: self.addr.clone(),
+                source,
+            })?;
         let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
             .connect(self.server_name.clone(), tcp)
             .await
-            .map_err(|e| format!("TLS to {}: {e}", self.addr))?;
+            .map_err(|source| KubeHttpsError::Tls {
+                addr: self.addr.clone(),
+                source,
+            })?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
-            .map_err(|e| format!("HTTP to {}: {e}", self.addr))?;
+            .map_err(|source| KubeHttpsError::Handshake {
+                addr: self.addr.clone(),
+                source,
+            })?;
         let conn = tokio::spawn(conn);
         let mut builder = http::Request::builder()
             .method(method)
@@ -90,16 +146,26 @@ impl KubeHttps {
         let result = async {
             let request = builder
                 .body(Full::new(Bytes::from(body)))
-                .map_err(|e| format!("{what}: {e}"))?;
-            let resp = sender
-                .send_request(request)
-                .await
-                .map_err(|e| format!("{what}: {e}"))?;
+                .map_err(|source| KubeHttpsError::Request {
+                    what: what.clone(),
+                    source,
+                })?;
+            let resp =
+                sender
+                    .send_request(request)
+                    .await
+                    .map_err(|source| KubeHttpsError::Send {
+                        what: what.clone(),
+                        source,
+                    })?;
             let status = resp.status();
             let body = Limited::new(resp.into_body(), self.max_body)
                 .collect()
                 .await
-                .map_err(|e| format!("{what}: reading the answer: {e}"))?
+                .map_err(|source| KubeHttpsError::Answer {
+                    what: what.clone(),
+                    source,
+                })?
                 .to_bytes()
                 .to_vec();
             Ok(KubeAnswer { status, body })
@@ -112,23 +178,30 @@ impl KubeHttps {
 }
 
 /// The roots of a PEM CA bundle; `what` names the file in errors.
-pub fn roots_from_pem(pem: &[u8], what: &str) -> Result<rustls::RootCertStore, String> {
+pub fn roots_from_pem(pem: &[u8], what: &str) -> Result<rustls::RootCertStore, KubeTlsError> {
     let mut roots = rustls::RootCertStore::empty();
-    for der in signet_types::pem::parse_certs(pem).map_err(|e| format!("{what}: {e}"))? {
+    let ders = signet_types::pem::parse_certs(pem).map_err(|source| KubeTlsError::Pem {
+        what: what.to_owned(),
+        source,
+    })?;
+    for der in ders {
         roots
             .add(CertificateDer::from(der))
-            .map_err(|e| format!("{what}: {e}"))?;
+            .map_err(|source| KubeTlsError::Root {
+                what: what.to_owned(),
+                source,
+            })?;
     }
     Ok(roots)
 }
 
 /// A TLS client configuration (ring) trusting `roots`.
-pub fn client_config(roots: rustls::RootCertStore) -> Result<rustls::ClientConfig, String> {
+pub fn client_config(roots: rustls::RootCertStore) -> Result<rustls::ClientConfig, KubeTlsError> {
     Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
+    .map_err(KubeTlsError::Versions)?
     .with_root_certificates(roots)
     .with_no_client_auth())
 }

@@ -12,6 +12,15 @@ use signet_pki::{SvidCertificate, X509Svid};
 use crate::ca::Crl;
 use crate::sinks::Delivered;
 
+/// Why a test CA could not sign: rcgen refused the request, or the chain is not an SVID.
+#[derive(Debug, thiserror::Error)]
+pub enum TestCaError {
+    #[error("{0}")]
+    Rcgen(#[from] rcgen::Error),
+    #[error("{0}")]
+    Svid(#[from] signet_pki::SvidError),
+}
+
 /// A test CA (rcgen) that signs leaves, CSRs and CRLs.
 pub struct TestCa {
     pub issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
@@ -102,9 +111,12 @@ impl TestCa {
         serial: u64,
         nb: SystemTime,
         ttl: Duration,
-    ) -> Result<SvidCertificate, String> {
+    ) -> Result<SvidCertificate, TestCaError> {
         let leaf = sign_csr(&self.issuer, csr_der, spiffe_id, Some(serial), nb, nb + ttl)?;
-        SvidCertificate::from_chain_der(vec![leaf, self.der.clone()]).map_err(|e| e.to_string())
+        Ok(SvidCertificate::from_chain_der(vec![
+            leaf,
+            self.der.clone(),
+        ])?)
     }
 
     /// A CRL numbered `number` listing `serials`.
@@ -165,18 +177,14 @@ pub fn sign(
     serial: Option<u64>,
     nb: SystemTime,
     na: SystemTime,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, TestCaError> {
     let mut p = rcgen::CertificateParams::default();
-    p.subject_alt_names = vec![rcgen::SanType::URI(
-        spiffe_id
-            .try_into()
-            .map_err(|e: rcgen::Error| e.to_string())?,
-    )];
+    p.subject_alt_names = vec![rcgen::SanType::URI(spiffe_id.try_into()?)];
     p.serial_number = serial.map(|s| rcgen::SerialNumber::from(s.to_be_bytes().to_vec()));
     p.not_before = nb.into();
     p.not_after = na.into();
     p.use_authority_key_identifier_extension = true;
-    let cert = p.signed_by(public_key, issuer).map_err(|e| e.to_string())?;
+    let cert = p.signed_by(public_key, issuer)?;
     Ok(cert.der().to_vec())
 }
 
@@ -188,10 +196,9 @@ pub fn sign_csr(
     serial: Option<u64>,
     nb: SystemTime,
     na: SystemTime,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, TestCaError> {
     let csr_pem = pem::encode(&pem::Pem::new("CERTIFICATE REQUEST", csr_der.to_vec()));
-    let csr =
-        rcgen::CertificateSigningRequestParams::from_pem(&csr_pem).map_err(|e| e.to_string())?;
+    let csr = rcgen::CertificateSigningRequestParams::from_pem(&csr_pem)?;
     sign(issuer, &csr.public_key, spiffe_id, serial, nb, na)
 }
 

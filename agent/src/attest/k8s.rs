@@ -302,8 +302,8 @@ impl HttpPodLister {
             })?;
             let pem = std::fs::read(ca_file)
                 .map_err(|e| err(format!("ca_file {}: {e}", ca_file.display())))?;
-            let roots =
-                roots_from_pem(&pem, &format!("ca_file {}", ca_file.display())).map_err(err)?;
+            let roots = roots_from_pem(&pem, &format!("ca_file {}", ca_file.display()))
+                .map_err(|e| err(e.to_string()))?;
             builder.with_root_certificates(roots).with_no_client_auth()
         };
         Ok(Self {
@@ -324,7 +324,7 @@ impl HttpPodLister {
             .http
             .send(http::Method::GET, &self.path_and_query, None, Vec::new())
             .await
-            .map_err(K8sError)?;
+            .map_err(|e| K8sError(e.to_string()))?;
         if !answer.status.is_success() {
             return Err(K8sError(format!(
                 "GET {} answered {}",

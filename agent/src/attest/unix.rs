@@ -177,11 +177,20 @@ fn exited(fd: &OwnedFd) -> bool {
     }
 }
 
+/// Why [`read_start_time`] has no start time: the stat file could not be read (the process is
+/// gone, or not visible), or it is not a stat line.
+#[derive(Debug, thiserror::Error)]
+pub enum StatError {
+    #[error("{0}")]
+    Unreadable(#[from] std::io::Error),
+    #[error("malformed stat")]
+    Malformed,
+}
+
 /// The start time (field 22) of `<proc_root>/<pid>/stat`.
-pub fn read_start_time(proc_root: &Path, pid: i32) -> Result<u64, String> {
-    let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat"))
-        .map_err(|e| e.to_string())?;
-    start_time_of(&text).ok_or_else(|| "malformed stat".to_owned())
+pub fn read_start_time(proc_root: &Path, pid: i32) -> Result<u64, StatError> {
+    let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat"))?;
+    start_time_of(&text).ok_or(StatError::Malformed)
 }
 
 /// Field 22 of a `/proc/<pid>/stat` line. The command (field 2) is in parentheses and may

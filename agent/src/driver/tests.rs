@@ -84,7 +84,7 @@ impl Fake {
             now - Duration::from_secs(1),
             now + ttl,
         )
-        .map_err(CaError::Invalid)?;
+        .map_err(|e| CaError::Invalid(e.to_string()))?;
         SvidCertificate::from_chain_der(vec![leaf, self.root_der.clone()])
             .map_err(|e| CaError::Invalid(e.to_string()))
     }

@@ -196,7 +196,7 @@ impl Ca for FakeCa {
             let svid = self
                 .ca
                 .issue(&csr, &id, u64::from(*n), now, Duration::from_secs(1000))
-                .map_err(bad)?;
+                .map_err(|e| bad(e.to_string()))?;
             self.issued
                 .lock()
                 .map_err(|e| bad(e.to_string()))?
@@ -871,7 +871,7 @@ impl Ca for PkiCa {
             let id = format!("spiffe://example.org/{}", c.entry_id);
             let svid = ca
                 .issue(&c.csr_der, &id, serial, now, Duration::from_secs(1000))
-                .map_err(bad)?;
+                .map_err(|e| bad(e.to_string()))?;
             out.push((c.entry_id, Ok(svid)));
         }
         Ok(out)

@@ -11,7 +11,7 @@ use std::time::Duration;
 use rustls::pki_types::ServerName;
 
 use crate::config::KubernetesApiConfig;
-use crate::kube_https::{KubeHttps, client_config, roots_from_pem};
+use crate::kube_https::{KubeHttps, KubeHttpsError, KubeTlsError, client_config, roots_from_pem};
 use crate::sinks::kubernetes::{KubeError, KubeRequest, KubeResponse, KubeTransport};
 
 /// Largest answer read (a Secret is at most 1 MiB, plus its metadata).
@@ -32,9 +32,9 @@ pub enum ApiServerError {
         path: PathBuf,
         source: std::io::Error,
     },
-    /// The CA bundle or the TLS configuration ([`crate::kube_https`]'s reason).
-    #[error("{0}")]
-    Tls(String),
+    /// The CA bundle or the TLS configuration.
+    #[error(transparent)]
+    Tls(#[from] KubeTlsError),
     #[error("server name {name:?}: {reason}")]
     ServerName { name: String, reason: String },
 }
@@ -83,9 +83,7 @@ impl ApiServer {
         ca_pem: &[u8],
         token_file: PathBuf,
     ) -> Result<Self, ApiServerError> {
-        let tls = roots_from_pem(ca_pem, "CA bundle")
-            .and_then(client_config)
-            .map_err(ApiServerError::Tls)?;
+        let tls = roots_from_pem(ca_pem, "CA bundle").and_then(client_config)?;
         let server_name = ServerName::try_from(server_name.to_owned()).map_err(|e| {
             ApiServerError::ServerName {
                 name: server_name.to_owned(),
@@ -104,7 +102,7 @@ impl ApiServer {
         self
     }
 
-    async fn send_inner(&self, req: KubeRequest) -> Result<KubeResponse, String> {
+    async fn send_inner(&self, req: KubeRequest) -> Result<KubeResponse, KubeHttpsError> {
         let answer = self
             .http
             .send(
@@ -146,7 +144,7 @@ impl KubeTransport for ApiServer {
     async fn send(&self, req: KubeRequest) -> Result<KubeResponse, KubeError> {
         let what = format!("{} {}", req.method, req.path);
         match tokio::time::timeout(self.timeout, self.send_inner(req)).await {
-            Ok(r) => r.map_err(KubeError::Failed),
+            Ok(r) => r.map_err(|e| KubeError::Failed(e.to_string())),
             Err(_) => Err(KubeError::Timeout(format!(
                 "{what}: the API server at {} did not answer within {:?}",
                 self.http.addr(),

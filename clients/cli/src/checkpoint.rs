@@ -16,6 +16,7 @@ use signet_client::admin::{LedgerAdminClient, LedgerCheckpoint};
 use signet_types::checkpoint::{Head, Mark, PublicKey, SignedCheckpoint};
 use signet_types::ledger::{GENESIS, Hash};
 
+use crate::verdict::Broken;
 use crate::{call_err, rfc3339, write_replacing};
 
 #[derive(Debug, Subcommand)]
@@ -276,40 +277,44 @@ pub(crate) async fn load_chain(
 /// checkpoint when at its row (above it: a checkpoint of another replica in between). Returns
 /// the points the ledger must still hold: every checkpoint's head and every `previous`, each
 /// once, named; or what is wrong.
-pub(crate) fn check_chain(links: &[Link]) -> Result<Vec<(String, Mark)>, String> {
+pub(crate) fn check_chain(links: &[Link]) -> Result<Vec<(String, Mark)>, Broken> {
     let mut order: Vec<&Link> = links.iter().collect();
     order.sort_by_key(|l| (l.head.time, l.head.seq));
     for pair in order.windows(2) {
         let (older, newer) = (pair[0], pair[1]);
         let (o, n) = (older.head.mark(), newer.head.mark());
         if n.seq < o.seq {
-            return Err(format!(
-                "the checkpoints went back: {} is at row {}, below {} at row {} signed before                  it: the ledger's head was moved back between them (rows deleted)",
-                newer.what, n.seq, older.what, o.seq
-            ));
+            return Err(Broken::CheckpointsWentBack {
+                older: older.what.clone(),
+                older_seq: o.seq,
+                newer: newer.what.clone(),
+                newer_seq: n.seq,
+            });
         }
         if n.seq == o.seq && n.hash != o.hash {
-            return Err(format!(
-                "{} and {} are both at row {} with different hashes: the ledger's history up to                  it was rewritten between them",
-                older.what, newer.what, n.seq
-            ));
+            return Err(Broken::CheckpointsDisagree {
+                older: older.what.clone(),
+                newer: newer.what.clone(),
+                seq: n.seq,
+            });
         }
         if let Some(p) = newer.head.previous {
             if p.seq < o.seq {
-                return Err(format!(
-                    "{} names as the checkpoint it extends row {}, but {} at row {} was signed                      before it: it was signed without extending that one (the ledger was                      rolled back and a server without a record of the later checkpoint signed)",
-                    newer.what, p.seq, older.what, o.seq
-                ));
+                return Err(Broken::CheckpointNotExtended {
+                    newer: newer.what.clone(),
+                    previous_seq: p.seq,
+                    older: older.what.clone(),
+                    older_seq: o.seq,
+                });
             }
             if p.seq == o.seq && p.hash != o.hash {
-                return Err(format!(
-                    "{} names as the checkpoint it extends row {} with hash {}, but {} has hash                      {} there: the history up to it was rewritten",
-                    newer.what,
-                    p.seq,
-                    hex::encode(p.hash),
-                    older.what,
-                    hex::encode(o.hash)
-                ));
+                return Err(Broken::CheckpointExtendsRewritten {
+                    newer: newer.what.clone(),
+                    seq: p.seq,
+                    previous_hash: p.hash,
+                    older: older.what.clone(),
+                    older_hash: o.hash,
+                });
             }
         }
     }
@@ -400,16 +405,15 @@ impl Expectations {
 
     /// Called with every row's verified hash, in order: refuses a row at an expected seq whose
     /// hash is not the expected one.
-    pub(crate) fn observe(&self, seq: u64, hash: &Hash) -> Result<(), String> {
+    pub(crate) fn observe(&self, seq: u64, hash: &Hash) -> Result<(), Broken> {
         for e in self.items.iter().filter(|e| e.seq == seq) {
             if &e.hash != hash {
-                return Err(format!(
-                    "row {seq}: the chain's hash there is {}, but {} says {}: the history up to \
-                     row {seq} was rewritten (and the chain recomputed after it)",
-                    hex::encode(hash),
-                    e.what,
-                    hex::encode(e.hash)
-                ));
+                return Err(Broken::Rewritten {
+                    seq,
+                    found: *hash,
+                    what: e.what.clone(),
+                    expected: e.hash,
+                });
             }
         }
         Ok(())
@@ -417,23 +421,19 @@ impl Expectations {
 
     /// Called once the whole chain verified up to row `last`: refuses a chain that ends before
     /// an expected row.
-    pub(crate) fn finish(&self, last: u64) -> Result<(), String> {
+    pub(crate) fn finish(&self, last: u64) -> Result<(), Broken> {
         for e in &self.items {
             if e.seq == 0 && e.hash != GENESIS {
-                return Err(format!(
-                    "{} names row 0 with a hash that is not the empty ledger's",
-                    e.what
-                ));
+                return Err(Broken::NotGenesis {
+                    what: e.what.clone(),
+                });
             }
             if e.seq > last {
-                return Err(format!(
-                    "the chain ends at row {last}, before row {} of {}: rows {}..={} were \
-                     deleted (a truncated tail)",
-                    e.seq,
-                    e.what,
-                    last + 1,
-                    e.seq
-                ));
+                return Err(Broken::Truncated {
+                    last,
+                    seq: e.seq,
+                    what: e.what.clone(),
+                });
             }
         }
         Ok(())
@@ -465,10 +465,10 @@ mod tests {
         let e = Expectations::load(&[], None, &[format!("5:{}", hex::encode(h))], "x").unwrap();
         assert!(e.observe(4, &[1; 32]).is_ok());
         assert!(e.observe(5, &h).is_ok());
-        let err = e.observe(5, &[1; 32]).unwrap_err();
+        let err = e.observe(5, &[1; 32]).unwrap_err().to_string();
         assert!(err.contains("rewritten"), "{err}");
         assert!(e.finish(5).is_ok());
-        let err = e.finish(3).unwrap_err();
+        let err = e.finish(3).unwrap_err().to_string();
         assert!(err.contains("rows 4..=5 were deleted"), "{err}");
         assert!(Expectations::load(&[PathBuf::from("x")], None, &[], "x").is_err());
     }
@@ -515,16 +515,43 @@ mod tests {
 
         // A checkpoint of a shorter head signed after a longer one: the head went back.
         let err = check_chain(&[link(7, 7, 30, None), link(4, 4, 40, Some((0, 0)))]).unwrap_err();
+        assert!(matches!(
+            err,
+            Broken::CheckpointsWentBack {
+                newer_seq: 4,
+                older_seq: 7,
+                ..
+            }
+        ));
+        let err = err.to_string();
         assert!(err.contains("went back") && err.contains("row 4"), "{err}");
         // Same row, another hash.
-        let err = check_chain(&[link(7, 7, 30, None), link(7, 8, 40, Some((7, 7)))]).unwrap_err();
+        let err = check_chain(&[link(7, 7, 30, None), link(7, 8, 40, Some((7, 7)))])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("different hashes"), "{err}");
         // Longer again, but not extending the one before (signed with no record of it).
-        let err = check_chain(&[link(7, 7, 30, None), link(9, 9, 40, Some((0, 0)))]).unwrap_err();
+        let err = check_chain(&[link(7, 7, 30, None), link(9, 9, 40, Some((0, 0)))])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("without extending"), "{err}");
         // Extending the row before with another hash: rewritten.
-        let err = check_chain(&[link(7, 7, 30, None), link(9, 9, 40, Some((7, 1)))]).unwrap_err();
+        let err = check_chain(&[link(7, 7, 30, None), link(9, 9, 40, Some((7, 1)))])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("rewritten"), "{err}");
+        // Each message reads as one sentence: no run of spaces from a broken line continuation.
+        for bad in [
+            link(4, 4, 40, Some((0, 0))),
+            link(7, 8, 40, Some((7, 7))),
+            link(9, 9, 40, Some((0, 0))),
+            link(9, 9, 40, Some((7, 1))),
+        ] {
+            let err = check_chain(&[link(7, 7, 30, None), bad])
+                .unwrap_err()
+                .to_string();
+            assert!(!err.contains("  "), "{err}");
+        }
         // Empty and single chains are fine.
         assert!(check_chain(&[]).unwrap().is_empty());
         assert_eq!(check_chain(&good[..1]).unwrap().len(), 2);

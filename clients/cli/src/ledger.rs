@@ -158,7 +158,7 @@ async fn chain_checked(
     };
     let marks = match checkpoint::check_chain(links) {
         Ok(m) => m,
-        Err(why) => return Ok(Err(why)),
+        Err(why) => return Ok(Err(why.to_string())),
     };
     let (from, from_hash) = start.map_or((0, GENESIS), |s| (s.seq, s.hash));
     let mut client = admin(socket).await?;
@@ -324,11 +324,14 @@ pub(crate) async fn verify_ledger_from(
         }
         refs.row(entry.seq, &entry.serial, &row_hash);
         if let Err(why) = expect.observe(entry.seq, &row_hash) {
-            return Ok(Err(why));
+            return Ok(Err(why.to_string()));
         }
     }
     match v.finish(head.seq, &head_hash) {
-        Ok(n) => Ok(expect.finish(n).map(|()| n - from)),
+        Ok(n) => Ok(expect
+            .finish(n)
+            .map(|()| n - from)
+            .map_err(|b| b.to_string())),
         Err(b) => Ok(Err(b.to_string())),
     }
 }
@@ -422,7 +425,7 @@ fn verify_event_row(
     expect: &checkpoint::Expectations,
 ) -> anyhow::Result<Result<(), String>> {
     Ok(match revoke::verify_event(v, refs, e)? {
-        Ok((seq, hash)) => expect.observe(seq, &hash),
-        Err(why) => Err(why),
+        Ok((seq, hash)) => expect.observe(seq, &hash).map_err(|b| b.to_string()),
+        Err(why) => Err(why.to_string()),
     })
 }

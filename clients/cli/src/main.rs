@@ -11,6 +11,7 @@ mod ledger;
 mod mint;
 mod nodes;
 mod revoke;
+mod verdict;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -15,6 +15,7 @@ use signet_client::proto::admin::{LedgerEventRecord, StreamLedgerEventsRequest};
 use signet_types::ledger::{Hash, LedgerEvent};
 use tonic::transport::Channel;
 
+use crate::verdict::Broken;
 use crate::{call_err, rfc3339, status_err};
 
 /// `signetctl certs revoke`.
@@ -252,10 +253,10 @@ pub fn verify_event(
     v: &mut signet_types::ledger::Verifier,
     refs: &EventRefs,
     e: &LedgerEventRecord,
-) -> anyhow::Result<Result<(u64, Hash), String>> {
+) -> anyhow::Result<Result<(u64, Hash), Broken>> {
     let (event, prev, hash) = event_of(e)?;
     if let Err(b) = v.push_event(&event, &prev, &hash) {
-        return Ok(Err(b.to_string()));
+        return Ok(Err(b.into()));
     }
     if let Err(why) = refs.check(&event) {
         return Ok(Err(why));
@@ -369,26 +370,21 @@ impl EventRefs {
     }
 
     /// Err(why) when `event` does not name the certificate row it says.
-    pub fn check(&self, event: &LedgerEvent) -> Result<(), String> {
-        if !self.named.contains(&event.cert_seq) {
-            return Err(format!(
-                "event {}: row {} was not named by any event when the events were first read \
-                 (the events changed during the verification)",
-                event.seq, event.cert_seq
-            ));
+    pub fn check(&self, event: &LedgerEvent) -> Result<(), Broken> {
+        let (seq, row) = (event.seq, event.cert_seq);
+        if !self.named.contains(&row) {
+            return Err(Broken::RowNotNamed { event: seq, row });
         }
-        let found = self.rows.get(&event.cert_seq).copied().unwrap_or(0);
+        let found = self.rows.get(&row).copied().unwrap_or(0);
         if found == 0 {
-            return Err(format!(
-                "event {}: row {} is not a certificate row",
-                event.seq, event.cert_seq
-            ));
+            return Err(Broken::NotACertificateRow { event: seq, row });
         }
         if found != row_ref(&event.cert_hash, &event.serial) {
-            return Err(format!(
-                "event {}: row {} is not the certificate with serial {} it names",
-                event.seq, event.cert_seq, event.serial
-            ));
+            return Err(Broken::NotTheNamedCertificate {
+                event: seq,
+                row,
+                serial: event.serial.clone(),
+            });
         }
         Ok(())
     }
@@ -440,6 +436,7 @@ mod tests {
         assert_eq!(refs.check(&event(5, "5", [5; 32])), Ok(()));
         // Row 6 is a real row, but no event named it when the events were first read.
         let err = refs.check(&event(6, "6", [6; 32])).unwrap_err();
-        assert!(err.contains("first read"), "{err}");
+        assert_eq!(err, Broken::RowNotNamed { event: 9, row: 6 });
+        assert!(err.to_string().contains("first read"), "{err}");
     }
 }

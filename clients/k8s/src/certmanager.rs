@@ -201,11 +201,15 @@ pub struct CertificateStatus {
     pub failed_issuance_attempts: Option<i32>,
 }
 
+/// A text that is not a Go `time.Duration` [`parse_go_duration`] accepts (the text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid duration {0:?}: expected a Go duration such as \"2160h\" or \"1h30m\"")]
+pub struct BadDuration(pub String);
+
 /// Parses a Go `time.Duration` string as cert-manager writes them (`2160h`, `1h30m0s`,
 /// `90s`, `1.5h`, `500ms`). Negative durations are refused.
-pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
-    let bad =
-        || format!("invalid duration {s:?}: expected a Go duration such as \"2160h\" or \"1h30m\"");
+pub fn parse_go_duration(s: &str) -> Result<Duration, BadDuration> {
+    let bad = || BadDuration(s.to_owned());
     if s == "0" {
         return Ok(Duration::ZERO);
     }

@@ -33,43 +33,86 @@ fn normalize(u: &str) -> String {
     }
 }
 
+/// Why a CertificateRequest's CSR is refused before any call to the server. The message is
+/// the Failed condition's message: it says what to fix.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CsrRefusal {
+    #[error(
+        "spec.isCA is true, but Signet issues workload (leaf) certificates only: set isCA to false"
+    )]
+    IsCa,
+    /// A PEM block with another label (the label).
+    #[error("spec.request holds a PEM {0:?} block, not a CERTIFICATE REQUEST")]
+    NotACsr(String),
+    /// Not PEM at all.
+    #[error("spec.request is not a PEM certificate request: {0}")]
+    NotPem(pem::PemError),
+    #[error("spec.request has trailing bytes after the CSR")]
+    TrailingBytes,
+    #[error("the CSR's signature does not verify with its own public key")]
+    BadSignature,
+    /// The DER is not a CSR Signet reads.
+    #[error("spec.request {0}")]
+    Malformed(CsrError),
+    #[error(
+        "the CSR asks for a CA certificate (basicConstraints CA:TRUE) while spec.isCA is \
+         false: Signet issues leaf certificates only"
+    )]
+    RequestsCa,
+    /// A usage outside [`ALLOWED_USAGES`] (normalized).
+    #[error("spec.usages asks for {0:?}{hint}; Signet issues only {allowed}", hint = usage_hint(.0), allowed = ALLOWED_USAGES.join(", "))]
+    UsageNotAllowed(String),
+    /// The CSR's own key usages are not those of `spec.usages` (normalized, defaults applied).
+    #[error(
+        "the CSR's key usages [{}] disagree with spec.usages [{}]: encode the same usages \
+         in both, or none in the CSR",
+        join(.csr),
+        join(.spec)
+    )]
+    UsagesDisagree {
+        csr: BTreeSet<String>,
+        spec: BTreeSet<String>,
+    },
+}
+
+impl From<CsrError> for CsrRefusal {
+    fn from(e: CsrError) -> Self {
+        match e {
+            CsrError::TrailingBytes => CsrRefusal::TrailingBytes,
+            CsrError::BadSignature => CsrRefusal::BadSignature,
+            other => CsrRefusal::Malformed(other),
+        }
+    }
+}
+
+/// Why a usage cannot be had, when it is one of a CA's.
+fn usage_hint(usage: &str) -> &'static str {
+    if usage == "cert sign" || usage == "crl sign" {
+        " (it needs a CA certificate, which Signet does not issue)"
+    } else {
+        ""
+    }
+}
+
+fn join(s: &BTreeSet<String>) -> String {
+    s.iter().cloned().collect::<Vec<_>>().join(", ")
+}
+
 /// Checks `request` (the PEM CSR of `spec.request`) against `is_ca` and `usages`.
-pub fn check(request: &[u8], is_ca: bool, usages: &[String]) -> Result<CheckedCsr, String> {
+pub fn check(request: &[u8], is_ca: bool, usages: &[String]) -> Result<CheckedCsr, CsrRefusal> {
     if is_ca {
-        return Err(
-            "spec.isCA is true, but Signet issues workload (leaf) certificates only: set isCA to false"
-                .into(),
-        );
+        return Err(CsrRefusal::IsCa);
     }
     let der = match pem::parse(request) {
         Ok(p) if p.tag() == "CERTIFICATE REQUEST" || p.tag() == "NEW CERTIFICATE REQUEST" => {
             p.into_contents()
         }
-        Ok(p) => {
-            return Err(format!(
-                "spec.request holds a PEM {:?} block, not a CERTIFICATE REQUEST",
-                p.tag()
-            ));
-        }
-        Err(e) => {
-            return Err(format!(
-                "spec.request is not a PEM certificate request: {e}"
-            ));
-        }
+        Ok(p) => return Err(CsrRefusal::NotACsr(p.tag().to_owned())),
+        Err(e) => return Err(CsrRefusal::NotPem(e)),
     };
-    let csr = ParsedCsr::from_der(&der).map_err(|e| match e {
-        CsrError::TrailingBytes => "spec.request has trailing bytes after the CSR".to_owned(),
-        CsrError::BadSignature => {
-            "the CSR's signature does not verify with its own public key".to_owned()
-        }
-        other => format!("spec.request {other}"),
-    })?;
+    let csr = ParsedCsr::from_der(&der)?;
     if csr.requests_ca() {
-        return Err(
-            "the CSR asks for a CA certificate (basicConstraints CA:TRUE) while spec.isCA is \
-             false: Signet issues leaf certificates only"
-                .into(),
-        );
+        return Err(CsrRefusal::RequestsCa);
     }
 
     let spec_usages: BTreeSet<String> = if usages.is_empty() {
@@ -81,26 +124,15 @@ pub fn check(request: &[u8], is_ca: bool, usages: &[String]) -> Result<CheckedCs
         .iter()
         .find(|u| !ALLOWED_USAGES.contains(&u.as_str()))
     {
-        let hint = if bad == "cert sign" || bad == "crl sign" {
-            " (it needs a CA certificate, which Signet does not issue)"
-        } else {
-            ""
-        };
-        return Err(format!(
-            "spec.usages asks for {bad:?}{hint}; Signet issues only {}",
-            ALLOWED_USAGES.join(", ")
-        ));
+        return Err(CsrRefusal::UsageNotAllowed(bad.clone()));
     }
     if let Some(csr_usages) = csr.usages()
         && *csr_usages != spec_usages
     {
-        let fmt = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>().join(", ");
-        return Err(format!(
-            "the CSR's key usages [{}] disagree with spec.usages [{}]: encode the same usages \
-             in both, or none in the CSR",
-            fmt(csr_usages),
-            fmt(&spec_usages)
-        ));
+        return Err(CsrRefusal::UsagesDisagree {
+            csr: csr_usages.clone(),
+            spec: spec_usages,
+        });
     }
     Ok(CheckedCsr { der })
 }
@@ -134,7 +166,8 @@ mod tests {
     #[test]
     fn is_ca_refused() {
         let e = check(&csr(|_| {}), true, &[]).unwrap_err();
-        assert!(e.contains("spec.isCA"), "{e}");
+        assert_eq!(e, CsrRefusal::IsCa);
+        assert!(e.to_string().contains("spec.isCA"), "{e}");
     }
 
     #[test]
@@ -145,7 +178,8 @@ mod tests {
             &[],
         )
         .unwrap_err();
-        assert!(e.contains("CA:TRUE"), "{e}");
+        assert_eq!(e, CsrRefusal::RequestsCa);
+        assert!(e.to_string().contains("CA:TRUE"), "{e}");
     }
 
     #[test]
@@ -153,18 +187,21 @@ mod tests {
         assert!(
             check(b"hello", false, &[])
                 .unwrap_err()
+                .to_string()
                 .contains("not a PEM")
         );
         let cert = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
         assert!(
             check(cert.as_bytes(), false, &[])
                 .unwrap_err()
+                .to_string()
                 .contains("CERTIFICATE\"")
         );
         let junk = "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n";
         assert!(
             check(junk.as_bytes(), false, &[])
                 .unwrap_err()
+                .to_string()
                 .contains("PKCS#10")
         );
     }
@@ -199,16 +236,57 @@ mod tests {
             false,
             &s(&["digital signature", "key encipherment", "client auth"]),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("disagree with spec.usages"), "{e}");
         assert!(e.contains("server auth"), "{e}");
     }
 
     #[test]
     fn usages_signet_cannot_issue() {
-        let e = check(&csr(|_| {}), false, &s(&["cert sign"])).unwrap_err();
+        let e = check(&csr(|_| {}), false, &s(&["cert sign"]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("CA certificate"), "{e}");
         assert!(check(&csr(|_| {}), false, &s(&["code signing"])).is_err());
+    }
+
+    /// The refusals' messages are the Failed condition's text, word for word.
+    #[test]
+    fn refusal_messages_are_the_condition_texts() {
+        let allowed = "digital signature, key encipherment, key agreement, content commitment, \
+                       data encipherment, server auth, client auth";
+        assert_eq!(
+            CsrRefusal::UsageNotAllowed("cert sign".into()).to_string(),
+            format!(
+                "spec.usages asks for \"cert sign\" (it needs a CA certificate, which Signet does \
+                 not issue); Signet issues only {allowed}"
+            )
+        );
+        assert_eq!(
+            CsrRefusal::UsageNotAllowed("code signing".into()).to_string(),
+            format!("spec.usages asks for \"code signing\"; Signet issues only {allowed}")
+        );
+        assert_eq!(
+            CsrRefusal::UsagesDisagree {
+                csr: s(&["digital signature", "server auth"])
+                    .into_iter()
+                    .collect(),
+                spec: s(&["client auth"]).into_iter().collect(),
+            }
+            .to_string(),
+            "the CSR's key usages [digital signature, server auth] disagree with spec.usages \
+             [client auth]: encode the same usages in both, or none in the CSR"
+        );
+        assert_eq!(
+            CsrRefusal::RequestsCa.to_string(),
+            "the CSR asks for a CA certificate (basicConstraints CA:TRUE) while spec.isCA is false: \
+             Signet issues leaf certificates only"
+        );
+        assert_eq!(
+            CsrRefusal::from(CsrError::BadSignature).to_string(),
+            "the CSR's signature does not verify with its own public key"
+        );
     }
 
     /// Hostile input never panics: random bytes, random bytes in a PEM wrapper, and a valid

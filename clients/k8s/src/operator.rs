@@ -65,12 +65,14 @@ pub enum BridgeConfigError {
     ServerNotHttps(String),
 }
 
+/// The bridge configuration the tests of this module and of issuer resolution start from.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testing::TempFile;
+pub(crate) mod test_support {
+    use super::{BridgeConfig, OperatorServer};
 
-    fn bridge(bundle: &std::path::Path, td: Option<&str>) -> BridgeConfig {
+    /// A bridge whose server is `https://signet:8443` (TLS name `signet.internal`) with the
+    /// roots of `bundle`, and `--trust-domain` `td`.
+    pub(crate) fn bridge(bundle: &std::path::Path, td: Option<&str>) -> BridgeConfig {
         BridgeConfig {
             server: Some(OperatorServer {
                 address: "https://signet:8443".into(),
@@ -81,6 +83,12 @@ mod tests {
             trust_domain: td.map(|t| t.parse().unwrap()),
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::bridge;
+    use crate::testing::TempFile;
 
     #[test]
     fn the_server_flag_must_be_https() {

@@ -15,7 +15,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use crate::certmanager::{
-    CONDITION_APPROVED, CONDITION_DENIED, CONDITION_READY, CertificateRequest,
+    BadDuration, CONDITION_APPROVED, CONDITION_DENIED, CONDITION_READY, CertificateRequest,
     CertificateRequestStatus, parse_go_duration, reason,
 };
 use crate::conditions::{self, Condition, ConditionStatus};
@@ -142,29 +142,56 @@ pub struct Prepared {
     pub ttl: Option<Duration>,
 }
 
-/// Whether the issuer allows signing now; the Pending message if not.
-pub fn issuer_gate(key: &IssuerKey, issuer: Option<&IssuerObj>) -> Result<(), String> {
+/// Why the issuer does not allow signing now. The message is the request's Pending message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IssuerClosed {
+    #[error(
+        "{0} not found: create it, or fix spec.issuerRef (kind Issuer is looked up in the \
+         request's namespace)"
+    )]
+    NotFound(IssuerKey),
+    /// Its Ready condition is not True (the condition's reason and message).
+    #[error("{key} is not Ready ({reason}: {message})")]
+    NotReady {
+        key: IssuerKey,
+        reason: String,
+        message: String,
+    },
+    /// It has no Ready condition yet.
+    #[error("{0} is not Ready yet: the bridge has not reached its server")]
+    NotReadyYet(IssuerKey),
+}
+
+/// Whether the issuer allows signing now.
+pub fn issuer_gate(key: &IssuerKey, issuer: Option<&IssuerObj>) -> Result<(), IssuerClosed> {
     let Some(issuer) = issuer else {
-        return Err(format!(
-            "{key} not found: create it, or fix spec.issuerRef (kind Issuer is looked up in the \
-             request's namespace)"
-        ));
+        return Err(IssuerClosed::NotFound(key.clone()));
     };
     if issuer.is_ready() {
         return Ok(());
     }
     Err(match issuer.ready_condition() {
-        Some(c) => format!(
-            "{key} is not Ready ({}: {})",
-            c.reason.as_deref().unwrap_or("NoReason"),
-            c.message.as_deref().unwrap_or("")
-        ),
-        None => format!("{key} is not Ready yet: the bridge has not reached its server"),
+        Some(c) => IssuerClosed::NotReady {
+            key: key.clone(),
+            reason: c.reason.as_deref().unwrap_or("NoReason").to_owned(),
+            message: c.message.as_deref().unwrap_or("").to_owned(),
+        },
+        None => IssuerClosed::NotReadyYet(key.clone()),
     })
 }
 
-/// Checks the request itself: CSR, isCA, usages, duration. The error is the Failed message.
-pub fn prepare(cr: &CertificateRequest) -> Result<Prepared, String> {
+/// Why a request itself is refused before any call to the server. The message is the Failed
+/// message.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestRefusal {
+    #[error(transparent)]
+    Csr(#[from] csr::CsrRefusal),
+    #[error("spec.duration: {0}")]
+    Duration(#[from] BadDuration),
+}
+
+/// Checks the request itself: CSR, isCA, usages, duration.
+pub fn prepare(cr: &CertificateRequest) -> Result<Prepared, RequestRefusal> {
     let checked = csr::check(
         &cr.spec.request,
         cr.spec.is_ca.unwrap_or(false),
@@ -173,7 +200,7 @@ pub fn prepare(cr: &CertificateRequest) -> Result<Prepared, String> {
     let ttl = match cr.spec.duration.as_deref() {
         None | Some("") => None,
         Some(d) => {
-            let d = parse_go_duration(d).map_err(|e| format!("spec.duration: {e}"))?;
+            let d = parse_go_duration(d)?;
             if d.is_zero() { None } else { Some(d) }
         }
     };
@@ -286,15 +313,15 @@ async fn sign_step(
     ctx: &Context,
 ) -> Result<Outcome, Error> {
     let issuer = issuers::fetch(&ctx.client, key).await?;
-    if let Err(msg) = issuer_gate(key, issuer.as_ref()) {
-        return Ok(Outcome::pending(msg));
+    if let Err(closed) = issuer_gate(key, issuer.as_ref()) {
+        return Ok(Outcome::pending(closed.to_string()));
     }
     let Some(issuer) = issuer else {
         return Ok(Outcome::pending(format!("{key} not found")));
     };
     let prepared = match prepare(cr) {
         Ok(p) => p,
-        Err(msg) => return Ok(Outcome::failed(msg)),
+        Err(refusal) => return Ok(Outcome::failed(refusal.to_string())),
     };
     let cfg = match issuers::resolve(&ctx.client, &issuer, &ctx.bridge, &ctx.bridge_namespace).await
     {

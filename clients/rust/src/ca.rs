@@ -243,10 +243,8 @@ fn issued_of_istio(resp: istio::IstioCertificateResponse) -> Result<Issued, Call
 }
 
 /// `der` is exactly one X.509 certificate that [`signet_pki::ParsedCert`] reads.
-pub(crate) fn whole_certificate(der: &[u8]) -> Result<(), String> {
-    signet_pki::ParsedCert::from_der(der)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+pub(crate) fn whole_certificate(der: &[u8]) -> Result<(), signet_pki::CertError> {
+    signet_pki::ParsedCert::from_der(der).map(|_| ())
 }
 
 impl TryFrom<pb::Bundle> for TrustBundle {

@@ -107,15 +107,18 @@ impl fmt::Debug for WrongServerIdentity {
 }
 
 /// The URI SANs of a DER certificate ([`signet_pki::ParsedCert`]).
-fn uri_sans(der: &[u8]) -> Result<Vec<String>, String> {
-    signet_pki::ParsedCert::from_der(der)
-        .map(|c| c.uris().to_vec())
-        .map_err(|e| format!("the server's certificate cannot be read: {e}"))
+fn uri_sans(der: &[u8]) -> Result<Vec<String>, signet_pki::CertError> {
+    signet_pki::ParsedCert::from_der(der).map(|c| c.uris().to_vec())
+}
+
+/// Why a certificate the server presented or a root could not be read.
+fn unreadable(e: signet_pki::CertError) -> String {
+    format!("the server's certificate cannot be read: {e}")
 }
 
 /// Checks that the leaf `der` carries exactly one URI SAN and that it is `expected`.
 pub fn check_server_id(der: &[u8], expected: &SpiffeId) -> Result<(), WrongServerIdentity> {
-    let uris = uri_sans(der).map_err(WrongServerIdentity)?;
+    let uris = uri_sans(der).map_err(|e| WrongServerIdentity(unreadable(e)))?;
     match uris.as_slice() {
         [one] if one.parse::<SpiffeId>().as_ref() == Ok(expected) => Ok(()),
         [] => Err(WrongServerIdentity(format!(
@@ -391,7 +394,7 @@ pub fn trust_domain_of_bundle(bundle_pem: &[u8]) -> Result<TrustDomain, ClientEr
     let mut found: Option<TrustDomain> = None;
     for c in CertificateDer::pem_slice_iter(bundle_pem) {
         let c = c.map_err(|e| ClientError::Bundle(e.to_string()))?;
-        for uri in uri_sans(c.as_ref()).map_err(ClientError::Bundle)? {
+        for uri in uri_sans(c.as_ref()).map_err(|e| ClientError::Bundle(unreadable(e)))? {
             let Ok(id) = uri.parse::<SpiffeId>() else {
                 continue;
             };

@@ -27,17 +27,28 @@ pub(super) struct Group {
     pub pid: u32,
 }
 
+/// A `--cpu` value that is not `NAME=PID` (the value, as given).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum BadGroup {
+    #[error("{0:?}: expected NAME=PID")]
+    NoEquals(String),
+    #[error("{0:?}: the pid is not a number: {1}")]
+    BadPid(String, std::num::ParseIntError),
+    #[error("{0:?}: the name is empty")]
+    NoName(String),
+}
+
 /// Parses `NAME=PID` (for clap).
-pub(super) fn parse_group(s: &str) -> Result<Group, String> {
+pub(super) fn parse_group(s: &str) -> Result<Group, BadGroup> {
     let (name, pid) = s
         .split_once('=')
-        .ok_or_else(|| format!("{s:?}: expected NAME=PID"))?;
+        .ok_or_else(|| BadGroup::NoEquals(s.to_owned()))?;
     let pid = pid
         .trim()
         .parse::<u32>()
-        .map_err(|e| format!("{s:?}: the pid is not a number: {e}"))?;
+        .map_err(|e| BadGroup::BadPid(s.to_owned(), e))?;
     if name.is_empty() {
-        return Err(format!("{s:?}: the name is empty"));
+        return Err(BadGroup::NoName(s.to_owned()));
     }
     Ok(Group {
         name: name.to_owned(),

@@ -102,10 +102,13 @@ struct Errors {
     first: Option<String>,
 }
 
-fn note_error(errors: &Mutex<Errors>, e: String) {
+/// Counts a failed request; the first one's message is kept for the report.
+fn note_error(errors: &Mutex<Errors>, e: impl std::fmt::Display) {
     let mut g = errors.lock().unwrap_or_else(|p| p.into_inner());
     g.count += 1;
-    g.first.get_or_insert(e);
+    if g.first.is_none() {
+        g.first = Some(e.to_string());
+    }
 }
 
 fn finish(mut latencies: Vec<Duration>, elapsed: Duration, errors: &Mutex<Errors>) -> Outcome {
@@ -121,10 +124,11 @@ fn finish(mut latencies: Vec<Duration>, elapsed: Duration, errors: &Mutex<Errors
 }
 
 /// Closed loop: each client sends a request, waits for the answer, sends the next.
-pub(super) async fn closed_loop<F, Fut>(clients: Vec<F>, plan: Plan) -> anyhow::Result<Outcome>
+pub(super) async fn closed_loop<F, Fut, E>(clients: Vec<F>, plan: Plan) -> anyhow::Result<Outcome>
 where
     F: FnMut() -> Fut + Send + 'static,
-    Fut: Future<Output = Result<(), String>> + Send,
+    Fut: Future<Output = Result<(), E>> + Send,
+    E: std::fmt::Display,
 {
     let start = REAL_CLOCK.monotonic();
     let (measure_from, stop_at) = match plan.requests {
@@ -186,10 +190,11 @@ const MAX_IN_FLIGHT: usize = 8192;
 /// one timer wake-up per millisecond and no task per request. A request's latency counts from
 /// when it was due, so the tick's granularity and any lateness of the generator itself count
 /// against the latency, never hide it.
-pub(super) async fn open_loop<F, Fut>(call: F, rate: f64, plan: Plan) -> anyhow::Result<Outcome>
+pub(super) async fn open_loop<F, Fut, E>(call: F, rate: f64, plan: Plan) -> anyhow::Result<Outcome>
 where
     F: Fn(u64) -> Fut,
-    Fut: Future<Output = Result<(), String>>,
+    Fut: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
 {
     use futures::StreamExt as _;
     use futures::stream::FuturesUnordered;
@@ -282,7 +287,7 @@ mod tests {
             duration: Duration::ZERO,
             requests: Some(10),
         };
-        let clients = (0..3).map(|_| || async { Ok(()) }).collect();
+        let clients = (0..3).map(|_| || async { Ok::<(), String>(()) }).collect();
         let out = closed_loop(clients, plan).await.expect("run");
         assert_eq!(out.latencies.len(), 10);
         let out = open_loop(|_| async { Err("no".to_owned()) }, 1e6, plan)

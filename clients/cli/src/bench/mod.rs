@@ -159,7 +159,7 @@ async fn cfssl_phase(
         ));
         clients.push(move || {
             let conn = conn.clone();
-            async move { conn.lock().await.sign().await.map_err(|e| e.to_string()) }
+            async move { conn.lock().await.sign().await }
         });
     }
     let how = if tls.is_some() {

@@ -13,7 +13,8 @@ use kube::ResourceExt;
 
 use crate::certmanager::{Certificate, parse_go_duration};
 use crate::issuers::{IssuerKey, RefMatch};
-use crate::keys::{KeySpec, PrivateKey, RotationPolicy};
+use crate::keys::{KeyError, KeySpec, PrivateKey, RotationPolicy};
+use signet_pki::CertError;
 
 pub const ANN_CERTIFICATE_NAME: &str = "cert-manager.io/certificate-name";
 pub const ANN_ISSUER_NAME: &str = "cert-manager.io/issuer-name";
@@ -268,8 +269,8 @@ pub struct IssuedCert {
 
 impl IssuedCert {
     /// The first certificate of a PEM chain ([`signet_pki::ParsedCert`]).
-    pub fn parse(chain_pem: &[u8]) -> Result<Self, String> {
-        let cert = signet_pki::ParsedCert::from_pem_first(chain_pem).map_err(|e| e.to_string())?;
+    pub fn parse(chain_pem: &[u8]) -> Result<Self, CertError> {
+        let cert = signet_pki::ParsedCert::from_pem_first(chain_pem)?;
         Ok(Self {
             not_before: cert.not_before(),
             not_after: cert.not_after(),
@@ -289,12 +290,14 @@ impl IssuedCert {
     }
 }
 
-/// The parts of a Secret the decisions read.
-#[derive(Debug, Clone)]
+/// The parts of a Secret the decisions read. `cert` and `key` are None when the Secret lacks
+/// them, and hold why they cannot be read when they are there but broken (the triggers write
+/// the reason into the Certificate's conditions).
+#[derive(Debug)]
 pub struct SecretView {
     pub annotations: BTreeMap<String, String>,
-    pub cert: Option<Result<IssuedCert, String>>,
-    pub key: Option<Result<PrivateKey, String>>,
+    pub cert: Option<Result<IssuedCert, CertError>>,
+    pub key: Option<Result<PrivateKey, KeyError>>,
     /// `RSA PRIVATE KEY`, `EC PRIVATE KEY` or `PRIVATE KEY`.
     pub key_label: Option<String>,
 }
@@ -315,7 +318,7 @@ impl SecretView {
             .as_ref()
             .and_then(|k| pem::parse(k).ok())
             .map(|p| p.tag().to_owned());
-        let key = key_bytes.map(|k| PrivateKey::from_pem(&k).map_err(|e| e.to_string()));
+        let key = key_bytes.map(|k| PrivateKey::from_pem(&k));
         Self {
             annotations: secret.annotations().clone(),
             cert,

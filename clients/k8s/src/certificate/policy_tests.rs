@@ -228,13 +228,17 @@ fn trigger_chain_in_order() {
     );
 
     let key = generate(KeyAlgorithm::EcdsaP256).unwrap();
-    let good = issued_secret(
-        &key,
-        &["spiffe://example.org/ns/a/sa/web"],
-        &["web.a.svc"],
-        90,
-        ours(),
-    );
+    // A SecretView is not Clone (a key's parse error is not): each variation starts anew.
+    let good_view = || {
+        issued_secret(
+            &key,
+            &["spiffe://example.org/ns/a/sa/web"],
+            &["web.a.svc"],
+            90,
+            ours(),
+        )
+    };
+    let good = good_view();
     assert_eq!(issuance_reason(&d, Some(&good), None, now), None);
     // Renewal at two thirds of 90h, or the recorded time.
     let r = issuance_reason(&d, Some(&good), None, at(T0 + 60 * 3600)).unwrap();
@@ -310,7 +314,7 @@ fn trigger_chain_in_order() {
         "IncorrectIssuer"
     );
 
-    let mut swapped = good.clone();
+    let mut swapped = good_view();
     swapped.key = Some(Ok(generate(KeyAlgorithm::EcdsaP256).unwrap()));
     assert_eq!(
         issuance_reason(&d, Some(&swapped), None, now)
@@ -318,7 +322,7 @@ fn trigger_chain_in_order() {
             .reason,
         "InvalidKeyPair"
     );
-    let mut empty = good.clone();
+    let mut empty = good_view();
     empty.cert = None;
     assert_eq!(
         issuance_reason(&d, Some(&empty), None, now).unwrap().reason,

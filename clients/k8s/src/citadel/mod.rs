@@ -166,7 +166,7 @@ pub async fn reconcile_service_account(
         .await?;
     let chain_pem = signed.chain_pem();
     let issued = crate::certificate::policy::IssuedCert::parse(chain_pem.as_bytes())
-        .map_err(Error::Internal)?;
+        .map_err(|e| Error::Internal(e.to_string()))?;
     let renewal = crate::certificate::policy::renewal_time(
         issued.not_before,
         issued.not_after,

@@ -49,7 +49,8 @@ impl BridgeConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::operator::{BridgeConfig, OperatorServer};
+    use crate::operator::BridgeConfig;
+    use crate::operator::test_support::bridge;
     use crate::testing::TempFile;
 
     fn root(uri: Option<&str>) -> String {
@@ -60,18 +61,6 @@ mod tests {
             p.subject_alt_names = vec![rcgen::SanType::URI(u.try_into().unwrap())];
         }
         p.self_signed(&key).unwrap().pem()
-    }
-
-    fn bridge(bundle: &std::path::Path, td: Option<&str>) -> BridgeConfig {
-        BridgeConfig {
-            server: Some(OperatorServer {
-                address: "https://signet:8443".into(),
-                server_name: Some("signet.internal".into()),
-                bundle_file: bundle.to_owned(),
-            }),
-            token_path: "/t".into(),
-            trust_domain: td.map(|t| t.parse().unwrap()),
-        }
     }
 
     #[test]

@@ -263,16 +263,19 @@ fn prepare_checks_request() {
     assert!(
         prepare(&cr(json!({"duration": "3d"}), vec![]))
             .unwrap_err()
+            .to_string()
             .contains("spec.duration")
     );
     assert!(
         prepare(&cr(json!({"isCA": true}), vec![]))
             .unwrap_err()
+            .to_string()
             .contains("isCA")
     );
     assert!(
         prepare(&cr(json!({"request": STANDARD.encode("nope")}), vec![]))
             .unwrap_err()
+            .to_string()
             .contains("PEM")
     );
 }
@@ -343,11 +346,14 @@ fn issuer_gate_messages() {
     assert!(
         issuer_gate(&key, None)
             .unwrap_err()
+            .to_string()
             .contains("Issuer/a/signet not found")
     );
     let not_ready: crate::crd::Issuer =
         serde_json::from_value(issuer(Some(("False", "Unreachable")))).unwrap();
-    let e = issuer_gate(&key, Some(&IssuerObj::from(not_ready))).unwrap_err();
+    let e = issuer_gate(&key, Some(&IssuerObj::from(not_ready)))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("not Ready (Unreachable: m)"), "{e}");
     let ready: crate::crd::Issuer =
         serde_json::from_value(issuer(Some(("True", "Connected")))).unwrap();
