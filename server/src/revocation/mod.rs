@@ -206,8 +206,12 @@ fn listed(row: &CertificateRow) -> Revoked {
         spiffe_id: row.entry.spiffe_id.clone(),
         ca_key_id: row.entry.ca_key_id.clone(),
         not_after: row.entry.not_after,
-        revoked_at: row.revoked_at.unwrap_or(0),
-        reason: row.revocation_reason.clone().unwrap_or_default(),
+        revoked_at: row.revocation.as_ref().map_or(0, |v| v.at),
+        reason: row
+            .revocation
+            .as_ref()
+            .map(|v| v.reason.clone())
+            .unwrap_or_default(),
         event_seq: 0,
     }
 }
@@ -278,7 +282,7 @@ impl Revoker {
                 .ok_or_else(|| {
                     RevokeError::NotFound(format!("no certificate with serial {serial}"))
                 })?;
-            if row.revoked_at.is_some() {
+            if row.revocation.is_some() {
                 report.add_already(listed(&row));
             } else if row.entry.not_after <= now {
                 report.expired_count += 1;
@@ -557,8 +561,7 @@ mod tests {
                 request_id: "r".into(),
                 provenance: provenance.into(),
             },
-            revoked_at: None,
-            revocation_reason: None,
+            revocation: None,
             prev_hash: [0; 32],
             hash: [0; 32],
             cert_der: vec![],
@@ -661,7 +664,7 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(other.revoked_at, None, "another SPIFFE ID is untouched");
+        assert_eq!(other.revocation, None, "another SPIFFE ID is untouched");
 
         // Again: nothing left to revoke under the selector; by serial, already revoked.
         let again = revoker
