@@ -43,7 +43,7 @@ pub enum CrlError {
 }
 
 /// The reason code of a CRL entry (RFC 5280 §5.3.1 `CRLReason`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[non_exhaustive]
 pub enum CrlReason {
     Unspecified,
@@ -60,38 +60,102 @@ pub enum CrlReason {
     Other(u8),
 }
 
+/// The code, RFC 5280 name and finality of each defined reason: the one table.
+const TABLE: [(CrlReason, u8, &str); 10] = [
+    (CrlReason::Unspecified, 0, "unspecified"),
+    (CrlReason::KeyCompromise, 1, "keyCompromise"),
+    (CrlReason::CaCompromise, 2, "cACompromise"),
+    (CrlReason::AffiliationChanged, 3, "affiliationChanged"),
+    (CrlReason::Superseded, 4, "superseded"),
+    (CrlReason::CessationOfOperation, 5, "cessationOfOperation"),
+    (CrlReason::CertificateHold, 6, "certificateHold"),
+    (CrlReason::RemoveFromCrl, 8, "removeFromCRL"),
+    (CrlReason::PrivilegeWithdrawn, 9, "privilegeWithdrawn"),
+    (CrlReason::AaCompromise, 10, "aACompromise"),
+];
+
 impl CrlReason {
-    fn from_code(code: u8) -> Self {
-        match code {
-            0 => Self::Unspecified,
-            1 => Self::KeyCompromise,
-            2 => Self::CaCompromise,
-            3 => Self::AffiliationChanged,
-            4 => Self::Superseded,
-            5 => Self::CessationOfOperation,
-            6 => Self::CertificateHold,
-            8 => Self::RemoveFromCrl,
-            9 => Self::PrivilegeWithdrawn,
-            10 => Self::AaCompromise,
-            other => Self::Other(other),
+    /// Every reason RFC 5280 defines, in code order.
+    pub const DEFINED: [CrlReason; 10] = {
+        let mut out = [CrlReason::Unspecified; 10];
+        let mut i = 0;
+        while i < TABLE.len() {
+            out[i] = TABLE[i].0;
+            i += 1;
+        }
+        out
+    };
+
+    /// The reason of a `CRLReason` code ([`CrlReason::Other`] for an undefined one).
+    pub fn from_code(code: u8) -> Self {
+        TABLE
+            .iter()
+            .find(|(_, c, _)| *c == code)
+            .map_or(Self::Other(code), |(r, _, _)| *r)
+    }
+
+    /// The `CRLReason` code.
+    pub fn code(self) -> u8 {
+        match self {
+            Self::Other(code) => code,
+            defined => TABLE
+                .iter()
+                .find(|(r, _, _)| *r == defined)
+                .map_or(0, |(_, c, _)| *c),
         }
     }
 
-    /// The RFC 5280 reason code (`keyCompromise` is 1, `cACompromise` 2, …).
-    pub fn code(self) -> u8 {
-        match self {
-            Self::Unspecified => 0,
-            Self::KeyCompromise => 1,
-            Self::CaCompromise => 2,
-            Self::AffiliationChanged => 3,
-            Self::Superseded => 4,
-            Self::CessationOfOperation => 5,
-            Self::CertificateHold => 6,
-            Self::RemoveFromCrl => 8,
-            Self::PrivilegeWithdrawn => 9,
-            Self::AaCompromise => 10,
-            Self::Other(code) => code,
+    /// The RFC 5280 name (`keyCompromise`, `cACompromise`, …); `None` for an undefined code.
+    pub fn name(self) -> Option<&'static str> {
+        TABLE
+            .iter()
+            .find(|(r, _, _)| *r == self)
+            .map(|(_, _, n)| *n)
+    }
+
+    /// Whether a revocation for this reason is final: every defined reason but
+    /// `certificateHold` (a suspension) and `removeFromCRL` (its lifting, delta CRLs only).
+    pub fn is_final(self) -> bool {
+        !matches!(
+            self,
+            Self::CertificateHold | Self::RemoveFromCrl | Self::Other(_)
+        )
+    }
+}
+
+impl fmt::Display for CrlReason {
+    /// The RFC 5280 name, or `reason code N` for an undefined one.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(name) => f.write_str(name),
+            None => write!(f, "reason code {}", self.code()),
         }
+    }
+}
+
+/// Text that names no RFC 5280 reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown CRL reason {0:?}")]
+pub struct UnknownCrlReason(pub String);
+
+impl std::str::FromStr for CrlReason {
+    type Err = UnknownCrlReason;
+
+    /// A defined reason by its RFC 5280 name in any case, with or without `-` / `_`
+    /// (`keyCompromise`, `key-compromise`, `KEY_COMPROMISE`).
+    fn from_str(s: &str) -> Result<Self, UnknownCrlReason> {
+        let norm = |n: &str| {
+            n.chars()
+                .filter(|c| *c != '-' && *c != '_')
+                .flat_map(char::to_lowercase)
+                .collect::<String>()
+        };
+        let want = norm(s);
+        TABLE
+            .iter()
+            .find(|(_, _, n)| norm(n) == want)
+            .map(|(r, _, _)| *r)
+            .ok_or_else(|| UnknownCrlReason(s.to_owned()))
     }
 }
 

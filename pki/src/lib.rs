@@ -29,7 +29,7 @@ pub mod svid;
 
 pub use bundle::{BundleError, JwtAuthority, SpiffeBundle};
 pub use cert::{CertError, ParsedCert};
-pub use crl::{CrlError, CrlReason, ParsedCrl};
+pub use crl::{CrlError, CrlReason, ParsedCrl, UnknownCrlReason};
 pub use csr::{CsrError, CsrNames, KeyAndCsr, ParsedCsr, build_csr, new_key_and_csr};
 pub use key::{KeyAlgorithm, KeyEncoding, KeyError, PrivateKey, generate};
 pub use svid::{SvidCertificate, SvidError, X509Svid};

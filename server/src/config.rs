@@ -589,7 +589,9 @@ impl Config {
         }
         self.validate_limits()?;
         self.validate_checkpoint_and_federation()?;
-        self.crl.validate().map_err(ConfigError::Invalid)?;
+        self.crl
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.telemetry
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;

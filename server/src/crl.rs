@@ -477,7 +477,7 @@ impl CrlPublisher {
             .map(|r| RevokedEntry {
                 serial: hex::encode(r.raw_serial()),
                 revoked_at: r.revocation_date.timestamp(),
-                reason: Reason::CaCompromise,
+                reason: Reason::CA_COMPROMISE,
                 not_after: i64::MAX,
             })
             .collect()
@@ -593,11 +593,11 @@ mod tests {
     fn a_crl_lists_its_entries_with_reasons_number_aki_and_window() {
         let ca = root();
         let entries = [
-            entry("7f01a2", T0 - 50, Reason::KeyCompromise, T0 + 3600),
+            entry("7f01a2", T0 - 50, Reason::KEY_COMPROMISE, T0 + 3600),
             // A serial whose first byte has the high bit set (DER adds a leading zero).
-            entry("00c3d4", T0 - 40, Reason::Superseded, T0 + 3600),
+            entry("00c3d4", T0 - 40, Reason::SUPERSEDED, T0 + 3600),
             // Expired before now: it leaves the CRL.
-            entry("77", T0 - 3000, Reason::CessationOfOperation, T0 - 1),
+            entry("77", T0 - 3000, Reason::CESSATION_OF_OPERATION, T0 - 1),
         ];
         let der = sign_crl(
             &ca,
@@ -666,7 +666,7 @@ mod tests {
             sign_crl(&ca, &[], 1, from_unix(T0), from_unix(T0), from_unix(T0)),
             Err(CrlError::Window)
         );
-        let bad = [entry("zz", T0, Reason::Unspecified, T0 + 10)];
+        let bad = [entry("zz", T0, Reason::UNSPECIFIED, T0 + 10)];
         assert!(matches!(
             sign_crl(
                 &ca,

@@ -652,8 +652,10 @@ pub fn renewal(data: &[u8]) {
             request_id: String::new(),
             provenance,
         },
-        revoked_at: (flags & 1 != 0).then_some(now),
-        revocation_reason: (flags & 1 != 0).then(|| "keyCompromise".into()),
+        revocation: (flags & 1 != 0).then(|| signet_types::ledger::Revocation {
+            at: now,
+            reason: "keyCompromise".into(),
+        }),
         prev_hash: [0; 32],
         hash: [0; 32],
         cert_der: der.to_vec(),

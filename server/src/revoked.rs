@@ -6,75 +6,78 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use signet_pki::CrlReason;
 
 use crate::store::RevokedRow;
 
-/// RFC 5280 §5.3.1 CRLReason, without `certificateHold` and `removeFromCRL`: a Signet
-/// revocation is final.
+/// A reason a Signet revocation may give: an RFC 5280 §5.3.1 CRLReason ([`CrlReason`], whose
+/// codes and names are read and written in `signet_pki` only) that is final, so neither
+/// `certificateHold` nor `removeFromCRL`: a Signet revocation is never lifted. Only
+/// [`Reason::try_from`] and [`str::parse`] build one, so the revoker cannot be handed a hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reason {
-    Unspecified,
-    KeyCompromise,
-    CaCompromise,
-    AffiliationChanged,
-    Superseded,
-    CessationOfOperation,
-    PrivilegeWithdrawn,
-    AaCompromise,
+pub struct Reason(CrlReason);
+
+/// A [`CrlReason`] an operator may not revoke for (a hold, its removal, an undefined code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{0} is not a final revocation reason")]
+pub struct NotFinal(pub CrlReason);
+
+impl TryFrom<CrlReason> for Reason {
+    type Error = NotFinal;
+
+    fn try_from(r: CrlReason) -> Result<Self, NotFinal> {
+        if r.is_final() {
+            Ok(Self(r))
+        } else {
+            Err(NotFinal(r))
+        }
+    }
+}
+
+impl From<Reason> for CrlReason {
+    fn from(r: Reason) -> Self {
+        r.0
+    }
 }
 
 impl Reason {
-    pub const ALL: [Reason; 8] = [
-        Reason::Unspecified,
-        Reason::KeyCompromise,
-        Reason::CaCompromise,
-        Reason::AffiliationChanged,
-        Reason::Superseded,
-        Reason::CessationOfOperation,
-        Reason::PrivilegeWithdrawn,
-        Reason::AaCompromise,
-    ];
+    pub const UNSPECIFIED: Reason = Reason(CrlReason::Unspecified);
+    pub const KEY_COMPROMISE: Reason = Reason(CrlReason::KeyCompromise);
+    pub const CA_COMPROMISE: Reason = Reason(CrlReason::CaCompromise);
+    pub const SUPERSEDED: Reason = Reason(CrlReason::Superseded);
+    pub const CESSATION_OF_OPERATION: Reason = Reason(CrlReason::CessationOfOperation);
+
+    /// Every reason an operator may give, in code order.
+    pub fn all() -> impl Iterator<Item = Reason> {
+        CrlReason::DEFINED
+            .into_iter()
+            .filter_map(|r| Reason::try_from(r).ok())
+    }
 
     /// The RFC 5280 name (stored in the ledger).
     pub fn name(self) -> &'static str {
-        match self {
-            Reason::Unspecified => "unspecified",
-            Reason::KeyCompromise => "keyCompromise",
-            Reason::CaCompromise => "cACompromise",
-            Reason::AffiliationChanged => "affiliationChanged",
-            Reason::Superseded => "superseded",
-            Reason::CessationOfOperation => "cessationOfOperation",
-            Reason::PrivilegeWithdrawn => "privilegeWithdrawn",
-            Reason::AaCompromise => "aACompromise",
-        }
+        // Every final reason is a defined one, so it has a name.
+        self.0.name().unwrap_or("unspecified")
     }
 
     /// The CRLReason code.
     #[cfg(test)]
     pub fn code(self) -> u8 {
-        match self {
-            Reason::Unspecified => 0,
-            Reason::KeyCompromise => 1,
-            Reason::CaCompromise => 2,
-            Reason::AffiliationChanged => 3,
-            Reason::Superseded => 4,
-            Reason::CessationOfOperation => 5,
-            Reason::PrivilegeWithdrawn => 9,
-            Reason::AaCompromise => 10,
-        }
+        self.0.code()
     }
 
     pub(crate) fn to_rcgen(self) -> rcgen::RevocationReason {
         use rcgen::RevocationReason as R;
-        match self {
-            Reason::Unspecified => R::Unspecified,
-            Reason::KeyCompromise => R::KeyCompromise,
-            Reason::CaCompromise => R::CaCompromise,
-            Reason::AffiliationChanged => R::AffiliationChanged,
-            Reason::Superseded => R::Superseded,
-            Reason::CessationOfOperation => R::CessationOfOperation,
-            Reason::PrivilegeWithdrawn => R::PrivilegeWithdrawn,
-            Reason::AaCompromise => R::AaCompromise,
+        match self.0 {
+            CrlReason::KeyCompromise => R::KeyCompromise,
+            CrlReason::CaCompromise => R::CaCompromise,
+            CrlReason::AffiliationChanged => R::AffiliationChanged,
+            CrlReason::Superseded => R::Superseded,
+            CrlReason::CessationOfOperation => R::CessationOfOperation,
+            CrlReason::PrivilegeWithdrawn => R::PrivilegeWithdrawn,
+            CrlReason::AaCompromise => R::AaCompromise,
+            // Unspecified, and (never built, see `Reason`) anything not final.
+            _ => R::Unspecified,
         }
     }
 }
@@ -87,25 +90,18 @@ impl std::fmt::Display for Reason {
 
 /// Text that names no [`Reason`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown revocation reason {0:?} (one of: {names})", names = Reason::ALL.map(Reason::name).join(", "))]
+#[error("unknown revocation reason {0:?} (one of: {names})", names = Reason::all().map(Reason::name).collect::<Vec<_>>().join(", "))]
 pub struct UnknownReason(pub String);
 
 impl std::str::FromStr for Reason {
     type Err = UnknownReason;
 
-    /// The RFC 5280 name in any case, with or without `-` / `_` (`keyCompromise`,
-    /// `key-compromise`, `KEY_COMPROMISE`).
+    /// The RFC 5280 name of a final reason in any case, with or without `-` / `_`
+    /// (`keyCompromise`, `key-compromise`, `KEY_COMPROMISE`).
     fn from_str(s: &str) -> Result<Self, UnknownReason> {
-        let norm = |n: &str| {
-            n.chars()
-                .filter(|c| *c != '-' && *c != '_')
-                .flat_map(char::to_lowercase)
-                .collect::<String>()
-        };
-        let want = norm(s);
-        Reason::ALL
-            .into_iter()
-            .find(|r| norm(r.name()) == want)
+        s.parse::<CrlReason>()
+            .ok()
+            .and_then(|r| Reason::try_from(r).ok())
             .ok_or_else(|| UnknownReason(s.to_owned()))
     }
 }
@@ -133,15 +129,27 @@ impl Default for CrlConfig {
 }
 
 impl CrlConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), CrlConfigError> {
         if self.next_update < Duration::from_secs(2) {
-            return Err("crl.next_update must be at least 2s".into());
+            return Err(CrlConfigError::NextUpdateTooShort);
         }
         if self.poll_interval.is_zero() {
-            return Err("crl.poll_interval must be positive".into());
+            return Err(CrlConfigError::ZeroPollInterval);
         }
         Ok(())
     }
+}
+
+/// Why a [`CrlConfig`] is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CrlConfigError {
+    /// A shorter validity leaves no time to publish the next CRL before this one expires.
+    #[error("crl.next_update must be at least 2s")]
+    NextUpdateTooShort,
+    /// The poll for other replicas' revocations would spin.
+    #[error("crl.poll_interval must be positive")]
+    ZeroPollInterval,
 }
 
 /// One revoked certificate as a CRL lists it.
@@ -162,7 +170,7 @@ impl RevokedEntry {
         Self {
             serial: r.serial.clone(),
             revoked_at: r.revoked_at,
-            reason: r.reason.parse().unwrap_or(Reason::Unspecified),
+            reason: r.reason.parse().unwrap_or(Reason::UNSPECIFIED),
             not_after: r.not_after,
         }
     }

@@ -62,6 +62,55 @@ pub struct LedgerEntry {
     pub provenance: String,
 }
 
+impl LedgerEntry {
+    /// The recorded provenance, `None` on rows written before provenance was recorded.
+    pub fn recorded_provenance(&self) -> Option<&str> {
+        (!self.provenance.is_empty()).then_some(self.provenance.as_str())
+    }
+}
+
+/// When and why a certificate was revoked: the lookup index a certificate's row carries beside
+/// what it commits to. The record itself is the revocation event later in the chain
+/// ([`LedgerEvent`]); this is not covered by the row's hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revocation {
+    /// Unix seconds.
+    pub at: i64,
+    /// The RFC 5280 CRLReason by name (`keyCompromise`, `superseded`, …), as recorded.
+    pub reason: String,
+}
+
+/// One certificate row of the ledger as stored and as listed: what it commits to, where it sits
+/// in the chain, the certificate itself, and its revocation if it was revoked. The server's
+/// store reads it, the admin API sends it (`CertificateRecord`), and the client converts it back
+/// once; `signetctl` lists it and recomputes its hashes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerRecord {
+    pub entry: LedgerEntry,
+    /// The stored hash of the row before it ([`GENESIS`] for the first).
+    pub prev_hash: Hash,
+    /// The stored chain hash of this row.
+    pub hash: Hash,
+    /// The certificate, DER; its SHA-256 should be `entry.cert_sha256`.
+    pub cert_der: Vec<u8>,
+    /// Set when it was revoked (not part of the row's hash, see [`Revocation`]).
+    pub revocation: Option<Revocation>,
+}
+
+impl LedgerRecord {
+    /// Whether the stored certificate is the one the entry records (its SHA-256).
+    pub fn holds_its_certificate(&self) -> bool {
+        sha256(&self.cert_der) == self.entry.cert_sha256
+    }
+
+    /// Whether the row is intact on its own: it holds its certificate and its content chained
+    /// onto its stored previous hash gives its stored hash. (Whether the previous hash is the
+    /// row before's is [`Verifier`]'s to check.)
+    pub fn hashes_to_itself(&self) -> bool {
+        self.holds_its_certificate() && chain_hash(&self.prev_hash, &self.entry) == self.hash
+    }
+}
+
 fn put(ctx: &mut digest::Context, bytes: &[u8]) {
     ctx.update(&(bytes.len() as u64).to_be_bytes());
     ctx.update(bytes);
@@ -301,6 +350,50 @@ mod tests {
             request_id: format!("req-{seq}"),
             provenance: r#"{"source":"service_account"}"#.into(),
         }
+    }
+
+    #[test]
+    fn a_record_hashes_to_itself_only_with_its_certificate_and_content() {
+        let cert_der = vec![0x30, 0x03, 1, 2, 3];
+        let mut e = entry(1);
+        e.cert_sha256 = sha256(&cert_der);
+        let rec = LedgerRecord {
+            hash: chain_hash(&GENESIS, &e),
+            entry: e,
+            prev_hash: GENESIS,
+            cert_der,
+            revocation: None,
+        };
+        assert!(rec.holds_its_certificate() && rec.hashes_to_itself());
+        let mut swapped = rec.clone();
+        swapped.cert_der.push(0);
+        assert!(!swapped.holds_its_certificate() && !swapped.hashes_to_itself());
+        let mut altered = rec.clone();
+        altered.entry.caller.push('x');
+        assert!(altered.holds_its_certificate() && !altered.hashes_to_itself());
+        let mut moved = rec.clone();
+        moved.prev_hash[0] ^= 1;
+        assert!(!moved.hashes_to_itself());
+        // The revocation is an index beside the row, not part of its hash.
+        let revoked = LedgerRecord {
+            revocation: Some(Revocation {
+                at: 1,
+                reason: "superseded".into(),
+            }),
+            ..rec
+        };
+        assert!(revoked.hashes_to_itself());
+    }
+
+    #[test]
+    fn provenance_is_recorded_only_when_not_empty() {
+        let mut e = entry(1);
+        assert_eq!(
+            e.recorded_provenance(),
+            Some(r#"{"source":"service_account"}"#)
+        );
+        e.provenance.clear();
+        assert_eq!(e.recorded_provenance(), None);
     }
 
     #[test]

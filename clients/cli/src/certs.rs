@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 use serde::Serialize;
-use signet_client::admin::{CertificateQuery, CertificateRow};
+use signet_client::admin::{CertificateQuery, LedgerRecord};
 
 use crate::{call_err, revoke, typed_admin};
 
@@ -46,24 +46,24 @@ pub(crate) fn rfc3339(unix: i64) -> String {
         .unwrap_or_else(|| unix.to_string())
 }
 
-fn to_json(r: &CertificateRow) -> CertJson {
+fn to_json(r: &LedgerRecord) -> CertJson {
+    let e = &r.entry;
     CertJson {
-        seq: r.seq,
-        serial: r.serial.clone(),
-        spiffe_id: r.spiffe_id.clone(),
-        dns_names: r.dns_names.clone(),
-        ip_addresses: r.ip_addresses.clone(),
-        not_before: rfc3339(r.not_before),
-        not_after: rfc3339(r.not_after),
-        issued_at: rfc3339(r.issued_at),
-        caller: r.caller.clone(),
-        ca_key_id: r.ca_key_id.clone(),
-        request_id: r.request_id.clone(),
-        sha256: hex::encode(r.cert_sha256),
+        seq: e.seq,
+        serial: e.serial.clone(),
+        spiffe_id: e.spiffe_id.clone(),
+        dns_names: e.dns_names.clone(),
+        ip_addresses: e.ip_addresses.clone(),
+        not_before: rfc3339(e.not_before),
+        not_after: rfc3339(e.not_after),
+        issued_at: rfc3339(e.issued_at),
+        caller: e.caller.clone(),
+        ca_key_id: e.ca_key_id.clone(),
+        request_id: e.request_id.clone(),
+        sha256: hex::encode(e.cert_sha256),
         hash: hex::encode(r.hash),
-        provenance: r
-            .provenance
-            .as_deref()
+        provenance: e
+            .recorded_provenance()
             .and_then(|p| serde_json::from_str(p).ok()),
         revoked_at: r.revocation.as_ref().map(|v| rfc3339(v.at)),
         revocation_reason: r.revocation.as_ref().map(|v| v.reason.clone()),
@@ -114,7 +114,7 @@ pub(crate) enum CertsCmd {
 }
 
 /// One listed row: a JSON line, or a table line.
-fn print_row(r: &CertificateRow, json: bool) -> anyhow::Result<()> {
+fn print_row(r: &LedgerRecord, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string(&to_json(r))?);
         return Ok(());
@@ -125,11 +125,11 @@ fn print_row(r: &CertificateRow, json: bool) -> anyhow::Result<()> {
     };
     println!(
         "{:>6}  {:<34}  {:<20}  {:<50}  {}{revoked}",
-        r.seq,
-        r.serial,
-        rfc3339(r.not_after),
-        r.spiffe_id,
-        r.caller
+        r.entry.seq,
+        r.entry.serial,
+        rfc3339(r.entry.not_after),
+        r.entry.spiffe_id,
+        r.entry.caller
     );
     Ok(())
 }
@@ -252,7 +252,7 @@ pub(crate) async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCo
                 }
                 println!(
                     "provenance:  {}",
-                    r.provenance.as_deref().unwrap_or("(not recorded)")
+                    r.entry.recorded_provenance().unwrap_or("(not recorded)")
                 );
                 print!("{}", signet_types::pem::cert_to_pem(&r.cert_der));
             }

@@ -10,20 +10,27 @@
 //! from the checkpoint's hash; a revocation event naming an older row has that row fetched and
 //! its own hash recomputed.
 //!
-//! This is the one part of signetctl on the generated messages (`signet_client::proto`) rather
-//! than typed calls: the chain is recomputed from exactly the bytes stored, so a malformed or
-//! tampered row must reach [`Verifier`] as it is and break the chain at its row number, not be
-//! refused earlier by a checked conversion.
+//! This is the one part of signetctl on the generated calls (`signet_client::proto`) rather
+//! than typed ones: the chain is recomputed from exactly the bytes stored, so a tampered row
+//! must reach [`Verifier`] as it is and break the chain at its row number. Its certificate rows
+//! convert through the client's one conversion ([`ledger_record`]), which judges only the
+//! hashes' lengths.
+//!
+//! Each check answers `anyhow::Result<Verdict<T>>`: the outer error is a failure to ask (the
+//! socket, the server), the inner [`Broken`] is the ledger failing verification, which
+//! `ledger verify` prints and exits 1 for.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::anyhow;
 use clap::Subcommand;
+use signet_client::admin::ledger_record;
 use signet_client::proto::admin::{GetLedgerHeadRequest, StreamLedgerRequest};
 use signet_runtime::clock::{Clock, SystemClock};
-use signet_types::ledger::{GENESIS, Hash, LedgerEntry, Verifier};
+use signet_types::ledger::{GENESIS, Hash, Verifier};
 
+use crate::verdict::Broken;
 use crate::{admin, checkpoint, revoke, status_err};
 
 #[derive(Debug, Subcommand)]
@@ -62,6 +69,10 @@ pub(crate) enum LedgerCmd {
         cmd: checkpoint::CheckpointCmd,
     },
 }
+
+/// A verification's outcome: what it found intact (`T`), or where the ledger is [`Broken`]
+/// (`crate::verdict`).
+pub(crate) type Verdict<T> = Result<T, Broken>;
 
 fn hash32(v: &[u8], what: &str, seq: u64) -> anyhow::Result<Hash> {
     v.try_into()
@@ -134,7 +145,10 @@ pub(crate) async fn ledger_verify(
         }
         (Err(msg), _) => {
             if json {
-                println!("{}", serde_json::json!({"ok": false, "error": msg}));
+                println!(
+                    "{}",
+                    serde_json::json!({"ok": false, "error": msg.to_string()})
+                );
             } else {
                 println!("ledger BROKEN: {msg}");
             }
@@ -152,13 +166,13 @@ async fn chain_checked(
     expect: &mut checkpoint::Expectations,
     start: Option<&checkpoint::Start>,
     chain: Option<&[checkpoint::Link]>,
-) -> anyhow::Result<Result<(), String>> {
+) -> anyhow::Result<Verdict<()>> {
     let Some(links) = chain else {
         return Ok(Ok(()));
     };
     let marks = match checkpoint::check_chain(links) {
         Ok(m) => m,
-        Err(why) => return Ok(Err(why.to_string())),
+        Err(why) => return Ok(Err(why)),
     };
     let (from, from_hash) = start.map_or((0, GENESIS), |s| (s.seq, s.hash));
     let mut client = admin(socket).await?;
@@ -175,16 +189,19 @@ async fn chain_checked(
         match held {
             Ok(h) if h == mark.hash => {}
             Ok(h) => {
-                return Ok(Err(format!(
-                    "row {}: the ledger's hash there is {}, but {what} says {}: the history up \
-                     to row {} was rewritten",
-                    mark.seq,
-                    hex::encode(h),
-                    hex::encode(mark.hash),
-                    mark.seq
-                )));
+                return Ok(Err(Broken::CheckpointRowRewritten {
+                    seq: mark.seq,
+                    held: h,
+                    what,
+                    says: mark.hash,
+                }));
             }
-            Err(why) => return Ok(Err(format!("{why} ({what} is at that row)"))),
+            Err(why) => {
+                return Ok(Err(Broken::AtCheckpointRow {
+                    finding: Box::new(why),
+                    what,
+                }));
+            }
         }
     }
     Ok(Ok(()))
@@ -196,7 +213,7 @@ async fn held_hash(
     client: &mut signet_client::proto::admin::admin_client::AdminClient<tonic::transport::Channel>,
     socket: &Path,
     seq: u64,
-) -> anyhow::Result<Result<Hash, String>> {
+) -> anyhow::Result<Verdict<Hash>> {
     let Some(before) = seq.checked_sub(1) else {
         return Ok(Ok(GENESIS));
     };
@@ -212,15 +229,11 @@ async fn held_hash(
         .await
         .map_err(|s| status_err("ledger stream", s))?;
     if let Some(r) = row.filter(|r| r.seq == seq) {
-        let (row, prev, hash) = entry_of(r)?;
-        if signet_types::ledger::sha256(&row.cert_der) != row.entry.cert_sha256
-            || signet_types::ledger::chain_hash(&prev, &row.entry) != hash
-        {
-            return Ok(Err(format!(
-                "row {seq} does not hash to what it stores (altered)"
-            )));
+        let row = ledger_record(r)?;
+        if !row.hashes_to_itself() {
+            return Ok(Err(Broken::RowAltered { seq }));
         }
-        return Ok(Ok(hash));
+        return Ok(Ok(row.hash));
     }
     let mut events = revoke::Events::open_after(socket, before, seq).await?;
     if let Some(e) = events.next_before(u64::MAX).await?
@@ -228,17 +241,15 @@ async fn held_hash(
     {
         let (event, prev, hash) = revoke::event_of(&e)?;
         if signet_types::ledger::event_hash(&prev, &event) != hash {
-            return Ok(Err(format!(
-                "row {seq} (an event) does not hash to what it stores (altered)"
-            )));
+            return Ok(Err(Broken::EventAltered { seq }));
         }
         return Ok(Ok(hash));
     }
-    Ok(Err(format!("row {seq} is gone from the ledger (deleted)")))
+    Ok(Err(Broken::RowGone { seq }))
 }
 
 /// Ok(Ok(rows)) when intact, Ok(Err(where it breaks)) when not.
-pub(crate) async fn verify_ledger(socket: &Path) -> anyhow::Result<Result<u64, String>> {
+pub(crate) async fn verify_ledger(socket: &Path) -> anyhow::Result<Verdict<u64>> {
     verify_ledger_with(socket, &checkpoint::Expectations::default()).await
 }
 
@@ -246,7 +257,7 @@ pub(crate) async fn verify_ledger(socket: &Path) -> anyhow::Result<Result<u64, S
 pub(crate) async fn verify_ledger_with(
     socket: &Path,
     expect: &checkpoint::Expectations,
-) -> anyhow::Result<Result<u64, String>> {
+) -> anyhow::Result<Verdict<u64>> {
     verify_ledger_from(socket, expect, None).await
 }
 
@@ -256,7 +267,7 @@ pub(crate) async fn verify_ledger_from(
     socket: &Path,
     expect: &checkpoint::Expectations,
     start: Option<&checkpoint::Start>,
-) -> anyhow::Result<Result<u64, String>> {
+) -> anyhow::Result<Verdict<u64>> {
     let mut client = admin(socket).await?;
     let head = client
         .get_ledger_head(GetLedgerHeadRequest {})
@@ -266,13 +277,11 @@ pub(crate) async fn verify_ledger_from(
     let head_hash = hash32(&head.hash, "head hash", head.seq)?;
     let from = start.map_or(0, |s| s.seq);
     if head.seq < from {
-        return Ok(Err(format!(
-            "the chain ends at row {}, before row {from} of the checkpoint {}: rows {}..={from} \
-             were deleted (a truncated tail)",
-            head.seq,
-            start.map_or("", |s| s.what.as_str()),
-            head.seq + 1
-        )));
+        return Ok(Err(Broken::Truncated {
+            last: head.seq,
+            seq: from,
+            what: format!("the checkpoint {}", start.map_or("", |s| s.what.as_str())),
+        }));
     }
     let mut stream = client
         .stream_ledger(StreamLedgerRequest {
@@ -311,28 +320,22 @@ pub(crate) async fn verify_ledger_from(
             }
         }
         let Some(r) = row else { break };
-        let (row, prev_hash, row_hash) = entry_of(r)?;
+        let row = ledger_record(r)?;
         let entry = &row.entry;
-        if signet_types::ledger::sha256(&row.cert_der) != entry.cert_sha256 {
-            return Ok(Err(format!(
-                "row {}: the stored certificate does not match its recorded SHA-256 (altered)",
-                entry.seq
-            )));
+        if !row.holds_its_certificate() {
+            return Ok(Err(Broken::CertificateAltered { seq: entry.seq }));
         }
-        if let Err(b) = v.push(entry, &prev_hash, &row_hash) {
-            return Ok(Err(b.to_string()));
+        if let Err(b) = v.push(entry, &row.prev_hash, &row.hash) {
+            return Ok(Err(b.into()));
         }
-        refs.row(entry.seq, &entry.serial, &row_hash);
-        if let Err(why) = expect.observe(entry.seq, &row_hash) {
-            return Ok(Err(why.to_string()));
+        refs.row(entry.seq, &entry.serial, &row.hash);
+        if let Err(why) = expect.observe(entry.seq, &row.hash) {
+            return Ok(Err(why));
         }
     }
     match v.finish(head.seq, &head_hash) {
-        Ok(n) => Ok(expect
-            .finish(n)
-            .map(|()| n - from)
-            .map_err(|b| b.to_string())),
-        Err(b) => Ok(Err(b.to_string())),
+        Ok(n) => Ok(expect.finish(n).map(|()| n - from)),
+        Err(b) => Ok(Err(b.into())),
     }
 }
 
@@ -344,7 +347,7 @@ async fn older_row(
     refs: &mut revoke::EventRefs,
     from: u64,
     e: &signet_client::proto::admin::LedgerEventRecord,
-) -> anyhow::Result<Result<(), String>> {
+) -> anyhow::Result<Verdict<()>> {
     if e.cert_seq == 0 || e.cert_seq > from || refs.knows(e.cert_seq) {
         return Ok(Ok(()));
     }
@@ -356,64 +359,25 @@ async fn older_row(
     {
         Ok(r) => r.into_inner(),
         Err(s) if s.code() == tonic::Code::NotFound => {
-            return Ok(Err(format!(
-                "event {}: no certificate row with serial {} (it names row {})",
-                e.seq, e.serial, e.cert_seq
-            )));
+            return Ok(Err(Broken::EventNamesNoRow {
+                event: e.seq,
+                serial: e.serial.clone(),
+                row: e.cert_seq,
+            }));
         }
         Err(s) => return Err(status_err("certificate of an event", s)),
     };
-    let (row, prev, hash) = entry_of(r)?;
+    let row = ledger_record(r)?;
     let entry = &row.entry;
-    if entry.seq != e.cert_seq
-        || signet_types::ledger::sha256(&row.cert_der) != entry.cert_sha256
-        || signet_types::ledger::chain_hash(&prev, entry) != hash
-    {
-        return Ok(Err(format!(
-            "event {}: row {} (serial {}) does not hash to what it stores (altered)",
-            e.seq, e.cert_seq, e.serial
-        )));
+    if entry.seq != e.cert_seq || !row.hashes_to_itself() {
+        return Ok(Err(Broken::NamedRowAltered {
+            event: e.seq,
+            row: e.cert_seq,
+            serial: e.serial.clone(),
+        }));
     }
-    refs.row(entry.seq, &entry.serial, &hash);
+    refs.row(entry.seq, &entry.serial, &row.hash);
     Ok(Ok(()))
-}
-
-/// A streamed record taken apart (moved, not copied) as the chain sees it.
-struct Row {
-    entry: LedgerEntry,
-    /// The stored certificate, whose SHA-256 must be `entry.cert_sha256`.
-    cert_der: Vec<u8>,
-}
-
-/// A streamed record as the chain sees it: the entry and its certificate, its stored previous
-/// hash and hash.
-fn entry_of(
-    r: signet_client::proto::admin::CertificateRecord,
-) -> anyhow::Result<(Row, Hash, Hash)> {
-    let seq = r.seq;
-    let entry = LedgerEntry {
-        seq,
-        cert_sha256: hash32(&r.cert_sha256, "certificate hash", seq)?,
-        serial: r.serial,
-        spiffe_id: r.spiffe_id,
-        dns_names: r.dns_names,
-        ip_addresses: r.ip_addresses,
-        not_before: r.not_before,
-        not_after: r.not_after,
-        ca_key_id: r.ca_key_id,
-        caller: r.caller,
-        issued_at: r.issued_at,
-        request_id: r.request_id,
-        provenance: r.provenance,
-    };
-    Ok((
-        Row {
-            entry,
-            cert_der: r.cert_der,
-        },
-        hash32(&r.prev_hash, "previous hash", seq)?,
-        hash32(&r.hash, "hash", seq)?,
-    ))
 }
 
 /// One revocation event: recomputed in the chain, checked against the row it names, and (a
@@ -423,9 +387,9 @@ fn verify_event_row(
     refs: &revoke::EventRefs,
     e: &signet_client::proto::admin::LedgerEventRecord,
     expect: &checkpoint::Expectations,
-) -> anyhow::Result<Result<(), String>> {
+) -> anyhow::Result<Verdict<()>> {
     Ok(match revoke::verify_event(v, refs, e)? {
-        Ok((seq, hash)) => expect.observe(seq, &hash).map_err(|b| b.to_string()),
-        Err(why) => Err(why.to_string()),
+        Ok((seq, hash)) => expect.observe(seq, &hash),
+        Err(why) => Err(why),
     })
 }

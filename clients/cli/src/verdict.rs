@@ -100,6 +100,48 @@ pub(crate) enum Broken {
         older: String,
         older_hash: Hash,
     },
+    /// A checkpoint's row is held with another hash.
+    #[error(
+        "row {seq}: the ledger's hash there is {}, but {what} says {}: the history up to row \
+         {seq} was rewritten",
+        hex::encode(.held),
+        hex::encode(.says)
+    )]
+    CheckpointRowRewritten {
+        seq: u64,
+        held: Hash,
+        what: String,
+        says: Hash,
+    },
+    /// A finding at the row of a checkpoint (`what`).
+    #[error("{finding} ({what} is at that row)")]
+    AtCheckpointRow { finding: Box<Broken>, what: String },
+    /// A certificate row whose hash is not what it stores.
+    #[error("row {seq} does not hash to what it stores (altered)")]
+    RowAltered { seq: u64 },
+    /// An event row whose hash is not what it stores.
+    #[error("row {seq} (an event) does not hash to what it stores (altered)")]
+    EventAltered { seq: u64 },
+    /// A row the chain needs is not in the ledger.
+    #[error("row {seq} is gone from the ledger (deleted)")]
+    RowGone { seq: u64 },
+    /// A certificate row whose stored certificate is not the one its entry hashes.
+    #[error("row {seq}: the stored certificate does not match its recorded SHA-256 (altered)")]
+    CertificateAltered { seq: u64 },
+    /// A revocation event names a serial no certificate row has.
+    #[error("event {event}: no certificate row with serial {serial} (it names row {row})")]
+    EventNamesNoRow {
+        event: u64,
+        serial: String,
+        row: u64,
+    },
+    /// A revocation event names a row that does not hash to what it stores.
+    #[error("event {event}: row {row} (serial {serial}) does not hash to what it stores (altered)")]
+    NamedRowAltered {
+        event: u64,
+        row: u64,
+        serial: String,
+    },
 }
 
 #[cfg(test)]

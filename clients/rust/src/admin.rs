@@ -10,7 +10,8 @@
 //! CRLs. [`AdminClient`] also pages through the ledger's certificate rows and finds one by
 //! serial (in `certificates`). All answer in domain types, which `signetctl` formats; the
 //! ledger head, rows and events `signetctl ledger verify` streams still use the generated
-//! clients ([`crate::proto::admin`]) until they get typed calls here.
+//! clients ([`crate::proto::admin`]) until they get typed calls here, but its rows convert
+//! through the same [`ledger_record`].
 //!
 //! The invariant is [`crate::ca`]'s: nothing the server sends reaches the caller unchecked. A
 //! bundle names a valid trust domain and each root is a whole X.509 certificate; a minted
@@ -35,11 +36,12 @@ mod certificates;
 mod checkpoint;
 mod revocation;
 pub use ca_keys::{CaAction, CaAdminClient, CaKeySlot, CaStatus};
-pub use certificates::{CertificatePage, CertificateQuery, CertificateRow, Revocation};
+pub use certificates::{CertificatePage, CertificateQuery, HashField, RecordError, ledger_record};
 pub use checkpoint::{CheckpointKey, LedgerAdminClient, LedgerCheckpoint};
 pub use revocation::{
     PublishedCrl, RevocationAdminClient, RevokeReport, RevokeSelector, RevokedCertificate,
 };
+pub use signet_types::ledger::{LedgerRecord, Revocation};
 
 /// The trust bundle as the server holds it, with where it wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -164,3 +164,37 @@ fn the_fuzz_corpus_holds_a_real_crl() {
         let _ = ParsedCrl::from_pem(&data);
     }
 }
+
+/// One table: every defined reason's code and name read back, names parse in any spelling,
+/// an undefined code keeps its number, and only holds are not final.
+#[test]
+fn reason_codes_names_and_finality_round_trip() {
+    assert_eq!(CrlReason::DEFINED.len(), 10);
+    for r in CrlReason::DEFINED {
+        assert_eq!(CrlReason::from_code(r.code()), r);
+        let name = r.name().unwrap();
+        assert_eq!(name.parse(), Ok(r));
+        assert_eq!(r.to_string(), name);
+    }
+    assert_eq!(CrlReason::PrivilegeWithdrawn.code(), 9);
+    assert_eq!(CrlReason::from_code(7), CrlReason::Other(7));
+    assert_eq!(CrlReason::Other(7).code(), 7);
+    assert_eq!(CrlReason::Other(7).name(), None);
+    assert_eq!(CrlReason::Other(7).to_string(), "reason code 7");
+    assert_eq!("key-compromise".parse(), Ok(CrlReason::KeyCompromise));
+    assert_eq!("CA_COMPROMISE".parse(), Ok(CrlReason::CaCompromise));
+    assert_eq!("removefromcrl".parse(), Ok(CrlReason::RemoveFromCrl));
+    assert_eq!(
+        "hold".parse::<CrlReason>(),
+        Err(UnknownCrlReason("hold".into()))
+    );
+    let not_final: Vec<_> = CrlReason::DEFINED
+        .into_iter()
+        .filter(|r| !r.is_final())
+        .collect();
+    assert_eq!(
+        not_final,
+        [CrlReason::CertificateHold, CrlReason::RemoveFromCrl]
+    );
+    assert!(!CrlReason::Other(7).is_final());
+}

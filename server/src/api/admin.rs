@@ -64,7 +64,9 @@ impl From<StoreError> for ApiError {
 
 pub(crate) fn row_to_proto(r: CertificateRow) -> CertificateRecord {
     let e = r.entry;
-    let revoked_at = r.revoked_at.unwrap_or(0);
+    let (revoked_at, revocation_reason) = r
+        .revocation
+        .map_or((0, String::new()), |v| (v.at, v.reason));
     CertificateRecord {
         seq: e.seq,
         serial: e.serial,
@@ -83,7 +85,7 @@ pub(crate) fn row_to_proto(r: CertificateRow) -> CertificateRecord {
         cert_der: r.cert_der,
         provenance: e.provenance,
         revoked_at,
-        revocation_reason: r.revocation_reason.unwrap_or_default(),
+        revocation_reason,
     }
 }
 

@@ -145,9 +145,10 @@ pub fn check_presented(
             caller.spiffe_id()
         )));
     }
-    if let Some(at) = row.revoked_at {
+    if let Some(revoked) = &row.revocation {
         return Err(refused(format!(
-            "the presented certificate (serial {serial}) was revoked at {at}"
+            "the presented certificate (serial {serial}) was revoked at {}",
+            revoked.at
         )));
     }
     Ok(())

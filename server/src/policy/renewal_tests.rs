@@ -3,7 +3,7 @@
 use super::*;
 use crate::config::PolicyConfig;
 use signet_types::TrustDomain;
-use signet_types::ledger::LedgerEntry;
+use signet_types::ledger::{LedgerEntry, Revocation};
 
 const HOUR: Duration = Duration::from_secs(3600);
 const NOW: i64 = 1_700_100_000;
@@ -54,8 +54,7 @@ fn row(path: &str, dns: &[&str], lifetime: i64, provenance: &str) -> Certificate
             request_id: "r".into(),
             provenance: provenance.into(),
         },
-        revoked_at: None,
-        revocation_reason: None,
+        revocation: None,
         prev_hash: [0; 32],
         hash: [0; 32],
         cert_der: vec![],
@@ -136,7 +135,10 @@ fn the_presented_certificate_must_be_the_ledgers_unrevoked_record() {
         "{m}"
     );
     let mut r = row("/ns/web/sa/frontend", &[], 3600, &sa_provenance(NOW - 100));
-    r.revoked_at = Some(NOW - 5);
+    r.revocation = Some(Revocation {
+        at: NOW - 5,
+        reason: "keyCompromise".into(),
+    });
     let m = refused(assess(&p, &c, Some(&r), none, NOW));
     assert!(m.contains("revoked"), "{m}");
     let r = row("/ns/web/sa/frontend", &[], 3600, "");
@@ -392,7 +394,10 @@ fn a_node_presents_its_own_recorded_node_certificate() {
         Some(&row("/signet/node/vm1", &[], 3600, &entry_provenance())),
     ));
     let mut revoked = row("/signet/node/vm1", &[], 3600, &own);
-    revoked.revoked_at = Some(NOW);
+    revoked.revocation = Some(Revocation {
+        at: NOW,
+        reason: "superseded".into(),
+    });
     refused_node(assess_node(&node, Some(&revoked)));
 }
 

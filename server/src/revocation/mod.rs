@@ -245,8 +245,12 @@ fn listed(row: &CertificateRow) -> Revoked {
         spiffe_id: row.entry.spiffe_id.clone(),
         ca_key_id: row.entry.ca_key_id.clone(),
         not_after: row.entry.not_after,
-        revoked_at: row.revoked_at.unwrap_or(0),
-        reason: row.revocation_reason.clone().unwrap_or_default(),
+        revoked_at: row.revocation.as_ref().map_or(0, |v| v.at),
+        reason: row
+            .revocation
+            .as_ref()
+            .map(|v| v.reason.clone())
+            .unwrap_or_default(),
         event_seq: 0,
     }
 }
@@ -317,7 +321,7 @@ impl Revoker {
                 .ok_or_else(|| {
                     RevokeError::NotFound(format!("no certificate with serial {serial}"))
                 })?;
-            if row.revoked_at.is_some() {
+            if row.revocation.is_some() {
                 report.add_already(listed(&row));
             } else if row.entry.not_after <= now {
                 report.expired_count += 1;
@@ -542,16 +546,47 @@ mod tests {
 
     #[test]
     fn reasons_parse_by_rfc_name_in_any_spelling() {
-        for r in Reason::ALL {
+        for r in Reason::all() {
             assert_eq!(r.name().parse::<Reason>(), Ok(r));
             assert_eq!(r.name().to_uppercase().parse::<Reason>(), Ok(r));
         }
-        assert_eq!("key-compromise".parse(), Ok(Reason::KeyCompromise));
-        assert_eq!("CA_COMPROMISE".parse(), Ok(Reason::CaCompromise));
-        assert_eq!(Reason::PrivilegeWithdrawn.code(), 9);
+        assert_eq!("key-compromise".parse(), Ok(Reason::KEY_COMPROMISE));
+        assert_eq!("CA_COMPROMISE".parse(), Ok(Reason::CA_COMPROMISE));
+        assert_eq!(
+            Reason::try_from(signet_pki::CrlReason::PrivilegeWithdrawn)
+                .unwrap()
+                .code(),
+            9
+        );
         for bad in ["", "certificateHold", "removeFromCRL", "compromised"] {
             let e = bad.parse::<Reason>().unwrap_err().to_string();
             assert!(e.contains("keyCompromise"), "{e}");
+        }
+        assert_eq!(
+            "hold".parse::<Reason>().unwrap_err().to_string(),
+            "unknown revocation reason \"hold\" (one of: unspecified, keyCompromise, \
+             cACompromise, affiliationChanged, superseded, cessationOfOperation, \
+             privilegeWithdrawn, aACompromise)"
+        );
+    }
+
+    #[test]
+    fn a_reason_is_a_final_crl_reason_and_converts_both_ways() {
+        use signet_pki::CrlReason;
+        assert_eq!(Reason::all().count(), 8);
+        for r in Reason::all() {
+            let crl = CrlReason::from(r);
+            assert!(crl.is_final());
+            assert_eq!(Reason::try_from(crl), Ok(r));
+            assert_eq!(Some(r.name()), crl.name());
+            assert_eq!(r.to_rcgen() as u8, crl.code());
+        }
+        for hold in [
+            CrlReason::CertificateHold,
+            CrlReason::RemoveFromCrl,
+            CrlReason::Other(7),
+        ] {
+            assert_eq!(Reason::try_from(hold), Err(crate::revoked::NotFinal(hold)));
         }
     }
 
@@ -596,8 +631,7 @@ mod tests {
                 request_id: "r".into(),
                 provenance: provenance.into(),
             },
-            revoked_at: None,
-            revocation_reason: None,
+            revocation: None,
             prev_hash: [0; 32],
             hash: [0; 32],
             cert_der: vec![],
@@ -657,7 +691,7 @@ mod tests {
         let head = store.ledger_head().await.unwrap();
 
         let dry = revoker
-            .revoke(&many_id, Reason::Superseded, ADMIN, "r1", true)
+            .revoke(&many_id, Reason::SUPERSEDED, ADMIN, "r1", true)
             .await
             .unwrap();
         assert_eq!(dry.revoked_count, many as u64);
@@ -669,21 +703,21 @@ mod tests {
         let unknown = parse_selector(&td, "spiffe_id", "spiffe://example.org/none").unwrap();
         assert!(matches!(
             revoker
-                .revoke(&unknown, Reason::Superseded, ADMIN, "r2", false)
+                .revoke(&unknown, Reason::SUPERSEDED, ADMIN, "r2", false)
                 .await,
             Err(RevokeError::NotFound(_))
         ));
         let missing = Selector::Serial("0fff".into());
         assert!(matches!(
             revoker
-                .revoke(&missing, Reason::Superseded, ADMIN, "r2", false)
+                .revoke(&missing, Reason::SUPERSEDED, ADMIN, "r2", false)
                 .await,
             Err(RevokeError::NotFound(_))
         ));
         assert_eq!(store.ledger_head().await.unwrap(), head);
 
         let done = revoker
-            .revoke(&many_id, Reason::Superseded, ADMIN, "r3", false)
+            .revoke(&many_id, Reason::SUPERSEDED, ADMIN, "r3", false)
             .await
             .unwrap();
         assert_eq!(done.revoked_count, many as u64);
@@ -700,17 +734,17 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(other.revoked_at, None, "another SPIFFE ID is untouched");
+        assert_eq!(other.revocation, None, "another SPIFFE ID is untouched");
 
         // Again: nothing left to revoke under the selector; by serial, already revoked.
         let again = revoker
-            .revoke(&many_id, Reason::KeyCompromise, ADMIN, "r4", false)
+            .revoke(&many_id, Reason::KEY_COMPROMISE, ADMIN, "r4", false)
             .await
             .unwrap();
         assert_eq!(again.revoked_count, 0);
         let one = Selector::Serial(format!("{:032x}", 1));
         let again = revoker
-            .revoke(&one, Reason::KeyCompromise, ADMIN, "r5", false)
+            .revoke(&one, Reason::KEY_COMPROMISE, ADMIN, "r5", false)
             .await
             .unwrap();
         assert_eq!((again.revoked_count, again.already_revoked_count), (0, 1));
@@ -718,7 +752,7 @@ mod tests {
         // Expired: counted, not revoked.
         let expired = Selector::Serial(format!("{:032x}", many + 2));
         let r = revoker
-            .revoke(&expired, Reason::KeyCompromise, ADMIN, "r6", false)
+            .revoke(&expired, Reason::KEY_COMPROMISE, ADMIN, "r6", false)
             .await
             .unwrap();
         assert_eq!((r.revoked_count, r.expired_count), (0, 1));

@@ -15,7 +15,7 @@
 //! five (`BEGIN`, lock, insert, move, `COMMIT`).
 
 use async_trait::async_trait;
-use signet_types::ledger::{Hash, LedgerEntry};
+use signet_types::ledger::Hash;
 
 use super::error::StoreError;
 
@@ -58,20 +58,11 @@ impl NewCertificate {
     }
 }
 
-/// A ledger row as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CertificateRow {
-    pub entry: LedgerEntry,
-    /// When the certificate was revoked (unix seconds), if it was. Not part of the row's hash:
-    /// a revocation is a later event in the chain ([`super::revocations::EventRow`]); this column and
-    /// `revocation_reason` are the lookup index the same transaction sets.
-    pub revoked_at: Option<i64>,
-    /// The RFC 5280 reason name of the revocation, when revoked.
-    pub revocation_reason: Option<String>,
-    pub prev_hash: Hash,
-    pub hash: Hash,
-    pub cert_der: Vec<u8>,
-}
+/// A ledger row as stored: the one row shape ([`LedgerRecord`]) the admin API sends and the
+/// client reads back. Its `revocation` is the lookup index the revoking transaction sets beside
+/// the row (the revocation itself is a later event in the chain,
+/// [`super::revocations::EventRow`]).
+pub use signet_types::ledger::LedgerRecord as CertificateRow;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LedgerHead {

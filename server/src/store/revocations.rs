@@ -259,10 +259,10 @@ macro_rules! impl_revocation_store {
                         continue;
                     };
                     let row = $crate::store::ledger::CertificateRow::try_from(found)?;
-                    if let Some(at) = row.revoked_at {
+                    if let Some(v) = &row.revocation {
                         out.push(RevocationOutcome::AlreadyRevoked {
-                            at,
-                            reason: row.revocation_reason.clone().unwrap_or_default(),
+                            at: v.at,
+                            reason: v.reason.clone(),
                         });
                         continue;
                     }
@@ -345,8 +345,10 @@ macro_rules! impl_revocation_store {
                             queue.push((c, why));
                         }
                         let mut row = row;
-                        row.revoked_at = Some(r.at);
-                        row.revocation_reason = Some(r.reason.clone());
+                        row.revocation = Some(signet_types::ledger::Revocation {
+                            at: r.at,
+                            reason: r.reason.clone(),
+                        });
                         done.push((seq, row));
                     }
                     let mut done = done.into_iter();

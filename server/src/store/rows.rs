@@ -3,7 +3,7 @@
 //! conversions between the domain's unsigned numbers and the databases' signed 64-bit columns
 //! (a negative stored value is [`StoreError::Corrupt`], never a panic).
 
-use signet_types::ledger::{Hash, LedgerEntry, chain_hash};
+use signet_types::ledger::{Hash, LedgerEntry, Revocation, chain_hash};
 
 use super::error::StoreError;
 use super::ledger::{CertificateRow, LedgerHead, NewCertificate};
@@ -59,8 +59,11 @@ impl TryFrom<DbCertificate> for CertificateRow {
                 request_id: r.request_id,
                 provenance: r.provenance,
             },
-            revoked_at: r.revoked_at,
-            revocation_reason: r.revocation_reason,
+            // Both columns are set by the same statement; a reason is kept only with its time.
+            revocation: r.revoked_at.map(|at| Revocation {
+                at,
+                reason: r.revocation_reason.unwrap_or_default(),
+            }),
             prev_hash: hash(seq, "prev_hash", &r.prev_hash)?,
             hash: hash(seq, "hash", &r.hash)?,
             cert_der: r.cert_der,

@@ -1,53 +1,59 @@
 //! The issued-certificate calls of `signet.admin.v1.Admin` on [`AdminClient`]: a page of the
 //! ledger's certificate rows ([`AdminClient::certificates`], paged by the server's opaque
-//! token) and one row by serial ([`AdminClient::certificate`]).
+//! token) and one row by serial ([`AdminClient::certificate`]), each a [`LedgerRecord`], the
+//! row shape the server stores. [`ledger_record`] is the one conversion from the wire's
+//! `CertificateRecord`; `signetctl ledger verify` uses it on the rows it streams.
 //!
-//! The invariant is the crate's: a row reaches the caller only with its serial and its two
-//! 32-byte hashes (the certificate's SHA-256 and the chain hash); a revocation only with its
-//! time. A malformed answer is a [`CallError::InvalidAnswer`].
+//! The invariant is the crate's: a row reaches the caller only with its three 32-byte hashes
+//! (the certificate's SHA-256, the previous and the chain hash) and, from the listing calls,
+//! its serial; a revocation only with its time. A malformed answer is a
+//! [`CallError::InvalidAnswer`] ([`RecordError`] says why).
 
 use signet_proto::admin as pb;
+use signet_types::ledger::{Hash, LedgerEntry, LedgerRecord, Revocation};
 
 use super::AdminClient;
 use crate::convert::request;
 use crate::error::CallError;
 
-/// One certificate row of the ledger, as the server reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CertificateRow {
-    pub seq: u64,
-    pub serial: String,
-    pub spiffe_id: String,
-    pub dns_names: Vec<String>,
-    pub ip_addresses: Vec<String>,
-    /// Unix seconds.
-    pub not_before: i64,
-    /// Unix seconds.
-    pub not_after: i64,
-    /// SHA-256 of the certificate's DER.
-    pub cert_sha256: [u8; 32],
-    pub ca_key_id: String,
-    pub caller: String,
-    /// Unix seconds.
-    pub issued_at: i64,
-    pub request_id: String,
-    /// The row's chain hash.
-    pub hash: [u8; 32],
-    pub cert_der: Vec<u8>,
-    /// Where the certificate's authority came from (JSON); `None` for rows written before it
-    /// was recorded.
-    pub provenance: Option<String>,
-    /// Its revocation, if it was revoked.
-    pub revocation: Option<Revocation>,
+/// Which hash of a row is malformed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HashField {
+    CertSha256,
+    PrevHash,
+    Hash,
 }
 
-/// When and why a certificate was revoked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Revocation {
-    /// Unix seconds.
-    pub at: i64,
-    /// The RFC 5280 reason's name.
-    pub reason: String,
+impl std::fmt::Display for HashField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HashField::CertSha256 => "the certificate's SHA-256",
+            HashField::PrevHash => "the previous hash",
+            HashField::Hash => "the chain hash",
+        })
+    }
+}
+
+/// Why a `CertificateRecord` from the server is not a ledger row.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordError {
+    /// A hash that is not 32 bytes long.
+    #[error("row {seq}: {field} is {len} bytes, not 32")]
+    HashLength {
+        seq: u64,
+        field: HashField,
+        len: usize,
+    },
+    /// A listed row without a serial.
+    #[error("row {seq}: a certificate without a serial")]
+    NoSerial { seq: u64 },
+}
+
+impl From<RecordError> for CallError {
+    fn from(e: RecordError) -> Self {
+        CallError::invalid_answer(e.to_string())
+    }
 }
 
 /// Which rows [`AdminClient::certificates`] asks for.
@@ -67,7 +73,7 @@ pub struct CertificateQuery {
 /// One page of certificate rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertificatePage {
-    pub certificates: Vec<CertificateRow>,
+    pub certificates: Vec<LedgerRecord>,
     /// Set when more rows follow: the next query's `page_token`.
     pub next_page_token: Option<String>,
 }
@@ -99,54 +105,66 @@ impl AdminClient {
     }
 
     /// `GetCertificate` by serial (hex, colons allowed).
-    pub async fn certificate(&self, serial: &str) -> Result<CertificateRow, CallError> {
+    pub async fn certificate(&self, serial: &str) -> Result<LedgerRecord, CallError> {
         let msg = pb::GetCertificateRequest {
             serial: serial.to_owned(),
         };
-        certificate_row(
+        Ok(certificate_row(
             self.admin
                 .clone()
                 .get_certificate(request(msg, None)?)
                 .await?
                 .into_inner(),
-        )
+        )?)
     }
 }
 
-fn hash32(v: &[u8], what: &str, seq: u64) -> Result<[u8; 32], CallError> {
-    v.try_into().map_err(|_| {
-        CallError::invalid_answer(format!("row {seq}: {what} is {} bytes, not 32", v.len()))
+fn hash32(v: &[u8], field: HashField, seq: u64) -> Result<Hash, RecordError> {
+    v.try_into().map_err(|_| RecordError::HashLength {
+        seq,
+        field,
+        len: v.len(),
     })
 }
 
-pub(super) fn certificate_row(r: pb::CertificateRecord) -> Result<CertificateRow, CallError> {
-    if r.serial.is_empty() {
-        return Err(CallError::invalid_answer(format!(
-            "row {}: a certificate without a serial",
-            r.seq
-        )));
-    }
-    Ok(CertificateRow {
-        cert_sha256: hash32(&r.cert_sha256, "the certificate's SHA-256", r.seq)?,
-        hash: hash32(&r.hash, "the chain hash", r.seq)?,
+/// The one conversion of the wire's `CertificateRecord` into the ledger's row: its hashes must
+/// be 32 bytes; nothing else is judged (a `signetctl ledger verify` of a tampered row must
+/// reach the chain as stored, and break it at its row). An empty provenance is a row written
+/// before provenance was recorded; a `revoked_at` of 0 means not revoked.
+pub fn ledger_record(r: pb::CertificateRecord) -> Result<LedgerRecord, RecordError> {
+    let seq = r.seq;
+    Ok(LedgerRecord {
+        prev_hash: hash32(&r.prev_hash, HashField::PrevHash, seq)?,
+        hash: hash32(&r.hash, HashField::Hash, seq)?,
         revocation: (r.revoked_at != 0).then_some(Revocation {
             at: r.revoked_at,
             reason: r.revocation_reason,
         }),
-        provenance: (!r.provenance.is_empty()).then_some(r.provenance),
-        seq: r.seq,
-        serial: r.serial,
-        spiffe_id: r.spiffe_id,
-        dns_names: r.dns_names,
-        ip_addresses: r.ip_addresses,
-        not_before: r.not_before,
-        not_after: r.not_after,
-        ca_key_id: r.ca_key_id,
-        caller: r.caller,
-        issued_at: r.issued_at,
-        request_id: r.request_id,
         cert_der: r.cert_der,
+        entry: LedgerEntry {
+            seq,
+            cert_sha256: hash32(&r.cert_sha256, HashField::CertSha256, seq)?,
+            serial: r.serial,
+            spiffe_id: r.spiffe_id,
+            dns_names: r.dns_names,
+            ip_addresses: r.ip_addresses,
+            not_before: r.not_before,
+            not_after: r.not_after,
+            ca_key_id: r.ca_key_id,
+            caller: r.caller,
+            issued_at: r.issued_at,
+            request_id: r.request_id,
+            provenance: r.provenance,
+        },
     })
+}
+
+/// A listed row: [`ledger_record`], and it names its certificate by serial.
+fn certificate_row(r: pb::CertificateRecord) -> Result<LedgerRecord, RecordError> {
+    if r.serial.is_empty() {
+        return Err(RecordError::NoSerial { seq: r.seq });
+    }
+    ledger_record(r)
 }
 
 #[cfg(test)]
@@ -179,8 +197,11 @@ mod tests {
     #[test]
     fn a_row_converts_with_no_provenance_or_revocation_as_none() {
         let r = certificate_row(rec()).unwrap();
-        assert_eq!((r.seq, r.cert_sha256, r.hash), (3, [5; 32], [6; 32]));
-        assert_eq!((r.provenance, r.revocation), (None, None));
+        assert_eq!(
+            (r.entry.seq, r.entry.cert_sha256, r.prev_hash, r.hash),
+            (3, [5; 32], [0; 32], [6; 32])
+        );
+        assert_eq!((r.entry.recorded_provenance(), r.revocation), (None, None));
         let r = certificate_row(pb::CertificateRecord {
             provenance: "{\"source\":\"x\"}".into(),
             revoked_at: 9,
@@ -188,7 +209,7 @@ mod tests {
             ..rec()
         })
         .unwrap();
-        assert_eq!(r.provenance.as_deref(), Some("{\"source\":\"x\"}"));
+        assert_eq!(r.entry.recorded_provenance(), Some("{\"source\":\"x\"}"));
         assert_eq!(
             r.revocation,
             Some(Revocation {
@@ -213,9 +234,44 @@ mod tests {
                 cert_sha256: vec![],
                 ..rec()
             },
+            pb::CertificateRecord {
+                prev_hash: vec![0; 33],
+                ..rec()
+            },
         ] {
-            let e = certificate_row(bad).unwrap_err();
+            let e = CallError::from(certificate_row(bad).unwrap_err());
             assert!(matches!(e, CallError::InvalidAnswer(_)), "{e:?}");
         }
+    }
+
+    #[test]
+    fn a_bad_hash_says_which_and_how_long_and_a_streamed_row_needs_no_serial() {
+        assert_eq!(
+            ledger_record(pb::CertificateRecord {
+                hash: vec![6; 31],
+                ..rec()
+            }),
+            Err(RecordError::HashLength {
+                seq: 3,
+                field: HashField::Hash,
+                len: 31
+            })
+        );
+        assert_eq!(
+            ledger_record(pb::CertificateRecord {
+                cert_sha256: vec![],
+                ..rec()
+            })
+            .unwrap_err()
+            .to_string(),
+            "row 3: the certificate's SHA-256 is 0 bytes, not 32"
+        );
+        // The chain, not the conversion, judges a streamed row's content.
+        let r = ledger_record(pb::CertificateRecord {
+            serial: String::new(),
+            ..rec()
+        })
+        .unwrap();
+        assert_eq!(r.entry.serial, "");
     }
 }

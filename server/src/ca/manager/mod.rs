@@ -177,7 +177,7 @@ impl CaView {
                 Some(crate::revoked::RevokedEntry {
                     serial: hex::encode(cert.raw_serial()),
                     revoked_at: at,
-                    reason: crate::revoked::Reason::CaCompromise,
+                    reason: crate::revoked::Reason::CA_COMPROMISE,
                     not_after: i64::MAX,
                 })
             })

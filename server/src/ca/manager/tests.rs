@@ -837,7 +837,7 @@ async fn a_tainted_intermediate_is_listed_by_its_root_until_the_root_stops_publi
     );
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].serial, serial);
-    assert_eq!(listed[0].reason, crate::revoked::Reason::CaCompromise);
+    assert_eq!(listed[0].reason, crate::revoked::Reason::CA_COMPROMISE);
     // Removal keeps it listed (and tainted) : `ca revoke` is not a way out of the CRL.
     m.revoke(&old, true, "op", now()).await.unwrap();
     assert_eq!(m.view().revoked_intermediates(&root_id).len(), 1);

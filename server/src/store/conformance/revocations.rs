@@ -158,8 +158,13 @@ async fn revocations_are_events_in_the_one_chain(db: Db) {
 
     // The rows carry the index; the events the record.
     let row = s.certificate_by_serial(&serial(1)).await.unwrap().unwrap();
-    assert_eq!(row.revoked_at, Some(1_700_000_100));
-    assert_eq!(row.revocation_reason.as_deref(), Some("keyCompromise"));
+    assert_eq!(
+        row.revocation,
+        Some(signet_types::ledger::Revocation {
+            at: 1_700_000_100,
+            reason: "keyCompromise".into()
+        })
+    );
     let ev = s.events_for_serial(&serial(1)).await.unwrap();
     assert_eq!(ev.len(), 1);
     assert_eq!(ev[0].event.kind, EVENT_REVOKE);
