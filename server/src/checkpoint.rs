@@ -57,6 +57,11 @@
 //!
 //! The decisions are [`head_moved`] and [`extends`] (pure); [`Checkpointer::tick`] applies
 //! them at an injected `now`; [`run_periodic`] is the thin loop around it.
+//!
+//! About 790 lines, on purpose: the rollback defence is one argument — which floors exist,
+//! where each is read, and the order of reads — and splitting the key, the files and the
+//! signing apart would scatter it; the statement's format and its verification already live in
+//! `signet_types::checkpoint`.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};

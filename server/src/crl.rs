@@ -20,6 +20,11 @@
 //! A revocation on this server refreshes at once (the admin RPC waits for it). Revocations made
 //! by another replica are noticed by polling the revocation mark (one indexed read) every
 //! `crl.poll_interval` (default 10 s).
+//!
+//! Part of the CA core with `ca/`: it signs with the CA keys and reads back only the CRLs it
+//! signed (their number, their entries, and the revocation dates of the cACompromise entries a
+//! root served, which `signet_pki::ParsedCrl` does not keep). So, like `ca/`, it reads them with
+//! x509-parser itself; every CRL from elsewhere (agents, the bridge) is read by signet-pki.
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -599,7 +599,7 @@ fn list(line: &str) -> Vec<String> {
 /// widens the names or the lifetime that source allows.
 pub fn renewal(data: &[u8]) {
     use crate::policy::renewal::{self, EntryFacts};
-    use crate::store::CertificateRow;
+    use crate::store::LedgerRecord;
     use crate::store::nodes::{EntryRow, NodeRow};
     let mut rest = data;
     let not_before = take_i64(&mut rest);
@@ -632,7 +632,7 @@ pub fn renewal(data: &[u8]) {
             leaf_sha256: sha,
         },
     );
-    let row = CertificateRow {
+    let row = LedgerRecord {
         entry: signet_types::ledger::LedgerEntry {
             seq: 1,
             serial: "0a1b".into(),

@@ -531,7 +531,7 @@ impl Issuer {
         &self,
         caller: &AuthenticatedCaller,
         serial: &str,
-    ) -> Result<Option<Arc<crate::store::CertificateRow>>, StoreError> {
+    ) -> Result<Option<Arc<crate::store::LedgerRecord>>, StoreError> {
         let (CallerKind::Mtls { leaf_sha256, .. }
         | CallerKind::Node {
             leaf_sha256: Some(leaf_sha256),

@@ -452,7 +452,7 @@ mod tests {
 
     use super::*;
     use crate::store::ledger::Order;
-    use crate::store::{CertificateRow, LedgerHead, SqliteStore, Store, StoreError};
+    use crate::store::{LedgerHead, LedgerRecord, SqliteStore, Store, StoreError};
 
     fn cert(i: usize) -> NewCertificate {
         NewCertificate {
@@ -544,13 +544,10 @@ mod tests {
             _: Option<u64>,
             _: u32,
             _: Option<&str>,
-        ) -> Result<Vec<CertificateRow>, StoreError> {
+        ) -> Result<Vec<LedgerRecord>, StoreError> {
             Ok(vec![])
         }
-        async fn certificate_by_serial(
-            &self,
-            _: &str,
-        ) -> Result<Option<CertificateRow>, StoreError> {
+        async fn certificate_by_serial(&self, _: &str) -> Result<Option<LedgerRecord>, StoreError> {
             Ok(None)
         }
         async fn count_certificates(&self) -> Result<u64, StoreError> {
@@ -742,13 +739,13 @@ mod tests {
                 _: Option<u64>,
                 _: u32,
                 _: Option<&str>,
-            ) -> Result<Vec<CertificateRow>, StoreError> {
+            ) -> Result<Vec<LedgerRecord>, StoreError> {
                 unreachable!()
             }
             async fn certificate_by_serial(
                 &self,
                 _: &str,
-            ) -> Result<Option<CertificateRow>, StoreError> {
+            ) -> Result<Option<LedgerRecord>, StoreError> {
                 unreachable!()
             }
             async fn count_certificates(&self) -> Result<u64, StoreError> {

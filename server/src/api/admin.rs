@@ -20,7 +20,7 @@ use crate::bundle::BundleHandle;
 use crate::ca::RequestedNames;
 use crate::issuer::{IssueInput, Issuer};
 use crate::store::paging::PageToken;
-use crate::store::{CertQuery, CertificateRow, Order, Store, StoreError, certificates_page};
+use crate::store::{CertQuery, LedgerRecord, Order, Store, StoreError, certificates_page};
 
 const DEFAULT_PAGE: u32 = 100;
 const MAX_PAGE: u32 = 1000;
@@ -62,7 +62,7 @@ impl From<StoreError> for ApiError {
     }
 }
 
-pub(crate) fn row_to_proto(r: CertificateRow) -> CertificateRecord {
+pub(crate) fn row_to_proto(r: LedgerRecord) -> CertificateRecord {
     let e = r.entry;
     let (revoked_at, revocation_reason) = r
         .revocation
@@ -206,7 +206,7 @@ impl Admin for AdminApi {
                 let store = store.clone();
                 async move { store.list_certificates(after, MAX_PAGE, None).await }
             },
-            |r: &CertificateRow| r.entry.seq,
+            |r: &LedgerRecord| r.entry.seq,
             row_to_proto,
         )))
     }

@@ -28,7 +28,7 @@ use super::{Denial, Policy};
 use crate::authn::{AuthenticatedCaller, CallerKind};
 use crate::issuance::BACKDATE;
 use crate::provenance::{Provenance, ProvenanceError, Source};
-use crate::store::{CertificateRow, EntryRow, NodeRow};
+use crate::store::{EntryRow, LedgerRecord, NodeRow};
 
 /// What a presented certificate may be renewed into. Only [`assess`] makes one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,7 +97,7 @@ impl RenewalBasis {
 }
 
 /// For a row whose source is a registration entry: the entry ID and node ID to look up.
-pub fn entry_to_check(row: &CertificateRow) -> Option<(String, String)> {
+pub fn entry_to_check(row: &LedgerRecord) -> Option<(String, String)> {
     match Provenance::from_ledger_text(&row.entry.provenance) {
         Ok(Provenance {
             source: Source::Entry { entry_id, node_id },
@@ -125,7 +125,7 @@ pub fn check_presented(
     caller: &AuthenticatedCaller,
     serial: &str,
     leaf_sha256: &[u8; 32],
-    row: Option<&CertificateRow>,
+    row: Option<&LedgerRecord>,
 ) -> Result<(), Denial> {
     let Some(row) = row else {
         return Err(refused(format!(
@@ -160,7 +160,7 @@ pub fn check_presented(
 pub fn assess(
     policy: &Policy,
     caller: &AuthenticatedCaller,
-    row: Option<&CertificateRow>,
+    row: Option<&LedgerRecord>,
     facts: EntryFacts<'_>,
     now: i64,
 ) -> Result<RenewalBasis, Denial> {
@@ -325,10 +325,7 @@ pub fn assess(
 /// For a node calling the node API with its node SVID: the presented certificate must be this
 /// CA's record of that node's identity (rows written before provenance was recorded are
 /// accepted on their identity alone, so agents keep working across the upgrade).
-pub fn assess_node(
-    caller: &AuthenticatedCaller,
-    row: Option<&CertificateRow>,
-) -> Result<(), Denial> {
+pub fn assess_node(caller: &AuthenticatedCaller, row: Option<&LedgerRecord>) -> Result<(), Denial> {
     let CallerKind::Node {
         node_id,
         serial: Some(serial),

@@ -37,8 +37,8 @@ fn caller(path: &str) -> AuthenticatedCaller {
     )
 }
 
-fn row(path: &str, dns: &[&str], lifetime: i64, provenance: &str) -> CertificateRow {
-    CertificateRow {
+fn row(path: &str, dns: &[&str], lifetime: i64, provenance: &str) -> LedgerRecord {
+    LedgerRecord {
         entry: LedgerEntry {
             seq: 7,
             serial: "8f01".into(),

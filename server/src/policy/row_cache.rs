@@ -14,10 +14,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use crate::store::CertificateRow;
+use crate::store::LedgerRecord;
 
 /// When a row was looked up, and what was found (`None`: not in the ledger).
-type Cached = (SystemTime, Option<Arc<CertificateRow>>);
+type Cached = (SystemTime, Option<Arc<LedgerRecord>>);
 
 /// Keyed by the presented certificate's SHA-256.
 #[derive(Debug, Default)]
@@ -32,7 +32,7 @@ impl RowCache {
     pub const MAX_ENTRIES: usize = 10_000;
 
     /// The cached lookup of `sha256` at `now`, if fresh: `Some(None)` means "not in the ledger".
-    pub fn get(&self, sha256: &[u8; 32], now: SystemTime) -> Option<Option<Arc<CertificateRow>>> {
+    pub fn get(&self, sha256: &[u8; 32], now: SystemTime) -> Option<Option<Arc<LedgerRecord>>> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let (at, row) = entries.get(sha256)?;
         let age = now.duration_since(*at).unwrap_or(Duration::MAX);
@@ -40,7 +40,7 @@ impl RowCache {
     }
 
     /// Records a lookup made at `now`.
-    pub fn put(&self, sha256: [u8; 32], row: Option<Arc<CertificateRow>>, now: SystemTime) {
+    pub fn put(&self, sha256: [u8; 32], row: Option<Arc<LedgerRecord>>, now: SystemTime) {
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if entries.len() >= Self::MAX_ENTRIES {
             entries
@@ -64,8 +64,8 @@ mod tests {
     use super::*;
     use signet_types::ledger::LedgerEntry;
 
-    fn row(seq: u64) -> Arc<CertificateRow> {
-        Arc::new(CertificateRow {
+    fn row(seq: u64) -> Arc<LedgerRecord> {
+        Arc::new(LedgerRecord {
             entry: LedgerEntry {
                 seq,
                 serial: "01".into(),

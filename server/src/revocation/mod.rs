@@ -25,9 +25,7 @@ use crate::audit::AuditLog;
 use crate::clock::{Clock, unix};
 use crate::crl::{CrlPublisher, PublishedCrl};
 use crate::provenance::{Provenance, Source};
-use crate::store::{
-    CertFilter, CertificateRow, NewRevocation, RevocationOutcome, Store, StoreError,
-};
+use crate::store::{CertFilter, LedgerRecord, NewRevocation, RevocationOutcome, Store, StoreError};
 
 /// Certificates selected and revoked per transaction.
 pub const PAGE: u32 = 500;
@@ -62,7 +60,7 @@ impl Selector {
     }
 
     /// Whether a candidate row found by [`Selector::filter`] really is selected.
-    pub fn matches(&self, row: &CertificateRow) -> bool {
+    pub fn matches(&self, row: &LedgerRecord) -> bool {
         let source = || {
             Provenance::from_ledger_text(&row.entry.provenance)
                 .ok()
@@ -239,7 +237,7 @@ pub enum RevokeError {
     Store(#[from] StoreError),
 }
 
-fn listed(row: &CertificateRow) -> Revoked {
+fn listed(row: &LedgerRecord) -> Revoked {
     Revoked {
         serial: row.entry.serial.clone(),
         spiffe_id: row.entry.spiffe_id.clone(),
@@ -350,7 +348,7 @@ impl Revoker {
                     break;
                 };
                 after = last;
-                let chosen: Vec<CertificateRow> =
+                let chosen: Vec<LedgerRecord> =
                     page.into_iter().filter(|r| selector.matches(r)).collect();
                 self.revoke_page(
                     chosen,
@@ -443,7 +441,7 @@ impl Revoker {
     #[allow(clippy::too_many_arguments)]
     async fn revoke_page(
         &self,
-        rows: Vec<CertificateRow>,
+        rows: Vec<LedgerRecord>,
         reason: Reason,
         caller: &str,
         request_id: &str,
@@ -474,7 +472,7 @@ impl Revoker {
         let outcomes = self.store.append_revocations(&batch).await?;
         // One audit event per transaction (naming every serial it revoked), so that revoking a
         // whole CA key cannot overrun the audit queue.
-        let mut revoked_here: Vec<(u64, Box<CertificateRow>)> = Vec::new();
+        let mut revoked_here: Vec<(u64, Box<LedgerRecord>)> = Vec::new();
         for (row, outcome) in rows.iter().zip(outcomes) {
             match outcome {
                 RevocationOutcome::Revoked {
@@ -515,7 +513,7 @@ impl Revoker {
 
 /// The `cert.revoke` audit detail of one transaction's revocations (None: it revoked none).
 fn audit_detail(
-    revoked: &[(u64, Box<CertificateRow>)],
+    revoked: &[(u64, Box<LedgerRecord>)],
     reason: Reason,
     detail: &str,
 ) -> Option<String> {
@@ -614,8 +612,8 @@ mod tests {
         assert!(parse_selector(&td, "colour", "x").is_err());
     }
 
-    fn row(provenance: &str) -> CertificateRow {
-        CertificateRow {
+    fn row(provenance: &str) -> LedgerRecord {
+        LedgerRecord {
             entry: signet_types::ledger::LedgerEntry {
                 seq: 1,
                 serial: "01".into(),

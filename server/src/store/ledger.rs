@@ -62,7 +62,7 @@ impl NewCertificate {
 /// client reads back. Its `revocation` is the lookup index the revoking transaction sets beside
 /// the row (the revocation itself is a later event in the chain,
 /// [`super::revocations::EventRow`]).
-pub use signet_types::ledger::LedgerRecord as CertificateRow;
+pub use signet_types::ledger::LedgerRecord;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LedgerHead {
@@ -93,7 +93,7 @@ pub trait LedgerStore: Send + Sync + 'static {
         from: Option<u64>,
         limit: u32,
         spiffe_id: Option<&str>,
-    ) -> Result<Vec<CertificateRow>, StoreError>;
+    ) -> Result<Vec<LedgerRecord>, StoreError>;
 
     /// Rows with `seq > after_seq`, ascending, at most `limit`; only `spiffe_id` if given
     /// ([`LedgerStore::certificates_page`] oldest first).
@@ -102,15 +102,13 @@ pub trait LedgerStore: Send + Sync + 'static {
         after_seq: u64,
         limit: u32,
         spiffe_id: Option<&str>,
-    ) -> Result<Vec<CertificateRow>, StoreError> {
+    ) -> Result<Vec<LedgerRecord>, StoreError> {
         self.certificates_page(Order::OldestFirst, Some(after_seq), limit, spiffe_id)
             .await
     }
 
-    async fn certificate_by_serial(
-        &self,
-        serial: &str,
-    ) -> Result<Option<CertificateRow>, StoreError>;
+    async fn certificate_by_serial(&self, serial: &str)
+    -> Result<Option<LedgerRecord>, StoreError>;
 
     #[cfg(test)]
     async fn count_certificates(&self) -> Result<u64, StoreError>;
@@ -213,7 +211,7 @@ macro_rules! impl_ledger_store {
                 from: Option<u64>,
                 limit: u32,
                 spiffe_id: Option<&str>,
-            ) -> Result<Vec<$crate::store::ledger::CertificateRow>, StoreError> {
+            ) -> Result<Vec<$crate::store::ledger::LedgerRecord>, StoreError> {
                 use $crate::store::ledger::Order;
                 use $crate::store::rows::{self, CERT_COLUMNS, DbCertificate};
                 // One query, both directions: `seq > from ORDER BY seq` or
@@ -240,14 +238,14 @@ macro_rules! impl_ledger_store {
                 let found = q.fetch_all(&self.pool).await.map_err($map)?;
                 found
                     .into_iter()
-                    .map($crate::store::ledger::CertificateRow::try_from)
+                    .map($crate::store::ledger::LedgerRecord::try_from)
                     .collect()
             }
 
             async fn certificate_by_serial(
                 &self,
                 serial: &str,
-            ) -> Result<Option<$crate::store::ledger::CertificateRow>, StoreError> {
+            ) -> Result<Option<$crate::store::ledger::LedgerRecord>, StoreError> {
                 use $crate::store::rows::{CERT_COLUMNS, DbCertificate};
                 let found: Option<DbCertificate> = sqlx::query_as(&format!(
                     "SELECT {CERT_COLUMNS} FROM certificates WHERE serial = $1"
@@ -257,7 +255,7 @@ macro_rules! impl_ledger_store {
                 .await
                 .map_err($map)?;
                 found
-                    .map($crate::store::ledger::CertificateRow::try_from)
+                    .map($crate::store::ledger::LedgerRecord::try_from)
                     .transpose()
             }
 

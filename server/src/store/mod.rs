@@ -86,7 +86,7 @@ pub use config::DatabaseConfig;
 pub use crls::{CrlStore, RevokedRow, StoredCrl};
 pub use entry_events::EntrySubscription;
 pub use error::StoreError;
-pub use ledger::{CertificateRow, LedgerHead, LedgerStore, NewCertificate};
+pub use ledger::{LedgerHead, LedgerRecord, LedgerStore, NewCertificate};
 pub use nodes::{BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, NodeStore, TokenUse};
 pub use paging::{CertQuery, Order, certificates_page};
 pub use pins::{Pin, PinEvidence, PinStore};

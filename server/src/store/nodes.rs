@@ -15,7 +15,7 @@
 //! The check runs after the revision counter is taken, inside the writing transaction, so two
 //! racing creates of one registration cannot both pass it.
 //!
-//! About 750 lines, on purpose: the trait, its row types and the one macro body both backends
+//! About 830 lines, on purpose: the trait, its row types and the one macro body both backends
 //! share; split, each query would sit apart from the contract it implements.
 
 use async_trait::async_trait;

@@ -16,7 +16,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 use super::error::StoreError;
 pub use super::ledger::Order;
-use super::ledger::{CertificateRow, LedgerStore};
+use super::ledger::{LedgerRecord, LedgerStore};
 
 /// One page to list.
 #[derive(Debug, Clone, Copy, Default)]
@@ -33,7 +33,7 @@ pub struct CertQuery<'a> {
 /// A page of rows and, when more follow, the token for the next one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertPage {
-    pub rows: Vec<CertificateRow>,
+    pub rows: Vec<LedgerRecord>,
     /// None on the last page.
     pub next: Option<String>,
 }

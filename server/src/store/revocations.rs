@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use signet_types::ledger::{Hash, LedgerEvent};
 
 use super::error::StoreError;
-use super::ledger::CertificateRow;
+use super::ledger::LedgerRecord;
 
 /// Which certificates [`RevocationStore::revocable_certificates`] narrows to (by an indexed
 /// column); the caller filters further (e.g. by provenance).
@@ -49,8 +49,8 @@ pub enum RevocationOutcome {
     /// event of its own in the same transaction.
     Revoked {
         event_seq: u64,
-        row: Box<CertificateRow>,
-        cascaded: Vec<(u64, CertificateRow)>,
+        row: Box<LedgerRecord>,
+        cascaded: Vec<(u64, LedgerRecord)>,
     },
     /// It was revoked before; nothing changed.
     AlreadyRevoked { at: i64, reason: String },
@@ -76,7 +76,7 @@ pub trait RevocationStore: Send + Sync + 'static {
         now: i64,
         after_seq: u64,
         limit: u32,
-    ) -> Result<Vec<CertificateRow>, StoreError>;
+    ) -> Result<Vec<LedgerRecord>, StoreError>;
 
     /// Whether any certificate (revoked, expired or not) matches `filter`.
     async fn any_certificate(&self, filter: &CertFilter) -> Result<bool, StoreError>;
@@ -173,7 +173,7 @@ macro_rules! impl_revocation_store {
                 now: i64,
                 after_seq: u64,
                 limit: u32,
-            ) -> Result<Vec<$crate::store::ledger::CertificateRow>, StoreError> {
+            ) -> Result<Vec<$crate::store::ledger::LedgerRecord>, StoreError> {
                 let (clause, value) = $crate::store::revocations::filter_sql(filter);
                 let sql = format!(
                     "SELECT {} FROM certificates WHERE revoked_at IS NULL AND not_after > $1 \
@@ -190,7 +190,7 @@ macro_rules! impl_revocation_store {
                 let found = q.fetch_all(&self.pool).await.map_err($map)?;
                 found
                     .into_iter()
-                    .map($crate::store::ledger::CertificateRow::try_from)
+                    .map($crate::store::ledger::LedgerRecord::try_from)
                     .collect()
             }
 
@@ -258,7 +258,7 @@ macro_rules! impl_revocation_store {
                         out.push(RevocationOutcome::Unknown);
                         continue;
                     };
-                    let row = $crate::store::ledger::CertificateRow::try_from(found)?;
+                    let row = $crate::store::ledger::LedgerRecord::try_from(found)?;
                     if let Some(v) = &row.revocation {
                         out.push(RevocationOutcome::AlreadyRevoked {
                             at: v.at,
@@ -279,7 +279,7 @@ macro_rules! impl_revocation_store {
                     }
                     // The certificate, then its renewals (depth first); each its own event.
                     let mut queue = vec![(row, r.detail.clone())];
-                    let mut done: Vec<(u64, $crate::store::ledger::CertificateRow)> = Vec::new();
+                    let mut done: Vec<(u64, $crate::store::ledger::LedgerRecord)> = Vec::new();
                     while let Some((row, detail)) = queue.pop() {
                         seq += 1;
                         let event = LedgerEvent {
@@ -336,7 +336,7 @@ macro_rules! impl_revocation_store {
                         .await
                         .map_err($map)?;
                         for c in children {
-                            let c = $crate::store::ledger::CertificateRow::try_from(c)?;
+                            let c = $crate::store::ledger::LedgerRecord::try_from(c)?;
                             let why = serde_json::json!({
                                 "renewed_from": row.entry.serial,
                                 "revoked_with": r.serial,

@@ -6,9 +6,9 @@
 use signet_types::ledger::{Hash, LedgerEntry, Revocation, chain_hash};
 
 use super::error::StoreError;
-use super::ledger::{CertificateRow, LedgerHead, NewCertificate};
+use super::ledger::{LedgerHead, LedgerRecord, NewCertificate};
 
-/// Columns selected for a [`CertificateRow`], in [`DbCertificate`]'s order.
+/// Columns selected for a [`LedgerRecord`], in [`DbCertificate`]'s order.
 pub(super) const CERT_COLUMNS: &str = "seq, serial, spiffe_id, dns_names, ip_addresses, \
      not_before, not_after, issued_at, cert_sha256, prev_hash, hash, cert_der, ca_key_id, \
      caller, request_id, provenance, revoked_at, revocation_reason";
@@ -37,13 +37,13 @@ super::db_row! {
     }
 }
 
-impl TryFrom<DbCertificate> for CertificateRow {
+impl TryFrom<DbCertificate> for LedgerRecord {
     type Error = StoreError;
 
     fn try_from(r: DbCertificate) -> Result<Self, StoreError> {
         let seq = u64::try_from(r.seq)
             .map_err(|_| StoreError::Corrupt(format!("negative ledger seq {}", r.seq)))?;
-        Ok(CertificateRow {
+        Ok(LedgerRecord {
             entry: LedgerEntry {
                 seq,
                 serial: r.serial,
