@@ -272,6 +272,14 @@ pub(super) fn revision(v: i64) -> Result<u64, StoreError> {
     u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("negative revision {v}")))
 }
 
+/// Takes the next entry revision (one global counter; its row lock orders entry writers).
+pub(crate) const NEXT_REVISION: &str =
+    "UPDATE entry_revision_seq SET value = value + 1 WHERE id = 1 RETURNING value";
+
+/// Stamps a parent's entry revision (`$1` parent, `$2` revision): its agents fetch again.
+pub(crate) const TOUCH_PARENT: &str = "INSERT INTO node_revisions (parent_id, revision) \
+     VALUES ($1, $2) ON CONFLICT (parent_id) DO UPDATE SET revision = excluded.revision";
+
 pub(crate) fn json(list: &[String]) -> Result<String, StoreError> {
     serde_json::to_string(list).map_err(|e| StoreError::Database(format!("encoding a list: {e}")))
 }
@@ -468,7 +476,7 @@ macro_rules! impl_node_store {
                 // IMMEDIATE transaction already holds the write lock), so the duplicate check
                 // below sees every committed entry.
                 let (rev,): (i64,) = sqlx::query_as(
-                    "UPDATE entry_revision_seq SET value = value + 1 WHERE id = 1 RETURNING value",
+                    $crate::store::nodes::NEXT_REVISION,
                 )
                 .fetch_one(&mut *tx)
                 .await
@@ -507,8 +515,7 @@ macro_rules! impl_node_store {
                 .await
                 .map_err($map)?;
                 sqlx::query(
-                    "INSERT INTO node_revisions (parent_id, revision) VALUES ($1, $2) \
-                     ON CONFLICT (parent_id) DO UPDATE SET revision = excluded.revision",
+                    $crate::store::nodes::TOUCH_PARENT,
                 )
                 .bind(&e.parent_id)
                 .bind(rev)
@@ -546,7 +553,7 @@ macro_rules! impl_node_store {
                 // IMMEDIATE transaction already holds the write lock), so the duplicate check
                 // below sees every committed entry.
                 let (rev,): (i64,) = sqlx::query_as(
-                    "UPDATE entry_revision_seq SET value = value + 1 WHERE id = 1 RETURNING value",
+                    $crate::store::nodes::NEXT_REVISION,
                 )
                 .fetch_one(&mut *tx)
                 .await
@@ -603,8 +610,7 @@ macro_rules! impl_node_store {
                 }
                 for parent in &parents {
                     sqlx::query(
-                        "INSERT INTO node_revisions (parent_id, revision) VALUES ($1, $2) \
-                         ON CONFLICT (parent_id) DO UPDATE SET revision = excluded.revision",
+                        $crate::store::nodes::TOUCH_PARENT,
                     )
                     .bind(*parent)
                     .bind(rev)
@@ -700,7 +706,7 @@ macro_rules! impl_node_store {
             async fn delete_entry(&self, id: &str) -> Result<bool, StoreError> {
                 let mut tx = self.begin_write().await?;
                 let (rev,): (i64,) = sqlx::query_as(
-                    "UPDATE entry_revision_seq SET value = value + 1 WHERE id = 1 RETURNING value",
+                    $crate::store::nodes::NEXT_REVISION,
                 )
                 .fetch_one(&mut *tx)
                 .await
@@ -717,8 +723,7 @@ macro_rules! impl_node_store {
                     return Ok(false);
                 };
                 sqlx::query(
-                    "INSERT INTO node_revisions (parent_id, revision) VALUES ($1, $2) \
-                     ON CONFLICT (parent_id) DO UPDATE SET revision = excluded.revision",
+                    $crate::store::nodes::TOUCH_PARENT,
                 )
                 .bind(&parent_id)
                 .bind(rev)
@@ -743,7 +748,7 @@ macro_rules! impl_node_store {
                 );
                 let mut tx = self.begin_write().await?;
                 let (rev,): (i64,) = sqlx::query_as(
-                    "UPDATE entry_revision_seq SET value = value + 1 WHERE id = 1 RETURNING value",
+                    $crate::store::nodes::NEXT_REVISION,
                 )
                 .fetch_one(&mut *tx)
                 .await
@@ -764,8 +769,7 @@ macro_rules! impl_node_store {
                     return Ok(false);
                 };
                 sqlx::query(
-                    "INSERT INTO node_revisions (parent_id, revision) VALUES ($1, $2) \
-                     ON CONFLICT (parent_id) DO UPDATE SET revision = excluded.revision",
+                    $crate::store::nodes::TOUCH_PARENT,
                 )
                 .bind(&parent_id)
                 .bind(rev)
