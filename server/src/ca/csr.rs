@@ -17,6 +17,8 @@ use x509_parser::oid_registry::{
 use x509_parser::prelude::FromDer;
 use x509_parser::x509::SubjectPublicKeyInfo;
 
+use signet_types::untrusted::shown;
+
 use super::RequestedNames;
 
 /// Largest CSR accepted, PEM or DER.
@@ -33,23 +35,27 @@ pub use signet_pki::KeyAlgorithm;
 /// Why a CSR was refused. Every message says what to change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
+/// Every text a CSR put in these messages is cut and escaped ([`shown`]): a hostile request's
+/// OIDs and PEM labels can be tens of kilobytes.
 pub enum CsrError {
     #[error("CSR is {size} bytes; the limit is {max} bytes ({} KiB): send a single PKCS#10 request", max / 1024)]
     TooLarge { size: usize, max: usize },
-    #[error("not a PKCS#10 certificate signing request: {0}")]
+    #[error("not a PKCS#10 certificate signing request: {}", shown(.0))]
     Malformed(String),
     #[error(
         "CSR signature does not verify: the CSR was altered or signed with another key than the one it carries"
     )]
     BadSignature,
     #[error(
-        "CSR is signed with an unsupported signature algorithm ({0}); sign it with ECDSA (SHA-256/384), Ed25519 or RSA PKCS#1 v1.5 / PSS with SHA-256 or stronger"
+        "CSR is signed with an unsupported signature algorithm ({}); sign it with ECDSA (SHA-256/384), Ed25519 or RSA PKCS#1 v1.5 / PSS with SHA-256 or stronger",
+        shown(.0)
     )]
     UnsupportedSignature(String),
-    #[error("CSR key is too weak ({0}); use an RSA key of at least 2048 bits, or ECDSA P-256")]
+    #[error("CSR key is too weak ({}); use an RSA key of at least 2048 bits, or ECDSA P-256", shown(.0))]
     WeakKey(String),
     #[error(
-        "CSR key type is not supported ({0}); use ECDSA P-256 or P-384, Ed25519, or RSA 2048..8192 bits"
+        "CSR key type is not supported ({}); use ECDSA P-256 or P-384, Ed25519, or RSA 2048..8192 bits",
+        shown(.0)
     )]
     UnsupportedKey(String),
     #[error(
@@ -320,6 +326,23 @@ pub(crate) fn ip_from_bytes(bytes: &[u8]) -> Option<IpAddr> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+
+    /// A hostile CSR's OIDs and labels reach the caller cut to a few hundred bytes.
+    #[test]
+    fn refusals_carry_a_bounded_echo() {
+        let huge = "1.2.840.".repeat(3000);
+        for e in [
+            CsrError::UnsupportedKey(format!("public key algorithm {huge}")),
+            CsrError::UnsupportedSignature(huge.clone()),
+            CsrError::WeakKey(huge.clone()),
+            CsrError::Malformed(format!("found {huge:?}")),
+        ] {
+            let msg = e.to_string();
+            assert!(msg.len() < 600, "{} bytes: {}", msg.len(), &msg[..80]);
+            assert!(msg.contains('…'), "{msg}");
+        }
+    }
+
     use super::*;
     use rcgen::{CertificateParams, IsCa, KeyPair, SanType};
     use std::process::Command;

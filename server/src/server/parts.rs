@@ -93,13 +93,20 @@ pub(super) async fn build(cfg: &Config) -> anyhow::Result<Parts> {
     );
     // Entries stored before selectors had one spelling: rewritten or reported, before any
     // agent is served (see `entry_upgrade`).
-    crate::entry_upgrade::upgrade_selectors(
+    // A failure to read them (a corrupt row) is reported by every read of the entries; it is no
+    // reason to stop the CA.
+    if let Err(e) = crate::entry_upgrade::upgrade_selectors(
         store.as_ref(),
         &audit,
         crate::clock::unix(clock.now()),
     )
     .await
-    .map_err(|e| anyhow!("reading the registration entries: {e}"))?;
+    {
+        tracing::warn!(
+            error = %e,
+            "could not check the stored registration entries' selectors; serving without the check"
+        );
+    }
     let (issuer, entry_policy) = build_issuer(
         cfg, &clock, serials, &view, ledger, &store, &audit, &metrics,
     )?;
