@@ -78,6 +78,8 @@ pub enum SelectorReason {
          or a bidirectional override, or a line or paragraph separator)"
     )]
     InvisibleCharacter,
+    #[error("ends with a space, which a listing does not show")]
+    TrailingSpace,
     #[error("expected <type>:<key>:<value>, e.g. unix:uid:1000")]
     Shape,
     #[error("has an empty value")]
@@ -147,36 +149,54 @@ impl TryFrom<&str> for Selector {
     }
 }
 
-/// Whether `c` is a character a person reading a selector cannot see: Unicode's format
-/// characters (general category Cf, as of Unicode 15: zero-width spaces and joiners,
-/// bidirectional marks and overrides, the byte order mark, invisible operators, tags) and the
-/// line and paragraph separators. Two selectors that look the same must be the same selector,
+/// Whether `c` is a character a person reading a selector cannot see or cannot tell from a
+/// space: Unicode's format characters (general category Cf, as of Unicode 15: zero-width spaces
+/// and joiners, bidirectional marks and overrides, the byte order mark, invisible operators,
+/// tags), the other default-ignorable code points, and whitespace other than the ASCII space
+/// (no-break, ideographic, line and paragraph separators). Two selectors that look the same must be the same selector,
 /// so an operator reviewing `entry show` sees what the agent matches.
 fn is_invisible(c: char) -> bool {
-    matches!(
-        c,
-        '\u{ad}'
-            | '\u{600}'..='\u{605}'
-            | '\u{61c}'
-            | '\u{6dd}'
-            | '\u{70f}'
-            | '\u{890}'..='\u{891}'
-            | '\u{8e2}'
-            | '\u{180e}'
-            | '\u{200b}'..='\u{200f}'
-            | '\u{2028}'..='\u{202e}'
-            | '\u{2060}'..='\u{2064}'
-            | '\u{2066}'..='\u{206f}'
-            | '\u{feff}'
-            | '\u{fff9}'..='\u{fffb}'
-            | '\u{110bd}'
-            | '\u{110cd}'
-            | '\u{13430}'..='\u{1343f}'
-            | '\u{1bca0}'..='\u{1bca3}'
-            | '\u{1d173}'..='\u{1d17a}'
-            | '\u{e0001}'
-            | '\u{e0020}'..='\u{e007f}'
-    )
+    // Whitespace other than the ASCII space (no-break and ideographic spaces look like it).
+    (c.is_whitespace() && c != ' ')
+        || matches!(
+            c,
+            // Default-ignorable code points that are not format characters: the combining
+            // grapheme joiner, Hangul fillers, Khmer inherent vowels, Mongolian free variation
+            // selectors, variation selectors, unassigned ignorables.
+            '\u{34f}'
+                | '\u{115f}'..='\u{1160}'
+                | '\u{17b4}'..='\u{17b5}'
+                | '\u{180b}'..='\u{180f}'
+                | '\u{3164}'
+                | '\u{fe00}'..='\u{fe0f}'
+                | '\u{ffa0}'
+                | '\u{fff0}'..='\u{fff8}'
+                | '\u{e0000}'..='\u{e0fff}'
+        )
+        || matches!(
+            c,
+            '\u{ad}'
+                | '\u{600}'..='\u{605}'
+                | '\u{61c}'
+                | '\u{6dd}'
+                | '\u{70f}'
+                | '\u{890}'..='\u{891}'
+                | '\u{8e2}'
+                | '\u{180e}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{2028}'..='\u{202e}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{2066}'..='\u{206f}'
+                | '\u{feff}'
+                | '\u{fff9}'..='\u{fffb}'
+                | '\u{110bd}'
+                | '\u{110cd}'
+                | '\u{13430}'..='\u{1343f}'
+                | '\u{1bca0}'..='\u{1bca3}'
+                | '\u{1d173}'..='\u{1d17a}'
+                | '\u{e0001}'
+                | '\u{e0020}'..='\u{e007f}'
+        )
 }
 
 fn parse(s: &str) -> Result<Selector, SelectorReason> {
@@ -189,6 +209,9 @@ fn parse(s: &str) -> Result<Selector, SelectorReason> {
     }
     if s.chars().any(is_invisible) {
         return Err(R::InvisibleCharacter);
+    }
+    if s.ends_with(' ') {
+        return Err(R::TrailingSpace);
     }
     let mut parts = s.splitn(3, ':');
     let (Some(kind), Some(key), Some(value)) = (parts.next(), parts.next(), parts.next()) else {
@@ -372,6 +395,13 @@ mod tests {
             ("unix:path:/a\u{2029}b", R::InvisibleCharacter),
             ("unix:path:/\u{feff}a", R::InvisibleCharacter),
             ("unix:path:/a\u{e0041}", R::InvisibleCharacter),
+            ("unix:path:/usr/bin/app\u{a0}", R::InvisibleCharacter),
+            ("unix:path:/usr/bin/app\u{3164}", R::InvisibleCharacter),
+            ("unix:path:/usr/bin/app\u{34f}", R::InvisibleCharacter),
+            ("unix:path:/usr/bin/app\u{fe0f}", R::InvisibleCharacter),
+            ("unix:path:/usr/bin\u{3000}/app", R::InvisibleCharacter),
+            ("unix:path:/usr/bin/app ", R::TrailingSpace),
+            ("unix:user:app ", R::TrailingSpace),
             // accepted by both: not in the one canonical spelling
             ("unix:uid:+1000", R::BadId),
             ("unix:uid:01000", R::BadId),
