@@ -297,6 +297,11 @@ pub(crate) async fn verify_ledger_from(
         .await?
         .named_rows()
         .await?;
+    // Rows a revocation event names must still show as revoked: the column is what CRLs and
+    // renewal read, and a database writer who clears it would un-revoke the certificate with
+    // the hash chain intact. (Only this direction: a revocation committed during the run sets
+    // the column of a row whose event was read before it, never the other way round.)
+    let revoked_by_event = named.clone();
     let mut refs = revoke::EventRefs::named_by(named);
     let mut events = revoke::Events::open_after(socket, from, head.seq).await?;
     let mut v = match start {
@@ -327,6 +332,12 @@ pub(crate) async fn verify_ledger_from(
         }
         if let Err(b) = v.push(entry, &row.prev_hash, &row.hash) {
             return Ok(Err(b.into()));
+        }
+        if revoked_by_event.contains(&entry.seq) && row.revocation.is_none() {
+            return Ok(Err(Broken::RevocationCleared {
+                row: entry.seq,
+                serial: entry.serial.clone(),
+            }));
         }
         refs.row(entry.seq, &entry.serial, &row.hash);
         if let Err(why) = expect.observe(entry.seq, &row.hash) {

@@ -142,6 +142,13 @@ pub(crate) enum Broken {
         row: u64,
         serial: String,
     },
+    /// A row a revocation event names whose revocation column was cleared.
+    #[error(
+        "row {row} (serial {serial}) is revoked by a ledger event, but the database no longer \
+         marks it revoked (altered): CRLs and renewals do not see the revocation; revoke it \
+         again (`signetctl certs revoke {serial}`)"
+    )]
+    RevocationCleared { row: u64, serial: String },
 }
 
 #[cfg(test)]

@@ -454,8 +454,45 @@ async fn revoked_certificate_is_in_every_crl_fails_openssl_and_cannot_renew() {
     let v = json(&server.signetctl(&["ledger", "verify", "--json"]));
     assert_eq!(v["ok"], true, "{v}");
     assert_eq!(v["rows"].as_u64(), Some(server.cert_count().await));
-    // ... and not once an event row is altered.
+    // ... and not once the database un-revokes the row: the column CRLs and renewal read is
+    // cleared while the event stays (the review's break: verify said OK).
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let (at, why): (Option<i64>, Option<String>) =
+        sqlx::query_as("SELECT revoked_at, revocation_reason FROM certificates WHERE serial = $1")
+            .bind(&serial)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(at.is_some() && why.is_some());
+    sqlx::query(
+        "UPDATE certificates SET revoked_at = NULL, revocation_reason = NULL WHERE serial = $1",
+    )
+    .bind(&serial)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let out = server.signetctl(&["ledger", "verify", "--json"]);
+    assert!(!out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("the database no longer marks it revoked"),
+        "{v}"
+    );
+    sqlx::query(
+        "UPDATE certificates SET revoked_at = $2, revocation_reason = $3 WHERE serial = $1",
+    )
+    .bind(&serial)
+    .bind(at)
+    .bind(&why)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let v = json(&server.signetctl(&["ledger", "verify", "--json"]));
+    assert_eq!(v["ok"], true, "{v}");
+    // ... and not once an event row is altered.
     sqlx::query("UPDATE ledger_events SET reason = 'superseded' WHERE serial = $1")
         .bind(&serial)
         .execute(&pool)
