@@ -17,7 +17,7 @@
 //! A rewrite that would make the entry the same registration as another stored one is not
 //! made (reported instead), so registrations stay unique.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use signet_types::selector::Selector;
 use signet_types::untrusted::{quoted, shown};
@@ -87,9 +87,9 @@ pub(crate) async fn upgrade_selectors(
     now_unix: i64,
 ) -> Result<UpgradeReport, StoreError> {
     let entries = store.list_entries(None).await?;
-    let mut taken: HashSet<(String, String, Vec<String>)> = entries
+    let mut taken: HashMap<(String, String, Vec<String>), String> = entries
         .iter()
-        .map(|e| registration_key(e, &e.selectors))
+        .map(|e| (registration_key(e, &e.selectors), e.id.clone()))
         .collect();
     let mut report = UpgradeReport::default();
     for entry in &entries {
@@ -102,19 +102,23 @@ pub(crate) async fn upgrade_selectors(
         }
         match canonical_selectors(&entry.selectors) {
             Err(bad) => {
-                unservable(audit, entry, &bad, "it has no canonical spelling", now_unix);
+                let reason = match bad.parse::<Selector>() {
+                    Err(e) => format!("{e}; it has no canonical spelling"),
+                    Ok(_) => format!("selector {} has no canonical spelling", quoted(&bad)),
+                };
+                unservable(audit, entry, &reason, now_unix);
                 report.unservable.push(entry.id.clone());
             }
             Ok(new) => {
                 let key = registration_key(entry, &new);
-                if taken.contains(&key) {
-                    unservable(
-                        audit,
-                        entry,
-                        &entry.selectors.join(" "),
-                        "its canonical spelling is the same registration as another entry",
-                        now_unix,
+                if let Some(other) = taken.get(&key) {
+                    let reason = format!(
+                        "its selectors in their canonical spelling ({}) make it the same \
+                         registration as entry {}",
+                        quoted(&new.join(" ")),
+                        quoted(other)
                     );
+                    unservable(audit, entry, &reason, now_unix);
                     report.unservable.push(entry.id.clone());
                     continue;
                 }
@@ -122,7 +126,7 @@ pub(crate) async fn upgrade_selectors(
                     .replace_entry_selectors(&entry.id, &entry.selectors, &new)
                     .await?
                 {
-                    taken.insert(key);
+                    taken.insert(key, entry.id.clone());
                     tracing::info!(
                         entry = %shown(&entry.id),
                         old = ?entry.selectors,
@@ -169,21 +173,17 @@ fn registration_key(e: &EntryRow, selectors: &[String]) -> (String, String, Vec<
     )
 }
 
-fn unservable(audit: &AuditLog, entry: &EntryRow, selector: &str, why: &str, now_unix: i64) {
-    let reason = match selector.parse::<Selector>() {
-        Err(e) => e.to_string(),
-        Ok(_) => format!("selectors {}", quoted(selector)),
-    };
+fn unservable(audit: &AuditLog, entry: &EntryRow, reason: &str, now_unix: i64) {
     let id = shown(&entry.id);
     tracing::warn!(
-        "registration entry {id} ({}) cannot be served: {reason}; {why}. Agents skip it. Delete \
+        "registration entry {id} ({}) cannot be served: {reason}. Agents skip it. Delete \
          it (`signetctl entry delete {id}`) and create it again with selectors that parse",
         shown(&entry.spiffe_id),
     );
     audit.record(
         "entry.unservable",
         "server",
-        format!("entry {}: {reason}; {why}", quoted(&entry.id)),
+        format!("entry {}: {reason}", quoted(&entry.id)),
         now_unix,
     );
 }

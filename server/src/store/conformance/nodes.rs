@@ -540,6 +540,15 @@ async fn legacy_selector_spellings_are_rewritten_or_reported(db: Db) {
                 "{}",
                 up.detail
             );
+            let twin = events
+                .iter()
+                .find(|e| e.kind == "entry.unservable" && e.detail.contains("\"twin\""))
+                .unwrap();
+            assert!(
+                twin.detail.contains("same registration as entry \"fine\""),
+                "{}",
+                twin.detail
+            );
             break;
         }
         assert!(round < 1000, "{kinds:?}");
