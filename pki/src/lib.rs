@@ -12,6 +12,7 @@
 //!   (such a chain with its private key, checked to match).
 //! - [`fingerprint`]: SHA-256 fingerprints as Signet prints them.
 //! - [`bundle`]: [`SpiffeBundle`], the SPIFFE bundle document (JWK set) read and written.
+//! - [`jwt`]: JWT-SVIDs: [`jwt::JwtSigner`] mints one, [`jwt::validate`] checks one against a key set.
 //!
 //! `x509-parser` is used here (and in the server's CA core) only: every other crate asks these
 //! types.
@@ -24,6 +25,7 @@ pub mod cert;
 pub mod crl;
 pub mod csr;
 pub mod fingerprint;
+pub mod jwt;
 pub mod key;
 pub mod svid;
 

@@ -121,6 +121,13 @@ type BundleStream = Pin<Box<dyn Stream<Item = Result<pb_ca::Bundle, Status>> + S
 
 #[tonic::async_trait]
 impl CertificateAuthority for Svc {
+    async fn mint_jwt_svid(
+        &self,
+        _request: Request<signet_proto::ca::MintJwtSvidRequest>,
+    ) -> Result<Response<signet_proto::ca::JwtSvid>, Status> {
+        Err(Status::unimplemented("MintJwtSvid: not served yet"))
+    }
+
     async fn sign_csr(
         &self,
         _: Request<pb_ca::SignCsrRequest>,
@@ -152,6 +159,13 @@ impl CertificateAuthority for Svc {
 
 #[tonic::async_trait]
 impl Node for Svc {
+    async fn mint_workload_jwts(
+        &self,
+        _request: Request<signet_proto::agent::MintWorkloadJwtsRequest>,
+    ) -> Result<Response<signet_proto::agent::MintWorkloadJwtsResponse>, Status> {
+        Err(Status::unimplemented("MintWorkloadJwts: not served yet"))
+    }
+
     async fn attest(
         &self,
         req: Request<pb::AttestRequest>,
@@ -206,6 +220,7 @@ impl Node for Svc {
                 ttl_seconds: 3600,
                 dns_names: vec![],
                 revision: 1,
+                jwt_ttl_seconds: 0,
             }],
         }))
     }

@@ -18,6 +18,11 @@
 //! hashes as `signet-ledger-event-v1` ([`event_hash`]), a domain of its own, so no event can be
 //! passed off as a certificate row or the reverse. An event names the row it is about by serial,
 //! `seq` and chain hash, and must come after it.
+//!
+//! And it holds *JWT-SVIDs*: a bearer token is a credential like a certificate, so every token
+//! the server mints is a row of the same chain ([`JwtSvidEntry`]), hashed under a domain of its
+//! own (`signet-ledger-jwt-v1`, [`jwt_hash`]). The row commits to the token's SHA-256, never the
+//! token: the ledger proves what was issued without becoming a store of live credentials.
 
 use ring::digest;
 
@@ -30,6 +35,7 @@ pub const GENESIS: Hash = [0u8; 32];
 const DOMAIN_V1: &[u8] = b"signet-ledger-v1\0";
 const DOMAIN_V2: &[u8] = b"signet-ledger-v2\0";
 const DOMAIN_EVENT_V1: &[u8] = b"signet-ledger-event-v1\0";
+const DOMAIN_JWT_V1: &[u8] = b"signet-ledger-jwt-v1\0";
 
 /// [`LedgerEvent::kind`] of a revocation.
 pub const EVENT_REVOKE: &str = "revoke";
@@ -197,6 +203,69 @@ pub fn event_hash(prev: &Hash, event: &LedgerEvent) -> Hash {
     out
 }
 
+/// Everything a JWT-SVID row commits to: the token's claims that matter, its hash, who asked and
+/// where the authority came from. The token itself is never stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwtSvidEntry {
+    /// Position in the chain (shared with certificate rows and events).
+    pub seq: u64,
+    /// The token's `sub`.
+    pub spiffe_id: String,
+    /// The token's `aud`, in the order the token carries it.
+    pub audience: Vec<String>,
+    /// The token's `iat`, unix seconds.
+    pub issued_at: i64,
+    /// The token's `exp`, unix seconds.
+    pub expires_at: i64,
+    /// The `kid` of the key that signed it.
+    pub key_id: String,
+    /// SHA-256 of the compact token (its ASCII bytes).
+    pub token_sha256: Hash,
+    /// Who asked for it, as authenticated.
+    pub caller: String,
+    pub request_id: String,
+    /// Where the authority for the token came from (canonical JSON, as a certificate row's).
+    pub provenance: String,
+}
+
+/// The hash of a JWT-SVID row chained onto `prev`.
+pub fn jwt_hash(prev: &Hash, entry: &JwtSvidEntry) -> Hash {
+    let mut ctx = digest::Context::new(&digest::SHA256);
+    ctx.update(DOMAIN_JWT_V1);
+    ctx.update(prev);
+    ctx.update(&entry.seq.to_be_bytes());
+    put(&mut ctx, entry.spiffe_id.as_bytes());
+    ctx.update(&(entry.audience.len() as u64).to_be_bytes());
+    for a in &entry.audience {
+        put(&mut ctx, a.as_bytes());
+    }
+    ctx.update(&entry.issued_at.to_be_bytes());
+    ctx.update(&entry.expires_at.to_be_bytes());
+    put(&mut ctx, entry.key_id.as_bytes());
+    ctx.update(&entry.token_sha256);
+    put(&mut ctx, entry.caller.as_bytes());
+    put(&mut ctx, entry.request_id.as_bytes());
+    put(&mut ctx, entry.provenance.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.finish().as_ref());
+    out
+}
+
+/// One JWT-SVID row as stored and as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwtSvidRecord {
+    pub entry: JwtSvidEntry,
+    pub prev_hash: Hash,
+    pub hash: Hash,
+}
+
+impl JwtSvidRecord {
+    /// Whether its content chained onto its stored previous hash gives its stored hash.
+    pub fn hashes_to_itself(&self) -> bool {
+        jwt_hash(&self.prev_hash, &self.entry) == self.hash
+    }
+}
+
 /// SHA-256 of arbitrary bytes (certificate DER).
 pub fn sha256(bytes: &[u8]) -> Hash {
     let mut out = [0u8; 32];
@@ -307,6 +376,30 @@ impl Verifier {
         Ok(())
     }
 
+    /// Checks one JWT-SVID row, like [`Verifier::push`].
+    pub fn push_jwt(
+        &mut self,
+        entry: &JwtSvidEntry,
+        prev_hash: &Hash,
+        hash: &Hash,
+    ) -> Result<(), ChainBreak> {
+        if entry.seq != self.last_seq + 1 {
+            return Err(ChainBreak::Gap {
+                after: self.last_seq,
+                found: entry.seq,
+            });
+        }
+        if prev_hash != &self.last_hash {
+            return Err(ChainBreak::PrevMismatch { seq: entry.seq });
+        }
+        if &jwt_hash(prev_hash, entry) != hash {
+            return Err(ChainBreak::HashMismatch { seq: entry.seq });
+        }
+        self.last_seq = entry.seq;
+        self.last_hash = *hash;
+        Ok(())
+    }
+
     /// The last row verified (or resumed from): its seq.
     pub fn count(&self) -> u64 {
         self.last_seq
@@ -383,6 +476,59 @@ mod tests {
             ..rec
         };
         assert!(revoked.hashes_to_itself());
+    }
+
+    fn jwt(seq: u64) -> JwtSvidEntry {
+        JwtSvidEntry {
+            seq,
+            spiffe_id: "spiffe://example.org/web".into(),
+            audience: vec!["ab".into(), "cd".into()],
+            issued_at: 1_700_000_000,
+            expires_at: 1_700_000_300,
+            key_id: "k1".into(),
+            token_sha256: sha256(b"a.b.c"),
+            caller: "mtls:spiffe://example.org/signet/node/n1".into(),
+            request_id: "r".into(),
+            provenance: r#"{"source":"entry"}"#.into(),
+        }
+    }
+
+    #[test]
+    fn jwt_rows_chain_with_certificate_rows_under_their_own_domain() {
+        let c1 = entry(1);
+        let h1 = chain_hash(&GENESIS, &c1);
+        let j2 = jwt(2);
+        let h2 = jwt_hash(&h1, &j2);
+        let mut v = Verifier::default();
+        v.push(&c1, &GENESIS, &h1).unwrap();
+        v.push_jwt(&j2, &h1, &h2).unwrap();
+        assert_eq!(v.finish(2, &h2), Ok(2));
+        // Every field is covered, and the audience list is length-prefixed: {"ab","cd"} and
+        // {"a","bcd"} hash apart.
+        let mut moved = j2.clone();
+        moved.audience = vec!["a".into(), "bcd".into()];
+        assert_ne!(jwt_hash(&h1, &moved), h2);
+        for change in [
+            |e: &mut JwtSvidEntry| e.spiffe_id.push('x'),
+            |e: &mut JwtSvidEntry| e.expires_at += 1,
+            |e: &mut JwtSvidEntry| e.key_id.push('x'),
+            |e: &mut JwtSvidEntry| e.token_sha256[0] ^= 1,
+            |e: &mut JwtSvidEntry| e.provenance.clear(),
+        ] {
+            let mut altered = j2.clone();
+            change(&mut altered);
+            let mut v = Verifier::resume(1, h1);
+            assert_eq!(
+                v.push_jwt(&altered, &h1, &h2),
+                Err(ChainBreak::HashMismatch { seq: 2 })
+            );
+        }
+        let rec = JwtSvidRecord {
+            entry: j2,
+            prev_hash: h1,
+            hash: h2,
+        };
+        assert!(rec.hashes_to_itself());
     }
 
     #[test]

@@ -522,6 +522,12 @@ mod tests {
 
     #[tonic::async_trait]
     impl CertificateAuthority for Recorder {
+        async fn mint_jwt_svid(
+            &self,
+            req: tonic::Request<pb::MintJwtSvidRequest>,
+        ) -> Result<tonic::Response<pb::JwtSvid>, Status> {
+            Err(self.record("MintJwtSvid", &req))
+        }
         async fn sign_csr(
             &self,
             req: tonic::Request<pb::SignCsrRequest>,

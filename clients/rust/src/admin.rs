@@ -229,6 +229,7 @@ impl From<&NewEntry> for pb::CreateEntryRequest {
             selectors: e.selectors.clone(),
             ttl_seconds: e.ttl_seconds,
             dns_names: e.dns_names.clone(),
+            jwt_ttl_seconds: 0,
         }
     }
 }
@@ -474,6 +475,7 @@ mod tests {
             dns_names: vec![],
             revision: 4,
             created_at: 3,
+            jwt_ttl_seconds: 0,
         });
         assert_eq!((e.id.as_str(), e.ttl_seconds, e.revision), ("e1", 60, 4));
     }

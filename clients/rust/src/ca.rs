@@ -374,6 +374,7 @@ mod tests {
                 crl("cd03", vec![]),
                 crl("cd04", vec![0; MAX_CRL_BYTES + 1]),
             ],
+            jwt_keys: vec![],
         })
         .expect("valid");
         assert_eq!(
@@ -396,6 +397,7 @@ mod tests {
             revision: 6,
             tainted_key_ids: vec!["ab".into(); MAX_BUNDLE_REVOCATION_ITEMS + 1],
             crls: vec![],
+            jwt_keys: vec![],
         };
         assert!(invalid(TrustBundle::try_from(too_many)).contains("more than 256"));
     }

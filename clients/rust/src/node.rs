@@ -376,6 +376,7 @@ mod tests {
             ttl_seconds: 3600,
             dns_names: vec!["web.local".into()],
             revision: 7,
+            jwt_ttl_seconds: 0,
         };
         let entry = Entry::try_from(e.clone()).expect("valid");
         assert_eq!(entry.selectors, ["unix:uid:33", "docker:label:x"]);

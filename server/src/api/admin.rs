@@ -98,6 +98,24 @@ fn page(limit: u32) -> u32 {
 
 #[tonic::async_trait]
 impl Admin for AdminApi {
+    type StreamJwtSvidsStream = std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<signet_proto::admin::JwtSvidRecord, Status>> + Send>,
+    >;
+
+    async fn stream_jwt_svids(
+        &self,
+        _request: Request<signet_proto::admin::StreamLedgerRequest>,
+    ) -> Result<Response<Self::StreamJwtSvidsStream>, Status> {
+        Err(Status::unimplemented("StreamJwtSvids: not served yet"))
+    }
+
+    async fn list_jwt_svids(
+        &self,
+        _request: Request<ListCertificatesRequest>,
+    ) -> Result<Response<signet_proto::admin::ListJwtSvidsResponse>, Status> {
+        Err(Status::unimplemented("ListJwtSvids: not served yet"))
+    }
+
     async fn list_certificates(
         &self,
         request: Request<ListCertificatesRequest>,

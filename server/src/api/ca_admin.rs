@@ -121,6 +121,7 @@ impl CaAdmin for CaAdminApi {
                 .collect(),
             plugged: view.plugged,
             active_key_id: view.active.key_id().to_owned(),
+            active_jwt_key_id: String::new(),
         }))
     }
 

@@ -61,11 +61,19 @@ pub(crate) fn bundle_to_proto(b: &Bundle) -> PbBundle {
                 next_update: c.next_update,
             })
             .collect(),
+        jwt_keys: Vec::new(),
     }
 }
 
 #[tonic::async_trait]
 impl CertificateAuthority for NativeApi {
+    async fn mint_jwt_svid(
+        &self,
+        _request: Request<signet_proto::ca::MintJwtSvidRequest>,
+    ) -> Result<Response<signet_proto::ca::JwtSvid>, Status> {
+        Err(Status::unimplemented("MintJwtSvid: not served yet"))
+    }
+
     async fn sign_csr(
         &self,
         request: Request<SignCsrRequest>,

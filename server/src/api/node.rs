@@ -179,11 +179,19 @@ pub(crate) fn entry_to_proto(e: EntryRow) -> PbEntry {
         ttl_seconds: e.ttl_seconds,
         dns_names: e.dns_names,
         revision: e.revision,
+        jwt_ttl_seconds: 0,
     }
 }
 
 #[tonic::async_trait]
 impl Node for NodeApi {
+    async fn mint_workload_jwts(
+        &self,
+        _request: Request<signet_proto::agent::MintWorkloadJwtsRequest>,
+    ) -> Result<Response<signet_proto::agent::MintWorkloadJwtsResponse>, Status> {
+        Err(Status::unimplemented("MintWorkloadJwts: not served yet"))
+    }
+
     async fn attest(
         &self,
         request: Request<AttestRequest>,

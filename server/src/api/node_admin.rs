@@ -108,6 +108,7 @@ fn entry_to_record(e: EntryRow) -> EntryRecord {
         dns_names: e.dns_names,
         revision: e.revision,
         created_at: e.created_at,
+        jwt_ttl_seconds: 0,
     }
 }
 

@@ -254,6 +254,7 @@ async fn main() {
         selectors: vec![format!("unix:uid:{}", 60000 + i)],
         ttl_seconds: 3600,
         dns_names: vec![],
+        jwt_ttl_seconds: 0,
     };
 
     // One entry.

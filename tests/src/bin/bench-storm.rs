@@ -370,7 +370,10 @@ async fn taint_phase(
         .key_id
         .clone();
     let new = ca
-        .prepare(CaPrepareRequest { root: false })
+        .prepare(CaPrepareRequest {
+            root: false,
+            kind: String::new(),
+        })
         .await
         .expect("ca prepare")
         .into_inner()
@@ -595,6 +598,7 @@ async fn main() {
             selectors: vec![format!("unix:uid:{}", 100_000 + k)],
             ttl_seconds,
             dns_names: vec![],
+            jwt_ttl_seconds: 0,
         })
         .collect();
     let batches: Vec<Vec<CreateEntryRequest>> = requests.chunks(1000).map(<[_]>::to_vec).collect();

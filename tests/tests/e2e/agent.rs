@@ -515,6 +515,7 @@ async fn agent_signs_more_entries_than_one_call_carries() {
                 selectors: vec![format!("unix:uid:{}", 60000 + i)],
                 ttl_seconds: 3600,
                 dns_names: vec![],
+                jwt_ttl_seconds: 0,
             })
             .await
             .unwrap();

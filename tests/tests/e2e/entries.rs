@@ -36,6 +36,7 @@ fn req(td: &str, name: &str, parent: &str) -> CreateEntryRequest {
         selectors: vec!["unix:uid:1000".into()],
         ttl_seconds: 0,
         dns_names: vec![],
+        jwt_ttl_seconds: 0,
     }
 }
 

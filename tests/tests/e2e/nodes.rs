@@ -324,6 +324,7 @@ async fn node_renews_syncs_entries_signs_workloads_and_is_banned() {
             selectors: vec!["unix:uid:999".into()],
             ttl_seconds: 0,
             dns_names: vec![],
+            jwt_ttl_seconds: 0,
         })
         .await
         .unwrap()

@@ -568,6 +568,7 @@ async fn entry_cert(
             selectors: vec!["unix:uid:1000".into()],
             ttl_seconds: 600,
             dns_names: vec![],
+            jwt_ttl_seconds: 0,
         })
         .await
         .unwrap()

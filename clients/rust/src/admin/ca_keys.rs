@@ -98,7 +98,10 @@ impl CaAdminClient {
 
     /// `Prepare`: a new intermediate under the active root (with `root`, a new root).
     pub async fn prepare(&self, root: bool) -> Result<CaAction, CallError> {
-        let msg = pb::CaPrepareRequest { root };
+        let msg = pb::CaPrepareRequest {
+            root,
+            kind: String::new(),
+        };
         ca_action(
             self.ca
                 .clone()
@@ -260,6 +263,7 @@ mod tests {
             slots: vec![slot()],
             plugged: true,
             active_key_id: "k1".into(),
+            active_jwt_key_id: String::new(),
         })
         .unwrap();
         assert!(st.plugged && st.slots.len() == 1 && st.active_key_id == "k1");
@@ -296,6 +300,7 @@ mod tests {
             ],
             plugged: false,
             active_key_id: "k1".into(),
+            active_jwt_key_id: String::new(),
         })
         .unwrap_err();
         assert!(matches!(e, CallError::InvalidAnswer(_)), "{e:?}");

@@ -72,6 +72,7 @@ pub async fn create_entry(
             selectors: vec!["unix:uid:1000".into()],
             ttl_seconds,
             dns_names: dns.iter().map(|s| s.to_string()).collect(),
+            jwt_ttl_seconds: 0,
         })
         .await
         .unwrap()
