@@ -14,6 +14,9 @@
 //! load generator all spend the same cores.
 //! `--workloads N` drives the node API's batch path instead: a node attested for the run signs
 //! N workload CSRs per `SignWorkloads` call ([`workloads`]).
+//! `--jwt` adds a phase to every round: the same clients, on the same connections and at the same
+//! concurrency, mint JWT-SVIDs through the native API (`MintJwtSvid`, each committed to the ledger
+//! before it returns), and the ratio to the certificate rate of the same round is printed.
 
 mod cfssl;
 mod cpu;
@@ -98,6 +101,10 @@ pub struct BenchArgs {
     /// parented to it (one batch), then send their N CSRs per call (closed loop; 1 to 256).
     #[arg(long, value_name = "N", conflicts_with_all = ["rate", "cfssl", "token_file"])]
     workloads: Option<usize>,
+    /// After the certificates of every round, mint JWT-SVIDs (`MintJwtSvid`, audience
+    /// `bench`) the same way and print both rates and their ratio.
+    #[arg(long, conflicts_with_all = ["rate", "workloads"])]
+    jwt: bool,
 }
 
 /// Runs one measured phase and prints its figures and the CPU each group spent per answered
@@ -247,6 +254,34 @@ pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
     for _ in 0..conns {
         channels.push(signet_client::connect(&target, identity.as_ref()).await?);
     }
+    let jwt_call = {
+        let channels = channels.clone();
+        let token = token.clone();
+        Arc::new(move |i: usize| {
+            let mut client = signet_client::proto::ca::certificate_authority_client::CertificateAuthorityClient::new(
+                channels[i % conns].clone(),
+            );
+            let token = token.clone();
+            async move {
+                let msg = signet_client::proto::ca::MintJwtSvidRequest {
+                    audience: vec!["bench".to_owned()],
+                    ttl_seconds: 0,
+                };
+                let req = match token.as_deref() {
+                    Some(t) => signet_client::with_bearer(msg, t).map_err(|e| e.to_string())?,
+                    None => tonic::Request::new(msg),
+                };
+                let resp = client
+                    .mint_jwt_svid(req)
+                    .await
+                    .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
+                if resp.get_ref().token.is_empty() {
+                    return Err("the answer holds no token".to_owned());
+                }
+                Ok(())
+            }
+        })
+    };
     let csr = Arc::new(signet_client::new_key_and_csr()?.csr_pem);
     let token = Arc::new(token);
     let ttl = args.ttl;
@@ -293,6 +328,7 @@ pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
     // other, so a machine whose speed drifts shows it in the ratio's spread.
     let mut signet_rates = Vec::with_capacity(rounds);
     let mut cfssl_rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut jwt_rates = Vec::with_capacity(rounds);
     for round in 1..=rounds {
         if rounds > 1 {
             println!("== round {round} of {rounds}");
@@ -338,6 +374,34 @@ pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
         errs += outcome.errors;
         let signet_rate = outcome.rate();
         signet_rates.push(signet_rate);
+        if args.jwt {
+            println!(
+                "bench: {} clients minting JWT-SVIDs over {conns} TLS connections to {} for {}",
+                args.concurrency,
+                args.addr,
+                plan.describe()
+            );
+            let clients = (0..args.concurrency)
+                .map(|i| {
+                    let call = jwt_call.clone();
+                    move || call(i)
+                })
+                .collect();
+            let jwts = phase(
+                "JWT-SVIDs",
+                &args.cpu,
+                plan,
+                load::closed_loop(clients, plan),
+            )
+            .await?;
+            errs += jwts.errors;
+            jwt_rates.push(jwts.rate());
+            println!(
+                "side by side:  certificates {signet_rate:.0}/s, JWT-SVIDs {:.0}/s: JWT-SVIDs at {:.2}x certificates",
+                jwts.rate(),
+                jwts.rate() / signet_rate.max(1e-9)
+            );
+        }
         for (k, (addr, tls, how)) in runs.iter().enumerate() {
             let Some(addr) = addr else { continue };
             let theirs = cfssl_phase(addr, *tls, args.concurrency, &args.cpu, plan).await?;
@@ -353,6 +417,13 @@ pub async fn run(socket: &Path, args: BenchArgs) -> anyhow::Result<ExitCode> {
     if rounds > 1 {
         let signet = median(&signet_rates);
         println!("median of {rounds} rounds: signet {signet:.0}/s");
+        if !jwt_rates.is_empty() {
+            let jwt = median(&jwt_rates);
+            println!(
+                "median of {rounds} rounds: JWT-SVIDs {jwt:.0}/s: {:.2}x certificates",
+                jwt / signet.max(1e-9)
+            );
+        }
         for (k, (_, _, how)) in runs.iter().enumerate() {
             if cfssl_rates[k].is_empty() {
                 continue;
