@@ -73,6 +73,7 @@ pub(super) async fn build(cfg: &Config) -> anyhow::Result<Parts> {
         &cfg.data_dir,
         store.clone(),
         serials.clone(),
+        &cfg.jwt_svid,
         clock.now(),
     )
     .await
