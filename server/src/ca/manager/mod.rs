@@ -224,7 +224,7 @@ impl CaView {
 }
 
 /// A published JWT signing key: its public half (`kid`, `alg`, SPKI) and its notAfter.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublishedJwtKey {
     pub key: signet_pki::jwt::JwtPublicKey,
     /// No token it signs outlives this.
