@@ -188,7 +188,7 @@ pub fn tls_config(
     cfg: &Config,
     resolver: Arc<ServerCertResolver>,
 ) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-    use anyhow::{Context, anyhow};
+    use anyhow::anyhow;
     let f = &cfg.federation;
     let resolver = match f.bundle_endpoint_profile {
         BundleEndpointProfile::HttpsSpiffe => resolver,
@@ -198,20 +198,43 @@ pub fn tls_config(
                     "federation.bundle_endpoint_profile = \"https_web\" needs web_cert_file and web_key_file"
                 ));
             };
-            let chain_pem = std::fs::read(cert_file)
-                .with_context(|| format!("reading {}", cert_file.display()))?;
-            let chain = signet_types::pem::parse_certs(&chain_pem)
-                .map_err(|e| anyhow!("federation.web_cert_file: {e}"))?;
-            let key_pem = std::fs::read(key_file)
-                .with_context(|| format!("reading {}", key_file.display()))?;
-            let (_, key) = signet_types::pem::parse_one(&key_pem, &["PRIVATE KEY"])
-                .map_err(|e| anyhow!("federation.web_key_file (PEM PKCS#8): {e}"))?;
-            ServerCertResolver::new(
-                crate::tls::certified_key(&chain, &key)
-                    .map_err(|e| anyhow!("federation web certificate: {e}"))?,
-            )
+            return web_tls_config(
+                cert_file,
+                key_file,
+                "federation.web_cert_file",
+                "federation.web_key_file",
+            );
         }
     };
+    http11_tls(resolver)
+}
+
+/// A TLS configuration serving the PEM certificate chain `cert_file` (leaf first) with the
+/// PEM PKCS#8 key `key_file` (Web PKI): the bundle endpoint's `https_web` profile and the
+/// OIDC discovery listener. `cert_key` and `key_key` name the settings in errors.
+pub fn web_tls_config(
+    cert_file: &std::path::Path,
+    key_file: &std::path::Path,
+    cert_key: &str,
+    key_key: &str,
+) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    use anyhow::{Context, anyhow};
+    let chain_pem =
+        std::fs::read(cert_file).with_context(|| format!("reading {}", cert_file.display()))?;
+    let chain =
+        signet_types::pem::parse_certs(&chain_pem).map_err(|e| anyhow!("{cert_key}: {e}"))?;
+    let key_pem =
+        std::fs::read(key_file).with_context(|| format!("reading {}", key_file.display()))?;
+    let (_, key) = signet_types::pem::parse_one(&key_pem, &["PRIVATE KEY"])
+        .map_err(|e| anyhow!("{key_key} (PEM PKCS#8): {e}"))?;
+    http11_tls(ServerCertResolver::new(
+        crate::tls::certified_key(&chain, &key).map_err(|e| anyhow!("{cert_key}: {e}"))?,
+    ))
+}
+
+/// HTTP/1.1 over TLS, no client certificates.
+fn http11_tls(resolver: Arc<ServerCertResolver>) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    use anyhow::anyhow;
     let mut tls = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| anyhow!("TLS versions: {e}"))?
@@ -270,12 +293,40 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
+    let names = TlsListenerNames {
+        setting: "federation.bundle_endpoint_listen",
+        listener_full: "bundle_endpoint_connections",
+        source_full: "bundle_endpoint_connections_per_source",
+    };
+    serve_tls(names, listener, tls, router, limits, metrics, shutdown).await
+}
+
+/// What a TLS listener is called: its setting (in logs) and its two refusal counters
+/// (`signet_limited_total{limit=…}`).
+#[derive(Debug, Clone, Copy)]
+pub struct TlsListenerNames {
+    pub setting: &'static str,
+    pub listener_full: &'static str,
+    pub source_full: &'static str,
+}
+
+/// Serves `router` over TLS on `listener` within `limits` until `shutdown` resolves: the
+/// bundle endpoint's listener, reused by the OIDC discovery listener (`crate::oidc`).
+pub async fn serve_tls(
+    names: TlsListenerNames,
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    router: Router,
+    limits: EndpointLimits,
+    metrics: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
     let handshake = TlsHandshake {
         acceptor: TlsAcceptor::from(tls),
         timeout: limits.handshake_timeout,
     };
     let l = HttpListener {
-        name: "federation.bundle_endpoint_listen",
+        name: names.setting,
         listener,
         limits: limits.http,
     };
@@ -285,8 +336,8 @@ pub async fn serve(
         router,
         move |why| {
             metrics.limited(match why {
-                Refusal::ListenerFull => "bundle_endpoint_connections",
-                Refusal::SourceFull => "bundle_endpoint_connections_per_source",
+                Refusal::ListenerFull => names.listener_full,
+                Refusal::SourceFull => names.source_full,
             })
         },
         shutdown,

@@ -225,6 +225,17 @@ fn check_issuer(issuer: &str) -> Result<(), &'static str> {
     if url.fragment().is_some() || issuer.contains('#') {
         return Err("must not have a fragment");
     }
+    // Served as routes under this path: keep it to unreserved characters.
+    if !url
+        .path()
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-._~/".contains(&b))
+    {
+        return Err("its path may hold only letters, digits, '-', '.', '_', '~' and '/'");
+    }
+    if url.path().contains("//") {
+        return Err("its path has an empty segment");
+    }
     if issuer.ends_with('/') {
         return Err("must not end with a slash (tokens carry it exactly as written)");
     }
@@ -292,6 +303,8 @@ mod tests {
             ("https://example.org/signet/", "slash"),
             ("https://EXAMPLE.org", "normal form"),
             ("https://example.org/a/../b", "normal form"),
+            ("https://example.org/a%20b", "path may hold only"),
+            ("https://example.org/a//b", "empty segment"),
         ] {
             let e = with_issuer(bad).expect_err(bad).to_string();
             assert!(e.starts_with("jwt_svid.issuer"), "{bad}: {e}");
