@@ -215,7 +215,11 @@ impl CaManager {
                     "jwt key {id} signs nothing any more; JWT-SVIDs are signed by {}",
                     a.signer.key_id()
                 ),
-                Some(a) => format!("JWT-SVIDs are signed by {} from now on", a.signer.key_id()),
+                Some(a) => format!(
+                    "JWT-SVIDs are signed by {} from now on (valid until {})",
+                    a.signer.key_id(),
+                    humantime::format_rfc3339_seconds(a.not_after)
+                ),
                 None => "no JWT key is active: JWT-SVIDs are refused until one is (see signetctl ca status)".into(),
             });
         }
