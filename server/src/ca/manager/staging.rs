@@ -61,10 +61,10 @@ impl Staging<'_> {
                 change.audit.push(event(
                     "ca.prepared",
                     format!(
-                        "jwt {} ({}) prepared ({}), valid until {}",
+                        "jwt {} prepared ({}), {}, valid until {}",
                         row.id,
-                        signer.alg(),
                         reason.as_str(),
+                        signer.alg(),
                         unix(now + self.cfg.jwt_key_ttl)
                     ),
                 ));
