@@ -301,6 +301,21 @@ mod tests {
         })
         .unwrap();
         assert!(st.plugged && st.slots.len() == 1 && st.active_key_id == "k1");
+        assert_eq!(st.active_jwt_key_id, None);
+        let st = ca_status(pb::CaStatusResponse {
+            slots: vec![pb::CaSlot {
+                key_id: "Jw-k_1".into(),
+                kind: "jwt".into(),
+                ..slot()
+            }],
+            plugged: false,
+            active_key_id: "k1".into(),
+            active_jwt_key_id: "Jw-k_1".into(),
+        })
+        .unwrap();
+        assert_eq!(st.active_jwt_key_id.as_deref(), Some("Jw-k_1"));
+        assert_eq!(st.slots[0].kind, "jwt");
+        assert_eq!(CaKeyKind::Jwt.as_str(), "jwt");
     }
 
     #[test]
