@@ -283,6 +283,17 @@ impl CaManager {
             .map(|s| s.slot.issued_unexpired)
             .sum();
         let mut warnings = Vec::new();
+        // A JWT key leaves no ledger count behind it: the tokens it signed live until at most
+        // `max_ttl` after its retirement.
+        if target.slot.kind == Kind::Jwt
+            && let Some(retired) = target.slot.retired_at
+            && retired + self.cfg.policy.jwt_max_ttl > now
+        {
+            warnings.push(format!(
+                "JWT-SVIDs signed by jwt key {id} before its retirement may be unexpired until {}: they no longer validate once relying parties refresh their keys",
+                humantime::format_rfc3339_seconds(retired + self.cfg.policy.jwt_max_ttl)
+            ));
+        }
         if outstanding > 0 {
             let holders = self.store.ca_key_holders(&family, unix(now), 10).await?;
             let list = holders

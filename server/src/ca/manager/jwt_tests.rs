@@ -243,7 +243,14 @@ async fn tainting_the_active_jwt_key_replaces_it_at_once_and_revoking_unpublishe
     assert!(published(&v).contains(&first));
     assert_eq!(mint_and_validate(&m, after(11)), second);
     // Revoking removes it from what is published; it stays tainted until it expires.
-    m.revoke(&first, false, "op", after(20)).await.unwrap();
+    let out = m.revoke(&first, false, "op", after(20)).await.unwrap();
+    assert!(
+        out.warnings
+            .iter()
+            .any(|w| w.contains("may be unexpired until")),
+        "{:?}",
+        out.warnings
+    );
     let v = m.view();
     assert!(!published(&v).contains(&first));
     assert!(v.tainted.contains(&first));
