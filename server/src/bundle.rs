@@ -1,4 +1,5 @@
-//! The trust bundle: the roots relying parties trust, published on a watch channel (the
+//! The trust bundle: the roots relying parties trust and the JWT-SVID signing keys they
+//! validate tokens with, published on a watch channel (the
 //! native API's `WatchBundle` streams it) and written atomically to `<data_dir>/bundle.pem`
 //! on start and on every change.
 
@@ -7,6 +8,8 @@ use std::sync::Arc;
 
 use signet_types::TrustDomain;
 use tokio::sync::watch;
+
+pub use crate::ca::manager::PublishedJwtKey;
 
 /// Kept here for the callers that import it from the bundle; it lives in [`crate::files`].
 pub use crate::files::write_atomic;
@@ -29,8 +32,12 @@ pub struct Bundle {
     pub trust_domain: TrustDomain,
     /// DER roots.
     pub roots: Vec<Vec<u8>>,
-    /// CA key IDs whose certificates holders should replace (see `ca::manager`).
+    /// CA and JWT key IDs whose certificates or tokens holders should replace (see
+    /// `ca::manager`).
     pub tainted_key_ids: Vec<String>,
+    /// The JWT-SVID signing keys: prepared (published before they sign), active and retired.
+    /// Never in the PEM file, which holds X.509 roots only.
+    pub jwt_keys: Vec<PublishedJwtKey>,
     pub revision: u64,
     /// The current CRL of every issuing CA key ([`BundleHandle::set_crls`]).
     pub crls: Vec<PublishedCrl>,
@@ -75,27 +82,32 @@ impl BundleHandle {
     /// every watcher.
     #[cfg(test)]
     pub fn update(&self, roots: Vec<Vec<u8>>) -> std::io::Result<()> {
-        let tainted = self.current().tainted_key_ids.clone();
-        self.update_with(roots, tainted)
+        let cur = self.current();
+        self.update_with(roots, cur.tainted_key_ids.clone(), cur.jwt_keys.clone())
     }
 
-    /// Replaces the roots and the tainted key IDs if either changed: bumps the revision,
-    /// rewrites the file, and wakes every watcher.
+    /// Replaces the roots, the tainted key IDs and the JWT keys if any changed: bumps the
+    /// revision, rewrites the file, and wakes every watcher.
     pub fn update_with(
         &self,
         roots: Vec<Vec<u8>>,
         tainted_key_ids: Vec<String>,
+        jwt_keys: Vec<PublishedJwtKey>,
     ) -> std::io::Result<()> {
         // Read-modify-write under the channel's lock, so a concurrent `set_crls` is never lost.
         let mut result = Ok(());
         self.tx.send_if_modified(|cur| {
-            if cur.roots == roots && cur.tainted_key_ids == tainted_key_ids {
+            if cur.roots == roots
+                && cur.tainted_key_ids == tainted_key_ids
+                && cur.jwt_keys == jwt_keys
+            {
                 return false;
             }
             let next = Bundle {
                 trust_domain: cur.trust_domain.clone(),
                 roots: roots.clone(),
                 tainted_key_ids: tainted_key_ids.clone(),
+                jwt_keys: jwt_keys.clone(),
                 revision: cur.revision + 1,
                 crls: cur.crls.clone(),
             };
@@ -122,6 +134,7 @@ impl BundleHandle {
                 trust_domain: cur.trust_domain.clone(),
                 roots: cur.roots.clone(),
                 tainted_key_ids: cur.tainted_key_ids.clone(),
+                jwt_keys: cur.jwt_keys.clone(),
                 revision: cur.revision + 1,
                 crls,
             });
@@ -144,6 +157,7 @@ mod tests {
                 trust_domain: td,
                 roots: vec![vec![0x30, 0x00]],
                 tainted_key_ids: vec![],
+                jwt_keys: Vec::new(),
                 revision: 1,
                 crls: Vec::new(),
             },

@@ -51,6 +51,9 @@ pub struct Config {
     pub database: DatabaseConfig,
     pub checkpoint: CheckpointConfig,
     pub federation: FederationConfig,
+    /// JWT-SVIDs: signing keys, token lifetimes, the OpenID Connect issuer (`[jwt_svid]`, see
+    /// [`crate::ca::jwt_config`]).
+    pub jwt_svid: JwtSvidConfig,
     /// Certificate revocation lists (`[crl]`, see [`crate::crl`]).
     pub crl: crate::revoked::CrlConfig,
     /// Traces over OTLP (`[telemetry]`, see [`signet_runtime::telemetry`]); off by default.
@@ -77,6 +80,7 @@ impl Default for Config {
             database: DatabaseConfig::default(),
             checkpoint: CheckpointConfig::default(),
             federation: FederationConfig::default(),
+            jwt_svid: JwtSvidConfig::default(),
             crl: crate::revoked::CrlConfig::default(),
             telemetry: Default::default(),
         }
@@ -86,6 +90,7 @@ impl Default for Config {
 pub use crate::ca::KeyType;
 
 pub use crate::ca::config::{CaConfig, PluggedCaFiles};
+pub use crate::ca::jwt_config::{JwtKeyType, JwtSvidConfig};
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -538,6 +543,7 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "database",
     "checkpoint",
     "federation",
+    "jwt_svid",
     "crl",
     "telemetry",
 ];
@@ -579,6 +585,9 @@ impl Config {
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.ca
             .validate_rotation()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        self.jwt_svid
+            .validate(self.ca.rotation_jitter)
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.validate_nodes()?;
         self.nodes.watch.validate()?;
@@ -1146,6 +1155,36 @@ mod tests {
                 "must be shorter than nodes.watch.max_lifetime",
             ),
             ("[nodes.watch]\nkeep_alive = \"1s\"\n", "keep_alive"),
+        ] {
+            let err = load_toml(toml).expect_err(toml);
+            assert!(err.to_string().contains(want), "{toml}: {err}");
+        }
+    }
+
+    #[test]
+    fn jwt_svid_section() {
+        let c = load_toml("").expect("defaults");
+        assert_eq!(c.jwt_svid.key_type, JwtKeyType::Es256);
+        assert_eq!(c.jwt_svid.ttl, Duration::from_secs(300));
+        let c = load_toml(
+            r#"
+            [jwt_svid]
+            key_type = "rs256"
+            issuer = "https://oidc.example.org/signet"
+            ttl = "2m"
+            "#,
+        )
+        .expect("loads");
+        assert_eq!(c.jwt_svid.key_type, JwtKeyType::Rs256);
+        assert_eq!(c.jwt_svid.issuer_path().as_deref(), Some("/signet"));
+        for (toml, want) in [
+            (
+                "[jwt_svid]\nissuer = \"http://x.example\"\n",
+                "jwt_svid.issuer",
+            ),
+            ("[jwt_svid]\nkey_type = \"hs256\"\n", "hs256"),
+            ("[jwt_svid]\nttl = \"2h\"\n", "jwt_svid.ttl"),
+            ("[jwt_svid]\nissuers = \"https://x\"\n", "issuers"),
         ] {
             let err = load_toml(toml).expect_err(toml);
             assert!(err.to_string().contains(want), "{toml}: {err}");

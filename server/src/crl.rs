@@ -769,6 +769,7 @@ mod tests {
                 trust_domain: td,
                 roots: vec![ca.cert_der().to_vec()],
                 tainted_key_ids: Vec::new(),
+                jwt_keys: Vec::new(),
                 revision: 1,
                 crls: Vec::new(),
             },

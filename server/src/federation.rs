@@ -11,9 +11,10 @@
 //!
 //! one key per root of [`BundleHandle::current`] (`x5c`: exactly that root, standard base64 of
 //! its DER; `kty` and the key's parameters per RFC 7518 section 6: EC P-256/P-384, RSA, or
-//! Ed25519 as `OKP`). `spiffe_refresh_hint` is `federation.refresh_hint` in seconds. The
+//! Ed25519 as `OKP`), then one `{"use":"jwt-svid","kid":…,"alg":…}` key per published JWT-SVID
+//! signing key (prepared, active and retired: a validator knows a key before it signs). `spiffe_refresh_hint` is `federation.refresh_hint` in seconds. The
 //! document is written by [`signet_pki::SpiffeBundle`], the one reader and writer of the format.
-//! `spiffe_sequence` increases whenever the served roots change: [`next_sequence`] takes the
+//! `spiffe_sequence` increases whenever the served roots or JWT keys change: [`next_sequence`] takes the
 //! larger of "previous + 1" and the current unix time, so it also increases across restarts
 //! (as long as the clock does not go back and the roots change less than once a second on
 //! average). Replicas keep their own sequence: behind one address, a relying party may see it
@@ -75,22 +76,39 @@ pub fn bundle_document(
         .iter()
         .map(|r| ParsedCert::from_der(r).map_err(DocumentError::Root))
         .collect::<Result<Vec<_>, _>>()?;
+    let jwt_authorities = bundle
+        .jwt_keys
+        .iter()
+        .map(|k| {
+            let mut jwk = k.key.jwk("jwt-svid")?;
+            // `SpiffeBundle` writes `use` and `kid` itself.
+            jwk.remove("use");
+            jwk.remove("kid");
+            Ok(signet_pki::bundle::JwtAuthority {
+                key_id: k.key.key_id().to_owned(),
+                jwk,
+            })
+        })
+        .collect::<Result<Vec<_>, DocumentError>>()?;
     Ok(SpiffeBundle {
         x509_authorities,
-        jwt_authorities: Vec::new(),
+        jwt_authorities,
         sequence: Some(sequence),
         refresh_hint: Some(refresh_hint),
     }
     .to_json()?)
 }
 
+/// What a sequence number stands for: the roots and the JWT keys.
+type Served = (Vec<Vec<u8>>, Vec<String>);
+
 /// The endpoint's state: the bundle it serves and the sequence of what it served last.
 pub struct BundleEndpoint {
     bundle: BundleHandle,
     clock: Arc<dyn Clock>,
     refresh_hint: Duration,
-    /// The roots last served and their sequence number.
-    served: Mutex<Option<(Vec<Vec<u8>>, u64)>>,
+    /// The roots and JWT key IDs last served, and their sequence number.
+    served: Mutex<Option<(Served, u64)>>,
 }
 
 impl std::fmt::Debug for BundleEndpoint {
@@ -115,14 +133,22 @@ impl BundleEndpoint {
     /// same, else the next one.
     pub fn document(&self) -> Result<serde_json::Value, DocumentError> {
         let current = self.bundle.current();
+        let now_serving: Served = (
+            current.roots.clone(),
+            current
+                .jwt_keys
+                .iter()
+                .map(|k| k.key.key_id().to_owned())
+                .collect(),
+        );
         let sequence = {
             let mut served = self.served.lock().unwrap_or_else(PoisonError::into_inner);
             match &*served {
-                Some((roots, seq)) if *roots == current.roots => *seq,
+                Some((what, seq)) if *what == now_serving => *seq,
                 prev => {
                     let next =
                         next_sequence(prev.as_ref().map_or(0, |(_, s)| *s), unix(self.clock.now()));
-                    *served = Some((current.roots.clone(), next));
+                    *served = Some((now_serving, next));
                     next
                 }
             }
@@ -162,7 +188,7 @@ pub fn tls_config(
     cfg: &Config,
     resolver: Arc<ServerCertResolver>,
 ) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-    use anyhow::{Context, anyhow};
+    use anyhow::anyhow;
     let f = &cfg.federation;
     let resolver = match f.bundle_endpoint_profile {
         BundleEndpointProfile::HttpsSpiffe => resolver,
@@ -172,20 +198,43 @@ pub fn tls_config(
                     "federation.bundle_endpoint_profile = \"https_web\" needs web_cert_file and web_key_file"
                 ));
             };
-            let chain_pem = std::fs::read(cert_file)
-                .with_context(|| format!("reading {}", cert_file.display()))?;
-            let chain = signet_types::pem::parse_certs(&chain_pem)
-                .map_err(|e| anyhow!("federation.web_cert_file: {e}"))?;
-            let key_pem = std::fs::read(key_file)
-                .with_context(|| format!("reading {}", key_file.display()))?;
-            let (_, key) = signet_types::pem::parse_one(&key_pem, &["PRIVATE KEY"])
-                .map_err(|e| anyhow!("federation.web_key_file (PEM PKCS#8): {e}"))?;
-            ServerCertResolver::new(
-                crate::tls::certified_key(&chain, &key)
-                    .map_err(|e| anyhow!("federation web certificate: {e}"))?,
-            )
+            return web_tls_config(
+                cert_file,
+                key_file,
+                "federation.web_cert_file",
+                "federation.web_key_file",
+            );
         }
     };
+    http11_tls(resolver)
+}
+
+/// A TLS configuration serving the PEM certificate chain `cert_file` (leaf first) with the
+/// PEM PKCS#8 key `key_file` (Web PKI): the bundle endpoint's `https_web` profile and the
+/// OIDC discovery listener. `cert_key` and `key_key` name the settings in errors.
+pub fn web_tls_config(
+    cert_file: &std::path::Path,
+    key_file: &std::path::Path,
+    cert_key: &str,
+    key_key: &str,
+) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    use anyhow::{Context, anyhow};
+    let chain_pem =
+        std::fs::read(cert_file).with_context(|| format!("reading {}", cert_file.display()))?;
+    let chain =
+        signet_types::pem::parse_certs(&chain_pem).map_err(|e| anyhow!("{cert_key}: {e}"))?;
+    let key_pem =
+        std::fs::read(key_file).with_context(|| format!("reading {}", key_file.display()))?;
+    let (_, key) = signet_types::pem::parse_one(&key_pem, &["PRIVATE KEY"])
+        .map_err(|e| anyhow!("{key_key} (PEM PKCS#8): {e}"))?;
+    http11_tls(ServerCertResolver::new(
+        crate::tls::certified_key(&chain, &key).map_err(|e| anyhow!("{cert_key}: {e}"))?,
+    ))
+}
+
+/// HTTP/1.1 over TLS, no client certificates.
+fn http11_tls(resolver: Arc<ServerCertResolver>) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    use anyhow::anyhow;
     let mut tls = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| anyhow!("TLS versions: {e}"))?
@@ -244,12 +293,40 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
+    let names = TlsListenerNames {
+        setting: "federation.bundle_endpoint_listen",
+        listener_full: "bundle_endpoint_connections",
+        source_full: "bundle_endpoint_connections_per_source",
+    };
+    serve_tls(names, listener, tls, router, limits, metrics, shutdown).await
+}
+
+/// What a TLS listener is called: its setting (in logs) and its two refusal counters
+/// (`signet_limited_total{limit=…}`).
+#[derive(Debug, Clone, Copy)]
+pub struct TlsListenerNames {
+    pub setting: &'static str,
+    pub listener_full: &'static str,
+    pub source_full: &'static str,
+}
+
+/// Serves `router` over TLS on `listener` within `limits` until `shutdown` resolves: the
+/// bundle endpoint's listener, reused by the OIDC discovery listener (`crate::oidc`).
+pub async fn serve_tls(
+    names: TlsListenerNames,
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    router: Router,
+    limits: EndpointLimits,
+    metrics: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
     let handshake = TlsHandshake {
         acceptor: TlsAcceptor::from(tls),
         timeout: limits.handshake_timeout,
     };
     let l = HttpListener {
-        name: "federation.bundle_endpoint_listen",
+        name: names.setting,
         listener,
         limits: limits.http,
     };
@@ -259,8 +336,8 @@ pub async fn serve(
         router,
         move |why| {
             metrics.limited(match why {
-                Refusal::ListenerFull => "bundle_endpoint_connections",
-                Refusal::SourceFull => "bundle_endpoint_connections_per_source",
+                Refusal::ListenerFull => names.listener_full,
+                Refusal::SourceFull => names.source_full,
             })
         },
         shutdown,
@@ -333,6 +410,7 @@ mod tests {
                 trust_domain: TrustDomain::new("example.org").unwrap(),
                 roots: vec![r1.clone()],
                 tainted_key_ids: Vec::new(),
+                jwt_keys: Vec::new(),
                 revision: 1,
                 crls: Vec::new(),
             },
@@ -399,5 +477,95 @@ mod tests {
             key.public_key_raw()
         );
         assert!(root_jwk(b"not a certificate").is_err());
+    }
+    #[tokio::test]
+    async fn jwt_keys_are_published_as_jwt_svid_jwks_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (r1, _) = root(&rcgen::PKCS_ECDSA_P256_SHA256);
+        let key = signet_pki::key::generate(signet_pki::KeyAlgorithm::EcdsaP256).unwrap();
+        let signer = signet_pki::jwt::JwtSigner::new(&key).unwrap();
+        let published = crate::bundle::PublishedJwtKey {
+            key: signer.public_key().clone(),
+            not_after: std::time::UNIX_EPOCH + Duration::from_secs(1_900_000_000),
+        };
+        let handle = BundleHandle::new(
+            Bundle {
+                trust_domain: TrustDomain::new("example.org").unwrap(),
+                roots: vec![r1.clone()],
+                tainted_key_ids: Vec::new(),
+                jwt_keys: vec![published.clone()],
+                revision: 1,
+                crls: Vec::new(),
+            },
+            dir.path().join("bundle.pem"),
+        )
+        .unwrap();
+        // The PEM file holds the X.509 roots only.
+        let pem = std::fs::read_to_string(dir.path().join("bundle.pem")).unwrap();
+        assert_eq!(pem.matches("BEGIN CERTIFICATE").count(), 1);
+        let clock = Arc::new(FakeClock::at_unix(1_800_000_000));
+        let ep = Arc::new(BundleEndpoint::new(
+            handle.clone(),
+            clock.clone(),
+            Duration::from_secs(300),
+        ));
+        let router = routes(ep);
+        let (_, doc) = get(&router).await;
+        let keys = doc["keys"].as_array().unwrap();
+        assert_eq!(keys.len(), 2);
+        let j = &keys[1];
+        assert_eq!(j["use"], "jwt-svid");
+        assert_eq!(j["kid"], signer.key_id());
+        assert_eq!(j["alg"], "ES256");
+        assert_eq!(j["kty"], "EC");
+        assert_eq!(j["crv"], "P-256");
+        assert!(j.get("x5c").is_none());
+        // Read back by the one reader of the format.
+        let parsed = SpiffeBundle::parse(doc.to_string().as_bytes()).unwrap();
+        assert_eq!(parsed.x509_authorities.len(), 1);
+        assert_eq!(parsed.jwt_authorities.len(), 1);
+        assert_eq!(parsed.jwt_authorities[0].key_id, signer.key_id());
+        let mut expected = signer.public_key().jwk("jwt-svid").unwrap();
+        expected.remove("use");
+        expected.remove("kid");
+        assert_eq!(parsed.jwt_authorities[0].jwk, expected);
+        // The same keys: the same sequence; a JWT key added (roots unchanged): a new one.
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(get(&router).await.1["spiffe_sequence"], 1_800_000_000u64);
+        let key2 = signet_pki::key::generate(signet_pki::KeyAlgorithm::EcdsaP256).unwrap();
+        let signer2 = signet_pki::jwt::JwtSigner::new(&key2).unwrap();
+        let mut both = vec![published.clone()];
+        both.push(crate::bundle::PublishedJwtKey {
+            key: signer2.public_key().clone(),
+            not_after: published.not_after,
+        });
+        handle
+            .update_with(vec![r1.clone()], Vec::new(), both.clone())
+            .unwrap();
+        assert_eq!(handle.current().revision, 2);
+        let (_, doc) = get(&router).await;
+        assert_eq!(doc["spiffe_sequence"], 1_800_000_010u64);
+        assert_eq!(doc["keys"].as_array().unwrap().len(), 3);
+        // The native API's bundle carries them too: kid, alg, DER SPKI, notAfter.
+        let pb = crate::api::native::bundle_to_proto(&handle.current());
+        assert_eq!(pb.jwt_keys.len(), 2);
+        assert_eq!(pb.jwt_keys[0].key_id, signer.key_id());
+        assert_eq!(pb.jwt_keys[0].alg, "ES256");
+        assert_eq!(pb.jwt_keys[0].public_key, signer.public_key().spki_der());
+        assert_eq!(pb.jwt_keys[0].not_after, 1_900_000_000);
+        assert_eq!(pb.roots, vec![r1]);
+        // A taint alone moves the revision too.
+        handle
+            .update_with(
+                handle.current().roots.clone(),
+                vec![signer.key_id().to_owned()],
+                both,
+            )
+            .unwrap();
+        assert_eq!(handle.current().revision, 3);
+        assert_eq!(
+            crate::api::native::bundle_to_proto(&handle.current()).tainted_key_ids,
+            vec![signer.key_id().to_owned()]
+        );
     }
 }

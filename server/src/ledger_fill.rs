@@ -161,6 +161,7 @@ pub async fn fill(
         &cfg.data_dir,
         store.clone(),
         serials,
+        &cfg.jwt_svid,
         SystemTime::now(),
     )
     .await

@@ -37,6 +37,7 @@ pub mod ledger_fill;
 pub(crate) mod limits;
 pub(crate) mod metrics;
 pub(crate) mod nodes;
+pub(crate) mod oidc;
 pub(crate) mod policy;
 pub(crate) mod provenance;
 pub(crate) mod revocation;

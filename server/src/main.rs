@@ -99,6 +99,9 @@ fn main() -> std::process::ExitCode {
         if let Some(a) = s.bundle_endpoint {
             println!("  SPIFFE bundle endpoint: https://{a}/");
         }
+        if let Some(a) = s.oidc {
+            println!("  OIDC discovery (TLS): https://{a}/");
+        }
         println!("  database:      {db}");
         println!("ready");
     }));

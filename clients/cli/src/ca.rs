@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::anyhow;
 use clap::Subcommand;
-use signet_client::admin::{CaAction, CaAdminClient, CaKeySlot};
+use signet_client::admin::{CaAction, CaAdminClient, CaKeyKind, CaKeySlot};
 use signet_types::ca_slot::{SlotState, UnknownSlotState};
 
 use crate::{call_err, rfc3339};
@@ -18,11 +18,14 @@ pub enum CaCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Prepare a new intermediate under the active root (with --root: a new root, published in
-    /// the trust bundle at once, signing nothing until activated).
+    /// Prepare a new intermediate under the active root (with --root or --kind root: a new
+    /// root; with --kind jwt: a new JWT-SVID signing key), published at once, signing nothing
+    /// until activated.
     Prepare {
-        #[arg(long)]
+        #[arg(long, conflicts_with = "kind")]
         root: bool,
+        #[arg(long, value_enum)]
+        kind: Option<KindArg>,
     },
     /// Activate a prepared key; the active key of its kind is retired.
     Activate { key_id: String },
@@ -35,6 +38,14 @@ pub enum CaCmd {
         #[arg(long)]
         force: bool,
     },
+}
+
+/// `ca prepare --kind`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum KindArg {
+    Root,
+    Intermediate,
+    Jwt,
 }
 
 async fn client(socket: &Path) -> anyhow::Result<CaAdminClient> {
@@ -98,6 +109,7 @@ pub async fn ca(socket: &Path, cmd: CaCmd) -> anyhow::Result<ExitCode> {
                     serde_json::json!({
                         "plugged": r.plugged,
                         "active_key_id": r.active_key_id,
+                        "active_jwt_key_id": r.active_jwt_key_id,
                         "slots": r.slots.iter().map(slot_json).collect::<Vec<_>>(),
                     })
                 );
@@ -149,11 +161,20 @@ pub async fn ca(socket: &Path, cmd: CaCmd) -> anyhow::Result<ExitCode> {
                     );
                 }
                 println!("signing: {}", r.active_key_id);
+                println!(
+                    "jwt signing: {}",
+                    r.active_jwt_key_id.as_deref().unwrap_or("none")
+                );
             }
         }
-        CaCmd::Prepare { root } => {
+        CaCmd::Prepare { root, kind } => {
+            let kind = match (root, kind) {
+                (true, _) | (false, Some(KindArg::Root)) => CaKeyKind::Root,
+                (false, Some(KindArg::Jwt)) => CaKeyKind::Jwt,
+                (false, Some(KindArg::Intermediate) | None) => CaKeyKind::Intermediate,
+            };
             let r = c
-                .prepare(root)
+                .prepare_kind(kind)
                 .await
                 .map_err(|e| call_err("ca prepare", &e))?;
             print_action("prepared", &r);

@@ -35,7 +35,7 @@ mod ca_keys;
 mod certificates;
 mod checkpoint;
 mod revocation;
-pub use ca_keys::{CaAction, CaAdminClient, CaKeySlot, CaStatus};
+pub use ca_keys::{CaAction, CaAdminClient, CaKeyKind, CaKeySlot, CaStatus};
 pub use certificates::{CertificatePage, CertificateQuery, HashField, RecordError, ledger_record};
 pub use checkpoint::{CheckpointKey, LedgerAdminClient, LedgerCheckpoint};
 pub use revocation::{

@@ -13,7 +13,9 @@ use tonic::{Request, Response, Status};
 
 use super::ApiError;
 use crate::authn::AuthenticatedCaller;
-use crate::ca::manager::{CaManager, ManagerError, Outcome};
+use crate::ca::jwt_key::JwtKeySource;
+use crate::ca::manager::{CaManager, CaView, ManagerError, Outcome};
+use crate::ca::rotator::Kind;
 use crate::clock::unix;
 use crate::issuer::Issuer;
 use crate::store::StoreError;
@@ -53,16 +55,24 @@ impl CaAdminApi {
     }
 }
 
-/// A key ID as `ca status` prints it: lowercase hex.
-fn key_id(raw: &str) -> Result<String, Status> {
-    let id = raw.trim().to_ascii_lowercase();
-    if id.is_empty() || id.len() > 128 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+/// A key ID as `ca status` prints it: a CA key's in hex (any case), a JWT key's in base64url
+/// (exactly). `view` tells which one a hex-looking ID is.
+fn key_id(raw: &str, view: &CaView) -> Result<String, Status> {
+    let id = raw.trim();
+    let base64url = |b: u8| b.is_ascii_alphanumeric() || b == b'-' || b == b'_';
+    if id.is_empty() || id.len() > 128 || !id.bytes().all(base64url) {
         return Err(ApiError::InvalidArgument(
-            "key_id must be a CA key ID in hex, as `signetctl ca status` shows it".into(),
+            "key_id must be a key ID as `signetctl ca status` shows it (hex for a CA key, base64url for a JWT key)".into(),
         )
         .into());
     }
-    Ok(id)
+    if view.slots.iter().any(|s| s.slot.id == id) {
+        return Ok(id.to_owned());
+    }
+    if id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Ok(id.to_ascii_lowercase());
+    }
+    Ok(id.to_owned())
 }
 
 fn action(o: Outcome) -> Response<CaActionResponse> {
@@ -121,7 +131,11 @@ impl CaAdmin for CaAdminApi {
                 .collect(),
             plugged: view.plugged,
             active_key_id: view.active.key_id().to_owned(),
-            active_jwt_key_id: String::new(),
+            active_jwt_key_id: self
+                .manager
+                .active_jwt_key()
+                .map(|k| k.signer.key_id().to_owned())
+                .unwrap_or_default(),
         }))
     }
 
@@ -129,20 +143,37 @@ impl CaAdmin for CaAdminApi {
         &self,
         request: Request<CaPrepareRequest>,
     ) -> Result<Response<CaActionResponse>, Status> {
-        let root = request.into_inner().root;
-        let what = if root { "prepare --root" } else { "prepare" };
+        let req = request.into_inner();
+        let kind = match req.kind.trim() {
+            "" if req.root => Kind::Root,
+            "" => Kind::Intermediate,
+            k => Kind::parse(k).ok_or_else(|| {
+                Status::from(ApiError::InvalidArgument(format!(
+                    "kind {:?}: must be root, intermediate or jwt",
+                    signet_types::untrusted::shown(k)
+                )))
+            })?,
+        };
+        if req.root && kind != Kind::Root {
+            return Err(ApiError::InvalidArgument(format!(
+                "root is set but kind is {}: set one",
+                kind.as_str()
+            ))
+            .into());
+        }
+        let what = format!("prepare --kind {}", kind.as_str());
         self.manager
-            .prepare(root, &self.actor(), self.issuer.now())
+            .prepare(kind, &self.actor(), self.issuer.now())
             .await
             .map(action)
-            .map_err(|e| self.refused(what, e))
+            .map_err(|e| self.refused(&what, e))
     }
 
     async fn activate(
         &self,
         request: Request<CaKeyRequest>,
     ) -> Result<Response<CaActionResponse>, Status> {
-        let id = key_id(&request.into_inner().key_id)?;
+        let id = key_id(&request.into_inner().key_id, &self.manager.view())?;
         self.manager
             .activate(&id, &self.actor(), self.issuer.now())
             .await
@@ -154,7 +185,7 @@ impl CaAdmin for CaAdminApi {
         &self,
         request: Request<CaKeyRequest>,
     ) -> Result<Response<CaActionResponse>, Status> {
-        let id = key_id(&request.into_inner().key_id)?;
+        let id = key_id(&request.into_inner().key_id, &self.manager.view())?;
         self.manager
             .taint(&id, &self.actor(), self.issuer.now())
             .await
@@ -167,7 +198,7 @@ impl CaAdmin for CaAdminApi {
         request: Request<CaRevokeRequest>,
     ) -> Result<Response<CaActionResponse>, Status> {
         let req = request.into_inner();
-        let id = key_id(&req.key_id)?;
+        let id = key_id(&req.key_id, &self.manager.view())?;
         self.manager
             .revoke(&id, req.force, &self.actor(), self.issuer.now())
             .await

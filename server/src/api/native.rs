@@ -61,7 +61,20 @@ pub(crate) fn bundle_to_proto(b: &Bundle) -> PbBundle {
                 next_update: c.next_update,
             })
             .collect(),
-        jwt_keys: Vec::new(),
+        jwt_keys: b
+            .jwt_keys
+            .iter()
+            .map(|k| signet_proto::ca::JwtKey {
+                key_id: k.key.key_id().to_owned(),
+                alg: k
+                    .key
+                    .alg()
+                    .map(|a| a.as_str().to_owned())
+                    .unwrap_or_default(),
+                public_key: k.key.spki_der().to_vec(),
+                not_after: crate::clock::unix(k.not_after),
+            })
+            .collect(),
     }
 }
 

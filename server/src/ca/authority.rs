@@ -101,6 +101,13 @@ pub(crate) fn verify_issued_by(child_der: &[u8], parent_der: &[u8]) -> Result<()
     child_of(&child, &parent)
 }
 
+/// Whether `der` (any certificate, CA or not) is signed by its own key and names itself as
+/// its issuer.
+pub(crate) fn verify_self_signed(der: &[u8]) -> Result<(), CertError> {
+    let cert = parse_cert(der)?;
+    child_of(&cert, &cert)
+}
+
 fn child_of(child: &X509Certificate<'_>, parent: &X509Certificate<'_>) -> Result<(), CertError> {
     if child.issuer().as_raw() != parent.subject().as_raw() {
         return Err(CertError::OtherIssuer {

@@ -17,6 +17,7 @@
 //! - [`serial`]: serial number sources.
 //! - [`rotator`]: which CA key transition is due (pure: slots, time, seeded jitter).
 //! - [`config`]: the `[ca]` configuration section.
+//! - [`jwt_config`]: the `[jwt_svid]` configuration section.
 //! - [`jwt_key`]: the active JWT-SVID signing key, as issuance asks for it.
 //! - [`manager`]: the CA key slots: loading, creation, sealing, transitions, the published view.
 
@@ -24,6 +25,7 @@ pub mod authority;
 pub mod config;
 pub mod csr;
 mod issue;
+pub mod jwt_config;
 pub mod jwt_key;
 pub mod kek;
 pub mod manager;

@@ -18,16 +18,28 @@
 //!    removed), or once it has expired itself; never within `removal_grace` of its retirement
 //!    (a certificate signed just before might not be committed to the ledger yet).
 //!
+//! 6. JWT signing keys (kind `jwt`, independent of the CA keys; see [`decide_jwt`]): no active
+//!    JWT key: activate the prepared one, or prepare one. Prepare the next at `jwt_prepare_at`
+//!    of the active key's life; activate it at `jwt_activate_at`, but never before it has been
+//!    published for `jwt_propagation` (unless the active key has expired or is tainted: a
+//!    tainted JWT key is replaced at once, by the prepared key or by a new one). A retired JWT
+//!    key is removed once no unexpired token it signed can exist: `jwt_max_ttl` (plus
+//!    `removal_grace`) after its retirement, or once it has expired. A prepared JWT key that
+//!    is tainted is removed (it never signed).
+//!
 //! Every threshold moves by up to ± `jitter` of the key's lifetime; the offset comes from a
 //! [`Jitter`] seeded with the key ID, so every replica computes the same thresholds.
 
 use std::time::{Duration, SystemTime};
 
-/// Root or intermediate.
+/// Root, intermediate, or JWT-SVID signing key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     Root,
     Intermediate,
+    /// A JWT-SVID signing key: its certificate is a self-signed end-entity certificate that
+    /// only carries the key and its validity; it is never an X.509 trust anchor.
+    Jwt,
 }
 
 impl Kind {
@@ -35,6 +47,7 @@ impl Kind {
         match self {
             Kind::Root => "root",
             Kind::Intermediate => "intermediate",
+            Kind::Jwt => "jwt",
         }
     }
 
@@ -42,6 +55,7 @@ impl Kind {
         match s {
             "root" => Some(Kind::Root),
             "intermediate" => Some(Kind::Intermediate),
+            "jwt" => Some(Kind::Jwt),
             _ => None,
         }
     }
@@ -94,6 +108,12 @@ pub struct Policy {
     /// ± this fraction of the lifetime.
     pub jitter: f64,
     pub removal_grace: Duration,
+    pub jwt_prepare_at: f64,
+    pub jwt_activate_at: f64,
+    /// How long a prepared JWT key is published before it signs.
+    pub jwt_propagation: Duration,
+    /// The longest JWT-SVID lifetime: how long a retired JWT key's tokens may still be live.
+    pub jwt_max_ttl: Duration,
 }
 
 impl Default for Policy {
@@ -106,6 +126,10 @@ impl Default for Policy {
             root_propagation: Duration::from_secs(24 * 3600),
             jitter: 0.02,
             removal_grace: REMOVAL_GRACE,
+            jwt_prepare_at: 0.5,
+            jwt_activate_at: 5.0 / 6.0,
+            jwt_propagation: Duration::from_secs(600),
+            jwt_max_ttl: Duration::from_secs(3600),
         }
     }
 }
@@ -172,6 +196,10 @@ pub enum Reason {
     Superseded,
     /// An operator asked for it.
     Operator,
+    /// The active key is tainted: replaced at once.
+    Tainted,
+    /// No token signed by the key can still be unexpired.
+    TokensExpired,
 }
 
 impl Reason {
@@ -184,6 +212,8 @@ impl Reason {
             Reason::Unused => "no unexpired certificate chains to it",
             Reason::Superseded => "its root is no longer active",
             Reason::Operator => "operator",
+            Reason::Tainted => "tainted",
+            Reason::TokensExpired => "no unexpired token signed by it can exist",
         }
     }
 }
@@ -195,6 +225,8 @@ pub enum Transition {
     PrepareRoot { reason: Reason },
     /// Generate a new intermediate signed by `parent` (the active root), in `prepared`.
     PrepareIntermediate { parent: String, reason: Reason },
+    /// Generate a new JWT signing key, in `prepared`.
+    PrepareJwt { reason: Reason },
     /// Make `id` active; the active key of the same kind, if any, becomes retired.
     Activate { id: String, reason: Reason },
     /// Remove `id` (retired, or a superseded prepared intermediate).
@@ -247,9 +279,114 @@ fn newest<'a>(slots: impl Iterator<Item = &'a Slot>) -> Option<&'a Slot> {
     })
 }
 
-/// The transitions due at `now`, most urgent first. The manager applies the first, re-reads
-/// the slots and asks again.
+/// When the active JWT key's successor is prepared.
+pub fn jwt_prepare_time(active: &Slot, p: &Policy, j: &dyn Jitter) -> SystemTime {
+    active.at_fraction(p.jwt_prepare_at + p.jitter * j.offset(&active.id, Threshold::Prepare))
+}
+
+/// When the prepared JWT key `next` replaces `active`: at the active key's fraction, but not
+/// before `next` has been published for the propagation window.
+pub fn jwt_activate_time(active: &Slot, next: &Slot, p: &Policy, j: &dyn Jitter) -> SystemTime {
+    let at = active
+        .at_fraction(p.jwt_activate_at + p.jitter * j.offset(&active.id, Threshold::Activate))
+        .max(jwt_prepare_time(active, p, j));
+    at.max(next.prepared_at + p.jwt_propagation)
+}
+
+/// The transitions due at `now`, most urgent first: the CA keys' ([`decide_ca`]), then the
+/// JWT keys' ([`decide_jwt`]). The manager applies the first, re-reads the slots and asks
+/// again.
 pub fn decide(slots: &[Slot], now: SystemTime, p: &Policy, j: &dyn Jitter) -> Vec<Transition> {
+    let mut out = decide_ca(slots, now, p, j);
+    out.extend(decide_jwt(slots, now, p, j));
+    out
+}
+
+/// The JWT signing keys' transitions (rule 6 of the module docs).
+pub fn decide_jwt(slots: &[Slot], now: SystemTime, p: &Policy, j: &dyn Jitter) -> Vec<Transition> {
+    let find = |state: State| {
+        newest(
+            slots
+                .iter()
+                .filter(move |s| s.kind == Kind::Jwt && s.state == state),
+        )
+    };
+    let mut out = Vec::new();
+    // A tainted prepared key never signs.
+    for s in slots
+        .iter()
+        .filter(|s| s.kind == Kind::Jwt && s.state == State::Prepared && s.tainted)
+    {
+        out.push(Transition::Remove {
+            id: s.id.clone(),
+            reason: Reason::Tainted,
+        });
+    }
+    let next = newest(
+        slots
+            .iter()
+            .filter(|s| s.kind == Kind::Jwt && s.state == State::Prepared && !s.tainted),
+    );
+    match (find(State::Active), next) {
+        (None, Some(next)) => out.push(Transition::Activate {
+            id: next.id.clone(),
+            reason: Reason::Bootstrap,
+        }),
+        (None, None) => out.push(Transition::PrepareJwt {
+            reason: Reason::Bootstrap,
+        }),
+        (Some(active), None) if active.tainted => out.push(Transition::PrepareJwt {
+            reason: Reason::Tainted,
+        }),
+        (Some(active), Some(next)) if active.tainted => out.push(Transition::Activate {
+            id: next.id.clone(),
+            reason: Reason::Tainted,
+        }),
+        (Some(active), None) if now >= jwt_prepare_time(active, p, j) => {
+            out.push(Transition::PrepareJwt {
+                reason: if active.not_after <= now {
+                    Reason::Expired
+                } else {
+                    Reason::Threshold
+                },
+            });
+        }
+        (Some(active), Some(next)) if active.not_after <= now => {
+            out.push(Transition::Activate {
+                id: next.id.clone(),
+                reason: Reason::Expired,
+            });
+        }
+        (Some(active), Some(next)) if now >= jwt_activate_time(active, next, p, j) => {
+            out.push(Transition::Activate {
+                id: next.id.clone(),
+                reason: Reason::Threshold,
+            });
+        }
+        _ => {}
+    }
+    for s in slots
+        .iter()
+        .filter(|s| s.kind == Kind::Jwt && s.state == State::Retired)
+    {
+        let retired = s.retired_at.unwrap_or(s.prepared_at);
+        if s.not_after <= now {
+            out.push(Transition::Remove {
+                id: s.id.clone(),
+                reason: Reason::Expired,
+            });
+        } else if now >= retired + p.jwt_max_ttl + p.removal_grace {
+            out.push(Transition::Remove {
+                id: s.id.clone(),
+                reason: Reason::TokensExpired,
+            });
+        }
+    }
+    out
+}
+
+/// The CA keys' transitions (rules 1 to 5 of the module docs); JWT keys play no part.
+pub fn decide_ca(slots: &[Slot], now: SystemTime, p: &Policy, j: &dyn Jitter) -> Vec<Transition> {
     let find = |kind: Kind, state: State| {
         newest(
             slots
@@ -352,7 +489,10 @@ pub fn decide(slots: &[Slot], now: SystemTime, p: &Policy, j: &dyn Jitter) -> Ve
     }
 
     // 5. Removal of retired keys.
-    for s in slots.iter().filter(|s| s.state == State::Retired) {
+    for s in slots
+        .iter()
+        .filter(|s| s.state == State::Retired && s.kind != Kind::Jwt)
+    {
         if let Some(retired) = s.retired_at
             && now < retired + p.removal_grace
         {

@@ -217,3 +217,26 @@ pub(crate) fn ca_params(
     ];
     Ok(params)
 }
+
+/// The self-signed certificate that carries a JWT-SVID signing key in its slot, so every slot
+/// has a notBefore, a notAfter and a SubjectPublicKeyInfo the same way: `CN=Signet JWT-SVID key
+/// <kid>`, not a CA, digitalSignature only, valid `not_before..not_after`. It is never put in
+/// an X.509 bundle, a CRL signer list or an mTLS anchor list.
+pub(crate) fn jwt_key_params(
+    kid: &str,
+    not_before: SystemTime,
+    not_after: SystemTime,
+    serial: &[u8],
+) -> Option<CertificateParams> {
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "Signet");
+    dn.push(DnType::CommonName, format!("Signet JWT-SVID key {kid}"));
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.serial_number = Some(SerialNumber::from_slice(serial));
+    params.not_before = to_offset(floor_secs(not_before)?)?;
+    params.not_after = to_offset(floor_secs(not_after)?)?;
+    Some(params)
+}

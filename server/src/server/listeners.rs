@@ -25,6 +25,8 @@ pub(super) struct Listeners {
     pub(super) admin_path: PathBuf,
     /// The SPIFFE bundle endpoint and its TLS (`[federation] bundle_endpoint_listen`), when on.
     pub(super) bundle_endpoint: Option<(TcpListener, Arc<rustls::ServerConfig>)>,
+    /// OIDC discovery over TLS (`[jwt_svid] oidc_listen`), when on.
+    pub(super) oidc: Option<(TcpListener, Arc<rustls::ServerConfig>)>,
 }
 
 impl Listeners {
@@ -57,6 +59,21 @@ impl Listeners {
             )),
             None => None,
         };
+        let j = &cfg.jwt_svid;
+        let oidc = match (j.oidc_listen, &j.oidc_tls_cert_file, &j.oidc_tls_key_file) {
+            (Some(addr), Some(cert), Some(key)) => Some((
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding jwt_svid.oidc_listen address {addr}"))?,
+                crate::federation::web_tls_config(
+                    cert,
+                    key,
+                    "jwt_svid.oidc_tls_cert_file",
+                    "jwt_svid.oidc_tls_key_file",
+                )?,
+            )),
+            _ => None,
+        };
         Ok(Self {
             grpc,
             http,
@@ -64,6 +81,7 @@ impl Listeners {
             admin,
             admin_path,
             bundle_endpoint,
+            oidc,
         })
     }
 
@@ -80,6 +98,10 @@ impl Listeners {
             bundle_path: cfg.bundle_path(),
             admin_socket: self.admin_path.clone(),
             bundle_endpoint: match &self.bundle_endpoint {
+                Some((l, _)) => Some(l.local_addr()?),
+                None => None,
+            },
+            oidc: match &self.oidc {
                 Some((l, _)) => Some(l.local_addr()?),
                 None => None,
             },

@@ -32,6 +32,8 @@ pub struct Started {
     pub admin_socket: std::path::PathBuf,
     /// The SPIFFE bundle endpoint (`[federation] bundle_endpoint_listen`), when on.
     pub bundle_endpoint: Option<SocketAddr>,
+    /// OIDC discovery over TLS (`[jwt_svid] oidc_listen`), when on.
+    pub oidc: Option<SocketAddr>,
 }
 
 /// Runs the server until `shutdown` resolves (or one of its tasks fails). `on_started` is

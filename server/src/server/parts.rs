@@ -73,6 +73,7 @@ pub(super) async fn build(cfg: &Config) -> anyhow::Result<Parts> {
         &cfg.data_dir,
         store.clone(),
         serials.clone(),
+        &cfg.jwt_svid,
         clock.now(),
     )
     .await
@@ -159,6 +160,7 @@ fn first_bundle(cfg: &Config, view: &CaView) -> anyhow::Result<BundleHandle> {
             trust_domain: cfg.trust_domain(),
             roots: view.roots.clone(),
             tainted_key_ids: view.tainted.iter().cloned().collect(),
+            jwt_keys: view.jwt_keys.clone(),
             revision: 1,
             crls: Vec::new(),
         },
@@ -296,7 +298,11 @@ fn follow_the_ca(
     manager.on_change(move |v| {
         m.ca_slots_rejected(&v.rejected);
         issuer.set_ca(v.active.clone(), v.tainted.clone());
-        if let Err(e) = bundle.update_with(v.roots.clone(), v.tainted.iter().cloned().collect()) {
+        if let Err(e) = bundle.update_with(
+            v.roots.clone(),
+            v.tainted.iter().cloned().collect(),
+            v.jwt_keys.clone(),
+        ) {
             tracing::error!(error = %e, "could not write the trust bundle");
         }
         if let Err(e) = client_anchors.replace(&v.client_anchors) {

@@ -53,6 +53,7 @@ pub(super) async fn serve(
         admin,
         admin_path,
         bundle_endpoint,
+        oidc,
     } = listeners;
     let mut tasks = Supervisor::new();
     let conns = ConnRegistry::new();
@@ -73,6 +74,26 @@ pub(super) async fn serve(
                 listener,
                 tls,
                 crate::federation::routes(endpoint),
+                crate::federation::EndpointLimits::from_config(&cfg),
+                parts.metrics.clone(),
+                tasks.stopped(),
+            ),
+        );
+    }
+
+    let discovery = crate::oidc::Discovery::from_config(
+        &cfg.jwt_svid,
+        parts.bundle.clone(),
+        cfg.federation.refresh_hint,
+    );
+    if let (Some((listener, tls)), Some(discovery)) = (oidc, discovery) {
+        tasks.spawn_listener(
+            "OIDC discovery listener",
+            crate::federation::serve_tls(
+                crate::oidc::TLS_LISTENER,
+                listener,
+                tls,
+                crate::oidc::routes(discovery),
                 crate::federation::EndpointLimits::from_config(&cfg),
                 parts.metrics.clone(),
                 tasks.stopped(),
@@ -329,9 +350,17 @@ fn spawn_http(
             parts.clock.clone(),
         )
     };
-    let router = health_router()
+    let mut router = health_router()
         .merge(crate::checkpoint::routes(parts.checkpoints.clone()))
         .merge(crate::http::crl_router(parts.bundle.clone()));
+    // OIDC discovery in plain HTTP, for an ingress that terminates TLS (see `crate::oidc`).
+    if let Some(discovery) = crate::oidc::Discovery::from_config(
+        &cfg.jwt_svid,
+        parts.bundle.clone(),
+        cfg.federation.refresh_hint,
+    ) {
+        router = router.merge(crate::oidc::routes(discovery));
+    }
     let (limits, metrics, stopped) = (cfg.limits.clone(), parts.metrics.clone(), tasks.stopped());
     tasks.spawn_listener("HTTP server", async move {
         crate::http::serve(listener, router, &limits, metrics, stopped).await

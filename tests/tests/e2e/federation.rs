@@ -94,7 +94,11 @@ async fn the_bundle_endpoint_serves_a_spiffe_bundle_over_spiffe_tls() {
     assert_eq!(doc["spiffe_refresh_hint"], 120);
     assert!(doc["spiffe_sequence"].as_u64().unwrap() >= signet_tests::now_unix() as u64 - 60);
     let keys = doc["keys"].as_array().unwrap();
-    assert_eq!(keys.len(), 1, "{doc}");
+    // One root, then the JWT-SVID signing key (published as a jwt-svid JWK with kid and alg).
+    assert_eq!(keys.len(), 2, "{doc}");
+    assert_eq!(keys[1]["use"], "jwt-svid");
+    assert_eq!(keys[1]["alg"], "ES256");
+    assert!(keys[1]["kid"].as_str().is_some_and(|k| !k.is_empty()));
     let k = keys[0].as_object().unwrap();
     assert_eq!(k["use"], "x509-svid");
     assert_eq!(k["kty"], "EC");
@@ -180,7 +184,13 @@ async fn the_bundle_endpoint_serves_a_spiffe_bundle_over_spiffe_tls() {
             .await
             .expect("fetch");
         let d: serde_json::Value = serde_json::from_str(body.trim()).unwrap();
-        if d["keys"].as_array().unwrap().len() == 2 {
+        let roots = d["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|k| k["use"] == "x509-svid")
+            .count();
+        if roots == 2 {
             after = Some(d);
             break;
         }

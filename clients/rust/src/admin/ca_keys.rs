@@ -22,7 +22,7 @@ use crate::error::CallError;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CaKeySlot {
     pub key_id: String,
-    /// `root` or `intermediate`, as the server names it.
+    /// `root`, `intermediate` or `jwt` (a JWT-SVID signing key), as the server names it.
     pub kind: String,
     /// The slot's state. Only a slot that failed the server's vetting (`rejected`) may hold
     /// stored text that is no state: then the error carries that text.
@@ -58,6 +58,28 @@ pub struct CaStatus {
     pub plugged: bool,
     /// The key that signs workload certificates.
     pub active_key_id: String,
+    /// The key that signs JWT-SVIDs (`None`: none is active).
+    pub active_jwt_key_id: Option<String>,
+}
+
+/// Which kind of key `Prepare` makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaKeyKind {
+    Root,
+    Intermediate,
+    /// A JWT-SVID signing key.
+    Jwt,
+}
+
+impl CaKeyKind {
+    /// The server's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CaKeyKind::Root => "root",
+            CaKeyKind::Intermediate => "intermediate",
+            CaKeyKind::Jwt => "jwt",
+        }
+    }
 }
 
 /// What a CA key action did: the key it acted on and what the operator should know.
@@ -98,9 +120,20 @@ impl CaAdminClient {
 
     /// `Prepare`: a new intermediate under the active root (with `root`, a new root).
     pub async fn prepare(&self, root: bool) -> Result<CaAction, CallError> {
+        self.prepare_kind(if root {
+            CaKeyKind::Root
+        } else {
+            CaKeyKind::Intermediate
+        })
+        .await
+    }
+
+    /// `Prepare` a key of `kind`: a root, an intermediate under the active root, or a JWT-SVID
+    /// signing key (published at once, signing nothing until activated).
+    pub async fn prepare_kind(&self, kind: CaKeyKind) -> Result<CaAction, CallError> {
         let msg = pb::CaPrepareRequest {
-            root,
-            kind: String::new(),
+            root: kind == CaKeyKind::Root,
+            kind: kind.as_str().into(),
         };
         ca_action(
             self.ca
@@ -200,6 +233,7 @@ fn ca_status(r: pb::CaStatusResponse) -> Result<CaStatus, CallError> {
         slots: r.slots.into_iter().map(ca_slot).collect::<Result<_, _>>()?,
         plugged: r.plugged,
         active_key_id: r.active_key_id,
+        active_jwt_key_id: (!r.active_jwt_key_id.is_empty()).then_some(r.active_jwt_key_id),
     })
 }
 
@@ -267,6 +301,21 @@ mod tests {
         })
         .unwrap();
         assert!(st.plugged && st.slots.len() == 1 && st.active_key_id == "k1");
+        assert_eq!(st.active_jwt_key_id, None);
+        let st = ca_status(pb::CaStatusResponse {
+            slots: vec![pb::CaSlot {
+                key_id: "Jw-k_1".into(),
+                kind: "jwt".into(),
+                ..slot()
+            }],
+            plugged: false,
+            active_key_id: "k1".into(),
+            active_jwt_key_id: "Jw-k_1".into(),
+        })
+        .unwrap();
+        assert_eq!(st.active_jwt_key_id.as_deref(), Some("Jw-k_1"));
+        assert_eq!(st.slots[0].kind, "jwt");
+        assert_eq!(CaKeyKind::Jwt.as_str(), "jwt");
     }
 
     #[test]

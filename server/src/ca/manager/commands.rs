@@ -34,15 +34,15 @@ impl CaManager {
         )))
     }
 
-    /// Prepares a new intermediate under the active root (or, with `root`, a new root).
+    /// Prepares a new key of `kind`: an intermediate under the active root, a root, or a JWT
+    /// signing key.
     pub async fn prepare(
         &self,
-        root: bool,
+        kind: Kind,
         actor: &str,
         now: SystemTime,
     ) -> Result<Outcome, ManagerError> {
         self.operate(now, actor, |slots| {
-            let kind = if root { Kind::Root } else { Kind::Intermediate };
             if let Some(p) = slots
                 .iter()
                 .find(|s| s.slot.kind == kind && s.slot.state == State::Prepared)
@@ -55,8 +55,12 @@ impl CaManager {
                     p.slot.id
                 )));
             }
-            let t = if root {
+            let t = if kind == Kind::Root {
                 Transition::PrepareRoot {
+                    reason: Reason::Operator,
+                }
+            } else if kind == Kind::Jwt {
+                Transition::PrepareJwt {
                     reason: Reason::Operator,
                 }
             } else {
@@ -73,7 +77,6 @@ impl CaManager {
         .await
         .map(|mut o| {
             // The new key is the newest prepared one of its kind.
-            let kind = if root { Kind::Root } else { Kind::Intermediate };
             if let Some(s) = self
                 .view()
                 .slots
@@ -102,7 +105,7 @@ impl CaManager {
                     "{} {id} is {}, not prepared: only a prepared key can be activated (signetctl ca prepare{})",
                     s.slot.kind.as_str(),
                     s.slot.state.as_str(),
-                    if s.slot.kind == Kind::Root { " --root" } else { "" }
+                    prepare_flag(s.slot.kind)
                 )));
             }
             let mut outcome = Outcome {
@@ -120,6 +123,30 @@ impl CaManager {
                     }
                     if s.slot.tainted {
                         outcome.warnings.push(format!("intermediate {id} is tainted"));
+                    }
+                }
+                Kind::Jwt => {
+                    if s.slot.tainted {
+                        return Err(ManagerError::FailedPrecondition(format!(
+                            "jwt key {id} is tainted: it must never sign; prepare a new one (signetctl ca prepare --kind jwt)"
+                        )));
+                    }
+                    let current = active_of(slots, Kind::Jwt);
+                    let replaceable_now = current
+                        .is_none_or(|a| a.slot.tainted || a.slot.not_after <= now);
+                    let ready = s.slot.prepared_at + policy.jwt_propagation;
+                    if !replaceable_now && now < ready {
+                        let since = now.duration_since(s.slot.prepared_at).unwrap_or_default();
+                        return Err(ManagerError::FailedPrecondition(format!(
+                            "jwt key {id} has been published for {} only, less than jwt_svid.key_propagation ({}): validators that have not fetched it yet would refuse its tokens. It may be activated from {} (unix {}), in {}",
+                            humantime::format_duration(Duration::from_secs(since.as_secs())),
+                            humantime::format_duration(policy.jwt_propagation),
+                            humantime::format_rfc3339_seconds(ready),
+                            unix(ready),
+                            humantime::format_duration(Duration::from_secs(
+                                ready.duration_since(now).unwrap_or_default().as_secs()
+                            ))
+                        )));
                     }
                 }
                 Kind::Root => {
@@ -178,6 +205,24 @@ impl CaManager {
             .await?;
         let mut outcome = outcome;
         let view = self.view();
+        if let Some(s) = view
+            .slots
+            .iter()
+            .find(|s| s.slot.id == id && s.slot.kind == Kind::Jwt)
+        {
+            outcome.warnings.push(match &view.active_jwt {
+                Some(a) if s.slot.state != State::Active => format!(
+                    "jwt key {id} signs nothing any more; JWT-SVIDs are signed by {}",
+                    a.signer.key_id()
+                ),
+                Some(a) => format!(
+                    "JWT-SVIDs are signed by {} from now on (valid until {})",
+                    a.signer.key_id(),
+                    humantime::format_rfc3339_seconds(a.not_after)
+                ),
+                None => "no JWT key is active: JWT-SVIDs are refused until one is (see signetctl ca status)".into(),
+            });
+        }
         if view.active_is_tainted() {
             outcome.warnings.push(format!(
                 "the active signing key {} is tainted: certificates renewed now still come from it. \
@@ -238,6 +283,17 @@ impl CaManager {
             .map(|s| s.slot.issued_unexpired)
             .sum();
         let mut warnings = Vec::new();
+        // A JWT key leaves no ledger count behind it: the tokens it signed live until at most
+        // `max_ttl` after its retirement.
+        if target.slot.kind == Kind::Jwt
+            && let Some(retired) = target.slot.retired_at
+            && retired + self.cfg.policy.jwt_max_ttl > now
+        {
+            warnings.push(format!(
+                "JWT-SVIDs signed by jwt key {id} before its retirement may be unexpired until {}: they no longer validate once relying parties refresh their keys",
+                humantime::format_rfc3339_seconds(retired + self.cfg.policy.jwt_max_ttl)
+            ));
+        }
         if outstanding > 0 {
             let holders = self.store.ca_key_holders(&family, unix(now), 10).await?;
             let list = holders
@@ -370,6 +426,15 @@ impl CaManager {
     }
 }
 
+/// The `signetctl ca prepare` flag that makes a key of `kind`.
+fn prepare_flag(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Root => " --root",
+        Kind::Intermediate => "",
+        Kind::Jwt => " --kind jwt",
+    }
+}
+
 /// Why `s` may not be removed now, if it may not: it is active, already removed, or (a root)
 /// the active intermediate chains to it.
 pub(super) fn refuse_removal(s: &SlotInfo, slots: &[SlotInfo]) -> Result<(), ManagerError> {
@@ -377,12 +442,17 @@ pub(super) fn refuse_removal(s: &SlotInfo, slots: &[SlotInfo]) -> Result<(), Man
     match s.slot.state {
         State::Active => {
             return Err(ManagerError::FailedPrecondition(format!(
-                "{} {id} is active: prepare and activate a successor first (signetctl ca prepare{}; signetctl ca activate NEW_KEY_ID)",
+                "{} {id} is active: {}",
                 s.slot.kind.as_str(),
-                if s.slot.kind == Kind::Root {
-                    " --root"
+                if s.slot.kind == Kind::Jwt {
+                    format!(
+                        "taint it first (signetctl ca taint {id}): a new JWT key replaces it at once"
+                    )
                 } else {
-                    ""
+                    format!(
+                        "prepare and activate a successor first (signetctl ca prepare{}; signetctl ca activate NEW_KEY_ID)",
+                        prepare_flag(s.slot.kind)
+                    )
                 }
             )));
         }

@@ -172,10 +172,11 @@ pub(super) fn build_view(
     for s in slots
         .iter()
         .filter(live)
-        .filter(|s| s.slot.state != State::Prepared)
+        .filter(|s| s.slot.state != State::Prepared && s.slot.kind != Kind::Jwt)
     {
         signers.push(opened(s)?);
     }
+    let (jwt_keys, active_jwt) = jwt_view(&vetted, keys)?;
     let active_root_id = active_int.slot.parent.clone().unwrap_or_default();
     let active_root = find(slots, &active_root_id)?.cert_der.clone();
     let mut roots: Vec<&SlotInfo> = slots
@@ -197,9 +198,11 @@ pub(super) fn build_view(
         )
         .map_err(|e| ManagerError::Key(format!("active intermediate {}: {e}", active.key_id())))?,
     );
+    // JWT keys are never X.509 anchors: their certificates only carry the key.
     let client_anchors = slots
         .iter()
         .filter(live)
+        .filter(|s| s.slot.kind != Kind::Jwt)
         .map(|s| s.cert_der.clone())
         .collect();
     // A taint lasts until the key expires, removed or not: holders of what it signed must
@@ -232,9 +235,48 @@ pub(super) fn build_view(
         active_root,
         client_anchors,
         tainted,
+        jwt_keys,
+        active_jwt,
         plugged: false,
         rejected: vetted.rejected,
     })
+}
+
+/// The published JWT keys (prepared, active, retired; the active one first, then the others
+/// newest first) and the active signer, unless it is tainted.
+fn jwt_view(
+    vetted: &Vetted,
+    keys: &Mutex<KeyCache>,
+) -> Result<(Vec<PublishedJwtKey>, Option<ActiveJwtKey>), ManagerError> {
+    let mut live: Vec<&SlotInfo> = vetted
+        .slots
+        .iter()
+        .filter(|s| s.slot.kind == Kind::Jwt && s.slot.state != State::Removed)
+        .collect();
+    live.sort_by_key(|s| {
+        (
+            s.slot.state != State::Active,
+            std::cmp::Reverse(s.slot.prepared_at),
+        )
+    });
+    let mut published = Vec::with_capacity(live.len());
+    let mut active = None;
+    for s in live {
+        let signer = vetted.jwt_signer(&s.slot.id, keys).ok_or_else(|| {
+            ManagerError::Key(format!("JWT key {} was vetted but is not open", s.slot.id))
+        })?;
+        published.push(PublishedJwtKey {
+            key: signer.public_key().clone(),
+            not_after: s.slot.not_after,
+        });
+        if s.slot.state == State::Active && !s.slot.tainted && active.is_none() {
+            active = Some(ActiveJwtKey {
+                signer,
+                not_after: s.slot.not_after,
+            });
+        }
+    }
+    Ok((published, active))
 }
 
 /// The view of a plugged-in CA: its signing certificate is the (external) active
@@ -308,6 +350,8 @@ pub(super) fn plugged_view(
         active_root,
         client_anchors,
         tainted: BTreeSet::new(),
+        jwt_keys: Vec::new(),
+        active_jwt: None,
         plugged: true,
         rejected: Vec::new(),
     }
@@ -322,9 +366,10 @@ pub async fn start(
     data_dir: &Path,
     store: Arc<dyn Store>,
     serials: Arc<dyn SerialSource>,
+    jwt: &JwtSvidConfig,
     now: SystemTime,
 ) -> Result<Arc<CaManager>, ManagerError> {
-    let mcfg = ManagerConfig::from_config(td, ca);
+    let mcfg = ManagerConfig::from_config(td, ca, jwt);
     let plugged = ca
         .plugged()
         .map_err(|e| ManagerError::Key(format!("configuration: {e}")))?;

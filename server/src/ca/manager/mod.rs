@@ -37,6 +37,8 @@ use signet_types::TrustDomain;
 
 use super::KeyType;
 use super::config::CaConfig;
+use super::jwt_config::{JwtKeyType, JwtSvidConfig};
+use super::jwt_key::{ActiveJwtKey, JwtKeySource};
 use super::kek::Kek;
 use super::rotator::{self, Jitter, Kind, Reason, Slot, State, Transition};
 use super::serial::SerialSource;
@@ -69,16 +71,22 @@ pub struct ManagerConfig {
     pub key_type: KeyType,
     pub root_ttl: Duration,
     pub intermediate_ttl: Duration,
+    /// The type of new JWT-SVID signing keys (`[jwt_svid] key_type`).
+    pub jwt_key_type: JwtKeyType,
+    /// The lifetime of a JWT-SVID signing key (`[jwt_svid] key_ttl`).
+    pub jwt_key_ttl: Duration,
     pub policy: rotator::Policy,
 }
 
 impl ManagerConfig {
-    pub fn from_config(td: TrustDomain, ca: &CaConfig) -> Self {
+    pub fn from_config(td: TrustDomain, ca: &CaConfig, jwt: &JwtSvidConfig) -> Self {
         Self {
             trust_domain: td,
             key_type: ca.key_type,
             root_ttl: ca.root_ttl,
             intermediate_ttl: ca.intermediate_ttl,
+            jwt_key_type: jwt.key_type,
+            jwt_key_ttl: jwt.key_ttl,
             policy: rotator::Policy {
                 intermediate_prepare_at: ca.intermediate_prepare_at,
                 intermediate_activate_at: ca.intermediate_activate_at,
@@ -90,6 +98,10 @@ impl ManagerConfig {
                 // retired (up to 1.1 intervals later); its last certificates must be in the
                 // ledger before the removal decision counts them.
                 removal_grace: rotator::REMOVAL_GRACE.max(ca.rotation_interval.saturating_mul(3)),
+                jwt_prepare_at: jwt.key_prepare_at,
+                jwt_activate_at: jwt.key_activate_at,
+                jwt_propagation: jwt.key_propagation,
+                jwt_max_ttl: jwt.max_ttl,
             },
         }
     }
@@ -149,9 +161,16 @@ pub struct CaView {
     /// Certificates that authenticate mTLS clients: every non-removed key Signet generated;
     /// with a plugged-in CA only its signing certificate(s), never a sibling under its root.
     pub client_anchors: Vec<Vec<u8>>,
-    /// Tainted keys and the intermediates under a tainted root, until they expire: a removed
-    /// key stays here until its notAfter, so holders still replace what it signed.
+    /// Tainted keys (JWT keys too) and the intermediates under a tainted root, until they
+    /// expire: a removed key stays here until its notAfter, so holders still replace what it
+    /// signed (and agents drop the tokens a tainted JWT key signed).
     pub tainted: BTreeSet<String>,
+    /// The JWT-SVID signing keys validators must know: prepared (published before they sign),
+    /// active and retired ones, not removed, each with its algorithm. Never X.509 anchors.
+    pub jwt_keys: Vec<PublishedJwtKey>,
+    /// The JWT key that signs JWT-SVIDs now: `None` while there is none or the active one is
+    /// tainted (it stops signing at once; the rotator replaces it).
+    pub active_jwt: Option<ActiveJwtKey>,
     pub plugged: bool,
     /// Stored slots that failed vetting (see `vetting`): trusted nowhere; `/readyz` is red
     /// while a live one remains.
@@ -202,6 +221,14 @@ impl CaView {
         }
         Err(UntrustedSlots(live))
     }
+}
+
+/// A published JWT signing key: its public half (`kid`, `alg`, SPKI) and its notAfter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedJwtKey {
+    pub key: signet_pki::jwt::JwtPublicKey,
+    /// No token it signs outlives this.
+    pub not_after: SystemTime,
 }
 
 /// `/readyz`'s reason while the database holds live CA key slots that failed vetting
@@ -305,7 +332,7 @@ impl CaManager {
                     .iter()
                     .any(|s| s.slot.kind == k && s.slot.state == State::Active)
             };
-            if has(Kind::Root) && has(Kind::Intermediate) {
+            if has(Kind::Root) && has(Kind::Intermediate) && has(Kind::Jwt) {
                 generation = g;
                 view = Some(vetted);
                 break;
@@ -638,6 +665,12 @@ fn find<'a>(slots: &'a [SlotInfo], id: &str) -> Result<&'a SlotInfo, ManagerErro
     })
 }
 
+impl JwtKeySource for CaManager {
+    fn active_jwt_key(&self) -> Option<ActiveJwtKey> {
+        self.view.load().active_jwt.clone()
+    }
+}
+
 fn active_of(slots: &[SlotInfo], kind: Kind) -> Option<&SlotInfo> {
     slots
         .iter()
@@ -656,5 +689,7 @@ use staging::Staging;
 pub use vetting::RejectedSlot;
 use vetting::{KeyCache, Vetted};
 
+#[cfg(test)]
+mod jwt_tests;
 #[cfg(test)]
 mod tests;

@@ -56,6 +56,20 @@ impl Staging<'_> {
                     ),
                 ));
             }
+            Step::Rotate(Transition::PrepareJwt { reason }) => {
+                let (row, signer) = self.jwt_row(now, at).await?;
+                change.audit.push(event(
+                    "ca.prepared",
+                    format!(
+                        "jwt {} prepared ({}), {}, valid until {}",
+                        row.id,
+                        reason.as_str(),
+                        signer.alg(),
+                        unix(now + self.cfg.jwt_key_ttl)
+                    ),
+                ));
+                change.inserts.push(row);
+            }
             Step::Rotate(Transition::PrepareIntermediate { parent, reason }) => {
                 let parent_slot = find(slots, parent)?;
                 let root = self
@@ -248,6 +262,65 @@ impl Staging<'_> {
             ),
         });
         Ok(self.store.apply_ca_change(generation, &change).await?)
+    }
+
+    /// Generates a JWT signing key (RSA off the async runtime) and its self-signed
+    /// certificate, valid from `now` for `jwt_key_ttl`, sealed into a `jwt` slot row.
+    async fn jwt_row(
+        &self,
+        now: SystemTime,
+        at: i64,
+    ) -> Result<(CaSlotRow, Arc<signet_pki::jwt::JwtSigner>), ManagerError> {
+        let alg = self.cfg.jwt_key_type.key_algorithm();
+        let failed =
+            |e: &dyn std::fmt::Display| ManagerError::Key(format!("generating a JWT key: {e}"));
+        let key = match alg {
+            signet_pki::key::KeyAlgorithm::Rsa(_) => {
+                tokio::task::spawn_blocking(move || signet_pki::key::generate(alg))
+                    .await
+                    .map_err(|e| failed(&e))?
+            }
+            _ => signet_pki::key::generate(alg),
+        }
+        .map_err(|e| failed(&e))?;
+        let signer = Arc::new(signet_pki::jwt::JwtSigner::new(&key).map_err(|e| failed(&e))?);
+        let kid = signer.key_id().to_owned();
+        let not_after = now + self.cfg.jwt_key_ttl;
+        let params = crate::ca::template::jwt_key_params(
+            &kid,
+            now,
+            not_after,
+            &self.serials.next_serial(now),
+        )
+        .ok_or_else(|| failed(&"the key's validity is out of range"))?;
+        let sign_alg = match alg {
+            signet_pki::key::KeyAlgorithm::Rsa(_) => &rcgen::PKCS_RSA_SHA256,
+            _ => &rcgen::PKCS_ECDSA_P256_SHA256,
+        };
+        let pair = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(
+            &rustls::pki_types::PrivatePkcs8KeyDer::from(key.pkcs8_der().to_vec()),
+            sign_alg,
+        )
+        .map_err(|e| failed(&e))?;
+        let cert = params.self_signed(&pair).map_err(|e| failed(&e))?;
+        let cert_der = cert.der().to_vec();
+        let aad = vetting::slot_aad(&kid, Kind::Jwt, None, &cert_der);
+        let row = CaSlotRow {
+            encrypted_key: self.kek.seal(key.pkcs8_der(), &aad),
+            slot: kid.clone(),
+            id: kid,
+            kind: Kind::Jwt.as_str().into(),
+            state: State::Prepared.as_str().into(),
+            parent_id: None,
+            algorithm: signer.alg().as_str().into(),
+            cert_pem: signet_types::pem::cert_to_pem(&cert_der),
+            created_at: at,
+            activated_at: None,
+            retired_at: None,
+            removed_at: None,
+            tainted_at: None,
+        };
+        Ok((row, signer))
     }
 
     fn row(

@@ -21,6 +21,9 @@ fn cfg() -> ManagerConfig {
         key_type: KeyType::EcdsaP256,
         root_ttl: ROOT_TTL,
         intermediate_ttl: INT_TTL,
+        jwt_key_type: crate::ca::jwt_config::JwtKeyType::Es256,
+        // Far beyond the CA tests' horizon: the JWT key rotates in its own tests.
+        jwt_key_ttl: ROOT_TTL * 10,
         policy: rotator::Policy {
             jitter: 0.0,
             root_propagation: Duration::from_secs(300),
@@ -142,9 +145,17 @@ async fn first_start_makes_a_root_that_signs_only_an_intermediate_and_chains_ver
         .into_iter()
         .map(|e| e.kind)
         .collect();
+    // Root, intermediate, then the first JWT-SVID signing key.
     assert_eq!(
         kinds,
-        ["ca.prepared", "ca.activated", "ca.prepared", "ca.activated"]
+        [
+            "ca.prepared",
+            "ca.activated",
+            "ca.prepared",
+            "ca.activated",
+            "ca.prepared",
+            "ca.activated"
+        ]
     );
     // A restart loads the same keys.
     let again = manager(store, kek_copy(m.kek.as_ref().unwrap()), now()).await;
@@ -384,7 +395,9 @@ async fn two_managers_racing_on_one_postgresql_prepare_once() {
     );
     assert_eq!(a.view().active.key_id(), b.view().active.key_id());
     let (_, rows) = s1.ca_slots().await.unwrap();
-    assert_eq!(rows.len(), 2, "one root and one intermediate: {rows:?}");
+    let ca_rows = rows.iter().filter(|r| r.kind != "jwt").count();
+    assert_eq!(ca_rows, 2, "one root and one intermediate: {rows:?}");
+    assert_eq!(rows.len(), 3, "and one JWT key: {rows:?}");
     for round in 0..5u64 {
         // Every round moves past the next threshold (prepare, activate, ...).
         let at = after(Duration::from_secs(300 + round * 200));
@@ -452,10 +465,10 @@ async fn operator_actions_are_checked_against_the_slots() {
         Err(ManagerError::FailedPrecondition(_))
     ));
     // Prepare, then prepare again: refused.
-    let p = m.prepare(false, "op", at).await.unwrap();
+    let p = m.prepare(Kind::Intermediate, "op", at).await.unwrap();
     assert_ne!(p.key_id, first);
     assert!(matches!(
-        m.prepare(false, "op", at).await,
+        m.prepare(Kind::Intermediate, "op", at).await,
         Err(ManagerError::FailedPrecondition(_))
     ));
     record_leaf(store.as_ref(), &m, 7, at).await;
@@ -539,7 +552,7 @@ async fn operator_actions_are_checked_against_the_slots() {
 fn removal_waits_for_other_replicas_to_see_a_retirement() {
     let mut ca = crate::ca::config::CaConfig::default();
     let grace = |ca: &crate::ca::config::CaConfig| {
-        ManagerConfig::from_config(testutil::td(), ca)
+        ManagerConfig::from_config(testutil::td(), ca, &Default::default())
             .policy
             .removal_grace
     };
@@ -755,7 +768,7 @@ async fn a_key_sealed_before_the_binding_is_checked_and_sealed_again() {
 async fn a_removed_root_put_back_by_the_database_does_not_come_back() {
     let (store, _dir) = sqlite().await;
     let m = manager(store.clone(), Kek::generate(), now()).await;
-    let p = m.prepare(true, "op", now()).await.unwrap();
+    let p = m.prepare(Kind::Root, "op", now()).await.unwrap();
     m.revoke(&p.key_id, false, "op", now()).await.unwrap();
     let der = m
         .view()
@@ -818,7 +831,7 @@ async fn a_tainted_intermediate_is_listed_by_its_root_until_the_root_stops_publi
         .find(|s| s.slot.id == old)
         .and_then(|s| s.slot.parent.clone())
         .unwrap();
-    let p = m.prepare(false, "op", now()).await.unwrap();
+    let p = m.prepare(Kind::Intermediate, "op", now()).await.unwrap();
     m.activate(&p.key_id, "op", now()).await.unwrap();
     assert!(m.view().revoked_intermediates(&root_id).is_empty());
     m.taint(&old, "op", now()).await.unwrap();
@@ -924,7 +937,7 @@ async fn a_roots_crl_keeps_listing_an_intermediate_whose_taint_the_database_clea
     let (store, dir) = sqlite().await;
     let m = manager(store.clone(), Kek::generate(), now()).await;
     let old = m.view().active.key_id().to_owned();
-    let p = m.prepare(false, "op", now()).await.unwrap();
+    let p = m.prepare(Kind::Intermediate, "op", now()).await.unwrap();
     m.activate(&p.key_id, "op", now()).await.unwrap();
     m.taint(&old, "op", now()).await.unwrap();
     m.revoke(&old, true, "op", now()).await.unwrap();
@@ -933,6 +946,7 @@ async fn a_roots_crl_keeps_listing_an_intermediate_whose_taint_the_database_clea
             trust_domain: testutil::td(),
             roots: m.view().roots.clone(),
             tainted_key_ids: Vec::new(),
+            jwt_keys: Vec::new(),
             revision: 1,
             crls: Vec::new(),
         },

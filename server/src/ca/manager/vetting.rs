@@ -14,6 +14,11 @@
 //!   published), and its key must be the certificate's key; the ID must be the
 //!   certificate's key ID; a root must be self-signed and a CA; an intermediate must be
 //!   signed by its stored parent root, which must itself pass.
+//! - **A JWT key slot** (kind `jwt`) holds a JWT-SVID signing key and a self-signed
+//!   end-entity certificate of it (never a CA): its ID must be the `kid` of the certificate's
+//!   public key ([`signet_pki::jwt::key_id_for`]), it has no parent, its certificate must be
+//!   self-signed and not a CA, and its sealed key must open for the row and be the
+//!   certificate's key.
 //! - **A removed slot holds no key**: removal erases the sealed key, so a removed root put
 //!   back into a live state no longer opens. A removed slot is never trusted; it is checked
 //!   only for what it still publishes: an intermediate tainted or revoked goes on its root's
@@ -78,6 +83,23 @@ pub(super) enum SlotRejection {
     Sealed(#[source] crate::ca::kek::KekError),
     #[error("its key and certificate do not form a CA: {0}")]
     NotACa(#[source] crate::ca::authority::AuthorityError),
+    #[error("a JWT key with a parent")]
+    JwtWithParent,
+    #[error("a JWT key's certificate is a CA certificate")]
+    JwtIsCa,
+    #[error("its certificate is not self-signed: {0}")]
+    JwtNotSelfSigned(#[source] CertError),
+    #[error("its key is not a JWT signing key: {0}")]
+    JwtKey(String),
+    #[error("its key is not its certificate's key")]
+    JwtKeyMismatch,
+}
+
+/// An opened slot key: a CA that signs certificates, or a JWT-SVID signing key.
+#[derive(Clone)]
+pub(super) enum Opened {
+    Ca(Arc<Authority>),
+    Jwt(Arc<signet_pki::jwt::JwtSigner>),
 }
 
 /// What the cache remembers of a row: a digest of everything the checks read.
@@ -104,16 +126,15 @@ fn row_digest(s: &SlotInfo) -> RowDigest {
 /// changes is vetted again.
 #[derive(Default)]
 pub(super) struct KeyCache {
-    opened: HashMap<String, (RowDigest, Arc<Authority>)>,
+    opened: HashMap<String, (RowDigest, Opened)>,
     /// Rejections already reported (by row digest), so each is audited once.
     reported: BTreeSet<RowDigest>,
 }
 
 impl KeyCache {
     /// Remembers a key this process generated and sealed for `s`.
-    pub(super) fn insert(&mut self, s: &SlotInfo, authority: Arc<Authority>) {
-        self.opened
-            .insert(s.slot.id.clone(), (row_digest(s), authority));
+    pub(super) fn insert(&mut self, s: &SlotInfo, key: Opened) {
+        self.opened.insert(s.slot.id.clone(), (row_digest(s), key));
     }
 
     /// Whether `r` (a row that did not decode) is reported for the first time.
@@ -123,11 +144,27 @@ impl KeyCache {
             .insert(signet_types::ledger::sha256(text.as_bytes()))
     }
 
-    pub(super) fn get(&self, s: &SlotInfo) -> Option<Arc<Authority>> {
+    fn opened(&self, s: &SlotInfo) -> Option<&Opened> {
         self.opened
             .get(&s.slot.id)
             .filter(|(d, _)| *d == row_digest(s))
-            .map(|(_, a)| a.clone())
+            .map(|(_, k)| k)
+    }
+
+    /// The opened CA key of `s`'s row.
+    pub(super) fn get(&self, s: &SlotInfo) -> Option<Arc<Authority>> {
+        match self.opened(s)? {
+            Opened::Ca(a) => Some(a.clone()),
+            Opened::Jwt(_) => None,
+        }
+    }
+
+    /// The opened JWT signing key of `s`'s row.
+    pub(super) fn get_jwt(&self, s: &SlotInfo) -> Option<Arc<signet_pki::jwt::JwtSigner>> {
+        match self.opened(s)? {
+            Opened::Jwt(k) => Some(k.clone()),
+            Opened::Ca(_) => None,
+        }
     }
 }
 
@@ -198,6 +235,18 @@ impl Vetted {
         }
     }
 
+    /// The opened JWT signing key of an accepted live JWT slot.
+    pub(super) fn jwt_signer(
+        &self,
+        id: &str,
+        keys: &Mutex<KeyCache>,
+    ) -> Option<Arc<signet_pki::jwt::JwtSigner>> {
+        let s = self.slots.iter().find(|s| s.slot.id == id)?;
+        keys.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get_jwt(s)
+    }
+
     /// The opened key of an accepted live slot.
     pub(super) fn authority(&self, id: &str, keys: &Mutex<KeyCache>) -> Option<Arc<Authority>> {
         let s = self.slots.iter().find(|s| s.slot.id == id)?;
@@ -217,7 +266,12 @@ pub(super) fn vet(slots: Vec<SlotInfo>, kek: &Kek, keys: &Mutex<KeyCache>) -> Ve
             .filter(|&i| slots[i].slot.kind == k)
             .collect()
     };
-    let order = [of_kind(Kind::Root), of_kind(Kind::Intermediate)].concat();
+    let order = [
+        of_kind(Kind::Root),
+        of_kind(Kind::Intermediate),
+        of_kind(Kind::Jwt),
+    ]
+    .concat();
     let mut decided: Vec<(usize, Result<(), SlotRejection>)> = Vec::with_capacity(slots.len());
     for i in order {
         let s = &slots[i];
@@ -259,6 +313,9 @@ fn vet_one(
     reseal: &mut Vec<(String, Vec<u8>)>,
 ) -> Result<(), SlotRejection> {
     let id = &s.slot.id;
+    if s.slot.kind == Kind::Jwt {
+        return vet_jwt(s, kek, keys);
+    }
     let key_id = crate::ca::authority::key_id_of_der(&s.cert_der);
     if key_id.as_deref() != Some(id.as_str()) {
         return Err(SlotRejection::KeyId {
@@ -274,6 +331,7 @@ fn vet_one(
             verify_issued_by(&s.cert_der, &s.cert_der).map_err(SlotRejection::NotSelfSigned)?;
             None
         }
+        Kind::Jwt => return Err(SlotRejection::JwtWithParent),
         Kind::Intermediate => {
             let pid = s.slot.parent.as_deref().ok_or(SlotRejection::NoParent)?;
             let p = slots
@@ -324,6 +382,58 @@ fn vet_one(
     }
     keys.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .insert(s, Arc::new(authority));
+        .insert(s, Opened::Ca(Arc::new(authority)));
+    Ok(())
+}
+
+/// Vets a JWT key slot (see the module docs).
+fn vet_jwt(s: &SlotInfo, kek: &Kek, keys: &Mutex<KeyCache>) -> Result<(), SlotRejection> {
+    let id = &s.slot.id;
+    let cert = validate::parse_cert(&s.cert_der).map_err(SlotRejection::JwtNotSelfSigned)?;
+    let spki = cert.public_key().raw;
+    let kid = signet_pki::jwt::key_id_for(spki);
+    if kid != *id {
+        return Err(SlotRejection::KeyId {
+            found: kid,
+            id: id.clone(),
+        });
+    }
+    if s.slot.parent.is_some() {
+        return Err(SlotRejection::JwtWithParent);
+    }
+    if cert
+        .basic_constraints()
+        .ok()
+        .flatten()
+        .is_some_and(|bc| bc.value.ca)
+    {
+        return Err(SlotRejection::JwtIsCa);
+    }
+    crate::ca::authority::verify_self_signed(&s.cert_der)
+        .map_err(SlotRejection::JwtNotSelfSigned)?;
+    if s.slot.state == State::Removed {
+        return Ok(());
+    }
+    let cached = keys
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get_jwt(s)
+        .is_some();
+    if cached {
+        return Ok(());
+    }
+    // JWT keys were always sealed with the binding: there is no legacy form to accept.
+    let aad = slot_aad(id, Kind::Jwt, None, &s.cert_der);
+    let pkcs8 = kek.open(&s.sealed.0, &aad).map_err(SlotRejection::Sealed)?;
+    let key = signet_pki::key::PrivateKey::from_pkcs8_der(&pkcs8)
+        .map_err(|e| SlotRejection::JwtKey(e.to_string()))?;
+    let signer =
+        signet_pki::jwt::JwtSigner::new(&key).map_err(|e| SlotRejection::JwtKey(e.to_string()))?;
+    if signer.public_key().spki_der() != spki {
+        return Err(SlotRejection::JwtKeyMismatch);
+    }
+    keys.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(s, Opened::Jwt(Arc::new(signer)));
     Ok(())
 }

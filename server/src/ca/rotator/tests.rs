@@ -48,7 +48,9 @@ fn steady() -> Vec<Slot> {
 }
 
 fn first(slots: &[Slot], now: SystemTime) -> Option<Transition> {
-    decide(slots, now, &policy(), &NoJitter).into_iter().next()
+    decide_ca(slots, now, &policy(), &NoJitter)
+        .into_iter()
+        .next()
 }
 
 #[test]
@@ -99,7 +101,7 @@ fn an_upgraded_database_with_only_a_root_gets_an_intermediate_and_keeps_the_root
     // Before slots, one root signed leaves directly; it has unexpired leaves.
     let mut root = slot("legacy", Kind::Root, State::Active, None, 0, 3650 * 86_400);
     root.issued_unexpired = 12;
-    let t = decide(&[root], at(100), &policy(), &NoJitter);
+    let t = decide_ca(&[root], at(100), &policy(), &NoJitter);
     assert_eq!(
         t,
         vec![Transition::PrepareIntermediate {
@@ -163,7 +165,7 @@ fn an_expired_active_intermediate_is_replaced_at_once() {
         intermediate_activate_at: 0.99,
         ..policy()
     };
-    let t = decide(&s, at(6 * 86_400), &p, &NoJitter);
+    let t = decide_ca(&s, at(6 * 86_400), &p, &NoJitter);
     assert_eq!(
         t[0],
         Transition::Activate {
@@ -299,7 +301,7 @@ fn root_is_prepared_at_one_half_and_waits_for_the_propagation_window() {
     );
     let p = policy();
     assert_eq!(
-        decide(&s, at(late + 599), &p, &NoJitter),
+        decide_ca(&s, at(late + 599), &p, &NoJitter),
         Vec::<Transition>::new()
     );
     assert_eq!(
@@ -477,7 +479,7 @@ fn a_retired_root_stays_while_anything_chains_to_it_and_goes_when_it_expires() {
     s[0].issued_unexpired = 5;
     assert_eq!(first(&s, at(1000)), None);
     // ...but not past its own expiry (i2 is due for rotation by then too).
-    let due = decide(&s, at(10 * DAY.as_secs()), &policy(), &NoJitter);
+    let due = decide_ca(&s, at(10 * DAY.as_secs()), &policy(), &NoJitter);
     assert!(
         due.contains(&Transition::Remove {
             id: "r1".into(),
@@ -539,6 +541,10 @@ impl Sim {
                 }
                 self.slots.iter_mut().find(|s| &s.id == id).unwrap().state = State::Active;
             }
+            Transition::PrepareJwt { .. } => {
+                let s = new(Kind::Jwt, None, now, now + self.int_ttl);
+                self.slots.push(s);
+            }
             Transition::Remove { id, .. } => {
                 self.slots.iter_mut().find(|s| &s.id == id).unwrap().state = State::Removed;
             }
@@ -576,7 +582,7 @@ fn a_simulated_life_rotates_on_schedule_and_keeps_every_chain_trusted() {
                 .count() as u64;
         }
         let mut steps = 0;
-        while let Some(t) = decide(&sim.slots, at(now), &p, &KeyIdJitter)
+        while let Some(t) = decide_ca(&sim.slots, at(now), &p, &KeyIdJitter)
             .into_iter()
             .next()
         {
@@ -584,6 +590,7 @@ fn a_simulated_life_rotates_on_schedule_and_keeps_every_chain_trusted() {
                 match sim.slots.iter().find(|s| &s.id == id).unwrap().kind {
                     Kind::Root => root_activations += 1,
                     Kind::Intermediate => int_activations += 1,
+                    Kind::Jwt => unreachable!("decide_ca never moves a JWT key"),
                 }
             }
             sim.apply(&t, now);
@@ -648,4 +655,191 @@ fn a_simulated_life_rotates_on_schedule_and_keeps_every_chain_trusted() {
         .filter(|s| s.state == State::Removed)
         .count();
     assert!(removed > 20, "old keys are removed: {removed}");
+}
+
+/// A JWT key valid `nb..na` (seconds after T0), in `state`.
+fn jwt(id: &str, state: State, nb: u64, na: u64) -> Slot {
+    slot(id, Kind::Jwt, state, None, nb, na)
+}
+
+fn jwt_first(slots: &[Slot], now: SystemTime) -> Option<Transition> {
+    decide_jwt(slots, now, &policy(), &NoJitter)
+        .into_iter()
+        .next()
+}
+
+#[test]
+fn jwt_keys_bootstrap_after_the_ca_keys_and_independently_of_them() {
+    // No JWT key: the CA's transitions come first, the JWT key's after them.
+    let s = vec![slot("r1", Kind::Root, State::Prepared, None, 0, 1000)];
+    assert_eq!(
+        decide(&s, at(0), &policy(), &NoJitter),
+        vec![
+            Transition::Activate {
+                id: "r1".into(),
+                reason: Reason::Bootstrap
+            },
+            Transition::PrepareJwt {
+                reason: Reason::Bootstrap
+            }
+        ]
+    );
+    let mut s = steady();
+    assert_eq!(
+        first(&s, at(1)),
+        None,
+        "the CA rules ignore the missing JWT key"
+    );
+    assert_eq!(
+        decide(&s, at(1), &policy(), &NoJitter),
+        vec![Transition::PrepareJwt {
+            reason: Reason::Bootstrap
+        }]
+    );
+    // None active: the prepared key is activated at once, whatever the propagation.
+    s.push(jwt("j1", State::Prepared, 1, 86_400));
+    assert_eq!(
+        decide(&s, at(1), &policy(), &NoJitter),
+        vec![Transition::Activate {
+            id: "j1".into(),
+            reason: Reason::Bootstrap
+        }]
+    );
+    s[2].state = State::Active;
+    assert!(decide(&s, at(2), &policy(), &NoJitter).is_empty());
+}
+
+#[test]
+fn jwt_key_is_prepared_at_one_half_and_activated_at_five_sixths_after_propagation() {
+    let life = 86_400;
+    let mut s = vec![jwt("j1", State::Active, 0, life)];
+    assert_eq!(jwt_first(&s, at(life / 2 - 1)), None);
+    assert_eq!(
+        jwt_first(&s, at(life / 2)),
+        Some(Transition::PrepareJwt {
+            reason: Reason::Threshold
+        })
+    );
+    // Prepared late (just before 5/6): it waits for the propagation window (600 s).
+    let five_sixths = life * 5 / 6;
+    s.push(jwt(
+        "j2",
+        State::Prepared,
+        five_sixths - 100,
+        five_sixths - 100 + life,
+    ));
+    assert_eq!(jwt_first(&s, at(five_sixths)), None);
+    assert_eq!(jwt_first(&s, at(five_sixths + 499)), None);
+    assert_eq!(
+        jwt_first(&s, at(five_sixths + 500)),
+        Some(Transition::Activate {
+            id: "j2".into(),
+            reason: Reason::Threshold
+        })
+    );
+    // Prepared on time: activated at 5/6 exactly.
+    s[1].prepared_at = at(life / 2);
+    assert_eq!(jwt_first(&s, at(five_sixths - 1)), None);
+    assert_eq!(
+        jwt_first(&s, at(five_sixths)),
+        Some(Transition::Activate {
+            id: "j2".into(),
+            reason: Reason::Threshold
+        })
+    );
+    // An expired active key is replaced at once, propagation or not.
+    s[1].prepared_at = at(life - 1);
+    assert_eq!(
+        jwt_first(&s, at(life)),
+        Some(Transition::Activate {
+            id: "j2".into(),
+            reason: Reason::Expired
+        })
+    );
+}
+
+#[test]
+fn a_tainted_jwt_key_is_replaced_at_once() {
+    let mut s = vec![jwt("j1", State::Active, 0, 86_400)];
+    s[0].tainted = true;
+    assert_eq!(
+        jwt_first(&s, at(10)),
+        Some(Transition::PrepareJwt {
+            reason: Reason::Tainted
+        })
+    );
+    // Just prepared: activated at once (the tainted key must stop signing).
+    s.push(jwt("j2", State::Prepared, 10, 86_410));
+    assert_eq!(
+        jwt_first(&s, at(10)),
+        Some(Transition::Activate {
+            id: "j2".into(),
+            reason: Reason::Tainted
+        })
+    );
+    // A tainted prepared key is removed, never activated.
+    s[1].tainted = true;
+    assert_eq!(
+        decide_jwt(&s, at(10), &policy(), &NoJitter),
+        vec![
+            Transition::Remove {
+                id: "j2".into(),
+                reason: Reason::Tainted
+            },
+            Transition::PrepareJwt {
+                reason: Reason::Tainted
+            }
+        ]
+    );
+}
+
+#[test]
+fn a_retired_jwt_key_is_removed_once_its_tokens_cannot_be_live() {
+    let p = policy();
+    let mut s = vec![
+        jwt("j2", State::Active, 1000, 90_000),
+        jwt("j1", State::Retired, 0, 86_400),
+    ];
+    s[1].retired_at = Some(at(1000));
+    let gone = 1000 + p.jwt_max_ttl.as_secs() + p.removal_grace.as_secs();
+    assert_eq!(jwt_first(&s, at(gone - 1)), None);
+    assert_eq!(
+        jwt_first(&s, at(gone)),
+        Some(Transition::Remove {
+            id: "j1".into(),
+            reason: Reason::TokensExpired
+        })
+    );
+    // An expired retired key goes whatever its retirement time.
+    s[1].retired_at = Some(at(86_000));
+    assert!(
+        decide_jwt(&s, at(86_400), &p, &NoJitter).contains(&Transition::Remove {
+            id: "j1".into(),
+            reason: Reason::Expired
+        })
+    );
+    // The CA rules never remove a JWT key (its ledger count means nothing to them).
+    let mut all = steady();
+    all.extend(s);
+    assert!(decide_ca(&all, at(86_400), &p, &NoJitter).is_empty());
+}
+
+#[test]
+fn jwt_thresholds_move_with_the_key_id_jitter() {
+    let p = Policy {
+        jitter: 0.02,
+        ..policy()
+    };
+    let a = jwt("key-a", State::Active, 0, 86_400);
+    let b = jwt("key-b", State::Active, 0, 86_400);
+    let ta = jwt_prepare_time(&a, &p, &KeyIdJitter);
+    let tb = jwt_prepare_time(&b, &p, &KeyIdJitter);
+    assert_ne!(ta, tb, "two keys get different thresholds");
+    assert_eq!(ta, jwt_prepare_time(&a, &p, &KeyIdJitter), "stable per key");
+    let half = at(43_200);
+    let bound = Duration::from_secs_f64(86_400.0 * 0.02);
+    for t in [ta, tb] {
+        let d = t.duration_since(half).unwrap_or_else(|e| e.duration());
+        assert!(d <= bound, "{d:?}");
+    }
 }
