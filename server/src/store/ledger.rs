@@ -117,7 +117,8 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// hash chain; returns the rows' sequence numbers. All or nothing.
     async fn append_rows(&self, batch: &[NewLedgerRow]) -> Result<Vec<u64>, StoreError>;
 
-    /// [`LedgerStore::append_rows`] of certificates only.
+    /// [`LedgerStore::append_rows`] of certificates only (tests and the benchmark fill).
+    #[cfg(any(test, feature = "bench"))]
     async fn append_certificates(&self, batch: &[NewCertificate]) -> Result<Vec<u64>, StoreError> {
         let rows: Vec<NewLedgerRow> = batch
             .iter()

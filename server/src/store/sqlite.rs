@@ -360,6 +360,7 @@ mod tests {
                     ttl_seconds: 600,
                     dns_names: vec![],
                     created_at: 42,
+                    jwt_ttl_seconds: 0,
                 })
                 .collect()
         };
