@@ -19,9 +19,9 @@ use crate::audit::AuditLog;
 use crate::authn::jwt::{Bearer, JwtAuthenticator};
 use crate::authn::{AuthenticatedCaller, AuthnError, CallerKind, mtls};
 use crate::ca::csr::VerifiedCsr;
+use crate::ca::jwt_key::JwtKeySource;
 use crate::ca::{Authority, IssueError, IssuedCert, RequestedNames, SerialSource};
 use crate::clock::{Clock, unix};
-use crate::ca::jwt_key::JwtKeySource;
 use crate::jwt_svid::{self, JwtIssuePolicy, JwtMintError, JwtMintRequest, MintedJwtSvid};
 use crate::ledger::{LedgerError, LedgerWriter};
 use crate::metrics::Metrics;
@@ -509,7 +509,11 @@ impl Issuer {
             batch_first_seq = Empty,
             outcome = Empty
         );
-        let seq = self.ledger.commit_jwt(record).instrument(span.clone()).await;
+        let seq = self
+            .ledger
+            .commit_jwt(record)
+            .instrument(span.clone())
+            .await;
         record_outcome(&span, &seq, |_| "not_recorded");
         let seq = seq.map_err(|e| {
             tracing::warn!(error = %e, request_id = %input.request_id, "ledger commit failed; JWT-SVID discarded");
@@ -822,3 +826,7 @@ fn merge_names(a: &RequestedNames, b: &RequestedNames) -> RequestedNames {
         other: union(&a.other, &b.other),
     }
 }
+
+#[cfg(test)]
+#[path = "issuer_jwt_tests.rs"]
+mod jwt_tests;

@@ -253,4 +253,4 @@ fn self_check(token: &str, claims: &JwtSvidClaims, key: &ActiveJwtKey) -> Result
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -88,7 +88,7 @@ pub use entry_events::EntrySubscription;
 pub use error::StoreError;
 pub use ledger::{LedgerHead, LedgerRecord, LedgerStore, NewCertificate, NewJwtSvid, NewLedgerRow};
 pub use nodes::{BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, NodeStore, TokenUse};
-pub use paging::{CertQuery, Order, certificates_page};
+pub use paging::{CertQuery, Order, certificates_page, jwt_svids_page};
 pub use pins::{Pin, PinEvidence, PinStore};
 pub use postgres::PgStore;
 pub use revocations::{CertFilter, EventRow, NewRevocation, RevocationOutcome, RevocationStore};
