@@ -514,9 +514,9 @@ mod tests {
         fn serials(&self) -> Vec<String> {
             let rows = self.rows.lock().unwrap();
             rows.iter()
-                .filter_map(|(r, _)| match r {
-                    NewLedgerRow::Certificate(c) => Some(c.serial.clone()),
-                    NewLedgerRow::JwtSvid(j) => Some(format!("jwt:{}", j.request_id)),
+                .map(|(r, _)| match r {
+                    NewLedgerRow::Certificate(c) => c.serial.clone(),
+                    NewLedgerRow::JwtSvid(j) => format!("jwt:{}", j.request_id),
                 })
                 .collect()
         }
