@@ -554,6 +554,27 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_jwt_ttl_is_zero_or_one_second_to_a_day() {
+        let sel = vec!["unix:uid:1".to_owned()];
+        let one = |jwt: i64| {
+            validate_batch(
+                &policy(),
+                &[EntryInput {
+                    jwt_ttl_seconds: jwt,
+                    ..input("spiffe://example.org/w", &sel)
+                }],
+            )
+        };
+        assert_eq!(one(0).unwrap()[0].jwt_ttl_seconds, 0);
+        assert_eq!(one(1).unwrap()[0].jwt_ttl_seconds, 1);
+        assert_eq!(one(86_400).unwrap()[0].jwt_ttl_seconds, 86_400);
+        for bad in [-1, 86_401, i64::MAX] {
+            let err = one(bad).unwrap_err().to_string();
+            assert!(err.starts_with("entry 0: jwt_ttl"), "{err}");
+        }
+    }
+
+    #[test]
     fn batches_are_validated_whole() {
         let one = vec!["unix:uid:1".to_owned()];
         let two = vec!["unix:uid:2".to_owned()];
