@@ -508,8 +508,8 @@ impl Checkpointer {
         Ok((head, previous))
     }
 
-    /// The hash the ledger holds at `seq`: a certificate row's or an event's (they share one
-    /// chain); `GENESIS` at 0; `None` when no row has that seq.
+    /// The hash the ledger holds at `seq`: a certificate row's, an event's or a JWT-SVID row's
+    /// (they share one chain); `GENESIS` at 0; `None` when no row has that seq.
     async fn hash_at(&self, seq: u64) -> Result<Option<Hash>, StoreError> {
         let Some(before) = seq.checked_sub(1) else {
             return Ok(Some(GENESIS));
@@ -524,10 +524,14 @@ impl Checkpointer {
             return Ok(Some(r.hash));
         }
         let events = self.store.ledger_events(before, 1).await?;
-        Ok(events
-            .first()
-            .filter(|e| e.event.seq == seq)
-            .map(|e| e.hash))
+        if let Some(e) = events.first().filter(|e| e.event.seq == seq) {
+            return Ok(Some(e.hash));
+        }
+        let jwts = self
+            .store
+            .jwt_svids_page(Order::OldestFirst, Some(before), 1, None)
+            .await?;
+        Ok(jwts.first().filter(|j| j.entry.seq == seq).map(|j| j.hash))
     }
 
     /// The highest checkpoint among the newest checkpoint audit events that this key signed

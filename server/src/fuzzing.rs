@@ -669,6 +669,7 @@ pub fn renewal(data: &[u8]) {
         dns_names: entry_dns,
         revision: 1,
         created_at: 0,
+        jwt_ttl_seconds: 0,
     };
     let node = NodeRow {
         node_id: "n1".into(),

@@ -19,13 +19,15 @@ use crate::audit::AuditLog;
 use crate::authn::jwt::{Bearer, JwtAuthenticator};
 use crate::authn::{AuthenticatedCaller, AuthnError, CallerKind, mtls};
 use crate::ca::csr::VerifiedCsr;
+use crate::ca::jwt_key::JwtKeySource;
 use crate::ca::{Authority, IssueError, IssuedCert, RequestedNames, SerialSource};
 use crate::clock::{Clock, unix};
+use crate::jwt_svid::{self, JwtIssuePolicy, JwtMintError, JwtMintRequest, MintedJwtSvid};
 use crate::ledger::{LedgerError, LedgerWriter};
 use crate::metrics::Metrics;
 use crate::policy::renewal::{self, EntryFacts, RenewalBasis};
 use crate::policy::{Denial, DenialKind, GrantSource, IssueRequest, Policy};
-use crate::store::{NewCertificate, Store, StoreError};
+use crate::store::{NewCertificate, NewJwtSvid, Store, StoreError};
 use signet_runtime::telemetry::{TARGET as TRACE, record_outcome};
 use tracing::Instrument as _;
 use tracing::field::Empty;
@@ -70,6 +72,9 @@ pub enum IssuerError {
     /// The signing CA is not valid now (retryable).
     #[error("the CA cannot issue right now: {0}")]
     CaNotValid(String),
+    /// No JWT-SVID signing key can sign now (none active, or it is about to expire): retryable.
+    #[error("{0}")]
+    JwtKeyUnavailable(String),
     /// The ledger's queue is full (retryable, with backoff).
     #[error("the CA is overloaded (ledger queue full); retry with backoff")]
     LedgerOverloaded,
@@ -93,6 +98,7 @@ impl IssuerError {
             IssuerError::Denied(_) => "permission_denied",
             IssuerError::RateLimited { .. } => "resource_exhausted",
             IssuerError::CaNotValid(_)
+            | IssuerError::JwtKeyUnavailable(_)
             | IssuerError::LedgerOverloaded
             | IssuerError::NotRecorded(_)
             | IssuerError::Store(StoreError::Unavailable(_)) => "unavailable",
@@ -144,6 +150,26 @@ pub struct Issuer {
     caller_limits: Option<Arc<crate::limits::CallerLimits>>,
     /// Ledger rows of certificates presented over mTLS, reused for a second.
     presented_rows: crate::policy::row_cache::RowCache,
+    /// Where JWT-SVID issuance gets the active JWT signing key; `None`: not configured (every
+    /// JWT-SVID is refused as Unavailable).
+    jwt_keys: Option<Arc<dyn JwtKeySource>>,
+    jwt_policy: JwtIssuePolicy,
+}
+
+/// One JWT-SVID request, as the API edge hands it over.
+#[derive(Debug, Clone)]
+pub struct JwtInput<'a> {
+    /// Why: the caller's own identity (native API) or a registration entry (node API).
+    pub source: GrantSource<'a>,
+    /// The `aud` claim, as asked (checked and de-duplicated here).
+    pub audience: &'a [String],
+    /// Requested lifetime in seconds (0: the entry's, else the server's default).
+    pub ttl_seconds: i64,
+    /// The entry's `jwt_ttl_seconds` (0: none, or not an entry).
+    pub entry_ttl_seconds: i64,
+    pub request_id: String,
+    /// For metrics: `native_jwt`, `node_jwt`.
+    pub api: &'static str,
 }
 
 impl std::fmt::Debug for Issuer {
@@ -185,7 +211,16 @@ impl Issuer {
             metrics: p.metrics,
             caller_limits: None,
             presented_rows: Default::default(),
+            jwt_keys: None,
+            jwt_policy: JwtIssuePolicy::default(),
         }
+    }
+
+    /// Mints JWT-SVIDs with the active key of `keys`, under `policy`.
+    pub fn with_jwt_svids(mut self, keys: Arc<dyn JwtKeySource>, policy: JwtIssuePolicy) -> Self {
+        self.jwt_keys = Some(keys);
+        self.jwt_policy = policy;
+        self
     }
 
     /// Limits how fast each authenticated caller may ask for certificates.
@@ -343,12 +378,7 @@ impl Issuer {
         result
     }
 
-    fn observe(
-        &self,
-        api: &'static str,
-        result: &Result<IssuedCert, IssuerError>,
-        started: Instant,
-    ) {
+    fn observe<T>(&self, api: &'static str, result: &Result<T, IssuerError>, started: Instant) {
         let outcome = match result {
             Ok(_) => "issued",
             Err(e) => e.outcome(),
@@ -360,6 +390,148 @@ impl Issuer {
             .into_std()
             .saturating_duration_since(started);
         self.metrics.observe_issuance(api, outcome, took);
+    }
+
+    /// Authenticates and mints a JWT-SVID for the caller's own identity (the native API),
+    /// under the same authentication, rate limit and policy as `SignCsr`; recording metrics.
+    pub async fn authenticate_and_mint_jwt(
+        &self,
+        creds: &Credentials,
+        input: JwtInput<'_>,
+    ) -> Result<MintedJwtSvid, IssuerError> {
+        let started = self.clock.monotonic().into_std();
+        let api = input.api;
+        let result = match self.authenticate(creds) {
+            Ok(caller) => match self.check_caller_rate(&caller, None) {
+                Ok(()) => self.mint_jwt_inner(&caller, input).await,
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        self.observe(api, &result, started);
+        result
+    }
+
+    /// Mints a JWT-SVID for an already authenticated caller (the node API, for an entry),
+    /// recording metrics.
+    pub async fn mint_jwt(
+        &self,
+        caller: &AuthenticatedCaller,
+        input: JwtInput<'_>,
+    ) -> Result<MintedJwtSvid, IssuerError> {
+        let started = self.clock.monotonic().into_std();
+        let api = input.api;
+        let result = self.mint_jwt_inner(caller, input).await;
+        self.observe(api, &result, started);
+        result
+    }
+
+    /// The JWT-SVID flow: the same authorization as a certificate (policy decides the identity
+    /// from the grant source, with no names asked; an mTLS caller's presented certificate is
+    /// re-checked as for a renewal), then the minting core with the active JWT key, then the
+    /// ledger commit; the token is returned only once its row committed.
+    async fn mint_jwt_inner(
+        &self,
+        caller: &AuthenticatedCaller,
+        input: JwtInput<'_>,
+    ) -> Result<MintedJwtSvid, IssuerError> {
+        let audience = jwt_svid::normalize_audience(input.audience)
+            .map_err(|e| self.deny(caller, "jwt.audience", e.to_string(), true))?;
+        let now = self.clock.now();
+        let basis = match caller.kind() {
+            CallerKind::Mtls { .. } => Some(
+                self.renewal_basis(caller, unix(now))
+                    .instrument(tracing::info_span!(target: TRACE, "policy.renewal_basis"))
+                    .await
+                    .map_err(|e| self.denial(caller, e))?,
+            ),
+            _ => None,
+        };
+        let names = RequestedNames::default();
+        let request = IssueRequest {
+            source: input.source,
+            names: &names,
+            ttl_seconds: 0,
+            impersonate: None,
+            renewal: basis.as_ref(),
+        };
+        let span = tracing::info_span!(target: TRACE, "policy", outcome = Empty);
+        let grant = span.in_scope(|| self.policy.decide(caller, &request, unix(now)));
+        record_outcome(&span, &grant, |d| d.reason);
+        let grant = grant.map_err(|d| self.denial(caller, Refusal::Policy(d)))?;
+
+        let key = self.jwt_keys.as_ref().and_then(|k| k.active_jwt_key());
+        let span = tracing::info_span!(target: TRACE, "sign_jwt", outcome = Empty);
+        let minted = span.in_scope(|| {
+            jwt_svid::mint(
+                &self.jwt_policy,
+                &JwtMintRequest {
+                    subject: grant.spiffe_id(),
+                    audience: &audience,
+                    ttl_seconds: input.ttl_seconds,
+                    entry_ttl_seconds: input.entry_ttl_seconds,
+                },
+                now,
+                key.as_ref(),
+            )
+        });
+        record_outcome(&span, &minted, |_| "refused");
+        let minted = minted.map_err(|e| match e {
+            JwtMintError::Invalid(m) => self.deny(caller, "jwt.request", m, true),
+            JwtMintError::Unavailable(m) => {
+                tracing::warn!(error = %m, "JWT-SVID refused: no usable signing key");
+                IssuerError::JwtKeyUnavailable(m)
+            }
+            JwtMintError::SelfCheck(m) => {
+                tracing::error!(error = %m, request_id = %input.request_id, "JWT-SVID minting failed");
+                IssuerError::Internal {
+                    request_id: input.request_id.clone(),
+                }
+            }
+        })?;
+
+        let record = NewJwtSvid {
+            spiffe_id: minted.claims.subject.to_string(),
+            audience: minted.claims.audience.clone(),
+            issued_at: minted.claims.issued_at,
+            expires_at: minted.claims.expires_at,
+            key_id: minted.key_id.clone(),
+            token_sha256: minted.token_sha256,
+            caller: caller.label(),
+            request_id: input.request_id.clone(),
+            provenance: grant.provenance().to_ledger_text(),
+        };
+        let span = tracing::info_span!(
+            target: TRACE,
+            "ledger.commit",
+            seq = Empty,
+            batch_size = Empty,
+            batch_first_seq = Empty,
+            outcome = Empty
+        );
+        let seq = self
+            .ledger
+            .commit_jwt(record)
+            .instrument(span.clone())
+            .await;
+        record_outcome(&span, &seq, |_| "not_recorded");
+        let seq = seq.map_err(|e| {
+            tracing::warn!(error = %e, request_id = %input.request_id, "ledger commit failed; JWT-SVID discarded");
+            match e {
+                LedgerError::Overloaded => IssuerError::LedgerOverloaded,
+                e @ LedgerError::RevokedParent(_) => IssuerError::Denied(e.to_string()),
+                other => IssuerError::NotRecorded(other),
+            }
+        })?;
+        tracing::debug!(
+            seq,
+            spiffe_id = %minted.claims.subject,
+            caller = %caller.label(),
+            request_id = %input.request_id,
+            api = input.api,
+            "JWT-SVID issued"
+        );
+        Ok(minted)
     }
 
     async fn issue_inner(
@@ -654,3 +826,7 @@ fn merge_names(a: &RequestedNames, b: &RequestedNames) -> RequestedNames {
         other: union(&a.other, &b.other),
     }
 }
+
+#[cfg(test)]
+#[path = "issuer_jwt_tests.rs"]
+mod jwt_tests;

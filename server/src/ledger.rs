@@ -1,8 +1,8 @@
 //! The group-commit ledger writer.
 //!
 //! Every issuance sends its record to one background task and waits for the answer. The task
-//! takes everything already queued (up to `max_batch`) into a single
-//! [`LedgerStore::append_certificates`] transaction, then answers each waiter with its sequence
+//! takes everything already queued (up to `max_batch`), certificates and JWT-SVIDs alike, in
+//! the order queued, into a single [`LedgerStore::append_rows`] transaction, then answers each waiter with its sequence
 //! number, or all of them with the same error. While one batch commits, the next accumulates
 //! in the queue, so durability costs one commit per batch rather than per certificate.
 //!
@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::clock::Clock;
 use crate::config::LedgerConfig;
-use crate::store::{LedgerStore, NewCertificate, StoreError};
+use crate::store::{LedgerStore, NewCertificate, NewJwtSvid, NewLedgerRow, StoreError};
 
 /// Why a certificate was not recorded. The caller must not return the certificate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -214,7 +214,7 @@ pub type OnBatch = Arc<dyn Fn(usize, Duration) + Send + Sync>;
 /// A handle to the group-commit writer task; cheap to clone.
 #[derive(Clone)]
 pub struct LedgerWriter {
-    tx: mpsc::Sender<(NewCertificate, Reply)>,
+    tx: mpsc::Sender<(NewLedgerRow, Reply)>,
     deadline: Duration,
     progress: Arc<LedgerProgress>,
     /// When waiting starts (the writer task reads the same clock for its commits).
@@ -328,6 +328,17 @@ impl LedgerWriter {
     /// waits longer than the commit deadline: then `DeadlineExceeded`, and the certificate
     /// must be discarded (it may still be recorded later, but is never returned).
     pub async fn commit(&self, cert: NewCertificate) -> Result<u64, LedgerError> {
+        self.commit_row(NewLedgerRow::Certificate(cert)).await
+    }
+
+    /// Records a JWT-SVID in the ledger, as [`LedgerWriter::commit`] does a certificate: in the
+    /// same batches, under the same deadline; the token must not be returned unless this
+    /// answers its seq.
+    pub async fn commit_jwt(&self, jwt: NewJwtSvid) -> Result<u64, LedgerError> {
+        self.commit_row(NewLedgerRow::JwtSvid(jwt)).await
+    }
+
+    async fn commit_row(&self, cert: NewLedgerRow) -> Result<u64, LedgerError> {
         let _waiting = self.progress.wait(self.clock.monotonic().into_std());
         let (reply, answer) = oneshot::channel();
         self.tx.try_send((cert, reply)).map_err(|e| match e {
@@ -350,14 +361,14 @@ impl LedgerWriter {
 
 async fn run(
     store: Arc<dyn LedgerStore>,
-    mut rx: mpsc::Receiver<(NewCertificate, Reply)>,
+    mut rx: mpsc::Receiver<(NewLedgerRow, Reply)>,
     max_batch: usize,
     on_batch: OnBatch,
     progress: Arc<LedgerProgress>,
     clock: Arc<dyn Clock>,
 ) {
-    let mut pending: Vec<(NewCertificate, Reply)> = Vec::with_capacity(max_batch);
-    let mut batch: Vec<NewCertificate> = Vec::with_capacity(max_batch);
+    let mut pending: Vec<(NewLedgerRow, Reply)> = Vec::with_capacity(max_batch);
+    let mut batch: Vec<NewLedgerRow> = Vec::with_capacity(max_batch);
     let mut replies: Vec<Reply> = Vec::with_capacity(max_batch);
     // Waits for one, then takes whatever else is already queued, up to max_batch.
     while rx.recv_many(&mut pending, max_batch).await > 0 {
@@ -374,7 +385,7 @@ async fn run(
             continue;
         }
         let started = clock.monotonic();
-        let mut result = store.append_certificates(&batch).await;
+        let mut result = store.append_rows(&batch).await;
         // Renewals of certificates revoked meanwhile were refused, and with them the batch:
         // answer those, and commit the rest again (once: nothing else in it renews those).
         if let Err(StoreError::RevokedParent(serials)) = &result {
@@ -397,7 +408,7 @@ async fn run(
             if batch.is_empty() {
                 continue;
             }
-            result = store.append_certificates(&batch).await;
+            result = store.append_rows(&batch).await;
         }
         let done = clock.monotonic();
         on_batch(batch.len(), done.saturating_duration_since(started));
@@ -475,7 +486,7 @@ mod tests {
     /// An in-memory ledger whose commits can be held back (`gate`) or made to fail.
     #[derive(Default)]
     struct FakeStore {
-        rows: Mutex<Vec<(NewCertificate, Hash)>>,
+        rows: Mutex<Vec<(NewLedgerRow, Hash)>>,
         batches: Mutex<Vec<usize>>,
         fail: Mutex<Option<String>>,
         gate: Option<Semaphore>,
@@ -502,7 +513,12 @@ mod tests {
         }
         fn serials(&self) -> Vec<String> {
             let rows = self.rows.lock().unwrap();
-            rows.iter().map(|(c, _)| c.serial.clone()).collect()
+            rows.iter()
+                .map(|(r, _)| match r {
+                    NewLedgerRow::Certificate(c) => c.serial.clone(),
+                    NewLedgerRow::JwtSvid(j) => format!("jwt:{}", j.request_id),
+                })
+                .collect()
         }
     }
 
@@ -511,10 +527,7 @@ mod tests {
         async fn ping(&self) -> Result<(), StoreError> {
             Ok(())
         }
-        async fn append_certificates(
-            &self,
-            batch: &[NewCertificate],
-        ) -> Result<Vec<u64>, StoreError> {
+        async fn append_rows(&self, batch: &[NewLedgerRow]) -> Result<Vec<u64>, StoreError> {
             self.entered
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             *self.appended_on.lock().unwrap() = std::thread::current().name().map(str::to_owned);
@@ -549,6 +562,15 @@ mod tests {
         }
         async fn certificate_by_serial(&self, _: &str) -> Result<Option<LedgerRecord>, StoreError> {
             Ok(None)
+        }
+        async fn jwt_svids_page(
+            &self,
+            _: Order,
+            _: Option<u64>,
+            _: u32,
+            _: Option<&str>,
+        ) -> Result<Vec<signet_types::ledger::JwtSvidRecord>, StoreError> {
+            Ok(vec![])
         }
         async fn count_certificates(&self) -> Result<u64, StoreError> {
             Ok(self.rows.lock().unwrap().len() as u64)
@@ -627,6 +649,49 @@ mod tests {
         assert_eq!(*store.batches.lock().unwrap(), vec![1, 4, 4, 2]);
         let expected: Vec<String> = (0..11).map(|i| cert(i).serial).collect();
         assert_eq!(store.serials(), expected);
+    }
+
+    fn jwt(i: usize) -> NewJwtSvid {
+        NewJwtSvid {
+            spiffe_id: "spiffe://example.org/w/1".into(),
+            audience: vec!["a".into()],
+            issued_at: 1_700_000_000,
+            expires_at: 1_700_000_300,
+            key_id: "k".into(),
+            token_sha256: sha256(&i.to_be_bytes()),
+            caller: "test".into(),
+            request_id: format!("{i}"),
+            provenance: String::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn jwt_rows_join_the_same_batches_in_order_and_answer_only_after_the_commit() {
+        let store = Arc::new(FakeStore::gated());
+        let (on_batch, sizes) = recorder();
+        let w = LedgerWriter::spawn(store.clone(), &cfg(64, 100), on_batch);
+
+        let first = hold_first(&w, &store).await;
+        let w2 = w.clone();
+        let token = tokio::spawn(async move { w2.commit_jwt(jwt(1)).await });
+        until(|| queued(&w) == 1).await;
+        let rest = submit(&w, 2..3).await;
+        // Held at the store: the JWT-SVID's waiter has no answer, so no token can leave.
+        for _ in 0..1000 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!token.is_finished(), "answered before its row committed");
+        store.open(100);
+        assert_eq!(first.into_iter().next().unwrap().await.unwrap(), Ok(1));
+        assert_eq!(token.await.unwrap(), Ok(2));
+        assert_eq!(rest.into_iter().next().unwrap().await.unwrap(), Ok(3));
+        // The JWT-SVID and the certificate queued behind the first commit went in one batch,
+        // in the order queued.
+        assert_eq!(*sizes.lock().unwrap(), vec![1, 2]);
+        assert_eq!(
+            store.serials(),
+            vec![cert(0).serial, "jwt:1".to_owned(), cert(2).serial]
+        );
     }
 
     #[tokio::test]
@@ -724,11 +789,17 @@ mod tests {
             async fn ping(&self) -> Result<(), StoreError> {
                 Ok(())
             }
-            async fn append_certificates(
-                &self,
-                _: &[NewCertificate],
-            ) -> Result<Vec<u64>, StoreError> {
+            async fn append_rows(&self, _: &[NewLedgerRow]) -> Result<Vec<u64>, StoreError> {
                 panic!("store bug (expected by this test)")
+            }
+            async fn jwt_svids_page(
+                &self,
+                _: Order,
+                _: Option<u64>,
+                _: u32,
+                _: Option<&str>,
+            ) -> Result<Vec<signet_types::ledger::JwtSvidRecord>, StoreError> {
+                unreachable!()
             }
             async fn ledger_head(&self) -> Result<LedgerHead, StoreError> {
                 unreachable!()

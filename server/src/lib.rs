@@ -28,6 +28,7 @@ pub mod fuzzing;
 pub(crate) mod http;
 pub(crate) mod issuance;
 pub(crate) mod issuer;
+pub(crate) mod jwt_svid;
 pub(crate) mod ledger;
 /// The benchmark fill (`signet-ledger-fill`, a binary of this package, so it must be `pub`);
 /// only with the `bench` feature, which that binary requires.

@@ -153,6 +153,23 @@ pub struct ValidEntry {
     pub selectors: Vec<String>,
     pub ttl_seconds: i64,
     pub dns_names: Vec<String>,
+    /// The lifetime of the entry's JWT-SVIDs, seconds; 0: the server's default
+    /// ([`ValidEntry::with_jwt_ttl`]).
+    pub jwt_ttl_seconds: i64,
+}
+
+impl ValidEntry {
+    /// The entry with a JWT-SVID lifetime: 0 (the server's default), or 1 s to
+    /// [`crate::jwt_svid::MAX_ENTRY_JWT_TTL`] (the server clamps it to its `max_ttl` when it
+    /// mints).
+    pub fn with_jwt_ttl(mut self, jwt_ttl_seconds: i64) -> Result<Self, EntryError> {
+        let max = i64::try_from(crate::jwt_svid::MAX_ENTRY_JWT_TTL.as_secs()).unwrap_or(i64::MAX);
+        if !(0..=max).contains(&jwt_ttl_seconds) {
+            return Err(EntryError::JwtTtl(jwt_ttl_seconds));
+        }
+        self.jwt_ttl_seconds = jwt_ttl_seconds;
+        Ok(self)
+    }
 }
 
 /// Why an entry is refused at creation, each with the message the operator sees.
@@ -183,6 +200,11 @@ pub enum EntryError {
          the CA clamps it to its maximum)"
     )]
     Ttl(i64),
+    #[error(
+        "jwt_ttl {0} s is out of range (0 for the server's default, else 1 s to 24 h; the CA \
+         clamps it to its [jwt_svid] max_ttl)"
+    )]
+    JwtTtl(i64),
     #[error("at most {MAX_DNS_NAMES} DNS names per entry")]
     TooManyDnsNames,
     /// The name, quoted for display.
@@ -259,6 +281,7 @@ pub fn validate_entry(
         selectors: sel,
         ttl_seconds,
         dns_names: dns,
+        jwt_ttl_seconds: 0,
     })
 }
 
@@ -270,6 +293,8 @@ pub struct EntryInput<'a> {
     pub selectors: &'a [String],
     pub ttl_seconds: i64,
     pub dns_names: &'a [String],
+    /// 0: the server's default JWT-SVID lifetime.
+    pub jwt_ttl_seconds: i64,
 }
 
 /// Why a batch of entries is refused (all of it).
@@ -324,6 +349,7 @@ pub fn validate_batch(
             e.ttl_seconds,
             e.dns_names,
         )
+        .and_then(|v| v.with_jwt_ttl(e.jwt_ttl_seconds))
         .map_err(|source| BatchError::Entry { index: i, source })?;
         let key = (
             v.spiffe_id.to_string(),
@@ -523,6 +549,28 @@ mod tests {
             selectors: sel,
             ttl_seconds: 0,
             dns_names: &[],
+            jwt_ttl_seconds: 0,
+        }
+    }
+
+    #[test]
+    fn an_entry_jwt_ttl_is_zero_or_one_second_to_a_day() {
+        let sel = vec!["unix:uid:1".to_owned()];
+        let one = |jwt: i64| {
+            validate_batch(
+                &policy(),
+                &[EntryInput {
+                    jwt_ttl_seconds: jwt,
+                    ..input("spiffe://example.org/w", &sel)
+                }],
+            )
+        };
+        assert_eq!(one(0).unwrap()[0].jwt_ttl_seconds, 0);
+        assert_eq!(one(1).unwrap()[0].jwt_ttl_seconds, 1);
+        assert_eq!(one(86_400).unwrap()[0].jwt_ttl_seconds, 86_400);
+        for bad in [-1, 86_401, i64::MAX] {
+            let err = one(bad).unwrap_err().to_string();
+            assert!(err.starts_with("entry 0: jwt_ttl"), "{err}");
         }
     }
 

@@ -12,6 +12,7 @@
 //!   selectors: [unix:uid:1000]
 //!   ttl: 1h                   # optional: a duration ("10m") or seconds (600)
 //!   dns_names: [web.example.org]
+//!   jwt_ttl: 10m              # optional: the entry's JWT-SVID lifetime, as ttl
 //! ```
 
 use std::path::Path;
@@ -32,6 +33,8 @@ struct FileEntry {
     ttl: Option<Ttl>,
     #[serde(default)]
     dns_names: Vec<String>,
+    #[serde(default)]
+    jwt_ttl: Option<Ttl>,
 }
 
 /// `ttl:` as a duration string (`--ttl`'s syntax) or a number of seconds.
@@ -82,12 +85,17 @@ pub fn parse(text: &str, json: bool) -> anyhow::Result<Vec<NewEntry>> {
                 Some(t) => t.seconds().with_context(|| format!("entry {i}"))?,
                 None => 0,
             };
+            let jwt_ttl_seconds = match &e.jwt_ttl {
+                Some(t) => t.seconds().with_context(|| format!("entry {i}: jwt_ttl"))?,
+                None => 0,
+            };
             Ok(NewEntry {
                 spiffe_id: e.spiffe_id,
                 parent: e.parent,
                 selectors: e.selectors,
                 ttl_seconds,
                 dns_names: e.dns_names,
+                jwt_ttl_seconds,
             })
         })
         .collect()
@@ -111,10 +119,10 @@ mod tests {
     #[test]
     fn yaml_and_json_give_the_same_requests() {
         let yaml = "- spiffe_id: spiffe://example.org/a\n  parent: n1\n  selectors: [unix:uid:1]\n  \
-                    ttl: 10m\n  dns_names: [a.example.org]\n- spiffe_id: spiffe://example.org/b\n  \
+                    ttl: 10m\n  dns_names: [a.example.org]\n  jwt_ttl: 2m\n- spiffe_id: spiffe://example.org/b\n  \
                     parent: n1\n  selectors:\n    - unix:uid:2\n  ttl: 600\n";
         let json = r#"[{"spiffe_id":"spiffe://example.org/a","parent":"n1","selectors":["unix:uid:1"],
-            "ttl":"10m","dns_names":["a.example.org"]},
+            "ttl":"10m","dns_names":["a.example.org"],"jwt_ttl":120},
             {"spiffe_id":"spiffe://example.org/b","parent":"n1","selectors":["unix:uid:2"],"ttl":600}]"#;
         let a = parse(yaml, false).unwrap();
         assert_eq!(a, parse(json, true).unwrap());
@@ -122,6 +130,8 @@ mod tests {
         assert_eq!(a, parse(json, false).unwrap());
         assert_eq!(a.len(), 2);
         assert_eq!(a[0].ttl_seconds, 600);
+        assert_eq!(a[0].jwt_ttl_seconds, 120);
+        assert_eq!(a[1].jwt_ttl_seconds, 0);
         assert_eq!(a[1].ttl_seconds, 600);
         assert_eq!(a[0].dns_names, ["a.example.org"]);
         assert!(a[1].dns_names.is_empty());

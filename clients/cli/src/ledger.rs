@@ -25,7 +25,7 @@ use std::process::ExitCode;
 
 use anyhow::anyhow;
 use clap::Subcommand;
-use signet_client::admin::ledger_record;
+use signet_client::admin::{jwt_svid_record, ledger_record};
 use signet_client::proto::admin::{GetLedgerHeadRequest, StreamLedgerRequest};
 use signet_runtime::clock::{Clock, SystemClock};
 use signet_types::ledger::{GENESIS, Hash, Verifier};
@@ -91,8 +91,9 @@ pub(crate) async fn ledger_verify(
     // The time printed is wall time: the real clock, named.
     let started = SystemClock.monotonic();
     let mut expect = expect.clone();
+    let mut jwt_svids = 0u64;
     let report = match chain_checked(socket, &mut expect, start, chain).await? {
-        Ok(()) => verify_ledger_from(socket, &expect, start).await?,
+        Ok(()) => verify_ledger_counting(socket, &expect, start, &mut jwt_svids).await?,
         Err(why) => Err(why),
     };
     let chained = chain.map_or(0, <[_]>::len);
@@ -108,7 +109,7 @@ pub(crate) async fn ledger_verify(
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({"ok": true, "rows": n, "from_checkpoint": s.what, "from_seq": s.seq, "checkpoint_chain": chained, "consistent_with": expect.checked()})
+                    serde_json::json!({"ok": true, "rows": n, "jwt_svids": jwt_svids, "from_checkpoint": s.what, "from_seq": s.seq, "checkpoint_chain": chained, "consistent_with": expect.checked()})
                 );
             } else {
                 println!(
@@ -129,14 +130,20 @@ pub(crate) async fn ledger_verify(
         }
         (Ok(n), None) => {
             if json && expect.is_empty() {
-                println!("{}", serde_json::json!({"ok": true, "rows": n}));
+                println!(
+                    "{}",
+                    serde_json::json!({"ok": true, "rows": n, "jwt_svids": jwt_svids})
+                );
             } else if json {
                 println!(
                     "{}",
-                    serde_json::json!({"ok": true, "rows": n, "consistent_with": expect.checked()})
+                    serde_json::json!({"ok": true, "rows": n, "jwt_svids": jwt_svids, "consistent_with": expect.checked()})
                 );
             } else {
-                println!("ledger OK: {n} rows verified, hash chain intact up to the head");
+                println!(
+                    "ledger OK: {n} rows verified ({jwt_svids} of them JWT-SVIDs), hash chain \
+                     intact up to the head"
+                );
                 for what in expect.checked() {
                     println!("  consistent with {what}");
                 }
@@ -245,6 +252,16 @@ async fn held_hash(
         }
         return Ok(Ok(hash));
     }
+    let mut jwts = Jwts::open_after(client, before, seq).await?;
+    if jwts.peek_seq().await? == Some(seq)
+        && let Some(j) = jwts.next()
+    {
+        let j = jwt_svid_record(j)?;
+        if !j.hashes_to_itself() {
+            return Ok(Err(Broken::RowAltered { seq }));
+        }
+        return Ok(Ok(j.hash));
+    }
     Ok(Err(Broken::RowGone { seq }))
 }
 
@@ -267,6 +284,16 @@ pub(crate) async fn verify_ledger_from(
     socket: &Path,
     expect: &checkpoint::Expectations,
     start: Option<&checkpoint::Start>,
+) -> anyhow::Result<Verdict<u64>> {
+    verify_ledger_counting(socket, expect, start, &mut 0).await
+}
+
+/// [`verify_ledger_from`], counting the JWT-SVID rows verified in `jwt_svids`.
+async fn verify_ledger_counting(
+    socket: &Path,
+    expect: &checkpoint::Expectations,
+    start: Option<&checkpoint::Start>,
+    jwt_svids: &mut u64,
 ) -> anyhow::Result<Verdict<u64>> {
     let mut client = admin(socket).await?;
     let head = client
@@ -304,6 +331,7 @@ pub(crate) async fn verify_ledger_from(
     let revoked_by_event = named.clone();
     let mut refs = revoke::EventRefs::named_by(named);
     let mut events = revoke::Events::open_after(socket, from, head.seq).await?;
+    let mut jwts = Jwts::open_after(&mut client, from, head.seq).await?;
     let mut v = match start {
         Some(s) => Verifier::resume(s.seq, s.hash),
         None => Verifier::default(),
@@ -316,11 +344,34 @@ pub(crate) async fn verify_ledger_from(
             .await
             .map_err(|s| status_err("ledger stream", s))?;
         let before = row.as_ref().map_or(u64::MAX, |r| r.seq);
-        while let Some(e) = events.next_before(before).await? {
-            if let Err(why) = older_row(&mut client, &mut refs, from, &e).await? {
-                return Ok(Err(why));
+        // The events and JWT-SVID rows before this certificate row, merged by seq.
+        loop {
+            let next_event = events.peek_seq().await?.filter(|s| *s < before);
+            let next_jwt = jwts.peek_seq().await?.filter(|s| *s < before);
+            match (next_event, next_jwt) {
+                (Some(e), Some(j)) if j < e => {}
+                (Some(_), _) => {
+                    let Some(e) = events.next_before(before).await? else {
+                        break;
+                    };
+                    if let Err(why) = older_row(&mut client, &mut refs, from, &e).await? {
+                        return Ok(Err(why));
+                    }
+                    if let Err(why) = verify_event_row(&mut v, &refs, &e, expect)? {
+                        return Ok(Err(why));
+                    }
+                    continue;
+                }
+                (None, Some(_)) => {}
+                (None, None) => break,
             }
-            if let Err(why) = verify_event_row(&mut v, &refs, &e, expect)? {
+            let Some(j) = jwts.next() else { break };
+            let j = jwt_svid_record(j)?;
+            if let Err(b) = v.push_jwt(&j.entry, &j.prev_hash, &j.hash) {
+                return Ok(Err(b.into()));
+            }
+            *jwt_svids += 1;
+            if let Err(why) = expect.observe(j.entry.seq, &j.hash) {
                 return Ok(Err(why));
             }
         }
@@ -347,6 +398,60 @@ pub(crate) async fn verify_ledger_from(
     match v.finish(head.seq, &head_hash) {
         Ok(n) => Ok(expect.finish(n).map(|()| n - from)),
         Err(b) => Ok(Err(b.into())),
+    }
+}
+
+/// The JWT-SVID rows of `(after_seq, up_to_seq]`, in seq order, read ahead one row (a server
+/// without them, answering Unimplemented, has none).
+struct Jwts {
+    stream: Option<tonic::Streaming<signet_client::proto::admin::JwtSvidRecord>>,
+    peeked: Option<signet_client::proto::admin::JwtSvidRecord>,
+}
+
+impl Jwts {
+    async fn open_after(
+        client: &mut signet_client::proto::admin::admin_client::AdminClient<
+            tonic::transport::Channel,
+        >,
+        after_seq: u64,
+        up_to_seq: u64,
+    ) -> anyhow::Result<Self> {
+        let stream = match client
+            .stream_jwt_svids(StreamLedgerRequest {
+                after_seq,
+                up_to_seq,
+            })
+            .await
+        {
+            Ok(s) => Some(s.into_inner()),
+            Err(s) if s.code() == tonic::Code::Unimplemented => None,
+            Err(s) => return Err(status_err("JWT-SVID rows", s)),
+        };
+        Ok(Self {
+            stream,
+            peeked: None,
+        })
+    }
+
+    /// The seq of the next row, without taking it.
+    async fn peek_seq(&mut self) -> anyhow::Result<Option<u64>> {
+        if self.peeked.is_none()
+            && let Some(s) = &mut self.stream
+        {
+            self.peeked = s
+                .message()
+                .await
+                .map_err(|s| status_err("JWT-SVID rows stream", s))?;
+            if self.peeked.is_none() {
+                self.stream = None;
+            }
+        }
+        Ok(self.peeked.as_ref().map(|r| r.seq))
+    }
+
+    /// The row [`Jwts::peek_seq`] saw.
+    fn next(&mut self) -> Option<signet_client::proto::admin::JwtSvidRecord> {
+        self.peeked.take()
     }
 }
 

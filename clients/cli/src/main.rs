@@ -7,6 +7,7 @@ mod ca;
 mod certs;
 mod checkpoint;
 mod entry_file;
+mod jwt;
 mod ledger;
 mod mint;
 mod nodes;
@@ -50,6 +51,11 @@ enum Cmd {
     Certs {
         #[command(subcommand)]
         cmd: CertsCmd,
+    },
+    /// JWT-SVIDs on the ledger (hashes of the tokens, never the tokens).
+    Jwt {
+        #[command(subcommand)]
+        cmd: jwt::JwtCmd,
     },
     /// The trust bundle.
     Bundle {
@@ -198,6 +204,7 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.cmd {
         Cmd::Certs { cmd } => certs::certs(&cli.socket, cmd).await,
+        Cmd::Jwt { cmd } => jwt::jwt(&cli.socket, cmd).await,
         Cmd::Bundle {
             cmd: BundleCmd::Show { pem },
         } => {

@@ -65,10 +65,14 @@ pub enum EntryCmd {
         ttl: Option<Duration>,
         #[arg(long = "dns")]
         dns_names: Vec<String>,
+        /// JWT-SVID lifetime of this entry's tokens (e.g. 10m; at most 24h, clamped to the
+        /// server's [jwt_svid] max_ttl); default: the server's [jwt_svid] ttl.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        jwt_ttl: Option<Duration>,
         /// A JSON (.json) or YAML file (`-`: standard input) listing entries with the fields
-        /// spiffe_id, parent, selectors, ttl, dns_names; created all together or not at all
-        /// (at most 1,000). Prints the new IDs in the file's order.
-        #[arg(long, conflicts_with_all = ["spiffe_id", "parent", "selectors", "ttl", "dns_names"])]
+        /// spiffe_id, parent, selectors, ttl, dns_names, jwt_ttl; created all together or not
+        /// at all (at most 1,000). Prints the new IDs in the file's order.
+        #[arg(long, conflicts_with_all = ["spiffe_id", "parent", "selectors", "ttl", "dns_names", "jwt_ttl"])]
         file: Option<PathBuf>,
         #[arg(long)]
         json: bool,
@@ -200,6 +204,7 @@ fn entry_json(e: &RegisteredEntry) -> serde_json::Value {
         "parent_id": e.parent_id,
         "selectors": e.selectors,
         "ttl_seconds": e.ttl_seconds,
+        "jwt_ttl_seconds": e.jwt_ttl_seconds,
         "dns_names": e.dns_names,
         "revision": e.revision,
         "created_at": rfc3339(e.created_at),
@@ -236,9 +241,15 @@ pub async fn entry(socket: &Path, cmd: EntryCmd) -> anyhow::Result<ExitCode> {
             selectors,
             ttl,
             dns_names,
+            jwt_ttl,
             file: None,
             json,
         } => {
+            if jwt_ttl.is_some_and(|d| d.as_secs() == 0) {
+                return Err(anyhow!(
+                    "--jwt-ttl must be at least one second (leave it out for the default)"
+                ));
+            }
             let e = c
                 .create_entry(&NewEntry {
                     spiffe_id: spiffe_id.unwrap_or_default(),
@@ -246,6 +257,7 @@ pub async fn entry(socket: &Path, cmd: EntryCmd) -> anyhow::Result<ExitCode> {
                     selectors,
                     ttl_seconds: ttl.map_or(0, secs),
                     dns_names,
+                    jwt_ttl_seconds: jwt_ttl.map_or(0, secs),
                 })
                 .await
                 .map_err(|e| call_err("entry create", &e))?;
@@ -270,16 +282,17 @@ pub async fn entry(socket: &Path, cmd: EntryCmd) -> anyhow::Result<ExitCode> {
                 }
             } else {
                 println!(
-                    "{:<32}  {:<40}  {:<40}  {:>8}  SELECTORS",
-                    "ID", "SPIFFE ID", "PARENT", "TTL"
+                    "{:<32}  {:<40}  {:<40}  {:>8}  {:>8}  SELECTORS",
+                    "ID", "SPIFFE ID", "PARENT", "TTL", "JWT TTL"
                 );
                 for e in &entries {
                     println!(
-                        "{:<32}  {:<40}  {:<40}  {:>8}  {}",
+                        "{:<32}  {:<40}  {:<40}  {:>8}  {:>8}  {}",
                         e.id,
                         e.spiffe_id,
                         e.parent_id,
                         e.ttl_seconds,
+                        e.jwt_ttl_seconds,
                         e.selectors.join(",")
                     );
                 }

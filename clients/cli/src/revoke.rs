@@ -300,6 +300,22 @@ impl Events {
         Ok(named)
     }
 
+    /// The seq of the next event, without taking it (None: no more).
+    pub async fn peek_seq(&mut self) -> anyhow::Result<Option<u64>> {
+        if self.peeked.is_none()
+            && let Some(s) = &mut self.stream
+        {
+            self.peeked = s
+                .message()
+                .await
+                .map_err(|s| status_err("ledger events stream", s))?;
+            if self.peeked.is_none() {
+                self.stream = None;
+            }
+        }
+        Ok(self.peeked.as_ref().map(|e| e.seq))
+    }
+
     /// The next event if its seq is below `before` (None: take the certificate row first).
     pub async fn next_before(&mut self, before: u64) -> anyhow::Result<Option<LedgerEventRecord>> {
         if self.peeked.is_none()

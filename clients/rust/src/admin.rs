@@ -36,12 +36,15 @@ mod certificates;
 mod checkpoint;
 mod revocation;
 pub use ca_keys::{CaAction, CaAdminClient, CaKeyKind, CaKeySlot, CaStatus};
-pub use certificates::{CertificatePage, CertificateQuery, HashField, RecordError, ledger_record};
+pub use certificates::{
+    CertificatePage, CertificateQuery, HashField, JwtSvidPage, RecordError, jwt_svid_record,
+    ledger_record,
+};
 pub use checkpoint::{CheckpointKey, LedgerAdminClient, LedgerCheckpoint};
 pub use revocation::{
     PublishedCrl, RevocationAdminClient, RevokeReport, RevokeSelector, RevokedCertificate,
 };
-pub use signet_types::ledger::{LedgerRecord, Revocation};
+pub use signet_types::ledger::{JwtSvidRecord, LedgerRecord, Revocation};
 
 /// The trust bundle as the server holds it, with where it wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -208,6 +211,8 @@ pub struct RegisteredEntry {
     pub revision: u64,
     /// Unix seconds.
     pub created_at: i64,
+    /// The entry's JWT-SVID lifetime, seconds; zero: the server's `[jwt_svid] ttl`.
+    pub jwt_ttl_seconds: i64,
 }
 
 /// A registration entry to create.
@@ -219,6 +224,9 @@ pub struct NewEntry {
     /// Zero: the server's default.
     pub ttl_seconds: i64,
     pub dns_names: Vec<String>,
+    /// The entry's JWT-SVID lifetime, seconds (at most 24 h; clamped to the server's
+    /// maximum); zero: the server's default.
+    pub jwt_ttl_seconds: i64,
 }
 
 impl From<&NewEntry> for pb::CreateEntryRequest {
@@ -229,7 +237,7 @@ impl From<&NewEntry> for pb::CreateEntryRequest {
             selectors: e.selectors.clone(),
             ttl_seconds: e.ttl_seconds,
             dns_names: e.dns_names.clone(),
-            jwt_ttl_seconds: 0,
+            jwt_ttl_seconds: e.jwt_ttl_seconds,
         }
     }
 }
@@ -259,6 +267,7 @@ impl From<pb::EntryRecord> for RegisteredEntry {
             dns_names: e.dns_names,
             revision: e.revision,
             created_at: e.created_at,
+            jwt_ttl_seconds: e.jwt_ttl_seconds,
         }
     }
 }

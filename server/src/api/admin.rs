@@ -20,7 +20,10 @@ use crate::bundle::BundleHandle;
 use crate::ca::RequestedNames;
 use crate::issuer::{IssueInput, Issuer};
 use crate::store::paging::PageToken;
-use crate::store::{CertQuery, LedgerRecord, Order, Store, StoreError, certificates_page};
+use crate::store::{
+    CertQuery, LedgerRecord, Order, Store, StoreError, certificates_page, jwt_svids_page,
+};
+use signet_types::ledger::JwtSvidRecord;
 
 const DEFAULT_PAGE: u32 = 100;
 const MAX_PAGE: u32 = 1000;
@@ -102,18 +105,64 @@ impl Admin for AdminApi {
         Box<dyn futures::Stream<Item = Result<signet_proto::admin::JwtSvidRecord, Status>> + Send>,
     >;
 
+    /// JWT-SVID rows in `(after_seq, up_to_seq]`, as `StreamLedger` streams certificate rows.
     async fn stream_jwt_svids(
         &self,
-        _request: Request<signet_proto::admin::StreamLedgerRequest>,
+        request: Request<StreamLedgerRequest>,
     ) -> Result<Response<Self::StreamJwtSvidsStream>, Status> {
-        Err(Status::unimplemented("StreamJwtSvids: not served yet"))
+        let req = request.into_inner();
+        let store = self.store.clone();
+        Ok(Response::new(super::paged_ledger_stream(
+            req.after_seq,
+            req.up_to_seq,
+            move |after| {
+                let store = store.clone();
+                async move { store.list_jwt_svids(after, MAX_PAGE, None).await }
+            },
+            |r: &JwtSvidRecord| r.entry.seq,
+            jwt_row_to_proto,
+        )))
     }
 
+    /// One page of JWT-SVID rows, as `ListCertificates` (page tokens, `spiffe_id`,
+    /// `newest_first`; `after_seq` oldest first only).
     async fn list_jwt_svids(
         &self,
-        _request: Request<ListCertificatesRequest>,
+        request: Request<ListCertificatesRequest>,
     ) -> Result<Response<signet_proto::admin::ListJwtSvidsResponse>, Status> {
-        Err(Status::unimplemented("ListJwtSvids: not served yet"))
+        let req = request.into_inner();
+        let spiffe_id = (!req.spiffe_id.is_empty()).then_some(req.spiffe_id.as_str());
+        let order = if req.newest_first {
+            Order::NewestFirst
+        } else {
+            Order::OldestFirst
+        };
+        if req.after_seq != 0 && (!req.page_token.is_empty() || req.newest_first) {
+            return Err(ApiError::InvalidArgument(
+                "after_seq goes with neither page_token nor newest_first: use page_token".into(),
+            )
+            .into());
+        }
+        let token = if req.after_seq != 0 {
+            PageToken::after(spiffe_id, req.after_seq)
+        } else {
+            req.page_token.clone()
+        };
+        let page = jwt_svids_page(
+            &*self.store,
+            &CertQuery {
+                spiffe_id,
+                order,
+                limit: page(req.limit),
+                page_token: Some(&token),
+            },
+        )
+        .await
+        .map_err(ApiError::from)?;
+        Ok(Response::new(signet_proto::admin::ListJwtSvidsResponse {
+            jwt_svids: page.rows.into_iter().map(jwt_row_to_proto).collect(),
+            next_page_token: page.next.unwrap_or_default(),
+        }))
     }
 
     async fn list_certificates(
@@ -293,5 +342,23 @@ impl Admin for AdminApi {
                 })
                 .collect(),
         }))
+    }
+}
+
+/// A JWT-SVID ledger row as the admin API sends it (the token itself is never stored).
+fn jwt_row_to_proto(r: JwtSvidRecord) -> signet_proto::admin::JwtSvidRecord {
+    signet_proto::admin::JwtSvidRecord {
+        seq: r.entry.seq,
+        spiffe_id: r.entry.spiffe_id,
+        audience: r.entry.audience,
+        issued_at: r.entry.issued_at,
+        expires_at: r.entry.expires_at,
+        key_id: r.entry.key_id,
+        token_sha256: r.entry.token_sha256.to_vec(),
+        caller: r.entry.caller,
+        request_id: r.entry.request_id,
+        provenance: r.entry.provenance,
+        prev_hash: r.prev_hash.to_vec(),
+        hash: r.hash.to_vec(),
     }
 }

@@ -202,6 +202,7 @@ impl From<IssuerError> for ApiError {
                 retry_after,
             },
             e @ (IssuerError::CaNotValid(_)
+            | IssuerError::JwtKeyUnavailable(_)
             | IssuerError::LedgerOverloaded
             | IssuerError::NotRecorded(_)) => ApiError::Unavailable(e.to_string()),
             IssuerError::Store(e) => ApiError::from(e),

@@ -15,7 +15,8 @@ use tonic::{Request, Response, Status};
 use super::{check_size, request_id};
 use crate::bundle::{Bundle, BundleHandle};
 use crate::clock::unix;
-use crate::issuer::{IssueInput, Issuer};
+use crate::issuer::{IssueInput, Issuer, JwtInput};
+use crate::jwt_svid::MintedJwtSvid;
 use crate::policy::GrantSource;
 
 pub struct NativeApi {
@@ -78,13 +79,46 @@ pub(crate) fn bundle_to_proto(b: &Bundle) -> PbBundle {
     }
 }
 
+/// A minted (and committed) JWT-SVID as the APIs return it.
+pub(crate) fn jwt_svid_to_proto(t: &MintedJwtSvid) -> signet_proto::ca::JwtSvid {
+    signet_proto::ca::JwtSvid {
+        token: t.token().to_owned(),
+        spiffe_id: t.claims.subject.to_string(),
+        issued_at: t.claims.issued_at,
+        expires_at: t.claims.expires_at,
+        key_id: t.key_id.clone(),
+        audience: t.claims.audience.clone(),
+    }
+}
+
 #[tonic::async_trait]
 impl CertificateAuthority for NativeApi {
+    /// Authenticated and authorized exactly as `SignCsr` for the caller's own identity
+    /// (service-account token or mTLS SVID, the same per-caller rate limit, the same policy);
+    /// the Kubernetes bridge's namespace form is not offered for JWT-SVIDs.
     async fn mint_jwt_svid(
         &self,
-        _request: Request<signet_proto::ca::MintJwtSvidRequest>,
+        request: Request<signet_proto::ca::MintJwtSvidRequest>,
     ) -> Result<Response<signet_proto::ca::JwtSvid>, Status> {
-        Err(Status::unimplemented("MintJwtSvid: not served yet"))
+        let creds = super::credentials(&request)?;
+        let request_id = request_id(&request);
+        let req = request.into_inner();
+        check_size(&req, self.max_message_bytes)?;
+        let minted = self
+            .issuer
+            .authenticate_and_mint_jwt(
+                &creds,
+                JwtInput {
+                    source: GrantSource::Caller,
+                    audience: &req.audience,
+                    ttl_seconds: req.ttl_seconds,
+                    entry_ttl_seconds: 0,
+                    request_id,
+                    api: "native_jwt",
+                },
+            )
+            .await?;
+        Ok(Response::new(jwt_svid_to_proto(&minted)))
     }
 
     async fn sign_csr(

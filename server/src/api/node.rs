@@ -22,8 +22,9 @@ use std::sync::Arc;
 
 use futures::StreamExt as _;
 use signet_proto::agent::{
-    AttestRequest, AttestResponse, Entry as PbEntry, RenewNodeRequest, SignWorkloadsRequest,
-    SignWorkloadsResponse, Svid, SyncEntriesRequest, SyncEntriesResponse, WatchEntriesRequest,
+    AttestRequest, AttestResponse, Entry as PbEntry, MintWorkloadJwtsRequest,
+    MintWorkloadJwtsResponse, RenewNodeRequest, SignWorkloadsRequest, SignWorkloadsResponse, Svid,
+    SyncEntriesRequest, SyncEntriesResponse, WatchEntriesRequest, WorkloadJwtResult,
     WorkloadResult, node_server::Node,
 };
 use tonic::{Request, Response, Status};
@@ -37,7 +38,8 @@ use crate::bundle::BundleHandle;
 use crate::ca::IssuedCert;
 use crate::ca::RequestedNames;
 use crate::clock::unix;
-use crate::issuer::{Credentials, IssueInput, Issuer};
+use crate::issuer::{Credentials, IssueInput, Issuer, JwtInput};
+use crate::jwt_svid::MintedJwtSvid;
 use crate::policy::{EntryGrant, GrantSource};
 use crate::store::{EntryRow, NodeRow, NodeStore};
 
@@ -179,17 +181,85 @@ pub(crate) fn entry_to_proto(e: EntryRow) -> PbEntry {
         ttl_seconds: e.ttl_seconds,
         dns_names: e.dns_names,
         revision: e.revision,
-        jwt_ttl_seconds: 0,
+        jwt_ttl_seconds: e.jwt_ttl_seconds,
     }
 }
 
 #[tonic::async_trait]
 impl Node for NodeApi {
+    /// JWT-SVIDs for entries parented to the calling node: the same node checks as
+    /// `SignWorkloads` (mTLS node SVID, not banned, this CA's record of it), the same batch
+    /// limit, the same per-entry policy (`GrantSource::Entry`); per-request results in order.
     async fn mint_workload_jwts(
         &self,
-        _request: Request<signet_proto::agent::MintWorkloadJwtsRequest>,
-    ) -> Result<Response<signet_proto::agent::MintWorkloadJwtsResponse>, Status> {
-        Err(Status::unimplemented("MintWorkloadJwts: not served yet"))
+        request: Request<MintWorkloadJwtsRequest>,
+    ) -> Result<Response<MintWorkloadJwtsResponse>, Status> {
+        let creds = super::credentials(&request)?;
+        let request_id = request_id(&request);
+        let req = request.into_inner();
+        check_size(&req, self.max_message_bytes)?;
+        if req.requests.len() > MAX_WORKLOADS_PER_CALL {
+            return Err(ApiError::InvalidArgument(format!(
+                "{} JWT-SVID requests in one call; send at most {MAX_WORKLOADS_PER_CALL}",
+                req.requests.len()
+            ))
+            .into());
+        }
+        let caller = self.node_caller(&creds).await?;
+        let ids: Vec<&str> = req.requests.iter().map(|w| w.entry_id.as_str()).collect();
+        let entries: HashMap<String, EntryRow> = self
+            .store
+            .entries_by_id(&ids)
+            .await
+            .map_err(ApiError::from)?
+            .into_iter()
+            .map(|e| (e.id.clone(), e))
+            .collect();
+        let mintings: Vec<_> = req
+            .requests
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let caller = &caller;
+                let request_id = &request_id;
+                let entry = entries.get(&w.entry_id);
+                async move {
+                    let outcome = self
+                        .mint_one(
+                            caller,
+                            &w.entry_id,
+                            entry,
+                            &w.audience,
+                            format!("{request_id}-{i}"),
+                        )
+                        .await;
+                    match outcome {
+                        Ok(t) => WorkloadJwtResult {
+                            entry_id: w.entry_id.clone(),
+                            svid: Some(super::native::jwt_svid_to_proto(&t)),
+                            code: 0,
+                            message: String::new(),
+                            retry_after_ms: 0,
+                        },
+                        Err(e) => {
+                            let status = Status::from(e);
+                            WorkloadJwtResult {
+                                entry_id: w.entry_id.clone(),
+                                svid: None,
+                                code: status.code() as i32,
+                                message: status.message().to_owned(),
+                                retry_after_ms: retry_after_ms(&status),
+                            }
+                        }
+                    }
+                }
+            })
+            .collect();
+        let results: Vec<WorkloadJwtResult> = futures::stream::iter(mintings)
+            .buffered(WORKLOADS_IN_FLIGHT)
+            .collect()
+            .await;
+        Ok(Response::new(MintWorkloadJwtsResponse { results }))
     }
 
     async fn attest(
@@ -366,14 +436,15 @@ impl Node for NodeApi {
 }
 
 impl NodeApi {
-    async fn sign_one(
+    /// The entry as policy sees it, if it is this node's (an unknown entry answers like
+    /// another node's: a node learns nothing of others).
+    fn entry_grant(
         &self,
         caller: &AuthenticatedCaller,
         entry_id: &str,
         entry: Option<&EntryRow>,
-        csr: &[u8],
-        request_id: String,
-    ) -> Result<IssuedCert, ApiError> {
+        request_id: &str,
+    ) -> Result<EntryGrant, ApiError> {
         let not_yours = || {
             let msg = format!(
                 "entry {:?} is not parented to node {}",
@@ -387,21 +458,59 @@ impl NodeApi {
             );
             ApiError::PermissionDenied(msg)
         };
-        // An unknown entry answers like another node's: a node learns nothing of others.
         let Some(entry) = entry else {
             return Err(not_yours());
         };
         let (Ok(spiffe_id), Ok(parent_id)) = (entry.spiffe_id.parse(), entry.parent_id.parse())
         else {
             tracing::error!(entry = %entry.id, "stored entry has an unparsable SPIFFE ID");
-            return Err(ApiError::Internal(request_id));
+            return Err(ApiError::Internal(request_id.to_owned()));
         };
-        let grant = EntryGrant {
+        Ok(EntryGrant {
             entry_id: entry.id.clone(),
             spiffe_id,
             parent_id,
             dns_names: entry.dns_names.clone(),
             ttl_seconds: entry.ttl_seconds,
+        })
+    }
+
+    async fn mint_one(
+        &self,
+        caller: &AuthenticatedCaller,
+        entry_id: &str,
+        entry: Option<&EntryRow>,
+        audience: &[String],
+        request_id: String,
+    ) -> Result<MintedJwtSvid, ApiError> {
+        let grant = self.entry_grant(caller, entry_id, entry, &request_id)?;
+        self.issuer
+            .mint_jwt(
+                caller,
+                JwtInput {
+                    source: GrantSource::Entry(&grant),
+                    audience,
+                    ttl_seconds: 0,
+                    entry_ttl_seconds: entry.map_or(0, |e| e.jwt_ttl_seconds),
+                    request_id,
+                    api: "node_jwt",
+                },
+            )
+            .await
+            .map_err(ApiError::from)
+    }
+
+    async fn sign_one(
+        &self,
+        caller: &AuthenticatedCaller,
+        entry_id: &str,
+        entry: Option<&EntryRow>,
+        csr: &[u8],
+        request_id: String,
+    ) -> Result<IssuedCert, ApiError> {
+        let grant = self.entry_grant(caller, entry_id, entry, &request_id)?;
+        let Some(entry) = entry else {
+            return Err(ApiError::Internal(request_id));
         };
         self.issuer
             .issue(

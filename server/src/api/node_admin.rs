@@ -83,6 +83,7 @@ fn new_entry(v: ValidEntry, created_at: i64) -> Result<NewEntry, ApiError> {
         ttl_seconds: v.ttl_seconds,
         dns_names: v.dns_names,
         created_at,
+        jwt_ttl_seconds: v.jwt_ttl_seconds,
     })
 }
 
@@ -108,7 +109,7 @@ fn entry_to_record(e: EntryRow) -> EntryRecord {
         dns_names: e.dns_names,
         revision: e.revision,
         created_at: e.created_at,
-        jwt_ttl_seconds: 0,
+        jwt_ttl_seconds: e.jwt_ttl_seconds,
     }
 }
 
@@ -201,6 +202,7 @@ impl NodeAdmin for NodeAdminApi {
             req.ttl_seconds,
             &req.dns_names,
         )
+        .and_then(|v| v.with_jwt_ttl(req.jwt_ttl_seconds))
         .map_err(ApiError::from)?;
         let entry = new_entry(v, self.now())?;
         // The same duplicate rule as the batch (`store::nodes::registration_selectors`), but
@@ -240,6 +242,7 @@ impl NodeAdmin for NodeAdminApi {
                 selectors: &e.selectors,
                 ttl_seconds: e.ttl_seconds,
                 dns_names: &e.dns_names,
+                jwt_ttl_seconds: e.jwt_ttl_seconds,
             })
             .collect();
         let valid = validate_batch(&self.policy, &inputs).map_err(ApiError::from)?;

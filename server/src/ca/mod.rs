@@ -33,7 +33,7 @@ pub mod rotator;
 pub mod serial;
 pub mod template;
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 pub(crate) mod time;
 pub mod validate;
 

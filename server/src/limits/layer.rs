@@ -56,6 +56,8 @@ pub fn classify(path: &str) -> CallKind {
         "/signet.ca.v1.CertificateAuthority/SignCsr"
         | "/istio.v1.auth.IstioCertificateService/CreateCertificate"
         | "/signet.agent.v1.Node/SignWorkloads"
+        | "/signet.ca.v1.CertificateAuthority/MintJwtSvid"
+        | "/signet.agent.v1.Node/MintWorkloadJwts"
         | "/signet.agent.v1.Node/RenewNode" => CallKind::Issuance,
         "/signet.agent.v1.Node/Attest" => CallKind::Attestation,
         _ => CallKind::Other,

@@ -95,6 +95,7 @@ fn entry_row(ttl: i64, dns: &[&str]) -> EntryRow {
         dns_names: dns.iter().map(|s| s.to_string()).collect(),
         revision: 1,
         created_at: NOW - 1000,
+        jwt_ttl_seconds: 0,
     }
 }
 

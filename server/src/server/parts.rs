@@ -229,6 +229,16 @@ fn build_issuer(
         metrics: metrics.clone(),
     })
     .with_caller_limits(Arc::new(CallerLimits::new(&cfg.limits)));
+    // JWT-SVID issuance: NOT CONFIGURED YET. The JWT key slots and `[jwt_svid]` come from the
+    // CA key manager (another part of issue 26); until it is wired here, no key source exists
+    // and every MintJwtSvid / MintWorkloadJwts answers Unavailable "no JWT-SVID signing key is
+    // active". LEAD: set this to the CaManager's `Arc<dyn JwtKeySource>` and map `[jwt_svid]`
+    // (ttl, max_ttl, issuer) onto `JwtIssuePolicy`.
+    let jwt_keys: Option<Arc<dyn crate::ca::jwt_key::JwtKeySource>> = None;
+    let issuer = match jwt_keys {
+        Some(keys) => issuer.with_jwt_svids(keys, crate::jwt_svid::JwtIssuePolicy::default()),
+        None => issuer,
+    };
     Ok((Arc::new(issuer), entry_policy))
 }
 

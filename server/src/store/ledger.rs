@@ -1,8 +1,8 @@
 //! The ledger of issued certificates: the [`LedgerStore`] part of the store.
 //!
-//! Invariant: the hash chain is extended only inside [`LedgerStore::append_certificates`], in
-//! one transaction that locks the chain head (`ledger_head`), appends the whole batch in order
-//! and moves the head, so replicas sharing one PostgreSQL extend a single chain in a total
+//! Invariant: the hash chain is extended only inside [`LedgerStore::append_rows`] (certificates
+//! and JWT-SVIDs, [`NewLedgerRow`]), in one transaction that locks the chain head
+//! (`ledger_head`), appends the whole batch in order and moves the head, so replicas sharing one PostgreSQL extend a single chain in a total
 //! order at the cost of one lock per batch. Revocation events extend the same chain under the
 //! same lock (`store::revocations`).
 //!
@@ -15,7 +15,7 @@
 //! five (`BEGIN`, lock, insert, move, `COMMIT`).
 
 use async_trait::async_trait;
-use signet_types::ledger::Hash;
+use signet_types::ledger::{Hash, JwtSvidRecord};
 
 use super::error::StoreError;
 
@@ -58,6 +58,42 @@ impl NewCertificate {
     }
 }
 
+/// A JWT-SVID to append to the ledger (seq and hashes are assigned by the store). The token
+/// itself is never stored: only its SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewJwtSvid {
+    pub spiffe_id: String,
+    /// The token's `aud`, in its order.
+    pub audience: Vec<String>,
+    pub issued_at: i64,
+    pub expires_at: i64,
+    pub key_id: String,
+    pub token_sha256: Hash,
+    pub caller: String,
+    pub request_id: String,
+    /// Where the authority came from (canonical JSON, as a certificate's).
+    pub provenance: String,
+}
+
+/// One row the ledger writer appends: a certificate or a JWT-SVID. Both kinds share one batch,
+/// one transaction and one chain, in the order queued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NewLedgerRow {
+    Certificate(NewCertificate),
+    JwtSvid(NewJwtSvid),
+}
+
+impl NewLedgerRow {
+    /// The serial a certificate row renews (see [`NewCertificate::renewed_from`]); never for a
+    /// JWT-SVID.
+    pub fn renewed_from(&self) -> Option<String> {
+        match self {
+            NewLedgerRow::Certificate(c) => c.renewed_from(),
+            NewLedgerRow::JwtSvid(_) => None,
+        }
+    }
+}
+
 /// A ledger row as stored: the one row shape ([`LedgerRecord`]) the admin API sends and the
 /// client reads back. Its `revocation` is the lookup index the revoking transaction sets beside
 /// the row (the revocation itself is a later event in the chain,
@@ -77,9 +113,40 @@ pub trait LedgerStore: Send + Sync + 'static {
     /// Cheap reachability check of the ledger's database, for `/readyz`.
     async fn ping(&self) -> Result<(), StoreError>;
 
-    /// Appends `batch` in order in one transaction, extending the hash chain; returns the rows'
-    /// sequence numbers. All or nothing.
-    async fn append_certificates(&self, batch: &[NewCertificate]) -> Result<Vec<u64>, StoreError>;
+    /// Appends `batch` (certificates and JWT-SVIDs) in order in one transaction, extending the
+    /// hash chain; returns the rows' sequence numbers. All or nothing.
+    async fn append_rows(&self, batch: &[NewLedgerRow]) -> Result<Vec<u64>, StoreError>;
+
+    /// [`LedgerStore::append_rows`] of certificates only (tests and the benchmark fill).
+    #[cfg(any(test, feature = "bench"))]
+    async fn append_certificates(&self, batch: &[NewCertificate]) -> Result<Vec<u64>, StoreError> {
+        let rows: Vec<NewLedgerRow> = batch
+            .iter()
+            .cloned()
+            .map(NewLedgerRow::Certificate)
+            .collect();
+        self.append_rows(&rows).await
+    }
+
+    /// One keyset page of JWT-SVID rows, as [`LedgerStore::certificates_page`].
+    async fn jwt_svids_page(
+        &self,
+        order: Order,
+        from: Option<u64>,
+        limit: u32,
+        spiffe_id: Option<&str>,
+    ) -> Result<Vec<JwtSvidRecord>, StoreError>;
+
+    /// JWT-SVID rows with `seq > after_seq`, ascending, at most `limit`.
+    async fn list_jwt_svids(
+        &self,
+        after_seq: u64,
+        limit: u32,
+        spiffe_id: Option<&str>,
+    ) -> Result<Vec<JwtSvidRecord>, StoreError> {
+        self.jwt_svids_page(Order::OldestFirst, Some(after_seq), limit, spiffe_id)
+            .await
+    }
 
     async fn ledger_head(&self) -> Result<LedgerHead, StoreError>;
 
@@ -134,9 +201,9 @@ macro_rules! impl_ledger_store {
                 Ok(())
             }
 
-            async fn append_certificates(
+            async fn append_rows(
                 &self,
-                batch: &[$crate::store::ledger::NewCertificate],
+                batch: &[$crate::store::ledger::NewLedgerRow],
             ) -> Result<Vec<u64>, StoreError> {
                 use $crate::store::rows;
                 if batch.is_empty() {
@@ -156,7 +223,7 @@ macro_rules! impl_ledger_store {
                 .await
                 .map_err($map)?;
                 let head = rows::head(head_seq, &head_hash)?;
-                let (chained, new_seq, new_hash) = rows::chain(head.seq, head.hash, batch)?;
+                let (chained, jwts, new_seq, new_hash) = rows::chain(head.seq, head.hash, batch)?;
                 // A renewal of a certificate revoked meanwhile (here or on another replica:
                 // revocations take the same lock) is refused; a revocation committed after this
                 // one follows `renewed_from` to the new row instead.
@@ -181,7 +248,12 @@ macro_rules! impl_ledger_store {
                         ));
                     }
                 }
-                Self::insert_chained(&mut tx, chained).await?;
+                if !chained.is_empty() {
+                    Self::insert_chained(&mut tx, chained).await?;
+                }
+                if !jwts.is_empty() {
+                    Self::insert_chained_jwts(&mut tx, jwts).await?;
+                }
                 sqlx::query("UPDATE ledger_head SET seq = $1, hash = $2 WHERE id = 1")
                     .bind(rows::db_seq(new_seq)?)
                     .bind(&new_hash[..])
@@ -239,6 +311,41 @@ macro_rules! impl_ledger_store {
                 found
                     .into_iter()
                     .map($crate::store::ledger::LedgerRecord::try_from)
+                    .collect()
+            }
+
+            async fn jwt_svids_page(
+                &self,
+                order: $crate::store::ledger::Order,
+                from: Option<u64>,
+                limit: u32,
+                spiffe_id: Option<&str>,
+            ) -> Result<Vec<signet_types::ledger::JwtSvidRecord>, StoreError> {
+                use $crate::store::ledger::Order;
+                use $crate::store::rows::{self, DbJwtSvid, JWT_COLUMNS};
+                let (key, cmp, dir) = match order {
+                    Order::OldestFirst => (rows::after(from.unwrap_or(0)), ">", ""),
+                    Order::NewestFirst => (rows::before(from.unwrap_or(u64::MAX)), "<", " DESC"),
+                };
+                let only = if spiffe_id.is_some() {
+                    "spiffe_id = $3 AND "
+                } else {
+                    ""
+                };
+                let sql = format!(
+                    "SELECT {JWT_COLUMNS} FROM jwt_svids \
+                     WHERE {only}seq {cmp} $1 ORDER BY seq{dir} LIMIT $2"
+                );
+                let mut q = sqlx::query_as::<_, DbJwtSvid>(&sql)
+                    .bind(key)
+                    .bind(rows::limit(limit));
+                if let Some(id) = spiffe_id {
+                    q = q.bind(id);
+                }
+                let found = q.fetch_all(&self.pool).await.map_err($map)?;
+                found
+                    .into_iter()
+                    .map(signet_types::ledger::JwtSvidRecord::try_from)
                     .collect()
             }
 

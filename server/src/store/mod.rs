@@ -6,7 +6,7 @@
 //!
 //! | module | trait | what |
 //! |---|---|---|
-//! | `ledger` | [`LedgerStore`] | the hash-chained ledger of issued certificates (group-commit batches) |
+//! | `ledger` | [`LedgerStore`] | the hash-chained ledger of issued certificates and JWT-SVIDs (group-commit batches) |
 //! | `revocations` | [`RevocationStore`] | revocation events in the same chain, revocable selections |
 //! | `crls` | [`CrlStore`] | the last CRL per CA key, numbered under a lock |
 //! | `ca_slots` | [`CaSlotStore`] | CA keys and their slot transitions (one per generation) |
@@ -86,9 +86,9 @@ pub use config::DatabaseConfig;
 pub use crls::{CrlStore, RevokedRow, StoredCrl};
 pub use entry_events::EntrySubscription;
 pub use error::StoreError;
-pub use ledger::{LedgerHead, LedgerRecord, LedgerStore, NewCertificate};
+pub use ledger::{LedgerHead, LedgerRecord, LedgerStore, NewCertificate, NewJwtSvid, NewLedgerRow};
 pub use nodes::{BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, NodeStore, TokenUse};
-pub use paging::{CertQuery, Order, certificates_page};
+pub use paging::{CertQuery, Order, certificates_page, jwt_svids_page};
 pub use pins::{Pin, PinEvidence, PinStore};
 pub use postgres::PgStore;
 pub use revocations::{CertFilter, EventRow, NewRevocation, RevocationOutcome, RevocationStore};

@@ -67,6 +67,8 @@ pub struct NewEntry {
     pub ttl_seconds: i64,
     pub dns_names: Vec<String>,
     pub created_at: i64,
+    /// The lifetime of the entry's JWT-SVIDs, seconds; 0: the server's default.
+    pub jwt_ttl_seconds: i64,
 }
 
 /// A registration entry as stored.
@@ -80,6 +82,8 @@ pub struct EntryRow {
     pub dns_names: Vec<String>,
     pub revision: u64,
     pub created_at: i64,
+    /// The lifetime of the entry's JWT-SVIDs, seconds; 0: the server's default.
+    pub jwt_ttl_seconds: i64,
 }
 
 /// How [`NodeStore::create_entry`] went.
@@ -236,11 +240,12 @@ super::db_row! {
         dns_names: String,
         revision: i64,
         created_at: i64,
+        jwt_ttl_seconds: i64,
     }
 }
 
-pub(super) const ENTRY_COLUMNS: &str =
-    "id, spiffe_id, parent_id, selectors, ttl_seconds, dns_names, revision, created_at";
+pub(super) const ENTRY_COLUMNS: &str = "id, spiffe_id, parent_id, selectors, ttl_seconds, \
+     dns_names, revision, created_at, jwt_ttl_seconds";
 
 impl TryFrom<DbEntry> for EntryRow {
     type Error = StoreError;
@@ -260,6 +265,7 @@ impl TryFrom<DbEntry> for EntryRow {
             parent_id: r.parent_id,
             ttl_seconds: r.ttl_seconds,
             created_at: r.created_at,
+            jwt_ttl_seconds: r.jwt_ttl_seconds,
         })
     }
 }
@@ -501,7 +507,8 @@ macro_rules! impl_node_store {
                 }
                 sqlx::query(
                     "INSERT INTO entries (id, spiffe_id, parent_id, selectors, ttl_seconds, \
-                     dns_names, revision, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                     dns_names, revision, created_at, jwt_ttl_seconds) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
                 )
                 .bind(&e.id)
                 .bind(&e.spiffe_id)
@@ -511,6 +518,7 @@ macro_rules! impl_node_store {
                 .bind(&dns_names)
                 .bind(rev)
                 .bind(e.created_at)
+                .bind(e.jwt_ttl_seconds)
                 .execute(&mut *tx)
                 .await
                 .map_err($map)?;
@@ -534,6 +542,7 @@ macro_rules! impl_node_store {
                     dns_names: e.dns_names.clone(),
                     revision: revision(rev)?,
                     created_at: e.created_at,
+                    jwt_ttl_seconds: e.jwt_ttl_seconds,
                 }))
             }
 
@@ -594,7 +603,8 @@ macro_rules! impl_node_store {
                 for e in batch {
                     sqlx::query(
                         "INSERT INTO entries (id, spiffe_id, parent_id, selectors, ttl_seconds, \
-                         dns_names, revision, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                         dns_names, revision, created_at, jwt_ttl_seconds) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
                     )
                     .bind(&e.id)
                     .bind(&e.spiffe_id)
@@ -604,6 +614,7 @@ macro_rules! impl_node_store {
                     .bind(json(&e.dns_names)?)
                     .bind(rev)
                     .bind(e.created_at)
+                    .bind(e.jwt_ttl_seconds)
                     .execute(&mut *tx)
                     .await
                     .map_err($map)?;
@@ -637,6 +648,7 @@ macro_rules! impl_node_store {
                             dns_names: e.dns_names.clone(),
                             revision,
                             created_at: e.created_at,
+                            jwt_ttl_seconds: e.jwt_ttl_seconds,
                         })
                         .collect(),
                 })

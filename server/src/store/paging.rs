@@ -162,6 +162,44 @@ pub async fn certificates_page<S: LedgerStore + ?Sized>(
     Ok(CertPage { rows, next })
 }
 
+/// A page of JWT-SVID rows and, when more follow, the token for the next one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwtPage {
+    pub rows: Vec<signet_types::ledger::JwtSvidRecord>,
+    /// None on the last page.
+    pub next: Option<String>,
+}
+
+/// One page of JWT-SVID rows (`ListJwtSvids`), exactly as [`certificates_page`] pages the
+/// certificate rows: the same query shape, the same tokens.
+pub async fn jwt_svids_page<S: LedgerStore + ?Sized>(
+    store: &S,
+    q: &CertQuery<'_>,
+) -> Result<JwtPage, StoreError> {
+    let from = match q.page_token {
+        Some(t) if !t.is_empty() => Some(PageToken::decode_for(t, q)?),
+        _ => None,
+    };
+    if q.limit == 0 {
+        return Ok(JwtPage {
+            rows: Vec::new(),
+            next: None,
+        });
+    }
+    let want = q.limit.saturating_add(1);
+    let mut rows = store
+        .jwt_svids_page(q.order, from, want, q.spiffe_id)
+        .await?;
+    let limit = usize::try_from(q.limit).unwrap_or(usize::MAX);
+    let next = if rows.len() > limit {
+        rows.truncate(limit);
+        rows.last().map(|r| PageToken::new(q, r.entry.seq).encode())
+    } else {
+        None
+    };
+    Ok(JwtPage { rows, next })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

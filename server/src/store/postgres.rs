@@ -22,8 +22,8 @@ use super::DatabaseConfig;
 
 use super::audit::AuditEvent;
 use super::error::StoreError;
-use super::ledger::{LedgerHead, NewCertificate};
-use super::rows::{self, Chained};
+use super::ledger::{LedgerHead, NewLedgerRow};
+use super::rows::{self, Chained, ChainedJwt};
 use super::write_tx::WriteTx;
 
 /// Bounds the first connection at startup, so an unreachable database answers quickly.
@@ -293,6 +293,90 @@ impl<'a> Columns<'a> {
     }
 }
 
+/// The `jwt_svids` columns an append writes, in the order of [`JwtColumns`]' arrays.
+const JWT_INSERT_COLUMNS: &str = "seq, spiffe_id, audience, issued_at, expires_at, key_id, \
+     token_sha256, caller, request_id, provenance, prev_hash, hash";
+
+/// The `UNNEST` of [`JwtColumns`] from parameter `$first` on.
+fn jwt_unnest(first: usize) -> String {
+    let types = [
+        "bigint", "text", "text", "bigint", "bigint", "text", "bytea", "text", "text", "text",
+        "bytea", "bytea",
+    ];
+    let args: Vec<String> = types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!("${}::{t}[]", first + i))
+        .collect();
+    format!("UNNEST({})", args.join(", "))
+}
+
+/// The JWT-SVID rows of a batch as one array per column, for `UNNEST`.
+struct JwtColumns<'a> {
+    seq: Vec<i64>,
+    spiffe_id: Vec<&'a str>,
+    audience: Vec<String>,
+    issued_at: Vec<i64>,
+    expires_at: Vec<i64>,
+    key_id: Vec<&'a str>,
+    token_sha256: Vec<&'a [u8]>,
+    caller: Vec<&'a str>,
+    request_id: Vec<&'a str>,
+    provenance: Vec<&'a str>,
+    prev_hash: Vec<Vec<u8>>,
+    hash: Vec<Vec<u8>>,
+}
+
+impl<'a> JwtColumns<'a> {
+    fn of(chained: Vec<ChainedJwt<'a>>) -> Self {
+        let mut c = JwtColumns {
+            seq: Vec::new(),
+            spiffe_id: Vec::new(),
+            audience: Vec::new(),
+            issued_at: Vec::new(),
+            expires_at: Vec::new(),
+            key_id: Vec::new(),
+            token_sha256: Vec::new(),
+            caller: Vec::new(),
+            request_id: Vec::new(),
+            provenance: Vec::new(),
+            prev_hash: Vec::new(),
+            hash: Vec::new(),
+        };
+        for r in chained {
+            c.seq.push(r.seq);
+            c.spiffe_id.push(r.jwt.spiffe_id.as_str());
+            c.audience.push(r.audience_json);
+            c.issued_at.push(r.jwt.issued_at);
+            c.expires_at.push(r.jwt.expires_at);
+            c.key_id.push(r.jwt.key_id.as_str());
+            c.token_sha256.push(r.jwt.token_sha256.as_slice());
+            c.caller.push(r.jwt.caller.as_str());
+            c.request_id.push(r.jwt.request_id.as_str());
+            c.provenance.push(r.jwt.provenance.as_str());
+            c.prev_hash.push(r.prev_hash.to_vec());
+            c.hash.push(r.hash.to_vec());
+        }
+        c
+    }
+
+    /// Binds the twelve arrays as the next twelve parameters of `q`.
+    fn bind_to<'q>(&'q self, q: PgQuery<'q>) -> PgQuery<'q> {
+        q.bind(&self.seq)
+            .bind(&self.spiffe_id)
+            .bind(&self.audience)
+            .bind(&self.issued_at)
+            .bind(&self.expires_at)
+            .bind(&self.key_id)
+            .bind(&self.token_sha256)
+            .bind(&self.caller)
+            .bind(&self.request_id)
+            .bind(&self.provenance)
+            .bind(&self.prev_hash)
+            .bind(&self.hash)
+    }
+}
+
 type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
 /// The batch inserts, and the one-round-trip append at a known head.
@@ -306,6 +390,23 @@ impl PgStore {
             format!("INSERT INTO certificates ({INSERT_COLUMNS}) SELECT * FROM {UNNEST_COLUMNS}");
         columns
             .bind(&sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn insert_chained_jwts(
+        tx: &mut sqlx::PgConnection,
+        chained: Vec<ChainedJwt<'_>>,
+    ) -> Result<(), StoreError> {
+        let columns = JwtColumns::of(chained);
+        let sql = format!(
+            "INSERT INTO jwt_svids ({JWT_INSERT_COLUMNS}) SELECT * FROM {}",
+            jwt_unnest(1)
+        );
+        columns
+            .bind_to(sqlx::query(&sql))
             .execute(&mut *tx)
             .await
             .map_err(map_err)?;
@@ -332,34 +433,64 @@ impl PgStore {
     ///
     /// `Ok(None)`: the head is unknown or moved (another replica, or a revocation event),
     /// nothing was written; the caller takes the locking path, which learns the new head.
+    ///
+    /// A batch with JWT-SVID rows inserts them in the same statement (a second data-modifying
+    /// `WITH` on the same `moved`), and counts both inserts.
     async fn append_at_known_head(
         &self,
-        batch: &[NewCertificate],
+        batch: &[NewLedgerRow],
     ) -> Result<Option<Vec<u64>>, StoreError> {
         let Some(head) = self.known_head() else {
             return Ok(None);
         };
-        let (chained, new_seq, new_hash) = rows::chain(head.seq, head.hash, batch)?;
+        let (chained, jwts, new_seq, new_hash) = rows::chain(head.seq, head.hash, batch)?;
         // A renewal takes the locking path, which refuses one whose parent was revoked.
         if chained.iter().any(|c| c.renewed_from.is_some()) {
             return Ok(None);
         }
         let columns = Columns::of(chained);
-        let sql = format!(
-            "WITH moved AS (UPDATE ledger_head SET seq = $18, hash = $19 \
-             WHERE id = 1 AND seq = $20 AND hash = $21 RETURNING 1) \
-             INSERT INTO certificates ({INSERT_COLUMNS}) SELECT u.* FROM moved, {UNNEST_COLUMNS} AS u"
-        );
-        let done = columns
-            .bind(&sql)
-            .bind(rows::db_seq(new_seq)?)
-            .bind(&new_hash[..])
-            .bind(rows::db_seq(head.seq)?)
-            .bind(&head.hash[..])
-            .execute(&self.pool)
-            .await;
+        let done = if jwts.is_empty() {
+            let sql = format!(
+                "WITH moved AS (UPDATE ledger_head SET seq = $18, hash = $19 \
+                 WHERE id = 1 AND seq = $20 AND hash = $21 RETURNING 1) \
+                 INSERT INTO certificates ({INSERT_COLUMNS}) SELECT u.* FROM moved, {UNNEST_COLUMNS} AS u"
+            );
+            columns
+                .bind(&sql)
+                .bind(rows::db_seq(new_seq)?)
+                .bind(&new_hash[..])
+                .bind(rows::db_seq(head.seq)?)
+                .bind(&head.hash[..])
+                .execute(&self.pool)
+                .await
+                .map(|done| done.rows_affected())
+        } else {
+            let jwt_columns = JwtColumns::of(jwts);
+            let sql = format!(
+                "WITH moved AS (UPDATE ledger_head SET seq = $18, hash = $19 \
+                 WHERE id = 1 AND seq = $20 AND hash = $21 RETURNING 1), \
+                 c AS (INSERT INTO certificates ({INSERT_COLUMNS}) \
+                 SELECT u.* FROM moved, {UNNEST_COLUMNS} AS u RETURNING 1), \
+                 j AS (INSERT INTO jwt_svids ({JWT_INSERT_COLUMNS}) \
+                 SELECT v.* FROM moved, {} AS v RETURNING 1) \
+                 SELECT (SELECT COUNT(*) FROM c) + (SELECT COUNT(*) FROM j)",
+                jwt_unnest(22)
+            );
+            let q = columns
+                .bind(&sql)
+                .bind(rows::db_seq(new_seq)?)
+                .bind(&new_hash[..])
+                .bind(rows::db_seq(head.seq)?)
+                .bind(&head.hash[..]);
+            match jwt_columns.bind_to(q).fetch_one(&self.pool).await {
+                Ok(row) => {
+                    sqlx::Row::try_get::<i64, _>(&row, 0).map(|n| u64::try_from(n).unwrap_or(0))
+                }
+                Err(e) => Err(e),
+            }
+        };
         let inserted = match done {
-            Ok(done) => done.rows_affected(),
+            Ok(n) => n,
             Err(e) => {
                 // Committed or not, the head is no longer known for sure.
                 self.remember_head(None);

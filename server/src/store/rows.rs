@@ -3,10 +3,12 @@
 //! conversions between the domain's unsigned numbers and the databases' signed 64-bit columns
 //! (a negative stored value is [`StoreError::Corrupt`], never a panic).
 
-use signet_types::ledger::{Hash, LedgerEntry, Revocation, chain_hash};
+use signet_types::ledger::{
+    Hash, JwtSvidEntry, JwtSvidRecord, LedgerEntry, Revocation, chain_hash, jwt_hash,
+};
 
 use super::error::StoreError;
-use super::ledger::{LedgerHead, LedgerRecord, NewCertificate};
+use super::ledger::{LedgerHead, LedgerRecord, NewCertificate, NewJwtSvid, NewLedgerRow};
 
 /// Columns selected for a [`LedgerRecord`], in [`DbCertificate`]'s order.
 pub(super) const CERT_COLUMNS: &str = "seq, serial, spiffe_id, dns_names, ip_addresses, \
@@ -71,6 +73,53 @@ impl TryFrom<DbCertificate> for LedgerRecord {
     }
 }
 
+/// Columns selected for a [`JwtSvidRecord`], in [`DbJwtSvid`]'s order.
+pub(super) const JWT_COLUMNS: &str = "seq, spiffe_id, audience, issued_at, expires_at, key_id, \
+     token_sha256, caller, request_id, provenance, prev_hash, hash";
+
+super::db_row! {
+    /// A `jwt_svids` row as both drivers decode it.
+    pub(super) struct DbJwtSvid {
+        seq: i64,
+        spiffe_id: String,
+        audience: String,
+        issued_at: i64,
+        expires_at: i64,
+        key_id: String,
+        token_sha256: Vec<u8>,
+        caller: String,
+        request_id: String,
+        provenance: String,
+        prev_hash: Vec<u8>,
+        hash: Vec<u8>,
+    }
+}
+
+impl TryFrom<DbJwtSvid> for JwtSvidRecord {
+    type Error = StoreError;
+
+    fn try_from(r: DbJwtSvid) -> Result<Self, StoreError> {
+        let seq = u64::try_from(r.seq)
+            .map_err(|_| StoreError::Corrupt(format!("negative JWT-SVID row seq {}", r.seq)))?;
+        Ok(JwtSvidRecord {
+            entry: JwtSvidEntry {
+                seq,
+                spiffe_id: r.spiffe_id,
+                audience: json_list(seq, "audience", &r.audience)?,
+                issued_at: r.issued_at,
+                expires_at: r.expires_at,
+                key_id: r.key_id,
+                token_sha256: hash(seq, "token_sha256", &r.token_sha256)?,
+                caller: r.caller,
+                request_id: r.request_id,
+                provenance: r.provenance,
+            },
+            prev_hash: hash(seq, "prev_hash", &r.prev_hash)?,
+            hash: hash(seq, "hash", &r.hash)?,
+        })
+    }
+}
+
 fn json_list(seq: u64, column: &str, text: &str) -> Result<Vec<String>, StoreError> {
     serde_json::from_str(text).map_err(|e| {
         StoreError::Corrupt(format!(
@@ -101,7 +150,7 @@ pub(super) fn head(seq: i64, hash_bytes: &[u8]) -> Result<LedgerHead, StoreError
     Ok(LedgerHead { seq, hash })
 }
 
-/// One row ready to insert: the entry with its seq and both hashes.
+/// One certificate row ready to insert: the entry with its seq and both hashes.
 pub(super) struct Chained<'a> {
     pub cert: &'a NewCertificate,
     pub seq: i64,
@@ -113,45 +162,85 @@ pub(super) struct Chained<'a> {
     pub renewed_from: Option<String>,
 }
 
-/// Chains `batch` onto the head `(seq, hash)`; returns the rows and the new head.
+/// One JWT-SVID row ready to insert.
+pub(super) struct ChainedJwt<'a> {
+    pub jwt: &'a NewJwtSvid,
+    pub seq: i64,
+    pub prev_hash: Hash,
+    pub hash: Hash,
+    pub audience_json: String,
+}
+
+/// Chains `batch` onto the head `(seq, hash)` in its order; returns the certificate rows, the
+/// JWT-SVID rows (each with its seq: they interleave in the chain as queued) and the new head.
+#[allow(clippy::type_complexity)]
 pub(super) fn chain<'a>(
     head_seq: u64,
     head_hash: Hash,
-    batch: &'a [NewCertificate],
-) -> Result<(Vec<Chained<'a>>, u64, Hash), StoreError> {
+    batch: &'a [NewLedgerRow],
+) -> Result<(Vec<Chained<'a>>, Vec<ChainedJwt<'a>>, u64, Hash), StoreError> {
     let mut prev = head_hash;
-    let mut rows = Vec::with_capacity(batch.len());
+    let mut certs = Vec::with_capacity(batch.len());
+    let mut jwts = Vec::new();
     let mut seq = head_seq;
-    for cert in batch {
+    for row in batch {
         seq += 1;
-        let entry = LedgerEntry {
-            seq,
-            serial: cert.serial.clone(),
-            spiffe_id: cert.spiffe_id.clone(),
-            dns_names: cert.dns_names.clone(),
-            ip_addresses: cert.ip_addresses.clone(),
-            not_before: cert.not_before,
-            not_after: cert.not_after,
-            cert_sha256: cert.cert_sha256,
-            ca_key_id: cert.ca_key_id.clone(),
-            caller: cert.caller.clone(),
-            issued_at: cert.issued_at,
-            request_id: cert.request_id.clone(),
-            provenance: cert.provenance.clone(),
+        let hash = match row {
+            NewLedgerRow::Certificate(cert) => {
+                let entry = LedgerEntry {
+                    seq,
+                    serial: cert.serial.clone(),
+                    spiffe_id: cert.spiffe_id.clone(),
+                    dns_names: cert.dns_names.clone(),
+                    ip_addresses: cert.ip_addresses.clone(),
+                    not_before: cert.not_before,
+                    not_after: cert.not_after,
+                    cert_sha256: cert.cert_sha256,
+                    ca_key_id: cert.ca_key_id.clone(),
+                    caller: cert.caller.clone(),
+                    issued_at: cert.issued_at,
+                    request_id: cert.request_id.clone(),
+                    provenance: cert.provenance.clone(),
+                };
+                let hash = chain_hash(&prev, &entry);
+                certs.push(Chained {
+                    cert,
+                    seq: db_seq(seq)?,
+                    prev_hash: prev,
+                    hash,
+                    dns_json: to_json(&cert.dns_names)?,
+                    ip_json: to_json(&cert.ip_addresses)?,
+                    renewed_from: cert.renewed_from(),
+                });
+                hash
+            }
+            NewLedgerRow::JwtSvid(jwt) => {
+                let entry = JwtSvidEntry {
+                    seq,
+                    spiffe_id: jwt.spiffe_id.clone(),
+                    audience: jwt.audience.clone(),
+                    issued_at: jwt.issued_at,
+                    expires_at: jwt.expires_at,
+                    key_id: jwt.key_id.clone(),
+                    token_sha256: jwt.token_sha256,
+                    caller: jwt.caller.clone(),
+                    request_id: jwt.request_id.clone(),
+                    provenance: jwt.provenance.clone(),
+                };
+                let hash = jwt_hash(&prev, &entry);
+                jwts.push(ChainedJwt {
+                    jwt,
+                    seq: db_seq(seq)?,
+                    prev_hash: prev,
+                    hash,
+                    audience_json: to_json(&jwt.audience)?,
+                });
+                hash
+            }
         };
-        let hash = chain_hash(&prev, &entry);
-        rows.push(Chained {
-            cert,
-            seq: db_seq(seq)?,
-            prev_hash: prev,
-            hash,
-            dns_json: to_json(&cert.dns_names)?,
-            ip_json: to_json(&cert.ip_addresses)?,
-            renewed_from: cert.renewed_from(),
-        });
         prev = hash;
     }
-    Ok((rows, seq, prev))
+    Ok((certs, jwts, seq, prev))
 }
 
 pub(super) fn db_seq(seq: u64) -> Result<i64, StoreError> {

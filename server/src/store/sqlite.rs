@@ -23,7 +23,7 @@ use super::DatabaseConfig;
 
 use super::audit::AuditEvent;
 use super::error::StoreError;
-use super::rows::Chained;
+use super::rows::{Chained, ChainedJwt};
 use super::write_tx::{WriteGate, WriteTx};
 
 /// Most connections to one SQLite file (one writer at a time anyway).
@@ -176,7 +176,7 @@ impl SqliteStore {
     #[allow(clippy::unused_async)]
     async fn append_at_known_head(
         &self,
-        _batch: &[super::ledger::NewCertificate],
+        _batch: &[super::ledger::NewLedgerRow],
     ) -> Result<Option<Vec<u64>>, StoreError> {
         Ok(None)
     }
@@ -274,6 +274,35 @@ impl SqliteStore {
         Ok(())
     }
 
+    async fn insert_chained_jwts(
+        tx: &mut sqlx::SqliteConnection,
+        chained: Vec<ChainedJwt<'_>>,
+    ) -> Result<(), StoreError> {
+        for r in &chained {
+            sqlx::query(
+                "INSERT INTO jwt_svids (seq, spiffe_id, audience, issued_at, expires_at, key_id, \
+                 token_sha256, caller, request_id, provenance, prev_hash, hash) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            )
+            .bind(r.seq)
+            .bind(&r.jwt.spiffe_id)
+            .bind(&r.audience_json)
+            .bind(r.jwt.issued_at)
+            .bind(r.jwt.expires_at)
+            .bind(&r.jwt.key_id)
+            .bind(&r.jwt.token_sha256[..])
+            .bind(&r.jwt.caller)
+            .bind(&r.jwt.request_id)
+            .bind(&r.jwt.provenance)
+            .bind(&r.prev_hash[..])
+            .bind(&r.hash[..])
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        }
+        Ok(())
+    }
+
     async fn insert_audit_events(&self, events: &[AuditEvent]) -> Result<(), StoreError> {
         let mut tx = self.begin_write().await?;
         for e in events {
@@ -331,6 +360,7 @@ mod tests {
                     ttl_seconds: 600,
                     dns_names: vec![],
                     created_at: 42,
+                    jwt_ttl_seconds: 0,
                 })
                 .collect()
         };

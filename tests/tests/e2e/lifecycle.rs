@@ -57,7 +57,10 @@ async fn restart_keeps_the_root_and_a_verifying_ledger() {
     assert_eq!(second.cert_count().await, 4);
     let out = second.signetctl(&["ledger", "verify", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v, serde_json::json!({"ok": true, "rows": 4}));
+    assert_eq!(
+        v,
+        serde_json::json!({"ok": true, "rows": 4, "jwt_svids": 0})
+    );
 }
 
 #[tokio::test]
@@ -100,7 +103,10 @@ async fn replicas_sharing_postgres_share_one_root_and_one_chain() {
     }
     let out = b.signetctl(&["ledger", "verify", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v, serde_json::json!({"ok": true, "rows": 22}));
+    assert_eq!(
+        v,
+        serde_json::json!({"ok": true, "rows": 22, "jwt_svids": 0})
+    );
 }
 
 #[tokio::test]
@@ -163,7 +169,10 @@ async fn database_outage_answers_unavailable_and_recovers() {
     // Only committed certificates exist: server cert + 2 issued.
     let out = server.signetctl(&["ledger", "verify", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v, serde_json::json!({"ok": true, "rows": 3}));
+    assert_eq!(
+        v,
+        serde_json::json!({"ok": true, "rows": 3, "jwt_svids": 0})
+    );
     drop(server);
     pg("stop");
 }

@@ -17,6 +17,7 @@ mod fake_kube;
 mod federation;
 mod independent;
 mod issuance;
+mod jwt_issuance;
 mod jwt_keys;
 mod k8s;
 mod k8s_certificate;

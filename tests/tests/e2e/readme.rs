@@ -45,9 +45,16 @@ const WALKTHROUGH: &str = "From an empty machine to a workload holding a certifi
 const OPERATOR_WALKTHROUGH: &str = "Operator walkthrough: rotation, compromise, revocation";
 const CA_HIERARCHY: &str = "CA hierarchy and rotation";
 const SIGNETCTL: &str = "Operating it: `signetctl`";
+const JWT_LEDGER: &str = "JWT-SVIDs on the ledger";
 
 /// The sections whose `sh` blocks these tests run or check.
-const TESTED: [&str; 4] = [WALKTHROUGH, OPERATOR_WALKTHROUGH, CA_HIERARCHY, SIGNETCTL];
+const TESTED: [&str; 5] = [
+    WALKTHROUGH,
+    OPERATOR_WALKTHROUGH,
+    CA_HIERARCHY,
+    SIGNETCTL,
+    JWT_LEDGER,
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -576,6 +583,11 @@ fn ca_hierarchy_and_rotation_synopsis_matches_signetctl() {
 #[test]
 fn signetctl_reference_matches_signetctl() {
     check_synopsis(SIGNETCTL);
+}
+
+#[test]
+fn jwt_svids_on_the_ledger_synopsis_matches_signetctl() {
+    check_synopsis(JWT_LEDGER);
 }
 
 /// Every `sh` block is run or checked by a test here, or says why not.

@@ -94,6 +94,7 @@ pub(super) async fn run(w: Workloads<'_>) -> anyhow::Result<Outcome> {
             selectors: vec![format!("unix:uid:{}", 100_000 + i)],
             ttl_seconds: w.ttl,
             dns_names: Vec::new(),
+            ..NewEntry::default()
         })
         .collect();
     let (registered, _) = admin

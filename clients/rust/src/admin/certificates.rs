@@ -10,7 +10,9 @@
 //! [`CallError::InvalidAnswer`] ([`RecordError`] says why).
 
 use signet_proto::admin as pb;
-use signet_types::ledger::{Hash, LedgerEntry, LedgerRecord, Revocation};
+use signet_types::ledger::{
+    Hash, JwtSvidEntry, JwtSvidRecord, LedgerEntry, LedgerRecord, Revocation,
+};
 
 use super::AdminClient;
 use crate::convert::request;
@@ -22,6 +24,8 @@ pub enum HashField {
     CertSha256,
     PrevHash,
     Hash,
+    /// A JWT-SVID row's hash of its token.
+    TokenSha256,
 }
 
 impl std::fmt::Display for HashField {
@@ -30,6 +34,7 @@ impl std::fmt::Display for HashField {
             HashField::CertSha256 => "the certificate's SHA-256",
             HashField::PrevHash => "the previous hash",
             HashField::Hash => "the chain hash",
+            HashField::TokenSha256 => "the token's SHA-256",
         })
     }
 }
@@ -54,6 +59,36 @@ impl From<RecordError> for CallError {
     fn from(e: RecordError) -> Self {
         CallError::invalid_answer(e.to_string())
     }
+}
+
+/// One page of JWT-SVID rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwtSvidPage {
+    pub jwt_svids: Vec<JwtSvidRecord>,
+    /// Set when more rows follow: the next query's `page_token`.
+    pub next_page_token: Option<String>,
+}
+
+/// The one conversion of the wire's `JwtSvidRecord` into the ledger's JWT-SVID row: its three
+/// hashes must be 32 bytes; nothing else is judged (as [`ledger_record`]).
+pub fn jwt_svid_record(r: pb::JwtSvidRecord) -> Result<JwtSvidRecord, RecordError> {
+    let seq = r.seq;
+    Ok(JwtSvidRecord {
+        prev_hash: hash32(&r.prev_hash, HashField::PrevHash, seq)?,
+        hash: hash32(&r.hash, HashField::Hash, seq)?,
+        entry: JwtSvidEntry {
+            seq,
+            token_sha256: hash32(&r.token_sha256, HashField::TokenSha256, seq)?,
+            spiffe_id: r.spiffe_id,
+            audience: r.audience,
+            issued_at: r.issued_at,
+            expires_at: r.expires_at,
+            key_id: r.key_id,
+            caller: r.caller,
+            request_id: r.request_id,
+            provenance: r.provenance,
+        },
+    })
 }
 
 /// Which rows [`AdminClient::certificates`] asks for.
@@ -99,6 +134,31 @@ impl AdminClient {
                 .certificates
                 .into_iter()
                 .map(certificate_row)
+                .collect::<Result<_, _>>()?,
+            next_page_token: (!r.next_page_token.is_empty()).then_some(r.next_page_token),
+        })
+    }
+
+    /// `ListJwtSvids`: one page of JWT-SVID rows, queried as [`AdminClient::certificates`].
+    pub async fn jwt_svids(&self, q: &CertificateQuery) -> Result<JwtSvidPage, CallError> {
+        let msg = pb::ListCertificatesRequest {
+            after_seq: q.after_seq,
+            limit: q.limit,
+            spiffe_id: q.spiffe_id.clone().unwrap_or_default(),
+            page_token: q.page_token.clone().unwrap_or_default(),
+            newest_first: q.newest_first,
+        };
+        let r = self
+            .admin
+            .clone()
+            .list_jwt_svids(request(msg, None)?)
+            .await?
+            .into_inner();
+        Ok(JwtSvidPage {
+            jwt_svids: r
+                .jwt_svids
+                .into_iter()
+                .map(jwt_svid_record)
                 .collect::<Result<_, _>>()?,
             next_page_token: (!r.next_page_token.is_empty()).then_some(r.next_page_token),
         })

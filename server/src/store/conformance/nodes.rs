@@ -171,6 +171,7 @@ async fn entries_round_trip_and_revisions_track_changes(db: Db) {
         ttl_seconds: 600,
         dns_names: vec![format!("{id}.example.org")],
         created_at: 42,
+        jwt_ttl_seconds: 0,
     };
     // Nothing yet: revision 0, unchanged for a caller that knows 0.
     let sync = s.entries_for_parent_since(p1, 0).await.unwrap();
@@ -248,6 +249,7 @@ async fn entry_batches_are_all_or_nothing(db: Db) {
         ttl_seconds: 600,
         dns_names: vec![],
         created_at: 42,
+        jwt_ttl_seconds: 0,
     };
     let before = created(s.create_entry(&entry("x", p1)).await.unwrap());
     let batch: Vec<NewEntry> = (0..300)
@@ -333,6 +335,7 @@ async fn a_single_entry_repeating_a_stored_registration_is_refused(db: Db) {
         ttl_seconds: 600,
         dns_names: vec![],
         created_at: 42,
+        jwt_ttl_seconds: 0,
     };
     let two = ["unix:uid:1000", "unix:path:/usr/bin/app"];
     let a = created(s.create_entry(&entry("a", "web", p1, &two)).await.unwrap());
@@ -418,6 +421,7 @@ async fn entry_changes_wake_watchers_on_every_replica(db: Db) {
         ttl_seconds: 0,
         dns_names: vec![],
         created_at: 42,
+        jwt_ttl_seconds: 0,
     };
     assert_eq!(db.store.entry_revision(p1).await.unwrap(), 0);
     let a = created(writer.create_entry(&entry("a")).await.unwrap());
@@ -450,6 +454,7 @@ async fn legacy_selector_spellings_are_rewritten_or_reported(db: Db) {
         ttl_seconds: 600,
         dns_names: vec![],
         created_at: 42,
+        jwt_ttl_seconds: 0,
     };
     let fine = created(
         s.create_entry(&entry("fine", "a", &["unix:uid:1000"]))
