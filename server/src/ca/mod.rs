@@ -22,9 +22,9 @@
 
 pub mod authority;
 pub mod config;
-pub mod jwt_key;
 pub mod csr;
 mod issue;
+pub mod jwt_key;
 pub mod kek;
 pub mod manager;
 pub mod rotator;
