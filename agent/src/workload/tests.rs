@@ -22,6 +22,7 @@ fn state_with(uid: u32, key: u8) -> AgentState {
         bundle_der: vec![vec![9], vec![8]].into(),
         trust_domain_id: "spiffe://example.org".into(),
         crls_der: Default::default(),
+        ..Default::default()
     }
 }
 
