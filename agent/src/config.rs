@@ -158,6 +158,9 @@ pub struct WorkloadApiConfig {
     pub unix_only_entries_for_containers: bool,
     /// `[workload_api.kubernetes]`: `k8s:` selectors.
     pub kubernetes: KubernetesAttestorConfig,
+    /// JWT-SVIDs kept at most (one per SPIFFE ID and audience set); beyond it the least
+    /// recently used is dropped.
+    pub jwt_cache_size: usize,
 }
 
 impl Default for WorkloadApiConfig {
@@ -175,6 +178,7 @@ impl Default for WorkloadApiConfig {
             proc_root: PathBuf::from("/proc"),
             unix_only_entries_for_containers: false,
             kubernetes: KubernetesAttestorConfig::default(),
+            jwt_cache_size: crate::jwt_cache::DEFAULT_CAPACITY,
         }
     }
 }
@@ -209,6 +213,9 @@ impl WorkloadApiConfig {
         }
         if self.max_concurrent_streams == 0 || self.max_header_list_size < 1024 {
             return bad("max_concurrent_streams must be at least 1, max_header_list_size 1024");
+        }
+        if self.jwt_cache_size == 0 {
+            return bad("jwt_cache_size must be at least 1");
         }
         self.socket_mode()?;
         if matches!(&self.socket_group, Some(g) if g.is_empty()) {
