@@ -524,7 +524,7 @@ mod tests {
             "bad, mis-stated and repeated keys dropped"
         );
         assert!(b.jwt_key_set().get(&kid).is_some());
-        assert_eq!(b.tainted_jwt_key_ids, [kid.clone()], "kept as written");
+        assert_eq!(b.tainted_jwt_key_ids, [kid.as_str()], "kept as written");
         assert_eq!(b.tainted_key_ids, ["ab01"], "CA key taints as before");
         let too_many = pb::Bundle {
             trust_domain: "example.org".into(),
