@@ -17,6 +17,7 @@ mod fake_kube;
 mod federation;
 mod independent;
 mod issuance;
+mod jwt_workload;
 mod k8s;
 mod k8s_certificate;
 mod lifecycle;
