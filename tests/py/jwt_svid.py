@@ -151,7 +151,7 @@ def cmd_attacks(client, audience, foreign):
 
 def main():
     mode = sys.argv[1]
-    client = WorkloadApiClient(timeout_in_seconds=TIMEOUT_SECONDS)
+    client = WorkloadApiClient(default_timeout=TIMEOUT_SECONDS)
     try:
         if mode == "all":
             out = cmd_all(client, set(sys.argv[2].split(",")))

@@ -19,13 +19,13 @@ use std::time::{Duration, SystemTime};
 use futures::Stream;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use signet_pki::jwt::{JwtSigner, JwtSvidClaims};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use signet_proto::agent as pb;
 use signet_proto::agent::node_server::{Node, NodeServer};
 use signet_proto::ca as pb_ca;
 use signet_proto::ca::certificate_authority_server::{
     CertificateAuthority, CertificateAuthorityServer,
 };
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tonic::{Request, Response, Status};
 
 pub const TRUST_DOMAIN: &str = "example.org";

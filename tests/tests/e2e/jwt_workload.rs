@@ -130,19 +130,34 @@ async fn py_spiffe_gets_validates_and_caches_jwt_svids_and_the_agent_refuses_for
     let _agent = Agent::start(&cfg);
 
     // Once the agent holds the workload's identity, its JWT-SVID is served.
+    let last = std::sync::Mutex::new(String::new());
     let first = eventually(30, "a JWT-SVID from the agent", || async {
-        py(&python, &socket, None, &["fetch", "svc-a"])
-            .ok()
-            .filter(|v| v.get("token").is_some())
+        match py(&python, &socket, None, &["fetch", "svc-a"]) {
+            Ok(v) if v.get("token").is_some() => Some(v),
+            other => {
+                // Shown once per new answer: why the agent does not serve yet.
+                let now = format!("{other:?}");
+                let mut l = last.lock().unwrap();
+                if *l != now {
+                    eprintln!("not yet: {now}");
+                    *l = now;
+                }
+                None
+            }
+        }
     })
     .await;
+    drop(last);
     assert_eq!(s(&first["spiffe_id"]), APP_ID);
     assert_eq!(s(&first["kid"]), ca.jwt_key_id());
 
     // Everything py-spiffe offers, unchanged.
     let all = py(&python, &socket, None, &["all", "svc-b,svc-a"]).unwrap();
     assert_eq!(s(&all["fetched"]["spiffe_id"]), APP_ID);
-    assert_eq!(all["fetched"]["audience"], serde_json::json!(["svc-a", "svc-b"]));
+    assert_eq!(
+        all["fetched"]["audience"],
+        serde_json::json!(["svc-a", "svc-b"])
+    );
     assert_eq!(all["fetched_all"], serde_json::json!([APP_ID]));
     assert_eq!(
         all["bundles"],
