@@ -1003,6 +1003,7 @@ mod tests {
         assert_eq!(w.socket_mode().expect("mode"), 0o770);
         assert_eq!(w.kubernetes.source, PodSource::Kubelet);
         assert_eq!(w.kubernetes.url(), "https://127.0.0.1:10250");
+        assert_eq!(w.jwt_cache_size, crate::jwt_cache::DEFAULT_CAPACITY);
         for (bad, why) in [
             ("[workload_api]\nmax_connections = 0\n", "at least 1"),
             (
@@ -1010,6 +1011,7 @@ mod tests {
                 "exceed",
             ),
             ("[workload_api]\nidle_timeout = \"0s\"\n", "more than zero"),
+            ("[workload_api]\njwt_cache_size = 0\n", "jwt_cache_size"),
             ("[workload_api]\nsocket_mode = \"0999\"\n", "octal"),
             ("[workload_api]\nsocket_mode = \"01777\"\n", "octal"),
             ("[workload_api]\nmax_connectoins = 1\n", "max_connectoins"),
