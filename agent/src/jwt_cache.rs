@@ -9,7 +9,9 @@
 //!   token as soon as it sees the new taint set (and checks again before serving).
 //! - **Reuse.** A token is reused until half of its lifetime has passed (`iat + (exp-iat)/2`),
 //!   then minted again.
-//! - **Single flight.** Concurrent requests for one key wait for one call to the server.
+//! - **Single flight.** Concurrent requests for one key wait for one call to the server, and
+//!   share its answer: a failure too, so a server that hangs or refuses is asked once, not once
+//!   per waiting request.
 //! - **Server down.** When minting fails with a retryable error (the server unreachable or
 //!   shedding), a cached token that has not expired is served (counted as stale), and minted
 //!   again on the next request once the server answers. A refusal (the entry was deleted, the
@@ -127,6 +129,10 @@ struct Slot {
     last_used: AtomicU64,
     /// Held across a call to the server: concurrent requests for the key wait on it.
     token: tokio::sync::Mutex<Option<MintedJwt>>,
+    /// Calls to the server made for this key so far (changed under `token`).
+    attempts: AtomicU64,
+    /// The last call's error, `None` after a success (written under `token`).
+    last_error: Mutex<Option<CaError>>,
 }
 
 #[derive(Default)]
@@ -214,6 +220,8 @@ impl JwtCache {
         let slot = Arc::new(Slot {
             last_used: AtomicU64::new(tick),
             token: tokio::sync::Mutex::new(None),
+            attempts: AtomicU64::new(0),
+            last_error: Mutex::new(None),
         });
         inner.slots.insert(key, slot.clone());
         slot
@@ -234,6 +242,7 @@ impl JwtCache {
     ) -> Result<(MintedJwt, Served), JwtCacheError> {
         let key = JwtCacheKey::new(spiffe_id, audience);
         let slot = self.slot(key.clone());
+        let seen = slot.attempts.load(Ordering::SeqCst);
         let mut held = slot.token.lock().await;
         let now = unix(self.clock.now());
         if held.as_ref().is_some_and(|t| self.is_tainted(&t.key_id)) {
@@ -244,7 +253,27 @@ impl JwtCache {
         {
             return Ok((t.clone(), Served::Cached));
         }
-        match self.minter.mint(entry_id, key.audience()).await {
+        // A call for this key ended while this request waited for it and failed: its answer
+        // is this request's too (no second call).
+        let shared = if slot.attempts.load(Ordering::SeqCst) != seen {
+            slot.last_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        } else {
+            None
+        };
+        let result = match shared {
+            Some(e) => Err(e),
+            None => {
+                let r = self.minter.mint(entry_id, key.audience()).await;
+                *slot.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
+                    r.as_ref().err().cloned();
+                slot.attempts.fetch_add(1, Ordering::SeqCst);
+                r
+            }
+        };
+        match result {
             Ok(t) => {
                 let now = unix(self.clock.now());
                 if t.spiffe_id != *spiffe_id {

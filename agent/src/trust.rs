@@ -215,3 +215,34 @@ impl Trust {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use signet_pki::jwt::JwtSigner;
+
+    fn key() -> signet_pki::jwt::JwtPublicKey {
+        let k = signet_pki::generate(signet_pki::KeyAlgorithm::EcdsaP256).expect("key");
+        JwtSigner::new(&k).expect("signer").public_key().clone()
+    }
+
+    #[test]
+    fn jwt_keys_and_their_taints_change_only_when_they_differ() {
+        let mut t = Trust::default();
+        let (a, b) = (key(), key());
+        assert!(t.set_jwt_keys(&[a.clone()], &[]));
+        assert!(!t.set_jwt_keys(&[a.clone()], &[]), "the same set: no pass");
+        let before = t.jwt_keys().clone();
+        assert!(!t.set_jwt_keys(&[a.clone()], &[]));
+        assert!(
+            Arc::ptr_eq(&before, t.jwt_keys()),
+            "the same set keeps its copy"
+        );
+        assert!(t.set_jwt_keys(&[a.clone(), b.clone()], &[]));
+        let tainted = [a.key_id().to_owned()];
+        assert!(t.set_jwt_keys(&[a.clone(), b.clone()], &tainted));
+        assert_eq!(&**t.jwt_tainted(), &tainted);
+        assert!(t.set_jwt_keys(&[b], &[]));
+        assert!(t.jwt_tainted().is_empty());
+    }
+}

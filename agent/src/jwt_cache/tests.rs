@@ -249,6 +249,42 @@ async fn concurrent_misses_for_one_key_make_one_call() {
 }
 
 #[tokio::test]
+async fn concurrent_requests_share_one_failure() {
+    let clock = FakeClock::at_unix(1_000_000);
+    let m = Arc::new(Counting {
+        gate: Some(tokio::sync::Semaphore::new(0)),
+        ..Arc::into_inner(Counting::new(&clock, 300)).expect("sole owner")
+    });
+    m.fail_with(Some(CaError::Unavailable("server hangs".into())));
+    let c = Arc::new(cache(m.clone(), &clock, 16));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move { c.get("e1", &web(), &aud(&["x"])).await })
+        })
+        .collect();
+    for _ in 0..1000 {
+        if m.calls() >= 1 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    m.gate.as_ref().expect("gate").add_permits(100);
+    for t in tasks {
+        let e = t.await.expect("task").expect_err("the server failed");
+        assert!(e.to_string().contains("server hangs"), "{e}");
+    }
+    assert_eq!(m.calls(), 1, "one call, its failure shared");
+    // A later request asks again.
+    m.fail_with(None);
+    let (_, s) = c.get("e1", &web(), &aud(&["x"])).await.expect("minted");
+    assert_eq!((s, m.calls()), (Served::Minted, 2));
+}
+
+#[tokio::test]
 async fn a_token_for_another_identity_is_refused() {
     let clock = FakeClock::at_unix(1_000_000);
     let m = Counting::new(&clock, 300);
