@@ -230,10 +230,13 @@ mod tests {
     fn jwt_keys_and_their_taints_change_only_when_they_differ() {
         let mut t = Trust::default();
         let (a, b) = (key(), key());
-        assert!(t.set_jwt_keys(&[a.clone()], &[]));
-        assert!(!t.set_jwt_keys(&[a.clone()], &[]), "the same set: no pass");
+        assert!(t.set_jwt_keys(std::slice::from_ref(&a), &[]));
+        assert!(
+            !t.set_jwt_keys(std::slice::from_ref(&a), &[]),
+            "the same set: no pass"
+        );
         let before = t.jwt_keys().clone();
-        assert!(!t.set_jwt_keys(&[a.clone()], &[]));
+        assert!(!t.set_jwt_keys(std::slice::from_ref(&a), &[]));
         assert!(
             Arc::ptr_eq(&before, t.jwt_keys()),
             "the same set keeps its copy"
