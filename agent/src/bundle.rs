@@ -83,6 +83,8 @@ mod tests {
             revision,
             tainted_key_ids: Vec::new(),
             crls: Vec::new(),
+            jwt_keys: Vec::new(),
+            tainted_jwt_key_ids: Vec::new(),
         }
     }
 

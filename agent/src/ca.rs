@@ -23,7 +23,9 @@ use crate::state::Selector;
 pub use signet_client::ca::{
     Crl, MAX_BUNDLE_REVOCATION_ITEMS, MAX_CRL_BYTES, TrustBundle, normalize_key_id,
 };
-pub use signet_client::node::{AttestCredential, Attested, MAX_CSRS_PER_CALL, WorkloadCsr};
+pub use signet_client::node::{
+    AttestCredential, Attested, JwtRequest, MAX_CSRS_PER_CALL, MintedJwt, WorkloadCsr,
+};
 
 /// A registration entry parented to this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,6 +147,17 @@ pub trait Ca: Send + Sync {
         &self,
         csrs: Vec<WorkloadCsr>,
     ) -> Result<Vec<(String, Result<SvidCertificate, CaError>)>, CaError>;
+    /// Mints JWT-SVIDs for entries parented to the node: one result per request, in order.
+    /// The default: a CA that mints none.
+    async fn mint_workload_jwts(
+        &self,
+        _reqs: Vec<JwtRequest>,
+    ) -> Result<Vec<(String, Result<MintedJwt, CaError>)>, CaError> {
+        Err(CaError::Refused {
+            code: tonic::Code::Unimplemented,
+            message: "this CA does not mint JWT-SVIDs".into(),
+        })
+    }
     /// Opens the server's trust bundle stream. The default: a CA without one.
     async fn watch_bundle(&self) -> Result<BundleStream, CaError> {
         Err(CaError::Refused {
@@ -281,6 +294,17 @@ impl Ca for GrpcCa {
     ) -> Result<Vec<(String, Result<SvidCertificate, CaError>)>, CaError> {
         // signet_client sends at most MAX_CSRS_PER_CALL CSRs per call, in several calls.
         let results = self.node.sign_workloads(csrs).await?;
+        Ok(results
+            .into_iter()
+            .map(|(entry_id, r)| (entry_id, r.map_err(CaError::from)))
+            .collect())
+    }
+
+    async fn mint_workload_jwts(
+        &self,
+        reqs: Vec<JwtRequest>,
+    ) -> Result<Vec<(String, Result<MintedJwt, CaError>)>, CaError> {
+        let results = self.node.mint_workload_jwts(&reqs).await?;
         Ok(results
             .into_iter()
             .map(|(entry_id, r)| (entry_id, r.map_err(CaError::from)))

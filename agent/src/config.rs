@@ -158,6 +158,9 @@ pub struct WorkloadApiConfig {
     pub unix_only_entries_for_containers: bool,
     /// `[workload_api.kubernetes]`: `k8s:` selectors.
     pub kubernetes: KubernetesAttestorConfig,
+    /// JWT-SVIDs kept at most (one per SPIFFE ID and audience set); beyond it the least
+    /// recently used is dropped.
+    pub jwt_cache_size: usize,
 }
 
 impl Default for WorkloadApiConfig {
@@ -175,6 +178,7 @@ impl Default for WorkloadApiConfig {
             proc_root: PathBuf::from("/proc"),
             unix_only_entries_for_containers: false,
             kubernetes: KubernetesAttestorConfig::default(),
+            jwt_cache_size: crate::jwt_cache::DEFAULT_CAPACITY,
         }
     }
 }
@@ -209,6 +213,9 @@ impl WorkloadApiConfig {
         }
         if self.max_concurrent_streams == 0 || self.max_header_list_size < 1024 {
             return bad("max_concurrent_streams must be at least 1, max_header_list_size 1024");
+        }
+        if self.jwt_cache_size == 0 {
+            return bad("jwt_cache_size must be at least 1");
         }
         self.socket_mode()?;
         if matches!(&self.socket_group, Some(g) if g.is_empty()) {
@@ -996,6 +1003,7 @@ mod tests {
         assert_eq!(w.socket_mode().expect("mode"), 0o770);
         assert_eq!(w.kubernetes.source, PodSource::Kubelet);
         assert_eq!(w.kubernetes.url(), "https://127.0.0.1:10250");
+        assert_eq!(w.jwt_cache_size, crate::jwt_cache::DEFAULT_CAPACITY);
         for (bad, why) in [
             ("[workload_api]\nmax_connections = 0\n", "at least 1"),
             (
@@ -1003,6 +1011,7 @@ mod tests {
                 "exceed",
             ),
             ("[workload_api]\nidle_timeout = \"0s\"\n", "more than zero"),
+            ("[workload_api]\njwt_cache_size = 0\n", "jwt_cache_size"),
             ("[workload_api]\nsocket_mode = \"0999\"\n", "octal"),
             ("[workload_api]\nsocket_mode = \"01777\"\n", "octal"),
             ("[workload_api]\nmax_connectoins = 1\n", "max_connectoins"),

@@ -12,6 +12,8 @@
 //! - [`attest`]: caller attestation (Unix peer credentials, pinned process, cgroup, pod);
 //!   selector matching.
 //! - [`workload`]: the SPIFFE Workload API server.
+//! - [`jwt_cache`]: the JWT-SVIDs it hands out, per SPIFFE ID and audiences, minted by the
+//!   server through the node's connection.
 //! - [`signal`]: the reload signals a files sink may send, by name.
 //! - [`sinks`]: delivery of SVIDs to files and Kubernetes Secrets.
 //! - [`ca`]: the seam to the Signet server (trait [`ca::Ca`], gRPC implementation [`ca::GrpcCa`]).
@@ -34,6 +36,7 @@ pub mod driver;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod http;
+pub mod jwt_cache;
 pub mod kube_https;
 pub mod metrics;
 pub mod node;

@@ -16,6 +16,7 @@ use signet_agent::attest::{Attestor, K8sAttestor, K8sError};
 use signet_agent::config::{Config, ConfigError, SinkKind};
 use signet_agent::driver::{Driver, GrpcConnector, Settings};
 use signet_agent::http::{Readiness, router};
+use signet_agent::jwt_cache::{CaMinter, JwtCache};
 use signet_agent::metrics::Metrics;
 use signet_agent::rotator::SinkBinding;
 use signet_agent::sinks::apiserver::ApiServer;
@@ -272,16 +273,22 @@ async fn run(mut cfg: Config) -> Result<(), Fatal> {
     let driver = Driver::new(
         settings,
         connector,
-        clock,
+        clock.clone(),
         Arc::new(SystemRandom::default()),
         state_tx,
     )
     .with_sinks(sinks)
     .with_metrics(metrics.clone())
     .with_readiness(ready.clone());
+    // JWT-SVIDs are minted through the loop's connection to the server.
+    let jwt_cache = Arc::new(JwtCache::new(
+        Arc::new(CaMinter(driver.ca())),
+        clock.clone(),
+        cfg.workload_api.jwt_cache_size,
+    ));
     let mut driver_task = tokio::spawn(driver.run(stop_rx.clone()));
 
-    let api = WorkloadApi::new(state_rx, attestor);
+    let api = WorkloadApi::new(state_rx, attestor).with_jwt(jwt_cache, clock);
     let workload_task = tokio::spawn(workload::serve_with(
         listener,
         api,

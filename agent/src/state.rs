@@ -37,7 +37,15 @@ pub struct AgentState {
     /// The issuing CAs' verified CRLs (DER, one per CA key; see [`crate::revocation`]),
     /// served in the Workload API's `crl` fields and written as `crl.pem` by the files sink.
     pub crls_der: Ders,
+    /// The trust domain's JWT-SVID keys (from the server's bundle): served as the JWKS of
+    /// `FetchJWTBundles` and validated with by `ValidateJWTSVID`.
+    pub jwt_keys: JwtKeys,
+    /// IDs of JWT keys the operator tainted: a cached token one of them signed is dropped.
+    pub jwt_tainted: Arc<[String]>,
 }
+
+/// The JWT-SVID public keys, held once and shared.
+pub type JwtKeys = Arc<[signet_pki::jwt::JwtPublicKey]>;
 
 /// DER blobs held once and shared (the bundle's roots, the CRLs): cloning copies a pointer.
 pub type Ders = Arc<[Vec<u8>]>;

@@ -8,6 +8,10 @@
 //! again then). What a pass publishes shares its roots and CRLs ([`Ders`]), so the Workload API
 //! state and every sink hold one copy.
 //!
+//! It holds the JWT-SVID keys of the own trust domain too ([`Trust::set_jwt_keys`], from each
+//! bundle the server streams): the Workload API serves them (`FetchJWTBundles`), validates
+//! tokens with them (`ValidateJWTSVID`), and drops every cached token a tainted one signed.
+//!
 //! Invariant: a CRL is in force only once verified against the CA certificate it names (or
 //! restored from the agent's own `data_dir`), and only if newer than the one kept
 //! ([`crate::revocation`]); one that fails is logged, counted and ignored.
@@ -18,7 +22,7 @@ use std::time::SystemTime;
 use crate::ca::Crl;
 use crate::metrics::Metrics;
 use crate::revocation::{CrlRejected, Issuers, Revocations};
-use crate::state::Ders;
+use crate::state::{Ders, JwtKeys};
 
 #[derive(Default)]
 pub struct Trust {
@@ -35,6 +39,10 @@ pub struct Trust {
     /// The CRLs of the last bundle that could not be verified yet for want of their issuer:
     /// offered again when a new chain teaches the agent more CA certificates.
     unverified: Vec<Crl>,
+    /// The JWT-SVID keys of the trust domain, as the server's last bundle listed them.
+    jwt_keys: JwtKeys,
+    /// The IDs of those keys the operator tainted or revoked (sorted).
+    jwt_tainted: Arc<[String]>,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -67,6 +75,40 @@ impl Trust {
     /// The CRLs in force, as served.
     pub fn crls_der(&self) -> &Ders {
         &self.crls_der
+    }
+
+    /// The JWT-SVID keys served and validated with.
+    pub fn jwt_keys(&self) -> &JwtKeys {
+        &self.jwt_keys
+    }
+
+    /// The IDs of tainted JWT keys: tokens they signed are not served.
+    pub fn jwt_tainted(&self) -> &Arc<[String]> {
+        &self.jwt_tainted
+    }
+
+    /// Takes the bundle's JWT keys and the taints that name them (the complete current sets).
+    /// Returns whether either changed (then the caller runs a pass, which publishes them).
+    pub fn set_jwt_keys(
+        &mut self,
+        keys: &[signet_pki::jwt::JwtPublicKey],
+        tainted: &[String],
+    ) -> bool {
+        let mut changed = false;
+        if *self.jwt_keys != *keys {
+            tracing::info!(
+                key_ids = ?keys.iter().map(|k| k.key_id()).collect::<Vec<_>>(),
+                "JWT-SVID keys changed"
+            );
+            self.jwt_keys = keys.to_vec().into();
+            changed = true;
+        }
+        if *self.jwt_tainted != *tainted {
+            tracing::info!(tainted = ?tainted, "tainted JWT-SVID keys changed");
+            self.jwt_tainted = tainted.to_vec().into();
+            changed = true;
+        }
+        changed
     }
 
     /// The taints and CRLs in force.
@@ -171,5 +213,39 @@ impl Trust {
         if *self.crls_der != *crls {
             self.crls_der = crls.into();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use signet_pki::jwt::JwtSigner;
+
+    fn key() -> signet_pki::jwt::JwtPublicKey {
+        let k = signet_pki::generate(signet_pki::KeyAlgorithm::EcdsaP256).expect("key");
+        JwtSigner::new(&k).expect("signer").public_key().clone()
+    }
+
+    #[test]
+    fn jwt_keys_and_their_taints_change_only_when_they_differ() {
+        let mut t = Trust::default();
+        let (a, b) = (key(), key());
+        assert!(t.set_jwt_keys(std::slice::from_ref(&a), &[]));
+        assert!(
+            !t.set_jwt_keys(std::slice::from_ref(&a), &[]),
+            "the same set: no pass"
+        );
+        let before = t.jwt_keys().clone();
+        assert!(!t.set_jwt_keys(std::slice::from_ref(&a), &[]));
+        assert!(
+            Arc::ptr_eq(&before, t.jwt_keys()),
+            "the same set keeps its copy"
+        );
+        assert!(t.set_jwt_keys(&[a.clone(), b.clone()], &[]));
+        let tainted = [a.key_id().to_owned()];
+        assert!(t.set_jwt_keys(&[a.clone(), b.clone()], &tainted));
+        assert_eq!(&**t.jwt_tainted(), &tainted);
+        assert!(t.set_jwt_keys(&[b], &[]));
+        assert!(t.jwt_tainted().is_empty());
     }
 }

@@ -72,6 +72,7 @@ fn state(pki: &Pki, svid: X509Svid, uid: u32) -> Arc<AgentState> {
         bundle_der: vec![pki.root_der.clone()].into(),
         trust_domain_id: "spiffe://example.org".into(),
         crls_der: Default::default(),
+        ..Default::default()
     })
 }
 

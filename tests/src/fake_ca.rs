@@ -5,6 +5,11 @@
 //! test drives: [`FakeCa::push`] sends a bundle with taints and CRLs, as the real server does
 //! once the CA lifecycle fills them. For testing the real agent binary's reaction to taints and
 //! revocations before (and independently of) the server that publishes them.
+//!
+//! It mints real JWT-SVIDs too (`Node/MintWorkloadJwts`, for its one entry, signed with
+//! `signet_pki::jwt::JwtSigner`) and publishes its JWT keys in `Bundle.jwt_keys`;
+//! [`FakeCa::rotate_jwt_key`] makes a new key the signing one (and can taint the old),
+//! [`FakeCa::set_jwt_down`] makes minting answer Unavailable as a server that is down would.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -13,12 +18,14 @@ use std::time::{Duration, SystemTime};
 
 use futures::Stream;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use signet_pki::jwt::{JwtSigner, JwtSvidClaims};
 use signet_proto::agent as pb;
 use signet_proto::agent::node_server::{Node, NodeServer};
 use signet_proto::ca as pb_ca;
 use signet_proto::ca::certificate_authority_server::{
     CertificateAuthority, CertificateAuthorityServer,
 };
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tonic::{Request, Response, Status};
 
 pub const TRUST_DOMAIN: &str = "example.org";
@@ -41,9 +48,76 @@ struct Inner {
     signed: Mutex<Vec<Signed>>,
     bundle: tokio::sync::watch::Sender<pb_ca::Bundle>,
     uid: u32,
+    /// JWT signing keys, the signing one last.
+    jwt_keys: Mutex<Vec<Arc<JwtSigner>>>,
+    /// JWT-SVIDs minted so far.
+    jwt_minted: AtomicUsize,
+    /// MintWorkloadJwts answers Unavailable.
+    jwt_down: AtomicBool,
+}
+
+/// Lifetime of the JWT-SVIDs the fake mints.
+pub const JWT_TTL_SECS: i64 = 300;
+
+fn new_jwt_signer() -> Arc<JwtSigner> {
+    let key = signet_pki::generate(signet_pki::KeyAlgorithm::EcdsaP256).unwrap();
+    Arc::new(JwtSigner::new(&key).unwrap())
+}
+
+fn jwt_key_pb(s: &JwtSigner) -> pb_ca::JwtKey {
+    pb_ca::JwtKey {
+        key_id: s.key_id().to_owned(),
+        alg: s.alg().as_str().to_owned(),
+        public_key: s.public_key().spki_der().to_vec(),
+        not_after: 0,
+    }
 }
 
 impl Inner {
+    fn mint_jwt(&self, req: pb::WorkloadJwtRequest) -> pb::WorkloadJwtResult {
+        let fail = |code: tonic::Code, message: &str| pb::WorkloadJwtResult {
+            entry_id: req.entry_id.clone(),
+            svid: None,
+            code: code as i32,
+            message: message.to_owned(),
+            retry_after_ms: 0,
+        };
+        if req.entry_id != "e1" {
+            return fail(tonic::Code::PermissionDenied, "not an entry of this node");
+        }
+        if req.audience.is_empty() {
+            return fail(tonic::Code::InvalidArgument, "audience required");
+        }
+        let signer = self.jwt_keys.lock().unwrap().last().unwrap().clone();
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let claims = JwtSvidClaims {
+            subject: APP_ID.parse().unwrap(),
+            audience: req.audience.clone(),
+            issued_at: now,
+            expires_at: now + JWT_TTL_SECS,
+            issuer: None,
+        };
+        let token = signer.mint(&claims).unwrap();
+        self.jwt_minted.fetch_add(1, Ordering::SeqCst);
+        pb::WorkloadJwtResult {
+            entry_id: req.entry_id,
+            svid: Some(pb_ca::JwtSvid {
+                token,
+                spiffe_id: APP_ID.into(),
+                issued_at: now,
+                expires_at: now + JWT_TTL_SECS,
+                key_id: signer.key_id().to_owned(),
+                audience: req.audience,
+            }),
+            code: 0,
+            message: String::new(),
+            retry_after_ms: 0,
+        }
+    }
+
     fn sign(&self, csr_der: &[u8], spiffe_id: &str) -> Result<pb::Svid, Status> {
         let bad = |e: String| Status::invalid_argument(e);
         let csr_pem = pem::encode(&pem::Pem::new("CERTIFICATE REQUEST", csr_der.to_vec()));
@@ -161,9 +235,21 @@ impl CertificateAuthority for Svc {
 impl Node for Svc {
     async fn mint_workload_jwts(
         &self,
-        _request: Request<signet_proto::agent::MintWorkloadJwtsRequest>,
+        request: Request<signet_proto::agent::MintWorkloadJwtsRequest>,
     ) -> Result<Response<signet_proto::agent::MintWorkloadJwtsResponse>, Status> {
-        Err(Status::unimplemented("MintWorkloadJwts: not served yet"))
+        if self.0.jwt_down.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("the fake CA is down"));
+        }
+        if request.peer_certs().is_none_or(|c| c.is_empty()) {
+            return Err(Status::unauthenticated("mTLS required"));
+        }
+        let results = request
+            .into_inner()
+            .requests
+            .into_iter()
+            .map(|r| self.0.mint_jwt(r))
+            .collect();
+        Ok(Response::new(pb::MintWorkloadJwtsResponse { results }))
     }
 
     async fn attest(
@@ -299,10 +385,12 @@ impl FakeCa {
         sp.use_authority_key_identifier_extension = true;
         let server_cert = sp.signed_by(&server_key, &issuer).unwrap();
 
+        let jwt = new_jwt_signer();
         let (bundle, _) = tokio::sync::watch::channel(pb_ca::Bundle {
             trust_domain: TRUST_DOMAIN.into(),
             roots: vec![root_der.clone()],
             revision: 1,
+            jwt_keys: vec![jwt_key_pb(&jwt)],
             ..Default::default()
         });
         let inner = Arc::new(Inner {
@@ -313,6 +401,9 @@ impl FakeCa {
             signed: Mutex::new(Vec::new()),
             bundle,
             uid,
+            jwt_keys: Mutex::new(vec![jwt]),
+            jwt_minted: AtomicUsize::new(0),
+            jwt_down: AtomicBool::new(false),
         });
 
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -383,6 +474,66 @@ impl FakeCa {
             b.tainted_key_ids = tainted_key_ids;
             b.crls = crls;
         });
+    }
+
+    /// The key ID of the JWT key that signs now.
+    pub fn jwt_key_id(&self) -> String {
+        self.inner
+            .jwt_keys
+            .lock()
+            .unwrap()
+            .last()
+            .unwrap()
+            .key_id()
+            .to_owned()
+    }
+
+    /// JWT-SVIDs minted so far.
+    pub fn jwt_minted(&self) -> usize {
+        self.inner.jwt_minted.load(Ordering::SeqCst)
+    }
+
+    /// Makes `MintWorkloadJwts` answer Unavailable (`true`) or mint again.
+    pub fn set_jwt_down(&self, down: bool) {
+        self.inner.jwt_down.store(down, Ordering::SeqCst);
+    }
+
+    /// A new JWT key signs from now on; both are published (revision + 1), and with `taint`
+    /// the old one's ID goes into `tainted_key_ids`. Returns the new key's ID.
+    pub fn rotate_jwt_key(&self, taint: bool) -> String {
+        let new = new_jwt_signer();
+        let kid = new.key_id().to_owned();
+        let (old, keys) = {
+            let mut k = self.inner.jwt_keys.lock().unwrap();
+            let old = k.last().unwrap().key_id().to_owned();
+            k.push(new);
+            (old, k.iter().map(|s| jwt_key_pb(s)).collect::<Vec<_>>())
+        };
+        self.inner.bundle.send_modify(|b| {
+            b.revision += 1;
+            b.jwt_keys = keys;
+            if taint {
+                b.tainted_key_ids.push(old);
+            }
+        });
+        kid
+    }
+
+    /// A token for `APP_ID` and `audience` signed by a key the bundle does not hold.
+    pub fn foreign_jwt(audience: &str) -> String {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        new_jwt_signer()
+            .mint(&JwtSvidClaims {
+                subject: APP_ID.parse().unwrap(),
+                audience: vec![audience.to_owned()],
+                issued_at: now,
+                expires_at: now + JWT_TTL_SECS,
+                issuer: None,
+            })
+            .unwrap()
     }
 
     /// A CRL of the root numbered `number` listing `serials`, as the server publishes it.

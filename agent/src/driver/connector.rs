@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::ca::{
     AttestCredential, Attested, BundleStream, Ca, CaError, EntriesUpdate, EntryRevisionStream,
-    GrpcCa, WorkloadCsr,
+    GrpcCa, JwtRequest, MintedJwt, WorkloadCsr,
 };
 use crate::node::NodeIdentity;
 use signet_pki::SvidCertificate;
@@ -129,6 +129,13 @@ impl Ca for SwapCa {
         csrs: Vec<WorkloadCsr>,
     ) -> Result<Vec<(String, Result<SvidCertificate, CaError>)>, CaError> {
         self.with_current(|ca| async move { ca.sign_workloads(csrs).await })
+            .await
+    }
+    async fn mint_workload_jwts(
+        &self,
+        reqs: Vec<JwtRequest>,
+    ) -> Result<Vec<(String, Result<MintedJwt, CaError>)>, CaError> {
+        self.with_current(|ca| async move { ca.mint_workload_jwts(reqs).await })
             .await
     }
     async fn watch_bundle(&self) -> Result<BundleStream, CaError> {

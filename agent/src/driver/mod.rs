@@ -175,6 +175,12 @@ impl Driver {
         self
     }
 
+    /// The connection to the server as the loop keeps it (replaced under the holder when the
+    /// node SVID is renewed): what the Workload API mints JWT-SVIDs through.
+    pub fn ca(&self) -> Arc<SwapCa> {
+        self.ca.clone()
+    }
+
     /// Runs until `stop` turns true.
     pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
         self.outlets.start_sinks(

@@ -115,5 +115,9 @@ impl Driver {
         if accepted && self.apply_revocations(&b) {
             s.schedule.rotate_now(now);
         }
+        // The JWT keys (and their taints) reach the Workload API on that pass.
+        if accepted && self.trust.set_jwt_keys(&b.jwt_keys, &b.tainted_jwt_key_ids) {
+            s.schedule.rotate_now(now);
+        }
     }
 }

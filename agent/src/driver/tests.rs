@@ -54,6 +54,8 @@ impl Fake {
             revision: 1,
             tainted_key_ids: Vec::new(),
             crls: Vec::new(),
+            jwt_keys: Vec::new(),
+            tainted_jwt_key_ids: Vec::new(),
         });
         Arc::new(Self {
             issuer: rcgen::Issuer::new(p, key),
@@ -497,6 +499,8 @@ async fn bundle_stream_reaches_workload_api_sinks_and_survives_restart() {
         revision: 2,
         tainted_key_ids: Vec::new(),
         crls: Vec::new(),
+        jwt_keys: Vec::new(),
+        tainted_jwt_key_ids: Vec::new(),
     });
     let svid = next_item(&mut svids).await;
     assert_eq!(svid.svids[0].bundle, both.concat(), "FetchX509SVID pushed");
@@ -517,6 +521,8 @@ async fn bundle_stream_reaches_workload_api_sinks_and_survives_restart() {
         revision: 3,
         tainted_key_ids: Vec::new(),
         crls: Vec::new(),
+        jwt_keys: Vec::new(),
+        tainted_jwt_key_ids: Vec::new(),
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(*state.borrow().bundle_der, both);
@@ -592,6 +598,8 @@ async fn a_taint_then_a_crl_from_the_bundle_stream_replace_the_certificates_now(
         revision: 2,
         tainted_key_ids: tainted,
         crls,
+        jwt_keys: Vec::new(),
+        tainted_jwt_key_ids: Vec::new(),
     };
 
     // The root's key is tainted (the fake keeps signing with it): the workload and the

@@ -63,6 +63,8 @@ impl Outlets {
             bundle_der: trust.bundle_der().clone(),
             trust_domain_id: trust.trust_domain_id().to_owned(),
             crls_der: trust.crls_der().clone(),
+            jwt_keys: trust.jwt_keys().clone(),
+            jwt_tainted: trust.jwt_tainted().clone(),
         };
         self.state.send_if_modified(|cur| {
             if **cur == next {

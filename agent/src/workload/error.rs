@@ -4,8 +4,11 @@
 //! The codes are those the SPIFFE Workload API standard gives: a request without the
 //! `workload.spiffe.io: true` header is InvalidArgument; a caller that cannot be attested, or
 //! that is entitled to no identity, PermissionDenied; a caller whose attestation needs a
-//! service that did not answer (the kubelet) Unavailable, so clients retry; the JWT profile,
-//! not served yet, Unimplemented. And why a socket cannot be served ([`ListenError`]).
+//! service that did not answer (the kubelet) Unavailable, so clients retry. The JWT profile:
+//! a request without an audience, or a token that is not valid, InvalidArgument (with the
+//! reason); a SPIFFE ID the caller is not entitled to, PermissionDenied; a token the server
+//! cannot mint now, Unavailable (a refusal keeps the server's code). And why a socket cannot
+//! be served ([`ListenError`]).
 
 use std::io;
 use std::path::PathBuf;
@@ -13,6 +16,9 @@ use std::path::PathBuf;
 use tonic::{Code, Status};
 
 use crate::attest::AttestError;
+use crate::ca::CaError;
+use crate::jwt_cache::JwtCacheError;
+use signet_pki::jwt::JwtSvidError;
 
 /// Why a Workload API request (or an open stream's next update) is refused.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +43,30 @@ pub enum WorkloadError {
     /// A profile the agent does not serve (what: "JWT-SVIDs", "JWT bundles").
     #[error("{0} are not supported")]
     Unsupported(&'static str),
+    /// A JWT request without an audience.
+    #[error("audience must be specified")]
+    NoAudience,
+    /// A JWT request whose audiences break a bound (what it breaks).
+    #[error("audience: {0}")]
+    BadAudience(String),
+    /// `FetchJWTSVID`'s `spiffe_id` is not a SPIFFE ID.
+    #[error("spiffe_id {value}: {reason}")]
+    BadSpiffeId { value: String, reason: String },
+    /// `FetchJWTSVID` names a SPIFFE ID the caller, as attested now, is not entitled to.
+    #[error("no identity issued for {0}")]
+    NotEntitled(String),
+    /// `ValidateJWTSVID` without a token.
+    #[error("svid must be specified")]
+    NoToken,
+    /// `ValidateJWTSVID`: the token is not a valid JWT-SVID for the audience.
+    #[error("the JWT-SVID is not valid: {0}")]
+    InvalidToken(JwtSvidError),
+    /// `ValidateJWTSVID`: the token names a trust domain the agent has no JWT keys for.
+    #[error("the JWT-SVID is not valid: no keys for trust domain {0}")]
+    ForeignTrustDomain(String),
+    /// No JWT-SVID could be had from the server (nor from the cache).
+    #[error("{0}")]
+    Jwt(JwtCacheError),
 }
 
 impl From<AttestError> for WorkloadError {
@@ -58,6 +88,21 @@ impl WorkloadError {
             }
             WorkloadError::AttestationUnavailable(_) => Code::Unavailable,
             WorkloadError::Unsupported(_) => Code::Unimplemented,
+            WorkloadError::NoAudience
+            | WorkloadError::BadAudience(_)
+            | WorkloadError::BadSpiffeId { .. }
+            | WorkloadError::NoToken
+            | WorkloadError::InvalidToken(_)
+            | WorkloadError::ForeignTrustDomain(_) => Code::InvalidArgument,
+            WorkloadError::NotEntitled(_) => Code::PermissionDenied,
+            WorkloadError::Jwt(JwtCacheError::Mint { source, .. }) => match source {
+                CaError::Unavailable(_) | CaError::Busy { .. } => Code::Unavailable,
+                // The server's own refusal (the entry is gone: PermissionDenied, …), but never
+                // a success code for a failure.
+                CaError::Refused { code, .. } if *code != Code::Ok => *code,
+                CaError::Refused { .. } | CaError::Invalid(_) => Code::Internal,
+            },
+            WorkloadError::Jwt(JwtCacheError::BadToken { .. }) => Code::Internal,
         }
     }
 }
@@ -126,6 +171,48 @@ mod tests {
                 WorkloadError::Unsupported("JWT-SVIDs"),
                 Code::Unimplemented,
                 "JWT-SVIDs are not supported".to_owned(),
+            ),
+            (
+                WorkloadError::NoAudience,
+                Code::InvalidArgument,
+                "audience must be specified".to_owned(),
+            ),
+            (
+                WorkloadError::NoToken,
+                Code::InvalidArgument,
+                "svid must be specified".to_owned(),
+            ),
+            (
+                WorkloadError::NotEntitled("spiffe://example.org/db".into()),
+                Code::PermissionDenied,
+                "no identity issued for spiffe://example.org/db".to_owned(),
+            ),
+            (
+                WorkloadError::InvalidToken(JwtSvidError::Expired),
+                Code::InvalidArgument,
+                "the JWT-SVID is not valid: the token has expired".to_owned(),
+            ),
+            (
+                WorkloadError::Jwt(JwtCacheError::Mint {
+                    spiffe_id: "spiffe://example.org/web".into(),
+                    source: CaError::Unavailable("connection refused".into()),
+                }),
+                Code::Unavailable,
+                "JWT-SVID for spiffe://example.org/web: CA unavailable: connection refused"
+                    .to_owned(),
+            ),
+            (
+                WorkloadError::Jwt(JwtCacheError::Mint {
+                    spiffe_id: "spiffe://example.org/web".into(),
+                    source: CaError::Refused {
+                        code: Code::PermissionDenied,
+                        message: "entry deleted".into(),
+                    },
+                }),
+                Code::PermissionDenied,
+                "JWT-SVID for spiffe://example.org/web: CA refused (PermissionDenied): entry \
+                 deleted"
+                    .to_owned(),
             ),
         ];
         for (e, code, message) in cases {

@@ -1,6 +1,7 @@
 //! Counters of the Workload API's defences, registered with the agent's metrics.
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
@@ -21,7 +22,15 @@ pub struct WorkloadMetrics {
     pub attestation_failures: Counter,
     /// Open connections.
     pub connections: Gauge,
+    /// JWT-SVIDs handed out by `FetchJWTSVID`, by `source`: `cache`, `minted`, `stale` (served
+    /// from the cache while the server could not mint).
+    pub jwt_svids: Family<Labels, Counter>,
+    /// `ValidateJWTSVID` calls by `result`: `valid`, or the reason a token was refused.
+    pub jwt_validations: Family<Labels, Counter>,
 }
+
+/// Metric labels.
+pub type Labels = Vec<(&'static str, String)>;
 
 impl WorkloadMetrics {
     /// New counters, registered under `workload_api_*`.
@@ -62,6 +71,16 @@ impl WorkloadMetrics {
             "connections",
             "Open Workload API connections",
             m.connections.clone(),
+        );
+        r.register(
+            "jwt_svids",
+            "JWT-SVIDs handed out by FetchJWTSVID, by source (cache, minted, stale)",
+            m.jwt_svids.clone(),
+        );
+        r.register(
+            "jwt_validations",
+            "ValidateJWTSVID calls by result (valid, or why the token was refused)",
+            m.jwt_validations.clone(),
         );
         m
     }

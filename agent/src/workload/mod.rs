@@ -12,11 +12,18 @@
 //! changes; a caller that loses its last identity gets PermissionDenied and the stream ends.
 //! Both fill their `crl` field (DER, one per issuing CA key) with the CRLs the agent verified
 //! (SPIRE leaves it empty); a new CRL is a change, so it is streamed at once.
-//! The JWT RPCs answer Unimplemented. Every refusal is a [`WorkloadError`], made a gRPC status
-//! in one place ([`error`]).
+//! - [`jwt`]: the JWT profile. `FetchJWTSVID` (an audience required) answers one JWT-SVID per
+//!   SPIFFE ID the caller is entitled to, or the one it names (PermissionDenied when it is not
+//!   entitled to it), each from the [`JwtCache`] (minted by the server when not cached);
+//!   `FetchJWTBundles` streams the trust domain's JWT keys as a JWKS to a caller with an
+//!   identity, at once and on every change; `ValidateJWTSVID` (audience and token required)
+//!   validates against those keys for any caller that can be attested.
+//!
+//! Every refusal is a [`WorkloadError`], made a gRPC status in one place ([`error`]).
 
 pub mod conn;
 pub mod error;
+pub mod jwt;
 pub mod listen;
 pub mod metrics;
 
@@ -32,12 +39,15 @@ use signet_proto::workload::spiffe_workload_api_server::{
 use tonic::{Request, Response, Status};
 
 use crate::attest::{Attestor, Caller};
+use crate::jwt_cache::JwtCache;
 use crate::state::{AgentState, Identity, StateReceiver};
 use conn::{ActiveGuard, PeerSource};
 pub use conn::{AttestedStream, Peer, PeerInfo};
 pub use error::{ListenError, WorkloadError};
 pub use listen::{ServeOptions, bind, bind_with, serve, serve_with};
 pub use metrics::WorkloadMetrics;
+use signet_runtime::clock::{Clock, SystemClock};
+use signet_types::SpiffeId;
 
 /// The metadata every Workload API request must carry.
 pub const SECURITY_HEADER: &str = "workload.spiffe.io";
@@ -48,6 +58,10 @@ pub struct WorkloadApi {
     state: StateReceiver,
     attestor: Arc<Attestor>,
     metrics: Arc<WorkloadMetrics>,
+    /// Where `FetchJWTSVID` gets tokens; `None`: the JWT-SVID RPC answers Unimplemented.
+    jwt: Option<Arc<JwtCache>>,
+    /// The agent's clock: `ValidateJWTSVID`'s now.
+    clock: Arc<dyn Clock>,
 }
 
 impl WorkloadApi {
@@ -56,7 +70,16 @@ impl WorkloadApi {
             state,
             attestor: Arc::new(attestor),
             metrics: Arc::new(WorkloadMetrics::default()),
+            jwt: None,
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// Serves JWT-SVIDs from `cache`, and validates tokens at `clock`'s time.
+    pub fn with_jwt(mut self, cache: Arc<JwtCache>, clock: Arc<dyn Clock>) -> Self {
+        self.jwt = Some(cache);
+        self.clock = clock;
+        self
     }
 
     /// Counts attestation failures in `metrics`.
@@ -180,6 +203,73 @@ impl WorkloadApi {
     }
 }
 
+impl WorkloadApi {
+    /// `FetchJWTSVID` for `peer`, by the rules of the module documentation.
+    async fn fetch_jwt(
+        &self,
+        peer: &Peer,
+        r: pb::JwtsvidRequest,
+    ) -> Result<pb::JwtsvidResponse, WorkloadError> {
+        let cache = self
+            .jwt
+            .as_ref()
+            .ok_or(WorkloadError::Unsupported("JWT-SVIDs"))?;
+        jwt::check_audiences(&r.audience)?;
+        let wanted: Option<SpiffeId> = if r.spiffe_id.is_empty() {
+            None
+        } else {
+            Some(
+                r.spiffe_id
+                    .parse()
+                    .map_err(
+                        |e: signet_types::SpiffeIdError| WorkloadError::BadSpiffeId {
+                            value: signet_types::untrusted::shown(&r.spiffe_id),
+                            reason: e.to_string(),
+                        },
+                    )?,
+            )
+        };
+        let caller = Self::attest(&self.attestor, &self.metrics, peer).await?;
+        let state = self.state.borrow().clone();
+        cache.apply_taints(&state.jwt_tainted);
+        // One token per SPIFFE ID (two entries may name the same one); the first entry that
+        // names it is the one minted for.
+        let mut chosen: Vec<(&str, &SpiffeId)> = Vec::new();
+        for id in self.attestor.identities_for(&caller, &state) {
+            let spiffe_id = id.svid.spiffe_id();
+            if !chosen.iter().any(|(_, s)| *s == spiffe_id) {
+                chosen.push((id.entry_id.as_str(), spiffe_id));
+            }
+        }
+        if chosen.is_empty() {
+            return Err(WorkloadError::NoIdentity);
+        }
+        if let Some(w) = &wanted {
+            chosen.retain(|(_, s)| *s == w);
+            if chosen.is_empty() {
+                return Err(WorkloadError::NotEntitled(w.to_string()));
+            }
+        }
+        let mut svids = Vec::with_capacity(chosen.len());
+        for (entry_id, spiffe_id) in chosen {
+            let (token, served) = cache
+                .get(entry_id, spiffe_id, &r.audience)
+                .await
+                .map_err(WorkloadError::Jwt)?;
+            self.metrics
+                .jwt_svids
+                .get_or_create(&vec![("source", served.label().to_owned())])
+                .inc();
+            svids.push(pb::Jwtsvid {
+                spiffe_id: spiffe_id.to_string(),
+                svid: token.token,
+                hint: String::new(),
+            });
+        }
+        Ok(pb::JwtsvidResponse { svids })
+    }
+}
+
 type WatchStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 fn concat(ders: &[Vec<u8>]) -> Vec<u8> {
@@ -256,23 +346,56 @@ impl SpiffeWorkloadApi for WorkloadApi {
 
     async fn fetch_jwtsvid(
         &self,
-        _req: Request<pb::JwtsvidRequest>,
+        req: Request<pb::JwtsvidRequest>,
     ) -> Result<Response<pb::JwtsvidResponse>, Status> {
-        Err(WorkloadError::Unsupported("JWT-SVIDs").into())
+        let peer = Self::peer(&req)?;
+        let _active = peer.begin_request();
+        Ok(Response::new(
+            self.fetch_jwt(&peer, req.into_inner()).await?,
+        ))
     }
 
     async fn fetch_jwt_bundles(
         &self,
-        _req: Request<pb::JwtBundlesRequest>,
+        req: Request<pb::JwtBundlesRequest>,
     ) -> Result<Response<Self::FetchJWTBundlesStream>, Status> {
-        Err(WorkloadError::Unsupported("JWT bundles").into())
+        let peer = Self::peer(&req)?;
+        Ok(Response::new(
+            self.watch(peer, jwt::jwt_bundles_view).await?,
+        ))
     }
 
     async fn validate_jwtsvid(
         &self,
-        _req: Request<pb::ValidateJwtsvidRequest>,
+        req: Request<pb::ValidateJwtsvidRequest>,
     ) -> Result<Response<pb::ValidateJwtsvidResponse>, Status> {
-        Err(WorkloadError::Unsupported("JWT-SVIDs").into())
+        let peer = Self::peer(&req)?;
+        let _active = peer.begin_request();
+        let r = req.into_inner();
+        // The request's own faults first, as SPIRE answers them; then who is asking.
+        let checked = if r.audience.is_empty() {
+            Err(WorkloadError::NoAudience)
+        } else if r.svid.is_empty() {
+            Err(WorkloadError::NoToken)
+        } else {
+            Ok(())
+        };
+        let result = match checked {
+            Err(e) => Err(e),
+            Ok(()) => match Self::attest(&self.attestor, &self.metrics, &peer).await {
+                Err(e) => Err(e),
+                Ok(_caller) => {
+                    let state = self.state.borrow().clone();
+                    let now = signet_runtime::clock::unix(self.clock.now());
+                    jwt::validate(&state, &r.audience, &r.svid, now)
+                }
+            },
+        };
+        self.metrics
+            .jwt_validations
+            .get_or_create(&vec![("result", jwt::validation_label(&result).to_owned())])
+            .inc();
+        Ok(Response::new(result?))
     }
 }
 

@@ -22,6 +22,7 @@ fn state_with(uid: u32, key: u8) -> AgentState {
         bundle_der: vec![vec![9], vec![8]].into(),
         trust_domain_id: "spiffe://example.org".into(),
         crls_der: Default::default(),
+        ..Default::default()
     }
 }
 
@@ -134,19 +135,422 @@ async fn stream_ends_when_agent_stops() {
 }
 
 #[tokio::test]
-async fn jwt_rpcs_are_unimplemented() {
-    let (_tx, rx) = channel();
+async fn without_a_jwt_cache_fetch_jwtsvid_is_unimplemented() {
+    let (tx, rx) = channel();
+    tx.send_replace(Arc::new(state_with(1000, 1)));
     let api = WorkloadApi::new(rx, Attestor::default());
     let e = api
-        .fetch_jwtsvid(req(pb::JwtsvidRequest::default(), true))
+        .fetch_jwtsvid(req(jwt_req(&["x"], ""), true))
         .await
         .expect_err("unimplemented");
     assert_eq!(e.code(), tonic::Code::Unimplemented);
-    let e = api
-        .validate_jwtsvid(req(pb::ValidateJwtsvidRequest::default(), true))
+}
+
+// --- the JWT profile ------------------------------------------------------------------------
+
+use crate::ca::{CaError, MintedJwt};
+use crate::jwt_cache::{JwtCache, JwtMinter};
+use signet_pki::jwt::{JwtSigner, JwtSvidClaims};
+use signet_runtime::clock::{FakeClock, unix};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+const T0: i64 = 1_700_000_000;
+
+/// Mints real tokens with `signer` for the entries of [`jwt_state`] (`e1`: `/app`, `e2`:
+/// `/db`), counting its calls.
+struct SignerMinter {
+    signer: std::sync::Mutex<Arc<JwtSigner>>,
+    clock: FakeClock,
+    calls: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl JwtMinter for SignerMinter {
+    async fn mint(&self, entry_id: &str, audience: &[String]) -> Result<MintedJwt, CaError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let subject: SpiffeId = match entry_id {
+            "e1" => "spiffe://example.org/app",
+            "e2" => "spiffe://example.org/db",
+            _ => return Err(CaError::Invalid("unknown entry".into())),
+        }
+        .parse()
+        .expect("id");
+        let now = unix(self.clock.now());
+        let signer = self.signer.lock().expect("lock").clone();
+        let claims = JwtSvidClaims {
+            subject: subject.clone(),
+            audience: audience.to_vec(),
+            issued_at: now,
+            expires_at: now + 300,
+            issuer: None,
+        };
+        Ok(MintedJwt {
+            token: signer.mint(&claims).expect("mint"),
+            spiffe_id: subject,
+            issued_at: now,
+            expires_at: now + 300,
+            key_id: signer.key_id().to_owned(),
+            audience: audience.to_vec(),
+        })
+    }
+}
+
+fn signer() -> Arc<JwtSigner> {
+    let key = signet_pki::generate(signet_pki::KeyAlgorithm::EcdsaP256).expect("key");
+    Arc::new(JwtSigner::new(&key).expect("signer"))
+}
+
+/// uid 1000 is `/app` (entry e1), uid 2000 `/db` (e2); the JWT keys are `keys`' public halves.
+fn jwt_state(keys: &[&JwtSigner], tainted: &[&str]) -> AgentState {
+    let db = crate::testing::delivered("spiffe://example.org/db", 7).svid;
+    let mut s = state_with(1000, 1);
+    s.identities.push(Identity {
+        entry_id: "e2".into(),
+        selectors: vec![crate::state::Selector::Uid(2000)],
+        svid: db,
+    });
+    s.jwt_keys = keys.iter().map(|k| k.public_key().clone()).collect();
+    s.jwt_tainted = tainted.iter().map(|t| (*t).to_owned()).collect();
+    s
+}
+
+struct Jwt {
+    api: WorkloadApi,
+    tx: crate::state::StateSender,
+    minter: Arc<SignerMinter>,
+    clock: FakeClock,
+    metrics: Arc<WorkloadMetrics>,
+}
+
+fn jwt_api(signer: Arc<JwtSigner>) -> Jwt {
+    let (tx, rx) = channel();
+    tx.send_replace(Arc::new(jwt_state(&[&signer], &[])));
+    let clock = FakeClock::at_unix(T0);
+    let minter = Arc::new(SignerMinter {
+        signer: std::sync::Mutex::new(signer),
+        clock: clock.clone(),
+        calls: AtomicUsize::new(0),
+    });
+    let cache = Arc::new(JwtCache::new(minter.clone(), Arc::new(clock.clone()), 64));
+    let metrics = Arc::new(WorkloadMetrics::default());
+    let api = WorkloadApi::new(rx, Attestor::default())
+        .with_jwt(cache, Arc::new(clock.clone()))
+        .with_metrics(metrics.clone());
+    Jwt {
+        api,
+        tx,
+        minter,
+        clock,
+        metrics,
+    }
+}
+
+fn jwt_req(audience: &[&str], spiffe_id: &str) -> pb::JwtsvidRequest {
+    pb::JwtsvidRequest {
+        audience: audience.iter().map(|a| (*a).to_owned()).collect(),
+        spiffe_id: spiffe_id.into(),
+    }
+}
+
+fn as_caller<T>(mut r: Request<T>, uid: u32) -> Request<T> {
+    r.extensions_mut()
+        .insert(PeerInfo::fixed(Caller::host(uid, uid, Some(1), None)));
+    r
+}
+
+fn validate_req(audience: &str, token: &str) -> Request<pb::ValidateJwtsvidRequest> {
+    req(
+        pb::ValidateJwtsvidRequest {
+            audience: audience.into(),
+            svid: token.into(),
+        },
+        true,
+    )
+}
+
+async fn code_of<T: std::fmt::Debug>(r: Result<Response<T>, Status>) -> (tonic::Code, String) {
+    let e = r.expect_err("refused");
+    (e.code(), e.message().to_owned())
+}
+
+#[tokio::test]
+async fn jwt_requests_without_the_header_are_invalid_argument() {
+    let j = jwt_api(signer());
+    let (c, _) = code_of(j.api.fetch_jwtsvid(req(jwt_req(&["x"], ""), false)).await).await;
+    assert_eq!(c, tonic::Code::InvalidArgument);
+    let (c, _) = code_of(
+        j.api
+            .validate_jwtsvid(req(pb::ValidateJwtsvidRequest::default(), false))
+            .await,
+    )
+    .await;
+    assert_eq!(c, tonic::Code::InvalidArgument);
+    let e = j
+        .api
+        .fetch_jwt_bundles(req(pb::JwtBundlesRequest {}, false))
         .await
-        .expect_err("unimplemented");
-    assert_eq!(e.code(), tonic::Code::Unimplemented);
+        .err()
+        .expect("refused");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn fetch_jwtsvid_refuses_bad_requests_and_callers_not_entitled() {
+    let j = jwt_api(signer());
+    let cases: Vec<(pb::JwtsvidRequest, u32, tonic::Code, &str)> = vec![
+        (
+            jwt_req(&[], ""),
+            1000,
+            tonic::Code::InvalidArgument,
+            "audience must be specified",
+        ),
+        (
+            jwt_req(&[""], ""),
+            1000,
+            tonic::Code::InvalidArgument,
+            "empty",
+        ),
+        (
+            jwt_req(&["a"; 33], ""),
+            1000,
+            tonic::Code::InvalidArgument,
+            "at most 32",
+        ),
+        (
+            jwt_req(&["x"], "not an id"),
+            1000,
+            tonic::Code::InvalidArgument,
+            "spiffe_id",
+        ),
+        // Another entry's identity.
+        (
+            jwt_req(&["x"], "spiffe://example.org/db"),
+            1000,
+            tonic::Code::PermissionDenied,
+            "no identity issued for spiffe://example.org/db",
+        ),
+        // No identity at all.
+        (
+            jwt_req(&["x"], ""),
+            3000,
+            tonic::Code::PermissionDenied,
+            "no identity issued",
+        ),
+    ];
+    for (r, uid, code, message) in cases {
+        let (c, m) = code_of(
+            j.api
+                .fetch_jwtsvid(as_caller(req(r.clone(), true), uid))
+                .await,
+        )
+        .await;
+        assert_eq!(c, code, "{r:?}: {m}");
+        assert!(m.contains(message), "{r:?}: {m}");
+    }
+    assert_eq!(j.minter.calls.load(Ordering::SeqCst), 0, "nothing minted");
+}
+
+#[tokio::test]
+async fn fetch_jwtsvid_serves_each_callers_own_token_from_the_cache() {
+    let j = jwt_api(signer());
+    let app = j
+        .api
+        .fetch_jwtsvid(req(jwt_req(&["svc-b", "svc-a"], ""), true))
+        .await
+        .expect("app")
+        .into_inner();
+    assert_eq!(app.svids.len(), 1);
+    assert_eq!(app.svids[0].spiffe_id, "spiffe://example.org/app");
+    assert_eq!(app.svids[0].hint, "");
+    // Named, reversed audiences: the same cached token.
+    let again = j
+        .api
+        .fetch_jwtsvid(req(
+            jwt_req(&["svc-a", "svc-b"], "spiffe://example.org/app"),
+            true,
+        ))
+        .await
+        .expect("again")
+        .into_inner();
+    assert_eq!(again.svids[0].svid, app.svids[0].svid);
+    assert_eq!(j.minter.calls.load(Ordering::SeqCst), 1);
+    // Another uid gets its own identity's token, never the cached one of /app.
+    let db = j
+        .api
+        .fetch_jwtsvid(as_caller(req(jwt_req(&["svc-a", "svc-b"], ""), true), 2000))
+        .await
+        .expect("db")
+        .into_inner();
+    assert_eq!(db.svids[0].spiffe_id, "spiffe://example.org/db");
+    assert_ne!(db.svids[0].svid, app.svids[0].svid);
+    // The relying party validates it.
+    let v = j
+        .api
+        .validate_jwtsvid(validate_req("svc-a", &app.svids[0].svid))
+        .await
+        .expect("valid")
+        .into_inner();
+    assert_eq!(v.spiffe_id, "spiffe://example.org/app");
+    let claims = v.claims.expect("claims").fields;
+    assert_eq!(
+        claims["sub"].kind,
+        Some(prost_types::value::Kind::StringValue(
+            "spiffe://example.org/app".into()
+        ))
+    );
+    assert_eq!(
+        claims["exp"].kind,
+        Some(prost_types::value::Kind::NumberValue((T0 + 300) as f64))
+    );
+    let count = |source: &str| {
+        j.metrics
+            .jwt_svids
+            .get_or_create(&vec![("source", source.to_owned())])
+            .get()
+    };
+    assert_eq!((count("minted"), count("cache")), (2, 1));
+}
+
+#[tokio::test]
+async fn a_tainted_key_s_cached_tokens_are_replaced_by_the_new_key_s() {
+    let old = signer();
+    let j = jwt_api(old.clone());
+    let first = j
+        .api
+        .fetch_jwtsvid(req(jwt_req(&["x"], ""), true))
+        .await
+        .expect("first")
+        .into_inner();
+    let new = signer();
+    *j.minter.signer.lock().expect("lock") = new.clone();
+    j.tx.send_replace(Arc::new(jwt_state(&[&old, &new], &[old.key_id()])));
+    let second = j
+        .api
+        .fetch_jwtsvid(req(jwt_req(&["x"], ""), true))
+        .await
+        .expect("second")
+        .into_inner();
+    assert_ne!(second.svids[0].svid, first.svids[0].svid);
+    let header = second.svids[0].svid.split('.').next().expect("header");
+    use base64::Engine;
+    let header = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(header)
+        .expect("b64");
+    assert!(
+        String::from_utf8_lossy(&header).contains(new.key_id()),
+        "signed by the new key"
+    );
+}
+
+#[tokio::test]
+async fn validate_jwtsvid_refuses_every_invalid_token_with_the_reason() {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    let signer = signer();
+    let j = jwt_api(signer.clone());
+    let good = j
+        .api
+        .fetch_jwtsvid(req(jwt_req(&["svc"], ""), true))
+        .await
+        .expect("token")
+        .into_inner()
+        .svids
+        .remove(0)
+        .svid;
+    let payload = b64(&format!(
+        r#"{{"sub":"spiffe://example.org/app","aud":"svc","exp":{}}}"#,
+        T0 + 300
+    ));
+    let forged = |header: &str| format!("{}.{payload}.{}", b64(header), b64("sig"));
+    let kid = signer.key_id();
+    let other = signer_token(&self::signer(), "spiffe://example.org/app", "svc");
+    let foreign = signer_token(&signer, "spiffe://other.org/app", "svc");
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("", good.clone(), "audience must be specified"),
+        ("svc", String::new(), "svid must be specified"),
+        ("svc", "garbage".into(), "not a compact JWS"),
+        ("svc", forged(r#"{"alg":"none"}"#), "alg none is refused"),
+        (
+            "svc",
+            forged(&format!(r#"{{"alg":"HS256","kid":"{kid}"}}"#)),
+            "alg HS256 is refused",
+        ),
+        ("svc", other, "is not in the trust bundle"),
+        (
+            "svc",
+            forged(&format!(r#"{{"alg":"ES256","kid":"{kid}"}}"#)),
+            "signature",
+        ),
+        ("other-audience", good.clone(), "not for audience"),
+        ("svc", foreign, "no keys for trust domain other.org"),
+    ];
+    for (audience, token, message) in cases {
+        let (c, m) = code_of(j.api.validate_jwtsvid(validate_req(audience, &token)).await).await;
+        assert_eq!(c, tonic::Code::InvalidArgument, "{message}: {m}");
+        assert!(m.contains(message), "{message}: {m}");
+    }
+    j.clock.advance(std::time::Duration::from_secs(301));
+    let (c, m) = code_of(j.api.validate_jwtsvid(validate_req("svc", &good)).await).await;
+    assert_eq!(
+        (c, m.contains("expired")),
+        (tonic::Code::InvalidArgument, true),
+        "{m}"
+    );
+    let count = |result: &str| {
+        j.metrics
+            .jwt_validations
+            .get_or_create(&vec![("result", result.to_owned())])
+            .get()
+    };
+    assert_eq!((count("alg"), count("expired"), count("valid")), (2, 1, 0));
+}
+
+fn signer_token(signer: &JwtSigner, sub: &str, aud: &str) -> String {
+    signer
+        .mint(&JwtSvidClaims {
+            subject: sub.parse().expect("id"),
+            audience: vec![aud.into()],
+            issued_at: T0,
+            expires_at: T0 + 300,
+            issuer: None,
+        })
+        .expect("mint")
+}
+
+#[tokio::test]
+async fn jwt_bundles_stream_the_trust_domains_jwks_and_each_change() {
+    let s1 = signer();
+    let j = jwt_api(s1.clone());
+    let mut stream = j
+        .api
+        .fetch_jwt_bundles(req(pb::JwtBundlesRequest {}, true))
+        .await
+        .expect("stream")
+        .into_inner();
+    let jwks = |item: pb::JwtBundlesResponse| -> serde_json::Value {
+        assert_eq!(item.bundles.len(), 1);
+        serde_json::from_slice(&item.bundles["example.org"]).expect("json")
+    };
+    let first = jwks(stream.next().await.expect("item").expect("ok"));
+    let keys = first["keys"].as_array().expect("keys");
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys[0]["kid"], s1.key_id());
+    assert_eq!(
+        (keys[0]["alg"].as_str(), keys[0]["use"].as_str()),
+        (Some("ES256"), Some("jwt-svid"))
+    );
+    let s2 = signer();
+    j.tx.send_replace(Arc::new(jwt_state(&[&s1, &s2], &[])));
+    let second = jwks(stream.next().await.expect("item").expect("ok"));
+    assert_eq!(second["keys"].as_array().expect("keys").len(), 2);
+    // A caller without an identity gets none.
+    let e = j
+        .api
+        .fetch_jwt_bundles(as_caller(req(pb::JwtBundlesRequest {}, true), 3000))
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(e.code(), tonic::Code::PermissionDenied);
 }
 
 /// A fake /proc holding one process, 4242, running `exe`, started at `start`.

@@ -9,12 +9,16 @@
 //! bounded ([`MAX_BUNDLE_REVOCATION_ITEMS`], [`MAX_CRL_BYTES`]) and their key IDs normalised
 //! ([`normalize_key_id`]). A malformed answer is a [`CallError::InvalidAnswer`]. (A CRL's
 //! signature is the caller's to check: the agent verifies it, the bridge hands it to Istio.)
+//! Its JWT-SVID keys are bounded ([`MAX_BUNDLE_JWT_KEYS`]) and each one is read by
+//! `signet_pki::jwt` ([`JwtPublicKey::from_spki`]); a key that does not read is dropped with
+//! the reason logged, as a malformed CRL entry is, so one bad key does not hide the others.
 
 use std::pin::Pin;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use signet_pki::SvidCertificate;
+use signet_pki::jwt::{JwtAlg, JwtKeySet, JwtPublicKey};
 use signet_proto::ca as pb;
 use signet_proto::ca::certificate_authority_client::CertificateAuthorityClient;
 use signet_proto::istio_ca as istio;
@@ -42,9 +46,21 @@ pub struct TrustBundle {
     /// The issuing CAs' CRLs as the server sent them (not verified yet: the caller checks
     /// signature and number before acting on one).
     pub crls: Vec<Crl>,
+    /// The JWT-SVID signing keys a validator must know now (each read and checked by
+    /// `signet_pki::jwt`; at most [`MAX_BUNDLE_JWT_KEYS`], one per key ID).
+    pub jwt_keys: Vec<JwtPublicKey>,
+    /// The IDs in `tainted_key_ids` that name one of `jwt_keys` (as the server wrote them,
+    /// not lowercased: a JWT key ID is base64url): every token one of them signed is dropped
+    /// from caches now.
+    pub tainted_jwt_key_ids: Vec<String>,
 }
 
 impl TrustBundle {
+    /// The JWT keys as the set `signet_pki::jwt::validate` checks tokens against.
+    pub fn jwt_key_set(&self) -> JwtKeySet {
+        JwtKeySet::new(self.jwt_keys.iter().cloned())
+    }
+
     /// The roots as PEM, LF line endings.
     pub fn roots_pem(&self) -> String {
         signet_types::pem::certs_to_pem(self.roots_der.iter().map(Vec::as_slice))
@@ -66,6 +82,10 @@ pub struct Crl {
 pub const MAX_BUNDLE_REVOCATION_ITEMS: usize = 256;
 /// Largest CRL accepted (DER bytes).
 pub const MAX_CRL_BYTES: usize = 4 << 20;
+/// Most JWT keys one bundle may carry; more is a malformed answer.
+pub const MAX_BUNDLE_JWT_KEYS: usize = 64;
+/// Longest JWT key ID accepted (bytes); Signet's are 32.
+pub const MAX_JWT_KEY_ID_BYTES: usize = 128;
 
 /// `id` as a key ID (lowercase hex, even length, 1 to 64 bytes), or `None`.
 pub fn normalize_key_id(id: &str) -> Option<String> {
@@ -271,8 +291,22 @@ impl TryFrom<pb::Bundle> for TrustBundle {
                 b.revision
             )));
         }
+        if b.jwt_keys.len() > MAX_BUNDLE_JWT_KEYS {
+            return Err(CallError::invalid_answer(format!(
+                "bundle revision {} carries more than {MAX_BUNDLE_JWT_KEYS} JWT keys",
+                b.revision
+            )));
+        }
+        let jwt_keys = jwt_keys(b.jwt_keys);
         let mut tainted_key_ids = Vec::new();
+        let mut tainted_jwt_key_ids = Vec::new();
         for id in &b.tainted_key_ids {
+            if jwt_keys.iter().any(|k| k.key_id() == id) {
+                if !tainted_jwt_key_ids.contains(id) {
+                    tainted_jwt_key_ids.push(id.clone());
+                }
+                continue;
+            }
             match normalize_key_id(id) {
                 Some(k) if !tainted_key_ids.contains(&k) => tainted_key_ids.push(k),
                 Some(_) => {}
@@ -282,6 +316,7 @@ impl TryFrom<pb::Bundle> for TrustBundle {
             }
         }
         tainted_key_ids.sort();
+        tainted_jwt_key_ids.sort();
         let mut crls = Vec::new();
         for c in b.crls {
             match normalize_key_id(&c.key_id) {
@@ -303,8 +338,41 @@ impl TryFrom<pb::Bundle> for TrustBundle {
             revision: b.revision,
             tainted_key_ids,
             crls,
+            jwt_keys,
+            tainted_jwt_key_ids,
         })
     }
+}
+
+/// The bundle's JWT keys that `signet_pki::jwt` reads; each other one is logged with its
+/// reason and dropped, and a second key with an ID already seen is dropped too.
+fn jwt_keys(keys: Vec<pb::JwtKey>) -> Vec<JwtPublicKey> {
+    let mut out: Vec<JwtPublicKey> = Vec::with_capacity(keys.len());
+    for k in keys {
+        let kid = signet_types::untrusted::shown(&k.key_id);
+        let alg = match JwtAlg::parse(&k.alg) {
+            Some(a) => a,
+            None => {
+                tracing::warn!(key_id = %kid, alg = %signet_types::untrusted::shown(&k.alg), "ignoring a JWT key with an unknown alg");
+                continue;
+            }
+        };
+        if k.key_id.len() > MAX_JWT_KEY_ID_BYTES {
+            tracing::warn!(key_id = %kid, "ignoring a JWT key whose key ID is too long");
+            continue;
+        }
+        if out.iter().any(|o| o.key_id() == k.key_id) {
+            tracing::warn!(key_id = %kid, "ignoring a second JWT key with the same key ID");
+            continue;
+        }
+        match JwtPublicKey::from_spki(k.key_id, Some(alg), &k.public_key) {
+            Ok(key) => out.push(key),
+            Err(e) => {
+                tracing::warn!(key_id = %kid, error = %e, "ignoring a JWT key that cannot be read")
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -400,6 +468,72 @@ mod tests {
             jwt_keys: vec![],
         };
         assert!(invalid(TrustBundle::try_from(too_many)).contains("more than 256"));
+    }
+
+    fn jwt_key(alg: &str) -> (String, pb::JwtKey) {
+        let key = signet_pki::key::generate(signet_pki::key::KeyAlgorithm::EcdsaP256).expect("key");
+        let spki = key.public_key_der().expect("spki");
+        let kid = signet_pki::jwt::key_id_for(&spki);
+        (
+            kid.clone(),
+            pb::JwtKey {
+                key_id: kid,
+                alg: alg.into(),
+                public_key: spki,
+                not_after: 0,
+            },
+        )
+    }
+
+    #[test]
+    fn bundle_jwt_keys_are_read_bad_ones_dropped_and_their_taints_kept_apart() {
+        let root = root().der;
+        let (kid, good) = jwt_key("ES256");
+        let (_, wrong_alg) = jwt_key("RS256");
+        let (_, unknown_alg) = jwt_key("HS256");
+        let garbage = pb::JwtKey {
+            key_id: "garbage".into(),
+            alg: "ES256".into(),
+            public_key: b"not a key".to_vec(),
+            not_after: 0,
+        };
+        let long_kid = pb::JwtKey {
+            key_id: "k".repeat(MAX_JWT_KEY_ID_BYTES + 1),
+            ..jwt_key("ES256").1
+        };
+        let b = TrustBundle::try_from(pb::Bundle {
+            trust_domain: "example.org".into(),
+            roots: vec![root.clone()],
+            revision: 5,
+            tainted_key_ids: vec![kid.clone(), "AB01".into()],
+            crls: vec![],
+            jwt_keys: vec![
+                good.clone(),
+                wrong_alg,
+                unknown_alg,
+                garbage,
+                long_kid,
+                good.clone(),
+            ],
+        })
+        .expect("valid");
+        let kids: Vec<&str> = b.jwt_keys.iter().map(|k| k.key_id()).collect();
+        assert_eq!(
+            kids,
+            [kid.as_str()],
+            "bad, mis-stated and repeated keys dropped"
+        );
+        assert!(b.jwt_key_set().get(&kid).is_some());
+        assert_eq!(b.tainted_jwt_key_ids, [kid.as_str()], "kept as written");
+        assert_eq!(b.tainted_key_ids, ["ab01"], "CA key taints as before");
+        let too_many = pb::Bundle {
+            trust_domain: "example.org".into(),
+            roots: vec![root],
+            revision: 6,
+            jwt_keys: vec![good; MAX_BUNDLE_JWT_KEYS + 1],
+            ..Default::default()
+        };
+        assert!(invalid(TrustBundle::try_from(too_many)).contains("JWT keys"));
     }
 
     #[test]

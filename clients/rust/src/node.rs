@@ -92,6 +92,45 @@ pub struct WorkloadCsr {
 /// [`CallError::pushback`], as a shed call does.
 pub type WorkloadResults = Vec<(String, Result<SvidCertificate, CallError>)>;
 
+/// One JWT-SVID to mint (`MintWorkloadJwts`): for the registration entry `entry_id`, for
+/// every audience in `audience` (at least one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwtRequest {
+    pub entry_id: String,
+    pub audience: Vec<String>,
+}
+
+/// A JWT-SVID the server minted, its claims as the answer names them (checked: a token, a
+/// SPIFFE ID, an expiry after its issue time, a key ID). `Debug` hides the token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct MintedJwt {
+    /// The compact JWS: a bearer credential, never logged.
+    pub token: String,
+    pub spiffe_id: SpiffeId,
+    /// `iat` and `exp`, unix seconds.
+    pub issued_at: i64,
+    pub expires_at: i64,
+    /// The `kid` of the key that signed it.
+    pub key_id: String,
+    pub audience: Vec<String>,
+}
+
+impl fmt::Debug for MintedJwt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MintedJwt")
+            .field("spiffe_id", &self.spiffe_id)
+            .field("issued_at", &self.issued_at)
+            .field("expires_at", &self.expires_at)
+            .field("key_id", &self.key_id)
+            .field("audience", &self.audience)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Per JWT request, in order: its entry ID and the token or why it was not minted (a shed
+/// one carries the entry's retry hint, as [`WorkloadResults`] do).
+pub type JwtResults = Vec<(String, Result<MintedJwt, CallError>)>;
+
 /// The node's entry revision from `WatchEntries`: at once, on every change and at each
 /// keep-alive; it ends or fails when the connection does.
 pub type EntryRevisionStream =
@@ -219,6 +258,31 @@ impl NodeClient {
         }
         Ok(results)
     }
+
+    /// `MintWorkloadJwts`: one result per request, in order, in as many calls of at most
+    /// [`MAX_CSRS_PER_CALL`] requests as needed. The whole call fails only when a call does.
+    pub async fn mint_workload_jwts(&self, reqs: &[JwtRequest]) -> Result<JwtResults, CallError> {
+        let mut results = Vec::with_capacity(reqs.len());
+        for chunk in reqs.chunks(MAX_CSRS_PER_CALL) {
+            let msg = pb::MintWorkloadJwtsRequest {
+                requests: chunk
+                    .iter()
+                    .map(|r| pb::WorkloadJwtRequest {
+                        entry_id: r.entry_id.clone(),
+                        audience: r.audience.clone(),
+                    })
+                    .collect(),
+            };
+            let resp = self
+                .node
+                .clone()
+                .mint_workload_jwts(request(msg, None)?)
+                .await?
+                .into_inner();
+            results.extend(jwt_results(resp));
+        }
+        Ok(results)
+    }
 }
 
 // --- proto conversions ------------------------------------------------------------------
@@ -276,6 +340,63 @@ fn entries_update(resp: pb::SyncEntriesResponse) -> EntriesUpdate {
     }
 }
 
+/// A failed per-item result: its code, message and the entry's retry hint (capped as a call's).
+fn item_error(code: i32, message: String, retry_after_ms: u32) -> CallError {
+    let pushback = (retry_after_ms > 0)
+        .then(|| Duration::from_millis(u64::from(retry_after_ms)).min(crate::status::MAX_PUSHBACK));
+    CallError::Status {
+        code: tonic::Code::from_i32(code),
+        message,
+        pushback,
+    }
+}
+
+/// A minted token as the answer names it; one that is not a token for a SPIFFE ID with an
+/// expiry after its issue time, or that names no key, is an invalid answer.
+fn minted_jwt(s: signet_proto::ca::JwtSvid) -> Result<MintedJwt, CallError> {
+    if s.token.is_empty() {
+        return Err(CallError::invalid_answer("JWT-SVID without a token"));
+    }
+    let spiffe_id = s.spiffe_id.parse().map_err(|e| {
+        CallError::invalid_answer(format!(
+            "JWT-SVID SPIFFE ID {}: {e}",
+            signet_types::untrusted::shown(&s.spiffe_id)
+        ))
+    })?;
+    if s.expires_at <= s.issued_at {
+        return Err(CallError::invalid_answer(
+            "JWT-SVID that expires before it is issued",
+        ));
+    }
+    if s.key_id.is_empty() {
+        return Err(CallError::invalid_answer("JWT-SVID without a key ID"));
+    }
+    Ok(MintedJwt {
+        token: s.token,
+        spiffe_id,
+        issued_at: s.issued_at,
+        expires_at: s.expires_at,
+        key_id: s.key_id,
+        audience: s.audience,
+    })
+}
+
+fn jwt_results(resp: pb::MintWorkloadJwtsResponse) -> JwtResults {
+    resp.results
+        .into_iter()
+        .map(|r| {
+            let result = if r.code == 0 {
+                r.svid
+                    .ok_or_else(|| CallError::invalid_answer("success without a JWT-SVID"))
+                    .and_then(minted_jwt)
+            } else {
+                Err(item_error(r.code, r.message, r.retry_after_ms))
+            };
+            (r.entry_id, result)
+        })
+        .collect()
+}
+
 fn sign_results(resp: pb::SignWorkloadsResponse) -> WorkloadResults {
     resp.results
         .into_iter()
@@ -286,15 +407,7 @@ fn sign_results(resp: pb::SignWorkloadsResponse) -> WorkloadResults {
                     .and_then(svid)
             } else {
                 // The entry's retry hint, as a whole call's `grpc-retry-pushback-ms` is read.
-                let pushback = (r.retry_after_ms > 0).then(|| {
-                    Duration::from_millis(u64::from(r.retry_after_ms))
-                        .min(crate::status::MAX_PUSHBACK)
-                });
-                Err(CallError::Status {
-                    code: tonic::Code::from_i32(r.code),
-                    message: r.message,
-                    pushback,
-                })
+                Err(item_error(r.code, r.message, r.retry_after_ms))
             };
             (r.entry_id, result)
         })
@@ -494,6 +607,70 @@ mod tests {
         );
         assert!(matches!(&out[2].1, Err(CallError::InvalidAnswer(_))));
         assert!(matches!(&out[3].1, Err(CallError::InvalidAnswer(_))));
+    }
+
+    fn pb_jwt(token: &str) -> signet_proto::ca::JwtSvid {
+        signet_proto::ca::JwtSvid {
+            token: token.into(),
+            spiffe_id: "spiffe://example.org/web".into(),
+            issued_at: 1000,
+            expires_at: 1300,
+            key_id: "kid1".into(),
+            audience: vec!["aud".into()],
+        }
+    }
+
+    #[test]
+    fn jwt_results_keep_order_check_the_answer_and_hide_the_token() {
+        let ok = |svid| pb::WorkloadJwtResult {
+            entry_id: "e".into(),
+            svid: Some(svid),
+            code: 0,
+            message: String::new(),
+            retry_after_ms: 0,
+        };
+        let out = jwt_results(pb::MintWorkloadJwtsResponse {
+            results: vec![
+                ok(pb_jwt("eyJ.secret.sig")),
+                pb::WorkloadJwtResult {
+                    entry_id: "denied".into(),
+                    svid: None,
+                    code: tonic::Code::ResourceExhausted as i32,
+                    message: "slow down".into(),
+                    retry_after_ms: 700,
+                },
+                ok(pb_jwt("")),
+                ok(signet_proto::ca::JwtSvid {
+                    spiffe_id: "http://x".into(),
+                    ..pb_jwt("t")
+                }),
+                ok(signet_proto::ca::JwtSvid {
+                    expires_at: 1000,
+                    ..pb_jwt("t")
+                }),
+                ok(signet_proto::ca::JwtSvid {
+                    key_id: String::new(),
+                    ..pb_jwt("t")
+                }),
+                pb::WorkloadJwtResult {
+                    svid: None,
+                    ..ok(pb_jwt("t"))
+                },
+            ],
+        });
+        assert_eq!(out.len(), 7);
+        let minted = out[0].1.as_ref().expect("minted");
+        assert_eq!(
+            (minted.spiffe_id.to_string().as_str(), minted.expires_at),
+            ("spiffe://example.org/web", 1300)
+        );
+        assert!(!format!("{minted:?}").contains("secret"), "{minted:?}");
+        let shed = out[1].1.as_ref().unwrap_err();
+        assert_eq!(shed.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(shed.pushback(), Some(Duration::from_millis(700)));
+        for (_, r) in &out[2..] {
+            assert!(matches!(r, Err(CallError::InvalidAnswer(_))), "{r:?}");
+        }
     }
 
     #[test]

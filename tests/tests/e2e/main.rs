@@ -19,6 +19,7 @@ mod independent;
 mod issuance;
 mod jwt_issuance;
 mod jwt_keys;
+mod jwt_workload;
 mod k8s;
 mod k8s_certificate;
 mod lifecycle;

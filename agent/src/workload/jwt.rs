@@ -1,0 +1,163 @@
+//! The Workload API's JWT profile (SPIFFE Workload API §6), the parts that need no socket:
+//! the bounds on a request's audiences ([`check_audiences`]), the JWT bundles a caller sees
+//! ([`jwt_bundles_view`]: the trust domain's keys as a JWKS, every key with `kid`, `alg` and
+//! `use: "jwt-svid"`), and `ValidateJWTSVID` ([`validate`]: `signet_pki::jwt::validate`
+//! against the trust domain's keys, the claims as a `google.protobuf.Struct`).
+//!
+//! The handlers in [`super`] attest the caller and go through the [`crate::jwt_cache`] for
+//! tokens; nothing here parses or signs a JWT itself.
+
+use std::collections::{BTreeMap, HashMap};
+
+use prost_types::value::Kind;
+use serde_json::{Map, Value};
+use signet_pki::jwt::{JwtKeySet, JwtPublicKey, JwtSvidError};
+use signet_proto::workload as pb;
+use signet_types::untrusted::shown;
+
+use super::WorkloadError;
+use crate::attest::{Attestor, Caller};
+use crate::state::AgentState;
+
+/// Most audiences one request may name.
+pub const MAX_AUDIENCES: usize = 32;
+/// Longest audience accepted (bytes).
+pub const MAX_AUDIENCE_BYTES: usize = 512;
+/// The `use` of every key in a SPIFFE JWT bundle.
+pub const JWT_SVID_USE: &str = "jwt-svid";
+
+/// `FetchJWTSVID`'s audiences: at least one, at most [`MAX_AUDIENCES`], none empty or longer
+/// than [`MAX_AUDIENCE_BYTES`].
+pub fn check_audiences(audience: &[String]) -> Result<(), WorkloadError> {
+    if audience.is_empty() {
+        return Err(WorkloadError::NoAudience);
+    }
+    if audience.len() > MAX_AUDIENCES {
+        return Err(WorkloadError::BadAudience(format!(
+            "at most {MAX_AUDIENCES} audiences, {} asked",
+            audience.len()
+        )));
+    }
+    for a in audience {
+        if a.is_empty() {
+            return Err(WorkloadError::BadAudience("an audience is empty".into()));
+        }
+        if a.len() > MAX_AUDIENCE_BYTES {
+            return Err(WorkloadError::BadAudience(format!(
+                "{} is longer than {MAX_AUDIENCE_BYTES} bytes",
+                shown(a)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The JWKS document (`{"keys":[…]}`) of `keys`, each a JWK with `kid`, `alg` and
+/// `use: "jwt-svid"`. A key that cannot be written as a JWK is left out (it was read by
+/// `signet_pki` when it came in, so this does not happen).
+pub fn jwks(keys: &[JwtPublicKey]) -> Vec<u8> {
+    let keys: Vec<Value> = keys
+        .iter()
+        .filter_map(|k| match k.jwk(JWT_SVID_USE) {
+            Ok(jwk) => Some(Value::Object(jwk)),
+            Err(e) => {
+                tracing::warn!(key_id = %k.key_id(), error = %e, "JWT key left out of the JWKS");
+                None
+            }
+        })
+        .collect();
+    serde_json::json!({ "keys": keys }).to_string().into_bytes()
+}
+
+/// The JWT bundles response for a caller, or `None` when it has no identity (the same rule as
+/// `FetchX509Bundles`): the trust domain, without scheme, to the JWKS of its keys.
+pub fn jwt_bundles_view(
+    attestor: &Attestor,
+    caller: &Caller,
+    state: &AgentState,
+) -> Option<pb::JwtBundlesResponse> {
+    if attestor.identities_for(caller, state).is_empty() {
+        return None;
+    }
+    let mut bundles = HashMap::new();
+    if let Some(td) = state.trust_domain_id.strip_prefix("spiffe://")
+        && !td.is_empty()
+    {
+        bundles.insert(td.to_owned(), jwks(&state.jwt_keys));
+    }
+    Some(pb::JwtBundlesResponse { bundles })
+}
+
+/// `ValidateJWTSVID` of `token` for `audience` against the trust domain's keys in `state`, at
+/// `now` (unix seconds). Every refusal is InvalidArgument with the reason.
+pub fn validate(
+    state: &AgentState,
+    audience: &str,
+    token: &str,
+    now: i64,
+) -> Result<pb::ValidateJwtsvidResponse, WorkloadError> {
+    if audience.is_empty() {
+        return Err(WorkloadError::NoAudience);
+    }
+    if token.is_empty() {
+        return Err(WorkloadError::NoToken);
+    }
+    let keys = JwtKeySet::new(state.jwt_keys.iter().cloned());
+    let valid = signet_pki::jwt::validate(token, audience, &keys, now)
+        .map_err(WorkloadError::InvalidToken)?;
+    // The keys are the agent's own trust domain's: a token naming another trust domain is
+    // not one they can vouch for (go-spiffe picks the bundle by the token's trust domain).
+    let td = valid.spiffe_id.trust_domain();
+    if td.id_string() != state.trust_domain_id {
+        return Err(WorkloadError::ForeignTrustDomain(td.as_str().to_owned()));
+    }
+    Ok(pb::ValidateJwtsvidResponse {
+        spiffe_id: valid.spiffe_id.to_string(),
+        claims: Some(to_struct(valid.claims)),
+    })
+}
+
+/// The metrics label of a validation's outcome.
+pub fn validation_label(r: &Result<pb::ValidateJwtsvidResponse, WorkloadError>) -> &'static str {
+    match r {
+        Ok(_) => "valid",
+        Err(WorkloadError::InvalidToken(e)) => match e {
+            JwtSvidError::Expired | JwtSvidError::NotYetValid => "expired",
+            JwtSvidError::WrongAudience(_) => "audience",
+            JwtSvidError::UnknownKey(_) | JwtSvidError::NoKeyId => "unknown_key",
+            JwtSvidError::BadSignature => "signature",
+            JwtSvidError::AlgRefused(_)
+            | JwtSvidError::AlgUnsupported(_)
+            | JwtSvidError::AlgMismatch { .. } => "alg",
+            JwtSvidError::Claims(_) => "claims",
+            _ => "malformed",
+        },
+        Err(WorkloadError::ForeignTrustDomain(_)) => "trust_domain",
+        Err(_) => "refused",
+    }
+}
+
+/// A JSON object as a `google.protobuf.Struct`.
+pub fn to_struct(map: Map<String, Value>) -> prost_types::Struct {
+    prost_types::Struct {
+        fields: map
+            .into_iter()
+            .map(|(k, v)| (k, to_value(v)))
+            .collect::<BTreeMap<_, _>>(),
+    }
+}
+
+fn to_value(v: Value) -> prost_types::Value {
+    let kind = match v {
+        Value::Null => Kind::NullValue(0),
+        Value::Bool(b) => Kind::BoolValue(b),
+        // A Struct's numbers are doubles (as protobuf's JSON mapping has them).
+        Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(f64::NAN)),
+        Value::String(s) => Kind::StringValue(s),
+        Value::Array(a) => Kind::ListValue(prost_types::ListValue {
+            values: a.into_iter().map(to_value).collect(),
+        }),
+        Value::Object(o) => Kind::StructValue(to_struct(o)),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
