@@ -108,8 +108,9 @@ pub(super) async fn build(cfg: &Config) -> anyhow::Result<Parts> {
             "could not check the stored registration entries' selectors; serving without the check"
         );
     }
+    let jwt_keys: Arc<dyn crate::ca::jwt_key::JwtKeySource> = manager.clone();
     let (issuer, entry_policy) = build_issuer(
-        cfg, &clock, serials, &view, ledger, &store, &audit, &metrics,
+        cfg, &clock, serials, &view, jwt_keys, ledger, &store, &audit, &metrics,
     )?;
     let server_cert = first_server_cert(cfg, &issuer).await?;
     let checkpoints = build_checkpoints(cfg, &store, &audit, &metrics)?;
@@ -197,6 +198,7 @@ fn build_issuer(
     clock: &Arc<dyn Clock>,
     serials: Arc<dyn SerialSource>,
     view: &CaView,
+    jwt_keys: Arc<dyn crate::ca::jwt_key::JwtKeySource>,
     ledger: LedgerWriter,
     store: &Arc<dyn Store>,
     audit: &AuditLog,
@@ -229,16 +231,16 @@ fn build_issuer(
         metrics: metrics.clone(),
     })
     .with_caller_limits(Arc::new(CallerLimits::new(&cfg.limits)));
-    // JWT-SVID issuance: NOT CONFIGURED YET. The JWT key slots and `[jwt_svid]` come from the
-    // CA key manager (another part of issue 26); until it is wired here, no key source exists
-    // and every MintJwtSvid / MintWorkloadJwts answers Unavailable "no JWT-SVID signing key is
-    // active". LEAD: set this to the CaManager's `Arc<dyn JwtKeySource>` and map `[jwt_svid]`
-    // (ttl, max_ttl, issuer) onto `JwtIssuePolicy`.
-    let jwt_keys: Option<Arc<dyn crate::ca::jwt_key::JwtKeySource>> = None;
-    let issuer = match jwt_keys {
-        Some(keys) => issuer.with_jwt_svids(keys, crate::jwt_svid::JwtIssuePolicy::default()),
-        None => issuer,
-    };
+    // JWT-SVIDs: signed with the CA key manager's active JWT key (asked at every token, so a
+    // rotation or a taint takes effect at the next one), under `[jwt_svid]`'s lifetimes and issuer.
+    let issuer = issuer.with_jwt_svids(
+        jwt_keys,
+        crate::jwt_svid::JwtIssuePolicy {
+            ttl: cfg.jwt_svid.ttl,
+            max_ttl: cfg.jwt_svid.max_ttl,
+            issuer: cfg.jwt_svid.issuer.clone(),
+        },
+    );
     Ok((Arc::new(issuer), entry_policy))
 }
 

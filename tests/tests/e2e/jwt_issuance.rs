@@ -5,9 +5,9 @@
 //! - the refusals that come before the key are asserted as they will stay: no audience is
 //!   InvalidArgument (native and node API), another node's entry is PermissionDenied, a banned
 //!   node is refused, an unauthenticated call is Unauthenticated;
-//! - where a token would be minted, the test asserts Unavailable with that message. LEAD: once
-//!   the key source is wired, those assertions (marked `WIRING:`) become: a token, valid with
-//!   the key from `GetBundle.jwt_keys`, whose row `signetctl jwt list` shows;
+//! - where a token is minted, it validates with the keys from `GetBundle.jwt_keys`, carries the
+//!   lifetime asked (the server's ttl, the request's, the entry's), and `signetctl jwt list`
+//!   shows its row;
 //! - the ledger paths are exercised with a JWT-SVID row appended to the database exactly as the
 //!   server appends one (under the head lock, hashed with `signet_types::ledger::jwt_hash`):
 //!   `ledger verify` counts it, a checkpoint whose head is that row verifies, `jwt list/show`
@@ -24,7 +24,30 @@ use signet_tests::*;
 use signet_types::ledger::{Hash, JwtSvidEntry, jwt_hash, sha256};
 use sqlx::Row;
 
-const NO_KEY: &str = "no JWT-SVID signing key is active";
+/// Validates `token` for `audience` with the keys the server publishes in `GetBundle.jwt_keys`.
+async fn validates(
+    server: &signet_tests::Server,
+    token: &str,
+    audience: &str,
+) -> signet_pki::jwt::ValidatedJwtSvid {
+    let bundle = server
+        .native()
+        .await
+        .get_bundle(signet_proto::ca::GetBundleRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let keys = signet_pki::jwt::JwtKeySet::new(bundle.jwt_keys.iter().map(|k| {
+        signet_pki::jwt::JwtPublicKey::from_spki(
+            k.key_id.clone(),
+            signet_pki::jwt::JwtAlg::parse(&k.alg),
+            &k.public_key,
+        )
+        .unwrap()
+    }));
+    signet_pki::jwt::validate(token, audience, &keys, signet_tests::now_unix())
+        .unwrap_or_else(|e| panic!("the token does not validate: {e}"))
+}
 
 fn pems(chain: &[Vec<u8>]) -> Vec<String> {
     chain
@@ -105,7 +128,7 @@ fn jwt_req(entry_id: &str, audience: &[&str]) -> WorkloadJwtRequest {
 }
 
 #[tokio::test]
-async fn jwt_svid_requests_are_authorized_as_x509_and_refused_without_a_key() {
+async fn jwt_svid_requests_are_authorized_as_x509_and_minted_tokens_validate() {
     let tokens = TokenIssuer::new("k1");
     let Some(server) = crate::pg_server(&tokens, "").await else {
         return;
@@ -143,9 +166,8 @@ async fn jwt_svid_requests_are_authorized_as_x509_and_refused_without_a_key() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
-    // ... and a good request meets the missing key. WIRING: a token for
-    // spiffe://example.org/ns/web/sa/frontend, valid for "vault" with GetBundle.jwt_keys.
-    let err = native
+    // ... and a good request gets a token for its own identity, valid with GetBundle.jwt_keys.
+    let minted = native
         .mint_jwt_svid(
             signet_client::with_bearer(
                 MintJwtSvidRequest {
@@ -157,9 +179,13 @@ async fn jwt_svid_requests_are_authorized_as_x509_and_refused_without_a_key() {
             .unwrap(),
         )
         .await
-        .unwrap_err();
-    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
-    assert!(err.message().contains(NO_KEY), "{}", err.message());
+        .unwrap()
+        .into_inner();
+    assert_eq!(minted.spiffe_id, "spiffe://example.org/ns/web/sa/frontend");
+    let v = validates(&server, &minted.token, "vault").await;
+    assert_eq!(v.spiffe_id.to_string(), minted.spiffe_id);
+    assert_eq!(v.key_id, minted.key_id);
+    assert_eq!(v.expires_at - v.issued_at.unwrap(), 300, "[jwt_svid] ttl");
     // No credentials: Unauthenticated, as SignCsr.
     let err = native
         .mint_jwt_svid(MintJwtSvidRequest {
@@ -191,16 +217,20 @@ async fn jwt_svid_requests_are_authorized_as_x509_and_refused_without_a_key() {
         cert_chain_pem: pems(&r.cert_chain).concat().into_bytes(),
         key_pem: kc.key_pem.into_bytes(),
     };
-    let err = CertificateAuthorityClient::new(server.channel_with(&svid).await)
+    let minted = CertificateAuthorityClient::new(server.channel_with(&svid).await)
         .mint_jwt_svid(MintJwtSvidRequest {
             audience: vec!["vault".into()],
             ttl_seconds: 60,
         })
         .await
-        .unwrap_err();
-    // WIRING: a token whose sub is spiffe://example.org/ns/web/sa/frontend.
-    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
-    assert!(err.message().contains(NO_KEY), "{}", err.message());
+        .unwrap()
+        .into_inner();
+    let v = validates(&server, &minted.token, "vault").await;
+    assert_eq!(
+        v.spiffe_id.to_string(),
+        "spiffe://example.org/ns/web/sa/frontend"
+    );
+    assert_eq!(v.expires_at - v.issued_at.unwrap(), 60);
 
     // The node API: n1 may ask only for its own entries.
     let n1 = attest(&server, "n1").await;
@@ -227,8 +257,7 @@ async fn jwt_svid_requests_are_authorized_as_x509_and_refused_without_a_key() {
             tonic::Code::PermissionDenied as i32,
             tonic::Code::PermissionDenied as i32,
             tonic::Code::InvalidArgument as i32,
-            // WIRING: 0, with a token for spiffe://example.org/app living 120 s.
-            tonic::Code::Unavailable as i32,
+            0,
         ],
         "{r:?}"
     );
@@ -237,7 +266,31 @@ async fn jwt_svid_requests_are_authorized_as_x509_and_refused_without_a_key() {
         "{r:?}"
     );
     assert_eq!(r.results[0].entry_id, theirs);
-    assert!(r.results.iter().all(|x| x.svid.is_none()));
+    assert!(r.results[..3].iter().all(|x| x.svid.is_none()));
+    let own = r.results[3]
+        .svid
+        .as_ref()
+        .expect("a token for the node's own entry");
+    let v = validates(&server, &own.token, "vault").await;
+    assert_eq!(v.spiffe_id.to_string(), "spiffe://example.org/app");
+    assert_eq!(
+        v.expires_at - v.issued_at.unwrap(),
+        120,
+        "the entry's jwt_ttl"
+    );
+    // Every minted token is on the ledger, and the chain verifies.
+    let out = server.signetctl(&["jwt", "list", "--json"]);
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && listed.contains("spiffe://example.org/app"),
+        "{listed}"
+    );
+    let out = server.signetctl(&["ledger", "verify"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     // Too many in one call: refused whole.
     let err = node
         .mint_workload_jwts(MintWorkloadJwtsRequest {
