@@ -322,6 +322,35 @@ impl Verifier {
         }
     }
 
+    /// The checks every row kind shares: the next seq, chained onto the last hash, and its own
+    /// content (`computed`, the hash of the row chained onto `prev_hash`) giving its stored hash.
+    fn check(
+        &self,
+        seq: u64,
+        prev_hash: &Hash,
+        hash: &Hash,
+        computed: impl FnOnce() -> Hash,
+    ) -> Result<(), ChainBreak> {
+        if seq != self.last_seq + 1 {
+            return Err(ChainBreak::Gap {
+                after: self.last_seq,
+                found: seq,
+            });
+        }
+        if prev_hash != &self.last_hash {
+            return Err(ChainBreak::PrevMismatch { seq });
+        }
+        if &computed() != hash {
+            return Err(ChainBreak::HashMismatch { seq });
+        }
+        Ok(())
+    }
+
+    fn advance(&mut self, seq: u64, hash: &Hash) {
+        self.last_seq = seq;
+        self.last_hash = *hash;
+    }
+
     /// Checks one row: its sequence, its stored `prev_hash`, and its stored `hash`.
     pub fn push(
         &mut self,
@@ -329,20 +358,8 @@ impl Verifier {
         prev_hash: &Hash,
         hash: &Hash,
     ) -> Result<(), ChainBreak> {
-        if entry.seq != self.last_seq + 1 {
-            return Err(ChainBreak::Gap {
-                after: self.last_seq,
-                found: entry.seq,
-            });
-        }
-        if prev_hash != &self.last_hash {
-            return Err(ChainBreak::PrevMismatch { seq: entry.seq });
-        }
-        if &chain_hash(prev_hash, entry) != hash {
-            return Err(ChainBreak::HashMismatch { seq: entry.seq });
-        }
-        self.last_seq = entry.seq;
-        self.last_hash = *hash;
+        self.check(entry.seq, prev_hash, hash, || chain_hash(prev_hash, entry))?;
+        self.advance(entry.seq, hash);
         Ok(())
     }
 
@@ -353,26 +370,14 @@ impl Verifier {
         prev_hash: &Hash,
         hash: &Hash,
     ) -> Result<(), ChainBreak> {
-        if event.seq != self.last_seq + 1 {
-            return Err(ChainBreak::Gap {
-                after: self.last_seq,
-                found: event.seq,
-            });
-        }
-        if prev_hash != &self.last_hash {
-            return Err(ChainBreak::PrevMismatch { seq: event.seq });
-        }
-        if &event_hash(prev_hash, event) != hash {
-            return Err(ChainBreak::HashMismatch { seq: event.seq });
-        }
+        self.check(event.seq, prev_hash, hash, || event_hash(prev_hash, event))?;
         if event.cert_seq == 0 || event.cert_seq >= event.seq {
             return Err(ChainBreak::EventOrder {
                 seq: event.seq,
                 cert_seq: event.cert_seq,
             });
         }
-        self.last_seq = event.seq;
-        self.last_hash = *hash;
+        self.advance(event.seq, hash);
         Ok(())
     }
 
@@ -383,20 +388,8 @@ impl Verifier {
         prev_hash: &Hash,
         hash: &Hash,
     ) -> Result<(), ChainBreak> {
-        if entry.seq != self.last_seq + 1 {
-            return Err(ChainBreak::Gap {
-                after: self.last_seq,
-                found: entry.seq,
-            });
-        }
-        if prev_hash != &self.last_hash {
-            return Err(ChainBreak::PrevMismatch { seq: entry.seq });
-        }
-        if &jwt_hash(prev_hash, entry) != hash {
-            return Err(ChainBreak::HashMismatch { seq: entry.seq });
-        }
-        self.last_seq = entry.seq;
-        self.last_hash = *hash;
+        self.check(entry.seq, prev_hash, hash, || jwt_hash(prev_hash, entry))?;
+        self.advance(entry.seq, hash);
         Ok(())
     }
 
