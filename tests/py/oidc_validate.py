@@ -3,10 +3,14 @@
 would (AWS IAM, GCP workload identity federation, Vault's JWT auth): with PyJWT (PyPI: PyJWT, a
 dependency of py-spiffe), independent of Signet's code.
 
-    oidc_validate.py ISSUER TOKEN AUDIENCE CAFILE
+    oidc_validate.py ISSUER BASE TOKEN AUDIENCE CAFILE
+
+BASE is where ISSUER's host is reached in the test (https://127.0.0.1:PORT, Signet's
+`oidc_listen`): what DNS or an ingress does in production. Every URL under ISSUER is fetched
+under BASE instead; nothing else is changed.
 
 1. GET ISSUER/.well-known/openid-configuration over HTTPS (trusting CAFILE only); its `issuer`
-   must be ISSUER exactly.
+   must be ISSUER exactly, and its `jwks_uri` must be under ISSUER.
 2. Fetch the JWKS from the document's `jwks_uri` with PyJWT's PyJWKClient, which picks the key by
    the token's `kid` (keys with `use: sig`).
 3. jwt.decode with the algorithms the document lists, the audience and the issuer: signature,
@@ -25,15 +29,19 @@ import jwt
 
 
 def main() -> int:
-    issuer, token, audience, cafile = sys.argv[1:5]
+    issuer, base, token, audience, cafile = sys.argv[1:6]
+    host = issuer.split("/")[2]
+    origin = "https://" + host
     ctx = ssl.create_default_context(cafile=cafile)
     try:
-        url = issuer + "/.well-known/openid-configuration"
+        url = base + issuer[len(origin):] + "/.well-known/openid-configuration"
         with urllib.request.urlopen(url, context=ctx, timeout=10) as resp:
             doc = json.load(resp)
         if doc.get("issuer") != issuer:
             raise ValueError(f"discovery issuer {doc.get('issuer')!r} is not {issuer!r}")
-        client = jwt.PyJWKClient(doc["jwks_uri"], ssl_context=ctx, timeout=10)
+        if not doc["jwks_uri"].startswith(issuer + "/"):
+            raise ValueError(f"jwks_uri {doc['jwks_uri']!r} is not under the issuer")
+        client = jwt.PyJWKClient(base + doc["jwks_uri"][len(origin):], ssl_context=ctx, timeout=10)
         key = client.get_signing_key_from_jwt(token)
         claims = jwt.decode(
             token,

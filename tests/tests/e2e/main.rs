@@ -17,6 +17,7 @@ mod fake_kube;
 mod federation;
 mod independent;
 mod issuance;
+mod jwt_end_to_end;
 mod jwt_issuance;
 mod jwt_keys;
 mod jwt_workload;

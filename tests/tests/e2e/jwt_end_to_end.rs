@@ -1,0 +1,192 @@
+//! Issue 26's "done means", with the real binaries and independent clients: a workload on a VM
+//! gets a JWT-SVID for an audience from the real agent's socket with py-spiffe (which also
+//! validates it against the fetched JWT bundle and through the agent's ValidateJWTSVID), a relying
+//! party that knows only the OIDC issuer validates it with PyJWT against the discovery document
+//! and its JWKS served over TLS by the real server, and the token is on the ledger
+//! (`signetctl jwt list`, `ledger verify`).
+
+use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use signet_proto::admin::node_admin_client::NodeAdminClient;
+use signet_proto::admin::{CreateEntryRequest, CreateJoinTokenRequest};
+use signet_tests::{Server, ServerOpts, bin};
+
+const ISSUER: &str = "https://oidc.example.org/signet";
+const JWT_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/py/jwt_svid.py");
+const OIDC_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/py/oidc_validate.py");
+
+fn run_py(python: &Path, args: &[&str], socket: &Path) -> Result<serde_json::Value, String> {
+    let out = std::process::Command::new(python)
+        .args(args)
+        .env(
+            "SPIFFE_ENDPOINT_SOCKET",
+            format!("unix://{}", socket.display()),
+        )
+        .env("SIGNET_GRPC_DEFAULT_AUTHORITY", "localhost")
+        .env("PYTHONWARNINGS", "ignore")
+        .output()
+        .map_err(|e| format!("{}: {e}", python.display()))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("output is not JSON: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_gets_a_jwt_svid_that_validates_everywhere_and_is_on_the_ledger() {
+    let Some(python) = crate::workload_clients::python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.subject_alt_names = vec![rcgen::SanType::IpAddress([127, 0, 0, 1].into())];
+    let cert = params.self_signed(&key).unwrap();
+    let (cert_file, key_file) = (dir.path().join("oidc.pem"), dir.path().join("oidc.key"));
+    std::fs::write(&cert_file, cert.pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    let server = Server::start(ServerOpts {
+        extra_toml: format!(
+            "[jwt_svid]\nissuer = \"{ISSUER}\"\noidc_listen = \"127.0.0.1:0\"\n\
+             oidc_tls_cert_file = \"{}\"\noidc_tls_key_file = \"{}\"\n",
+            cert_file.display(),
+            key_file.display()
+        ),
+        ..ServerOpts::default()
+    })
+    .await;
+    let oidc: SocketAddr = server
+        .stdout
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("OIDC discovery (TLS): https://"))
+        .and_then(|a| a.strip_suffix('/'))
+        .unwrap_or_else(|| panic!("no OIDC listener in {:?}", server.stdout))
+        .parse()
+        .unwrap();
+
+    // The agent, attested with a join token; an entry for this process's uid.
+    let mut admin = NodeAdminClient::new(
+        signet_client::connect_admin(&server.admin_socket())
+            .await
+            .unwrap(),
+    );
+    let token = admin
+        .create_join_token(CreateJoinTokenRequest {
+            ttl_seconds: 600,
+            node_id: "vm1".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .token;
+    let uid = std::fs::metadata(dir.path()).unwrap().uid();
+    let socket = dir.path().join("agent.sock");
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "server_address = \"https://127.0.0.1:{port}\"\ntrust_bundle_file = \"{bundle}\"\n\
+             join_token = \"{token}\"\ndata_dir = \"{data}\"\nworkload_api_socket = \"{sock}\"\n\
+             http_listen = \"127.0.0.1:0\"\nsync_interval = \"300ms\"\n",
+            port = server.grpc.port(),
+            bundle = server.bundle_path().display(),
+            data = dir.path().join("data").display(),
+            sock = socket.display(),
+        ),
+    )
+    .unwrap();
+    let _agent = tokio::process::Command::new(bin("signet-agent"))
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    admin
+        .create_entry(CreateEntryRequest {
+            spiffe_id: "spiffe://example.org/vm/billing".into(),
+            parent: "vm1".into(),
+            selectors: vec![format!("unix:uid:{uid}")],
+            ttl_seconds: 3600,
+            dns_names: vec![],
+            jwt_ttl_seconds: 600,
+        })
+        .await
+        .unwrap();
+
+    // py-spiffe: fetch, parse_and_validate against the fetched bundle, ValidateJWTSVID, JwtSource.
+    let mut got = Err(String::new());
+    for _ in 0..150 {
+        got = run_py(&python, &[JWT_SCRIPT, "all", "billing-api"], &socket);
+        if got.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let got = got.unwrap_or_else(|e| panic!("py-spiffe got no JWT-SVID: {e}"));
+    let id = "spiffe://example.org/vm/billing";
+    assert_eq!(got["fetched"]["spiffe_id"], id, "{got}");
+    assert_eq!(got["parsed"], id, "{got}");
+    assert_eq!(got["validated"], id, "{got}");
+    let jwt = got["fetched"]["token"].as_str().unwrap().to_owned();
+
+    // A relying party that knows only the issuer: PyJWT, the discovery document and its JWKS
+    // over the server's OIDC TLS listener.
+    let out = std::process::Command::new(&python)
+        .args([
+            OIDC_SCRIPT,
+            ISSUER,
+            &format!("https://{oidc}"),
+            &jwt,
+            "billing-api",
+        ])
+        .arg(&cert_file)
+        .env("PYTHONWARNINGS", "ignore")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "PyJWT refused the token: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["claims"]["sub"], id, "{v}");
+    assert_eq!(v["claims"]["iss"], ISSUER, "{v}");
+    let c = &v["claims"];
+    assert_eq!(
+        c["exp"].as_i64().unwrap() - c["iat"].as_i64().unwrap(),
+        600,
+        "the entry's jwt_ttl: {v}"
+    );
+    // ... and it refuses the same token for another audience.
+    let out = std::process::Command::new(&python)
+        .args([
+            OIDC_SCRIPT,
+            ISSUER,
+            &format!("https://{oidc}"),
+            &jwt,
+            "other",
+        ])
+        .arg(&cert_file)
+        .env("PYTHONWARNINGS", "ignore")
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "PyJWT took a token for another audience"
+    );
+
+    // Every token is on the ledger: listed by its subject, and the chain verifies.
+    let out = server.signetctl(&["jwt", "list", "--json"]);
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && listed.contains(id), "{listed}");
+    let out = server.signetctl(&["ledger", "verify", "--json"]);
+    let verdict: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    assert!(out.status.success(), "{verdict}");
+    assert!(verdict["jwt_svids"].as_u64().unwrap() >= 1, "{verdict}");
+}
