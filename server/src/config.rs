@@ -549,6 +549,19 @@ const TOP_LEVEL_KEYS: &[&str] = &[
 ];
 
 impl Config {
+    /// The refresh interval published to relying parties: the SPIFFE bundle endpoint's
+    /// `spiffe_refresh_hint` and the OIDC documents' `max-age`. It is `federation.refresh_hint`,
+    /// but never more than half of `ca.root_propagation` or of `jwt_svid.key_propagation`
+    /// (nor less than a second): a new root or JWT key is published that long before it
+    /// signs, so a relying party that refreshes at the hint meets it before its first use.
+    pub fn published_refresh(&self) -> Duration {
+        self.federation
+            .refresh_hint
+            .min(self.ca.root_propagation / 2)
+            .min(self.jwt_svid.key_propagation / 2)
+            .max(Duration::from_secs(1))
+    }
+
     /// Layers defaults, the optional TOML file, the environment (`SIGNET_*`) and `overrides`
     /// (already-serialized flag values, highest priority), then validates.
     pub fn load(file: Option<&Path>, overrides: impl Serialize) -> Result<Self, ConfigError> {
@@ -1189,6 +1202,30 @@ mod tests {
             let err = load_toml(toml).expect_err(toml);
             assert!(err.to_string().contains(want), "{toml}: {err}");
         }
+    }
+
+    #[test]
+    fn the_published_refresh_never_outlasts_half_a_propagation_window() {
+        let c = load_toml("").expect("loads");
+        assert_eq!(c.published_refresh(), Duration::from_secs(300));
+        // A long hint: capped at half of jwt_svid.key_propagation (10m by default), so an OIDC
+        // relying party or a federated peer refreshing at it meets a new JWT key before it signs.
+        let c = load_toml("[federation]\nrefresh_hint = \"2h\"\n").expect("loads");
+        assert_eq!(c.published_refresh(), Duration::from_secs(300));
+        let c = load_toml(
+            "[federation]\nrefresh_hint = \"2h\"\n[jwt_svid]\nkey_propagation = \"2h\"\n\
+             key_ttl = \"48h\"\n",
+        )
+        .expect("loads");
+        assert_eq!(c.published_refresh(), Duration::from_secs(3600));
+        // … and at half of ca.root_propagation.
+        let c =
+            load_toml("[federation]\nrefresh_hint = \"2h\"\n[ca]\nroot_propagation = \"20m\"\n")
+                .expect("loads");
+        assert_eq!(c.published_refresh(), Duration::from_secs(300));
+        // Never below a second.
+        let c = load_toml("[jwt_svid]\nkey_propagation = \"1s\"\n").expect("loads");
+        assert_eq!(c.published_refresh(), Duration::from_secs(1));
     }
 
     #[test]

@@ -53,8 +53,9 @@ pub struct Discovery {
 }
 
 impl Discovery {
-    /// The discovery routes' state, when `[jwt_svid] issuer` is set. `max_age` is capped below
-    /// half of `key_propagation`.
+    /// The discovery routes' state, when `[jwt_svid] issuer` is set. `max_age` is
+    /// [`crate::config::Config::published_refresh`]; capped here too at half of
+    /// `key_propagation`.
     pub fn from_config(
         jwt: &JwtSvidConfig,
         bundle: BundleHandle,

@@ -66,7 +66,7 @@ pub(super) async fn serve(
         let endpoint = Arc::new(crate::federation::BundleEndpoint::new(
             parts.bundle.clone(),
             parts.clock.clone(),
-            cfg.federation.refresh_hint,
+            cfg.published_refresh(),
         ));
         tasks.spawn_listener(
             "SPIFFE bundle endpoint",
@@ -84,7 +84,7 @@ pub(super) async fn serve(
     let discovery = crate::oidc::Discovery::from_config(
         &cfg.jwt_svid,
         parts.bundle.clone(),
-        cfg.federation.refresh_hint,
+        cfg.published_refresh(),
     );
     if let (Some((listener, tls)), Some(discovery)) = (oidc, discovery) {
         tasks.spawn_listener(
@@ -357,7 +357,7 @@ fn spawn_http(
     if let Some(discovery) = crate::oidc::Discovery::from_config(
         &cfg.jwt_svid,
         parts.bundle.clone(),
-        cfg.federation.refresh_hint,
+        cfg.published_refresh(),
     ) {
         router = router.merge(crate::oidc::routes(discovery));
     }
