@@ -3,7 +3,10 @@
 //! validates it against the fetched JWT bundle and through the agent's ValidateJWTSVID), a relying
 //! party that knows only the OIDC issuer validates it with PyJWT against the discovery document
 //! and its JWKS served over TLS by the real server, and the token is on the ledger
-//! (`signetctl jwt list`, `ledger verify`).
+//! (`signetctl jwt list`, `ledger verify`). Then the same deployment across JWT key rotations
+//! and a taint while tokens are in use: three relying parties (an OIDC one that refreshes its
+//! JWKS only at the answer's `max-age`, py-spiffe's JwtSource, the agent's ValidateJWTSVID)
+//! never see an unknown `kid` or refuse a token.
 
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
@@ -32,6 +35,69 @@ fn run_py(python: &Path, args: &[&str], socket: &Path) -> Result<serde_json::Val
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }
     serde_json::from_slice(&out.stdout).map_err(|e| format!("output is not JSON: {e}"))
+}
+
+const SUBJECT: &str = "spiffe://example.org/vm/billing";
+
+/// Starts a real agent for `server`, attested with a join token as node `vm1`, and an entry
+/// for this process's uid at [`SUBJECT`] with JWT-SVIDs of `jwt_ttl_seconds`; the agent and
+/// its Workload API socket.
+async fn agent_with_entry(
+    server: &Server,
+    dir: &Path,
+    jwt_ttl_seconds: i64,
+) -> (tokio::process::Child, std::path::PathBuf) {
+    let mut admin = NodeAdminClient::new(
+        signet_client::connect_admin(&server.admin_socket())
+            .await
+            .unwrap(),
+    );
+    let token = admin
+        .create_join_token(CreateJoinTokenRequest {
+            ttl_seconds: 600,
+            node_id: "vm1".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .token;
+    let uid = std::fs::metadata(dir).unwrap().uid();
+    let socket = dir.join("agent.sock");
+    let config = dir.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "server_address = \"https://127.0.0.1:{port}\"\ntrust_bundle_file = \"{bundle}\"\n\
+             join_token = \"{token}\"\ndata_dir = \"{data}\"\nworkload_api_socket = \"{sock}\"\n\
+             http_listen = \"127.0.0.1:0\"\nsync_interval = \"300ms\"\n",
+            port = server.grpc.port(),
+            bundle = server.bundle_path().display(),
+            data = dir.join("data").display(),
+            sock = socket.display(),
+        ),
+    )
+    .unwrap();
+    let agent = tokio::process::Command::new(bin("signet-agent"))
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    admin
+        .create_entry(CreateEntryRequest {
+            spiffe_id: SUBJECT.into(),
+            parent: "vm1".into(),
+            selectors: vec![format!("unix:uid:{uid}")],
+            ttl_seconds: 3600,
+            dns_names: vec![],
+            jwt_ttl_seconds,
+        })
+        .await
+        .unwrap();
+    (agent, socket)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,57 +132,7 @@ async fn a_workload_gets_a_jwt_svid_that_validates_everywhere_and_is_on_the_ledg
         .parse()
         .unwrap();
 
-    // The agent, attested with a join token; an entry for this process's uid.
-    let mut admin = NodeAdminClient::new(
-        signet_client::connect_admin(&server.admin_socket())
-            .await
-            .unwrap(),
-    );
-    let token = admin
-        .create_join_token(CreateJoinTokenRequest {
-            ttl_seconds: 600,
-            node_id: "vm1".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .token;
-    let uid = std::fs::metadata(dir.path()).unwrap().uid();
-    let socket = dir.path().join("agent.sock");
-    let config = dir.path().join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "server_address = \"https://127.0.0.1:{port}\"\ntrust_bundle_file = \"{bundle}\"\n\
-             join_token = \"{token}\"\ndata_dir = \"{data}\"\nworkload_api_socket = \"{sock}\"\n\
-             http_listen = \"127.0.0.1:0\"\nsync_interval = \"300ms\"\n",
-            port = server.grpc.port(),
-            bundle = server.bundle_path().display(),
-            data = dir.path().join("data").display(),
-            sock = socket.display(),
-        ),
-    )
-    .unwrap();
-    let _agent = tokio::process::Command::new(bin("signet-agent"))
-        .arg("--config")
-        .arg(&config)
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    admin
-        .create_entry(CreateEntryRequest {
-            spiffe_id: "spiffe://example.org/vm/billing".into(),
-            parent: "vm1".into(),
-            selectors: vec![format!("unix:uid:{uid}")],
-            ttl_seconds: 3600,
-            dns_names: vec![],
-            jwt_ttl_seconds: 600,
-        })
-        .await
-        .unwrap();
+    let (_agent, socket) = agent_with_entry(&server, dir.path(), 600).await;
 
     // py-spiffe: fetch, parse_and_validate against the fetched bundle, ValidateJWTSVID, JwtSource.
     let mut got = Err(String::new());
@@ -128,7 +144,7 @@ async fn a_workload_gets_a_jwt_svid_that_validates_everywhere_and_is_on_the_ledg
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     let got = got.unwrap_or_else(|e| panic!("py-spiffe got no JWT-SVID: {e}"));
-    let id = "spiffe://example.org/vm/billing";
+    let id = SUBJECT;
     assert_eq!(got["fetched"]["spiffe_id"], id, "{got}");
     assert_eq!(got["parsed"], id, "{got}");
     assert_eq!(got["validated"], id, "{got}");
@@ -189,4 +205,115 @@ async fn a_workload_gets_a_jwt_svid_that_validates_everywhere_and_is_on_the_ledg
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
     assert!(out.status.success(), "{verdict}");
     assert!(verdict["jwt_svids"].as_u64().unwrap() >= 1, "{verdict}");
+}
+
+const ROTATION_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/py/jwt_rotation.py");
+
+/// Rotation and a taint while tokens are in use (see the module doc). JWT keys live 24 s: the
+/// next one is prepared at 6 s and activated at 12 s, so it is published 6 s (at least
+/// `key_propagation`, 3 s) before it signs; relying parties refresh at the published `max-age`
+/// (1 s). The taint comes while the next key is prepared: that key signs at once, and since it
+/// was published long before, no relying party meets it unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jwt_keys_rotate_and_are_tainted_under_load_without_a_validation_failure() {
+    use std::time::{Duration, Instant};
+
+    use crate::jwt_keys::{jwt_slots, status};
+
+    let Some(python) = crate::workload_clients::python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(ServerOpts {
+        extra_toml: format!(
+            "[ca]\nrotation_interval = \"200ms\"\nrotation_jitter = 0.0\n\
+             [jwt_svid]\nissuer = \"{ISSUER}\"\nkey_ttl = \"24s\"\nkey_prepare_at = 0.25\n\
+             key_activate_at = 0.5\nkey_propagation = \"3s\"\nttl = \"2s\"\nmax_ttl = \"6s\"\n"
+        ),
+        ..ServerOpts::default()
+    })
+    .await;
+    let initial = status(&server)["active_jwt_key_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_agent, socket) = agent_with_entry(&server, dir.path(), 0).await;
+    let mut first = Err(String::new());
+    for _ in 0..150 {
+        first = run_py(&python, &[JWT_SCRIPT, "fetch", "rp"], &socket);
+        if first.as_ref().is_ok_and(|v| v.get("token").is_some()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let first = first.unwrap_or_else(|e| panic!("py-spiffe got no JWT-SVID: {e}"));
+    assert!(first.get("token").is_some(), "{first}");
+
+    // The workload and its three relying parties, until `stop` exists.
+    let stop = dir.path().join("stop");
+    let run = tokio::process::Command::new(&python)
+        .args([
+            ROTATION_SCRIPT,
+            ISSUER,
+            &format!("http://{}", server.http),
+            "rp",
+        ])
+        .arg(&stop)
+        .env(
+            "SPIFFE_ENDPOINT_SOCKET",
+            format!("unix://{}", socket.display()),
+        )
+        .env("SIGNET_GRPC_DEFAULT_AUTHORITY", "localhost")
+        .env("PYTHONWARNINGS", "ignore")
+        .kill_on_drop(true)
+        .output();
+    let run = tokio::spawn(run);
+
+    // Wait for one rotation and the next key prepared, then taint the active one.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (active, prepared) = loop {
+        let st = status(&server);
+        let slots = jwt_slots(&st);
+        let rotated = st["active_jwt_key_id"] != initial.as_str();
+        let prepared = slots.iter().find(|s| s["state"] == "prepared");
+        if let (true, Some(p)) = (rotated, prepared) {
+            break (
+                st["active_jwt_key_id"].as_str().unwrap().to_owned(),
+                p["key_id"].as_str().unwrap().to_owned(),
+            );
+        }
+        assert!(Instant::now() < deadline, "no rotation: {st}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // Past one max-age, so the OIDC relying party has refreshed since the prepare.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let out = server.signetctl(&["ca", "taint", &active]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(status(&server)["active_jwt_key_id"], prepared.as_str());
+    // Tokens keep flowing under the new key for a while, then the run ends.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    std::fs::write(&stop, b"").unwrap();
+    let out = run.await.unwrap().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["failures"], serde_json::json!([]), "{v}");
+    assert_eq!(v["fetch_errors"], serde_json::json!([]), "{v}");
+    let kids: Vec<&str> = v["kids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|k| k.as_str())
+        .collect();
+    // The first key, the rotated-to key (tainted), and the prepared key after the taint.
+    assert!(kids.len() >= 3, "{v}");
+    assert_eq!(kids.last(), Some(&prepared.as_str()), "{v}");
+    assert!(kids.contains(&active.as_str()), "{v}");
+    assert!(kids.contains(&initial.as_str()), "{v}");
+    assert_eq!(v["max_age"], 1, "{v}");
+    assert!(v["jwks_fetches"].as_u64().unwrap() >= 5, "{v}");
+    assert!(v["tokens"].as_u64().unwrap() >= 50, "{v}");
 }

@@ -15,13 +15,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const ISSUER: &str = "https://oidc.example.org/signet";
 
-fn status(server: &Server) -> serde_json::Value {
+pub(crate) fn status(server: &Server) -> serde_json::Value {
     let out = server.signetctl(&["ca", "status", "--json"]);
     assert!(out.status.success(), "{out:?}");
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-fn jwt_slots(st: &serde_json::Value) -> Vec<serde_json::Value> {
+pub(crate) fn jwt_slots(st: &serde_json::Value) -> Vec<serde_json::Value> {
     st["slots"]
         .as_array()
         .unwrap()
