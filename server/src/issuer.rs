@@ -351,17 +351,11 @@ impl Issuer {
         creds: &Credentials,
         input: IssueInput<'_>,
     ) -> Result<IssuedCert, IssuerError> {
-        let started = self.clock.monotonic().into_std();
-        let api = input.api;
-        let result = match self.authenticate(creds) {
-            Ok(caller) => match self.check_caller_rate(&caller, input.impersonate) {
-                Ok(()) => self.issue_inner(&caller, input).await,
-                Err(e) => Err(e),
-            },
-            Err(e) => Err(e),
-        };
-        self.observe(api, &result, started);
-        result
+        self.observed(input.api, async {
+            let caller = self.admit(creds, input.impersonate)?;
+            self.issue_inner(&caller, input).await
+        })
+        .await
     }
 
     /// Issues for an already authenticated caller (the admin socket, the server's own TLS
@@ -371,9 +365,54 @@ impl Issuer {
         caller: &AuthenticatedCaller,
         input: IssueInput<'_>,
     ) -> Result<IssuedCert, IssuerError> {
+        self.observed(input.api, self.issue_inner(caller, input))
+            .await
+    }
+
+    /// Authenticates and mints a JWT-SVID for the caller's own identity (the native API),
+    /// under the same authentication, rate limit and policy as `SignCsr`; recording metrics.
+    pub async fn authenticate_and_mint_jwt(
+        &self,
+        creds: &Credentials,
+        input: JwtInput<'_>,
+    ) -> Result<MintedJwtSvid, IssuerError> {
+        self.observed(input.api, async {
+            let caller = self.admit(creds, None)?;
+            self.mint_jwt_inner(&caller, input).await
+        })
+        .await
+    }
+
+    /// Mints a JWT-SVID for an already authenticated caller (the node API, for an entry),
+    /// recording metrics.
+    pub async fn mint_jwt(
+        &self,
+        caller: &AuthenticatedCaller,
+        input: JwtInput<'_>,
+    ) -> Result<MintedJwtSvid, IssuerError> {
+        self.observed(input.api, self.mint_jwt_inner(caller, input))
+            .await
+    }
+
+    /// The caller of `creds`, authenticated and within its rate limit.
+    fn admit(
+        &self,
+        creds: &Credentials,
+        impersonate: Option<&str>,
+    ) -> Result<AuthenticatedCaller, IssuerError> {
+        let caller = self.authenticate(creds)?;
+        self.check_caller_rate(&caller, impersonate)?;
+        Ok(caller)
+    }
+
+    /// Runs `work`, recording its outcome and duration for `api`.
+    async fn observed<T>(
+        &self,
+        api: &'static str,
+        work: impl Future<Output = Result<T, IssuerError>>,
+    ) -> Result<T, IssuerError> {
         let started = self.clock.monotonic().into_std();
-        let api = input.api;
-        let result = self.issue_inner(caller, input).await;
+        let result = work.await;
         self.observe(api, &result, started);
         result
     }
@@ -390,40 +429,6 @@ impl Issuer {
             .into_std()
             .saturating_duration_since(started);
         self.metrics.observe_issuance(api, outcome, took);
-    }
-
-    /// Authenticates and mints a JWT-SVID for the caller's own identity (the native API),
-    /// under the same authentication, rate limit and policy as `SignCsr`; recording metrics.
-    pub async fn authenticate_and_mint_jwt(
-        &self,
-        creds: &Credentials,
-        input: JwtInput<'_>,
-    ) -> Result<MintedJwtSvid, IssuerError> {
-        let started = self.clock.monotonic().into_std();
-        let api = input.api;
-        let result = match self.authenticate(creds) {
-            Ok(caller) => match self.check_caller_rate(&caller, None) {
-                Ok(()) => self.mint_jwt_inner(&caller, input).await,
-                Err(e) => Err(e),
-            },
-            Err(e) => Err(e),
-        };
-        self.observe(api, &result, started);
-        result
-    }
-
-    /// Mints a JWT-SVID for an already authenticated caller (the node API, for an entry),
-    /// recording metrics.
-    pub async fn mint_jwt(
-        &self,
-        caller: &AuthenticatedCaller,
-        input: JwtInput<'_>,
-    ) -> Result<MintedJwtSvid, IssuerError> {
-        let started = self.clock.monotonic().into_std();
-        let api = input.api;
-        let result = self.mint_jwt_inner(caller, input).await;
-        self.observe(api, &result, started);
-        result
     }
 
     /// The JWT-SVID flow: the same authorization as a certificate (policy decides the identity

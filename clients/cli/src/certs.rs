@@ -139,6 +139,44 @@ pub(crate) fn fingerprint(der: &[u8]) -> String {
     signet_pki::fingerprint::sha256_colon(der)
 }
 
+/// Pages through a listing (`certs list`, `jwt list`) until `limit` rows (0: all) were shown
+/// or the pages end. `page(want, token)` fetches and prints up to `want` rows (at most 1000 a
+/// page) and answers how many it printed and the next page's token; a token left over is
+/// printed as the command that carries on.
+pub(crate) async fn pages<F, Fut>(
+    command: &str,
+    limit: u64,
+    page_token: Option<String>,
+    mut page: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut(u32, Option<String>) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<(u64, Option<String>)>>,
+{
+    let mut token = page_token.filter(|t| !t.is_empty());
+    let mut shown = 0u64;
+    loop {
+        let want = if limit == 0 {
+            1000
+        } else {
+            (limit - shown).min(1000)
+        };
+        if want == 0 {
+            break;
+        }
+        let (printed, next) = page(u32::try_from(want).unwrap_or(1000), token.take()).await?;
+        shown += printed;
+        token = next;
+        if token.is_none() {
+            break;
+        }
+    }
+    if let Some(token) = token {
+        eprintln!("more: signetctl {command} --page-token {token} (with the same filter)");
+    }
+    Ok(())
+}
+
 pub(crate) async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCode> {
     let client = typed_admin(socket).await?;
     match cmd {
@@ -150,46 +188,34 @@ pub(crate) async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCo
             newest,
             limit,
         } => {
-            let mut token = page_token.filter(|t| !t.is_empty());
-            let mut shown = 0u64;
             if !json {
                 println!(
                     "{:>6}  {:<34}  {:<20}  {:<50}  CALLER",
                     "SEQ", "SERIAL", "NOT AFTER", "SPIFFE ID"
                 );
             }
-            loop {
-                let want = if limit == 0 {
-                    1000
-                } else {
-                    (limit - shown).min(1000)
+            let client = &client;
+            pages("certs list", limit, page_token, |want, token| {
+                let query = CertificateQuery {
+                    // Only the first request starts after a seq; the tokens carry on.
+                    after_seq: if token.is_none() { after } else { 0 },
+                    limit: want,
+                    spiffe_id: spiffe_id.clone(),
+                    page_token: token,
+                    newest_first: newest,
                 };
-                if want == 0 {
-                    break;
+                async move {
+                    let page = client
+                        .certificates(&query)
+                        .await
+                        .map_err(|e| call_err("list", &e))?;
+                    for r in &page.certificates {
+                        print_row(r, json)?;
+                    }
+                    Ok((page.certificates.len() as u64, page.next_page_token))
                 }
-                let page = client
-                    .certificates(&CertificateQuery {
-                        // Only the first request starts after a seq; the tokens carry on.
-                        after_seq: if token.is_none() { after } else { 0 },
-                        limit: u32::try_from(want).unwrap_or(1000),
-                        spiffe_id: spiffe_id.clone(),
-                        page_token: token.clone(),
-                        newest_first: newest,
-                    })
-                    .await
-                    .map_err(|e| call_err("list", &e))?;
-                for r in &page.certificates {
-                    print_row(r, json)?;
-                }
-                shown += page.certificates.len() as u64;
-                token = page.next_page_token;
-                if token.is_none() {
-                    break;
-                }
-            }
-            if let Some(token) = token {
-                eprintln!("more: signetctl certs list --page-token {token} (with the same filter)");
-            }
+            })
+            .await?;
             Ok(ExitCode::SUCCESS)
         }
         CertsCmd::Show {

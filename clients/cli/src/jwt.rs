@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use clap::Subcommand;
 use signet_client::admin::{CertificateQuery, JwtSvidRecord};
 
+use crate::certs::pages;
 use crate::{call_err, rfc3339, typed_admin};
 
 #[derive(Debug, Subcommand)]
@@ -49,56 +50,44 @@ pub(crate) async fn jwt(socket: &Path, cmd: JwtCmd) -> anyhow::Result<ExitCode> 
             newest,
             limit,
         } => {
-            let mut token = page_token.filter(|t| !t.is_empty());
-            let mut shown = 0u64;
             if !json {
                 println!(
                     "{:>6}  {:<20}  {:<20}  {:<44}  AUDIENCE",
                     "SEQ", "ISSUED", "EXPIRES", "SPIFFE ID"
                 );
             }
-            loop {
-                let want = if limit == 0 {
-                    1000
-                } else {
-                    (limit - shown).min(1000)
+            let client = &client;
+            pages("jwt list", limit, page_token, |want, token| {
+                let query = CertificateQuery {
+                    after_seq: 0,
+                    limit: want,
+                    spiffe_id: spiffe_id.clone(),
+                    page_token: token,
+                    newest_first: newest,
                 };
-                if want == 0 {
-                    break;
-                }
-                let page = client
-                    .jwt_svids(&CertificateQuery {
-                        after_seq: 0,
-                        limit: u32::try_from(want).unwrap_or(1000),
-                        spiffe_id: spiffe_id.clone(),
-                        page_token: token.clone(),
-                        newest_first: newest,
-                    })
-                    .await
-                    .map_err(|e| call_err("list JWT-SVIDs", &e))?;
-                for r in &page.jwt_svids {
-                    if json {
-                        println!("{}", row_json(r));
-                    } else {
-                        println!(
-                            "{:>6}  {:<20}  {:<20}  {:<44}  {}",
-                            r.entry.seq,
-                            rfc3339(r.entry.issued_at),
-                            rfc3339(r.entry.expires_at),
-                            r.entry.spiffe_id,
-                            r.entry.audience.join(",")
-                        );
+                async move {
+                    let page = client
+                        .jwt_svids(&query)
+                        .await
+                        .map_err(|e| call_err("list JWT-SVIDs", &e))?;
+                    for r in &page.jwt_svids {
+                        if json {
+                            println!("{}", row_json(r));
+                        } else {
+                            println!(
+                                "{:>6}  {:<20}  {:<20}  {:<44}  {}",
+                                r.entry.seq,
+                                rfc3339(r.entry.issued_at),
+                                rfc3339(r.entry.expires_at),
+                                r.entry.spiffe_id,
+                                r.entry.audience.join(",")
+                            );
+                        }
                     }
+                    Ok((page.jwt_svids.len() as u64, page.next_page_token))
                 }
-                shown += page.jwt_svids.len() as u64;
-                token = page.next_page_token;
-                if token.is_none() {
-                    break;
-                }
-            }
-            if let Some(token) = token {
-                eprintln!("more: signetctl jwt list --page-token {token} (with the same filter)");
-            }
+            })
+            .await?;
             Ok(ExitCode::SUCCESS)
         }
         JwtCmd::Show { seq, json } => {

@@ -163,6 +163,49 @@ fn svid(cert: &IssuedCert) -> Svid {
 /// A per-entry result's retry hint: the `grpc-retry-pushback-ms` the same refusal carries as a
 /// whole call's status ([`ApiError`]'s one conversion sets it), so an agent learns when to
 /// retry one shed entry exactly as it learns it for a shed call; 0 without one.
+/// One item of a batch call as its result carries it: the credential, or the refusal's code,
+/// message and retry hint.
+struct Outcome<S> {
+    svid: Option<S>,
+    code: i32,
+    message: String,
+    retry_after_ms: u32,
+}
+
+impl<S> Outcome<S> {
+    fn of<T>(result: Result<T, ApiError>, to_proto: impl FnOnce(&T) -> S) -> Self {
+        match result {
+            Ok(t) => Self {
+                svid: Some(to_proto(&t)),
+                code: 0,
+                message: String::new(),
+                retry_after_ms: 0,
+            },
+            Err(e) => {
+                let status = Status::from(e);
+                Self {
+                    svid: None,
+                    code: status.code() as i32,
+                    message: status.message().to_owned(),
+                    retry_after_ms: retry_after_ms(&status),
+                }
+            }
+        }
+    }
+}
+
+/// A batch call's items, WORKLOADS_IN_FLIGHT at a time: the ledger's group commit records them
+/// in a few transactions instead of one per item, and no poll of the call's task signs more
+/// than that many in a row (all 256 at once would hold a runtime worker, and every request
+/// queued behind it, for tens of milliseconds). Results keep the request's order.
+/// (The futures come collected: an iterator of them would not be `Send` for every lifetime.)
+async fn in_order<R>(items: Vec<impl Future<Output = R>>) -> Vec<R> {
+    futures::stream::iter(items)
+        .buffered(WORKLOADS_IN_FLIGHT)
+        .collect()
+        .await
+}
+
 fn retry_after_ms(status: &Status) -> u32 {
     status
         .metadata()
@@ -198,67 +241,27 @@ impl Node for NodeApi {
         let request_id = request_id(&request);
         let req = request.into_inner();
         check_size(&req, self.max_message_bytes)?;
-        if req.requests.len() > MAX_WORKLOADS_PER_CALL {
-            return Err(ApiError::InvalidArgument(format!(
-                "{} JWT-SVID requests in one call; send at most {MAX_WORKLOADS_PER_CALL}",
-                req.requests.len()
-            ))
-            .into());
-        }
-        let caller = self.node_caller(&creds).await?;
-        let ids: Vec<&str> = req.requests.iter().map(|w| w.entry_id.as_str()).collect();
-        let entries: HashMap<String, EntryRow> = self
-            .store
-            .entries_by_id(&ids)
-            .await
-            .map_err(ApiError::from)?
-            .into_iter()
-            .map(|e| (e.id.clone(), e))
-            .collect();
-        let mintings: Vec<_> = req
-            .requests
-            .iter()
-            .enumerate()
-            .map(|(i, w)| {
-                let caller = &caller;
-                let request_id = &request_id;
-                let entry = entries.get(&w.entry_id);
-                async move {
-                    let outcome = self
-                        .mint_one(
-                            caller,
-                            &w.entry_id,
-                            entry,
-                            &w.audience,
-                            format!("{request_id}-{i}"),
-                        )
-                        .await;
-                    match outcome {
-                        Ok(t) => WorkloadJwtResult {
-                            entry_id: w.entry_id.clone(),
-                            svid: Some(super::native::jwt_svid_to_proto(&t)),
-                            code: 0,
-                            message: String::new(),
-                            retry_after_ms: 0,
-                        },
-                        Err(e) => {
-                            let status = Status::from(e);
-                            WorkloadJwtResult {
-                                entry_id: w.entry_id.clone(),
-                                svid: None,
-                                code: status.code() as i32,
-                                message: status.message().to_owned(),
-                                retry_after_ms: retry_after_ms(&status),
-                            }
-                        }
-                    }
+        let ids = req.requests.iter().map(|w| w.entry_id.as_str()).collect();
+        let (caller, entries) = self.batch_start(&creds, "JWT-SVID requests", ids).await?;
+        let mintings = req.requests.iter().enumerate().map(|(i, w)| {
+            let (caller, request_id) = (&caller, &request_id);
+            let entry = entries.get(&w.entry_id);
+            async move {
+                let request_id = format!("{request_id}-{i}");
+                let minted = self
+                    .mint_one(caller, &w.entry_id, entry, &w.audience, request_id)
+                    .await;
+                let o = Outcome::of(minted, super::native::jwt_svid_to_proto);
+                WorkloadJwtResult {
+                    entry_id: w.entry_id.clone(),
+                    svid: o.svid,
+                    code: o.code,
+                    message: o.message,
+                    retry_after_ms: o.retry_after_ms,
                 }
-            })
-            .collect();
-        let results: Vec<WorkloadJwtResult> = futures::stream::iter(mintings)
-            .buffered(WORKLOADS_IN_FLIGHT)
-            .collect()
-            .await;
+            }
+        });
+        let results = in_order(mintings.collect()).await;
         Ok(Response::new(MintWorkloadJwtsResponse { results }))
     }
 
@@ -364,17 +367,50 @@ impl Node for NodeApi {
         let request_id = request_id(&request);
         let req = request.into_inner();
         check_size(&req, self.max_message_bytes)?;
-        if req.csrs.len() > MAX_WORKLOADS_PER_CALL {
+        let ids = req.csrs.iter().map(|w| w.entry_id.as_str()).collect();
+        let (caller, entries) = self.batch_start(&creds, "CSRs", ids).await?;
+        let signings = req.csrs.iter().enumerate().map(|(i, w)| {
+            let (caller, request_id) = (&caller, &request_id);
+            let entry = entries.get(&w.entry_id);
+            async move {
+                let request_id = format!("{request_id}-{i}");
+                let signed = self
+                    .sign_one(caller, &w.entry_id, entry, &w.csr, request_id)
+                    .await;
+                let o = Outcome::of(signed, svid);
+                WorkloadResult {
+                    entry_id: w.entry_id.clone(),
+                    svid: o.svid,
+                    code: o.code,
+                    message: o.message,
+                    retry_after_ms: o.retry_after_ms,
+                }
+            }
+        });
+        let results = in_order(signings.collect()).await;
+        Ok(Response::new(SignWorkloadsResponse { results }))
+    }
+}
+
+impl NodeApi {
+    /// The start of a batch call (`SignWorkloads`, `MintWorkloadJwts`) over the entries `ids`:
+    /// at most MAX_WORKLOADS_PER_CALL items, the calling node (mTLS, not banned, on record),
+    /// and the call's entries in one query (not one per item), by ID.
+    async fn batch_start(
+        &self,
+        creds: &Credentials,
+        what: &str,
+        ids: Vec<&str>,
+    ) -> Result<(AuthenticatedCaller, HashMap<String, EntryRow>), Status> {
+        if ids.len() > MAX_WORKLOADS_PER_CALL {
             return Err(ApiError::InvalidArgument(format!(
-                "{} CSRs in one call; send at most {MAX_WORKLOADS_PER_CALL}",
-                req.csrs.len()
+                "{} {what} in one call; send at most {MAX_WORKLOADS_PER_CALL}",
+                ids.len()
             ))
             .into());
         }
-        let caller = self.node_caller(&creds).await?;
-        // The call's entries in one query (not one per CSR): what each CSR is checked against.
-        let ids: Vec<&str> = req.csrs.iter().map(|w| w.entry_id.as_str()).collect();
-        let entries: HashMap<String, EntryRow> = self
+        let caller = self.node_caller(creds).await?;
+        let entries = self
             .store
             .entries_by_id(&ids)
             .await
@@ -382,60 +418,9 @@ impl Node for NodeApi {
             .into_iter()
             .map(|e| (e.id.clone(), e))
             .collect();
-        // Signed WORKLOADS_IN_FLIGHT at a time: the ledger's group commit records them in a
-        // few transactions instead of one per CSR, and no poll of this call's task signs more
-        // than that many in a row (all 256 at once would hold a runtime worker, and every
-        // request queued behind it, for tens of milliseconds). Results keep the request's
-        // order.
-        let signings: Vec<_> = req
-            .csrs
-            .iter()
-            .enumerate()
-            .map(|(i, w)| {
-                let caller = &caller;
-                let request_id = &request_id;
-                let entry = entries.get(&w.entry_id);
-                async move {
-                    let outcome = self
-                        .sign_one(
-                            caller,
-                            &w.entry_id,
-                            entry,
-                            &w.csr,
-                            format!("{request_id}-{i}"),
-                        )
-                        .await;
-                    match outcome {
-                        Ok(cert) => WorkloadResult {
-                            entry_id: w.entry_id.clone(),
-                            svid: Some(svid(&cert)),
-                            code: 0,
-                            message: String::new(),
-                            retry_after_ms: 0,
-                        },
-                        Err(e) => {
-                            let status = Status::from(e);
-                            WorkloadResult {
-                                entry_id: w.entry_id.clone(),
-                                svid: None,
-                                code: status.code() as i32,
-                                message: status.message().to_owned(),
-                                retry_after_ms: retry_after_ms(&status),
-                            }
-                        }
-                    }
-                }
-            })
-            .collect();
-        let results: Vec<WorkloadResult> = futures::stream::iter(signings)
-            .buffered(WORKLOADS_IN_FLIGHT)
-            .collect()
-            .await;
-        Ok(Response::new(SignWorkloadsResponse { results }))
+        Ok((caller, entries))
     }
-}
 
-impl NodeApi {
     /// The entry as policy sees it, if it is this node's (an unknown entry answers like
     /// another node's: a node learns nothing of others).
     fn entry_grant(

@@ -284,22 +284,13 @@ macro_rules! impl_ledger_store {
                 limit: u32,
                 spiffe_id: Option<&str>,
             ) -> Result<Vec<$crate::store::ledger::LedgerRecord>, StoreError> {
-                use $crate::store::ledger::Order;
                 use $crate::store::rows::{self, CERT_COLUMNS, DbCertificate};
-                // One query, both directions: `seq > from ORDER BY seq` or
-                // `seq < from ORDER BY seq DESC`.
-                let (key, cmp, dir) = match order {
-                    Order::OldestFirst => (rows::after(from.unwrap_or(0)), ">", ""),
-                    Order::NewestFirst => (rows::before(from.unwrap_or(u64::MAX)), "<", " DESC"),
-                };
-                let only = if spiffe_id.is_some() {
-                    "spiffe_id = $3 AND "
-                } else {
-                    ""
-                };
-                let sql = format!(
-                    "SELECT {CERT_COLUMNS} FROM certificates \
-                     WHERE {only}seq {cmp} $1 ORDER BY seq{dir} LIMIT $2"
+                let (sql, key) = rows::page_query(
+                    CERT_COLUMNS,
+                    "certificates",
+                    order,
+                    from,
+                    spiffe_id.is_some(),
                 );
                 let mut q = sqlx::query_as::<_, DbCertificate>(&sql)
                     .bind(key)
@@ -321,21 +312,9 @@ macro_rules! impl_ledger_store {
                 limit: u32,
                 spiffe_id: Option<&str>,
             ) -> Result<Vec<signet_types::ledger::JwtSvidRecord>, StoreError> {
-                use $crate::store::ledger::Order;
                 use $crate::store::rows::{self, DbJwtSvid, JWT_COLUMNS};
-                let (key, cmp, dir) = match order {
-                    Order::OldestFirst => (rows::after(from.unwrap_or(0)), ">", ""),
-                    Order::NewestFirst => (rows::before(from.unwrap_or(u64::MAX)), "<", " DESC"),
-                };
-                let only = if spiffe_id.is_some() {
-                    "spiffe_id = $3 AND "
-                } else {
-                    ""
-                };
-                let sql = format!(
-                    "SELECT {JWT_COLUMNS} FROM jwt_svids \
-                     WHERE {only}seq {cmp} $1 ORDER BY seq{dir} LIMIT $2"
-                );
+                let (sql, key) =
+                    rows::page_query(JWT_COLUMNS, "jwt_svids", order, from, spiffe_id.is_some());
                 let mut q = sqlx::query_as::<_, DbJwtSvid>(&sql)
                     .bind(key)
                     .bind(rows::limit(limit));

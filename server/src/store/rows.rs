@@ -256,6 +256,33 @@ pub(super) fn limit(limit: u32) -> i64 {
     i64::from(limit)
 }
 
+/// The keyset page query over a ledger table (`certificates`, `jwt_svids`) by `seq`, in one
+/// form for both directions (`seq > from ORDER BY seq` or `seq < from ORDER BY seq DESC`),
+/// optionally for one SPIFFE ID: the SQL (`$1` the key, `$2` the limit, `$3` the SPIFFE ID)
+/// and the key to bind.
+pub(super) fn page_query(
+    columns: &str,
+    table: &str,
+    order: super::ledger::Order,
+    from: Option<u64>,
+    by_spiffe_id: bool,
+) -> (String, i64) {
+    use super::ledger::Order;
+    let (key, cmp, dir) = match order {
+        Order::OldestFirst => (after(from.unwrap_or(0)), ">", ""),
+        Order::NewestFirst => (before(from.unwrap_or(u64::MAX)), "<", " DESC"),
+    };
+    let only = if by_spiffe_id {
+        "spiffe_id = $3 AND "
+    } else {
+        ""
+    };
+    let sql = format!(
+        "SELECT {columns} FROM {table} WHERE {only}seq {cmp} $1 ORDER BY seq{dir} LIMIT $2"
+    );
+    (sql, key)
+}
+
 /// `after` as a signed key for `>` comparisons (anything beyond `i64::MAX` matches nothing).
 pub(super) fn after(after: u64) -> i64 {
     i64::try_from(after).unwrap_or(i64::MAX)

@@ -1,26 +1,23 @@
-//! JWT-SVID issuance and its ledger rows against the real server on PostgreSQL.
-//!
-//! The server binary has no JWT key source wired yet (the JWT key slots are another part of
-//! issue 26; `server/src/server/parts.rs` answers "no JWT-SVID signing key is active"), so:
-//! - the refusals that come before the key are asserted as they will stay: no audience is
-//!   InvalidArgument (native and node API), another node's entry is PermissionDenied, a banned
-//!   node is refused, an unauthenticated call is Unauthenticated;
-//! - where a token is minted, it validates with the keys from `GetBundle.jwt_keys`, carries the
-//!   lifetime asked (the server's ttl, the request's, the entry's), and `signetctl jwt list`
-//!   shows its row;
-//! - the ledger paths are exercised with a JWT-SVID row appended to the database exactly as the
-//!   server appends one (under the head lock, hashed with `signet_types::ledger::jwt_hash`):
+//! JWT-SVID issuance and its ledger rows against the real server on PostgreSQL:
+//! - the refusals: no audience is InvalidArgument (native and node API), another node's entry
+//!   is PermissionDenied, a banned node is refused, an unauthenticated call is Unauthenticated;
+//! - a minted token validates with the keys from `GetBundle.jwt_keys`, carries the lifetime
+//!   asked (the server's ttl, the request's, the entry's), and `signetctl jwt list` shows its
+//!   row;
+//! - the ledger paths, with a JWT-SVID row appended to the database exactly as the server
+//!   appends one (under the head lock, hashed with `signet_types::ledger::jwt_hash`):
 //!   `ledger verify` counts it, a checkpoint whose head is that row verifies, `jwt list/show`
 //!   print it, and editing or deleting it makes `ledger verify` BROKEN at its seq.
 
 use signet_client::ClientIdentity;
-use signet_proto::admin::node_admin_client::NodeAdminClient;
-use signet_proto::admin::{BanNodeRequest, CreateEntryRequest, CreateJoinTokenRequest};
+use signet_proto::admin::{BanNodeRequest, CreateEntryRequest};
 use signet_proto::agent::node_client::NodeClient;
-use signet_proto::agent::{AttestRequest, MintWorkloadJwtsRequest, WorkloadJwtRequest};
+use signet_proto::agent::{MintWorkloadJwtsRequest, WorkloadJwtRequest};
 use signet_proto::ca::certificate_authority_client::CertificateAuthorityClient;
 use signet_proto::ca::{MintJwtSvidRequest, SignCsrRequest};
 use signet_tests::*;
+
+use crate::revocation::{node_admin, pems};
 use signet_types::ledger::{Hash, JwtSvidEntry, jwt_hash, sha256};
 use sqlx::Row;
 
@@ -49,13 +46,6 @@ async fn validates(
         .unwrap_or_else(|e| panic!("the token does not validate: {e}"))
 }
 
-fn pems(chain: &[Vec<u8>]) -> Vec<String> {
-    chain
-        .iter()
-        .map(|d| signet_types::pem::cert_to_pem(d))
-        .collect()
-}
-
 fn json(out: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
@@ -66,41 +56,9 @@ fn json(out: &std::process::Output) -> serde_json::Value {
     })
 }
 
-async fn node_admin(server: &Server) -> NodeAdminClient<tonic::transport::Channel> {
-    NodeAdminClient::new(
-        signet_client::connect_admin(&server.admin_socket())
-            .await
-            .unwrap(),
-    )
-}
-
 /// Attests `node_id` with a join token; its mTLS identity.
 async fn attest(server: &Server, node_id: &str) -> ClientIdentity {
-    let t = node_admin(server)
-        .await
-        .create_join_token(CreateJoinTokenRequest {
-            ttl_seconds: 0,
-            node_id: node_id.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .token;
-    let kc = signet_client::new_key_and_csr().unwrap();
-    let svid = NodeClient::new(server.channel().await)
-        .attest(AttestRequest {
-            join_token: t,
-            csr: kc.csr_der.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .svid
-        .unwrap();
-    ClientIdentity {
-        cert_chain_pem: pems(&svid.cert_chain).concat().into_bytes(),
-        key_pem: kc.key_pem.into_bytes(),
-    }
+    crate::revocation::attest(server, node_id).await.0
 }
 
 async fn entry(server: &Server, node_id: &str, path: &str, jwt_ttl_seconds: i64) -> String {

@@ -16,7 +16,7 @@ use signet_proto::ca::certificate_authority_client::CertificateAuthorityClient;
 use signet_proto::ca::{GetBundleRequest, SignCsrRequest};
 use signet_tests::*;
 
-fn pems(chain: &[Vec<u8>]) -> Vec<String> {
+pub(crate) fn pems(chain: &[Vec<u8>]) -> Vec<String> {
     chain
         .iter()
         .map(|d| signet_types::pem::cert_to_pem(d))
@@ -516,7 +516,7 @@ async fn revoked_certificate_is_in_every_crl_fails_openssl_and_cannot_renew() {
     pool.close().await;
 }
 
-async fn node_admin(server: &Server) -> NodeAdminClient<tonic::transport::Channel> {
+pub(crate) async fn node_admin(server: &Server) -> NodeAdminClient<tonic::transport::Channel> {
     NodeAdminClient::new(
         signet_client::connect_admin(&server.admin_socket())
             .await
@@ -525,7 +525,7 @@ async fn node_admin(server: &Server) -> NodeAdminClient<tonic::transport::Channe
 }
 
 /// Attests `node_id`; returns its mTLS identity and node SVID serial.
-async fn attest(server: &Server, node_id: &str) -> (ClientIdentity, String) {
+pub(crate) async fn attest(server: &Server, node_id: &str) -> (ClientIdentity, String) {
     let t = node_admin(server)
         .await
         .create_join_token(CreateJoinTokenRequest {
