@@ -548,6 +548,32 @@ async fn ca_plugged_in_files_that_change_are_picked_up_without_a_restart() {
         String::from_utf8_lossy(&out.stderr).contains("plugged in"),
         "{out:?}"
     );
+    // The JWT keys are Signet's own even so: one is active, JWT-SVIDs are minted with it and
+    // validate with the published keys, and `ca prepare --kind jwt` works.
+    let jwt_key = status(&server)["active_jwt_key_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let minted = server
+        .native()
+        .await
+        .mint_jwt_svid(
+            signet_client::with_bearer(
+                signet_proto::ca::MintJwtSvidRequest {
+                    audience: vec!["api".into()],
+                    ttl_seconds: 0,
+                },
+                &tokens.token("payments", "api"),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap()
+        .into_inner();
+    let ok = crate::jwt_issuance::validates(&server, &minted.token, "api").await;
+    assert_eq!(ok.key_id, jwt_key);
+    let out = server.signetctl(&["ca", "prepare", "--kind", "jwt"]);
+    assert!(out.status.success(), "{out:?}");
 
     // A new intermediate under the same root.
     let (i2, k2) = inter("Mesh Intermediate 2", &root_issuer);

@@ -1,11 +1,20 @@
 //! The operator's commands on the CA key slots (`signetctl ca prepare|activate|taint|revoke|
 //! status`): each is validated against freshly read slots and applied through the same
-//! exactly-once path as the rotator's transitions ([`super::staging`]). Refused with a plugged-in
-//! CA, whose operator rotates by replacing its files.
+//! exactly-once path as the rotator's transitions ([`super::staging`]). With a plugged-in CA
+//! only the JWT keys can be changed: its operator rotates the CA by replacing its files.
 
 use super::*;
 
 impl CaManager {
+    /// Refuses a command on a plugged-in CA's own certificates (the operator's files).
+    fn refuse_plugged_ca_key(&self, id: &str) -> Result<(), ManagerError> {
+        let view = self.view();
+        if view.plugged && view.slots.iter().any(|s| s.external && s.slot.id == id) {
+            return Err(plugged_refusal());
+        }
+        Ok(())
+    }
+
     /// Runs an operator's change: validated against freshly read slots, applied if nothing
     /// changed meanwhile (else re-read and re-validated), then the rotator settles whatever
     /// follows from it (an activated root gets a new intermediate at once).
@@ -19,7 +28,7 @@ impl CaManager {
         F: FnMut(&[SlotInfo]) -> Result<(Step, Outcome), ManagerError>,
     {
         let _op = self.op.lock().await;
-        let staging = self.staging()?;
+        let staging = self.staging();
         for _ in 0..8 {
             let (generation, slots) = self.read(now).await?;
             let (t, outcome) = plan(&slots)?;
@@ -42,6 +51,9 @@ impl CaManager {
         actor: &str,
         now: SystemTime,
     ) -> Result<Outcome, ManagerError> {
+        if kind != Kind::Jwt && self.is_plugged() {
+            return Err(plugged_refusal());
+        }
         self.operate(now, actor, |slots| {
             if let Some(p) = slots
                 .iter()
@@ -97,6 +109,7 @@ impl CaManager {
         actor: &str,
         now: SystemTime,
     ) -> Result<Outcome, ManagerError> {
+        self.refuse_plugged_ca_key(id)?;
         let policy = self.cfg.policy.clone();
         self.operate(now, actor, |slots| {
             let s = find(slots, id)?;
@@ -181,6 +194,7 @@ impl CaManager {
         actor: &str,
         now: SystemTime,
     ) -> Result<Outcome, ManagerError> {
+        self.refuse_plugged_ca_key(id)?;
         let outcome = self
             .operate(now, actor, |slots| {
                 let s = find(slots, id)?;
@@ -253,6 +267,7 @@ impl CaManager {
         actor: &str,
         now: SystemTime,
     ) -> Result<Outcome, ManagerError> {
+        self.refuse_plugged_ca_key(id)?;
         // A slot that failed vetting is trusted nowhere already: removing it only clears it
         // from the database (and `/readyz`), whatever it claims to have issued.
         if self.remove_rejected(id, actor, now).await? {
@@ -336,7 +351,7 @@ impl CaManager {
         now: SystemTime,
     ) -> Result<bool, ManagerError> {
         let _op = self.op.lock().await;
-        let staging = self.staging()?;
+        let staging = self.staging();
         for _ in 0..8 {
             let (generation, vetted) = self.read_vetted().await?;
             let Some(r) = vetted
@@ -365,11 +380,14 @@ impl CaManager {
     pub async fn status(&self, now: SystemTime) -> Result<Vec<SlotStatus>, ManagerError> {
         let view = self.view();
         // Fresh slots (another replica may have moved them since the last tick).
-        let slots = if view.plugged {
-            view.slots.clone()
-        } else {
-            self.read(now).await?.1
-        };
+        let mut slots = self.read(now).await?.1;
+        if view.plugged {
+            // The plugged-in CA's certificates (its files), then the JWT keys (the database).
+            let mut external: Vec<SlotInfo> =
+                view.slots.iter().filter(|s| s.external).cloned().collect();
+            external.append(&mut slots);
+            slots = external;
+        }
         let usage = self.store.ca_key_usage(unix(now)).await?;
         let direct = |id: &str| {
             usage

@@ -405,3 +405,221 @@ async fn rs256_jwt_keys_are_rsa_2048() {
     assert_eq!(jwk["kty"], "RSA");
     assert_eq!(jwk["alg"], "RS256");
 }
+
+/// A plugged-in CA (Istio's `cacerts` files: a generated root as the signing CA) for `dir`.
+fn cacerts(dir: &std::path::Path) -> (PluggedFiles, String) {
+    let (root, _) = testutil::root(KeyType::EcdsaP256, Duration::from_secs(100_000));
+    let cert = signet_types::pem::cert_to_pem(root.cert_der());
+    let key = rcgen::KeyPair::try_from(root.key_pkcs8_der())
+        .unwrap()
+        .serialize_pem();
+    let files = PluggedFiles {
+        cert: dir.join("ca-cert.pem"),
+        key: dir.join("ca-key.pem"),
+        chain: dir.join("cert-chain.pem"),
+        root: dir.join("root-cert.pem"),
+    };
+    std::fs::write(&files.cert, &cert).unwrap();
+    std::fs::write(&files.key, key).unwrap();
+    std::fs::write(&files.chain, "").unwrap();
+    std::fs::write(&files.root, &cert).unwrap();
+    (files, root.key_id().to_owned())
+}
+
+async fn plugged(
+    store: Arc<dyn Store>,
+    files: PluggedFiles,
+    kek: Kek,
+    at: SystemTime,
+) -> Arc<CaManager> {
+    CaManager::plugged(
+        store,
+        files,
+        kek,
+        cfg(JwtKeyType::Es256),
+        Arc::new(RandomSerials::default()),
+        Arc::new(NoJitter),
+        at,
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn plugged_ca_has_jwt_keys_of_its_own_that_rotate_and_taint() {
+    let (store, dir) = sqlite().await;
+    let (files, ca_id) = cacerts(dir.path());
+    let m = plugged(store.clone(), files.clone(), Kek::generate(), now()).await;
+    let v = m.view();
+    assert!(v.plugged);
+    assert_eq!(
+        v.active.key_id(),
+        ca_id,
+        "the operator's CA signs certificates"
+    );
+    let first = active_kid(&m);
+    assert_eq!(published(&v), vec![first.clone()]);
+    assert_eq!(mint_and_validate(&m, after(1)), first);
+    // JWT keys are never X.509 anchors, and the only CA slots are the files'.
+    assert_eq!(v.client_anchors.len(), 1);
+    assert!(
+        v.slots
+            .iter()
+            .all(|s| s.external || s.slot.kind == Kind::Jwt),
+        "{:?}",
+        v.slots
+    );
+    // The rotator prepares and activates JWT keys as with generated CA keys.
+    m.tick(after(2000)).await.unwrap();
+    let next = jwt_slots(&m.view(), State::Prepared)[0].slot.id.clone();
+    assert_eq!(published(&m.view()), vec![first.clone(), next.clone()]);
+    m.tick(after(3334)).await.unwrap();
+    assert_eq!(active_kid(&m), next);
+    assert_eq!(m.view().active.key_id(), ca_id);
+    // A taint replaces the active JWT key at once.
+    m.taint(&next, "op", after(3400)).await.unwrap();
+    let third = active_kid(&m);
+    assert_ne!(third, next);
+    assert!(m.view().tainted.contains(&next));
+    // The CA itself is the operator's: its slot commands are refused, JWT ones allowed.
+    for e in [
+        m.prepare(Kind::Intermediate, "op", after(3500))
+            .await
+            .unwrap_err(),
+        m.prepare(Kind::Root, "op", after(3500)).await.unwrap_err(),
+        m.taint(&ca_id, "op", after(3500)).await.unwrap_err(),
+        m.revoke(&ca_id, true, "op", after(3500)).await.unwrap_err(),
+        m.activate(&ca_id, "op", after(3500)).await.unwrap_err(),
+    ] {
+        assert!(
+            matches!(e, ManagerError::FailedPrecondition(_))
+                && e.to_string().contains("plugged in"),
+            "{e}"
+        );
+    }
+    m.prepare(Kind::Jwt, "op", after(3500)).await.unwrap();
+    // Status lists the files' CA and the JWT keys.
+    let st = m.status(after(3501)).await.unwrap();
+    assert!(st.iter().any(|s| s.info.slot.id == ca_id));
+    assert_eq!(
+        st.iter().filter(|s| s.info.slot.kind == Kind::Jwt).count(),
+        4
+    );
+    // A restart opens the same JWT keys.
+    let again = plugged(
+        store,
+        files,
+        Kek::from_base64(&m.kek.to_base64()).unwrap(),
+        after(3502),
+    )
+    .await;
+    assert_eq!(active_kid(&again), third);
+}
+
+#[tokio::test]
+async fn plugged_ca_reads_only_jwt_rows_and_keeps_the_jwt_key_across_a_switch() {
+    // Generated keys first (a root, an intermediate and a JWT key in the database)…
+    let (store, dir) = sqlite().await;
+    let kek = Kek::generate();
+    let g = manager(
+        store.clone(),
+        Kek::from_base64(&kek.to_base64()).unwrap(),
+        now(),
+    )
+    .await;
+    let jwt = active_kid(&g);
+    let generated_root = g.view().roots[0].clone();
+    drop(g);
+    // … then the operator plugs in a CA: its root is the only one trusted, the stored CA
+    // rows are not read at all, and the JWT key carries on.
+    let (files, ca_id) = cacerts(dir.path());
+    let m = plugged(
+        store.clone(),
+        files.clone(),
+        Kek::from_base64(&kek.to_base64()).unwrap(),
+        after(10),
+    )
+    .await;
+    let v = m.view();
+    assert_eq!(v.active.key_id(), ca_id);
+    assert_eq!(v.roots.len(), 1);
+    assert_ne!(v.roots[0], generated_root);
+    assert_eq!(v.client_anchors.len(), 1);
+    assert!(v.rejected.is_empty());
+    assert_eq!(active_kid(&m), jwt);
+    assert!(
+        v.slots
+            .iter()
+            .all(|s| s.external || s.slot.kind == Kind::Jwt)
+    );
+    // A tick does not touch the stored CA rows (no rotation of a CA it does not run).
+    let (g1, _) = store.ca_slots().await.unwrap();
+    m.tick(after(20)).await.unwrap();
+    let (g2, rows) = store.ca_slots().await.unwrap();
+    assert_eq!(g1, g2);
+    assert_eq!(rows.iter().filter(|r| r.kind != "jwt").count(), 2);
+    // Another KEK opens none of the JWT rows: a clear refusal, not a silent new key.
+    let e = CaManager::plugged(
+        store,
+        files,
+        Kek::generate(),
+        cfg(JwtKeyType::Es256),
+        Arc::new(RandomSerials::default()),
+        Arc::new(NoJitter),
+        after(30),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("key-encryption key"), "{e}");
+}
+
+/// Review finding F2: a tainted JWT key's private key is erased with the taint, so a database
+/// writer who clears the taint and makes it active again gets a slot that opens nothing: it is
+/// rejected and reported, and the key never signs again.
+#[tokio::test]
+async fn clearing_a_jwt_keys_taint_in_the_database_does_not_make_it_sign_again() {
+    let (store, dir) = sqlite().await;
+    let m = manager(store.clone(), Kek::generate(), now()).await;
+    let stolen = active_kid(&m);
+    m.taint(&stolen, "op", after(10)).await.unwrap();
+    let replacement = active_kid(&m);
+    let (_, rows) = store.ca_slots().await.unwrap();
+    let row = rows.iter().find(|r| r.id == stolen).unwrap();
+    assert!(row.encrypted_key.is_empty(), "the taint erases the key");
+    // Still published from its certificate (validators learn it is tainted).
+    assert!(published(&m.view()).contains(&stolen));
+    assert!(m.view().readiness().is_ok());
+    // The database writer's edit, as the reviewer ran it against the real server.
+    let pool = sqlx::SqlitePool::connect(&signet_testutil::sqlite_url(dir.path()))
+        .await
+        .unwrap();
+    for sql in [
+        format!("UPDATE ca_keys SET state = 'retired', retired_at = 1 WHERE id = '{replacement}'"),
+        format!(
+            "UPDATE ca_keys SET state = 'active', tainted_at = NULL, retired_at = NULL \
+             WHERE id = '{stolen}'"
+        ),
+        "UPDATE ca_generation SET gen = gen + 1".to_owned(),
+    ] {
+        sqlx::query(&sql).execute(&pool).await.unwrap();
+    }
+    m.tick(after(20)).await.unwrap();
+    let v = m.view();
+    assert!(
+        v.rejected.iter().any(|r| r.id == stolen),
+        "{:?}",
+        v.rejected
+    );
+    assert!(!published(&v).contains(&stolen));
+    assert!(v.readiness().is_err());
+    if let Some(k) = m.active_jwt_key() {
+        assert_ne!(k.signer.key_id(), stolen, "the stolen key signs again");
+    }
+    let events = store.audit_events(0, 1000).await.unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == "ca.slot_rejected" && e.detail.contains(&stolen)),
+        "{events:?}"
+    );
+}

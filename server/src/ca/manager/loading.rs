@@ -106,8 +106,26 @@ fn parse_slot(r: &CaSlotRow) -> Result<SlotInfo, UnreadableSlot> {
     })
 }
 
-/// Decodes and vets the stored rows (see `vetting`).
-pub(super) fn vet_rows(rows: &[CaSlotRow], kek: &Kek, keys: &Mutex<KeyCache>) -> Vetted {
+/// Decodes and vets the stored rows (see `vetting`). With a plugged-in CA only the JWT key
+/// rows count: the CA is the operator's files, and CA slots a database still holds (from
+/// before the CA was plugged in, or written by someone else) are never read, let alone trusted.
+pub(super) fn vet_rows(
+    rows: &[CaSlotRow],
+    kek: &Kek,
+    keys: &Mutex<KeyCache>,
+    plugged: bool,
+) -> Vetted {
+    let jwt_only: Vec<CaSlotRow>;
+    let rows = if plugged {
+        jwt_only = rows
+            .iter()
+            .filter(|r| r.kind == Kind::Jwt.as_str())
+            .cloned()
+            .collect();
+        &jwt_only[..]
+    } else {
+        rows
+    };
     let (slots, unreadable) = parse_slots(rows);
     let mut vetted = vetting::vet(slots, kek, keys);
     let mut cache = keys
@@ -242,6 +260,56 @@ pub(super) fn build_view(
     })
 }
 
+/// The JWT keys' share of a plugged-in CA's view: their slots, the published keys, the active
+/// signer, the tainted ones and the rejected rows (all the database holds for it).
+pub(super) struct JwtPart {
+    slots: Vec<SlotInfo>,
+    published: Vec<PublishedJwtKey>,
+    active: Option<ActiveJwtKey>,
+    tainted: BTreeSet<String>,
+    rejected: Vec<RejectedSlot>,
+}
+
+impl JwtPart {
+    /// From freshly vetted JWT slots (`vet_rows(.., plugged)`).
+    pub(super) fn vetted(
+        vetted: Vetted,
+        keys: &Mutex<KeyCache>,
+        now: SystemTime,
+    ) -> Result<Self, ManagerError> {
+        let (published, active) = jwt_view(&vetted, keys)?;
+        let tainted = vetted
+            .slots
+            .iter()
+            .filter(|s| s.slot.tainted && s.slot.not_after > now)
+            .map(|s| s.slot.id.clone())
+            .collect();
+        Ok(Self {
+            slots: vetted.slots,
+            published,
+            active,
+            tainted,
+            rejected: vetted.rejected,
+        })
+    }
+
+    /// The JWT share of `view` as it is (a reload of the plugged-in files changes none of it).
+    pub(super) fn of(view: &CaView) -> Self {
+        Self {
+            slots: view
+                .slots
+                .iter()
+                .filter(|s| s.slot.kind == Kind::Jwt)
+                .cloned()
+                .collect(),
+            published: view.jwt_keys.clone(),
+            active: view.active_jwt.clone(),
+            tainted: view.tainted.clone(),
+            rejected: view.rejected.clone(),
+        }
+    }
+}
+
 /// The published JWT keys (prepared, active, retired; the active one first, then the others
 /// newest first) and the active signer, unless it is tainted.
 fn jwt_view(
@@ -262,14 +330,27 @@ fn jwt_view(
     let mut published = Vec::with_capacity(live.len());
     let mut active = None;
     for s in live {
-        let signer = vetted.jwt_signer(&s.slot.id, keys).ok_or_else(|| {
-            ManagerError::Key(format!("JWT key {} was vetted but is not open", s.slot.id))
-        })?;
+        let signer = vetted.jwt_signer(&s.slot.id, keys);
+        let key = match &signer {
+            Some(signer) => signer.public_key().clone(),
+            // A tainted key's private half was erased with the taint (see `vetting`).
+            None if s.slot.tainted => public_half(s)?,
+            None => {
+                return Err(ManagerError::Key(format!(
+                    "JWT key {} was vetted but is not open",
+                    s.slot.id
+                )));
+            }
+        };
         published.push(PublishedJwtKey {
-            key: signer.public_key().clone(),
+            key,
             not_after: s.slot.not_after,
         });
-        if s.slot.state == State::Active && !s.slot.tainted && active.is_none() {
+        if let Some(signer) = signer
+            && s.slot.state == State::Active
+            && !s.slot.tainted
+            && active.is_none()
+        {
             active = Some(ActiveJwtKey {
                 signer,
                 not_after: s.slot.not_after,
@@ -279,12 +360,28 @@ fn jwt_view(
     Ok((published, active))
 }
 
+/// The public half of a JWT key slot, from its certificate, with the algorithm Signet signs
+/// with for its key type (ES256 for P-256, RS256 for RSA).
+fn public_half(s: &SlotInfo) -> Result<signet_pki::jwt::JwtPublicKey, ManagerError> {
+    use signet_pki::jwt::{JwtAlg, JwtPublicKey};
+    let bad = |e: &dyn std::fmt::Display| {
+        ManagerError::Key(format!("JWT key {}: its certificate's key: {e}", s.slot.id))
+    };
+    let cert = validate::parse_cert(&s.cert_der).map_err(|e| bad(&e))?;
+    let spki = cert.public_key().raw;
+    JwtPublicKey::from_spki(s.slot.id.clone(), Some(JwtAlg::Es256), spki)
+        .or_else(|_| JwtPublicKey::from_spki(s.slot.id.clone(), Some(JwtAlg::Rs256), spki))
+        .map_err(|e| bad(&e))
+}
+
 /// The view of a plugged-in CA: its signing certificate is the (external) active
-/// intermediate, `root-cert.pem` the roots; earlier signing certificates are retired.
+/// intermediate, `root-cert.pem` the roots; earlier signing certificates are retired. The JWT
+/// keys are Signet's own, in the database (`jwt`); `generation` is their slots' generation.
 pub(super) fn plugged_view(
     generation: u64,
     authority: Arc<Authority>,
     previous: &[Arc<Authority>],
+    jwt: JwtPart,
 ) -> CaView {
     let external = |der: &[u8], kind: Kind, state: State, parent: Option<String>| {
         let cert = validate::parse_cert(der).ok()?;
@@ -341,6 +438,7 @@ pub(super) fn plugged_view(
     client_anchors.extend(previous.iter().map(|p| p.cert_der().to_vec()));
     let mut signers = vec![authority.clone()];
     signers.extend(previous.iter().cloned());
+    slots.extend(jwt.slots);
     CaView {
         generation,
         slots,
@@ -349,11 +447,11 @@ pub(super) fn plugged_view(
         signers,
         active_root,
         client_anchors,
-        tainted: BTreeSet::new(),
-        jwt_keys: Vec::new(),
-        active_jwt: None,
+        tainted: jwt.tainted,
+        jwt_keys: jwt.published,
+        active_jwt: jwt.active,
         plugged: true,
-        rejected: Vec::new(),
+        rejected: jwt.rejected,
     }
 }
 
@@ -370,6 +468,7 @@ pub async fn start(
     now: SystemTime,
 ) -> Result<Arc<CaManager>, ManagerError> {
     let mcfg = ManagerConfig::from_config(td, ca, jwt);
+    let jitter = Arc::new(rotator::KeyIdJitter);
     let plugged = ca
         .plugged()
         .map_err(|e| ManagerError::Key(format!("configuration: {e}")))?;
@@ -380,10 +479,13 @@ pub async fn start(
             chain: files.chain.to_path_buf(),
             root: files.root.to_path_buf(),
         };
-        return CaManager::plugged(store, files, mcfg, serials);
+        // The JWT signing keys are Signet's own even then, sealed under the KEK.
+        let kek = load_kek(ca, data_dir)?;
+        return CaManager::plugged(store, files, kek, mcfg, serials, jitter, now)
+            .await
+            .map_err(|e| ManagerError::Key(format!("plugged-in CA: {e}")));
     }
     let kek = load_kek(ca, data_dir)?;
-    let jitter = Arc::new(rotator::KeyIdJitter);
     let manager = CaManager::generated(store, kek, mcfg, serials, jitter, now)
         .await
         .map_err(|e| ManagerError::Key(format!("CA keys: {e}")))?;

@@ -282,7 +282,8 @@ pub struct SlotStatus {
 
 pub struct CaManager {
     store: Arc<dyn Store>,
-    kek: Option<Kek>,
+    /// Seals the generated keys: the CA keys, and the JWT keys (with a plugged-in CA too).
+    kek: Kek,
     cfg: ManagerConfig,
     serials: Arc<dyn SerialSource>,
     jitter: Arc<dyn Jitter>,
@@ -316,61 +317,22 @@ impl CaManager {
         jitter: Arc<dyn Jitter>,
         now: SystemTime,
     ) -> Result<Arc<CaManager>, ManagerError> {
-        let mut generation = u64::MAX;
-        let mut view = None;
         let keys = Mutex::new(KeyCache::default());
-        let mut rejections = Vec::new();
-        // Bootstrap: a handful of transitions at most; other replicas may be racing.
-        for _ in 0..16 {
-            let (g, rows) = store.ca_slots().await?;
-            let vetted = vet_rows(&rows, &kek, &keys);
-            refuse_foreign_kek(&vetted)?;
-            rejections.extend(vetted.new_rejections.iter().cloned());
-            let slots = &vetted.slots;
-            let has = |k: Kind| {
-                slots
-                    .iter()
-                    .any(|s| s.slot.kind == k && s.slot.state == State::Active)
-            };
-            if has(Kind::Root) && has(Kind::Intermediate) && has(Kind::Jwt) {
-                generation = g;
-                view = Some(vetted);
-                break;
-            }
-            let bare: Vec<Slot> = slots.iter().map(|s| s.slot.clone()).collect();
-            let Some(t) = rotator::decide(&bare, now, &cfg.policy, jitter.as_ref())
-                .into_iter()
-                .next()
-            else {
-                return Err(ManagerError::Key(
-                    "the CA slots have no active key and nothing to do".into(),
-                ));
-            };
-            if vetted.is_root_step(&t)
-                && let Some(why) = vetted.root_replacement_refused()
-            {
-                return Err(ManagerError::Key(why));
-            }
-            let staging = Staging {
-                store: store.as_ref(),
-                kek: &kek,
-                cfg: &cfg,
-                serials: serials.as_ref(),
-                keys: &keys,
-            };
-            staging
-                .apply(g, slots, &Step::Rotate(t), ROTATOR, now)
-                .await?;
-        }
-        let Some(vetted) = view else {
-            return Err(ManagerError::Key(
-                "could not create the first CA keys (another replica keeps changing them?)".into(),
-            ));
-        };
+        let (generation, vetted, rejections) = bootstrap(
+            store.as_ref(),
+            &kek,
+            &cfg,
+            serials.as_ref(),
+            jitter.as_ref(),
+            &keys,
+            false,
+            now,
+        )
+        .await?;
         let built = build_view(generation, vetted, &keys, now)?;
         let manager = Arc::new(CaManager {
             store,
-            kek: Some(kek),
+            kek,
             cfg,
             serials,
             jitter,
@@ -387,23 +349,41 @@ impl CaManager {
         Ok(manager)
     }
 
-    /// A manager of a plugged-in CA.
-    pub fn plugged(
+    /// A manager of a plugged-in CA: the CA is the operator's files (reloaded when they
+    /// change); the JWT signing keys are Signet's own, in the database under `kek`, created on
+    /// a fresh database and rotated as with generated CA keys.
+    pub async fn plugged(
         store: Arc<dyn Store>,
         files: PluggedFiles,
+        kek: Kek,
         cfg: ManagerConfig,
         serials: Arc<dyn SerialSource>,
+        jitter: Arc<dyn Jitter>,
+        now: SystemTime,
     ) -> Result<Arc<CaManager>, ManagerError> {
         let loaded = files.read()?;
         let authority = Arc::new(files.load(&loaded)?);
         tracing::info!(key_id = authority.key_id(), "using plugged-in CA");
-        let view = plugged_view(0, authority, &[]);
-        Ok(Arc::new(CaManager {
+        let keys = Mutex::new(KeyCache::default());
+        let (generation, vetted, rejections) = bootstrap(
+            store.as_ref(),
+            &kek,
+            &cfg,
+            serials.as_ref(),
+            jitter.as_ref(),
+            &keys,
+            true,
+            now,
+        )
+        .await?;
+        let jwt = JwtPart::vetted(vetted, &keys, now)?;
+        let view = plugged_view(generation, authority, &[], jwt);
+        let manager = Arc::new(CaManager {
             store,
-            kek: None,
+            kek,
             cfg,
             serials,
-            jitter: Arc::new(rotator::KeyIdJitter),
+            jitter,
             plugged: Mutex::new(Some(Plugged {
                 files,
                 loaded,
@@ -411,9 +391,20 @@ impl CaManager {
             })),
             view: ArcSwap::from_pointee(view),
             listeners: Mutex::new(Vec::new()),
-            keys: Mutex::new(KeyCache::default()),
+            keys,
             op: tokio::sync::Mutex::new(()),
-        }))
+        });
+        manager.report_rejections(&rejections, now).await;
+        manager.tick(now).await?;
+        Ok(manager)
+    }
+
+    /// Whether the CA is plugged in (only the JWT keys are Signet's own).
+    fn is_plugged(&self) -> bool {
+        self.plugged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
     }
 
     /// The current view.
@@ -449,22 +440,24 @@ impl CaManager {
         }
     }
 
-    fn staging(&self) -> Result<Staging<'_>, ManagerError> {
-        let kek = self.kek.as_ref().ok_or_else(plugged_refusal)?;
-        Ok(Staging {
+    fn staging(&self) -> Staging<'_> {
+        Staging {
             store: self.store.as_ref(),
-            kek,
+            kek: &self.kek,
             cfg: &self.cfg,
             serials: self.serials.as_ref(),
             keys: &self.keys,
-        })
+        }
     }
 
-    /// Reads the slots and vets them (see `vetting`): only what passes is decided on.
+    /// Reads the slots and vets them (see `vetting`): only what passes is decided on. With a
+    /// plugged-in CA, only the JWT key slots.
     async fn read_vetted(&self) -> Result<(u64, Vetted), ManagerError> {
-        let kek = self.kek.as_ref().ok_or_else(plugged_refusal)?;
         let (generation, rows) = self.store.ca_slots().await?;
-        Ok((generation, vet_rows(&rows, kek, &self.keys)))
+        Ok((
+            generation,
+            vet_rows(&rows, &self.kek, &self.keys, self.is_plugged()),
+        ))
     }
 
     /// Reads the slots and the ledger's usage; the slots with usage filled in (the exact
@@ -506,16 +499,16 @@ impl CaManager {
     /// transitions this replica applied.
     pub async fn tick(&self, now: SystemTime) -> Result<Vec<Transition>, ManagerError> {
         let _op = self.op.lock().await;
-        if self.kek.is_none() {
+        if self.is_plugged() {
             self.reload_plugged(now).await;
-            return Ok(Vec::new());
         }
         self.settle(now).await
     }
 
     /// Applies due transitions until there are none (the caller holds `op`).
     async fn settle(&self, now: SystemTime) -> Result<Vec<Transition>, ManagerError> {
-        let staging = self.staging()?;
+        let staging = self.staging();
+        let plugged = self.is_plugged();
         let mut applied = Vec::new();
         let mut last = None;
         for _ in 0..16 {
@@ -529,7 +522,11 @@ impl CaManager {
             }
             let slots = &vetted.slots;
             let bare: Vec<Slot> = slots.iter().map(|s| s.slot.clone()).collect();
-            let due = rotator::decide(&bare, now, &self.cfg.policy, self.jitter.as_ref());
+            let due = if plugged {
+                rotator::decide_jwt(&bare, now, &self.cfg.policy, self.jitter.as_ref())
+            } else {
+                rotator::decide(&bare, now, &self.cfg.policy, self.jitter.as_ref())
+            };
             let refused = vetted.root_replacement_refused();
             let mut due = due.into_iter();
             let t = loop {
@@ -563,7 +560,17 @@ impl CaManager {
         let old = self.view();
         // A new generation, or a taint that has just expired out of the view.
         if generation != old.generation || expired_taints(&old, now) {
-            let view = build_view(generation, vetted, &self.keys, now)?;
+            let view = if plugged {
+                let jwt = JwtPart::vetted(vetted, &self.keys, now)?;
+                let guard = self
+                    .plugged
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let previous = guard.as_ref().map_or(&[][..], |p| &p.previous[..]);
+                plugged_view(generation, old.active.clone(), previous, jwt)
+            } else {
+                build_view(generation, vetted, &self.keys, now)?
+            };
             self.publish(view);
         }
         Ok(applied)
@@ -631,7 +638,12 @@ impl CaManager {
             }
             p.previous
                 .retain(|a| a.not_after() > now && a.key_id() != authority.key_id());
-            plugged_view(old.generation + 1, authority.clone(), &p.previous)
+            plugged_view(
+                old.generation,
+                authority.clone(),
+                &p.previous,
+                JwtPart::of(&old),
+            )
         };
         tracing::info!(key_id = authority.key_id(), "reloaded the plugged-in CA");
         let event = AuditEvent {
@@ -653,9 +665,71 @@ impl CaManager {
     }
 }
 
+/// Brings a fresh or partial set of slots to one with an active key of every kind the manager
+/// keeps (a root, an intermediate and a JWT key; with a plugged-in CA, a JWT key), racing
+/// replicas safely: the slots' generation, vetted, and the rejections seen on the way.
+#[allow(clippy::too_many_arguments)]
+async fn bootstrap(
+    store: &dyn Store,
+    kek: &Kek,
+    cfg: &ManagerConfig,
+    serials: &dyn SerialSource,
+    jitter: &dyn Jitter,
+    keys: &Mutex<KeyCache>,
+    plugged: bool,
+    now: SystemTime,
+) -> Result<(u64, Vetted, Vec<RejectedSlot>), ManagerError> {
+    let mut rejections = Vec::new();
+    // A handful of transitions at most; other replicas may be racing.
+    for _ in 0..16 {
+        let (g, rows) = store.ca_slots().await?;
+        let vetted = vet_rows(&rows, kek, keys, plugged);
+        refuse_foreign_kek(&vetted)?;
+        rejections.extend(vetted.new_rejections.iter().cloned());
+        let slots = &vetted.slots;
+        let has = |k: Kind| {
+            slots
+                .iter()
+                .any(|s| s.slot.kind == k && s.slot.state == State::Active)
+        };
+        if has(Kind::Jwt) && (plugged || (has(Kind::Root) && has(Kind::Intermediate))) {
+            return Ok((g, vetted, rejections));
+        }
+        let bare: Vec<Slot> = slots.iter().map(|s| s.slot.clone()).collect();
+        let due = if plugged {
+            rotator::decide_jwt(&bare, now, &cfg.policy, jitter)
+        } else {
+            rotator::decide(&bare, now, &cfg.policy, jitter)
+        };
+        let Some(t) = due.into_iter().next() else {
+            return Err(ManagerError::Key(
+                "the CA slots have no active key and nothing to do".into(),
+            ));
+        };
+        if vetted.is_root_step(&t)
+            && let Some(why) = vetted.root_replacement_refused()
+        {
+            return Err(ManagerError::Key(why));
+        }
+        let staging = Staging {
+            store,
+            kek,
+            cfg,
+            serials,
+            keys,
+        };
+        staging
+            .apply(g, slots, &Step::Rotate(t), ROTATOR, now)
+            .await?;
+    }
+    Err(ManagerError::Key(
+        "could not create the first CA keys (another replica keeps changing them?)".into(),
+    ))
+}
+
 fn plugged_refusal() -> ManagerError {
     ManagerError::FailedPrecondition(
-        "the CA is plugged in (ca.cert_file): rotate it by replacing its files, which are reloaded without a restart".into(),
+        "the CA is plugged in (ca.cert_file): rotate it by replacing its files, which are reloaded without a restart; only its JWT keys (--kind jwt) are Signet's to prepare, activate, taint and revoke".into(),
     )
 }
 
@@ -683,8 +757,8 @@ mod loading;
 mod staging;
 mod vetting;
 
+use loading::{JwtPart, build_view, expired_taints, plugged_view, refuse_foreign_kek, vet_rows};
 pub use loading::{PluggedFiles, start};
-use loading::{build_view, expired_taints, plugged_view, refuse_foreign_kek, vet_rows};
 use staging::Staging;
 pub use vetting::RejectedSlot;
 use vetting::{KeyCache, Vetted};

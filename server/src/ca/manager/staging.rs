@@ -144,6 +144,11 @@ impl Staging<'_> {
                 change
                     .updates
                     .push(SlotUpdate::Taint { id: id.clone(), at });
+                // A tainted JWT key never signs again: its private key goes with the taint, so
+                // clearing the taint in the database leaves a slot that opens nothing.
+                if find(slots, id)?.slot.kind == Kind::Jwt {
+                    change.updates.push(SlotUpdate::erase_key(id.clone()));
+                }
                 change
                     .audit
                     .push(event("ca.tainted", format!("{id} tainted")));

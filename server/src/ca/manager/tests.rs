@@ -158,7 +158,7 @@ async fn first_start_makes_a_root_that_signs_only_an_intermediate_and_chains_ver
         ]
     );
     // A restart loads the same keys.
-    let again = manager(store, kek_copy(m.kek.as_ref().unwrap()), now()).await;
+    let again = manager(store, kek_copy(&m.kek), now()).await;
     assert_eq!(again.view().active.key_id(), v.active.key_id());
 }
 
@@ -699,7 +699,7 @@ async fn a_root_inserted_by_a_database_writer_is_trusted_nowhere_and_reported_on
         "{kinds:?}"
     );
     // A restart does not trust it either, and still starts (our keys open).
-    let again = manager(store.clone(), kek_copy(m.kek.as_ref().unwrap()), now()).await;
+    let again = manager(store.clone(), kek_copy(&m.kek), now()).await;
     assert!(!again.view().roots.contains(&evil_der));
     // The operator removes it; readiness is green again.
     m.revoke(&id, false, "op", after(Duration::from_secs(3)))

@@ -18,7 +18,10 @@
 //!   end-entity certificate of it (never a CA): its ID must be the `kid` of the certificate's
 //!   public key ([`signet_pki::jwt::key_id_for`]), it has no parent, its certificate must be
 //!   self-signed and not a CA, and its sealed key must open for the row and be the
-//!   certificate's key.
+//!   certificate's key. **A tainted JWT key holds no key**: the taint erases it in the same
+//!   transaction (a tainted JWT key never signs again; only its public half stays published,
+//!   from its certificate, until it is removed). A database writer who clears that taint gets
+//!   a live JWT slot with nothing to open: it is rejected, never signs and is reported.
 //! - **A removed slot holds no key**: removal erases the sealed key, so a removed root put
 //!   back into a live state no longer opens. A removed slot is never trusted; it is checked
 //!   only for what it still publishes: an intermediate tainted or revoked goes on its root's
@@ -30,7 +33,8 @@
 //! clears it with `signetctl ca revoke ID` (removal) or by deleting the row.
 //!
 //! What this does not stop: a database writer who kept a copy of a live row (sealed key
-//! included) can restore it after its removal, or clear a taint; see SECURITY.md.
+//! included) can restore it after its removal, or clear a CA key's taint (or a JWT key's,
+//! putting back the sealed key from that copy); see SECURITY.md.
 
 use ring::digest::{Context, SHA256};
 
@@ -412,6 +416,10 @@ fn vet_jwt(s: &SlotInfo, kek: &Kek, keys: &Mutex<KeyCache>) -> Result<(), SlotRe
     crate::ca::authority::verify_self_signed(&s.cert_der)
         .map_err(SlotRejection::JwtNotSelfSigned)?;
     if s.slot.state == State::Removed {
+        return Ok(());
+    }
+    if s.slot.tainted && s.sealed.0.is_empty() {
+        // Its key was erased with the taint: published from its certificate, never opened.
         return Ok(());
     }
     let cached = keys
