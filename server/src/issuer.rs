@@ -384,14 +384,23 @@ impl Issuer {
     }
 
     /// Mints a JWT-SVID for an already authenticated caller (the node API, for an entry),
-    /// recording metrics.
+    /// recording metrics. A node's mints for one workload identity take from that identity's
+    /// own rate limit (`limits.issuance_per_caller`, keyed by node and SPIFFE ID): a workload
+    /// asking for token after token, each for a new audience (every one a cache miss at the
+    /// agent and a ledger row), is refused before it uses up its node's share of
+    /// `issuance_per_source`, which its neighbours' certificates and tokens need.
     pub async fn mint_jwt(
         &self,
         caller: &AuthenticatedCaller,
         input: JwtInput<'_>,
     ) -> Result<MintedJwtSvid, IssuerError> {
-        self.observed(input.api, self.mint_jwt_inner(caller, input))
-            .await
+        self.observed(input.api, async {
+            if let GrantSource::Entry(grant) = &input.source {
+                self.check_caller_rate(caller, Some(&grant.spiffe_id.to_string()))?;
+            }
+            self.mint_jwt_inner(caller, input).await
+        })
+        .await
     }
 
     /// The caller of `creds`, authenticated and within its rate limit.

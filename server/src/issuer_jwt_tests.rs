@@ -263,3 +263,54 @@ async fn without_an_active_key_minting_is_unavailable_and_says_so() {
             .is_empty()
     );
 }
+
+/// Review finding F1: a hostile workload flooding its agent with new audiences (each a server
+/// mint and a ledger row) is held to its own identity's share, not its node's: past
+/// `issuance_per_caller` it is refused (ResourceExhausted with a retry hint) while another
+/// identity on the same node still gets tokens.
+#[tokio::test]
+async fn a_nodes_mints_for_one_identity_are_held_to_that_identitys_rate() {
+    let r = rig(true).await;
+    let limits = crate::config::LimitsConfig {
+        issuance_per_caller: crate::config::RateConfig::new(3, 0.001),
+        ..Default::default()
+    };
+    let issuer = r
+        .issuer
+        .with_caller_limits(Arc::new(crate::limits::CallerLimits::new(&limits)));
+    let node = AuthenticatedCaller::for_tests(
+        testutil::id("/signet/node/n1"),
+        CallerKind::Node {
+            node_id: "n1".into(),
+            serial: Some("01".into()),
+            leaf_sha256: Some([0; 32]),
+        },
+    );
+    let grant = |path: &str| EntryGrant {
+        entry_id: path.into(),
+        spiffe_id: testutil::id(path),
+        parent_id: testutil::id("/signet/node/n1"),
+        dns_names: vec![],
+        ttl_seconds: 0,
+    };
+    let (hostile, neighbour) = (grant("/mallory"), grant("/web"));
+    for i in 0..3 {
+        let aud = vec![format!("aud-{i}")];
+        issuer
+            .mint_jwt(&node, input(&aud, GrantSource::Entry(&hostile)))
+            .await
+            .unwrap();
+    }
+    let aud = vec!["aud-3".to_owned()];
+    let err = issuer
+        .mint_jwt(&node, input(&aud, GrantSource::Entry(&hostile)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.outcome(), "resource_exhausted", "{err}");
+    // The neighbour on the same node is untouched.
+    issuer
+        .mint_jwt(&node, input(&aud, GrantSource::Entry(&neighbour)))
+        .await
+        .unwrap();
+    assert_eq!(r.store.list_jwt_svids(0, 10, None).await.unwrap().len(), 4);
+}
