@@ -373,11 +373,15 @@ impl JwtSigner {
         );
         let rng = SystemRandom::new();
         let sig = match &self.key {
-            SigningKey::Ec(k) => k
-                .sign(&rng, signing_input.as_bytes())
-                .map_err(|_| JwtKeyError::Signing)?
-                .as_ref()
-                .to_vec(),
+            SigningKey::Ec(k) => {
+                let mut sig = k
+                    .sign(&rng, signing_input.as_bytes())
+                    .map_err(|_| JwtKeyError::Signing)?
+                    .as_ref()
+                    .to_vec();
+                p256_low_s(&mut sig);
+                sig
+            }
             SigningKey::Rsa(k) => {
                 let mut sig = vec![0u8; k.public().modulus_len()];
                 k.sign(
@@ -391,6 +395,41 @@ impl JwtSigner {
             }
         };
         Ok(format!("{signing_input}.{}", URL_SAFE_NO_PAD.encode(sig)))
+    }
+}
+
+/// The order n of the P-256 group, big-endian.
+const P256_N: [u8; 32] = [
+    0xff, 0xff, 0xff, 0xff, 0x00, 0x00, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+    0xbc, 0xe6, 0xfa, 0xad, 0xa7, 0x17, 0x9e, 0x84, 0xf3, 0xb9, 0xca, 0xc2, 0xfc, 0x63, 0x25, 0x51,
+];
+
+/// n / 2 (rounded down) for P-256: an `s` above it is "high".
+const P256_HALF_N: [u8; 32] = [
+    0x7f, 0xff, 0xff, 0xff, 0x80, 0x00, 0x00, 0x00, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+    0xde, 0x73, 0x7d, 0x56, 0xd3, 0x8b, 0xcf, 0x42, 0x79, 0xdc, 0xe5, 0x61, 0x7e, 0x31, 0x92, 0xa8,
+];
+
+/// Whether a fixed-width ES256 signature (r ‖ s, 64 bytes) has `s > n/2`. ECDSA signatures are
+/// malleable: (r, n − s) verifies as well as (r, s), so one token would have two encodings and
+/// two hashes; Signet issues only the low form and its validator refuses the other.
+fn p256_is_high_s(sig: &[u8]) -> bool {
+    sig.len() == 64 && sig[32..] > P256_HALF_N[..]
+}
+
+/// Puts a fixed-width ES256 signature in its low-S form (s ← n − s when s > n/2).
+fn p256_low_s(sig: &mut [u8]) {
+    if !p256_is_high_s(sig) {
+        return;
+    }
+    let s = &mut sig[32..];
+    let mut borrow = 0u16;
+    for i in (0..32).rev() {
+        let d = u16::from(P256_N[i])
+            .wrapping_sub(u16::from(s[i]))
+            .wrapping_sub(borrow);
+        borrow = u16::from(u16::from(P256_N[i]) < u16::from(s[i]) + borrow);
+        s[i] = (d & 0xff) as u8;
     }
 }
 
@@ -446,6 +485,11 @@ pub enum JwtSvidError {
     AlgMismatch { alg: JwtAlg, kid: String },
     #[error("the token's signature does not verify")]
     BadSignature,
+    #[error(
+        "the token's ES256 signature is not in its low-S form: a mirror of a signature, which \
+         Signet never issues (and whose hash is not on the ledger)"
+    )]
+    HighS,
     #[error("the token's claims are not valid: {0}")]
     Claims(String),
     #[error("the token has expired")]
@@ -543,6 +587,9 @@ pub fn validate(
     let signing_input = &token[..h.len() + 1 + p.len()];
     if !key.verify(alg, signing_input.as_bytes(), &sig) {
         return Err(JwtSvidError::BadSignature);
+    }
+    if alg == JwtAlg::Es256 && p256_is_high_s(&sig) {
+        return Err(JwtSvidError::HighS);
     }
     // Verified: only now are the claims read.
     let claims: Map<String, Value> =

@@ -32,8 +32,9 @@ fn forged(signer: &JwtSigner, header: Value, body: Value) -> String {
     let SigningKey::Ec(k) = &signer.key else {
         panic!("EC only")
     };
-    let sig = k.sign(&rng, input.as_bytes()).unwrap();
-    format!("{input}.{}", URL_SAFE_NO_PAD.encode(sig.as_ref()))
+    let mut sig = k.sign(&rng, input.as_bytes()).unwrap().as_ref().to_vec();
+    p256_low_s(&mut sig);
+    format!("{input}.{}", URL_SAFE_NO_PAD.encode(sig))
 }
 
 fn parts(token: &str) -> (Map<String, Value>, Map<String, Value>) {
@@ -314,4 +315,42 @@ fn debug_never_prints_key_material() {
         (Some("jwt-svid"), Some("ES256"))
     );
     assert!(!jwk.contains_key("d"));
+}
+
+/// Review finding F4: ECDSA is malleable, so (r, n − s) is a second valid signature of a
+/// genuine token, with another hash than the ledger's. Signet signs only low-S and refuses the
+/// mirrored form.
+#[test]
+fn es256_signatures_are_low_s_and_their_mirror_is_refused() {
+    let s = ec_signer();
+    for _ in 0..64 {
+        let token = s.mint(&claims(&["vault"])).unwrap();
+        let (input, sig) = token.rsplit_once('.').unwrap();
+        let sig = URL_SAFE_NO_PAD.decode(sig).unwrap();
+        assert!(!p256_is_high_s(&sig), "a high-S signature was issued");
+        // Its mirror: s ← n − s (high, as the low one's mirror always is).
+        let mut mirror = sig.clone();
+        let mut borrow = 0i16;
+        for i in (32..64).rev() {
+            let d = i16::from(P256_N[i - 32]) - i16::from(sig[i]) - borrow;
+            borrow = i16::from(d < 0);
+            mirror[i] = d.rem_euclid(256) as u8;
+        }
+        assert!(p256_is_high_s(&mirror));
+        let mut back = mirror.clone();
+        p256_low_s(&mut back);
+        assert_eq!(back, sig, "n − (n − s) = s");
+        let mirrored = format!("{input}.{}", URL_SAFE_NO_PAD.encode(&mirror));
+        // The mirror verifies as a signature (that is the malleability) ...
+        assert!(
+            s.public_key()
+                .verify(JwtAlg::Es256, input.as_bytes(), &mirror)
+        );
+        // ... and is refused by name.
+        assert_eq!(
+            validate(&mirrored, "vault", &set(&s), NOW).unwrap_err(),
+            JwtSvidError::HighS
+        );
+        validate(&token, "vault", &set(&s), NOW).unwrap();
+    }
 }
