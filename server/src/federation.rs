@@ -227,9 +227,45 @@ pub fn web_tls_config(
         std::fs::read(key_file).with_context(|| format!("reading {}", key_file.display()))?;
     let (_, key) = signet_types::pem::parse_one(&key_pem, &["PRIVATE KEY"])
         .map_err(|e| anyhow!("{key_key} (PEM PKCS#8): {e}"))?;
-    http11_tls(ServerCertResolver::new(
-        crate::tls::certified_key(&chain, &key).map_err(|e| anyhow!("{cert_key}: {e}"))?,
-    ))
+    let certified =
+        crate::tls::certified_key(&chain, &key).map_err(|e| anyhow!("{cert_key}: {e}"))?;
+    // rustls would serve a mismatched pair and fail every handshake (review finding F6).
+    certified.keys_match().map_err(|e| {
+        anyhow!(
+            "{key_key} ({}) is not the key of the first certificate in {cert_key} ({}): {e}",
+            key_file.display(),
+            cert_file.display()
+        )
+    })?;
+    http11_tls(ServerCertResolver::new(certified))
+}
+
+/// Reads and checks the operator's Web PKI certificate files (`[jwt_svid] oidc_tls_*`,
+/// `[federation] web_*`) before the server creates anything, so a mistake in them leaves no
+/// data directory, key or database behind (review finding F10). The listeners read them again
+/// when they bind.
+pub fn check_web_tls_files(cfg: &Config) -> anyhow::Result<()> {
+    let j = &cfg.jwt_svid;
+    if let (Some(cert), Some(key)) = (&j.oidc_tls_cert_file, &j.oidc_tls_key_file) {
+        web_tls_config(
+            cert,
+            key,
+            "jwt_svid.oidc_tls_cert_file",
+            "jwt_svid.oidc_tls_key_file",
+        )?;
+    }
+    let f = &cfg.federation;
+    if let (BundleEndpointProfile::HttpsWeb, Some(cert), Some(key)) =
+        (f.bundle_endpoint_profile, &f.web_cert_file, &f.web_key_file)
+    {
+        web_tls_config(
+            cert,
+            key,
+            "federation.web_cert_file",
+            "federation.web_key_file",
+        )?;
+    }
+    Ok(())
 }
 
 /// HTTP/1.1 over TLS, no client certificates.

@@ -7,9 +7,9 @@
 //! returns to the ledger, and only then returns the token.
 //!
 //! The rules, in order (each refusal a [`JwtMintError`] naming the rule):
-//! 1. **Audiences**: at least one, at most [`MAX_AUDIENCES`], each non-empty, at most
-//!    [`MAX_AUDIENCE_BYTES`] bytes, no control characters; duplicates are dropped keeping the
-//!    first (so `aud` is the list asked, in order, each once).
+//! 1. **Audiences**: the grammar of [`signet_types::audience`] (at least one, at most 32, each
+//!    non-empty, at most 256 bytes, nothing a reader cannot see); duplicates are dropped keeping
+//!    the first (so `aud` is the list asked, in order, each once).
 //! 2. **Lifetime**: the requested ttl (negative: refused), or when 0 the entry's `jwt_ttl`, or
 //!    when that is 0 the policy's `ttl`; clamped to `max_ttl`; and `exp` never past the key's
 //!    notAfter. A key with less than [`MIN_KEY_REMAINING`] left cannot mint (Unavailable: the
@@ -29,10 +29,6 @@ use signet_types::ledger::{Hash, sha256};
 use crate::ca::jwt_key::ActiveJwtKey;
 use crate::clock::unix;
 
-/// Most audiences one token may carry.
-pub const MAX_AUDIENCES: usize = 32;
-/// Longest audience, in bytes.
-pub const MAX_AUDIENCE_BYTES: usize = 256;
 /// A key with less than this left before its notAfter mints nothing.
 pub const MIN_KEY_REMAINING: Duration = Duration::from_secs(30);
 /// Longest `jwt_ttl` an entry may have (entries are created before the server's `max_ttl` is
@@ -120,43 +116,7 @@ pub const NO_ACTIVE_KEY: &str =
 /// Checks `audience` against the rules (see the module doc) and drops duplicates, keeping the
 /// first of each, in order.
 pub fn normalize_audience(audience: &[String]) -> Result<Vec<String>, JwtMintError> {
-    if audience.is_empty() {
-        return Err(JwtMintError::Invalid(
-            "no audience: a JWT-SVID is for at least one audience (the aud claim)".into(),
-        ));
-    }
-    if audience.len() > MAX_AUDIENCES {
-        return Err(JwtMintError::Invalid(format!(
-            "{} audiences: a JWT-SVID carries at most {MAX_AUDIENCES}",
-            audience.len()
-        )));
-    }
-    let mut out: Vec<String> = Vec::with_capacity(audience.len());
-    for (i, a) in audience.iter().enumerate() {
-        if a.is_empty() {
-            return Err(JwtMintError::Invalid(format!(
-                "audience {} is empty: every audience names a relying party",
-                i + 1
-            )));
-        }
-        if a.len() > MAX_AUDIENCE_BYTES {
-            return Err(JwtMintError::Invalid(format!(
-                "audience {} is {} bytes long: at most {MAX_AUDIENCE_BYTES}",
-                i + 1,
-                a.len()
-            )));
-        }
-        if a.chars().any(char::is_control) {
-            return Err(JwtMintError::Invalid(format!(
-                "audience {} contains a control character",
-                i + 1
-            )));
-        }
-        if !out.contains(a) {
-            out.push(a.clone());
-        }
-    }
-    Ok(out)
+    signet_types::audience::normalize(audience).map_err(|e| JwtMintError::Invalid(e.to_string()))
 }
 
 /// The token's lifetime in seconds (see the module doc), before the key's notAfter cap.

@@ -18,6 +18,7 @@
 //!   control characters escaped).
 #![forbid(unsafe_code)]
 
+pub mod audience;
 pub mod ca_slot;
 pub mod checkpoint;
 pub mod dns;

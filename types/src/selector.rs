@@ -154,8 +154,9 @@ impl TryFrom<&str> for Selector {
 /// and joiners, bidirectional marks and overrides, the byte order mark, invisible operators,
 /// tags), the other default-ignorable code points, and whitespace other than the ASCII space
 /// (no-break, ideographic, line and paragraph separators). Two selectors that look the same must be the same selector,
-/// so an operator reviewing `entry show` sees what the agent matches.
-fn is_invisible(c: char) -> bool {
+/// so an operator reviewing `entry show` sees what the agent matches. (JWT-SVID audiences
+/// follow the same rule: [`crate::audience`].)
+pub fn is_invisible(c: char) -> bool {
     // Whitespace other than the ASCII space (no-break and ideographic spaces look like it).
     (c.is_whitespace() && c != ' ')
         || matches!(

@@ -13,43 +13,22 @@ use prost_types::value::Kind;
 use serde_json::{Map, Value};
 use signet_pki::jwt::{JwtKeySet, JwtPublicKey, JwtSvidError};
 use signet_proto::workload as pb;
-use signet_types::untrusted::shown;
 
 use super::WorkloadError;
 use crate::attest::{Attestor, Caller};
 use crate::state::AgentState;
 
-/// Most audiences one request may name.
-pub const MAX_AUDIENCES: usize = 32;
-/// Longest audience accepted (bytes).
-pub const MAX_AUDIENCE_BYTES: usize = 512;
 /// The `use` of every key in a SPIFFE JWT bundle.
 pub const JWT_SVID_USE: &str = "jwt-svid";
 
-/// `FetchJWTSVID`'s audiences: at least one, at most [`MAX_AUDIENCES`], none empty or longer
-/// than [`MAX_AUDIENCE_BYTES`].
+/// `FetchJWTSVID`'s audiences: the server's grammar (`signet_types::audience`), checked here so
+/// a bad request costs no server call.
 pub fn check_audiences(audience: &[String]) -> Result<(), WorkloadError> {
-    if audience.is_empty() {
-        return Err(WorkloadError::NoAudience);
+    match signet_types::audience::normalize(audience) {
+        Ok(_) => Ok(()),
+        Err(signet_types::audience::AudienceError::None) => Err(WorkloadError::NoAudience),
+        Err(e) => Err(WorkloadError::BadAudience(e.to_string())),
     }
-    if audience.len() > MAX_AUDIENCES {
-        return Err(WorkloadError::BadAudience(format!(
-            "at most {MAX_AUDIENCES} audiences, {} asked",
-            audience.len()
-        )));
-    }
-    for a in audience {
-        if a.is_empty() {
-            return Err(WorkloadError::BadAudience("an audience is empty".into()));
-        }
-        if a.len() > MAX_AUDIENCE_BYTES {
-            return Err(WorkloadError::BadAudience(format!(
-                "{} is longer than {MAX_AUDIENCE_BYTES} bytes",
-                shown(a)
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// The JWKS document (`{"keys":[…]}`) of `keys`, each a JWK with `kid`, `alg` and
@@ -125,7 +104,7 @@ pub fn validation_label(r: &Result<pb::ValidateJwtsvidResponse, WorkloadError>) 
             JwtSvidError::Expired | JwtSvidError::NotYetValid => "expired",
             JwtSvidError::WrongAudience(_) => "audience",
             JwtSvidError::UnknownKey(_) | JwtSvidError::NoKeyId => "unknown_key",
-            JwtSvidError::BadSignature => "signature",
+            JwtSvidError::BadSignature | JwtSvidError::HighS => "signature",
             JwtSvidError::AlgRefused(_)
             | JwtSvidError::AlgUnsupported(_)
             | JwtSvidError::AlgMismatch { .. } => "alg",

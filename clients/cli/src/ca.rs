@@ -28,12 +28,20 @@ pub enum CaCmd {
         kind: Option<KindArg>,
     },
     /// Activate a prepared key; the active key of its kind is retired.
-    Activate { key_id: String },
+    // Key IDs are base64url: about one in 64 starts with `-` (review finding F5).
+    Activate {
+        #[arg(allow_hyphen_values = true)]
+        key_id: String,
+    },
     /// Taint a key: holders of certificates issued under it replace them.
-    Taint { key_id: String },
+    Taint {
+        #[arg(allow_hyphen_values = true)]
+        key_id: String,
+    },
     /// Remove a non-active key from the trust bundle. Refused while unexpired certificates
     /// issued under it remain, unless --force.
     Revoke {
+        #[arg(allow_hyphen_values = true)]
         key_id: String,
         #[arg(long)]
         force: bool,
@@ -202,4 +210,41 @@ pub async fn ca(socket: &Path, cmd: CaCmd) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::CaCmd;
+    use crate::{Cli, Cmd};
+
+    /// Review finding F5: a key ID that starts with `-` (base64url) is a key ID, not a flag.
+    #[test]
+    fn key_ids_may_start_with_a_hyphen() {
+        let kid = "-vtrEIHgN55MGq_GQfnb5JwT30p2X-ao";
+        for verb in ["activate", "taint", "revoke"] {
+            let cli = Cli::try_parse_from(["signetctl", "ca", verb, kid])
+                .unwrap_or_else(|e| panic!("ca {verb}: {e}"));
+            let Cmd::Ca { cmd } = cli.cmd else {
+                panic!("ca {verb}")
+            };
+            let got = match cmd {
+                CaCmd::Activate { key_id } | CaCmd::Taint { key_id } => key_id,
+                CaCmd::Revoke { key_id, force } => {
+                    assert!(!force);
+                    key_id
+                }
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(got, kid);
+        }
+        let cli = Cli::try_parse_from(["signetctl", "ca", "revoke", kid, "--force"]).unwrap();
+        assert!(matches!(
+            cli.cmd,
+            Cmd::Ca {
+                cmd: CaCmd::Revoke { force: true, .. }
+            }
+        ));
+    }
 }

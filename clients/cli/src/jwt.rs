@@ -74,13 +74,16 @@ pub(crate) async fn jwt(socket: &Path, cmd: JwtCmd) -> anyhow::Result<ExitCode> 
                         if json {
                             println!("{}", row_json(r));
                         } else {
+                            // Audiences quoted and escaped: ["ab", "cd"] is not ["ab,cd"],
+                            // and a row stored before audiences refused invisible characters
+                            // shows them (review finding F7).
                             println!(
-                                "{:>6}  {:<20}  {:<20}  {:<44}  {}",
+                                "{:>6}  {:<20}  {:<20}  {:<44}  {:?}",
                                 r.entry.seq,
                                 rfc3339(r.entry.issued_at),
                                 rfc3339(r.entry.expires_at),
                                 r.entry.spiffe_id,
-                                r.entry.audience.join(",")
+                                r.entry.audience
                             );
                         }
                     }
@@ -112,7 +115,7 @@ pub(crate) async fn jwt(socket: &Path, cmd: JwtCmd) -> anyhow::Result<ExitCode> 
                 let e = &r.entry;
                 println!("seq:          {}", e.seq);
                 println!("spiffe id:    {}", e.spiffe_id);
-                println!("audience:     {}", e.audience.join(", "));
+                println!("audience:     {:?}", e.audience);
                 println!("issued at:    {}", rfc3339(e.issued_at));
                 println!("expires at:   {}", rfc3339(e.expires_at));
                 println!("key id:       {}", e.key_id);

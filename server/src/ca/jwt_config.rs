@@ -127,6 +127,13 @@ pub enum JwtSvidConfigError {
         propagation: Duration,
         window: Duration,
     },
+    #[error(
+        "jwt_svid.key_ttl ({}) is too short: a key signs until jwt_svid.key_activate_at (+ \
+         ca.rotation_jitter) of its life, and mints only with at least {} left",
+        humantime::format_duration(*.key_ttl),
+        humantime::format_duration(crate::jwt_svid::MIN_KEY_REMAINING)
+    )]
+    KeyTooShort { key_ttl: Duration },
     #[error("jwt_svid.issuer {issuer:?}: {reason}")]
     Issuer { issuer: String, reason: String },
     #[error(
@@ -167,6 +174,13 @@ impl JwtSvidConfig {
                 prepare: p,
                 activate: a,
                 jitter: j,
+            });
+        }
+        // The active key is replaced by key_activate_at (+ jitter) of its life; until then it
+        // must keep MIN_KEY_REMAINING, or minting stops before the next key takes over.
+        if self.key_ttl.mul_f64(1.0 - a - j) < crate::jwt_svid::MIN_KEY_REMAINING {
+            return Err(JwtSvidConfigError::KeyTooShort {
+                key_ttl: self.key_ttl,
             });
         }
         let window = self.key_ttl.mul_f64(a - p);
@@ -344,6 +358,19 @@ mod tests {
             c.validate(0.02),
             Err(JwtSvidConfigError::Propagation { .. })
         ));
+        // A key that would have under 30 s left while still active: minting would stop.
+        let c = JwtSvidConfig {
+            key_ttl: Duration::from_secs(24),
+            ttl: Duration::from_secs(2),
+            max_ttl: Duration::from_secs(6),
+            key_prepare_at: 0.25,
+            key_activate_at: 0.5,
+            key_propagation: Duration::from_secs(3),
+            ..Default::default()
+        };
+        let e = c.validate(0.0).unwrap_err();
+        assert!(matches!(e, JwtSvidConfigError::KeyTooShort { .. }), "{e}");
+        assert!(e.to_string().contains("30s left"), "{e}");
     }
 
     #[test]

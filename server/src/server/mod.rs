@@ -44,6 +44,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     on_started: impl FnOnce(&Started),
 ) -> anyhow::Result<()> {
+    crate::federation::check_web_tls_files(&cfg)?;
     let parts = parts::build(&cfg).await?;
     let listeners = listeners::Listeners::bind(&cfg, &parts.server_cert.resolver).await?;
     serve::serve(cfg, parts, listeners, shutdown, on_started).await

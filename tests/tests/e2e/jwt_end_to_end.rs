@@ -209,11 +209,11 @@ async fn a_workload_gets_a_jwt_svid_that_validates_everywhere_and_is_on_the_ledg
 
 const ROTATION_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/py/jwt_rotation.py");
 
-/// Rotation and a taint while tokens are in use (see the module doc). JWT keys live 24 s: the
-/// next one is prepared at 6 s and activated at 12 s, so it is published 6 s (at least
-/// `key_propagation`, 3 s) before it signs; relying parties refresh at the published `max-age`
-/// (1 s). The taint comes while the next key is prepared: that key signs at once, and since it
-/// was published long before, no relying party meets it unknown.
+/// Rotation and a taint while tokens are in use (see the module doc). JWT keys live 80 s (a key
+/// mints only with 30 s of life left): the next one is prepared at 8 s and activated at 20 s, so
+/// it is published 12 s (at least `key_propagation`, 3 s) before it signs; relying parties
+/// refresh at the published `max-age` (1 s). The taint comes while the next key is prepared:
+/// that key signs at once, and since it was published before, no relying party meets it unknown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jwt_keys_rotate_and_are_tainted_under_load_without_a_validation_failure() {
     use std::time::{Duration, Instant};
@@ -227,8 +227,8 @@ async fn jwt_keys_rotate_and_are_tainted_under_load_without_a_validation_failure
     let server = Server::start(ServerOpts {
         extra_toml: format!(
             "[ca]\nrotation_interval = \"200ms\"\nrotation_jitter = 0.0\n\
-             [jwt_svid]\nissuer = \"{ISSUER}\"\nkey_ttl = \"24s\"\nkey_prepare_at = 0.25\n\
-             key_activate_at = 0.5\nkey_propagation = \"3s\"\nttl = \"2s\"\nmax_ttl = \"6s\"\n"
+             [jwt_svid]\nissuer = \"{ISSUER}\"\nkey_ttl = \"80s\"\nkey_prepare_at = 0.1\n\
+             key_activate_at = 0.25\nkey_propagation = \"3s\"\nttl = \"2s\"\nmax_ttl = \"20s\"\n"
         ),
         ..ServerOpts::default()
     })
@@ -285,8 +285,8 @@ async fn jwt_keys_rotate_and_are_tainted_under_load_without_a_validation_failure
         assert!(Instant::now() < deadline, "no rotation: {st}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    // Past one max-age, so the OIDC relying party has refreshed since the prepare.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Past two max-ages, so the OIDC relying party has refreshed since the prepare.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     let out = server.signetctl(&["ca", "taint", &active]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(status(&server)["active_jwt_key_id"], prepared.as_str());

@@ -22,7 +22,7 @@ use signet_types::ledger::{Hash, JwtSvidEntry, jwt_hash, sha256};
 use sqlx::Row;
 
 /// Validates `token` for `audience` with the keys the server publishes in `GetBundle.jwt_keys`.
-async fn validates(
+pub(crate) async fn validates(
     server: &signet_tests::Server,
     token: &str,
     audience: &str,
@@ -442,7 +442,7 @@ async fn jwt_rows_verify_in_the_chain_and_checkpoints_and_tampering_breaks_verif
     let out = server.signetctl(&["jwt", "show", &seq.to_string()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && text.contains("vault, https://api.example.org"),
+        out.status.success() && text.contains(r#"["vault", "https://api.example.org"]"#),
         "{text}"
     );
     let out = server.signetctl(&["jwt", "show", "1"]);

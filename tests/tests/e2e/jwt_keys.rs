@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use signet_proto::ca::GetBundleRequest;
-use signet_tests::{Server, ServerOpts};
+use signet_tests::{Server, ServerOpts, bin};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const ISSUER: &str = "https://oidc.example.org/signet";
@@ -262,4 +262,55 @@ async fn jwt_keys_are_operated_published_and_discoverable() {
     let jwks = tls_get("/signet/keys").await;
     check_oidc(&doc, &jwks, &[first.clone(), second.clone()]);
     server.stop().await;
+}
+
+/// Review findings F6 and F10: an OIDC certificate with another certificate's key is refused at
+/// start, naming both files (rustls would have served it and failed every handshake), and so is
+/// a missing file; either way before the server creates anything in its data directory.
+#[test]
+fn oidc_tls_files_are_checked_before_anything_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let other = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["oidc.example.org".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    std::fs::write(p("oidc.pem"), cert.pem()).unwrap();
+    std::fs::write(p("other.key"), other.serialize_pem()).unwrap();
+    for (key_file, want) in [
+        ("other.key", "is not the key of the first certificate"),
+        ("missing.key", "missing.key"),
+    ] {
+        let data = p(&format!("data-{key_file}"));
+        let cfg = p("server.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "data_dir = \"{}\"\nlisten = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\n\
+                 [jwt_svid]\nissuer = \"{ISSUER}\"\noidc_listen = \"127.0.0.1:0\"\n\
+                 oidc_tls_cert_file = \"{}\"\noidc_tls_key_file = \"{}\"\n",
+                data.display(),
+                p("oidc.pem").display(),
+                p(key_file).display()
+            ),
+        )
+        .unwrap();
+        let out = std::process::Command::new(bin("signet-server"))
+            .args(["--config", cfg.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{err}");
+        assert!(
+            err.contains("oidc_tls_key_file") || err.contains(key_file),
+            "{err}"
+        );
+        let left: Vec<_> = std::fs::read_dir(&data)
+            .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{key_file}: left behind {left:?}");
+    }
 }
