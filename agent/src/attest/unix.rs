@@ -5,8 +5,11 @@
 //! `connect(2)`) and gives a pidfd for exactly that process (`SO_PEERPIDFD`, Linux 6.5+). We
 //! also note its start time (`/proc/<pid>/stat`, field 22). Every later look at the process
 //! ([`PeerProcess::inspect`]) checks, before and after reading `/proc/<pid>/…`, that the pidfd's
-//! process is still alive and the start time unchanged: a live process's pid is never reused,
-//! so the files read in between were that process's. A peer that exited, or whose pid now
+//! process is still alive, or without a pidfd that the start time is unchanged: a live
+//! process's pid is never reused (a pidfd polls readable as soon as its process exits, before
+//! it can be reaped and its pid handed out again), so the files read in between were that
+//! process's. With a pidfd the start time is not read again: it could only tell what the pidfd
+//! already says, and reading it was most of the cost of a cached Workload API answer. A peer that exited, or whose pid now
 //! names another process, is refused ([`ProcessError::Gone`], [`ProcessError::PidReused`]).
 //!
 //! The executable is also noted at accept; a process that runs another one at a request than
@@ -138,6 +141,10 @@ impl PeerProcess {
             // Unknown at accept: the process was already gone or unreadable then.
             return Err(ProcessError::Gone(pid));
         };
+        if self.pidfd.is_some() {
+            // Alive (checked above): its pid names it still.
+            return Ok(());
+        }
         match read_start_time(&self.proc_root, pid) {
             Ok(t) if t == expected => Ok(()),
             Ok(_) => Err(ProcessError::PidReused(pid)),
@@ -287,6 +294,9 @@ mod tests {
             let _ = child.wait();
             return;
         }
+        // While the pidfd is alive the start time is not read again: it cannot have changed.
+        std::fs::remove_file(root.path().join(format!("{pid}/stat"))).expect("rm stat");
+        peer.check().expect("alive, by its pidfd");
         child.kill().expect("kill");
         child.wait().expect("reap");
         assert_eq!(peer.check(), Err(ProcessError::Gone(pid)));
