@@ -161,6 +161,8 @@ pub struct WorkloadApiConfig {
     /// JWT-SVIDs kept at most (one per SPIFFE ID and audience set); beyond it the least
     /// recently used is dropped.
     pub jwt_cache_size: usize,
+    /// New JWT-SVIDs (server calls) one SPIFFE ID may cause: a burst, then a rate.
+    pub jwt_mint_rate: crate::jwt_cache::MintRate,
 }
 
 impl Default for WorkloadApiConfig {
@@ -179,6 +181,7 @@ impl Default for WorkloadApiConfig {
             unix_only_entries_for_containers: false,
             kubernetes: KubernetesAttestorConfig::default(),
             jwt_cache_size: crate::jwt_cache::DEFAULT_CAPACITY,
+            jwt_mint_rate: crate::jwt_cache::MintRate::default(),
         }
     }
 }
@@ -216,6 +219,10 @@ impl WorkloadApiConfig {
         }
         if self.jwt_cache_size == 0 {
             return bad("jwt_cache_size must be at least 1");
+        }
+        let r = self.jwt_mint_rate;
+        if r.burst == 0 || r.per_second.is_nan() || r.per_second <= 0.0 {
+            return bad("jwt_mint_rate needs burst >= 1 and per_second > 0");
         }
         self.socket_mode()?;
         if matches!(&self.socket_group, Some(g) if g.is_empty()) {

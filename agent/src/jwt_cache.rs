@@ -18,6 +18,12 @@
 //!   node banned) is returned, never hidden behind an old token.
 //! - **Bound.** At most `capacity` keys; a new key beyond it evicts the one used least
 //!   recently.
+//! - **Budget.** Every call to the server takes a token from its SPIFFE ID's bucket
+//!   ([`MintRate`], `workload_api.jwt_mint_rate`). A workload asking for token after token,
+//!   each for a new audience (each a cache miss, a server mint and a ledger row), is refused
+//!   here (ResourceExhausted, with when to retry; an unexpired cached token is served instead
+//!   when there is one) before its calls use up the node's share of the server's
+//!   `issuance_per_source`, which every other workload on the node needs.
 //!
 //! The clock is the agent's ([`Clock`]); nothing here reads the time itself. Tokens are
 //! bearer credentials: nothing here logs or shows one (`MintedJwt`'s `Debug` hides it).
@@ -33,6 +39,33 @@ use crate::ca::{Ca, CaError, JwtRequest, MintedJwt};
 
 /// Keys kept by default.
 pub const DEFAULT_CAPACITY: usize = 4096;
+
+/// How many server calls one SPIFFE ID's new tokens may cause: `burst` at once, refilled at
+/// `per_second` (`workload_api.jwt_mint_rate`).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MintRate {
+    pub burst: u32,
+    pub per_second: f64,
+}
+
+impl Default for MintRate {
+    /// Below the server's default `limits.issuance_per_caller` (burst 100, 10/s), so the agent
+    /// refuses first and the server never sees the flood.
+    fn default() -> Self {
+        Self {
+            burst: 50,
+            per_second: 5.0,
+        }
+    }
+}
+
+/// A SPIFFE ID's remaining budget of server calls, as of `at`.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    tokens: f64,
+    at: tokio::time::Instant,
+}
 
 /// What a cached token is for: a SPIFFE ID and its sorted, de-duplicated audiences, each kept
 /// whole.
@@ -122,6 +155,16 @@ pub enum JwtCacheError {
     /// The server answered with a token for another SPIFFE ID or that is already expired.
     #[error("JWT-SVID for {spiffe_id}: the server answered {why}")]
     BadToken { spiffe_id: String, why: String },
+    /// This SPIFFE ID asked for more new tokens than `workload_api.jwt_mint_rate` allows.
+    #[error(
+        "JWT-SVID for {spiffe_id}: more new tokens asked than this agent allows one identity \
+         (workload_api.jwt_mint_rate); retry in {} ms",
+        retry_after.as_millis()
+    )]
+    Limited {
+        spiffe_id: String,
+        retry_after: std::time::Duration,
+    },
 }
 
 struct Slot {
@@ -149,6 +192,9 @@ pub struct JwtCache {
     clock: Arc<dyn Clock>,
     capacity: usize,
     inner: Mutex<Inner>,
+    rate: MintRate,
+    /// Per SPIFFE ID (only identities a caller was entitled to: bounded by the entries).
+    budgets: Mutex<HashMap<String, Budget>>,
 }
 
 impl JwtCache {
@@ -158,7 +204,36 @@ impl JwtCache {
             clock,
             capacity: capacity.max(1),
             inner: Mutex::new(Inner::default()),
+            rate: MintRate::default(),
+            budgets: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Each SPIFFE ID's budget of server calls (see the module documentation).
+    pub fn with_mint_rate(mut self, rate: MintRate) -> Self {
+        self.rate = rate;
+        self
+    }
+
+    /// Takes one server call from `spiffe_id`'s budget, or says when there is one.
+    fn take_budget(&self, spiffe_id: &SpiffeId) -> Result<(), std::time::Duration> {
+        let (burst, per_second) = (f64::from(self.rate.burst), self.rate.per_second);
+        let now = self.clock.monotonic();
+        let mut budgets = self.budgets.lock().unwrap_or_else(|e| e.into_inner());
+        let b = budgets.entry(spiffe_id.to_string()).or_insert(Budget {
+            tokens: burst,
+            at: now,
+        });
+        let add = now.saturating_duration_since(b.at).as_secs_f64() * per_second;
+        b.tokens = (b.tokens + add).min(burst);
+        b.at = now;
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            return Ok(());
+        }
+        let wait = (1.0 - b.tokens) / per_second.max(f64::MIN_POSITIVE);
+        Err(std::time::Duration::from_secs_f64(wait.min(3600.0))
+            .max(std::time::Duration::from_millis(1)))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -266,6 +341,17 @@ impl JwtCache {
         let result = match shared {
             Some(e) => Err(e),
             None => {
+                if let Err(retry_after) = self.take_budget(spiffe_id) {
+                    if let Some(old) = held.as_ref()
+                        && now < old.expires_at
+                    {
+                        return Ok((old.clone(), Served::Stale));
+                    }
+                    return Err(JwtCacheError::Limited {
+                        spiffe_id: spiffe_id.to_string(),
+                        retry_after,
+                    });
+                }
                 let r = self.minter.mint(entry_id, key.audience()).await;
                 *slot.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
                     r.as_ref().err().cloned();

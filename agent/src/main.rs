@@ -281,11 +281,14 @@ async fn run(mut cfg: Config) -> Result<(), Fatal> {
     .with_metrics(metrics.clone())
     .with_readiness(ready.clone());
     // JWT-SVIDs are minted through the loop's connection to the server.
-    let jwt_cache = Arc::new(JwtCache::new(
-        Arc::new(CaMinter(driver.ca())),
-        clock.clone(),
-        cfg.workload_api.jwt_cache_size,
-    ));
+    let jwt_cache = Arc::new(
+        JwtCache::new(
+            Arc::new(CaMinter(driver.ca())),
+            clock.clone(),
+            cfg.workload_api.jwt_cache_size,
+        )
+        .with_mint_rate(cfg.workload_api.jwt_mint_rate),
+    );
     let mut driver_task = tokio::spawn(driver.run(stop_rx.clone()));
 
     let api = WorkloadApi::new(state_rx, attestor).with_jwt(jwt_cache, clock);

@@ -299,3 +299,48 @@ async fn a_token_for_another_identity_is_refused() {
         "nothing cached"
     );
 }
+
+/// Second review, finding F1: a workload flooding its agent with new audiences is refused by the
+/// agent itself once its identity's budget is spent (ResourceExhausted with when to retry), so
+/// its calls never reach the server, while another identity still gets new tokens; the budget
+/// refills with time.
+#[tokio::test]
+async fn new_tokens_take_from_their_identitys_budget() {
+    let clock = FakeClock::at(std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+    let minter = Counting::new(&clock, 300);
+    let c = cache(minter.clone(), &clock, 64).with_mint_rate(MintRate {
+        burst: 3,
+        per_second: 1.0,
+    });
+    let other: SpiffeId = "spiffe://example.org/other".parse().expect("id");
+    for i in 0..3 {
+        c.get("e", &web(), &aud(&[&format!("a{i}")]))
+            .await
+            .expect("within the burst");
+    }
+    let err = c.get("e", &web(), &aud(&["a3"])).await.unwrap_err();
+    let JwtCacheError::Limited { retry_after, .. } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(*retry_after, Duration::from_secs(1));
+    assert!(err.to_string().contains("jwt_mint_rate"), "{err}");
+    assert_eq!(
+        minter.calls(),
+        3,
+        "the refused request never reached the server"
+    );
+    // A token already cached is still served from the cache.
+    let (_, served) = c.get("e", &web(), &aud(&["a0"])).await.expect("cached");
+    assert_eq!(served, Served::Cached);
+    // Another identity has a budget of its own (the minter answers for web; the cache only
+    // counts what it asks).
+    let _ = c.get("liar", &other, &aud(&["x"])).await;
+    assert_eq!(minter.calls(), 4);
+    // One second later, one more.
+    clock.advance(Duration::from_secs(1));
+    c.get("e", &web(), &aud(&["a3"])).await.expect("refilled");
+    assert!(matches!(
+        c.get("e", &web(), &aud(&["a4"])).await,
+        Err(JwtCacheError::Limited { .. })
+    ));
+}

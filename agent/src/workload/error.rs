@@ -103,6 +103,7 @@ impl WorkloadError {
                 CaError::Refused { .. } | CaError::Invalid(_) => Code::Internal,
             },
             WorkloadError::Jwt(JwtCacheError::BadToken { .. }) => Code::Internal,
+            WorkloadError::Jwt(JwtCacheError::Limited { .. }) => Code::ResourceExhausted,
         }
     }
 }
