@@ -19,10 +19,13 @@ pub fn quoted(s: &str) -> String {
 }
 
 /// `s` cut to [`MAX_CHARS`]; quoted and escaped (as [`quoted`]) only if it contains a control
-/// character.
+/// character or one a reader cannot see (bidirectional overrides, zero-width characters: see
+/// [`crate::selector::is_invisible`]), which could make a message read as something else.
 pub fn shown(s: &str) -> String {
     let t = truncate(s);
-    if t.chars().any(char::is_control) {
+    if t.chars()
+        .any(|c| c.is_control() || crate::selector::is_invisible(c))
+    {
         format!("{t:?}")
     } else {
         t
@@ -44,6 +47,20 @@ fn truncate(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Second review, finding F3: an audience with a bidi override was echoed raw.
+    #[test]
+    fn invisible_characters_are_escaped() {
+        for s in ["a\u{202e}gnp.", "a\u{200b}b", "a\u{feff}"] {
+            let out = shown(s);
+            assert!(out.starts_with('"'), "{out}");
+            assert!(
+                out.chars().all(|c| !crate::selector::is_invisible(c)),
+                "{out:?}"
+            );
+        }
+        assert_eq!(shown("plain"), "plain");
+    }
 
     #[test]
     fn short_plain_text_is_kept() {
