@@ -90,7 +90,10 @@ impl Default for JwtSvidConfig {
 /// Why `[jwt_svid]` is refused; each message names the key.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum JwtSvidConfigError {
-    #[error("jwt_svid.ttl, jwt_svid.max_ttl and jwt_svid.key_ttl must be positive")]
+    #[error(
+        "jwt_svid.ttl, jwt_svid.max_ttl, jwt_svid.key_ttl and jwt_svid.key_propagation must be \
+         positive"
+    )]
     NonPositive,
     #[error(
         "jwt_svid.ttl ({}) is longer than jwt_svid.max_ttl ({})",
@@ -153,7 +156,13 @@ pub enum JwtSvidConfigError {
 impl JwtSvidConfig {
     /// Checks the section; `jitter` is `ca.rotation_jitter` (JWT keys rotate with it too).
     pub fn validate(&self, jitter: f64) -> Result<(), JwtSvidConfigError> {
-        if self.ttl.is_zero() || self.max_ttl.is_zero() || self.key_ttl.is_zero() {
+        // A zero propagation would let a key sign as soon as it is published: validators would
+        // meet its kid unknown (second review, finding F6).
+        if self.ttl.is_zero()
+            || self.max_ttl.is_zero()
+            || self.key_ttl.is_zero()
+            || self.key_propagation.is_zero()
+        {
             return Err(JwtSvidConfigError::NonPositive);
         }
         if self.ttl > self.max_ttl {
@@ -358,6 +367,12 @@ mod tests {
             c.validate(0.02),
             Err(JwtSvidConfigError::Propagation { .. })
         ));
+        let c = JwtSvidConfig {
+            key_propagation: Duration::ZERO,
+            ..Default::default()
+        };
+        let e = c.validate(0.02).unwrap_err();
+        assert!(e.to_string().contains("key_propagation must be"), "{e}");
         // A key that would have under 30 s left while still active: minting would stop.
         let c = JwtSvidConfig {
             key_ttl: Duration::from_secs(24),
