@@ -317,3 +317,113 @@ async fn jwt_keys_rotate_and_are_tainted_under_load_without_a_validation_failure
     assert!(v["jwks_fetches"].as_u64().unwrap() >= 5, "{v}");
     assert!(v["tokens"].as_u64().unwrap() >= 50, "{v}");
 }
+
+/// FetchJWTSVID for `spiffe_id` and `audience` on the agent's socket: the status code.
+async fn fetch_jwt(
+    channel: tonic::transport::Channel,
+    spiffe_id: &str,
+    audience: String,
+) -> tonic::Code {
+    use signet_proto::workload as pb;
+    let mut client = pb::spiffe_workload_api_client::SpiffeWorkloadApiClient::new(channel);
+    let mut req = tonic::Request::new(pb::JwtsvidRequest {
+        audience: vec![audience],
+        spiffe_id: spiffe_id.to_owned(),
+    });
+    req.metadata_mut()
+        .insert("workload.spiffe.io", "true".parse().unwrap());
+    match client.fetch_jwtsvid(req).await {
+        Ok(_) => tonic::Code::Ok,
+        Err(s) => s.code(),
+    }
+}
+
+/// Both reviews' finding F1, performed with the real binaries at the server's default limits:
+/// one identity on a node asks for a new audience again and again (each a cache miss), 800
+/// times at once: more than the server's default `issuance_per_source` burst (500). The agent refuses it past its own budget (ResourceExhausted) instead of
+/// passing the flood on, so the node's share of the server (`issuance_per_source`) is left to
+/// its neighbours: another identity on the same node still gets every new token it asks for,
+/// and the flooder's ledger rows stay within its budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_identity_flooding_new_audiences_leaves_its_neighbours_their_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(ServerOpts::default()).await;
+    let (_agent, socket) = agent_with_entry(&server, dir.path(), 0).await;
+    // A neighbour identity for the same process (the same uid selector, another SPIFFE ID).
+    let neighbour = "spiffe://example.org/vm/neighbour";
+    let uid = std::fs::metadata(dir.path()).unwrap().uid();
+    NodeAdminClient::new(
+        signet_client::connect_admin(&server.admin_socket())
+            .await
+            .unwrap(),
+    )
+    .create_entry(CreateEntryRequest {
+        spiffe_id: neighbour.into(),
+        parent: "vm1".into(),
+        selectors: vec![format!("unix:uid:{uid}")],
+        ttl_seconds: 3600,
+        dns_names: vec![],
+        jwt_ttl_seconds: 0,
+    })
+    .await
+    .unwrap();
+    let channel = || async { signet_client::connect_admin(&socket).await.unwrap() };
+    // Both identities are served (the agent has synced both entries).
+    for _ in 0..150 {
+        let Ok(c) = signet_client::connect_admin(&socket).await else {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            continue;
+        };
+        if fetch_jwt(c.clone(), SUBJECT, "warm".into()).await == tonic::Code::Ok
+            && fetch_jwt(c, neighbour, "warm".into()).await == tonic::Code::Ok
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let flood_channel = channel().await;
+    let flood: Vec<_> = (0..800)
+        .map(|i| {
+            let c = flood_channel.clone();
+            tokio::spawn(async move { fetch_jwt(c, SUBJECT, format!("flood-{i}")).await })
+        })
+        .collect();
+    // The neighbour during the flood: every new token it asks for.
+    let neighbour_channel = channel().await;
+    let mut neighbour_codes = Vec::new();
+    for i in 0..10 {
+        neighbour_codes
+            .push(fetch_jwt(neighbour_channel.clone(), neighbour, format!("n-{i}")).await);
+    }
+    let mut flood_codes = std::collections::BTreeMap::<String, usize>::new();
+    for f in flood {
+        *flood_codes
+            .entry(format!("{:?}", f.await.unwrap()))
+            .or_default() += 1;
+    }
+    assert!(
+        neighbour_codes.iter().all(|c| *c == tonic::Code::Ok),
+        "the neighbour was starved: {neighbour_codes:?} (flood: {flood_codes:?})"
+    );
+    let refused = flood_codes.get("ResourceExhausted").copied().unwrap_or(0);
+    let ok = flood_codes.get("Ok").copied().unwrap_or(0);
+    assert!(
+        refused >= 300,
+        "the agent passed the flood on: {flood_codes:?}"
+    );
+    // At most its burst (50, the warm-up's one included) plus what refilled meanwhile.
+    assert!(ok <= 70, "{flood_codes:?}");
+    // The flood's rows on the ledger: no more than what the agent let through.
+    let out = server.signetctl(&[
+        "jwt",
+        "list",
+        "--json",
+        "--limit",
+        "0",
+        "--spiffe-id",
+        SUBJECT,
+    ]);
+    assert!(out.status.success());
+    let rows = String::from_utf8_lossy(&out.stdout).lines().count();
+    assert!(rows <= ok + 1, "{rows} rows for {ok} tokens served");
+}
