@@ -96,7 +96,13 @@ async fn ca_intermediate_rotates_and_chains_verify_before_during_and_after() {
         (slots(&status(&server), "intermediate", "retired").count() == 1).then_some(())
     })
     .await;
-    let chain = istio_chain(&server, &tokens).await;
+    // `ca status` reads the committed slots; the signer follows when the rotator publishes the
+    // new view, a moment later.
+    let chain = eventually(5, "the new intermediate signing", || async {
+        let chain = istio_chain(&server, &tokens).await;
+        (chain[1] != first_int).then_some(chain)
+    })
+    .await;
     assert_ne!(
         verify(&server, &chain),
         first_int,
