@@ -174,7 +174,27 @@ fn call_err(what: &str, e: &CallError) -> anyhow::Error {
     anyhow!("{what}: {} ({:?}{hint})", e.message(), e.code())
 }
 
+/// A reader that went away (`signetctl … | head`) ends the output; it is not an error. Rust
+/// ignores SIGPIPE, so `println!` panics on a closed stdout, with a backtrace; exit quietly
+/// instead, with the status a shell gives a process killed by SIGPIPE (128 + 13).
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> ExitCode {
+    quiet_on_closed_stdout();
     let cli = Cli::parse();
     // The load generator runs on one thread: its tasks never wake each other across threads,
     // so it spends as little of the machine it shares with the server as it can (one core

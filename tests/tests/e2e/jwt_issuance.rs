@@ -243,6 +243,22 @@ async fn jwt_svid_requests_are_authorized_as_x509_and_minted_tokens_validate() {
         out.status.success() && listed.contains("spiffe://example.org/app"),
         "{listed}"
     );
+    // A reader that goes away (`| head`) ends the listing quietly: no panic, no backtrace
+    // (second review, finding F4).
+    let mut child = std::process::Command::new(bin("signetctl"))
+        .arg("--socket")
+        .arg(server.admin_socket())
+        .args(["jwt", "list", "--json"])
+        .env("RUST_BACKTRACE", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
     let out = server.signetctl(&["ledger", "verify"]);
     assert!(
         out.status.success(),
