@@ -13,6 +13,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/istio/ca.proto",
         "proto/signet/agent/v1/agent.proto",
         "proto/spiffe/workload.proto",
+        "proto/envoy/service/secret/v3/sds.proto",
+        "proto/envoy/extensions/transport_sockets/tls/v3/tls.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

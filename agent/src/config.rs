@@ -163,6 +163,85 @@ pub struct WorkloadApiConfig {
     pub jwt_cache_size: usize,
     /// New JWT-SVIDs (server calls) one SPIFFE ID may cause: a burst, then a rate.
     pub jwt_mint_rate: crate::jwt_cache::MintRate,
+    /// `[workload_api.sds]`: Envoy's Secret Discovery Service on the same socket.
+    pub sds: SdsConfig,
+}
+
+/// `[workload_api.sds]`: the names Envoy asks for, the validator form, and the stream bounds.
+/// The names are SPIRE's defaults, so an Envoy or Istio configuration written for SPIRE works
+/// unchanged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SdsConfig {
+    /// Serve SDS at all (on by default).
+    pub enabled: bool,
+    /// The name of the caller's first identity (by entry ID) as a `TlsCertificate`.
+    pub default_svid_name: String,
+    /// The name of the own trust domain's validation context.
+    pub default_bundle_name: String,
+    /// The name of the validation context with every trust domain the caller trusts.
+    pub default_all_bundles_name: String,
+    /// Always send validation contexts as `trusted_ca` (Envoy's default validator) instead of
+    /// Envoy's SPIFFE validator, whatever the Envoy version.
+    pub disable_spiffe_cert_validation: bool,
+    /// Open SDS streams at most, all callers together.
+    pub max_streams: usize,
+    /// Open SDS streams at most per caller uid.
+    pub max_streams_per_uid: usize,
+    /// A stream must send its first DiscoveryRequest within this time.
+    #[serde(with = "humantime_serde")]
+    pub first_request_timeout: Duration,
+}
+
+impl Default for SdsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            default_svid_name: "default".into(),
+            default_bundle_name: "ROOTCA".into(),
+            default_all_bundles_name: "ALL".into(),
+            disable_spiffe_cert_validation: false,
+            max_streams: 8192,
+            max_streams_per_uid: 2048,
+            first_request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl SdsConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(format!("workload_api.sds.{m}")));
+        let names = [
+            ("default_svid_name", &self.default_svid_name),
+            ("default_bundle_name", &self.default_bundle_name),
+            ("default_all_bundles_name", &self.default_all_bundles_name),
+        ];
+        for (key, name) in names {
+            if name.is_empty() || name.starts_with("spiffe://") || name.len() > 256 {
+                return bad(format!(
+                    "{key} {name:?}: a name must be 1 to 256 bytes and not start with \
+                     spiffe:// (SPIFFE IDs and trust domains are names of their own)"
+                ));
+            }
+        }
+        if names[0].1 == names[1].1 || names[0].1 == names[2].1 || names[1].1 == names[2].1 {
+            return bad(
+                "default_svid_name, default_bundle_name and default_all_bundles_name must \
+                 differ"
+                    .into(),
+            );
+        }
+        if self.max_streams == 0 || self.max_streams_per_uid == 0 {
+            return bad("max_streams and max_streams_per_uid must be at least 1".into());
+        }
+        if self.max_streams_per_uid > self.max_streams {
+            return bad("max_streams_per_uid must not exceed max_streams".into());
+        }
+        if self.first_request_timeout.is_zero() {
+            return bad("first_request_timeout must be more than zero".into());
+        }
+        Ok(())
+    }
 }
 
 impl Default for WorkloadApiConfig {
@@ -182,6 +261,7 @@ impl Default for WorkloadApiConfig {
             kubernetes: KubernetesAttestorConfig::default(),
             jwt_cache_size: crate::jwt_cache::DEFAULT_CAPACITY,
             jwt_mint_rate: crate::jwt_cache::MintRate::default(),
+            sds: SdsConfig::default(),
         }
     }
 }
@@ -224,6 +304,7 @@ impl WorkloadApiConfig {
         if r.burst == 0 || r.per_second.is_nan() || r.per_second <= 0.0 {
             return bad("jwt_mint_rate needs burst >= 1 and per_second > 0");
         }
+        self.sds.validate()?;
         self.socket_mode()?;
         if matches!(&self.socket_group, Some(g) if g.is_empty()) {
             return bad("socket_group is empty");

@@ -193,6 +193,15 @@ impl Peer {
         &self.source
     }
 
+    /// The uid the connection was accepted from.
+    pub fn uid(&self) -> u32 {
+        match &self.source {
+            PeerSource::Process(p) => p.uid,
+            #[cfg(test)]
+            PeerSource::Fixed(c) => c.uid,
+        }
+    }
+
     /// Marks a request or stream open until the guard drops.
     pub fn begin_request(&self) -> ActiveGuard {
         self.activity.active.fetch_add(1, Ordering::SeqCst);

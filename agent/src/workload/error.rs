@@ -67,6 +67,39 @@ pub enum WorkloadError {
     /// No JWT-SVID could be had from the server (nor from the cache).
     #[error("{0}")]
     Jwt(JwtCacheError),
+    /// SDS: the first request of a stream carries no node.
+    #[error("SDS: the first DiscoveryRequest of a stream must carry the node")]
+    SdsNoNode,
+    /// SDS: a request for another resource type.
+    #[error(
+        "SDS: type_url {0} is not served; this server serves only \
+         type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+    )]
+    SdsTypeUrl(String),
+    /// SDS: more resource names than one request may carry.
+    #[error("SDS: {0} resource names in one request; at most 256")]
+    SdsTooManyNames(usize),
+    /// SDS: names that are not served to the caller, as attested now (quoted, at most five).
+    #[error(
+        "SDS: not served to this caller: {0}; the names are default, ROOTCA, ALL (or their \
+         configured names), spiffe://<trust domain>, and the caller's own SPIFFE IDs"
+    )]
+    SdsNotServed(String),
+    /// SDS: `ALL` in the `trusted_ca` form with more than one trust domain.
+    #[error(
+        "SDS: ALL with more than one trust domain needs Envoy's SPIFFE certificate validator \
+         (Envoy 1.18 or later, without disable_spiffe_cert_validation)"
+    )]
+    SdsAllNeedsSpiffeValidator,
+    /// SDS: a stream that sent no request in time.
+    #[error("SDS: no DiscoveryRequest within {0:?} of opening the stream")]
+    SdsNoFirstRequest(std::time::Duration),
+    /// SDS: the stream caps are reached (which one).
+    #[error(
+        "SDS: {0} open streams reached (workload_api.sds.max_streams / max_streams_per_uid); \
+         close a stream or raise the cap"
+    )]
+    SdsStreamCap(&'static str),
 }
 
 impl From<AttestError> for WorkloadError {
@@ -104,6 +137,13 @@ impl WorkloadError {
             },
             WorkloadError::Jwt(JwtCacheError::BadToken { .. }) => Code::Internal,
             WorkloadError::Jwt(JwtCacheError::Limited { .. }) => Code::ResourceExhausted,
+            WorkloadError::SdsNoNode
+            | WorkloadError::SdsTypeUrl(_)
+            | WorkloadError::SdsTooManyNames(_) => Code::InvalidArgument,
+            WorkloadError::SdsNotServed(_) => Code::PermissionDenied,
+            WorkloadError::SdsAllNeedsSpiffeValidator => Code::FailedPrecondition,
+            WorkloadError::SdsNoFirstRequest(_) => Code::DeadlineExceeded,
+            WorkloadError::SdsStreamCap(_) => Code::ResourceExhausted,
         }
     }
 }

@@ -72,6 +72,8 @@ pub struct ServeOptions {
     pub max_header_list_size: u32,
     pub accept_backoff_max: Duration,
     pub proc_root: std::path::PathBuf,
+    /// Envoy SDS on the same socket; `None`: not served.
+    pub sds: Option<crate::config::SdsConfig>,
 }
 
 impl Default for ServeOptions {
@@ -93,6 +95,7 @@ impl From<&WorkloadApiConfig> for ServeOptions {
             max_header_list_size: c.max_header_list_size,
             accept_backoff_max: c.accept_backoff_max,
             proc_root: c.proc_root.clone(),
+            sds: c.sds.enabled.then(|| c.sds.clone()),
         }
     }
 }
@@ -248,10 +251,16 @@ pub async fn serve_with(
         let s = a.next().await;
         Some((Ok::<_, io::Error>(s), a))
     });
+    let api = api.with_metrics(metrics);
+    let sds = opts
+        .sds
+        .as_ref()
+        .map(|c| super::sds::Sds::new(api.clone(), c).into_server());
     tonic::transport::Server::builder()
         .max_concurrent_streams(opts.max_concurrent_streams)
         .http2_max_header_list_size(opts.max_header_list_size)
-        .add_service(api.with_metrics(metrics).into_server())
+        .add_service(api.into_server())
+        .add_optional_service(sds)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(ListenError::Serve)

@@ -27,6 +27,18 @@ pub struct WorkloadMetrics {
     pub jwt_svids: Family<Labels, Counter>,
     /// `ValidateJWTSVID` calls by `result`: `valid`, or the reason a token was refused.
     pub jwt_validations: Family<Labels, Counter>,
+    /// Open SDS streams.
+    pub sds_streams: Gauge,
+    /// SDS responses sent.
+    pub sds_responses: Counter,
+    /// SDS requests by `kind`: `subscribe` (first request or new names), `ack`, `nack`,
+    /// `stale` (a nonce other than the last one sent: ignored).
+    pub sds_requests: Family<Labels, Counter>,
+    /// SDS streams and fetches refused or ended with an error, by `reason`.
+    pub sds_refused: Family<Labels, Counter>,
+    /// SDS validation contexts sent without CRLs although the agent holds some, because they
+    /// did not cover every CA or one was past (or near) its nextUpdate.
+    pub sds_crls_withheld: Counter,
 }
 
 /// Metric labels.
@@ -81,6 +93,27 @@ impl WorkloadMetrics {
             "jwt_validations",
             "ValidateJWTSVID calls by result (valid, or why the token was refused)",
             m.jwt_validations.clone(),
+        );
+        r.register("sds_streams", "Open SDS streams", m.sds_streams.clone());
+        r.register(
+            "sds_responses",
+            "SDS responses sent",
+            m.sds_responses.clone(),
+        );
+        r.register(
+            "sds_requests",
+            "SDS requests by kind (subscribe, ack, nack, stale)",
+            m.sds_requests.clone(),
+        );
+        r.register(
+            "sds_refused",
+            "SDS streams and fetches refused or ended with an error, by reason",
+            m.sds_refused.clone(),
+        );
+        r.register(
+            "sds_crls_withheld",
+            "SDS validation contexts sent without the CRLs the agent holds (incomplete or stale)",
+            m.sds_crls_withheld.clone(),
         );
         m
     }

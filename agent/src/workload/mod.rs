@@ -26,6 +26,7 @@ pub mod error;
 pub mod jwt;
 pub mod listen;
 pub mod metrics;
+pub mod sds;
 
 use std::collections::HashMap;
 use std::pin::Pin;
