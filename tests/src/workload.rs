@@ -56,8 +56,14 @@ impl Fetched {
 
 /// `wl-probe fetch SOCKET` from `exe` (default the real probe), once.
 pub async fn probe_fetch(exe: Option<&Path>, socket: &Path) -> Fetched {
+    probe_fetch_over(exe, socket, "workload").await
+}
+
+/// [`probe_fetch`] over `api`: `workload` (FetchX509SVID) or `sds` (Envoy SDS, `default`).
+pub async fn probe_fetch_over(exe: Option<&Path>, socket: &Path, api: &str) -> Fetched {
     let exe = exe.map(Path::to_owned).unwrap_or_else(probe_path);
     let out = Command::new(exe)
+        .env("WL_PROBE_API", api)
         .arg("fetch")
         .arg(socket)
         .output()

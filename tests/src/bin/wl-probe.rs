@@ -10,10 +10,16 @@
 //!                                          the inherited connection (fd 0); prints JSON
 //! wl-probe flood SOCKET N                  open up to N idle connections, print how many,
 //!                                          hold them until stdin closes
+//! wl-probe sds-flood SOCKET N               open up to N SDS streams (16 per connection),
+//!                                          print how each went, hold them until stdin
+//!                                          closes
 //! wl-probe sleep SECS
 //! ```
 //!
 //! The JSON line: `{"ok":true,"ids":[…],"keys":n}` or `{"ok":false,"code":c,"message":m}`.
+//! With `WL_PROBE_API=sds` in the environment, `fetch` and `child-fetch` ask Envoy's SDS
+//! (StreamSecrets for `default`) instead of FetchX509SVID; `ids` are then the SPIFFE IDs of the
+//! certificates served.
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 // A benchmark measures real time (clippy.toml bans wall-clock reads in the products' logic).
@@ -25,6 +31,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
+use signet_proto::envoy::config::core::v3 as core;
+use signet_proto::envoy::extensions::transport_sockets::tls::v3 as tls;
+use signet_proto::envoy::service::discovery::v3 as xds;
+use signet_proto::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
 use signet_proto::workload::X509svidRequest;
 use signet_proto::workload::spiffe_workload_api_client::SpiffeWorkloadApiClient;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -45,7 +55,94 @@ async fn channel_over(stream: tokio::net::UnixStream) -> Result<Channel, String>
         .map_err(|e| format!("connect: {e}"))
 }
 
+/// The first request of an SDS stream from an Envoy 1.30 asking for `names`.
+fn sds_request(names: &[&str]) -> xds::DiscoveryRequest {
+    xds::DiscoveryRequest {
+        node: Some(core::Node {
+            id: "wl-probe".into(),
+            cluster: "wl-probe".into(),
+            user_agent_name: "envoy".into(),
+            user_agent_version_type: Some(core::node::UserAgentVersionType::UserAgentBuildVersion(
+                core::BuildVersion {
+                    version: Some(signet_proto::envoy::r#type::v3::SemanticVersion {
+                        major_number: 1,
+                        minor_number: 30,
+                        patch: 0,
+                    }),
+                    metadata: None,
+                },
+            )),
+            ..Default::default()
+        }),
+        resource_names: names.iter().map(|n| (*n).to_owned()).collect(),
+        type_url: "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret".into(),
+        ..Default::default()
+    }
+}
+
+/// The first SDS response on `channel` for `default`, or the status that ended the stream. The
+/// request sender is returned so the stream stays open as long as the caller holds it.
+async fn sds_first(
+    channel: Channel,
+) -> (
+    Result<xds::DiscoveryResponse, tonic::Status>,
+    futures::channel::mpsc::UnboundedSender<xds::DiscoveryRequest>,
+) {
+    let (tx, rx) = futures::channel::mpsc::unbounded();
+    tx.unbounded_send(sds_request(&["default"])).unwrap();
+    let mut client = SecretDiscoveryServiceClient::new(channel);
+    let r = async {
+        let mut stream = client.stream_secrets(rx).await?.into_inner();
+        stream
+            .message()
+            .await?
+            .ok_or_else(|| tonic::Status::unknown("stream ended"))
+    }
+    .await;
+    (r, tx)
+}
+
+/// The SPIFFE ID of a `TlsCertificate` secret's leaf, and whether it carries a key.
+fn sds_identity(any: &prost_types::Any) -> Option<(String, bool)> {
+    use prost::Message;
+    let secret = tls::Secret::decode(any.value.as_slice()).ok()?;
+    let Some(tls::secret::Type::TlsCertificate(c)) = secret.r#type else {
+        return None;
+    };
+    let bytes = |d: &Option<core::DataSource>| match d.as_ref()?.specifier.as_ref()? {
+        core::data_source::Specifier::InlineBytes(b) => Some(b.clone()),
+        _ => None,
+    };
+    let chain = signet_types::pem::parse_certs(&bytes(&c.certificate_chain)?).ok()?;
+    let id = signet_pki::ParsedCert::from_der(chain.first()?)
+        .ok()?
+        .spiffe_id()
+        .ok()?
+        .to_string();
+    Some((id, bytes(&c.private_key).is_some_and(|k| !k.is_empty())))
+}
+
+async fn fetch_sds(channel: Channel) -> serde_json::Value {
+    match tokio::time::timeout(Duration::from_secs(20), sds_first(channel)).await {
+        Ok((Ok(resp), _)) => {
+            let ids: Vec<(String, bool)> = resp.resources.iter().filter_map(sds_identity).collect();
+            serde_json::json!({
+                "ok": true,
+                "ids": ids.iter().map(|(i, _)| i.clone()).collect::<Vec<_>>(),
+                "keys": ids.iter().filter(|(_, k)| *k).count(),
+            })
+        }
+        Ok((Err(status), _)) => serde_json::json!({
+            "ok": false, "code": status.code() as i32, "message": status.message(),
+        }),
+        Err(_) => serde_json::json!({"ok": false, "code": -1, "message": "timed out"}),
+    }
+}
+
 async fn fetch(channel: Channel) -> serde_json::Value {
+    if std::env::var("WL_PROBE_API").as_deref() == Ok("sds") {
+        return fetch_sds(channel).await;
+    }
     let mut client = SpiffeWorkloadApiClient::new(channel);
     let mut req = tonic::Request::new(X509svidRequest {});
     req.metadata_mut()
@@ -163,12 +260,51 @@ async fn main() {
             let mut line = String::new();
             let _ = std::io::stdin().lock().read_line(&mut line);
         }
+        Some("sds-flood") => {
+            let socket = PathBuf::from(&args[1]);
+            let n: usize = args[2].parse().expect("N");
+            let (mut served, mut refused, mut failed) = (0usize, 0usize, 0usize);
+            let mut codes: std::collections::BTreeMap<String, usize> = Default::default();
+            let mut held = Vec::new();
+            let mut channel: Option<Channel> = None;
+            for i in 0..n {
+                if i % 16 == 0 {
+                    channel = match tokio::net::UnixStream::connect(&socket).await {
+                        Ok(s) => channel_over(s).await.ok(),
+                        Err(_) => None,
+                    };
+                }
+                let Some(ch) = channel.clone() else {
+                    failed += 1;
+                    continue;
+                };
+                match tokio::time::timeout(Duration::from_secs(5), sds_first(ch)).await {
+                    Ok((Ok(_), tx)) => {
+                        served += 1;
+                        held.push(tx);
+                    }
+                    Ok((Err(s), _)) => {
+                        refused += 1;
+                        *codes.entry(format!("{:?}", s.code())).or_default() += 1;
+                    }
+                    Err(_) => failed += 1,
+                }
+            }
+            print(&serde_json::json!({
+                "served": served, "refused": refused, "failed": failed, "codes": codes,
+            }));
+            let mut line = String::new();
+            let _ =
+                tokio::task::spawn_blocking(move || std::io::stdin().lock().read_line(&mut line))
+                    .await;
+            drop(held);
+        }
         Some("sleep") => {
             let secs: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(30);
             std::thread::sleep(Duration::from_secs(secs));
         }
         _ => {
-            eprintln!("usage: wl-probe fetch|fork-exec|child-fetch|flood|sleep …");
+            eprintln!("usage: wl-probe fetch|fork-exec|child-fetch|flood|sds-flood|sleep …");
             std::process::exit(2);
         }
     }

@@ -30,6 +30,7 @@ mod plugged;
 mod readme;
 mod revocation;
 mod rotation_handshakes;
+mod sds;
 mod sink_harness;
 mod telemetry;
 mod workload_clients;

@@ -305,13 +305,18 @@ impl Subscription {
             }
             if let Some(err) = &req.error_detail {
                 self.count("nack");
-                tracing::warn!(
-                    version = %signet_types::untrusted::shown(&req.version_info),
-                    code = err.code,
-                    error = %signet_types::untrusted::shown(&err.message),
-                    "SDS: the client rejected the secrets sent (NACK); it keeps its previous \
-                     ones, and the next change is sent"
-                );
+                // A client can NACK at will: at most one line every 10 s, all streams together.
+                if let Some(unlogged) = nack_log_due(self.sds.api.clock.monotonic()) {
+                    tracing::warn!(
+                        version = %signet_types::untrusted::shown(&req.version_info),
+                        code = err.code,
+                        error = %signet_types::untrusted::shown(&err.message),
+                        nacks_not_logged = unlogged,
+                        "SDS: the client rejected the secrets sent (NACK); it keeps its \
+                         previous ones, and the next change is sent (counted in \
+                         workload_api_sds_requests{{kind=\"nack\"}}; logged at most every 10s)"
+                    );
+                }
             } else {
                 self.count("ack");
             }
@@ -362,6 +367,20 @@ impl Subscription {
             nonce,
         }))
     }
+}
+
+/// Whether a NACK may be logged at `now` (monotonic): `Some(NACKs not logged since the last
+/// line)` at most once every 10 s.
+fn nack_log_due(now: tokio::time::Instant) -> Option<u64> {
+    static LAST: Mutex<(Option<tokio::time::Instant>, u64)> = Mutex::new((None, 0));
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    if last.0.is_some_and(|l| now < l + Duration::from_secs(10)) {
+        last.1 += 1;
+        return None;
+    }
+    let unlogged = std::mem::take(&mut last.1);
+    last.0 = Some(now);
+    Some(unlogged)
 }
 
 async fn sleep_until(at: Option<tokio::time::Instant>) {

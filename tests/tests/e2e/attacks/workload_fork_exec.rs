@@ -3,9 +3,11 @@
 //! exec the binary an entry allows by `unix:path` in the process that connected, and send
 //! `FetchX509SVID` from the child on the inherited connection. The agent sees, in every chunk
 //! it reads, which process wrote it (SCM_CREDENTIALS) and closes the connection; the allowed
-//! binary asking for itself still gets its SVID.
+//! binary asking for itself still gets its SVID. The same attack over Envoy SDS (the child
+//! opens `StreamSecrets` for `default`) meets the same rule: SDS shares the socket's
+//! per-message check.
 
-use signet_tests::workload::{Fetched, probe_fetch, probe_path};
+use signet_tests::workload::{Fetched, probe_fetch_over, probe_path};
 use signet_tests::*;
 use tokio::io::AsyncBufReadExt;
 
@@ -14,6 +16,18 @@ use crate::pg_server;
 
 #[tokio::test]
 async fn fork_exec_child_on_the_inherited_connection_gets_nothing() {
+    fork_exec_attack("workload").await;
+}
+
+#[tokio::test]
+async fn fork_exec_child_gets_nothing_over_envoy_sds_either() {
+    fork_exec_attack("sds").await;
+}
+
+async fn fork_exec_attack(api: &str) {
+    let probe_fetch = |exe: Option<std::path::PathBuf>, socket: std::path::PathBuf| async move {
+        probe_fetch_over(exe.as_deref(), &socket, api).await
+    };
     let tokens = TokenIssuer::new("k1");
     let Some(server) = pg_server(&tokens, "").await else {
         return;
@@ -41,7 +55,7 @@ async fn fork_exec_child_on_the_inherited_connection_gets_nothing() {
 
     // The allowed binary asking for itself gets its SVID and key.
     let got = eventually(30, "the allowed binary's SVID", || async {
-        match probe_fetch(None, &l.socket).await {
+        match probe_fetch(None, l.socket.clone()).await {
             Fetched::Svids(ids, keys) if !ids.is_empty() => Some((ids, keys)),
             _ => None,
         }
@@ -54,7 +68,7 @@ async fn fork_exec_child_on_the_inherited_connection_gets_nothing() {
     let attacker = dir.path().join("attacker");
     std::fs::copy(&allowed, &attacker).unwrap();
     // Asking for itself: refused, it is not the allowed binary.
-    match probe_fetch(Some(&attacker), &l.socket).await {
+    match probe_fetch(Some(attacker.clone()), l.socket.clone()).await {
         Fetched::Refused(code, _) => assert_eq!(code, tonic::Code::PermissionDenied as i32),
         other => panic!("the attacker binary got {other:?}"),
     }
@@ -62,6 +76,7 @@ async fn fork_exec_child_on_the_inherited_connection_gets_nothing() {
     // The attack, several times (it is a race in an agent without the per-message check).
     for round in 0..3 {
         let mut parent = tokio::process::Command::new(&attacker)
+            .env("WL_PROBE_API", api)
             .arg("fork-exec")
             .arg(&l.socket)
             .arg(&allowed)
@@ -93,7 +108,7 @@ async fn fork_exec_child_on_the_inherited_connection_gets_nothing() {
 
     // And the legitimate caller still works after the attacks.
     assert_eq!(
-        probe_fetch(None, &l.socket).await,
+        probe_fetch(None, l.socket.clone()).await,
         Fetched::Svids(vec![app.to_owned()], 1)
     );
     agent.stop().await;
