@@ -18,6 +18,9 @@
 //!   `FetchJWTBundles` streams the trust domain's JWT keys as a JWKS to a caller with an
 //!   identity, at once and on every change; `ValidateJWTSVID` (audience and token required)
 //!   validates against those keys for any caller that can be attested.
+//! - [`sds`]: Envoy's Secret Discovery Service on the same socket and under the same rules
+//!   (per-request attestation, per-message credentials, the connection caps), with its own
+//!   stream caps.
 //!
 //! Every refusal is a [`WorkloadError`], made a gRPC status in one place ([`error`]).
 
