@@ -26,6 +26,52 @@ pub fn status_kb(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Where a process's resident memory is, from `/proc/<pid>/status` (0 for what is unreadable).
+#[derive(Debug, Clone, Copy)]
+pub struct Memory {
+    pub rss_kb: u64,
+    /// The peak resident set so far (VmHWM).
+    pub hwm_kb: u64,
+    pub anon_kb: u64,
+    pub file_kb: u64,
+    pub shmem_kb: u64,
+    pub threads: u64,
+}
+
+impl Memory {
+    pub fn of(pid: u32) -> Self {
+        Self {
+            rss_kb: status_kb(pid, "VmRSS:"),
+            hwm_kb: status_kb(pid, "VmHWM:"),
+            anon_kb: status_kb(pid, "RssAnon:"),
+            file_kb: status_kb(pid, "RssFile:"),
+            shmem_kb: status_kb(pid, "RssShmem:"),
+            // Not in kB, but the same "Name:\tvalue" shape.
+            threads: status_kb(pid, "Threads:"),
+        }
+    }
+
+    /// One line: `when`, VmRSS and where it is.
+    pub fn print(&self, when: &str) {
+        let mb = |kb: u64| kb as f64 / 1024.0;
+        println!(
+            "  {when:<44} {:>8.1} MB  (anon {:.1} MB, file {:.1} MB, shmem {:.1} MB; {} threads)",
+            mb(self.rss_kb),
+            mb(self.anon_kb),
+            mb(self.file_kb),
+            mb(self.shmem_kb),
+            self.threads
+        );
+    }
+}
+
+/// The 1, 5 and 15 minute load averages, as `/proc/loadavg` spells them.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
 /// utime + stime of a process, in clock ticks; 0 when unreadable.
 pub fn cpu_ticks(pid: u32) -> u64 {
     let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {

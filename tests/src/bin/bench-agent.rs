@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use signet_proto::admin::CreateJoinTokenRequest;
 use signet_proto::admin::node_admin_client::NodeAdminClient;
 use signet_proto::admin::{BatchCreateEntriesRequest, CreateEntryRequest};
-use signet_tests::bench::{clock_ticks_per_sec, cpu_ticks, status_kb};
+use signet_tests::bench::{Memory, clock_ticks_per_sec, cpu_ticks, load_average, status_kb};
 use signet_tests::{Server, ServerOpts, bin};
 use tokio::process::Command;
 
@@ -98,47 +98,6 @@ fn usage(msg: &str) -> ! {
          [--agent-wrapper 'CMD ARGS' (none)] [--hold-secs S (0)]"
     );
     std::process::exit(2)
-}
-
-/// Where the agent's resident memory is, from `/proc/<pid>/status`.
-struct Memory {
-    rss_kb: u64,
-    anon_kb: u64,
-    file_kb: u64,
-    shmem_kb: u64,
-    threads: u64,
-}
-
-impl Memory {
-    fn of(pid: u32) -> Self {
-        Self {
-            rss_kb: status_kb(pid, "VmRSS:"),
-            anon_kb: status_kb(pid, "RssAnon:"),
-            file_kb: status_kb(pid, "RssFile:"),
-            shmem_kb: status_kb(pid, "RssShmem:"),
-            // Not in kB, but the same "Name:\tvalue" shape.
-            threads: status_kb(pid, "Threads:"),
-        }
-    }
-
-    fn print(&self, when: &str) {
-        let mb = |kb: u64| kb as f64 / 1024.0;
-        println!(
-            "  {when:<44} {:>8.1} MB  (anon {:.1} MB, file {:.1} MB, shmem {:.1} MB; {} threads)",
-            mb(self.rss_kb),
-            mb(self.anon_kb),
-            mb(self.file_kb),
-            mb(self.shmem_kb),
-            self.threads
-        );
-    }
-}
-
-/// The 1, 5 and 15 minute load averages, as `/proc/loadavg` spells them.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
 }
 
 fn spiffe_id(i: usize) -> String {
