@@ -13,12 +13,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/istio/ca.proto",
         "proto/signet/agent/v1/agent.proto",
         "proto/spiffe/workload.proto",
+    ];
+    // Envoy's SDS, generated with small codec buffers (see `SmallBufferCodec` in lib.rs).
+    let envoy = [
         "proto/envoy/service/secret/v3/sds.proto",
         "proto/envoy/extensions/transport_sockets/tls/v3/tls.proto",
     ];
-    for f in files {
+    for f in files.iter().chain(&envoy) {
         println!("cargo:rerun-if-changed={f}");
     }
+    println!("cargo:rerun-if-changed=proto/envoy");
+    println!("cargo:rerun-if-changed=proto/google");
     let fds = protox::compile(files, ["proto"])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     let descriptor_path = out.join("signet_descriptor.bin");
@@ -29,5 +34,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .file_descriptor_set_path(&descriptor_path)
         .skip_protoc_run()
         .compile_fds(fds)?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .codec_path("crate::SmallBufferCodec")
+        .skip_protoc_run()
+        .compile_fds(protox::compile(envoy, ["proto"])?)?;
     Ok(())
 }
