@@ -139,6 +139,10 @@ pub struct WorkloadApiConfig {
     pub max_concurrent_streams: u32,
     /// HTTP/2 header list size per request, bytes.
     pub max_header_list_size: u32,
+    /// The largest request message, bytes (every Workload API and SDS request; a longer one,
+    /// or one whose prefix declares more, ends its stream with OutOfRange at once, before it
+    /// is buffered).
+    pub max_request_bytes: usize,
     /// The longest pause between accept attempts while accept fails (EMFILE, ENFILE…); the
     /// pause starts at 10 ms and doubles.
     #[serde(with = "humantime_serde")]
@@ -253,6 +257,7 @@ impl Default for WorkloadApiConfig {
             idle_timeout: Duration::from_secs(60),
             max_concurrent_streams: 16,
             max_header_list_size: 16 * 1024,
+            max_request_bytes: 64 * 1024,
             accept_backoff_max: Duration::from_secs(1),
             socket_mode: "0777".into(),
             socket_group: None,
@@ -296,6 +301,9 @@ impl WorkloadApiConfig {
         }
         if self.max_concurrent_streams == 0 || self.max_header_list_size < 1024 {
             return bad("max_concurrent_streams must be at least 1, max_header_list_size 1024");
+        }
+        if !(1024..=4 * 1024 * 1024).contains(&self.max_request_bytes) {
+            return bad("max_request_bytes must be between 1024 and 4194304");
         }
         if self.jwt_cache_size == 0 {
             return bad("jwt_cache_size must be at least 1");

@@ -70,6 +70,7 @@ pub struct ServeOptions {
     pub timeouts: Timeouts,
     pub max_concurrent_streams: u32,
     pub max_header_list_size: u32,
+    pub max_request_bytes: usize,
     pub accept_backoff_max: Duration,
     pub proc_root: std::path::PathBuf,
     /// Envoy SDS on the same socket; `None`: not served.
@@ -93,6 +94,7 @@ impl From<&WorkloadApiConfig> for ServeOptions {
             },
             max_concurrent_streams: c.max_concurrent_streams,
             max_header_list_size: c.max_header_list_size,
+            max_request_bytes: c.max_request_bytes,
             accept_backoff_max: c.accept_backoff_max,
             proc_root: c.proc_root.clone(),
             sds: c.sds.enabled.then(|| c.sds.clone()),
@@ -252,14 +254,18 @@ pub async fn serve_with(
         Some((Ok::<_, io::Error>(s), a))
     });
     let api = api.with_metrics(metrics);
-    let sds = opts
-        .sds
-        .as_ref()
-        .map(|c| super::sds::Sds::new(api.clone(), c).into_server());
+    let sds = opts.sds.as_ref().map(|c| {
+        super::sds::Sds::new(api.clone(), c)
+            .into_server()
+            .max_decoding_message_size(opts.max_request_bytes)
+    });
     tonic::transport::Server::builder()
         .max_concurrent_streams(opts.max_concurrent_streams)
         .http2_max_header_list_size(opts.max_header_list_size)
-        .add_service(api.into_server())
+        .add_service(
+            api.into_server()
+                .max_decoding_message_size(opts.max_request_bytes),
+        )
         .add_optional_service(sds)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

@@ -403,3 +403,42 @@ async fn thousands_of_streams_from_one_uid_leave_another_uid_served() {
     .await;
     agent.stop().await;
 }
+
+/// Fresh-eyes review of issue 27, finding 1: SDS streams that each start a second message
+/// declaring 4 MB and never finish it made the agent buffer up to gRPC's 4 MiB default per
+/// stream (about 62 MB per connection, gigabytes per uid). The agent now bounds a request
+/// message (`workload_api.max_request_bytes`): each such stream is ended at once, and the
+/// agent keeps serving.
+#[tokio::test]
+async fn half_sent_oversized_requests_end_their_streams_at_once() {
+    let Some(python) = xds_python() else { return };
+    let tokens = TokenIssuer::new("k1");
+    let Some((_server, l, agent)) = setup(&tokens, "").await else {
+        return;
+    };
+    let socket = l.socket.clone();
+    eventually(40, "FRONT over SDS", || async {
+        let v = run(&python, &socket, None, &["fetch", "default"]).await;
+        (v["ok"] == true).then_some(())
+    })
+    .await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/sds_partial.py");
+    let out = tokio::process::Command::new(&python)
+        .arg(script)
+        .arg(&socket)
+        .args(["16", "4000000", "3000"])
+        .output()
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    assert_eq!(v["answered"], 16, "{v}");
+    assert_eq!(
+        v["ended"], 16,
+        "every half-sent oversized message ends its stream: {v}"
+    );
+    let after = run(&python, &socket, Some(NOBODY), &["fetch", "default"]).await;
+    assert_eq!(after["ok"], true, "{after}");
+    agent.stop().await;
+}

@@ -222,6 +222,8 @@ enum Event {
     Request(Box<xds::DiscoveryRequest>),
     /// The client closed its side, or the connection went.
     Closed,
+    /// A request could not be read (too large: `max_request_bytes`; not a DiscoveryRequest).
+    Unreadable(Status),
     StateChanged(bool),
     Recheck,
     NoFirstRequest,
@@ -242,7 +244,11 @@ impl Subscription {
                 biased;
                 m = self.inbound.message() => match m {
                     Ok(Some(r)) => Event::Request(Box::new(r)),
-                    Ok(None) | Err(_) => Event::Closed,
+                    Ok(None) => Event::Closed,
+                    Err(s) if matches!(s.code(), tonic::Code::OutOfRange | tonic::Code::Internal) => {
+                        Event::Unreadable(s)
+                    }
+                    Err(_) => Event::Closed,
                 },
                 c = self.rx.changed(), if subscribed => Event::StateChanged(c.is_ok()),
                 () = sleep_until(recheck), if subscribed && recheck.is_some() => Event::Recheck,
@@ -253,6 +259,16 @@ impl Subscription {
                 // shutting down: the stream is over.
                 Event::Closed | Event::StateChanged(false) => return None,
                 Event::Request(req) => self.on_request(*req).await,
+                Event::Unreadable(status) => {
+                    self.sds
+                        .api
+                        .metrics
+                        .sds_refused
+                        .get_or_create(&vec![("reason", "unreadable".to_owned())])
+                        .inc();
+                    self.done = true;
+                    return Some(Err(status));
+                }
                 Event::StateChanged(true) | Event::Recheck => {
                     self.recheck = None;
                     self.push(false).await

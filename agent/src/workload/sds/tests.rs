@@ -826,3 +826,62 @@ fn all_with_two_trust_domains_needs_the_spiffe_validator() {
     let one = tls::Secret::decode(v.resources[1].value.as_slice()).expect("secret");
     assert_eq!(one.name, "spiffe://partner.org");
 }
+
+/// Fresh-eyes review, low findings: a SPIFFE ID is served only as it is written (not
+/// `SPIFFE://` or an upper-case trust domain), an empty name is not a wildcard, and the
+/// metadata string is read as SPIRE reads it (Go's ParseBool).
+#[tokio::test]
+async fn names_match_exactly_and_an_empty_name_is_not_served() {
+    let h = start(state(1), SdsConfig::default()).await;
+    for names in [
+        vec!["SPIFFE://example.org/app"],
+        vec!["spiffe://EXAMPLE.org/app"],
+        vec![""],
+        vec!["", "default"],
+    ] {
+        let (tx, mut rx) = open(&h.socket).await;
+        tx.unbounded_send(request(Some(envoy_node(1, 30)), &names, "", ""))
+            .expect("send");
+        let err = next(&mut rx).await.expect_err("refused");
+        assert_eq!(
+            err.code(),
+            tonic::Code::PermissionDenied,
+            "{names:?}: {err:?}"
+        );
+    }
+    let meta = |v: &str| {
+        let mut n = envoy_node(1, 30);
+        n.metadata = Some(prost_types::Struct {
+            fields: [(
+                "disable_spiffe_cert_validation".to_owned(),
+                prost_types::Value {
+                    kind: Some(prost_types::value::Kind::StringValue(v.into())),
+                },
+            )]
+            .into(),
+        });
+        n
+    };
+    assert_eq!(Form::for_node(Some(&meta("TRUE")), false), Form::TrustedCa);
+    assert_eq!(Form::for_node(Some(&meta("tRuE")), false), Form::Spiffe);
+}
+
+/// Fresh-eyes review, finding 1: a request larger than `max_request_bytes` ends its stream
+/// with OutOfRange (the agent does not buffer it), and the agent keeps serving.
+#[tokio::test]
+async fn a_request_over_max_request_bytes_ends_the_stream() {
+    let h = start(state(1), SdsConfig::default()).await;
+    let (tx, mut rx) = open(&h.socket).await;
+    tx.unbounded_send(request(Some(envoy_node(1, 30)), &["default"], "", ""))
+        .expect("send");
+    let r = next(&mut rx).await.expect("first");
+    let big = "n".repeat(70 * 1024);
+    tx.unbounded_send(request(None, &[big.as_str()], &r.nonce, &r.version_info))
+        .expect("send");
+    let err = next(&mut rx).await.expect_err("too large");
+    assert_eq!(err.code(), tonic::Code::OutOfRange, "{err:?}");
+    let (tx, mut rx) = open(&h.socket).await;
+    tx.unbounded_send(request(Some(envoy_node(1, 30)), &["default"], "", ""))
+        .expect("send");
+    next(&mut rx).await.expect("still serving");
+}

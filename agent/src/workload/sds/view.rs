@@ -42,7 +42,6 @@ use prost_types::Any;
 use signet_pki::{ParsedCert, ParsedCrl};
 use signet_proto::envoy::config::core::v3 as core;
 use signet_proto::envoy::extensions::transport_sockets::tls::v3 as tls;
-use signet_types::SpiffeId;
 
 use crate::state::{AgentState, Identity};
 
@@ -91,9 +90,10 @@ impl Form {
             .and_then(|m| m.fields.get(DISABLE_SPIFFE_KEY))
             .and_then(|v| match &v.kind {
                 Some(Kind::BoolValue(b)) => Some(*b),
-                Some(Kind::StringValue(s)) => match s.to_ascii_lowercase().as_str() {
-                    "true" | "1" | "t" => Some(true),
-                    "false" | "0" | "f" => Some(false),
+                // The strings Go's strconv.ParseBool takes, as SPIRE reads the key.
+                Some(Kind::StringValue(s)) => match s.as_str() {
+                    "true" | "True" | "TRUE" | "t" | "T" | "1" => Some(true),
+                    "false" | "False" | "FALSE" | "f" | "F" | "0" => Some(false),
                     _ => None,
                 },
                 _ => None,
@@ -270,13 +270,13 @@ pub enum SdsRefusal {
     AllNeedsSpiffeValidator,
 }
 
-/// The names of a request, de-duplicated and sorted (empty names dropped), within
-/// [`MAX_NAMES`].
+/// The names of a request, de-duplicated and sorted, within [`MAX_NAMES`]. An empty name stays
+/// (and is not served): only an empty list means everything.
 pub fn normalize_names(names: &[String]) -> Result<Vec<String>, usize> {
     if names.len() > MAX_NAMES {
         return Err(names.len());
     }
-    let mut v: Vec<String> = names.iter().filter(|n| !n.is_empty()).cloned().collect();
+    let mut v: Vec<String> = names.to_vec();
     v.sort();
     v.dedup();
     Ok(v)
@@ -372,11 +372,9 @@ pub fn view(
         } else if let Some(td) = prepared.trust_domains.iter().find(|td| td.id == *name) {
             push(validation_context(name, &[td], form, crls_for(td)));
             with_own |= own.is_some_and(|o| o.id == td.id);
-        } else if let Some(id) = name
-            .parse::<SpiffeId>()
-            .ok()
-            .and_then(|s| ids.iter().find(|i| *i.svid.spiffe_id() == s))
-        {
+        } else if let Some(id) = ids.iter().find(|i| i.svid.spiffe_id().to_string() == *name) {
+            // Exactly as the ID is written (lowercase scheme and trust domain), as the trust
+            // domain names are matched: one spelling per identity.
             push(tls_certificate(name.clone(), id));
         } else {
             not_served.push(name.clone());
