@@ -73,6 +73,26 @@ class Frames:
         return f
 
 
+def read_until(s, frames, done, answered, ended, ids):
+    """Reads frames for up to 10 s until done(): streams that got a DATA frame go to
+    `answered`, streams the agent ended (trailers with END_STREAM, or RST_STREAM) to `ended`;
+    SETTINGS and PING are acknowledged."""
+    deadline = time.time() + 10
+    while not done() and time.time() < deadline:
+        f = frames.next(deadline)
+        if f is None or f[0] == "EOF":
+            return
+        kind, flags, sid, payload = f
+        if kind == SETTINGS and not flags & ACK:
+            s.sendall(frame(SETTINGS, ACK, 0))
+        elif kind == PING and not flags & ACK:
+            s.sendall(frame(PING, ACK, 0, payload))
+        elif kind == DATA and sid in ids:
+            answered.add(sid)
+        elif (kind == HEADERS and flags & END_STREAM) or kind == RST:
+            ended.add(sid)
+
+
 def main():
     path, streams, declared, send = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     assert streams <= 16, "one connection's worth of streams"
@@ -86,18 +106,7 @@ def main():
     for sid in ids:
         s.sendall(frame(HEADERS, END_HEADERS, sid, headers()) + frame(DATA, 0, sid, first_request()))
     answered, ended = set(), set()
-    deadline = time.time() + 10
-    while len(answered) < streams and time.time() < deadline:
-        f = frames.next(deadline)
-        if f is None or f[0] == "EOF":
-            break
-        kind, flags, sid, payload = f
-        if kind == SETTINGS and not flags & ACK:
-            s.sendall(frame(SETTINGS, ACK, 0))
-        elif kind == DATA and sid in ids:
-            answered.add(sid)
-        elif (kind == HEADERS and flags & END_STREAM) or kind == RST:
-            ended.add(sid)
+    read_until(s, frames, lambda: len(answered) >= streams, answered, ended, ids)
     # The oversized, never finished second message: its prefix and SEND bytes, all streams
     # together within the agent's initial connection window (65,535 bytes), so that nothing
     # but the declared size can be why a stream ends.
@@ -106,18 +115,7 @@ def main():
     for sid in ids:
         if sid not in ended:
             s.sendall(frame(DATA, 0, sid, part))
-    deadline = time.time() + 10
-    while len(ended) < streams and time.time() < deadline:
-        f = frames.next(deadline)
-        if f is None or f[0] == "EOF":
-            break
-        kind, flags, sid, payload = f
-        if kind == SETTINGS and not flags & ACK:
-            s.sendall(frame(SETTINGS, ACK, 0))
-        elif kind == PING and not flags & ACK:
-            s.sendall(frame(PING, ACK, 0, payload))
-        elif (kind == HEADERS and flags & END_STREAM) or kind == RST:
-            ended.add(sid)
+    read_until(s, frames, lambda: len(ended) >= streams, answered, ended, ids)
     print(json.dumps({"streams": streams, "answered": len(answered), "ended": len(ended)}), flush=True)
 
 

@@ -314,6 +314,30 @@ pub async fn wait_until(
     }
 }
 
+/// The real `signet-agent` with `config`, its output (both streams) in `log` and
+/// `RUST_LOG=warn`; under `wrapper` (a tool and its arguments, e.g. valgrind's massif) when
+/// given. Killed when the child is dropped.
+pub fn spawn_agent(config: &Path, log: &Path, wrapper: &[String]) -> Child {
+    let log = std::fs::File::create(log).unwrap();
+    let mut agent = match wrapper.split_first() {
+        Some((tool, tool_args)) => {
+            let mut c = Command::new(tool);
+            c.args(tool_args).arg(crate::bin("signet-agent"));
+            c
+        }
+        None => Command::new(crate::bin("signet-agent")),
+    };
+    agent
+        .arg("--config")
+        .arg(config)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::from(log.try_clone().unwrap()))
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start signet-agent")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,15 +31,15 @@
 #![allow(clippy::disallowed_methods)]
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use signet_proto::admin::CreateJoinTokenRequest;
 use signet_proto::admin::node_admin_client::NodeAdminClient;
 use signet_proto::admin::{BatchCreateEntriesRequest, CreateEntryRequest};
-use signet_tests::bench::{Memory, clock_ticks_per_sec, cpu_ticks, load_average, status_kb};
-use signet_tests::{Server, ServerOpts, bin};
-use tokio::process::Command;
+use signet_tests::bench::{
+    Memory, clock_ticks_per_sec, cpu_ticks, load_average, spawn_agent, status_kb,
+};
+use signet_tests::{Server, ServerOpts};
 
 struct Args {
     entries: usize,
@@ -183,28 +183,9 @@ async fn main() {
     let config = dir.path().join("agent.toml");
     std::fs::write(&config, toml).unwrap();
 
-    let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
-    eprintln!(
-        "bench-agent: agent log at {}",
-        dir.path().join("agent.log").display()
-    );
-    let mut agent = match args.agent_wrapper.split_first() {
-        Some((tool, tool_args)) => {
-            let mut c = Command::new(tool);
-            c.args(tool_args).arg(bin("signet-agent"));
-            c
-        }
-        None => Command::new(bin("signet-agent")),
-    };
-    let mut agent = agent
-        .arg("--config")
-        .arg(&config)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::from(log.try_clone().unwrap()))
-        .stderr(Stdio::from(log))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start signet-agent");
+    let log_path = dir.path().join("agent.log");
+    eprintln!("bench-agent: agent log at {}", log_path.display());
+    let mut agent = spawn_agent(&config, &log_path, &args.agent_wrapper);
     let pid = agent.id().unwrap();
 
     let create = |i: usize| CreateEntryRequest {

@@ -40,7 +40,6 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use prost::Message;
@@ -53,9 +52,10 @@ use signet_proto::envoy::service::discovery::v3 as xds;
 use signet_proto::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
 use signet_proto::envoy::r#type::v3::SemanticVersion;
 use signet_runtime::clock::{Clock, SystemClock};
-use signet_tests::bench::{Memory, free_port, load_average, metric_sum, scrape, wait_until};
-use signet_tests::{Server, ServerOpts, bin};
-use tokio::process::Command;
+use signet_tests::bench::{
+    Memory, free_port, load_average, metric_sum, scrape, spawn_agent, wait_until,
+};
+use signet_tests::{Server, ServerOpts};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -609,25 +609,8 @@ async fn main() {
     )
     .unwrap();
     let log_path = dir.path().join("agent.log");
-    let log = std::fs::File::create(&log_path).unwrap();
     eprintln!("bench-sds: agent log at {}", log_path.display());
-    let mut agent = match args.agent_wrapper.split_first() {
-        Some((tool, tool_args)) => {
-            let mut c = Command::new(tool);
-            c.args(tool_args).arg(bin("signet-agent"));
-            c
-        }
-        None => Command::new(bin("signet-agent")),
-    };
-    let mut agent = agent
-        .arg("--config")
-        .arg(&config)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::from(log.try_clone().unwrap()))
-        .stderr(Stdio::from(log))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start signet-agent");
+    let mut agent = spawn_agent(&config, &log_path, &args.agent_wrapper);
     let pid = agent.id().unwrap();
 
     // This process's entry, then N-1 for other uids (never this one).

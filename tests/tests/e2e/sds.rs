@@ -141,6 +141,15 @@ async fn setup(
     Some((server, l, agent))
 }
 
+/// Waits up to `secs` until this process (FRONT's uid) is served `default` over SDS.
+async fn until_default_served(python: &Path, socket: &Path, secs: u64, what: &str) {
+    eventually(secs, what, || async {
+        let v = run(python, socket, None, &["fetch", "default"]).await;
+        (v["ok"] == true).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn envoy_protos_get_names_forms_pushes_and_mutual_tls_with_crls() {
     let Some(python) = xds_python() else { return };
@@ -349,11 +358,7 @@ async fn thousands_of_streams_from_one_uid_leave_another_uid_served() {
         return;
     };
     let socket = l.socket.clone();
-    eventually(40, "FRONT over SDS", || async {
-        let v = run(&python, &socket, None, &["fetch", "default"]).await;
-        (v["ok"] == true).then_some(())
-    })
-    .await;
+    until_default_served(&python, &socket, 40, "FRONT over SDS").await;
     let mut flood = tokio::process::Command::new(bin("wl-probe"))
         .arg("sds-flood")
         .arg(&socket)
@@ -396,11 +401,7 @@ async fn thousands_of_streams_from_one_uid_leave_another_uid_served() {
     drop(flood.stdin.take());
     let _ = flood.wait().await;
     // The slots come back.
-    eventually(20, "FRONT served again", || async {
-        let v = run(&python, &socket, None, &["fetch", "default"]).await;
-        (v["ok"] == true).then_some(())
-    })
-    .await;
+    until_default_served(&python, &socket, 20, "FRONT served again").await;
     agent.stop().await;
 }
 
@@ -417,11 +418,7 @@ async fn half_sent_oversized_requests_end_their_streams_at_once() {
         return;
     };
     let socket = l.socket.clone();
-    eventually(40, "FRONT over SDS", || async {
-        let v = run(&python, &socket, None, &["fetch", "default"]).await;
-        (v["ok"] == true).then_some(())
-    })
-    .await;
+    until_default_served(&python, &socket, 40, "FRONT over SDS").await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/py/sds_partial.py");
     let out = tokio::process::Command::new(&python)
         .arg(script)

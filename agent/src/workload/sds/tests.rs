@@ -125,6 +125,20 @@ fn envoy_node(major: u32, minor: u32) -> core::Node {
     }
 }
 
+/// An Envoy 1.30 node whose metadata says `disable_spiffe_cert_validation: value`.
+fn node_disabling_spiffe(value: prost_types::value::Kind) -> core::Node {
+    core::Node {
+        metadata: Some(prost_types::Struct {
+            fields: [(
+                view::DISABLE_SPIFFE_KEY.to_owned(),
+                prost_types::Value { kind: Some(value) },
+            )]
+            .into(),
+        }),
+        ..envoy_node(1, 30)
+    }
+}
+
 fn request(
     node: Option<core::Node>,
     names: &[&str],
@@ -390,16 +404,7 @@ async fn the_legacy_form_for_old_envoys_or_when_asked_and_all() {
         assert_eq!(trusted_ca(v), (roots_pem(1), None));
     }
     // Envoy 1.30 asking for the legacy form in its node metadata (a string, as SPIRE reads it).
-    let mut node = envoy_node(1, 30);
-    node.metadata = Some(prost_types::Struct {
-        fields: [(
-            "disable_spiffe_cert_validation".to_owned(),
-            prost_types::Value {
-                kind: Some(prost_types::value::Kind::StringValue("true".into())),
-            },
-        )]
-        .into(),
-    });
+    let node = node_disabling_spiffe(prost_types::value::Kind::StringValue("true".into()));
     let (tx, mut rx) = open(&h.socket).await;
     tx.unbounded_send(request(Some(node), &["ALL"], "", ""))
         .expect("send");
@@ -416,17 +421,7 @@ async fn the_legacy_form_for_old_envoys_or_when_asked_and_all() {
 
 #[test]
 fn the_form_follows_spires_rule() {
-    let meta = |v: prost_types::value::Kind| {
-        let mut n = envoy_node(1, 30);
-        n.metadata = Some(prost_types::Struct {
-            fields: [(
-                "disable_spiffe_cert_validation".to_owned(),
-                prost_types::Value { kind: Some(v) },
-            )]
-            .into(),
-        });
-        n
-    };
+    let meta = node_disabling_spiffe;
     use prost_types::value::Kind;
     assert_eq!(
         Form::for_node(Some(&envoy_node(1, 18)), false),
@@ -691,25 +686,35 @@ fn names(n: &[&str]) -> Vec<String> {
     n.iter().map(|s| (*s).to_owned()).collect()
 }
 
+/// The view of `name` for the identities of `st` in `form` at `now`, and its first secret.
+fn view_one(
+    st: &AgentState,
+    name: &str,
+    form: Form,
+    now: std::time::SystemTime,
+) -> (view::View, tls::Secret) {
+    let mine: Vec<&Identity> = st.identities.iter().collect();
+    let v = view::view(
+        &Prepared::of(st),
+        &mine,
+        &names(&[name]),
+        form,
+        &aliases(),
+        now,
+    )
+    .expect("view");
+    let secret = tls::Secret::decode(v.resources[0].value.as_slice()).expect("secret");
+    (v, secret)
+}
+
 #[test]
 fn crls_go_with_the_bundle_only_when_every_ca_has_a_fresh_one() {
     let p = pki();
     let root_crl = p.root.crl(1, &[]);
     let int_crl = p.int.crl(1, &[9]);
     let now = signet_runtime::clock::Clock::now(&signet_runtime::clock::SystemClock);
-    let complete = crl_state(&p, vec![root_crl.clone(), int_crl.clone()]);
-    let prepared = Prepared::of(&complete);
-    let mine: Vec<&Identity> = complete.identities.iter().collect();
-    let v = view::view(
-        &prepared,
-        &mine,
-        &names(&["ROOTCA"]),
-        Form::Spiffe,
-        &aliases(),
-        now,
-    )
-    .expect("view");
-    let secret = tls::Secret::decode(v.resources[0].value.as_slice()).expect("secret");
+    let complete = crl_state(&p, vec![root_crl, int_crl.clone()]);
+    let (v, secret) = view_one(&complete, "ROOTCA", Form::Spiffe, now);
     let bundle = &spiffe_validator(&secret)[0].1;
     assert_eq!(bundle.matches("BEGIN X509 CRL").count(), 2, "{bundle}");
     assert!(bundle.starts_with(&signet_types::pem::cert_to_pem(&p.root.der)));
@@ -721,70 +726,29 @@ fn crls_go_with_the_bundle_only_when_every_ca_has_a_fresh_one() {
         .expect("next update");
     assert_eq!(v.recheck_at, Some(next_update - CRL_MARGIN));
     // The legacy form: the default validator's `crl`.
-    let v = view::view(
-        &prepared,
-        &mine,
-        &names(&["ROOTCA"]),
-        Form::TrustedCa,
-        &aliases(),
-        now,
-    )
-    .expect("view");
-    let secret = tls::Secret::decode(v.resources[0].value.as_slice()).expect("secret");
+    let (_, secret) = view_one(&complete, "ROOTCA", Form::TrustedCa, now);
     let (_, crl) = trusted_ca(&secret);
     assert_eq!(crl.expect("crl").matches("BEGIN X509 CRL").count(), 2);
 
     // Near the nextUpdate: withheld, and counted as such.
     let late = next_update - CRL_MARGIN + Duration::from_secs(1);
-    let v = view::view(
-        &prepared,
-        &mine,
-        &names(&["ROOTCA"]),
-        Form::Spiffe,
-        &aliases(),
-        late,
-    )
-    .expect("view");
-    let secret = tls::Secret::decode(v.resources[0].value.as_slice()).expect("secret");
+    let (v, secret) = view_one(&complete, "ROOTCA", Form::Spiffe, late);
     assert!(!spiffe_validator(&secret)[0].1.contains("X509 CRL"));
     assert!(v.crls_withheld);
     assert_eq!(v.recheck_at, None);
 
     // Only the intermediate's CRL (the root's is missing): Envoy would refuse every chain.
     let partial = crl_state(&p, vec![int_crl]);
-    let prepared = Prepared::of(&partial);
     assert!(
-        matches!(prepared.crls, view::CrlCover::Incomplete(ref why) if why.contains(&p.root.key_id))
+        matches!(Prepared::of(&partial).crls, view::CrlCover::Incomplete(ref why) if why.contains(&p.root.key_id))
     );
-    let mine: Vec<&Identity> = partial.identities.iter().collect();
-    let v = view::view(
-        &prepared,
-        &mine,
-        &names(&["ROOTCA"]),
-        Form::TrustedCa,
-        &aliases(),
-        now,
-    )
-    .expect("view");
-    let secret = tls::Secret::decode(v.resources[0].value.as_slice()).expect("secret");
+    let (v, secret) = view_one(&partial, "ROOTCA", Form::TrustedCa, now);
     assert_eq!(trusted_ca(&secret).1, None);
     assert!(v.crls_withheld);
 
     // No CRLs at all: nothing withheld, nothing to recheck.
-    let none = crl_state(&p, vec![root_crl]);
-    let mut none = none;
-    none.crls_der = Default::default();
-    let prepared = Prepared::of(&none);
-    let mine: Vec<&Identity> = none.identities.iter().collect();
-    let v = view::view(
-        &prepared,
-        &mine,
-        &names(&["default"]),
-        Form::Spiffe,
-        &aliases(),
-        now,
-    )
-    .expect("view");
+    let none = crl_state(&p, vec![]);
+    let (v, _) = view_one(&none, "default", Form::Spiffe, now);
     assert!(!v.crls_withheld);
     assert_eq!(v.recheck_at, None);
 }
@@ -849,19 +813,7 @@ async fn names_match_exactly_and_an_empty_name_is_not_served() {
             "{names:?}: {err:?}"
         );
     }
-    let meta = |v: &str| {
-        let mut n = envoy_node(1, 30);
-        n.metadata = Some(prost_types::Struct {
-            fields: [(
-                "disable_spiffe_cert_validation".to_owned(),
-                prost_types::Value {
-                    kind: Some(prost_types::value::Kind::StringValue(v.into())),
-                },
-            )]
-            .into(),
-        });
-        n
-    };
+    let meta = |v: &str| node_disabling_spiffe(prost_types::value::Kind::StringValue(v.into()));
     assert_eq!(Form::for_node(Some(&meta("TRUE")), false), Form::TrustedCa);
     assert_eq!(Form::for_node(Some(&meta("tRuE")), false), Form::Spiffe);
 }
