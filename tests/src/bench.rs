@@ -314,6 +314,30 @@ pub async fn wait_until(
     }
 }
 
+/// The admin API of `server`, and a join token (ten minutes) for the node `bench`.
+pub async fn bench_node(
+    server: &crate::Server,
+) -> (
+    signet_proto::admin::node_admin_client::NodeAdminClient<tonic::transport::Channel>,
+    String,
+) {
+    let mut admin = signet_proto::admin::node_admin_client::NodeAdminClient::new(
+        signet_client::connect_admin(&server.admin_socket())
+            .await
+            .expect("admin socket"),
+    );
+    let token = admin
+        .create_join_token(signet_proto::admin::CreateJoinTokenRequest {
+            ttl_seconds: 600,
+            node_id: "bench".into(),
+        })
+        .await
+        .expect("join token")
+        .into_inner()
+        .token;
+    (admin, token)
+}
+
 /// The real `signet-agent` with `config`, its output (both streams) in `log` and
 /// `RUST_LOG=warn`; under `wrapper` (a tool and its arguments, e.g. valgrind's massif) when
 /// given. Killed when the child is dropped.

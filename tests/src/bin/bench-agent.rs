@@ -33,11 +33,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use signet_proto::admin::CreateJoinTokenRequest;
-use signet_proto::admin::node_admin_client::NodeAdminClient;
 use signet_proto::admin::{BatchCreateEntriesRequest, CreateEntryRequest};
 use signet_tests::bench::{
-    Memory, clock_ticks_per_sec, cpu_ticks, load_average, spawn_agent, status_kb,
+    Memory, bench_node, clock_ticks_per_sec, cpu_ticks, load_average, spawn_agent, status_kb,
 };
 use signet_tests::{Server, ServerOpts};
 
@@ -135,19 +133,7 @@ async fn main() {
         tokens: None,
     })
     .await;
-    let channel = signet_client::connect_admin(&server.admin_socket())
-        .await
-        .expect("admin socket");
-    let mut admin = NodeAdminClient::new(channel);
-    let token = admin
-        .create_join_token(CreateJoinTokenRequest {
-            ttl_seconds: 600,
-            node_id: "bench".into(),
-        })
-        .await
-        .expect("join token")
-        .into_inner()
-        .token;
+    let (mut admin, token) = bench_node(&server).await;
 
     let dir = tempfile::tempdir().unwrap();
     // One sink more than entries: the last is for the single new entry timed at the end.

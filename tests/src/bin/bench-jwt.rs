@@ -25,10 +25,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use signet_proto::admin::node_admin_client::NodeAdminClient;
-use signet_proto::admin::{CreateEntryRequest, CreateJoinTokenRequest};
+use signet_proto::admin::CreateEntryRequest;
 use signet_proto::workload::JwtsvidRequest;
 use signet_proto::workload::spiffe_workload_api_client::SpiffeWorkloadApiClient;
+use signet_tests::bench::bench_node;
 use signet_tests::{Server, ServerOpts, bin};
 use tokio::process::Command;
 use tonic::transport::Channel;
@@ -201,20 +201,7 @@ async fn main() {
         .unwrap_or(0.0);
 
     // 2. The agent.
-    let mut admin = NodeAdminClient::new(
-        signet_client::connect_admin(&server.admin_socket())
-            .await
-            .expect("admin socket"),
-    );
-    let token = admin
-        .create_join_token(CreateJoinTokenRequest {
-            ttl_seconds: 600,
-            node_id: "bench".into(),
-        })
-        .await
-        .expect("join token")
-        .into_inner()
-        .token;
+    let (mut admin, token) = bench_node(&server).await;
     let dir = tempfile::tempdir().unwrap();
     let uid = std::fs::metadata(dir.path()).unwrap().uid();
     let socket = dir.path().join("agent.sock");

@@ -44,8 +44,7 @@ use std::time::Duration;
 
 use prost::Message;
 use signet_client::admin::{RevocationAdminClient, RevokeSelector};
-use signet_proto::admin::node_admin_client::NodeAdminClient;
-use signet_proto::admin::{BatchCreateEntriesRequest, CreateEntryRequest, CreateJoinTokenRequest};
+use signet_proto::admin::{BatchCreateEntriesRequest, CreateEntryRequest};
 use signet_proto::envoy::config::core::v3 as core;
 use signet_proto::envoy::extensions::transport_sockets::tls::v3 as tls;
 use signet_proto::envoy::service::discovery::v3 as xds;
@@ -53,7 +52,7 @@ use signet_proto::envoy::service::secret::v3::secret_discovery_service_client::S
 use signet_proto::envoy::r#type::v3::SemanticVersion;
 use signet_runtime::clock::{Clock, SystemClock};
 use signet_tests::bench::{
-    Memory, free_port, load_average, metric_sum, scrape, spawn_agent, wait_until,
+    Memory, bench_node, free_port, load_average, metric_sum, scrape, spawn_agent, wait_until,
 };
 use signet_tests::{Server, ServerOpts};
 use tokio::sync::{mpsc, watch};
@@ -569,23 +568,10 @@ async fn main() {
         tokens: None,
     })
     .await;
-    let mut admin = NodeAdminClient::new(
-        signet_client::connect_admin(&server.admin_socket())
-            .await
-            .expect("admin socket"),
-    );
+    let (mut admin, token) = bench_node(&server).await;
     let revocation = RevocationAdminClient::connect(&server.admin_socket())
         .await
         .expect("admin socket");
-    let token = admin
-        .create_join_token(CreateJoinTokenRequest {
-            ttl_seconds: 600,
-            node_id: "bench".into(),
-        })
-        .await
-        .expect("join token")
-        .into_inner()
-        .token;
 
     let dir = tempfile::tempdir().unwrap();
     let uid = std::fs::metadata(dir.path()).unwrap().uid();
