@@ -20,7 +20,6 @@
 #![allow(clippy::disallowed_methods)]
 
 use std::os::unix::fs::MetadataExt;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -28,7 +27,7 @@ use std::time::{Duration, Instant};
 use signet_proto::admin::CreateEntryRequest;
 use signet_proto::workload::JwtsvidRequest;
 use signet_proto::workload::spiffe_workload_api_client::SpiffeWorkloadApiClient;
-use signet_tests::bench::bench_node;
+use signet_tests::bench::{bench_node, spawn_agent};
 use signet_tests::{Server, ServerOpts, bin};
 use tokio::process::Command;
 use tonic::transport::Channel;
@@ -206,6 +205,8 @@ async fn main() {
     let uid = std::fs::metadata(dir.path()).unwrap().uid();
     let socket = dir.path().join("agent.sock");
     let config = dir.path().join("agent.toml");
+    // The agent's per-identity mint budget is off too, for the same reason: the uncached
+    // figure is the server's minting, not `workload_api.jwt_mint_rate` (5/s after a burst).
     std::fs::write(
         &config,
         format!(
@@ -214,7 +215,9 @@ async fn main() {
              join_token = \"{token}\"\n\
              data_dir = \"{data}\"\n\
              workload_api_socket = \"{socket}\"\n\
-             http_listen = \"127.0.0.1:{http}\"\n",
+             http_listen = \"127.0.0.1:{http}\"\n\
+             [workload_api]\n\
+             jwt_mint_rate = {{ burst = 1000000, per_second = 1000000.0 }}\n",
             port = server.grpc.port(),
             http = signet_tests::bench::free_port(),
             bundle = server.bundle_path().display(),
@@ -223,16 +226,7 @@ async fn main() {
         ),
     )
     .unwrap();
-    let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
-    let _agent = Command::new(bin("signet-agent"))
-        .arg("--config")
-        .arg(&config)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::from(log.try_clone().unwrap()))
-        .stderr(Stdio::from(log))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start signet-agent");
+    let _agent = spawn_agent(&config, &dir.path().join("agent.log"), &[]);
     admin
         .create_entry(CreateEntryRequest {
             spiffe_id: "spiffe://example.org/bench/jwt".into(),
