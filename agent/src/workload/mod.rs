@@ -105,6 +105,12 @@ impl WorkloadApi {
         if header != Some("true") {
             return Err(WorkloadError::MissingHeader);
         }
+        Self::connection_peer(req)
+    }
+
+    /// The connection's peer (the request extension the listener puts there), whatever the
+    /// headers: Envoy's SDS requests carry no security header.
+    pub(crate) fn connection_peer<T>(req: &Request<T>) -> Result<Arc<Peer>, WorkloadError> {
         req.extensions()
             .get::<PeerInfo>()
             .map(|p| p.0.clone())

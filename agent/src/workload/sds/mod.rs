@@ -43,7 +43,7 @@ use signet_proto::envoy::service::secret::v3::secret_discovery_service_server::{
 use tonic::{Request, Response, Status, Streaming};
 
 use super::conn::{ActiveGuard, ConnLimiter, ConnPermit, Refusal};
-use super::{Peer, PeerInfo, WorkloadApi, WorkloadError};
+use super::{Peer, WorkloadApi, WorkloadError};
 use crate::attest::Caller;
 use crate::config::SdsConfig;
 use crate::state::SharedState;
@@ -97,13 +97,6 @@ impl Sds {
 
     pub fn into_server(self) -> SecretDiscoveryServiceServer<Self> {
         SecretDiscoveryServiceServer::new(self)
-    }
-
-    fn peer<T>(req: &Request<T>) -> Result<Arc<Peer>, WorkloadError> {
-        req.extensions()
-            .get::<PeerInfo>()
-            .map(|p| p.0.clone())
-            .ok_or(WorkloadError::NoPeer)
     }
 
     /// What every stream shares of `state`, read once per state.
@@ -427,7 +420,7 @@ impl SecretDiscoveryService for Sds {
         &self,
         req: Request<Streaming<xds::DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamSecretsStream>, Status> {
-        let peer = Self::peer(&req).inspect_err(|e| self.refused(e))?;
+        let peer = WorkloadApi::connection_peer(&req).inspect_err(|e| self.refused(e))?;
         let permit = self.shared.streams.try_acquire(peer.uid()).map_err(|r| {
             let e = WorkloadError::SdsStreamCap(match r {
                 Refusal::Total => "max_streams",
@@ -464,7 +457,7 @@ impl SecretDiscoveryService for Sds {
         req: Request<xds::DiscoveryRequest>,
     ) -> Result<Response<xds::DiscoveryResponse>, Status> {
         let result = async {
-            let peer = Self::peer(&req)?;
+            let peer = WorkloadApi::connection_peer(&req)?;
             let _active = peer.begin_request();
             let r = req.get_ref();
             check_type_url(&r.type_url)?;
