@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/signet/admin/v1/ledger_admin.proto",
         "proto/signet/admin/v1/revocation_admin.proto",
         "proto/signet/admin/v1/ca_admin.proto",
+        "proto/signet/admin/v1/federation_admin.proto",
         "proto/istio/ca.proto",
         "proto/signet/agent/v1/agent.proto",
         "proto/spiffe/workload.proto",

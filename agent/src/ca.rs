@@ -279,12 +279,12 @@ impl Ca for GrpcCa {
     async fn sync_entries(&self, known_revision: u64) -> Result<EntriesUpdate, CaError> {
         Ok(match self.node.sync_entries(known_revision).await? {
             signet_client::node::EntriesUpdate::Unchanged => EntriesUpdate::Unchanged,
-            signet_client::node::EntriesUpdate::Changed { revision, entries } => {
-                EntriesUpdate::Changed {
-                    revision,
-                    entries: convert_entries(entries),
-                }
-            }
+            signet_client::node::EntriesUpdate::Changed {
+                revision, entries, ..
+            } => EntriesUpdate::Changed {
+                revision,
+                entries: convert_entries(entries),
+            },
         })
     }
 

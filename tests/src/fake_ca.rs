@@ -293,6 +293,7 @@ impl Node for Svc {
                 revision: 1,
                 unchanged: true,
                 entries: vec![],
+                federated_bundles: vec![],
             }));
         }
         Ok(Response::new(pb::SyncEntriesResponse {
@@ -307,7 +308,9 @@ impl Node for Svc {
                 dns_names: vec![],
                 revision: 1,
                 jwt_ttl_seconds: 0,
+                federates_with: vec![],
             }],
+            federated_bundles: vec![],
         }))
     }
     async fn sign_workloads(

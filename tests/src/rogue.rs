@@ -179,6 +179,7 @@ impl Node for Svc {
             revision: 1,
             unchanged: false,
             entries: vec![],
+            federated_bundles: vec![],
         }))
     }
     async fn sign_workloads(

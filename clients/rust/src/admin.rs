@@ -213,6 +213,8 @@ pub struct RegisteredEntry {
     pub created_at: i64,
     /// The entry's JWT-SVID lifetime, seconds; zero: the server's `[jwt_svid] ttl`.
     pub jwt_ttl_seconds: i64,
+    /// Foreign trust domain names whose bundles its workloads receive, sorted.
+    pub federates_with: Vec<String>,
 }
 
 /// A registration entry to create.
@@ -227,6 +229,9 @@ pub struct NewEntry {
     /// The entry's JWT-SVID lifetime, seconds (at most 24 h; clamped to the server's
     /// maximum); zero: the server's default.
     pub jwt_ttl_seconds: i64,
+    /// Foreign trust domains (each with a federation relationship) whose bundles its
+    /// workloads receive.
+    pub federates_with: Vec<String>,
 }
 
 impl From<&NewEntry> for pb::CreateEntryRequest {
@@ -238,6 +243,7 @@ impl From<&NewEntry> for pb::CreateEntryRequest {
             ttl_seconds: e.ttl_seconds,
             dns_names: e.dns_names.clone(),
             jwt_ttl_seconds: e.jwt_ttl_seconds,
+            federates_with: e.federates_with.clone(),
         }
     }
 }
@@ -268,6 +274,7 @@ impl From<pb::EntryRecord> for RegisteredEntry {
             revision: e.revision,
             created_at: e.created_at,
             jwt_ttl_seconds: e.jwt_ttl_seconds,
+            federates_with: e.federates_with,
         }
     }
 }

@@ -347,11 +347,22 @@ impl TryFrom<pb::Bundle> for TrustBundle {
 /// The bundle's JWT keys that `signet_pki::jwt` reads; each other one is logged with its
 /// reason and dropped, and a second key with an ID already seen is dropped too.
 fn jwt_keys(keys: Vec<pb::JwtKey>) -> Vec<JwtPublicKey> {
+    read_jwt_keys(keys, false)
+}
+
+/// The JWT keys of a foreign trust domain's bundle (`FederatedBundle.jwt_authorities`): as
+/// [`jwt_keys`], except that a key may leave its `alg` unstated (its type then decides).
+pub(crate) fn federated_jwt_keys(keys: Vec<pb::JwtKey>) -> Vec<JwtPublicKey> {
+    read_jwt_keys(keys, true)
+}
+
+fn read_jwt_keys(keys: Vec<pb::JwtKey>, alg_optional: bool) -> Vec<JwtPublicKey> {
     let mut out: Vec<JwtPublicKey> = Vec::with_capacity(keys.len());
     for k in keys {
         let kid = signet_types::untrusted::shown(&k.key_id);
         let alg = match JwtAlg::parse(&k.alg) {
-            Some(a) => a,
+            Some(a) => Some(a),
+            None if alg_optional && k.alg.is_empty() => None,
             None => {
                 tracing::warn!(key_id = %kid, alg = %signet_types::untrusted::shown(&k.alg), "ignoring a JWT key with an unknown alg");
                 continue;
@@ -365,7 +376,7 @@ fn jwt_keys(keys: Vec<pb::JwtKey>) -> Vec<JwtPublicKey> {
             tracing::warn!(key_id = %kid, "ignoring a second JWT key with the same key ID");
             continue;
         }
-        match JwtPublicKey::from_spki(k.key_id, Some(alg), &k.public_key) {
+        match JwtPublicKey::from_spki(k.key_id, alg, &k.public_key) {
             Ok(key) => out.push(key),
             Err(e) => {
                 tracing::warn!(key_id = %kid, error = %e, "ignoring a JWT key that cannot be read")

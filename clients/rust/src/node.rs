@@ -16,7 +16,7 @@ use std::time::Duration;
 use signet_pki::SvidCertificate;
 use signet_proto::agent as pb;
 use signet_proto::agent::node_client::NodeClient as PbNodeClient;
-use signet_types::SpiffeId;
+use signet_types::{SpiffeId, TrustDomain};
 use tonic::transport::Channel;
 
 use crate::ca::CaClient;
@@ -67,6 +67,20 @@ pub struct Entry {
     pub ttl: Duration,
     pub dns_names: Vec<String>,
     pub revision: u64,
+    /// The foreign trust domains whose bundles this entry's workloads receive.
+    pub federates_with: Vec<TrustDomain>,
+}
+
+/// A foreign trust domain's bundle, as the server holds it (`FederatedBundle`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FederatedBundle {
+    pub trust_domain: TrustDomain,
+    /// DER X.509 authorities.
+    pub x509_authorities: Vec<Vec<u8>>,
+    /// The JWT keys `signet_pki` reads (others are logged and dropped).
+    pub jwt_authorities: Vec<signet_pki::jwt::JwtPublicKey>,
+    /// `spiffe_sequence`; 0: none.
+    pub sequence: u64,
 }
 
 /// What `SyncEntries` answered.
@@ -77,6 +91,8 @@ pub enum EntriesUpdate {
     Changed {
         revision: u64,
         entries: Vec<Entry>,
+        /// One per foreign trust domain the entries federate with, when the server holds it.
+        federated_bundles: Vec<FederatedBundle>,
     },
 }
 
@@ -307,7 +323,17 @@ impl TryFrom<pb::Entry> for Entry {
         let spiffe_id = e.spiffe_id.parse().map_err(|err| {
             CallError::invalid_answer(format!("entry {}: SPIFFE ID: {err}", e.id))
         })?;
+        let federates_with = e
+            .federates_with
+            .iter()
+            .map(|td| {
+                TrustDomain::new(td).map_err(|err| {
+                    CallError::invalid_answer(format!("entry {}: federates with: {err}", e.id))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Entry {
+            federates_with,
             id: e.id,
             spiffe_id,
             parent_id: e.parent_id,
@@ -334,9 +360,26 @@ fn entries_update(resp: pb::SyncEntriesResponse) -> EntriesUpdate {
             }
         })
         .collect();
+    let federated_bundles = resp
+        .federated_bundles
+        .into_iter()
+        .filter_map(|b| match TrustDomain::new(&b.trust_domain) {
+            Ok(trust_domain) => Some(FederatedBundle {
+                trust_domain,
+                x509_authorities: b.x509_authorities,
+                jwt_authorities: crate::ca::federated_jwt_keys(b.jwt_authorities),
+                sequence: b.sequence,
+            }),
+            Err(err) => {
+                tracing::warn!(error = %err, "skipping a federated bundle of a malformed trust domain");
+                None
+            }
+        })
+        .collect();
     EntriesUpdate::Changed {
         revision: resp.revision,
         entries,
+        federated_bundles,
     }
 }
 

@@ -225,6 +225,7 @@ pub(crate) fn entry_to_proto(e: EntryRow) -> PbEntry {
         dns_names: e.dns_names,
         revision: e.revision,
         jwt_ttl_seconds: e.jwt_ttl_seconds,
+        federates_with: Vec::new(),
     }
 }
 
@@ -333,6 +334,7 @@ impl Node for NodeApi {
             revision: sync.revision,
             unchanged: sync.unchanged,
             entries: sync.entries.into_iter().map(entry_to_proto).collect(),
+            federated_bundles: Vec::new(),
         }))
     }
 

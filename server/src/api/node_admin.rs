@@ -110,6 +110,7 @@ fn entry_to_record(e: EntryRow) -> EntryRecord {
         revision: e.revision,
         created_at: e.created_at,
         jwt_ttl_seconds: e.jwt_ttl_seconds,
+        federates_with: Vec::new(),
     }
 }
 
