@@ -354,6 +354,7 @@ mod tests {
             ttl: Duration::from_secs(3600),
             dns_names: vec!["web.local".into()],
             revision: 7,
+            federates_with: vec![],
         }
     }
 

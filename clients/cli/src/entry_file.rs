@@ -13,6 +13,7 @@
 //!   ttl: 1h                   # optional: a duration ("10m") or seconds (600)
 //!   dns_names: [web.example.org]
 //!   jwt_ttl: 10m              # optional: the entry's JWT-SVID lifetime, as ttl
+//!   federates_with: [partner.example]  # optional: foreign trust domains' bundles
 //! ```
 
 use std::path::Path;
@@ -35,6 +36,8 @@ struct FileEntry {
     dns_names: Vec<String>,
     #[serde(default)]
     jwt_ttl: Option<Ttl>,
+    #[serde(default)]
+    federates_with: Vec<String>,
 }
 
 /// `ttl:` as a duration string (`--ttl`'s syntax) or a number of seconds.
@@ -96,6 +99,7 @@ pub fn parse(text: &str, json: bool) -> anyhow::Result<Vec<NewEntry>> {
                 ttl_seconds,
                 dns_names: e.dns_names,
                 jwt_ttl_seconds,
+                federates_with: e.federates_with,
             })
         })
         .collect()

@@ -69,10 +69,14 @@ pub enum EntryCmd {
         /// server's [jwt_svid] max_ttl); default: the server's [jwt_svid] ttl.
         #[arg(long, value_parser = humantime::parse_duration)]
         jwt_ttl: Option<Duration>,
+        /// A foreign trust domain (name or spiffe://name) whose bundle the entry's workloads
+        /// receive (repeatable); it needs a federation relationship (`federation create`).
+        #[arg(long = "federates-with")]
+        federates_with: Vec<String>,
         /// A JSON (.json) or YAML file (`-`: standard input) listing entries with the fields
-        /// spiffe_id, parent, selectors, ttl, dns_names, jwt_ttl; created all together or not
-        /// at all (at most 1,000). Prints the new IDs in the file's order.
-        #[arg(long, conflicts_with_all = ["spiffe_id", "parent", "selectors", "ttl", "dns_names", "jwt_ttl"])]
+        /// spiffe_id, parent, selectors, ttl, dns_names, jwt_ttl, federates_with; created all
+        /// together or not at all (at most 1,000). Prints the new IDs in the file's order.
+        #[arg(long, conflicts_with_all = ["spiffe_id", "parent", "selectors", "ttl", "dns_names", "jwt_ttl", "federates_with"])]
         file: Option<PathBuf>,
         #[arg(long)]
         json: bool,
@@ -206,6 +210,7 @@ fn entry_json(e: &RegisteredEntry) -> serde_json::Value {
         "ttl_seconds": e.ttl_seconds,
         "jwt_ttl_seconds": e.jwt_ttl_seconds,
         "dns_names": e.dns_names,
+        "federates_with": e.federates_with,
         "revision": e.revision,
         "created_at": rfc3339(e.created_at),
     })
@@ -242,6 +247,7 @@ pub async fn entry(socket: &Path, cmd: EntryCmd) -> anyhow::Result<ExitCode> {
             ttl,
             dns_names,
             jwt_ttl,
+            federates_with,
             file: None,
             json,
         } => {
@@ -258,6 +264,7 @@ pub async fn entry(socket: &Path, cmd: EntryCmd) -> anyhow::Result<ExitCode> {
                     ttl_seconds: ttl.map_or(0, secs),
                     dns_names,
                     jwt_ttl_seconds: jwt_ttl.map_or(0, secs),
+                    federates_with,
                 })
                 .await
                 .map_err(|e| call_err("entry create", &e))?;
@@ -282,18 +289,23 @@ pub async fn entry(socket: &Path, cmd: EntryCmd) -> anyhow::Result<ExitCode> {
                 }
             } else {
                 println!(
-                    "{:<32}  {:<40}  {:<40}  {:>8}  {:>8}  SELECTORS",
+                    "{:<32}  {:<40}  {:<40}  {:>8}  {:>8}  SELECTORS  FEDERATES WITH",
                     "ID", "SPIFFE ID", "PARENT", "TTL", "JWT TTL"
                 );
                 for e in &entries {
                     println!(
-                        "{:<32}  {:<40}  {:<40}  {:>8}  {:>8}  {}",
+                        "{:<32}  {:<40}  {:<40}  {:>8}  {:>8}  {}  {}",
                         e.id,
                         e.spiffe_id,
                         e.parent_id,
                         e.ttl_seconds,
                         e.jwt_ttl_seconds,
-                        e.selectors.join(",")
+                        e.selectors.join(","),
+                        if e.federates_with.is_empty() {
+                            "-".to_owned()
+                        } else {
+                            e.federates_with.join(",")
+                        }
                     );
                 }
             }

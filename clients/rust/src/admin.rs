@@ -492,6 +492,7 @@ mod tests {
             revision: 4,
             created_at: 3,
             jwt_ttl_seconds: 0,
+            federates_with: vec!["partner.example".into()],
         });
         assert_eq!((e.id.as_str(), e.ttl_seconds, e.revision), ("e1", 60, 4));
     }

@@ -533,6 +533,7 @@ mod tests {
             dns_names: vec!["web.local".into()],
             revision: 7,
             jwt_ttl_seconds: 0,
+            federates_with: vec!["partner.example".into()],
         };
         let entry = Entry::try_from(e.clone()).expect("valid");
         assert_eq!(entry.selectors, ["unix:uid:33", "docker:label:x"]);
@@ -554,22 +555,57 @@ mod tests {
                 .to_string()
                 .contains("e0")
         );
+        let bad_td = pb::Entry {
+            id: "e2".into(),
+            federates_with: vec!["Not A Domain!".into()],
+            ..e.clone()
+        };
+        assert!(
+            Entry::try_from(bad_td.clone())
+                .unwrap_err()
+                .to_string()
+                .contains("e2: federates with")
+        );
+        let bundle = |td: &str| pb::FederatedBundle {
+            trust_domain: td.into(),
+            x509_authorities: vec![vec![0x30]],
+            jwt_authorities: vec![],
+            sequence: 3,
+        };
         let update = entries_update(pb::SyncEntriesResponse {
             revision: 9,
             unchanged: false,
-            entries: vec![bad, e],
+            entries: vec![bad, bad_td, e],
+            federated_bundles: vec![bundle("partner.example"), bundle("bad domain")],
         });
-        let EntriesUpdate::Changed { revision, entries } = update else {
+        let EntriesUpdate::Changed {
+            revision,
+            entries,
+            federated_bundles,
+        } = update
+        else {
             panic!("changed expected");
         };
         assert_eq!(revision, 9);
         assert_eq!(entries.len(), 1);
         assert_eq!(entries[0].id, "e1");
+        assert_eq!(entries[0].federates_with[0].as_str(), "partner.example");
+        assert_eq!(
+            federated_bundles.len(),
+            1,
+            "the malformed trust domain is skipped"
+        );
+        assert_eq!(
+            federated_bundles[0].trust_domain.as_str(),
+            "partner.example"
+        );
+        assert_eq!(federated_bundles[0].sequence, 3);
         assert_eq!(
             entries_update(pb::SyncEntriesResponse {
                 revision: 9,
                 unchanged: true,
                 entries: vec![],
+                federated_bundles: vec![],
             }),
             EntriesUpdate::Unchanged
         );

@@ -235,6 +235,7 @@ async fn main() {
             ttl_seconds: 3600,
             dns_names: vec![],
             jwt_ttl_seconds: 0,
+            federates_with: vec![],
         })
         .await
         .expect("create entry");

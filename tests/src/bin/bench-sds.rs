@@ -607,6 +607,7 @@ async fn main() {
         ttl_seconds: 3600,
         dns_names: vec![],
         jwt_ttl_seconds: 0,
+        federates_with: vec![],
     };
     admin
         .create_entry(entry(MY_ID.into(), uid))

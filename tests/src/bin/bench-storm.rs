@@ -599,6 +599,7 @@ async fn main() {
             ttl_seconds,
             dns_names: vec![],
             jwt_ttl_seconds: 0,
+            federates_with: vec![],
         })
         .collect();
     let batches: Vec<Vec<CreateEntryRequest>> = requests.chunks(1000).map(<[_]>::to_vec).collect();

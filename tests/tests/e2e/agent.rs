@@ -516,6 +516,7 @@ async fn agent_signs_more_entries_than_one_call_carries() {
                 ttl_seconds: 3600,
                 dns_names: vec![],
                 jwt_ttl_seconds: 0,
+                federates_with: vec![],
             })
             .await
             .unwrap();

@@ -37,6 +37,7 @@ fn req(td: &str, name: &str, parent: &str) -> CreateEntryRequest {
         ttl_seconds: 0,
         dns_names: vec![],
         jwt_ttl_seconds: 0,
+        federates_with: vec![],
     }
 }
 

@@ -94,6 +94,7 @@ async fn agent_with_entry(
             ttl_seconds: 3600,
             dns_names: vec![],
             jwt_ttl_seconds,
+            federates_with: vec![],
         })
         .await
         .unwrap();
@@ -364,6 +365,7 @@ async fn one_identity_flooding_new_audiences_leaves_its_neighbours_their_tokens(
         ttl_seconds: 3600,
         dns_names: vec![],
         jwt_ttl_seconds: 0,
+        federates_with: vec![],
     })
     .await
     .unwrap();

@@ -71,6 +71,7 @@ async fn entry(server: &Server, node_id: &str, path: &str, jwt_ttl_seconds: i64)
             ttl_seconds: 600,
             dns_names: vec![],
             jwt_ttl_seconds,
+            federates_with: vec![],
         })
         .await
         .unwrap()

@@ -325,6 +325,7 @@ async fn node_renews_syncs_entries_signs_workloads_and_is_banned() {
             ttl_seconds: 0,
             dns_names: vec![],
             jwt_ttl_seconds: 0,
+            federates_with: vec![],
         })
         .await
         .unwrap()

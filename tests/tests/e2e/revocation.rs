@@ -569,6 +569,7 @@ async fn entry_cert(
             ttl_seconds: 600,
             dns_names: vec![],
             jwt_ttl_seconds: 0,
+            federates_with: vec![],
         })
         .await
         .unwrap()

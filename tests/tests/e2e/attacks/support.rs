@@ -73,6 +73,7 @@ pub async fn create_entry(
             ttl_seconds,
             dns_names: dns.iter().map(|s| s.to_string()).collect(),
             jwt_ttl_seconds: 0,
+            federates_with: vec![],
         })
         .await
         .unwrap()
