@@ -670,6 +670,7 @@ pub fn renewal(data: &[u8]) {
         revision: 1,
         created_at: 0,
         jwt_ttl_seconds: 0,
+        federates_with: Vec::new(),
     };
     let node = NodeRow {
         node_id: "n1".into(),

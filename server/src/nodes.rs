@@ -156,9 +156,43 @@ pub struct ValidEntry {
     /// The lifetime of the entry's JWT-SVIDs, seconds; 0: the server's default
     /// ([`ValidEntry::with_jwt_ttl`]).
     pub jwt_ttl_seconds: i64,
+    /// Foreign trust domain names whose bundles the entry's workloads receive: sorted, without
+    /// duplicates ([`ValidEntry::with_federates_with`]). The store refuses one without a
+    /// federation relationship.
+    pub federates_with: Vec<String>,
 }
 
+/// Most trust domains one entry federates with.
+pub const MAX_FEDERATES_WITH: usize = 32;
+
 impl ValidEntry {
+    /// The entry federating with `names` (each a trust domain name or `spiffe://name`): none
+    /// may be the own trust domain `own`, at most [`MAX_FEDERATES_WITH`].
+    pub fn with_federates_with(
+        mut self,
+        names: &[String],
+        own: &TrustDomain,
+    ) -> Result<Self, EntryError> {
+        if names.len() > MAX_FEDERATES_WITH {
+            return Err(EntryError::TooManyFederated);
+        }
+        let mut out = Vec::with_capacity(names.len());
+        for n in names {
+            let td = TrustDomain::new(n).map_err(|source| EntryError::FederatesWith {
+                given: quoted(n),
+                source,
+            })?;
+            if &td == own {
+                return Err(EntryError::FederatesWithOwn(td));
+            }
+            out.push(td.as_str().to_owned());
+        }
+        out.sort_unstable();
+        out.dedup();
+        self.federates_with = out;
+        Ok(self)
+    }
+
     /// The entry with a JWT-SVID lifetime: 0 (the server's default), or 1 s to
     /// [`crate::jwt_svid::MAX_ENTRY_JWT_TTL`] (the server clamps it to its `max_ttl` when it
     /// mints).
@@ -207,6 +241,15 @@ pub enum EntryError {
     JwtTtl(i64),
     #[error("at most {MAX_DNS_NAMES} DNS names per entry")]
     TooManyDnsNames,
+    #[error("federates_with {given} is not a trust domain: {source}")]
+    FederatesWith {
+        given: String,
+        source: SpiffeIdError,
+    },
+    #[error("federates_with names {0}, this server's own trust domain; name foreign ones only")]
+    FederatesWithOwn(TrustDomain),
+    #[error("at most {MAX_FEDERATES_WITH} trust domains in federates_with")]
+    TooManyFederated,
     /// The name, quoted for display.
     #[error("{0} is not a valid DNS name")]
     DnsName(String),
@@ -282,6 +325,7 @@ pub fn validate_entry(
         ttl_seconds,
         dns_names: dns,
         jwt_ttl_seconds: 0,
+        federates_with: Vec::new(),
     })
 }
 
@@ -295,6 +339,7 @@ pub struct EntryInput<'a> {
     pub dns_names: &'a [String],
     /// 0: the server's default JWT-SVID lifetime.
     pub jwt_ttl_seconds: i64,
+    pub federates_with: &'a [String],
 }
 
 /// Why a batch of entries is refused (all of it).
@@ -350,6 +395,7 @@ pub fn validate_batch(
             e.dns_names,
         )
         .and_then(|v| v.with_jwt_ttl(e.jwt_ttl_seconds))
+        .and_then(|v| v.with_federates_with(e.federates_with, policy.trust_domain()))
         .map_err(|source| BatchError::Entry { index: i, source })?;
         let key = (
             v.spiffe_id.to_string(),
@@ -550,6 +596,7 @@ mod tests {
             ttl_seconds: 0,
             dns_names: &[],
             jwt_ttl_seconds: 0,
+            federates_with: &[],
         }
     }
 

@@ -84,6 +84,7 @@ fn new_entry(v: ValidEntry, created_at: i64) -> Result<NewEntry, ApiError> {
         dns_names: v.dns_names,
         created_at,
         jwt_ttl_seconds: v.jwt_ttl_seconds,
+        federates_with: v.federates_with,
     })
 }
 
@@ -110,7 +111,7 @@ fn entry_to_record(e: EntryRow) -> EntryRecord {
         revision: e.revision,
         created_at: e.created_at,
         jwt_ttl_seconds: e.jwt_ttl_seconds,
-        federates_with: Vec::new(),
+        federates_with: e.federates_with,
     }
 }
 
@@ -204,6 +205,7 @@ impl NodeAdmin for NodeAdminApi {
             &req.dns_names,
         )
         .and_then(|v| v.with_jwt_ttl(req.jwt_ttl_seconds))
+        .and_then(|v| v.with_federates_with(&req.federates_with, self.issuer.trust_domain()))
         .map_err(ApiError::from)?;
         let entry = new_entry(v, self.now())?;
         // The same duplicate rule as the batch (`store::nodes::registration_selectors`), but
@@ -218,12 +220,28 @@ impl NodeAdmin for NodeAdminApi {
                 ))
                 .into());
             }
+            EntryCreate::NoRelationship { trust_domain } => {
+                return Err(ApiError::FailedPrecondition(format!(
+                    "federates_with names {trust_domain}, which has no federation relationship \
+                     (signetctl federation create --trust-domain {trust_domain} …); nothing was \
+                     created"
+                ))
+                .into());
+            }
         };
         self.audit(
             "admin.entry_create",
             format!(
-                "entry {} for {} under {} (revision {})",
-                row.id, row.spiffe_id, row.parent_id, row.revision
+                "entry {} for {} under {} (revision {}){}",
+                row.id,
+                row.spiffe_id,
+                row.parent_id,
+                row.revision,
+                if row.federates_with.is_empty() {
+                    String::new()
+                } else {
+                    format!(", federates with {}", row.federates_with.join(", "))
+                }
             ),
         );
         Ok(Response::new(entry_to_record(row)))
@@ -244,6 +262,7 @@ impl NodeAdmin for NodeAdminApi {
                 ttl_seconds: e.ttl_seconds,
                 dns_names: &e.dns_names,
                 jwt_ttl_seconds: e.jwt_ttl_seconds,
+                federates_with: &e.federates_with,
             })
             .collect();
         let valid = validate_batch(&self.policy, &inputs).map_err(ApiError::from)?;
@@ -259,6 +278,17 @@ impl NodeAdmin for NodeAdminApi {
                     "entry {index}: {} under {} with these selectors is already registered \
                      (entry {existing_id}); nothing was created",
                     batch[index].spiffe_id, batch[index].parent_id
+                ))
+                .into());
+            }
+            BatchCreate::NoRelationship {
+                index,
+                trust_domain,
+            } => {
+                return Err(ApiError::FailedPrecondition(format!(
+                    "entry {index}: federates_with names {trust_domain}, which has no federation \
+                     relationship (signetctl federation create --trust-domain {trust_domain} …); \
+                     nothing was created"
                 ))
                 .into());
             }

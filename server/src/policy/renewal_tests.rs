@@ -96,6 +96,7 @@ fn entry_row(ttl: i64, dns: &[&str]) -> EntryRow {
         revision: 1,
         created_at: NOW - 1000,
         jwt_ttl_seconds: 0,
+        federates_with: Vec::new(),
     }
 }
 

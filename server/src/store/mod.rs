@@ -64,6 +64,7 @@ mod config;
 mod conformance;
 pub mod crls;
 pub mod entry_events;
+pub mod federation;
 mod error;
 pub mod ledger;
 mod migrations;
@@ -85,6 +86,9 @@ pub use ca_slots::{CaChange, CaSlotRow, CaSlotStore, SlotUpdate};
 pub use config::DatabaseConfig;
 pub use crls::{CrlStore, RevokedRow, StoredCrl};
 pub use entry_events::EntrySubscription;
+pub use federation::{
+    BundleReplace, BundleWrite, FederationStore, Relationship, RelationshipDelete, RelationshipRow,
+};
 pub use error::StoreError;
 pub use ledger::{LedgerHead, LedgerRecord, LedgerStore, NewCertificate, NewJwtSvid, NewLedgerRow};
 pub use nodes::{BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, NodeStore, TokenUse};
@@ -98,7 +102,14 @@ pub use sqlite::SqliteStore;
 /// narrowest part they use (an `Arc<dyn Store>` coerces to any of them), so a test double
 /// implements only that part.
 pub trait Store:
-    LedgerStore + AuditStore + CaSlotStore + CrlStore + NodeStore + RevocationStore + PinStore
+    LedgerStore
+    + AuditStore
+    + CaSlotStore
+    + CrlStore
+    + NodeStore
+    + RevocationStore
+    + PinStore
+    + FederationStore
 {
 }
 
@@ -110,6 +121,7 @@ impl<T> Store for T where
         + NodeStore
         + RevocationStore
         + PinStore
+        + FederationStore
         + ?Sized
 {
 }

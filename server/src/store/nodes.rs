@@ -69,6 +69,9 @@ pub struct NewEntry {
     pub created_at: i64,
     /// The lifetime of the entry's JWT-SVIDs, seconds; 0: the server's default.
     pub jwt_ttl_seconds: i64,
+    /// Foreign trust domain names (sorted, without duplicates) whose bundles the entry's
+    /// workloads receive; each must have a federation relationship.
+    pub federates_with: Vec<String>,
 }
 
 /// A registration entry as stored.
@@ -84,6 +87,9 @@ pub struct EntryRow {
     pub created_at: i64,
     /// The lifetime of the entry's JWT-SVIDs, seconds; 0: the server's default.
     pub jwt_ttl_seconds: i64,
+    /// Foreign trust domain names (sorted, without duplicates) whose bundles the entry's
+    /// workloads receive; each must have a federation relationship.
+    pub federates_with: Vec<String>,
 }
 
 /// How [`NodeStore::create_entry`] went.
@@ -94,6 +100,9 @@ pub enum EntryCreate {
     /// It is the same registration (SPIFFE ID, parent, set of selectors: see
     /// [`registration_selectors`]) as the stored entry `existing_id`; nothing was written.
     Duplicate { existing_id: String },
+    /// It federates with `trust_domain`, which has no federation relationship; nothing was
+    /// written.
+    NoRelationship { trust_domain: String },
 }
 
 /// The selectors as a registration is compared: a set (sorted, without repeats), so two
@@ -128,6 +137,9 @@ pub enum BatchCreate {
     /// Entry `index` of the batch (the first such) is the same registration (SPIFFE ID,
     /// parent, selectors) as the stored entry `existing_id`; nothing was written.
     Duplicate { index: usize, existing_id: String },
+    /// Entry `index` (the first such) federates with `trust_domain`, which has no federation
+    /// relationship; nothing was written.
+    NoRelationship { index: usize, trust_domain: String },
 }
 
 /// The answer to a node's poll.
@@ -241,11 +253,12 @@ super::db_row! {
         revision: i64,
         created_at: i64,
         jwt_ttl_seconds: i64,
+        federates_with: String,
     }
 }
 
 pub(super) const ENTRY_COLUMNS: &str = "id, spiffe_id, parent_id, selectors, ttl_seconds, \
-     dns_names, revision, created_at, jwt_ttl_seconds";
+     dns_names, revision, created_at, jwt_ttl_seconds, federates_with";
 
 impl TryFrom<DbEntry> for EntryRow {
     type Error = StoreError;
@@ -259,6 +272,7 @@ impl TryFrom<DbEntry> for EntryRow {
         Ok(EntryRow {
             selectors: list("selectors", &r.selectors)?,
             dns_names: list("dns_names", &r.dns_names)?,
+            federates_with: list("federates_with", &r.federates_with)?,
             revision: revision(r.revision)?,
             id: r.id,
             spiffe_id: r.spiffe_id,
@@ -289,6 +303,14 @@ pub(crate) const TOUCH_PARENT: &str = "INSERT INTO node_revisions (parent_id, re
 pub(crate) fn json(list: &[String]) -> Result<String, StoreError> {
     serde_json::to_string(list).map_err(|e| StoreError::Database(format!("encoding a list: {e}")))
 }
+
+/// Records that entry `$2` federates with trust domain `$1`.
+pub(crate) const INSERT_FEDERATES_WITH: &str =
+    "INSERT INTO entry_federates_with (trust_domain, entry_id) VALUES ($1, $2)";
+
+/// Whether trust domain `$1` has a federation relationship (a row, or none).
+pub(crate) const RELATIONSHIP_EXISTS: &str =
+    "SELECT trust_domain FROM federation_relationships WHERE trust_domain = $1";
 
 /// Implements [`NodeStore`] for a store type with a `pool` and an `events`
 /// ([`super::entry_events::EntryEvents`]) field and an associated
@@ -505,10 +527,24 @@ macro_rules! impl_node_store {
                         return Ok(EntryCreate::Duplicate { existing_id: id });
                     }
                 }
+                for td in &e.federates_with {
+                    let known: Option<(String,)> =
+                        sqlx::query_as($crate::store::nodes::RELATIONSHIP_EXISTS)
+                            .bind(td)
+                            .fetch_optional(&mut *tx)
+                            .await
+                            .map_err($map)?;
+                    if known.is_none() {
+                        tx.rollback().await.map_err($map)?;
+                        return Ok(EntryCreate::NoRelationship {
+                            trust_domain: td.clone(),
+                        });
+                    }
+                }
                 sqlx::query(
                     "INSERT INTO entries (id, spiffe_id, parent_id, selectors, ttl_seconds, \
-                     dns_names, revision, created_at, jwt_ttl_seconds) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                     dns_names, revision, created_at, jwt_ttl_seconds, federates_with) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
                 )
                 .bind(&e.id)
                 .bind(&e.spiffe_id)
@@ -519,9 +555,18 @@ macro_rules! impl_node_store {
                 .bind(rev)
                 .bind(e.created_at)
                 .bind(e.jwt_ttl_seconds)
+                .bind(json(&e.federates_with)?)
                 .execute(&mut *tx)
                 .await
                 .map_err($map)?;
+                for td in &e.federates_with {
+                    sqlx::query($crate::store::nodes::INSERT_FEDERATES_WITH)
+                        .bind(td)
+                        .bind(&e.id)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err($map)?;
+                }
                 sqlx::query(
                     $crate::store::nodes::TOUCH_PARENT,
                 )
@@ -543,6 +588,7 @@ macro_rules! impl_node_store {
                     revision: revision(rev)?,
                     created_at: e.created_at,
                     jwt_ttl_seconds: e.jwt_ttl_seconds,
+                    federates_with: e.federates_with.clone(),
                 }))
             }
 
@@ -600,11 +646,44 @@ macro_rules! impl_node_store {
                     tx.rollback().await.map_err($map)?;
                     return Ok(BatchCreate::Duplicate { index, existing_id });
                 }
+                let mut named: Vec<&str> = batch
+                    .iter()
+                    .flat_map(|e| e.federates_with.iter().map(String::as_str))
+                    .collect();
+                named.sort_unstable();
+                named.dedup();
+                for td in named {
+                    let known: Option<(String,)> =
+                        sqlx::query_as($crate::store::nodes::RELATIONSHIP_EXISTS)
+                            .bind(td)
+                            .fetch_optional(&mut *tx)
+                            .await
+                            .map_err($map)?;
+                    if known.is_none() {
+                        tx.rollback().await.map_err($map)?;
+                        let index = batch
+                            .iter()
+                            .position(|e| e.federates_with.iter().any(|f| f == td))
+                            .unwrap_or(0);
+                        return Ok(BatchCreate::NoRelationship {
+                            index,
+                            trust_domain: td.to_owned(),
+                        });
+                    }
+                }
                 for e in batch {
+                    for td in &e.federates_with {
+                        sqlx::query($crate::store::nodes::INSERT_FEDERATES_WITH)
+                            .bind(td)
+                            .bind(&e.id)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err($map)?;
+                    }
                     sqlx::query(
                         "INSERT INTO entries (id, spiffe_id, parent_id, selectors, ttl_seconds, \
-                         dns_names, revision, created_at, jwt_ttl_seconds) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                         dns_names, revision, created_at, jwt_ttl_seconds, federates_with) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
                     )
                     .bind(&e.id)
                     .bind(&e.spiffe_id)
@@ -615,6 +694,7 @@ macro_rules! impl_node_store {
                     .bind(rev)
                     .bind(e.created_at)
                     .bind(e.jwt_ttl_seconds)
+                    .bind(json(&e.federates_with)?)
                     .execute(&mut *tx)
                     .await
                     .map_err($map)?;
@@ -649,6 +729,7 @@ macro_rules! impl_node_store {
                             revision,
                             created_at: e.created_at,
                             jwt_ttl_seconds: e.jwt_ttl_seconds,
+                            federates_with: e.federates_with.clone(),
                         })
                         .collect(),
                 })
@@ -734,6 +815,11 @@ macro_rules! impl_node_store {
                     tx.rollback().await.map_err($map)?;
                     return Ok(false);
                 };
+                sqlx::query("DELETE FROM entry_federates_with WHERE entry_id = $1")
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err($map)?;
                 sqlx::query(
                     $crate::store::nodes::TOUCH_PARENT,
                 )

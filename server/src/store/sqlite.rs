@@ -234,6 +234,7 @@ super::crls::impl_crl_store!(SqliteStore, map_err, LOCK_READ);
 super::ca_slots::impl_ca_slot_store!(SqliteStore, map_err);
 super::nodes::impl_node_store!(SqliteStore, map_err);
 super::pins::impl_pin_store!(SqliteStore, map_err);
+super::federation::impl_federation_store!(SqliteStore, map_err);
 
 /// The batch inserts: one statement per row (SQLite has no array parameters; inside one
 /// transaction the rows cost no extra fsync).
@@ -361,6 +362,7 @@ mod tests {
                     dns_names: vec![],
                     created_at: 42,
                     jwt_ttl_seconds: 0,
+                    federates_with: Vec::new(),
                 })
                 .collect()
         };

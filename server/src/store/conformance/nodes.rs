@@ -10,6 +10,9 @@ fn created(c: EntryCreate) -> EntryRow {
     match c {
         EntryCreate::Created(row) => row,
         EntryCreate::Duplicate { existing_id } => panic!("refused as a duplicate of {existing_id}"),
+        EntryCreate::NoRelationship { trust_domain } => {
+            panic!("refused: no relationship with {trust_domain}")
+        }
     }
 }
 
@@ -172,6 +175,7 @@ async fn entries_round_trip_and_revisions_track_changes(db: Db) {
         dns_names: vec![format!("{id}.example.org")],
         created_at: 42,
         jwt_ttl_seconds: 0,
+        federates_with: Vec::new(),
     };
     // Nothing yet: revision 0, unchanged for a caller that knows 0.
     let sync = s.entries_for_parent_since(p1, 0).await.unwrap();
@@ -250,6 +254,7 @@ async fn entry_batches_are_all_or_nothing(db: Db) {
         dns_names: vec![],
         created_at: 42,
         jwt_ttl_seconds: 0,
+        federates_with: Vec::new(),
     };
     let before = created(s.create_entry(&entry("x", p1)).await.unwrap());
     let batch: Vec<NewEntry> = (0..300)
@@ -336,6 +341,7 @@ async fn a_single_entry_repeating_a_stored_registration_is_refused(db: Db) {
         dns_names: vec![],
         created_at: 42,
         jwt_ttl_seconds: 0,
+        federates_with: Vec::new(),
     };
     let two = ["unix:uid:1000", "unix:path:/usr/bin/app"];
     let a = created(s.create_entry(&entry("a", "web", p1, &two)).await.unwrap());
@@ -422,6 +428,7 @@ async fn entry_changes_wake_watchers_on_every_replica(db: Db) {
         dns_names: vec![],
         created_at: 42,
         jwt_ttl_seconds: 0,
+        federates_with: Vec::new(),
     };
     assert_eq!(db.store.entry_revision(p1).await.unwrap(), 0);
     let a = created(writer.create_entry(&entry("a")).await.unwrap());
@@ -455,6 +462,7 @@ async fn legacy_selector_spellings_are_rewritten_or_reported(db: Db) {
         dns_names: vec![],
         created_at: 42,
         jwt_ttl_seconds: 0,
+        federates_with: Vec::new(),
     };
     let fine = created(
         s.create_entry(&entry("fine", "a", &["unix:uid:1000"]))
