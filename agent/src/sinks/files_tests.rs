@@ -278,6 +278,7 @@ async fn a_crl_alone_is_written_in_each_layout_and_an_unchanged_delivery_writes_
             svid: Arc::new((*crl2.svid).clone()),
             bundle_der: crl2.bundle_der.to_vec().into(),
             crls_der: crl2.crls_der.to_vec().into(),
+            federated: crl2.federated.clone(),
         };
         set.update(|_| Some(same.clone()));
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
