@@ -24,7 +24,8 @@ pub use signet_client::ca::{
     Crl, MAX_BUNDLE_REVOCATION_ITEMS, MAX_CRL_BYTES, TrustBundle, normalize_key_id,
 };
 pub use signet_client::node::{
-    AttestCredential, Attested, JwtRequest, MAX_CSRS_PER_CALL, MintedJwt, WorkloadCsr,
+    AttestCredential, Attested, FederatedBundle, JwtRequest, MAX_CSRS_PER_CALL, MintedJwt,
+    WorkloadCsr,
 };
 
 /// A registration entry parented to this node.
@@ -37,6 +38,8 @@ pub struct EntrySpec {
     pub ttl: Duration,
     pub dns_names: Vec<String>,
     pub revision: u64,
+    /// The foreign trust domains whose bundles this entry's workloads receive.
+    pub federates_with: Vec<TrustDomain>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +48,9 @@ pub enum EntriesUpdate {
     Changed {
         revision: u64,
         entries: Vec<EntrySpec>,
+        /// One per foreign trust domain the entries federate with, when the server holds it
+        /// (the complete current set: a bundle change moves the entry revision).
+        federated_bundles: Vec<FederatedBundle>,
     },
 }
 
@@ -194,6 +200,7 @@ impl TryFrom<Entry> for EntrySpec {
             ttl: e.ttl,
             dns_names: e.dns_names,
             revision: e.revision,
+            federates_with: e.federates_with,
         })
     }
 }
@@ -280,10 +287,13 @@ impl Ca for GrpcCa {
         Ok(match self.node.sync_entries(known_revision).await? {
             signet_client::node::EntriesUpdate::Unchanged => EntriesUpdate::Unchanged,
             signet_client::node::EntriesUpdate::Changed {
-                revision, entries, ..
+                revision,
+                entries,
+                federated_bundles,
             } => EntriesUpdate::Changed {
                 revision,
                 entries: convert_entries(entries),
+                federated_bundles,
             },
         })
     }
@@ -500,6 +510,7 @@ mod tests {
                 EntriesUpdate::Changed {
                     revision: 1,
                     entries: vec![],
+                    federated_bundles: vec![],
                 }
             } else {
                 EntriesUpdate::Unchanged

@@ -518,6 +518,12 @@ pub struct FilesSinkConfig {
     /// change. Off by default: those users could plant links, so such a directory is refused.
     #[serde(default)]
     pub allow_shared_directory: bool,
+    /// Append the roots of the trust domains the identity federates with to the layout's
+    /// bundle file (spiffe-helper's option). Off by default: a consumer that reads that file
+    /// as "our CA" does not start trusting a partner's CA unasked. The per-domain
+    /// `federated-<td>.pem` files are written either way.
+    #[serde(default)]
+    pub include_federated_domains: bool,
 }
 
 impl FilesSinkConfig {
@@ -533,6 +539,7 @@ impl FilesSinkConfig {
             reload_command: None,
             reload_timeout: default_reload_timeout(),
             allow_shared_directory: false,
+            include_federated_domains: false,
         }
     }
 }

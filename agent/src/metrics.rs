@@ -24,6 +24,8 @@ pub struct Metrics {
     registry: Registry,
     certificates: Gauge,
     earliest_expiry_seconds: Gauge<f64, AtomicU64>,
+    /// Foreign trust domains' bundles held (`federated_bundles`).
+    federated_bundles: Gauge,
     /// Successful certificate renewals (node and workloads).
     pub renewals: Counter,
     /// Failed renewal attempts.
@@ -58,6 +60,12 @@ impl Metrics {
             "Seconds until the earliest held certificate expires (0 when none or expired)",
             earliest_expiry_seconds.clone(),
         );
+        let federated_bundles = Gauge::default();
+        registry.register(
+            "federated_bundles",
+            "Bundles of foreign trust domains the agent holds for its entries' federation",
+            federated_bundles.clone(),
+        );
         let renewals = Counter::default();
         registry.register(
             "renewals",
@@ -89,6 +97,7 @@ impl Metrics {
             workload,
             certificates,
             earliest_expiry_seconds,
+            federated_bundles,
             renewals,
             renewal_failures,
             compromised_replacements,
@@ -113,6 +122,8 @@ impl Metrics {
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
         self.earliest_expiry_seconds.set(earliest);
+        self.federated_bundles
+            .set(i64::try_from(state.federated.len()).unwrap_or(i64::MAX));
     }
 
     /// One line per sink that fails, is stuck or refused something (see
@@ -153,6 +164,7 @@ mod tests {
                 t0,
                 Duration::from_secs(secs),
             )),
+            federates_with: vec![],
         };
         tx.send_replace(Arc::new(AgentState {
             identities: vec![id(300), id(120)],
@@ -166,6 +178,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("signet_agent_renewals_total 1"), "{text}");
+        assert!(text.contains("signet_agent_federated_bundles 0"), "{text}");
         assert!(
             text.contains("signet_agent_renewal_failures_total 0"),
             "{text}"

@@ -1,7 +1,17 @@
 //! The agent's state as the Workload API and the sinks see it: the identities it holds (entry,
 //! selectors, current SVID: a [`signet_pki::X509Svid`], checked when it was made) and the
-//! trust bundle. Published through a `tokio::sync::watch`. Nothing here is persisted: the
-//! node identity's files are [`crate::node`]'s.
+//! trust bundle, and the federated bundles (foreign trust domains' roots and JWT keys) that
+//! the identities whose entries federate with them receive. Published through a
+//! `tokio::sync::watch`. Nothing here is persisted: the node identity's files are
+//! [`crate::node`]'s.
+//!
+//! Federated bundles are not persisted either: they are served only to identities, which come
+//! from the same `SyncEntries` answer as the bundles and are not persisted (a restarted agent
+//! serves no workload before the server answers, and that answer carries the bundles again).
+//!
+//! Invariant: [`AgentState::federated`] never holds the agent's own trust domain
+//! ([`crate::trust::Trust::set_federated`] drops one), and holds at most one bundle per trust
+//! domain, sorted by name.
 //!
 //! Memory: each SVID, the bundle and the CRLs are held once, behind an `Arc`, and shared by
 //! the rotator, this state and the sinks ([`crate::sinks::Delivered`]); a new state clones
@@ -10,6 +20,7 @@
 use std::sync::Arc;
 
 use signet_pki::X509Svid;
+use signet_types::TrustDomain;
 
 /// A workload selector: the one grammar of `signet_types::selector`, which the server also
 /// validates entries with (so every selector the server accepts is one the agent can match).
@@ -23,6 +34,9 @@ pub struct Identity {
     /// The chain (leaf first, the roots left out: they are the bundle) and its key; shared with
     /// the rotator and the sinks.
     pub svid: Arc<X509Svid>,
+    /// The foreign trust domains whose bundles this identity's workloads receive (its entry's
+    /// `federates_with`).
+    pub federates_with: Vec<TrustDomain>,
 }
 
 /// Everything the Workload API serves. Cheap to clone (shared behind `Arc`).
@@ -42,6 +56,39 @@ pub struct AgentState {
     pub jwt_keys: JwtKeys,
     /// IDs of JWT keys the operator tainted: a cached token one of them signed is dropped.
     pub jwt_tainted: Arc<[String]>,
+    /// The foreign trust domains' bundles the server sent for this node's entries (sorted by
+    /// trust domain, never the own one): each served only to the callers whose identities
+    /// federate with it ([`AgentState::federated_for`]).
+    pub federated: Federated,
+}
+
+/// A foreign trust domain's bundle, as the Workload API, SDS and the sinks serve it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FederatedBundle {
+    pub trust_domain: TrustDomain,
+    /// Its roots, DER.
+    pub roots_der: Ders,
+    /// Its JWT-SVID keys.
+    pub jwt_keys: JwtKeys,
+}
+
+/// The federated bundles, held once and shared; sorted by trust domain, one per trust domain.
+pub type Federated = Arc<[FederatedBundle]>;
+
+impl AgentState {
+    /// The federated bundles a caller entitled to `mine` receives: those of the union of its
+    /// identities' `federates_with` (SPIRE's rule), sorted by trust domain; none for a caller
+    /// whose identities do not federate. The own trust domain is never among them.
+    pub fn federated_for(&self, mine: &[&Identity]) -> Vec<&FederatedBundle> {
+        self.federated
+            .iter()
+            .filter(|b| b.trust_domain.id_string() != self.trust_domain_id)
+            .filter(|b| {
+                mine.iter()
+                    .any(|id| id.federates_with.contains(&b.trust_domain))
+            })
+            .collect()
+    }
 }
 
 /// The JWT-SVID public keys, held once and shared.

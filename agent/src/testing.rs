@@ -243,6 +243,7 @@ pub fn delivered(spiffe_id: &str, n: u8) -> Delivered {
                 ),
                 bundle_der: vec![root.der.clone()].into(),
                 crls_der: Default::default(),
+                federated: Vec::new(),
             }
         })
         .clone()

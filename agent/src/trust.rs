@@ -12,6 +12,13 @@
 //! bundle the server streams): the Workload API serves them (`FetchJWTBundles`), validates
 //! tokens with them (`ValidateJWTSVID`), and drops every cached token a tainted one signed.
 //!
+//! And the federated bundles, foreign trust domains' roots and JWT keys
+//! ([`Trust::set_federated`], from each changed `SyncEntries` answer): held here, published with
+//! the rest, served only to the identities whose entries federate with them. They are never CRL
+//! issuers (only the own trust domain's CAs sign the CRLs the agent enforces), and never the
+//! own trust domain's (one for it is dropped and logged: the own roots come from the bundle
+//! stream only).
+//!
 //! Invariant: a CRL is in force only once verified against the CA certificate it names (or
 //! restored from the agent's own `data_dir`), and only if newer than the one kept
 //! ([`crate::revocation`]); one that fails is logged, counted and ignored.
@@ -22,7 +29,8 @@ use std::time::SystemTime;
 use crate::ca::Crl;
 use crate::metrics::Metrics;
 use crate::revocation::{CrlRejected, Issuers, Revocations};
-use crate::state::{Ders, JwtKeys};
+use crate::state::{Ders, Federated, FederatedBundle, JwtKeys};
+use signet_types::TrustDomain;
 
 #[derive(Default)]
 pub struct Trust {
@@ -43,6 +51,8 @@ pub struct Trust {
     jwt_keys: JwtKeys,
     /// The IDs of those keys the operator tainted or revoked (sorted).
     jwt_tainted: Arc<[String]>,
+    /// The foreign trust domains' bundles (sorted, never the own trust domain).
+    federated: Federated,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -109,6 +119,48 @@ impl Trust {
             changed = true;
         }
         changed
+    }
+
+    /// The federated bundles served.
+    pub fn federated(&self) -> &Federated {
+        &self.federated
+    }
+
+    /// Takes the federated bundles of a `SyncEntries` answer (the complete current set) for a
+    /// node of trust domain `own`: one for `own` is dropped (logged), as is a second one for
+    /// the same trust domain. Returns whether what is served changed (then the caller runs a
+    /// pass, which publishes them); the same set keeps its copy, so nothing is pushed.
+    pub fn set_federated(
+        &mut self,
+        own: &TrustDomain,
+        bundles: Vec<crate::ca::FederatedBundle>,
+    ) -> bool {
+        let mut next: Vec<FederatedBundle> = Vec::with_capacity(bundles.len());
+        for b in bundles {
+            if &b.trust_domain == own {
+                tracing::warn!(trust_domain = %b.trust_domain, "ignoring a federated bundle for the agent's own trust domain");
+                continue;
+            }
+            if next.iter().any(|n| n.trust_domain == b.trust_domain) {
+                tracing::warn!(trust_domain = %b.trust_domain, "ignoring a second federated bundle for one trust domain");
+                continue;
+            }
+            next.push(FederatedBundle {
+                trust_domain: b.trust_domain,
+                roots_der: b.x509_authorities.into(),
+                jwt_keys: b.jwt_authorities.into(),
+            });
+        }
+        next.sort_by(|a, b| a.trust_domain.as_str().cmp(b.trust_domain.as_str()));
+        if *self.federated == *next {
+            return false;
+        }
+        tracing::info!(
+            trust_domains = ?next.iter().map(|b| b.trust_domain.as_str()).collect::<Vec<_>>(),
+            "federated bundles changed"
+        );
+        self.federated = next.into();
+        true
     }
 
     /// The taints and CRLs in force.
@@ -224,6 +276,63 @@ mod tests {
     fn key() -> signet_pki::jwt::JwtPublicKey {
         let k = signet_pki::generate(signet_pki::KeyAlgorithm::EcdsaP256).expect("key");
         JwtSigner::new(&k).expect("signer").public_key().clone()
+    }
+
+    fn federated(td: &str, root: &[u8]) -> crate::ca::FederatedBundle {
+        crate::ca::FederatedBundle {
+            trust_domain: td.parse().expect("td"),
+            x509_authorities: vec![root.to_vec()],
+            jwt_authorities: vec![key()],
+            sequence: 1,
+        }
+    }
+
+    #[test]
+    fn a_federated_bundle_for_the_own_trust_domain_is_dropped() {
+        let mut t = Trust::default();
+        let own: TrustDomain = "example.org".parse().expect("td");
+        let changed = t.set_federated(
+            &own,
+            vec![
+                federated("example.org", b"evil"),
+                federated("partner.example", b"p1"),
+            ],
+        );
+        assert!(changed);
+        let held: Vec<&str> = t
+            .federated()
+            .iter()
+            .map(|b| b.trust_domain.as_str())
+            .collect();
+        assert_eq!(held, ["partner.example"]);
+        // Only the own one: nothing federated at all.
+        assert!(t.set_federated(&own, vec![federated("example.org", b"evil")]));
+        assert!(t.federated().is_empty());
+    }
+
+    #[test]
+    fn federated_bundles_change_only_when_they_differ_and_are_sorted() {
+        let mut t = Trust::default();
+        let own: TrustDomain = "example.org".parse().expect("td");
+        let (z, a) = (federated("z.example", b"z"), federated("a.example", b"a"));
+        assert!(t.set_federated(&own, vec![z.clone(), a.clone()]));
+        let names: Vec<&str> = t
+            .federated()
+            .iter()
+            .map(|b| b.trust_domain.as_str())
+            .collect();
+        assert_eq!(names, ["a.example", "z.example"]);
+        let before = t.federated().clone();
+        assert!(!t.set_federated(&own, vec![a.clone(), z.clone()]));
+        assert!(
+            Arc::ptr_eq(&before, t.federated()),
+            "the same set keeps its copy"
+        );
+        let mut a2 = a.clone();
+        a2.x509_authorities.push(b"a2".to_vec());
+        assert!(t.set_federated(&own, vec![a2, z]));
+        assert!(t.set_federated(&own, vec![]));
+        assert!(t.federated().is_empty());
     }
 
     #[test]

@@ -68,6 +68,7 @@ fn state(pki: &Pki, svid: X509Svid, uid: u32) -> Arc<AgentState> {
             entry_id: "entry-1".into(),
             selectors: vec![Selector::Uid(uid)],
             svid: svid.into(),
+            federates_with: vec![],
         }],
         bundle_der: vec![pki.root_der.clone()].into(),
         trust_domain_id: "spiffe://example.org".into(),

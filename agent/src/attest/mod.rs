@@ -265,6 +265,7 @@ mod tests {
                 .map(|s| s.parse().expect("selector"))
                 .collect(),
             svid: crate::testing::delivered(&format!("spiffe://example.org/{id}"), 1).svid,
+            federates_with: vec![],
         }
     }
 

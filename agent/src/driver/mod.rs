@@ -370,14 +370,21 @@ impl Driver {
             Step::SyncEntries => {
                 match self.ca.sync_entries(self.revision).await {
                     Ok(EntriesUpdate::Unchanged) => s.schedule.sync_succeeded(now, false),
-                    Ok(EntriesUpdate::Changed { revision, entries }) => {
+                    Ok(EntriesUpdate::Changed {
+                        revision,
+                        entries,
+                        federated_bundles,
+                    }) => {
                         tracing::info!(
                             revision,
                             entries = entries.len(),
+                            federated_bundles = federated_bundles.len(),
                             "registration entries changed"
                         );
                         self.revision = revision;
                         self.entries = entries;
+                        // Published by the pass a changed sync runs.
+                        self.trust.set_federated(&s.trust_domain, federated_bundles);
                         s.schedule.sync_succeeded(now, true);
                     }
                     Err(e) => {

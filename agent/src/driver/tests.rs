@@ -144,10 +144,15 @@ impl Ca for Fake {
                     ttl: Duration::from_secs(3600),
                     dns_names: vec![],
                     revision: i,
+                    federates_with: vec![],
                 })
             })
             .collect::<Result<Vec<_>, CaError>>()?;
-        Ok(EntriesUpdate::Changed { revision, entries })
+        Ok(EntriesUpdate::Changed {
+            revision,
+            entries,
+            federated_bundles: vec![],
+        })
     }
     async fn watch_entries(&self) -> Result<EntryRevisionStream, CaError> {
         let rx = self.entry_revision.subscribe();

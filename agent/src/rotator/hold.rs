@@ -117,6 +117,7 @@ impl Holdings {
                 entry_id: id.clone(),
                 selectors: h.spec.selectors.clone(),
                 svid: h.svid.clone(),
+                federates_with: h.spec.federates_with.clone(),
             })
             .collect();
         identities.sort_by(|a, b| a.entry_id.cmp(&b.entry_id));

@@ -65,6 +65,7 @@ impl Outlets {
             crls_der: trust.crls_der().clone(),
             jwt_keys: trust.jwt_keys().clone(),
             jwt_tainted: trust.jwt_tainted().clone(),
+            federated: trust.federated().clone(),
         };
         self.state.send_if_modified(|cur| {
             if **cur == next {
@@ -77,11 +78,21 @@ impl Outlets {
         if let Some(set) = &mut self.sinks {
             let current = held.current(now);
             let (bundle, crls) = (trust.bundle_der(), trust.crls_der());
+            let state = self.state.borrow().clone();
             set.update(|spiffe_id| {
-                current.get(spiffe_id).map(|svid| Delivered {
-                    svid: Arc::clone(svid),
-                    bundle_der: bundle.clone(),
-                    crls_der: crls.clone(),
+                current.get(spiffe_id).map(|svid| {
+                    // The union of the federates_with of the entries serving this SPIFFE ID.
+                    let mine: Vec<_> = state
+                        .identities
+                        .iter()
+                        .filter(|id| id.svid.spiffe_id() == spiffe_id)
+                        .collect();
+                    Delivered {
+                        svid: Arc::clone(svid),
+                        bundle_der: bundle.clone(),
+                        crls_der: crls.clone(),
+                        federated: state.federated_for(&mine).into_iter().cloned().collect(),
+                    }
                 })
             });
         }

@@ -216,6 +216,7 @@ fn entry(id: &str) -> EntrySpec {
         ttl: Duration::from_secs(1000),
         dns_names: vec![],
         revision: 1,
+        federates_with: vec![],
     }
 }
 

@@ -28,6 +28,22 @@
 //! same generation as the certificates and switched with them. A delivery without CRLs
 //! removes the `crl.pem` link the agent made.
 //!
+//! # Federated trust domains
+//!
+//! For an identity whose entry federates with foreign trust domains, each one's roots are
+//! written as [`federated_file`] (`federated-<trust domain>.pem`), a flat name beside the
+//! others (trust domain names are `[a-z0-9._-]`, so one is a safe single file name), in the
+//! same generation and switched with the rest: the per-domain files and the own bundle always
+//! agree. A flat name rather than a `federated/` directory keeps the one-level generation
+//! scheme (and its sweep) as it is. When a trust domain is no longer federated its link is
+//! removed after the switch, as `crl.pem`'s is.
+//!
+//! With `include_federated_domains = true` on the sink (spiffe-helper's option name), the
+//! federated roots are also appended to the layout's bundle file (`root-cert.pem`,
+//! `svid_bundle.pem`, `ca.crt`), for consumers that read one CA file. **Off by default**: a
+//! consumer that reads the bundle file as "our CA" must not start trusting a partner's CA
+//! because an entry changed on the server; the operator opts in per sink.
+//!
 //! # A directory the workload can write
 //!
 //! The agent (often root) never follows a link it did not create and never works outside the
@@ -57,6 +73,21 @@ use crate::signal::signal_by_name;
 
 /// The CRL file every layout gets when there are CRLs.
 pub const CRL_FILE: &str = "crl.pem";
+
+/// The prefix of the per-trust-domain federated bundle files.
+pub const FEDERATED_PREFIX: &str = "federated-";
+
+/// The file of a federated trust domain's roots: `federated-<trust domain>.pem`.
+pub fn federated_file(trust_domain: &str) -> String {
+    format!("{FEDERATED_PREFIX}{trust_domain}.pem")
+}
+
+/// Whether `name` is one of the federated bundle files this sink writes.
+fn is_federated_file(name: &str) -> bool {
+    name.strip_prefix(FEDERATED_PREFIX)
+        .and_then(|n| n.strip_suffix(".pem"))
+        .is_some_and(|td| td.parse::<signet_types::TrustDomain>().is_ok())
+}
 
 /// File names of a layout: (chain, key, bundle).
 pub fn layout_names(layout: FileLayout) -> [&'static str; 3] {
@@ -180,7 +211,7 @@ impl Inner {
     }
 
     /// Writes a new generation and switches to it. Blocking.
-    fn write_generation(&self, files: Vec<(&str, Vec<u8>, u32)>) -> Result<Applied, SinkError> {
+    fn write_generation(&self, files: Vec<(String, Vec<u8>, u32)>) -> Result<Applied, SinkError> {
         let dir = self.open_dir()?;
         let gen_name = self.generation_name();
         let result = self.fill_and_switch(&dir, &gen_name, &files);
@@ -194,7 +225,7 @@ impl Inner {
         &self,
         dir: &SinkDir,
         gen_name: &GenerationName,
-        files: &[(&str, Vec<u8>, u32)],
+        files: &[(String, Vec<u8>, u32)],
     ) -> Result<Applied, SinkError> {
         let path = dir.path();
         let gen_path = path.join(gen_name.as_str());
@@ -233,16 +264,31 @@ impl Inner {
             tracing::warn!(sink = %self.name, dir = %path.display(), error = %e, "cannot sync directory after switch");
         }
         let mut applied = Applied::default();
-        // No CRL in this generation: the visible `crl.pem` link would dangle; remove ours.
-        if !files.iter().any(|(n, _, _)| *n == CRL_FILE)
-            && dir.read_link(comp(CRL_FILE)).as_deref()
-                == Some(format!("{DATA_LINK}/{CRL_FILE}").as_bytes())
-            && let Err(e) = dir.unlink(comp(CRL_FILE))
-        {
-            applied.warnings.push(format!(
-                "cannot remove {}: {e}",
-                path.join(CRL_FILE).display()
-            ));
+        // No CRL (or no longer this federated trust domain) in this generation: the visible
+        // link would dangle; remove ours.
+        let optional = match dir.names_with_prefix(FEDERATED_PREFIX) {
+            Ok(names) => names,
+            Err(e) => {
+                applied
+                    .warnings
+                    .push(format!("cannot list {}: {e}", path.display()));
+                Vec::new()
+            }
+        };
+        let stale = std::iter::once(CRL_FILE.to_owned())
+            .chain(optional.into_iter().filter(|n| is_federated_file(n)))
+            .filter(|n| !files.iter().any(|(f, _, _)| f == n));
+        for name in stale {
+            let Some(c) = Component::new(&name) else {
+                continue;
+            };
+            if dir.read_link(c).as_deref() == Some(format!("{DATA_LINK}/{name}").as_bytes())
+                && let Err(e) = dir.unlink(c)
+            {
+                applied
+                    .warnings
+                    .push(format!("cannot remove {}: {e}", path.join(&name).display()));
+            }
         }
         if let Some(prev) = previous
             && GenerationName::parse(&prev).is_none()
@@ -320,12 +366,25 @@ impl Inner {
             return Ok(Applied::default());
         }
         let dir = self.open_sink_dir()?;
-        for name in layout_names(self.cfg.layout).into_iter().chain([CRL_FILE]) {
+        let federated = dir
+            .names_with_prefix(FEDERATED_PREFIX)
+            .map_err(|e| self.err("cannot list", path, e))?
+            .into_iter()
+            .filter(|n| is_federated_file(n));
+        let names = layout_names(self.cfg.layout)
+            .into_iter()
+            .chain([CRL_FILE])
+            .map(str::to_owned)
+            .chain(federated);
+        for name in names {
+            let Some(c) = Component::new(&name) else {
+                continue;
+            };
             // Only our symlinks; a regular file someone else put there stays.
             let target = format!("{DATA_LINK}/{name}");
-            if dir.read_link(comp(name)).as_deref() == Some(target.as_bytes()) {
-                dir.unlink(comp(name))
-                    .map_err(|e| self.err("cannot remove", &path.join(name), e))?;
+            if dir.read_link(c).as_deref() == Some(target.as_bytes()) {
+                dir.unlink(c)
+                    .map_err(|e| self.err("cannot remove", &path.join(&name), e))?;
             }
         }
         let mut applied = Applied::default();
@@ -354,13 +413,26 @@ impl Sink for FilesSink {
 
     async fn deliver(&self, svid: &Delivered) -> Result<Applied, SinkError> {
         let [chain, key, bundle] = layout_names(self.0.cfg.layout);
+        let mut bundle_pem = svid.bundle_pem();
         let mut files = vec![
-            (chain, svid.chain_pem().into_bytes(), 0o644),
-            (key, svid.key_pem().into_bytes(), 0o600),
-            (bundle, svid.bundle_pem().into_bytes(), 0o644),
+            (chain.to_owned(), svid.chain_pem().into_bytes(), 0o644),
+            (key.to_owned(), svid.key_pem().into_bytes(), 0o600),
         ];
+        for (td, roots_pem) in svid.federated_pems() {
+            let name = federated_file(td);
+            // A trust domain name is one safe file name; should one ever not be, skip it.
+            if Component::new(&name).is_none() || !is_federated_file(&name) {
+                tracing::warn!(sink = %self.0.name, trust_domain = %td, "skipping a federated bundle whose trust domain is not a file name");
+                continue;
+            }
+            if self.0.cfg.include_federated_domains {
+                bundle_pem.push_str(&roots_pem);
+            }
+            files.push((name, roots_pem.into_bytes(), 0o644));
+        }
+        files.push((bundle.to_owned(), bundle_pem.into_bytes(), 0o644));
         if !svid.crls_der.is_empty() {
-            files.push((CRL_FILE, svid.crls_pem().into_bytes(), 0o644));
+            files.push((CRL_FILE.to_owned(), svid.crls_pem().into_bytes(), 0o644));
         }
         let inner = self.0.clone();
         let applied =

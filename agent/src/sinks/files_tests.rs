@@ -278,6 +278,7 @@ async fn a_crl_alone_is_written_in_each_layout_and_an_unchanged_delivery_writes_
             svid: Arc::new((*crl2.svid).clone()),
             bundle_der: crl2.bundle_der.to_vec().into(),
             crls_der: crl2.crls_der.to_vec().into(),
+            federated: crl2.federated.clone(),
         };
         set.update(|_| Some(same.clone()));
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -449,4 +450,87 @@ async fn reload_signal_reaches_the_pid_in_the_pid_file() {
         .await
         .expect_err("bad pid");
     assert!(err.to_string().contains("no valid pid"), "{err}");
+}
+
+/// `svid(n)` federating with each of `tds` (its roots: one fake DER per trust domain).
+fn federating(n: u8, tds: &[&str]) -> Delivered {
+    Delivered {
+        federated: tds
+            .iter()
+            .map(|td| crate::state::FederatedBundle {
+                trust_domain: td.parse().expect("td"),
+                roots_der: vec![td.as_bytes().to_vec()].into(),
+                jwt_keys: Default::default(),
+            })
+            .collect(),
+        ..svid(n)
+    }
+}
+
+#[tokio::test]
+async fn federated_files_are_written_per_trust_domain_switched_and_removed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let sink = FilesSink::new("web", cfg(d, FileLayout::Istio));
+    sink.deliver(&federating(1, &["a.example", "b.example"]))
+        .await
+        .expect("federating");
+    for td in ["a.example", "b.example"] {
+        let f = d.join(federated_file(td));
+        assert_eq!(read_pem(&f), [td.as_bytes().to_vec()]);
+        assert!(
+            std::fs::symlink_metadata(&f)
+                .expect("meta")
+                .file_type()
+                .is_symlink()
+        );
+    }
+    // By default the bundle file stays the own trust domain's roots only.
+    assert_eq!(
+        read_pem(&d.join("root-cert.pem")),
+        svid(1).bundle_der.to_vec()
+    );
+    // b.example is no longer federated: its link goes, a.example's stays, in one generation.
+    sink.deliver(&federating(2, &["a.example"]))
+        .await
+        .expect("one");
+    assert!(std::fs::symlink_metadata(d.join(federated_file("b.example"))).is_err());
+    assert!(d.join(federated_file("a.example")).exists());
+    assert_eq!(generations(d).len(), 1);
+    // A file someone else put there under our prefix is not ours: left alone.
+    std::fs::write(d.join(federated_file("c.example")), b"theirs").expect("write");
+    sink.deliver(&svid(3)).await.expect("none");
+    assert!(std::fs::symlink_metadata(d.join(federated_file("a.example"))).is_err());
+    assert_eq!(
+        std::fs::read(d.join(federated_file("c.example"))).expect("kept"),
+        b"theirs"
+    );
+    std::fs::remove_file(d.join(federated_file("c.example"))).expect("rm");
+    sink.deliver(&federating(4, &["a.example"]))
+        .await
+        .expect("again");
+    sink.remove().await.expect("remove");
+    assert_eq!(std::fs::read_dir(d).expect("ls").count(), 0);
+}
+
+#[tokio::test]
+async fn include_federated_domains_appends_them_to_the_bundle_file() {
+    for layout in [FileLayout::Istio, FileLayout::SpiffeHelper, FileLayout::Tls] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sink = FilesSink::new(
+            "web",
+            FilesSinkConfig {
+                include_federated_domains: true,
+                ..cfg(dir.path(), layout)
+            },
+        );
+        sink.deliver(&federating(1, &["a.example", "b.example"]))
+            .await
+            .expect("federating");
+        let [_, _, bundle] = layout_names(layout);
+        let mut want = svid(1).bundle_der.to_vec();
+        want.extend([b"a.example".to_vec(), b"b.example".to_vec()]);
+        assert_eq!(read_pem(&dir.path().join(bundle)), want, "{layout:?}");
+        assert!(dir.path().join(federated_file("a.example")).exists());
+    }
 }

@@ -9,7 +9,7 @@ use signet_pki::X509Svid;
 use signet_types::SpiffeId;
 
 use crate::config::{SinkConfig, SinkKind};
-use crate::state::Ders;
+use crate::state::{Ders, FederatedBundle};
 use signet_runtime::clock::{Clock, SystemClock};
 
 pub mod apiserver;
@@ -37,6 +37,9 @@ pub struct Delivered {
     pub bundle_der: Ders,
     /// DER CRLs of the issuing CAs (verified; may be empty).
     pub crls_der: Ders,
+    /// The foreign trust domains' bundles this SPIFFE ID's entries federate with (sorted by
+    /// trust domain; empty when it does not federate).
+    pub federated: Vec<FederatedBundle>,
 }
 
 impl fmt::Debug for Delivered {
@@ -45,6 +48,14 @@ impl fmt::Debug for Delivered {
             .field("svid", &self.svid)
             .field("bundle_len", &self.bundle_der.len())
             .field("crls", &self.crls_der.len())
+            .field(
+                "federated",
+                &self
+                    .federated
+                    .iter()
+                    .map(|b| b.trust_domain.as_str())
+                    .collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -61,6 +72,15 @@ impl Delivered {
     }
     pub fn bundle_pem(&self) -> String {
         signet_types::pem::certs_to_pem(self.bundle_der.iter().map(Vec::as_slice))
+    }
+    /// The roots of each federated trust domain as PEM, by trust domain (sorted).
+    pub fn federated_pems(&self) -> impl Iterator<Item = (&str, String)> {
+        self.federated.iter().map(|b| {
+            (
+                b.trust_domain.as_str(),
+                signet_types::pem::certs_to_pem(b.roots_der.iter().map(Vec::as_slice)),
+            )
+        })
     }
     /// The CRLs as PEM `X509 CRL` blocks (empty when there are none).
     pub fn crls_pem(&self) -> String {
@@ -294,6 +314,7 @@ mod tests {
             )),
             bundle_der: Ders::default(),
             crls_der: Ders::default(),
+            federated: Vec::new(),
         };
         let s = format!("{d:?}");
         let key = d.svid.key().pkcs8_der();

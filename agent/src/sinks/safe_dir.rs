@@ -306,6 +306,21 @@ impl SinkDir {
         rfs::fsync(&self.fd).map_err(errno)
     }
 
+    /// The names in the directory that start with `prefix` (among the first [`MAX_SCAN`]
+    /// entries): what a sink looks at to remove the links it made and no longer wants.
+    pub fn names_with_prefix(&self, prefix: &str) -> io::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for entry in rfs::Dir::read_from(&self.fd).map_err(errno)?.take(MAX_SCAN) {
+            let entry = entry.map_err(errno)?;
+            if let Ok(name) = entry.file_name().to_str()
+                && name.starts_with(prefix)
+            {
+                out.push(name.to_owned());
+            }
+        }
+        Ok(out)
+    }
+
     /// The generation directories present (at most [`MAX_SWEEP`], among the first
     /// [`MAX_SCAN`] entries).
     pub fn generations(&self) -> io::Result<Vec<GenerationName>> {

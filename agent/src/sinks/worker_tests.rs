@@ -118,6 +118,7 @@ fn deep_copy(d: &Delivered) -> Delivered {
         svid: Arc::new((*d.svid).clone()),
         bundle_der: d.bundle_der.to_vec().into(),
         crls_der: d.crls_der.to_vec().into(),
+        federated: d.federated.clone(),
     }
 }
 

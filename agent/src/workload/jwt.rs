@@ -1,8 +1,17 @@
 //! The Workload API's JWT profile (SPIFFE Workload API §6), the parts that need no socket:
 //! the bounds on a request's audiences ([`check_audiences`]), the JWT bundles a caller sees
 //! ([`jwt_bundles_view`]: the trust domain's keys as a JWKS, every key with `kid`, `alg` and
-//! `use: "jwt-svid"`), and `ValidateJWTSVID` ([`validate`]: `signet_pki::jwt::validate`
-//! against the trust domain's keys, the claims as a `google.protobuf.Struct`).
+//! `use: "jwt-svid"`, and the caller's federated trust domains' the same way), and
+//! `ValidateJWTSVID` ([`validate`]: `signet_pki::jwt::validate` against the key set of the
+//! token's trust domain, the claims as a `google.protobuf.Struct`).
+//!
+//! **Which keys validate a token.** The unverified `sub` only *chooses* the key set
+//! ([`claimed_trust_domain`]): the own trust domain's keys for a token claiming it (or one
+//! whose subject cannot be read: it then fails validation), a federated trust domain's keys
+//! for one claiming it when the caller's identities federate with it; any other trust domain
+//! is refused (ForeignTrustDomain) without looking further. After validation the verified
+//! subject's trust domain must be the one whose keys were used, so a foreign key never
+//! vouches for the own trust domain, nor the own keys for a foreign one.
 //!
 //! The handlers in [`super`] attest the caller and go through the [`crate::jwt_cache`] for
 //! tokens; nothing here parses or signs a JWT itself.
@@ -16,7 +25,8 @@ use signet_proto::workload as pb;
 
 use super::WorkloadError;
 use crate::attest::{Attestor, Caller};
-use crate::state::AgentState;
+use crate::state::{AgentState, Identity, JwtKeys};
+use signet_types::TrustDomain;
 
 /// The `use` of every key in a SPIFFE JWT bundle.
 pub const JWT_SVID_USE: &str = "jwt-svid";
@@ -55,7 +65,8 @@ pub fn jwt_bundles_view(
     caller: &Caller,
     state: &AgentState,
 ) -> Option<pb::JwtBundlesResponse> {
-    if attestor.identities_for(caller, state).is_empty() {
+    let ids = attestor.identities_for(caller, state);
+    if ids.is_empty() {
         return None;
     }
     let mut bundles = HashMap::new();
@@ -64,13 +75,56 @@ pub fn jwt_bundles_view(
     {
         bundles.insert(td.to_owned(), jwks(&state.jwt_keys));
     }
+    for b in state.federated_for(&ids) {
+        bundles.insert(b.trust_domain.as_str().to_owned(), jwks(&b.jwt_keys));
+    }
     Some(pb::JwtBundlesResponse { bundles })
 }
 
-/// `ValidateJWTSVID` of `token` for `audience` against the trust domain's keys in `state`, at
-/// `now` (unix seconds). Every refusal is InvalidArgument with the reason.
+/// The trust domain a token's `sub` claims, read **without verifying anything**: only to
+/// choose the key set it is then validated with. `None` when it cannot be read (too long, not
+/// three parts, no `sub`, not a SPIFFE ID).
+pub fn claimed_trust_domain(token: &str) -> Option<TrustDomain> {
+    use base64::Engine;
+    if token.len() > signet_pki::jwt::MAX_TOKEN_BYTES {
+        return None;
+    }
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .ok()?;
+    let claims: Map<String, Value> = serde_json::from_slice(&bytes).ok()?;
+    let sub = claims.get("sub")?.as_str()?;
+    let id: signet_types::SpiffeId = sub.parse().ok()?;
+    Some(id.trust_domain().clone())
+}
+
+/// The key set a token claiming `claimed` is validated with, and the trust domain it stands
+/// for (`None`: the own one), for a caller entitled to `mine`; refused for a foreign trust
+/// domain the caller does not federate with.
+fn key_set<'a>(
+    state: &'a AgentState,
+    mine: &[&Identity],
+    claimed: Option<&TrustDomain>,
+) -> Result<(&'a JwtKeys, Option<&'a TrustDomain>), WorkloadError> {
+    match claimed {
+        Some(td) if td.id_string() != state.trust_domain_id => state
+            .federated_for(mine)
+            .into_iter()
+            .find(|b| &b.trust_domain == td)
+            .map(|b| (&b.jwt_keys, Some(&b.trust_domain)))
+            .ok_or_else(|| WorkloadError::ForeignTrustDomain(td.as_str().to_owned())),
+        _ => Ok((&state.jwt_keys, None)),
+    }
+}
+
+/// `ValidateJWTSVID` of `token` for `audience`, at `now` (unix seconds), for a caller entitled
+/// to `mine`: against the own trust domain's keys in `state`, or those of the federated trust
+/// domain the token claims when the caller federates with it (see the module doc). Every
+/// refusal is InvalidArgument with the reason.
 pub fn validate(
     state: &AgentState,
+    mine: &[&Identity],
     audience: &str,
     token: &str,
     now: i64,
@@ -81,13 +135,19 @@ pub fn validate(
     if token.is_empty() {
         return Err(WorkloadError::NoToken);
     }
-    let keys = JwtKeySet::new(state.jwt_keys.iter().cloned());
+    let claimed = claimed_trust_domain(token);
+    let (keys, foreign) = key_set(state, mine, claimed.as_ref())?;
+    let keys = JwtKeySet::new(keys.iter().cloned());
     let valid = signet_pki::jwt::validate(token, audience, &keys, now)
         .map_err(WorkloadError::InvalidToken)?;
-    // The keys are the agent's own trust domain's: a token naming another trust domain is
-    // not one they can vouch for (go-spiffe picks the bundle by the token's trust domain).
+    // The verified subject must be of the trust domain whose keys vouched for it: the own
+    // keys never for a foreign trust domain, a federated domain's never for another one.
     let td = valid.spiffe_id.trust_domain();
-    if td.id_string() != state.trust_domain_id {
+    let expected_ok = match foreign {
+        Some(f) => td == f,
+        None => td.id_string() == state.trust_domain_id,
+    };
+    if !expected_ok {
         return Err(WorkloadError::ForeignTrustDomain(td.as_str().to_owned()));
     }
     Ok(pb::ValidateJwtsvidResponse {

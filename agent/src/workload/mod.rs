@@ -12,6 +12,13 @@
 //! changes; a caller that loses its last identity gets PermissionDenied and the stream ends.
 //! Both fill their `crl` field (DER, one per issuing CA key) with the CRLs the agent verified
 //! (SPIRE leaves it empty); a new CRL is a change, so it is streamed at once.
+//! **Federation** (SPIRE's rule): a caller receives the bundles of the foreign trust domains its
+//! identities' entries federate with (the union over the identities returned to it), and no
+//! other: in `X509SVIDResponse.federated_bundles` (`spiffe://<td>` to the concatenated DER
+//! roots), in `FetchX509Bundles` and `FetchJWTBundles` beside the own trust domain, and as the
+//! key sets `ValidateJWTSVID` may validate a foreign token with ([`jwt::validate`]). A change of
+//! those bundles is a change of the caller's view, so open streams push it; a caller whose
+//! identities do not federate sees no change and gets no push.
 //! - [`jwt`]: the JWT profile. `FetchJWTSVID` (an audience required) answers one JWT-SVID per
 //!   SPIFFE ID the caller is entitled to, or the one it names (PermissionDenied when it is not
 //!   entitled to it), each from the [`JwtCache`] (minted by the server when not cached);
@@ -297,6 +304,11 @@ pub fn x509_svid_view(
         return None;
     }
     let bundle = concat(&state.bundle_der);
+    let federated_bundles = state
+        .federated_for(&ids)
+        .into_iter()
+        .map(|b| (b.trust_domain.id_string(), concat(&b.roots_der)))
+        .collect();
     Some(pb::X509svidResponse {
         svids: ids
             .iter()
@@ -309,7 +321,7 @@ pub fn x509_svid_view(
             })
             .collect(),
         crl: state.crls_der.to_vec(),
-        federated_bundles: HashMap::new(),
+        federated_bundles,
     })
 }
 
@@ -319,12 +331,16 @@ pub fn x509_bundles_view(
     caller: &Caller,
     state: &AgentState,
 ) -> Option<pb::X509BundlesResponse> {
-    if attestor.identities_for(caller, state).is_empty() {
+    let ids = attestor.identities_for(caller, state);
+    if ids.is_empty() {
         return None;
     }
     let mut bundles = HashMap::new();
     if !state.trust_domain_id.is_empty() {
         bundles.insert(state.trust_domain_id.clone(), concat(&state.bundle_der));
+    }
+    for b in state.federated_for(&ids) {
+        bundles.insert(b.trust_domain.id_string(), concat(&b.roots_der));
     }
     Some(pb::X509BundlesResponse {
         crl: state.crls_der.to_vec(),
@@ -394,10 +410,11 @@ impl SpiffeWorkloadApi for WorkloadApi {
             Err(e) => Err(e),
             Ok(()) => match Self::attest(&self.attestor, &self.metrics, &peer).await {
                 Err(e) => Err(e),
-                Ok(_caller) => {
+                Ok(caller) => {
                     let state = self.state.borrow().clone();
                     let now = signet_runtime::clock::unix(self.clock.now());
-                    jwt::validate(&state, &r.audience, &r.svid, now)
+                    let mine = self.attestor.identities_for(&caller, &state);
+                    jwt::validate(&state, &mine, &r.audience, &r.svid, now)
                 }
             },
         };

@@ -18,6 +18,7 @@ fn state_with(uid: u32, key: u8) -> AgentState {
             entry_id: "e1".into(),
             selectors: vec![crate::state::Selector::Uid(uid)],
             svid: svid(key),
+            federates_with: vec![],
         }],
         bundle_der: vec![vec![9], vec![8]].into(),
         trust_domain_id: "spiffe://example.org".into(),
@@ -208,6 +209,7 @@ fn jwt_state(keys: &[&JwtSigner], tainted: &[&str]) -> AgentState {
         entry_id: "e2".into(),
         selectors: vec![crate::state::Selector::Uid(2000)],
         svid: db,
+        federates_with: vec![],
     });
     s.jwt_keys = keys.iter().map(|k| k.public_key().clone()).collect();
     s.jwt_tainted = tainted.iter().map(|t| (*t).to_owned()).collect();
@@ -737,4 +739,204 @@ fn bind_replaces_stale_socket_but_not_files() {
         assert_eq!(left.len(), 2, "{left:?}");
         drop(l);
     });
+}
+
+// --- federation ---------------------------------------------------------------------------
+
+const PARTNER: &str = "partner.example";
+
+/// `jwt_state` with a federated bundle for [`PARTNER`] (`root`'s DER, `partner`'s JWT key):
+/// uid 1000's entry (e1, `/app`) federates with it, uid 2000's (e2, `/db`) does not.
+fn federated_state(own: &JwtSigner, partner: &JwtSigner, root: &[u8]) -> AgentState {
+    let mut s = jwt_state(&[own], &[]);
+    s.identities[0].federates_with = vec![PARTNER.parse().expect("td")];
+    s.federated = vec![crate::state::FederatedBundle {
+        trust_domain: PARTNER.parse().expect("td"),
+        roots_der: vec![root.to_vec()].into(),
+        jwt_keys: vec![partner.public_key().clone()].into(),
+    }]
+    .into();
+    s
+}
+
+fn partner_root() -> Vec<u8> {
+    crate::testing::TestCa::new("partner root").der
+}
+
+async fn first<T>(r: Result<Response<WatchStream<T>>, Status>) -> T {
+    r.expect("stream")
+        .into_inner()
+        .next()
+        .await
+        .expect("item")
+        .expect("ok")
+}
+
+/// Whether `s` sends nothing for a while.
+async fn quiet<T>(s: &mut WatchStream<T>) -> bool {
+    tokio::time::timeout(std::time::Duration::from_millis(200), s.next())
+        .await
+        .is_err()
+}
+
+/// What the caller of uid `uid` gets from the three bundle-carrying APIs: the X509-SVID
+/// response's federated bundles, the X.509 bundles' keys and the JWT bundles' keys.
+async fn bundles_seen(
+    api: &WorkloadApi,
+    uid: u32,
+) -> (
+    HashMap<String, Vec<u8>>,
+    Vec<String>,
+    HashMap<String, Vec<u8>>,
+) {
+    let svid: pb::X509svidResponse = first(
+        api.fetch_x509svid(as_caller(req(pb::X509svidRequest {}, true), uid))
+            .await,
+    )
+    .await;
+    let x509: pb::X509BundlesResponse = first(
+        api.fetch_x509_bundles(as_caller(req(pb::X509BundlesRequest {}, true), uid))
+            .await,
+    )
+    .await;
+    let jwt: pb::JwtBundlesResponse = first(
+        api.fetch_jwt_bundles(as_caller(req(pb::JwtBundlesRequest {}, true), uid))
+            .await,
+    )
+    .await;
+    let mut x509_keys: Vec<String> = x509.bundles.keys().cloned().collect();
+    x509_keys.sort();
+    (svid.federated_bundles, x509_keys, jwt.bundles)
+}
+
+#[tokio::test]
+async fn a_federated_bundle_reaches_only_callers_whose_entries_federate() {
+    let (own, partner, root) = (signer(), signer(), partner_root());
+    let j = jwt_api(own.clone());
+    j.tx.send_replace(Arc::new(federated_state(&own, &partner, &root)));
+
+    let (fed, x509, jwt) = bundles_seen(&j.api, 1000).await;
+    assert_eq!(fed.len(), 1);
+    assert_eq!(fed["spiffe://partner.example"], root);
+    assert_eq!(x509, ["spiffe://example.org", "spiffe://partner.example"]);
+    let jwks: serde_json::Value = serde_json::from_slice(&jwt[PARTNER]).expect("json");
+    assert_eq!(jwks["keys"][0]["kid"], partner.key_id());
+    assert_eq!(jwks["keys"].as_array().expect("keys").len(), 1);
+    assert!(jwt.contains_key("example.org"));
+
+    // Attack: a caller whose entry does not federate gets none of it, anywhere.
+    let (fed, x509, jwt) = bundles_seen(&j.api, 2000).await;
+    assert!(fed.is_empty(), "{fed:?}");
+    assert_eq!(x509, ["spiffe://example.org"]);
+    assert_eq!(jwt.keys().collect::<Vec<_>>(), ["example.org"]);
+    for b in jwt.values() {
+        assert!(!String::from_utf8_lossy(b).contains(partner.key_id()));
+    }
+}
+
+#[tokio::test]
+async fn validate_jwtsvid_picks_the_keys_of_the_tokens_trust_domain() {
+    let (own, partner, root) = (signer(), signer(), partner_root());
+    let j = jwt_api(own.clone());
+    j.tx.send_replace(Arc::new(federated_state(&own, &partner, &root)));
+    let validate = |uid: u32, token: String| {
+        let api = j.api.clone();
+        async move {
+            api.validate_jwtsvid(as_caller(validate_req("aud", &token), uid))
+                .await
+        }
+    };
+    // A partner token validates with the partner's key for a caller that federates.
+    let foreign = signer_token(&partner, "spiffe://partner.example/x", "aud");
+    let ok = validate(1000, foreign.clone())
+        .await
+        .expect("valid")
+        .into_inner();
+    assert_eq!(ok.spiffe_id, "spiffe://partner.example/x");
+    // ... and is refused for one that does not.
+    let (c, m) = code_of(validate(2000, foreign).await).await;
+    assert_eq!(c, tonic::Code::InvalidArgument);
+    assert!(m.contains(PARTNER), "{m}");
+    // Our trust domain claimed, signed by the partner's key: our keys do not know it.
+    let forged = signer_token(&partner, "spiffe://example.org/app", "aud");
+    let (c, m) = code_of(validate(1000, forged).await).await;
+    assert_eq!(c, tonic::Code::InvalidArgument);
+    assert!(m.contains(partner.key_id()), "{m}");
+    // The partner's trust domain claimed, signed by our key: the partner's keys do not know it.
+    let forged = signer_token(&own, "spiffe://partner.example/x", "aud");
+    let (c, m) = code_of(validate(1000, forged).await).await;
+    assert_eq!(c, tonic::Code::InvalidArgument);
+    assert!(m.contains(own.key_id()), "{m}");
+    // Our own tokens still validate with our keys, for either caller.
+    let mine = signer_token(&own, "spiffe://example.org/app", "aud");
+    for uid in [1000, 2000] {
+        validate(uid, mine.clone()).await.expect("own token");
+    }
+}
+
+/// The unverified subject only chooses the key set: a partner token is validated with the
+/// partner's keys even when the same key also (wrongly) sits in our own set, and comes out as
+/// the partner's SPIFFE ID; an unreadable token claims nothing.
+#[test]
+fn the_tokens_subject_only_chooses_the_key_set() {
+    let (own, partner, root) = (signer(), signer(), partner_root());
+    let mut st = federated_state(&own, &partner, &root);
+    // The same key listed for both trust domains (a misconfiguration).
+    st.jwt_keys = vec![own.public_key().clone(), partner.public_key().clone()].into();
+    let mine: Vec<&Identity> = st.identities.iter().take(1).collect();
+    let token = signer_token(&partner, "spiffe://partner.example/x", "aud");
+    let ok = jwt::validate(&st, &mine, "aud", &token, T0).expect("valid with partner keys");
+    assert_eq!(ok.spiffe_id, "spiffe://partner.example/x");
+    assert_eq!(
+        jwt::claimed_trust_domain(&token).map(|t| t.as_str().to_owned()),
+        Some(PARTNER.to_owned())
+    );
+    assert_eq!(jwt::claimed_trust_domain("not.a.token"), None);
+    assert_eq!(jwt::claimed_trust_domain(""), None);
+}
+
+#[tokio::test]
+async fn a_federated_bundle_change_is_pushed_to_the_callers_that_federate_only() {
+    let (own, partner, root) = (signer(), signer(), partner_root());
+    let j = jwt_api(own.clone());
+    j.tx.send_replace(Arc::new(federated_state(&own, &partner, &root)));
+    let open = |uid: u32| {
+        let api = j.api.clone();
+        async move {
+            api.fetch_x509svid(as_caller(req(pb::X509svidRequest {}, true), uid))
+                .await
+                .expect("stream")
+                .into_inner()
+        }
+    };
+    let (mut fed, mut other) = (open(1000).await, open(2000).await);
+    let mut jwt_fed = j
+        .api
+        .fetch_jwt_bundles(req(pb::JwtBundlesRequest {}, true))
+        .await
+        .expect("stream")
+        .into_inner();
+    fed.next().await.expect("first").expect("ok");
+    other.next().await.expect("first").expect("ok");
+    jwt_fed.next().await.expect("first").expect("ok");
+
+    // The same bundle again (a new state, equal content): nothing is pushed.
+    j.tx.send_replace(Arc::new(federated_state(&own, &partner, &root)));
+    assert!(quiet(&mut fed).await, "an unchanged bundle is not pushed");
+
+    // New partner roots: pushed to the federating caller, not to the other.
+    let root2 = partner_root();
+    j.tx.send_replace(Arc::new(federated_state(&own, &partner, &root2)));
+    let pushed = fed.next().await.expect("pushed").expect("ok");
+    assert_eq!(pushed.federated_bundles["spiffe://partner.example"], root2);
+    assert!(
+        quiet(&mut other).await,
+        "a caller that does not federate sees no change"
+    );
+    // New partner JWT key: the JWT bundles stream pushes it.
+    let partner2 = signer();
+    j.tx.send_replace(Arc::new(federated_state(&own, &partner2, &root2)));
+    let item = jwt_fed.next().await.expect("pushed").expect("ok");
+    let jwks: serde_json::Value = serde_json::from_slice(&item.bundles[PARTNER]).expect("json");
+    assert_eq!(jwks["keys"][0]["kid"], partner2.key_id());
 }

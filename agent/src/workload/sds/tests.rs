@@ -34,6 +34,7 @@ fn identity(entry: &str, uid: u32, svid: Arc<X509Svid>) -> Identity {
         entry_id: entry.into(),
         selectors: vec![Selector::Uid(uid)],
         svid,
+        federates_with: vec![],
     }
 }
 
@@ -836,4 +837,163 @@ async fn a_request_over_max_request_bytes_ends_the_stream() {
     tx.unbounded_send(request(Some(envoy_node(1, 30)), &["default"], "", ""))
         .expect("send");
     next(&mut rx).await.expect("still serving");
+}
+
+// --- federation ---------------------------------------------------------------------------
+
+const PARTNER: &str = "spiffe://partner.example";
+
+/// `state(1)` with a federated bundle for `partner.example` (`root`); this process's entry
+/// (e1) federates with it when `federates`, the other uid's (e2) always does.
+fn federated_state(root: &[u8], federates: bool) -> AgentState {
+    let mut st = state(1);
+    let td: signet_types::TrustDomain = "partner.example".parse().expect("td");
+    if federates {
+        st.identities[0].federates_with = vec![td.clone()];
+    }
+    st.identities[1].federates_with = vec![td.clone()];
+    st.federated = vec![crate::state::FederatedBundle {
+        trust_domain: td,
+        roots_der: vec![root.to_vec()].into(),
+        jwt_keys: Default::default(),
+    }]
+    .into();
+    st
+}
+
+#[tokio::test]
+async fn federated_trust_domains_are_served_to_the_callers_that_federate_only() {
+    let root = TestCa::new("partner root").der;
+    let partner_pem = signet_types::pem::cert_to_pem(&root);
+    let h = start(federated_state(&root, true), SdsConfig::default()).await;
+    let (tx, mut rx) = open(&h.socket).await;
+    tx.unbounded_send(request(Some(envoy_node(1, 30)), &["ALL", PARTNER], "", ""))
+        .expect("send");
+    let s = secrets(&next(&mut rx).await.expect("served"));
+    assert_eq!(s.len(), 2);
+    let all = spiffe_validator(&s[0]);
+    assert_eq!(
+        all,
+        [
+            ("example.org".to_owned(), roots_pem(1)),
+            ("partner.example".to_owned(), partner_pem.clone())
+        ]
+    );
+    assert_eq!(s[1].name, PARTNER);
+    assert_eq!(
+        spiffe_validator(&s[1]),
+        [("partner.example".to_owned(), partner_pem.clone())]
+    );
+    // No names: the federated trust domain is listed too.
+    let (tx, mut rx) = open(&h.socket).await;
+    tx.unbounded_send(request(Some(envoy_node(1, 30)), &[], "", ""))
+        .expect("send");
+    let names: Vec<String> = secrets(&next(&mut rx).await.expect("all"))
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(names, [APP, "spiffe://example.org", PARTNER]);
+    // The legacy form: one foreign trust domain is served as trusted_ca; ALL with two is not.
+    let (tx, mut rx) = open(&h.socket).await;
+    tx.unbounded_send(request(
+        Some(envoy_node(1, 17)),
+        &[PARTNER, "ROOTCA"],
+        "",
+        "",
+    ))
+    .expect("send");
+    let s = secrets(&next(&mut rx).await.expect("legacy"));
+    // Names are answered sorted: ROOTCA, then the trust domain.
+    assert_eq!(
+        (s[0].name.as_str(), s[1].name.as_str()),
+        ("ROOTCA", PARTNER)
+    );
+    assert_eq!(trusted_ca(&s[0]), (roots_pem(1), None));
+    assert_eq!(trusted_ca(&s[1]), (partner_pem.clone(), None));
+    let (tx, mut rx) = open(&h.socket).await;
+    tx.unbounded_send(request(Some(envoy_node(1, 17)), &["ALL"], "", ""))
+        .expect("send");
+    assert_eq!(
+        next(&mut rx)
+            .await
+            .expect_err("ALL needs the SPIFFE validator")
+            .code(),
+        tonic::Code::FailedPrecondition
+    );
+
+    // Attack: this caller's entry no longer federates (the other uid's still does).
+    h.tx.send_replace(Arc::new(federated_state(&root, false)));
+    let (tx, mut rx) = open(&h.socket).await;
+    tx.unbounded_send(request(Some(envoy_node(1, 30)), &["ALL"], "", ""))
+        .expect("send");
+    let s = secrets(&next(&mut rx).await.expect("own only"));
+    assert_eq!(
+        spiffe_validator(&s[0]),
+        [("example.org".to_owned(), roots_pem(1))]
+    );
+    let (tx, mut rx) = open(&h.socket).await;
+    tx.unbounded_send(request(Some(envoy_node(1, 30)), &[PARTNER], "", ""))
+        .expect("send");
+    let err = next(&mut rx).await.expect_err("not served");
+    let unknown = {
+        let (tx, mut rx) = open(&h.socket).await;
+        tx.unbounded_send(request(
+            Some(envoy_node(1, 30)),
+            &["spiffe://nowhere.example"],
+            "",
+            "",
+        ))
+        .expect("send");
+        next(&mut rx).await.expect_err("unknown")
+    };
+    assert_eq!(
+        err.code(),
+        unknown.code(),
+        "refused exactly like an unknown name"
+    );
+    assert!(err.message().contains(PARTNER), "{}", err.message());
+    let (tx, mut rx) = open(&h.socket).await;
+    tx.unbounded_send(request(Some(envoy_node(1, 30)), &[], "", ""))
+        .expect("send");
+    let names: Vec<String> = secrets(&next(&mut rx).await.expect("all"))
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(names, [APP, "spiffe://example.org"]);
+}
+
+#[tokio::test]
+async fn a_federated_bundle_change_is_pushed_and_an_unchanged_one_is_not() {
+    let root = TestCa::new("partner root").der;
+    let h = start(federated_state(&root, true), SdsConfig::default()).await;
+    let (tx, mut rx) = open(&h.socket).await;
+    tx.unbounded_send(request(Some(envoy_node(1, 30)), &["ALL"], "", ""))
+        .expect("send");
+    let first = next(&mut rx).await.expect("first");
+    tx.unbounded_send(request(
+        Some(envoy_node(1, 30)),
+        &["ALL"],
+        &first.nonce,
+        &first.version_info,
+    ))
+    .expect("ack");
+    // The same bundle in a new state: nothing is pushed.
+    h.tx.send_replace(Arc::new(federated_state(&root, true)));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), rx.message())
+            .await
+            .is_err(),
+        "an unchanged federated bundle is not pushed"
+    );
+    let root2 = TestCa::new("partner root 2").der;
+    h.tx.send_replace(Arc::new(federated_state(&root2, true)));
+    let pushed = secrets(&next(&mut rx).await.expect("pushed"));
+    let tds = spiffe_validator(&pushed[0]);
+    assert_eq!(
+        tds[1],
+        (
+            "partner.example".to_owned(),
+            signet_types::pem::cert_to_pem(&root2)
+        )
+    );
 }

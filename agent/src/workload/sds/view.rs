@@ -12,6 +12,14 @@
 //! - no names at all: every identity of the caller (by SPIFFE ID) and every trust domain (by
 //!   `spiffe://<td>`).
 //!
+//! **Federation.** The trust domains a caller trusts are the own one and the foreign ones its
+//! identities' entries federate with (SPIRE's rule, [`AgentState::federated_for`]): `ALL`,
+//! `spiffe://<foreign td>` and the empty-names case include exactly those. A foreign name the
+//! caller is not entitled to is not served, exactly like an unknown one. Foreign trust
+//! domains carry no CRLs; `default` and `ROOTCA` stay the own trust domain's. In the
+//! `trusted_ca` form a single `spiffe://<foreign td>` is served with that domain's roots, and
+//! `ALL` with a federated domain (more than one trust domain) is refused.
+//!
 //! Every name must be served, or the whole request is refused, naming what was not
 //! ([`SdsRefusal::NotServed`]): Envoy then retries, and never waits on a secret that will not
 //! come. A caller with no identity gets nothing, not even a bundle (as `FetchX509Bundles`).
@@ -132,13 +140,15 @@ pub struct TrustDomainRoots {
     /// `example.org`
     pub name: String,
     pub roots_pem: String,
+    /// A foreign trust domain's (served only to callers that federate with it).
+    pub federated: bool,
 }
 
 /// What every stream of one agent state shares: the trust domains' roots and the CRLs, read
 /// once per state ([`Prepared::of`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prepared {
-    /// The agent's own trust domain first (federated ones will follow it).
+    /// The agent's own trust domain first, then the federated ones (sorted by name).
     pub trust_domains: Vec<TrustDomainRoots>,
     /// The agent's CRLs as PEM `X509 CRL` blocks (empty when it holds none).
     pub crls_pem: String,
@@ -169,6 +179,18 @@ impl Prepared {
                 roots_pem: signet_types::pem::certs_to_pem(
                     state.bundle_der.iter().map(Vec::as_slice),
                 ),
+                federated: false,
+            });
+        }
+        for b in state.federated.iter() {
+            if b.roots_der.is_empty() || b.trust_domain.id_string() == state.trust_domain_id {
+                continue;
+            }
+            trust_domains.push(TrustDomainRoots {
+                id: b.trust_domain.id_string(),
+                name: b.trust_domain.as_str().to_owned(),
+                roots_pem: signet_types::pem::certs_to_pem(b.roots_der.iter().map(Vec::as_slice)),
+                federated: true,
             });
         }
         Self {
@@ -333,7 +355,19 @@ pub fn view(
             value: secret.encode_to_vec(),
         });
     };
-    let own = prepared.trust_domains.first();
+    let own = prepared.trust_domains.iter().find(|td| !td.federated);
+    // The trust domains this caller trusts: the own one, and the federated ones its
+    // identities federate with. Everything below looks only at these.
+    let visible: Vec<&TrustDomainRoots> = prepared
+        .trust_domains
+        .iter()
+        .filter(|td| {
+            !td.federated
+                || mine
+                    .iter()
+                    .any(|id| id.federates_with.iter().any(|f| f.as_str() == td.name))
+        })
+        .collect();
     let crls_for = |td: &TrustDomainRoots| {
         (crls_usable && own.is_some_and(|o| o.id == td.id)).then_some(prepared.crls_pem.as_str())
     };
@@ -341,7 +375,7 @@ pub fn view(
         for id in &ids {
             push(tls_certificate(id.svid.spiffe_id().to_string(), id));
         }
-        for td in &prepared.trust_domains {
+        for td in &visible {
             push(validation_context(&td.id, &[td], form, crls_for(td)));
         }
         with_own = own.is_some();
@@ -358,7 +392,7 @@ pub fn view(
                 None => not_served.push(name.clone()),
             }
         } else if *name == aliases.all {
-            let all: Vec<&TrustDomainRoots> = prepared.trust_domains.iter().collect();
+            let all = &visible;
             if all.is_empty() {
                 not_served.push(name.clone());
             } else if form == Form::TrustedCa && all.len() > 1 {
@@ -366,10 +400,10 @@ pub fn view(
             } else {
                 // The own trust domain's CRLs ride in its own trust bundle.
                 let crls = own.and_then(crls_for);
-                push(validation_context(name, &all, form, crls));
+                push(validation_context(name, all, form, crls));
                 with_own = own.is_some();
             }
-        } else if let Some(td) = prepared.trust_domains.iter().find(|td| td.id == *name) {
+        } else if let Some(td) = visible.iter().find(|td| td.id == *name) {
             push(validation_context(name, &[td], form, crls_for(td)));
             with_own |= own.is_some_and(|o| o.id == td.id);
         } else if let Some(id) = ids.iter().find(|i| i.svid.spiffe_id().to_string() == *name) {
