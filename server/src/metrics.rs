@@ -24,8 +24,28 @@ pub struct LimitLabels {
     pub limit: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FederationFetchLabels {
+    /// A federation relationship's trust domain (operators create them: bounded).
+    pub trust_domain: String,
+    /// `changed`, `unchanged`, `refused` (a document the rules refuse), or the fetch's failure
+    /// (`connect`, `tls`, `spiffe_id`, `http`, `too_large`, `timeout`, `document`, `empty`, …).
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TrustDomainLabels {
+    pub trust_domain: String,
+}
+
 pub struct Metrics {
     registry: Registry,
+    /// Bundle fetches of federation relationships, by trust domain and outcome.
+    pub federation_fetches: Family<FederationFetchLabels, Counter>,
+    /// Unix time the bundle held for a trust domain last changed.
+    pub federation_bundle_updated: Family<TrustDomainLabels, Gauge>,
+    /// Unix time of the last accepted fetch (changed or not) per trust domain.
+    pub federation_last_success: Family<TrustDomainLabels, Gauge>,
     pub issuances: Family<IssuanceLabels, Counter>,
     pub issuance_seconds: Histogram,
     pub ledger_batch_size: Histogram,
@@ -137,8 +157,30 @@ impl Metrics {
              rewritten, the head moved back): no checkpoint is signed",
             ledger_rollback.clone(),
         );
+        let federation_fetches = Family::<FederationFetchLabels, Counter>::default();
+        registry.register(
+            "federation_fetches",
+            "Bundle fetches of federation relationships, by trust domain and outcome",
+            federation_fetches.clone(),
+        );
+        let federation_bundle_updated = Family::<TrustDomainLabels, Gauge>::default();
+        registry.register(
+            "federation_bundle_updated_timestamp_seconds",
+            "When the bundle held for a federated trust domain last changed (unix seconds)",
+            federation_bundle_updated.clone(),
+        );
+        let federation_last_success = Family::<TrustDomainLabels, Gauge>::default();
+        registry.register(
+            "federation_last_success_timestamp_seconds",
+            "When a federated trust domain's bundle endpoint last answered a document that was \
+             accepted, changed or not (unix seconds); alert when it falls behind",
+            federation_last_success.clone(),
+        );
         Arc::new(Self {
             registry,
+            federation_fetches,
+            federation_bundle_updated,
+            federation_last_success,
             issuances,
             issuance_seconds,
             ledger_batch_size,

@@ -5,6 +5,7 @@
 //! the layers below take plain values.
 
 pub mod admin;
+pub mod federation_admin;
 pub(crate) mod bearer;
 pub mod ca_admin;
 pub mod istio;

@@ -120,8 +120,8 @@ pub trait FederationStore: Send + Sync + 'static {
     ) -> Result<bool, StoreError>;
 
     /// Writes `new` if the stored document's hash is still `expected_sha256` ('' for none),
-    /// with `updated_at` as its change time, and moves the revision of every parent with an
-    /// entry federating with the trust domain (see the module doc).
+    /// with `updated_at` as its change time, and, when the hash changes, moves the revision of
+    /// every parent with an entry federating with the trust domain (see the module doc).
     async fn replace_bundle(
         &self,
         trust_domain: &str,
@@ -394,6 +394,11 @@ macro_rules! impl_federation_store {
                 if done.rows_affected() == 0 {
                     tx.rollback().await.map_err($map)?;
                     return Ok(BundleReplace::Conflict);
+                }
+                if new.sha256 == expected_sha256 {
+                    // The same keys (a newer sequence only): nothing for agents to fetch.
+                    tx.commit().await.map_err($map)?;
+                    return Ok(BundleReplace::Replaced { revision: None });
                 }
                 let parents: Vec<(String,)> = sqlx::query_as(
                     "SELECT DISTINCT e.parent_id FROM entries e \
