@@ -31,6 +31,8 @@
 //! `limits.http_header_read_timeout`, idle connections closed after `limits.http_idle_timeout`,
 //! no connection longer than `limits.http_connection_timeout`.
 
+pub(crate) mod fetch;
+
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
