@@ -517,10 +517,10 @@ fn handshake_error(url: &str, e: std::io::Error, profile: &Profile) -> FetchErro
                 reason: format!("the endpoint's certificate is refused: {other}"),
             }
         }
-        Some(rustls::Error::InvalidCertificate(c)) => FetchError::Tls {
+        Some(r @ rustls::Error::InvalidCertificate(_)) => FetchError::Tls {
             url: url.to_owned(),
             reason: format!(
-                "the endpoint's certificate is refused ({}): {c:?}",
+                "the endpoint's certificate is refused ({}): {r}",
                 match profile {
                     Profile::HttpsWeb { .. } => "https_web: Web PKI roots and the URL's host name",
                     Profile::HttpsSpiffe { .. } =>

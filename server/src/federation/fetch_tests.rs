@@ -333,7 +333,7 @@ async fn https_spiffe_refuses_an_expired_svid_at_the_clocks_time() {
         .await
         .unwrap_err();
     assert_eq!(err.label(), "tls", "{err}");
-    assert!(err.to_string().contains("Expired"), "{err}");
+    assert!(err.to_string().contains("expired"), "{err}");
     // The same certificate at a time it was valid: the clock decides, not the wall clock.
     let before: Arc<dyn Clock> = Arc::new(FakeClock::at_unix(1_700_000_000));
     fetch(&url, &spiffe_profile(&ca), &limits(), &before)
@@ -396,7 +396,7 @@ async fn https_web_refuses_a_certificate_for_another_host() {
         .await
         .unwrap_err();
     assert_eq!(err.label(), "tls", "{err}");
-    assert!(err.to_string().contains("NotValidForName"), "{err}");
+    assert!(err.to_string().contains("not valid for name"), "{err}");
 }
 
 #[test]
