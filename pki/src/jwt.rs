@@ -128,6 +128,9 @@ pub enum JwtKeyError {
     Spki(String),
     #[error("an empty key ID")]
     EmptyKeyId,
+    /// A JWK whose members do not state a public key ([`JwtPublicKey::from_jwk`]).
+    #[error("the JWK is not a valid public key: {0}")]
+    Jwk(String),
     #[error("signing failed")]
     Signing,
 }
@@ -213,6 +216,85 @@ impl JwtPublicKey {
             )));
         }
         Ok(key)
+    }
+
+    /// A public key from its JWK members (RFC 7518 section 6), as a foreign trust domain's
+    /// `jwt-svid` key arrives in its bundle ([`crate::bundle::JwtAuthority::jwk`]): `kty` `EC`
+    /// with `crv` `P-256` or `P-384` and `x`/`y` of exactly the curve's coordinate length, or
+    /// `kty` `RSA` with `n` (2048 bits or more) and `e`; each base64url without padding. `alg`,
+    /// when present, must be an algorithm [`JwtAlg::parse`] knows and fit the key; the key is
+    /// then used with it only. Other key types (`OKP`, `oct`, P-521) are
+    /// [`JwtKeyError::UnsupportedKey`]. `use`, `kid` and members this reader does not know are
+    /// ignored. The DER SubjectPublicKeyInfo is built with the `der` types (no hand-written
+    /// DER) and read back by [`Self::from_spki`], so both constructors apply the same rules.
+    pub fn from_jwk(kid: impl Into<String>, jwk: &Map<String, Value>) -> Result<Self, JwtKeyError> {
+        let bad = |why: String| JwtKeyError::Jwk(why);
+        let text = |member: &str| -> Result<Option<&str>, JwtKeyError> {
+            match jwk.get(member) {
+                None => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.as_str())),
+                Some(_) => Err(bad(format!("{member} is not a string"))),
+            }
+        };
+        let bytes = |member: &str| -> Result<Vec<u8>, JwtKeyError> {
+            let s = text(member)?.ok_or_else(|| bad(format!("no {member}")))?;
+            URL_SAFE_NO_PAD
+                .decode(s)
+                .map_err(|_| bad(format!("{member} is not base64url without padding")))
+        };
+        let alg = match text("alg")? {
+            None => None,
+            Some(a) => Some(JwtAlg::parse(a).ok_or_else(|| {
+                JwtKeyError::UnsupportedKey(format!("JWK with alg {}", shown(a)))
+            })?),
+        };
+        let kty = text("kty")?.ok_or_else(|| bad("no kty".into()))?;
+        let spki = match kty {
+            "EC" => {
+                let crv = text("crv")?.ok_or_else(|| bad("an EC key has no crv".into()))?;
+                let (curve, len) = match crv {
+                    "P-256" => (jwk_der::OID_P256, 32),
+                    "P-384" => (jwk_der::OID_P384, 48),
+                    other => {
+                        return Err(JwtKeyError::UnsupportedKey(format!(
+                            "JWK EC {} (P-256 and P-384 are read)",
+                            shown(other)
+                        )));
+                    }
+                };
+                let (x, y) = (bytes("x")?, bytes("y")?);
+                if x.len() != len || y.len() != len {
+                    return Err(bad(format!(
+                        "{crv} coordinates are {len} bytes each, x has {} and y {}",
+                        x.len(),
+                        y.len()
+                    )));
+                }
+                jwk_der::ec_spki(curve, &x, &y)
+            }
+            "RSA" => {
+                let (n, e) = (bytes("n")?, bytes("e")?);
+                let bits = jwk_der::bit_len(&n);
+                if bits < 2048 {
+                    return Err(JwtKeyError::UnsupportedKey(format!(
+                        "RSA-{bits} (JWK; RSA keys of 2048 bits or more are read)"
+                    )));
+                }
+                if jwk_der::bit_len(&e) == 0 {
+                    return Err(bad("the RSA exponent e is zero".into()));
+                }
+                jwk_der::rsa_spki(&n, &e)
+            }
+            other => {
+                let crv = text("crv").ok().flatten().map(shown);
+                return Err(JwtKeyError::UnsupportedKey(match crv {
+                    Some(c) => format!("JWK kty {} crv {c} (EC and RSA are read)", shown(other)),
+                    None => format!("JWK kty {} (EC and RSA are read)", shown(other)),
+                }));
+            }
+        }
+        .map_err(|e| bad(format!("its SubjectPublicKeyInfo cannot be written: {e}")))?;
+        Self::from_spki(kid, alg, &spki)
     }
 
     pub fn key_id(&self) -> &str {
@@ -649,5 +731,65 @@ pub fn validate(
     })
 }
 
+/// The DER SubjectPublicKeyInfo of a JWK's key (RFC 5480 for EC, RFC 8017 for RSA), written with
+/// the `der`, `spki` and `pkcs1` types.
+mod jwk_der {
+    use rsa::pkcs1::RsaPublicKey;
+    use rsa::pkcs8::der::asn1::{AnyRef, BitStringRef, ObjectIdentifier, UintRef};
+    use rsa::pkcs8::der::{Encode, Result};
+    use rsa::pkcs8::spki::{AlgorithmIdentifierRef, SubjectPublicKeyInfoRef};
+
+    pub(super) const OID_EC_PUBLIC_KEY: ObjectIdentifier =
+        ObjectIdentifier::new_unwrap("1.2.840.10045.2.1");
+    pub(super) const OID_P256: ObjectIdentifier =
+        ObjectIdentifier::new_unwrap("1.2.840.10045.3.1.7");
+    pub(super) const OID_P384: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.132.0.34");
+    const OID_RSA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.1.1");
+
+    fn spki(algorithm: AlgorithmIdentifierRef<'_>, key: &[u8]) -> Result<Vec<u8>> {
+        SubjectPublicKeyInfoRef {
+            algorithm,
+            subject_public_key: BitStringRef::from_bytes(key)?,
+        }
+        .to_der()
+    }
+
+    /// `id-ecPublicKey` with the named curve, and the uncompressed point 04 ‖ x ‖ y.
+    pub(super) fn ec_spki(curve: ObjectIdentifier, x: &[u8], y: &[u8]) -> Result<Vec<u8>> {
+        let point = [&[4u8][..], x, y].concat();
+        let algorithm = AlgorithmIdentifierRef {
+            oid: OID_EC_PUBLIC_KEY,
+            parameters: Some(AnyRef::from(&curve)),
+        };
+        spki(algorithm, &point)
+    }
+
+    /// `rsaEncryption` (NULL parameters) and the PKCS#1 `RSAPublicKey` (n, e as unsigned
+    /// integers: `UintRef` drops leading zeros and adds the one a high bit needs).
+    pub(super) fn rsa_spki(n: &[u8], e: &[u8]) -> Result<Vec<u8>> {
+        let key = RsaPublicKey {
+            modulus: UintRef::new(n)?,
+            public_exponent: UintRef::new(e)?,
+        }
+        .to_der()?;
+        let algorithm = AlgorithmIdentifierRef {
+            oid: OID_RSA,
+            parameters: Some(AnyRef::NULL),
+        };
+        spki(algorithm, &key)
+    }
+
+    /// The bit length of an unsigned big-endian integer (leading zero bytes ignored).
+    pub(super) fn bit_len(be: &[u8]) -> usize {
+        match be.iter().position(|&b| b != 0) {
+            None => 0,
+            Some(i) => (be.len() - i - 1) * 8 + (8 - be[i].leading_zeros() as usize),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod from_jwk_tests;

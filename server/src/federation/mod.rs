@@ -31,6 +31,7 @@
 //! `limits.http_header_read_timeout`, idle connections closed after `limits.http_idle_timeout`,
 //! no connection longer than `limits.http_connection_timeout`.
 
+pub(crate) mod fetch;
 pub(crate) mod relationships;
 
 use std::sync::{Arc, Mutex, PoisonError};
