@@ -495,6 +495,23 @@ pub struct FederationConfig {
     /// `spiffe_refresh_hint`: how often relying parties should fetch the bundle again.
     #[serde(with = "humantime_serde")]
     pub refresh_hint: Duration,
+    /// Federated bundles: a foreign document's `spiffe_refresh_hint` is obeyed within
+    /// `[fetch_refresh_min, fetch_refresh_max]`; `fetch_refresh_default` without one.
+    #[serde(with = "humantime_serde")]
+    pub fetch_refresh_min: Duration,
+    #[serde(with = "humantime_serde")]
+    pub fetch_refresh_max: Duration,
+    #[serde(with = "humantime_serde")]
+    pub fetch_refresh_default: Duration,
+    /// The first retry after a failed fetch (doubling up to the refresh interval).
+    #[serde(with = "humantime_serde")]
+    pub fetch_retry: Duration,
+    /// One fetch, connection to last byte.
+    #[serde(with = "humantime_serde")]
+    pub fetch_timeout: Duration,
+    /// `https_web` relationships: a PEM CA file to authenticate endpoints with instead of the
+    /// compiled-in Web PKI roots (webpki-roots, Mozilla's set).
+    pub fetch_web_ca_file: Option<PathBuf>,
 }
 
 impl Default for FederationConfig {
@@ -505,6 +522,12 @@ impl Default for FederationConfig {
             web_cert_file: None,
             web_key_file: None,
             refresh_hint: Duration::from_secs(300),
+            fetch_refresh_min: Duration::from_secs(30),
+            fetch_refresh_max: Duration::from_secs(3600),
+            fetch_refresh_default: Duration::from_secs(300),
+            fetch_retry: Duration::from_secs(5),
+            fetch_timeout: Duration::from_secs(30),
+            fetch_web_ca_file: None,
         }
     }
 }
@@ -752,6 +775,17 @@ impl Config {
         if f.refresh_hint.is_zero() {
             return Err(ConfigError::Invalid(
                 "federation.refresh_hint must be positive".into(),
+            ));
+        }
+        if f.fetch_refresh_min.is_zero()
+            || f.fetch_refresh_min > f.fetch_refresh_max
+            || f.fetch_retry.is_zero()
+            || f.fetch_timeout.is_zero()
+        {
+            return Err(ConfigError::Invalid(
+                "federation: fetch_refresh_min must be positive and at most fetch_refresh_max; \
+                 fetch_retry and fetch_timeout positive"
+                    .into(),
             ));
         }
         let web = f.web_cert_file.is_some() || f.web_key_file.is_some();

@@ -26,9 +26,7 @@ use crate::federation::relationships::{
     Federation, PROFILE_HTTPS_SPIFFE, PROFILE_HTTPS_WEB, PROFILE_STATIC, Refreshed, normalize,
     read_bundle_input,
 };
-use crate::store::{
-    BundleReplace, BundleWrite, Relationship, RelationshipDelete, RelationshipRow,
-};
+use crate::store::{BundleReplace, BundleWrite, Relationship, RelationshipDelete, RelationshipRow};
 
 /// Longest URL accepted.
 const MAX_URL: usize = 2048;
@@ -125,9 +123,8 @@ impl FederationAdmin for FederationAdminApi {
             }
         };
         if !req.bundle_endpoint_url.is_empty() {
-            let url = url::Url::parse(&req.bundle_endpoint_url).map_err(|e| {
-                ApiError::InvalidArgument(format!("bundle_endpoint_url: {e}"))
-            })?;
+            let url = url::Url::parse(&req.bundle_endpoint_url)
+                .map_err(|e| ApiError::InvalidArgument(format!("bundle_endpoint_url: {e}")))?;
             if url.scheme() != "https" || url.host_str().is_none_or(str::is_empty) {
                 return Err(ApiError::InvalidArgument(
                     "bundle_endpoint_url must be an https:// URL with a host".into(),
@@ -292,14 +289,14 @@ impl FederationAdmin for FederationAdminApi {
             RelationshipDelete::NotFound => {
                 Err(ApiError::NotFound(format!("no federation relationship with {td}")).into())
             }
-            RelationshipDelete::InUse { entry_ids, count } => Err(ApiError::FailedPrecondition(
-                format!(
+            RelationshipDelete::InUse { entry_ids, count } => {
+                Err(ApiError::FailedPrecondition(format!(
                     "{count} entries federate with {td} (e.g. {}); delete them, or recreate \
                      them without --federates-with {td}, first",
                     entry_ids.join(", ")
-                ),
-            )
-            .into()),
+                ))
+                .into())
+            }
         }
     }
 

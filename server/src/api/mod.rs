@@ -5,9 +5,9 @@
 //! the layers below take plain values.
 
 pub mod admin;
-pub mod federation_admin;
 pub(crate) mod bearer;
 pub mod ca_admin;
+pub mod federation_admin;
 pub mod istio;
 pub mod ledger_admin;
 pub mod native;

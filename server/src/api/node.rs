@@ -41,7 +41,7 @@ use crate::clock::unix;
 use crate::issuer::{Credentials, IssueInput, Issuer, JwtInput};
 use crate::jwt_svid::MintedJwtSvid;
 use crate::policy::{EntryGrant, GrantSource};
-use crate::store::{EntryRow, NodeRow, NodeStore};
+use crate::store::{EntryRow, FederationStore, NodeRow, NodeStore};
 
 /// Most CSRs in one `SignWorkloads` call.
 pub const MAX_WORKLOADS_PER_CALL: usize = 256;
@@ -58,6 +58,8 @@ pub struct NodeApi {
     watch_limits: WatchLimits,
     /// Turns true when the server shuts down: `WatchEntries` streams end then.
     stop: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Where `SyncEntries` reads the federated bundles the node's entries need.
+    federation: Option<Arc<dyn FederationStore>>,
 }
 
 impl NodeApi {
@@ -75,10 +77,17 @@ impl NodeApi {
             max_message_bytes,
             watch_limits: WatchLimits::default(),
             stop: None,
+            federation: None,
         }
     }
 
     /// The `WatchEntries` limits (`[nodes.watch]`; the defaults without it).
+    /// `SyncEntries` answers with the federated bundles the node's entries need, from `store`.
+    pub fn with_federation(mut self, store: Arc<dyn FederationStore>) -> Self {
+        self.federation = Some(store);
+        self
+    }
+
     pub fn with_entry_watch(mut self, watch: &crate::config::NodesWatchConfig) -> Self {
         self.watch_limits = WatchLimits::from(watch);
         self
@@ -215,6 +224,33 @@ fn retry_after_ms(status: &Status) -> u32 {
         .unwrap_or(0)
 }
 
+/// The bundles of the trust domains `entries` federate with, as the store holds them. A stored
+/// document that no longer reads is left out and logged (the entries still come).
+async fn federated_bundles(
+    store: &dyn FederationStore,
+    entries: &[EntryRow],
+) -> Result<Vec<signet_proto::agent::FederatedBundle>, ApiError> {
+    let mut tds: Vec<&str> = entries
+        .iter()
+        .flat_map(|e| e.federates_with.iter().map(String::as_str))
+        .collect();
+    tds.sort_unstable();
+    tds.dedup();
+    let docs = store.federated_bundles(&tds).await?;
+    Ok(docs
+        .into_iter()
+        .filter_map(|(td, doc)| {
+            match crate::federation::relationships::federated_bundle_proto(&td, &doc) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    tracing::error!(trust_domain = %td, error = %e, "a stored federated bundle does not read; not sent");
+                    None
+                }
+            }
+        })
+        .collect())
+}
+
 pub(crate) fn entry_to_proto(e: EntryRow) -> PbEntry {
     PbEntry {
         id: e.id,
@@ -225,7 +261,7 @@ pub(crate) fn entry_to_proto(e: EntryRow) -> PbEntry {
         dns_names: e.dns_names,
         revision: e.revision,
         jwt_ttl_seconds: e.jwt_ttl_seconds,
-        federates_with: Vec::new(),
+        federates_with: e.federates_with,
     }
 }
 
@@ -330,11 +366,17 @@ impl Node for NodeApi {
             .store
             .entries_for_parent_since(&caller.spiffe_id().to_string(), req.known_revision)
             .await?;
+        let federated_bundles = match &self.federation {
+            Some(store) if !sync.unchanged => {
+                federated_bundles(store.as_ref(), &sync.entries).await?
+            }
+            _ => Vec::new(),
+        };
         Ok(Response::new(SyncEntriesResponse {
             revision: sync.revision,
             unchanged: sync.unchanged,
             entries: sync.entries.into_iter().map(entry_to_proto).collect(),
-            federated_bundles: Vec::new(),
+            federated_bundles,
         }))
     }
 

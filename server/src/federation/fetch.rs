@@ -18,13 +18,6 @@
 //! slower than [`FetchLimits::total_timeout`] (connecting and the TLS handshake within
 //! [`FetchLimits::connect_timeout`]); a document the reader refuses; a document with neither
 //! X.509 nor JWT authorities. Nothing the endpoint sends can make this code panic.
-#![cfg_attr(
-    not(test),
-    allow(
-        dead_code,
-        reason = "the federation refresher that calls it is being written beside it"
-    )
-)]
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -652,6 +645,60 @@ async fn get(
         }
     }
     Ok(document)
+}
+
+/// The network [`super::relationships::BundleSource`]: [`fetch`] with the profile a
+/// relationship names.
+pub struct NetworkSource {
+    pub web_roots: Arc<RootCertStore>,
+    pub limits: FetchLimits,
+    pub clock: Arc<dyn Clock>,
+}
+
+#[async_trait::async_trait]
+impl super::relationships::BundleSource for NetworkSource {
+    async fn fetch(
+        &self,
+        ep: &super::relationships::Endpoint,
+    ) -> Result<SpiffeBundle, super::relationships::FetchFailure> {
+        use super::relationships::{FetchFailure, PROFILE_HTTPS_SPIFFE, PROFILE_HTTPS_WEB};
+        let url = url::Url::parse(&ep.url).map_err(|e| FetchFailure {
+            label: "url",
+            message: format!("bundle endpoint URL {}: {e}", shown(&ep.url)),
+        })?;
+        let profile = match ep.profile.as_str() {
+            PROFILE_HTTPS_WEB => Profile::HttpsWeb {
+                roots: self.web_roots.clone(),
+            },
+            PROFILE_HTTPS_SPIFFE => Profile::HttpsSpiffe {
+                endpoint_id: ep.endpoint_spiffe_id.parse().map_err(|e| FetchFailure {
+                    label: "url",
+                    message: format!("endpoint SPIFFE ID {}: {e}", shown(&ep.endpoint_spiffe_id)),
+                })?,
+                trust_anchors: ep.trust_anchors.clone(),
+            },
+            other => {
+                return Err(FetchFailure {
+                    label: "url",
+                    message: format!("profile {} has no bundle endpoint", shown(other)),
+                });
+            }
+        };
+        fetch(&url, &profile, &self.limits, &self.clock)
+            .await
+            .map(|f| {
+                tracing::debug!(
+                    trust_domain = %ep.trust_domain,
+                    bytes = f.document.len(),
+                    "federated bundle document fetched"
+                );
+                f.bundle
+            })
+            .map_err(|e| FetchFailure {
+                label: e.label(),
+                message: e.to_string(),
+            })
+    }
 }
 
 #[cfg(test)]

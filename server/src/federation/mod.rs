@@ -14,11 +14,11 @@
 //! Ed25519 as `OKP`), then one `{"use":"jwt-svid","kid":…,"alg":…}` key per published JWT-SVID
 //! signing key (prepared, active and retired: a validator knows a key before it signs). `spiffe_refresh_hint` is `federation.refresh_hint` in seconds. The
 //! document is written by [`signet_pki::SpiffeBundle`], the one reader and writer of the format.
-//! `spiffe_sequence` increases whenever the served roots or JWT keys change: [`next_sequence`] takes the
-//! larger of "previous + 1" and the current unix time, so it also increases across restarts
-//! (as long as the clock does not go back and the roots change less than once a second on
-//! average). Replicas keep their own sequence: behind one address, a relying party may see it
-//! go down when it reaches another replica; the roots served are the same.
+//! `spiffe_sequence` is the deployment's, kept in the database beside the hash of the keys it
+//! was given to ([`crate::store::FederationStore::bundle_endpoint_sequence`]): the same as long
+//! as the served roots and JWT keys are, and `max(previous + 1, now)` when they change, so it
+//! increases across restarts and never goes down whichever replica a relying party reaches.
+//! Without the database the endpoint answers 503 rather than guess a sequence.
 //!
 //! Served over HTTPS only. Profile `https_spiffe` (the default): Signet's own X509-SVID for
 //! `spiffe://<trust domain>/signet/server` (the gRPC listener's certificate, renewed in place);
@@ -34,7 +34,7 @@
 pub(crate) mod fetch;
 pub(crate) mod relationships;
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -52,12 +52,6 @@ use crate::clock::{Clock, unix};
 use crate::config::{BundleEndpointProfile, Config};
 use crate::metrics::Metrics;
 use crate::tls::ServerCertResolver;
-
-/// The sequence number after `prev` for a change seen at `now_unix` (see the module docs).
-pub fn next_sequence(prev: u64, now_unix: i64) -> u64 {
-    prev.saturating_add(1)
-        .max(u64::try_from(now_unix).unwrap_or(0))
-}
 
 /// Why the bundle cannot be served as a SPIFFE bundle document.
 #[derive(Debug, thiserror::Error)]
@@ -102,16 +96,21 @@ pub fn bundle_document(
     .to_json()?)
 }
 
-/// What a sequence number stands for: the roots and the JWT keys.
-type Served = (Vec<Vec<u8>>, Vec<String>);
+/// Why the endpoint cannot answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Document(#[from] DocumentError),
+    #[error("the bundle endpoint's sequence cannot be read or moved: {0}")]
+    Store(#[from] crate::store::StoreError),
+}
 
-/// The endpoint's state: the bundle it serves and the sequence of what it served last.
+/// The endpoint's state: the bundle it serves, and the store that keeps its sequence.
 pub struct BundleEndpoint {
     bundle: BundleHandle,
     clock: Arc<dyn Clock>,
     refresh_hint: Duration,
-    /// The roots and JWT key IDs last served, and their sequence number.
-    served: Mutex<Option<(Served, u64)>>,
+    sequences: Arc<dyn crate::store::FederationStore>,
 }
 
 impl std::fmt::Debug for BundleEndpoint {
@@ -123,40 +122,44 @@ impl std::fmt::Debug for BundleEndpoint {
 }
 
 impl BundleEndpoint {
-    pub fn new(bundle: BundleHandle, clock: Arc<dyn Clock>, refresh_hint: Duration) -> Self {
+    pub fn new(
+        bundle: BundleHandle,
+        clock: Arc<dyn Clock>,
+        refresh_hint: Duration,
+        sequences: Arc<dyn crate::store::FederationStore>,
+    ) -> Self {
         Self {
             bundle,
             clock,
             refresh_hint,
-            served: Mutex::new(None),
+            sequences,
         }
     }
 
-    /// The document for the current bundle: the same sequence as last time if the roots are the
-    /// same, else the next one.
-    pub fn document(&self) -> Result<serde_json::Value, DocumentError> {
+    /// The document for the current bundle, with the deployment's sequence for its keys
+    /// ([`crate::store::FederationStore::bundle_endpoint_sequence`]: the same as long as the keys
+    /// are, a larger one when they change, whichever replica answers).
+    pub async fn document(&self) -> Result<serde_json::Value, ServeError> {
         let current = self.bundle.current();
-        let now_serving: Served = (
-            current.roots.clone(),
-            current
-                .jwt_keys
-                .iter()
-                .map(|k| k.key.key_id().to_owned())
-                .collect(),
-        );
-        let sequence = {
-            let mut served = self.served.lock().unwrap_or_else(PoisonError::into_inner);
-            match &*served {
-                Some((what, seq)) if *what == now_serving => *seq,
-                prev => {
-                    let next =
-                        next_sequence(prev.as_ref().map_or(0, |(_, s)| *s), unix(self.clock.now()));
-                    *served = Some((now_serving, next));
-                    next
-                }
-            }
-        };
-        bundle_document(&current, sequence, self.refresh_hint)
+        let keys = bundle_document(&current, 0, self.refresh_hint)?;
+        let mut keys_only = keys.clone();
+        if let Some(o) = keys_only.as_object_mut() {
+            o.remove("spiffe_sequence");
+            o.remove("spiffe_refresh_hint");
+        }
+        let sha = hex::encode(ring::digest::digest(
+            &ring::digest::SHA256,
+            keys_only.to_string().as_bytes(),
+        ));
+        let sequence = self
+            .sequences
+            .bundle_endpoint_sequence(&sha, unix(self.clock.now()))
+            .await?;
+        let mut doc = keys;
+        if let Some(o) = doc.as_object_mut() {
+            o.insert("spiffe_sequence".into(), sequence.into());
+        }
+        Ok(doc)
     }
 }
 
@@ -168,12 +171,20 @@ pub fn routes(endpoint: Arc<BundleEndpoint>) -> Router {
 }
 
 async fn serve_bundle(State(ep): State<Arc<BundleEndpoint>>) -> impl IntoResponse {
-    match ep.document() {
+    match ep.document().await {
         Ok(doc) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],
             doc.to_string(),
         ),
+        Err(e @ ServeError::Store(_)) => {
+            tracing::warn!(error = %e, "the SPIFFE bundle cannot be served now");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                "the bundle's sequence cannot be read from the database; try again\n".to_owned(),
+            )
+        }
         Err(e) => {
             tracing::error!(error = %e, "the SPIFFE bundle cannot be served");
             (
@@ -408,6 +419,14 @@ mod tests {
         (cert.der().to_vec(), key)
     }
 
+    /// A store for the endpoint's sequence (SQLite in `dir`).
+    async fn sequence_store(dir: &tempfile::TempDir) -> Arc<dyn crate::store::FederationStore> {
+        let url = signet_testutil::sqlite_url(&dir.path().join("db"));
+        crate::store::connect(&url, Duration::from_secs(5))
+            .await
+            .unwrap()
+    }
+
     async fn get(router: &Router) -> (StatusCode, serde_json::Value) {
         let resp = router
             .clone()
@@ -428,16 +447,6 @@ mod tests {
             .await
             .unwrap();
         (status, serde_json::from_slice(&body).unwrap())
-    }
-
-    #[test]
-    fn the_sequence_always_increases() {
-        assert_eq!(next_sequence(0, 1_800_000_000), 1_800_000_000);
-        assert_eq!(next_sequence(1_800_000_000, 1_800_000_000), 1_800_000_001);
-        // A clock that went back: still increasing.
-        assert_eq!(next_sequence(1_800_000_005, 1_700_000_000), 1_800_000_006);
-        assert_eq!(next_sequence(7, -5), 8);
-        assert_eq!(next_sequence(u64::MAX, 0), u64::MAX);
     }
 
     #[tokio::test]
@@ -461,6 +470,7 @@ mod tests {
             handle.clone(),
             clock.clone(),
             Duration::from_secs(300),
+            sequence_store(&dir).await,
         ));
         let router = routes(ep);
 
@@ -547,6 +557,7 @@ mod tests {
             handle.clone(),
             clock.clone(),
             Duration::from_secs(300),
+            sequence_store(&dir).await,
         ));
         let router = routes(ep);
         let (_, doc) = get(&router).await;

@@ -44,9 +44,7 @@ use tokio::sync::Notify;
 use crate::audit::AuditLog;
 use crate::clock::{Clock, unix};
 use crate::metrics::{FederationFetchLabels, Metrics, TrustDomainLabels};
-use crate::store::{
-    BundleReplace, BundleWrite, FederationStore, RelationshipRow, StoreError,
-};
+use crate::store::{BundleReplace, BundleWrite, FederationStore, RelationshipRow, StoreError};
 
 pub const PROFILE_HTTPS_SPIFFE: &str = "https_spiffe";
 pub const PROFILE_HTTPS_WEB: &str = "https_web";
@@ -212,9 +210,53 @@ pub fn held_roots(row: &RelationshipRow) -> Result<Vec<Vec<u8>>, String> {
     if row.bundle_document.is_empty() {
         return Ok(Vec::new());
     }
-    let b = SpiffeBundle::parse(row.bundle_document.as_bytes())
-        .map_err(|e| format!("the stored bundle of {} does not read: {e}", row.trust_domain))?;
-    Ok(b.x509_authorities.iter().map(|c| c.der().to_vec()).collect())
+    let b = SpiffeBundle::parse(row.bundle_document.as_bytes()).map_err(|e| {
+        format!(
+            "the stored bundle of {} does not read: {e}",
+            row.trust_domain
+        )
+    })?;
+    Ok(b.x509_authorities
+        .iter()
+        .map(|c| c.der().to_vec())
+        .collect())
+}
+
+/// A stored document as the node API sends it: the X.509 authorities' DER and the JWT keys
+/// Signet can verify with (others are left out: an agent could not use them).
+pub fn federated_bundle_proto(
+    trust_domain: &str,
+    document: &str,
+) -> Result<signet_proto::agent::FederatedBundle, String> {
+    let b = SpiffeBundle::parse(document.as_bytes()).map_err(|e| e.to_string())?;
+    let jwt_authorities = b
+        .jwt_authorities
+        .iter()
+        .filter_map(|j| {
+            match signet_pki::jwt::JwtPublicKey::from_jwk(j.key_id.clone(), &j.jwk) {
+                Ok(k) => Some(signet_proto::ca::JwtKey {
+                    key_id: k.key_id().to_owned(),
+                    alg: k.alg().map_or(String::new(), |a| a.as_str().to_owned()),
+                    public_key: k.spki_der().to_vec(),
+                    not_after: 0,
+                }),
+                Err(e) => {
+                    tracing::debug!(trust_domain, key_id = %j.key_id, error = %e, "a federated JWT key Signet cannot verify with is not sent");
+                    None
+                }
+            }
+        })
+        .collect();
+    Ok(signet_proto::agent::FederatedBundle {
+        trust_domain: trust_domain.to_owned(),
+        x509_authorities: b
+            .x509_authorities
+            .iter()
+            .map(|c| c.der().to_vec())
+            .collect(),
+        jwt_authorities,
+        sequence: b.sequence.unwrap_or(0),
+    })
 }
 
 /// What one refresh did.
@@ -349,7 +391,10 @@ impl Federation {
                 match result {
                     Ok(changed) => {
                         let next = now.saturating_add(secs(self.refresh_interval(hint)));
-                        let before = self.store.record_fetch(trust_domain, now, next, None).await?;
+                        let before = self
+                            .store
+                            .record_fetch(trust_domain, now, next, None)
+                            .await?;
                         self.metrics
                             .federation_last_success
                             .get_or_create(&TrustDomainLabels {
@@ -376,7 +421,10 @@ impl Federation {
                     Err((label, why)) => self.failed(&row, label, why, hint_of_held, now).await,
                 }
             }
-            Err(f) => self.failed(&row, f.label, f.message, hint_of_held, now).await,
+            Err(f) => {
+                self.failed(&row, f.label, f.message, hint_of_held, now)
+                    .await
+            }
         }
     }
 

@@ -51,6 +51,8 @@ pub(super) struct Parts {
     pub(super) revoker: Arc<Revoker>,
     /// The active root's SHA-256 fingerprint, for the operator.
     pub(super) root_sha256: String,
+    /// Federation relationships: their refresh loop and the admin API.
+    pub(super) federation: Arc<crate::federation::relationships::Federation>,
 }
 
 /// The server's own TLS certificate as served, and what its renewal needs.
@@ -124,7 +126,9 @@ pub(super) async fn build(cfg: &Config) -> anyhow::Result<Parts> {
         &issuer,
         &server_cert,
     );
+    let federation = build_federation(cfg, &store, &clock, &audit, &metrics)?;
     Ok(Parts {
+        federation,
         clock,
         store,
         manager,
@@ -141,6 +145,46 @@ pub(super) async fn build(cfg: &Config) -> anyhow::Result<Parts> {
         revoker,
         root_sha256: super::fingerprint(&view.active_root),
     })
+}
+
+/// Federation relationships (`crate::federation::relationships`): fetched over the network
+/// with `[federation]`'s bounds, the Web PKI roots compiled in or `fetch_web_ca_file`.
+fn build_federation(
+    cfg: &Config,
+    store: &Arc<dyn Store>,
+    clock: &Arc<dyn Clock>,
+    audit: &AuditLog,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Arc<crate::federation::relationships::Federation>> {
+    use crate::federation::fetch::{FetchLimits, NetworkSource, web_roots};
+    use crate::federation::relationships::{Federation, Settings};
+    let f = &cfg.federation;
+    let roots = web_roots(f.fetch_web_ca_file.as_deref())
+        .map_err(|e| anyhow!("federation.fetch_web_ca_file: {e}"))?;
+    let source = NetworkSource {
+        web_roots: Arc::new(roots),
+        limits: FetchLimits {
+            connect_timeout: f.fetch_timeout.min(std::time::Duration::from_secs(10)),
+            total_timeout: f.fetch_timeout,
+            ..FetchLimits::default()
+        },
+        clock: clock.clone(),
+    };
+    Ok(Arc::new(Federation::new(
+        store.clone(),
+        Arc::new(source),
+        clock.clone(),
+        audit.clone(),
+        metrics.clone(),
+        Settings {
+            refresh_min: f.fetch_refresh_min,
+            refresh_max: f.fetch_refresh_max,
+            default_refresh: f.fetch_refresh_default,
+            retry_base: f.fetch_retry,
+            lease: f.fetch_timeout + std::time::Duration::from_secs(30),
+        },
+        cfg.trust_domain(),
+    )))
 }
 
 /// The data directory and the store, checked against the deployment's pins before anything

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use anyhow::anyhow;
 use signet_proto::admin::admin_server::AdminServer;
 use signet_proto::admin::ca_admin_server::CaAdminServer;
+use signet_proto::admin::federation_admin_server::FederationAdminServer;
 use signet_proto::admin::ledger_admin_server::LedgerAdminServer;
 use signet_proto::admin::node_admin_server::NodeAdminServer;
 use signet_proto::admin::revocation_admin_server::RevocationAdminServer;
@@ -25,6 +26,7 @@ use super::supervisor::Supervisor;
 use super::tasks::{CaReadiness, publish_metrics, renew_server_cert, rotate};
 use crate::api::admin::AdminApi;
 use crate::api::ca_admin::CaAdminApi;
+use crate::api::federation_admin::FederationAdminApi;
 use crate::api::istio::IstioApi;
 use crate::api::ledger_admin::LedgerAdminApi;
 use crate::api::native::NativeApi;
@@ -67,6 +69,7 @@ pub(super) async fn serve(
             parts.bundle.clone(),
             parts.clock.clone(),
             cfg.published_refresh(),
+            parts.store.clone(),
         ));
         tasks.spawn_listener(
             "SPIFFE bundle endpoint",
@@ -144,6 +147,12 @@ fn spawn_background(
             cfg.ca.rotation_interval,
         ),
     );
+    let federation = parts.federation.clone();
+    let stopped = tasks.stopped();
+    tasks.spawn_listener("federation refresh", async move {
+        federation.run(stopped).await;
+        anyhow::Ok(())
+    });
     // It watches the stop signal itself (it ends between two publications).
     let crls = parts.crl_publisher.clone().run(tasks.stop_signal());
     tasks.spawn_listener("CRL publisher", async move {
@@ -237,6 +246,7 @@ fn spawn_grpc(
     }
     let node_api = node_api
         .with_entry_watch(&cfg.nodes.watch)
+        .with_federation(parts.store.clone())
         .with_shutdown(tasks.stop_signal());
     let node = NodeServer::new(node_api).max_decoding_message_size(limit);
 
@@ -316,6 +326,9 @@ fn spawn_admin(
     .max_decoding_message_size(limit);
     let ca_admin = CaAdminServer::new(CaAdminApi::new(parts.issuer.clone(), parts.manager.clone()))
         .max_decoding_message_size(limit);
+    let federation_admin =
+        FederationAdminServer::new(FederationAdminApi::new(parts.federation.clone()))
+            .max_decoding_message_size(limit);
     let server = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(admin)
@@ -323,6 +336,7 @@ fn spawn_admin(
         .add_service(ledger_admin)
         .add_service(revocation_admin)
         .add_service(ca_admin)
+        .add_service(federation_admin)
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), tasks.stopped());
     tasks.spawn_listener("admin server", server);
 }

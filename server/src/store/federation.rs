@@ -85,7 +85,10 @@ pub enum RelationshipDelete {
     Deleted,
     NotFound,
     /// Entries federate with it: up to 10 of their IDs, and how many there are.
-    InUse { entry_ids: Vec<String>, count: u64 },
+    InUse {
+        entry_ids: Vec<String>,
+        count: u64,
+    },
 }
 
 #[async_trait]
@@ -106,8 +109,7 @@ pub trait FederationStore: Send + Sync + 'static {
 
     /// The trust domains with an endpoint whose fetch is due at `now`, and the earliest
     /// `next_refresh_at` of the others (None: nothing else scheduled).
-    async fn due_relationships(&self, now: i64)
-    -> Result<(Vec<String>, Option<i64>), StoreError>;
+    async fn due_relationships(&self, now: i64) -> Result<(Vec<String>, Option<i64>), StoreError>;
 
     /// Claims a due fetch: moves `next_refresh_at` to `lease_until` if it is at most `now`
     /// (or unconditionally with `force`, an operator's refresh). True: this caller fetches.

@@ -64,8 +64,8 @@ mod config;
 mod conformance;
 pub mod crls;
 pub mod entry_events;
-pub mod federation;
 mod error;
+pub mod federation;
 pub mod ledger;
 mod migrations;
 pub mod nodes;
@@ -86,10 +86,10 @@ pub use ca_slots::{CaChange, CaSlotRow, CaSlotStore, SlotUpdate};
 pub use config::DatabaseConfig;
 pub use crls::{CrlStore, RevokedRow, StoredCrl};
 pub use entry_events::EntrySubscription;
+pub use error::StoreError;
 pub use federation::{
     BundleReplace, BundleWrite, FederationStore, Relationship, RelationshipDelete, RelationshipRow,
 };
-pub use error::StoreError;
 pub use ledger::{LedgerHead, LedgerRecord, LedgerStore, NewCertificate, NewJwtSvid, NewLedgerRow};
 pub use nodes::{BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, NodeStore, TokenUse};
 pub use paging::{CertQuery, Order, certificates_page, jwt_svids_page};
