@@ -159,7 +159,7 @@ async fn a_foreign_svid_is_refused_by_the_server_and_non_federating_entries_get_
                         .map(|t| t["name"].as_str().unwrap().to_owned())
                 })
                 .collect();
-            assert_eq!(names, [d.td.clone()], "SDS ALL for {}: {v}", d.plain_id);
+            assert_eq!(names, [d.td.as_str()], "SDS ALL for {}: {v}", d.plain_id);
             assert!(!text.contains(other), "{text}");
         }
     }
