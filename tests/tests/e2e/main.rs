@@ -15,6 +15,7 @@ mod checkpoints;
 mod entries;
 mod fake_kube;
 mod federation;
+mod federation_domains;
 mod independent;
 mod issuance;
 mod jwt_end_to_end;

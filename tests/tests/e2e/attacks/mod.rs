@@ -22,6 +22,7 @@ mod database_ledger_tamper;
 mod database_ledger_times;
 mod database_replica_mismatch;
 mod database_stalls;
+mod federation_foreign_identity;
 mod impersonator_privileged;
 mod local_user_files;
 mod local_user_mint_key_mode;
