@@ -238,8 +238,10 @@ impl FederationAdmin for FederationAdminApi {
             ),
         );
         if profile != PROFILE_STATIC {
-            // The first fetch now, so the answer says whether the endpoint works.
+            // The first fetch now, so the answer says whether the endpoint works; then the
+            // loop, which may be asleep for want of relationships, learns of its schedule.
             self.federation.refresh(td.as_str(), true).await?;
+            self.federation.wake();
         }
         Ok(Response::new(to_proto(self.get(&td).await?)))
     }
@@ -318,6 +320,7 @@ impl FederationAdmin for FederationAdminApi {
             .refresh(td.as_str(), true)
             .await
             .map_err(ApiError::from)?;
+        self.federation.wake();
         self.audit(
             "admin.federation_refresh",
             format!(

@@ -78,6 +78,7 @@ macro_rules! conformance {
 mod audit;
 mod ca_keys;
 mod crls;
+mod federation;
 mod jwt_svids;
 mod ledger;
 mod nodes;
