@@ -73,6 +73,7 @@ pub struct CreateArgs {
     /// standard input. Required for https_spiffe and for a static relationship.
     #[arg(long)]
     bundle_file: Option<PathBuf>,
+    /// Print the relationship created as JSON (as `show --json`).
     #[arg(long)]
     json: bool,
 }
@@ -124,10 +125,8 @@ impl CreateArgs {
 
 async fn client(socket: &Path) -> anyhow::Result<FederationAdminClient> {
     FederationAdminClient::connect(socket).await.map_err(|e| {
-        anyhow!(
-            "{e}\n(cannot reach {}: is signet-server running? point --socket at <data_dir>/admin.sock)",
-            socket.display()
-        )
+        // The error names the socket.
+        anyhow!("{e}\n(is signet-server running? point --socket at <data_dir>/admin.sock)")
     })
 }
 
