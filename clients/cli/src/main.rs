@@ -7,6 +7,7 @@ mod ca;
 mod certs;
 mod checkpoint;
 mod entry_file;
+mod federation;
 mod jwt;
 mod ledger;
 mod mint;
@@ -111,6 +112,11 @@ enum Cmd {
     Crl {
         #[command(subcommand)]
         cmd: revoke::CrlCmd,
+    },
+    /// Federation relationships: the foreign trust domains whose bundles the server keeps.
+    Federation {
+        #[command(subcommand)]
+        cmd: federation::FederationCmd,
     },
 }
 
@@ -352,5 +358,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Entry { cmd } => nodes::entry(&cli.socket, cmd).await,
         Cmd::Bench(args) => bench::run(&cli.socket, args).await,
         Cmd::Crl { cmd } => revoke::crl(&cli.socket, cmd).await,
+        Cmd::Federation { cmd } => federation::federation(&cli.socket, cmd).await,
     }
 }

@@ -34,6 +34,7 @@ use crate::error::CallError;
 mod ca_keys;
 mod certificates;
 mod checkpoint;
+mod federation;
 mod revocation;
 pub use ca_keys::{CaAction, CaAdminClient, CaKeyKind, CaKeySlot, CaStatus};
 pub use certificates::{
@@ -41,6 +42,10 @@ pub use certificates::{
     ledger_record,
 };
 pub use checkpoint::{CheckpointKey, LedgerAdminClient, LedgerCheckpoint};
+pub use federation::{
+    FederationAdminClient, FederationProfile, FederationRelationship, NewRelationship,
+    UnknownProfile,
+};
 pub use revocation::{
     PublishedCrl, RevocationAdminClient, RevokeReport, RevokeSelector, RevokedCertificate,
 };
