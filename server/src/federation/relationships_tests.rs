@@ -38,14 +38,24 @@ fn documents_are_judged_by_their_keys_and_sequence() {
         Verdict::Refuse(why) => assert!(why.contains(want), "{why}"),
         other => panic!("expected a refusal with {want:?}, got {other:?}"),
     };
-    refused(judge(bundle(&[&r2], Some(4))), "went backwards, from 5 held to 4");
+    refused(
+        judge(bundle(&[&r2], Some(4))),
+        "went backwards, from 5 held to 4",
+    );
     refused(judge(bundle(&[&r1], Some(4))), "went backwards");
     refused(judge(bundle(&[&r2], None)), "has no spiffe_sequence");
-    refused(judge(bundle(&[&r2], Some(5))), "the keys changed but spiffe_sequence stayed at 5");
+    refused(
+        judge(bundle(&[&r2], Some(5))),
+        "the keys changed but spiffe_sequence stayed at 5",
+    );
     // Without a held sequence (a PEM bootstrap bundle), anything with keys is taken.
     let pem_held = normalize(&bundle(&[&r1], None)).unwrap();
     assert_eq!(
-        decide(&pem_held.content_sha256, None, &normalize(&bundle(&[&r2], None)).unwrap()),
+        decide(
+            &pem_held.content_sha256,
+            None,
+            &normalize(&bundle(&[&r2], None)).unwrap()
+        ),
         Verdict::Replace
     );
     assert_eq!(
@@ -59,7 +69,11 @@ fn documents_are_judged_by_their_keys_and_sequence() {
         normalize(&other_hint).unwrap().content_sha256,
         held.content_sha256
     );
-    assert!(normalize(&SpiffeBundle::default()).unwrap_err().contains("no X.509 or JWT"));
+    assert!(
+        normalize(&SpiffeBundle::default())
+            .unwrap_err()
+            .contains("no X.509 or JWT")
+    );
     assert!(
         normalize(&bundle(&[&r1], Some(u64::MAX)))
             .unwrap_err()
@@ -78,8 +92,15 @@ fn operator_bundles_are_pem_or_spiffe_documents() {
     let b = read_bundle_input(format!("\n  {doc}").as_bytes()).unwrap();
     assert_eq!(b.sequence, Some(9));
     let empty = read_bundle_input(b"").unwrap_err();
-    assert!(empty.contains("neither a SPIFFE bundle document nor PEM"), "{empty}");
-    assert!(read_bundle_input(b"{\"keys\":1}").unwrap_err().contains("SPIFFE bundle document"));
+    assert!(
+        empty.contains("neither a SPIFFE bundle document nor PEM"),
+        "{empty}"
+    );
+    assert!(
+        read_bundle_input(b"{\"keys\":1}")
+            .unwrap_err()
+            .contains("SPIFFE bundle document")
+    );
     assert!(
         read_bundle_input(b"-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n")
             .is_err()
@@ -97,16 +118,12 @@ struct Scripted {
 impl BundleSource for Scripted {
     async fn fetch(&self, endpoint: &Endpoint) -> Result<SpiffeBundle, FetchFailure> {
         self.asked.lock().unwrap().push(endpoint.clone());
-        self.answers
-            .lock()
-            .unwrap()
-            .pop_front()
-            .unwrap_or_else(|| {
-                Err(FetchFailure {
-                    label: "connect",
-                    message: "nothing scripted".into(),
-                })
+        self.answers.lock().unwrap().pop_front().unwrap_or_else(|| {
+            Err(FetchFailure {
+                label: "connect",
+                message: "nothing scripted".into(),
             })
+        })
     }
 }
 
@@ -121,7 +138,9 @@ struct Rig {
 async fn rig() -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let url = signet_testutil::sqlite_url(&dir.path().join("db"));
-    let store = crate::store::connect(&url, Duration::from_secs(5)).await.unwrap();
+    let store = crate::store::connect(&url, Duration::from_secs(5))
+        .await
+        .unwrap();
     let clock = FakeClock::at_unix(1_800_000_000);
     let source = Arc::new(Scripted::default());
     let federation = Federation::new(
@@ -187,14 +206,18 @@ async fn a_refresh_replaces_refuses_and_keeps_what_it_must() {
     let (r1, r2, r3) = (root("r1"), root("r2"), root("r3"));
     let held = normalize(&bundle(&[&r1], Some(5))).unwrap();
     let now = r.federation.now();
-    assert!(r
-        .store
-        .create_relationship(&relationship("partner.test", &held, now))
-        .await
-        .unwrap());
+    assert!(
+        r.store
+            .create_relationship(&relationship("partner.test", &held, now))
+            .await
+            .unwrap()
+    );
     const NODE: &str = "spiffe://own.test/signet/node/n1";
     const OTHER: &str = "spiffe://own.test/signet/node/n2";
-    for e in [entry("fed", NODE, &["partner.test"]), entry("plain", OTHER, &[])] {
+    for e in [
+        entry("fed", NODE, &["partner.test"]),
+        entry("plain", OTHER, &[]),
+    ] {
         assert!(matches!(
             r.store.create_entry(&e).await.unwrap(),
             crate::store::EntryCreate::Created(_)
@@ -254,13 +277,25 @@ async fn a_refresh_replaces_refuses_and_keeps_what_it_must() {
             Refreshed::Failed(why) => assert!(why.contains(want), "{why}"),
             other => panic!("{want}: {other:?}"),
         }
-        let row = r.store.relationship("partner.test").await.unwrap().unwrap().row;
+        let row = r
+            .store
+            .relationship("partner.test")
+            .await
+            .unwrap()
+            .unwrap()
+            .row;
         assert!(row.last_error.contains(want), "{}", row.last_error);
         assert_eq!(row.bundle_sequence, Some(6));
         assert!(row.next_refresh_at <= r.federation.now() + 60);
     }
     assert_eq!(r.store.entry_revision(NODE).await.unwrap(), rev);
-    let row = r.store.relationship("partner.test").await.unwrap().unwrap().row;
+    let row = r
+        .store
+        .relationship("partner.test")
+        .await
+        .unwrap()
+        .unwrap()
+        .row;
     assert_eq!(row.consecutive_failures, 3);
 
     // The same keys at a newer sequence: kept, no revision moved, the error cleared.
@@ -275,9 +310,19 @@ async fn a_refresh_replaces_refuses_and_keeps_what_it_must() {
         Refreshed::Unchanged
     );
     assert_eq!(r.store.entry_revision(NODE).await.unwrap(), rev);
-    let row = r.store.relationship("partner.test").await.unwrap().unwrap().row;
+    let row = r
+        .store
+        .relationship("partner.test")
+        .await
+        .unwrap()
+        .unwrap()
+        .row;
     assert_eq!(
-        (row.bundle_sequence, row.last_error.as_str(), row.consecutive_failures),
+        (
+            row.bundle_sequence,
+            row.last_error.as_str(),
+            row.consecutive_failures
+        ),
         (Some(7), "", 0)
     );
     // An operator's refresh claims it whatever the schedule.
@@ -301,10 +346,9 @@ async fn one_replica_claims_each_due_fetch() {
         .create_relationship(&relationship("partner.test", &held, now))
         .await
         .unwrap();
-    let claims = futures::future::join_all((0..8).map(|_| {
-        r.store
-            .claim_refresh("partner.test", now, now + 60, false)
-    }))
+    let claims = futures::future::join_all(
+        (0..8).map(|_| r.store.claim_refresh("partner.test", now, now + 60, false)),
+    )
     .await;
     assert_eq!(claims.iter().filter(|c| *c.as_ref().unwrap()).count(), 1);
     let (due, next) = r.store.due_relationships(now).await.unwrap();
@@ -327,11 +371,12 @@ async fn entries_need_a_relationship_and_keep_it_from_deletion() {
         .create_relationship(&relationship("partner.test", &held, 1))
         .await
         .unwrap();
-    assert!(!r
-        .store
-        .create_relationship(&relationship("partner.test", &held, 1))
-        .await
-        .unwrap());
+    assert!(
+        !r.store
+            .create_relationship(&relationship("partner.test", &held, 1))
+            .await
+            .unwrap()
+    );
     assert!(matches!(
         r.store.create_entry(&e).await.unwrap(),
         crate::store::EntryCreate::Created(_)

@@ -36,8 +36,14 @@ async fn replicas_share_one_bundle_endpoint_sequence(db: Db) {
     let a: Arc<dyn FederationStore> = db.store.clone();
     let b: Arc<dyn FederationStore> = db.another().await;
     // The first content takes the clock's value; the same content keeps it on every replica.
-    assert_eq!(a.bundle_endpoint_sequence("h1", 1_000).await.unwrap(), 1_000);
-    assert_eq!(b.bundle_endpoint_sequence("h1", 5_000).await.unwrap(), 1_000);
+    assert_eq!(
+        a.bundle_endpoint_sequence("h1", 1_000).await.unwrap(),
+        1_000
+    );
+    assert_eq!(
+        b.bundle_endpoint_sequence("h1", 5_000).await.unwrap(),
+        1_000
+    );
     // New content: at least previous + 1, even with a clock behind.
     assert_eq!(b.bundle_endpoint_sequence("h2", 10).await.unwrap(), 1_001);
     // A replica still serving the old content moves it on again (never down).
@@ -45,7 +51,11 @@ async fn replicas_share_one_bundle_endpoint_sequence(db: Db) {
     // Racing replicas with new content take distinct sequences, none below the last.
     let racers = (0..8).map(|i| {
         let s = if i % 2 == 0 { a.clone() } else { b.clone() };
-        async move { s.bundle_endpoint_sequence(&format!("r{i}"), 0).await.unwrap() }
+        async move {
+            s.bundle_endpoint_sequence(&format!("r{i}"), 0)
+                .await
+                .unwrap()
+        }
     });
     let mut got = futures::future::join_all(racers).await;
     got.sort_unstable();
@@ -61,7 +71,11 @@ async fn racing_replicas_claim_a_fetch_once_and_write_a_bundle_once(db: Db) {
     assert!(!b.create_relationship(&row("partner.test")).await.unwrap());
     let claims = (0..8).map(|i| {
         let s = if i % 2 == 0 { a.clone() } else { b.clone() };
-        async move { s.claim_refresh("partner.test", 100, 160, false).await.unwrap() }
+        async move {
+            s.claim_refresh("partner.test", 100, 160, false)
+                .await
+                .unwrap()
+        }
     });
     let won = futures::future::join_all(claims).await;
     assert_eq!(won.iter().filter(|w| **w).count(), 1);
