@@ -512,6 +512,24 @@ pub struct FederationConfig {
     /// `https_web` relationships: a PEM CA file to authenticate endpoints with instead of the
     /// compiled-in Web PKI roots (webpki-roots, Mozilla's set).
     pub fetch_web_ca_file: Option<PathBuf>,
+    /// `[[federation.relationships]]`: relationships declared here are created at start-up when
+    /// the database has none for their trust domain (the database, shared by the replicas,
+    /// stays the truth: one that differs is reported, not changed).
+    pub relationships: Vec<RelationshipConfig>,
+}
+
+/// One `[[federation.relationships]]`, with the fields of `signetctl federation create`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelationshipConfig {
+    pub trust_domain: String,
+    /// Empty: a static relationship (`bundle_file` only).
+    pub bundle_endpoint_url: String,
+    /// `https_spiffe` or `https_web` with a URL.
+    pub profile: String,
+    pub endpoint_spiffe_id: String,
+    /// PEM certificates or a SPIFFE bundle document: the starting bundle.
+    pub bundle_file: Option<PathBuf>,
 }
 
 impl Default for FederationConfig {
@@ -528,6 +546,7 @@ impl Default for FederationConfig {
             fetch_retry: Duration::from_secs(5),
             fetch_timeout: Duration::from_secs(30),
             fetch_web_ca_file: None,
+            relationships: Vec::new(),
         }
     }
 }
@@ -787,6 +806,19 @@ impl Config {
                  fetch_retry and fetch_timeout positive"
                     .into(),
             ));
+        }
+        for r in &f.relationships {
+            let td = signet_types::TrustDomain::new(&r.trust_domain).map_err(|e| {
+                ConfigError::Invalid(format!(
+                    "federation.relationships: trust_domain {:?}: {e}",
+                    r.trust_domain
+                ))
+            })?;
+            if td == self.trust_domain() {
+                return Err(ConfigError::Invalid(format!(
+                    "federation.relationships: {td} is this server's own trust domain"
+                )));
+            }
         }
         let web = f.web_cert_file.is_some() || f.web_key_file.is_some();
         match f.bundle_endpoint_profile {
@@ -1260,6 +1292,38 @@ mod tests {
         // Never below a second.
         let c = load_toml("[jwt_svid]\nkey_propagation = \"1s\"\n").expect("loads");
         assert_eq!(c.published_refresh(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn federation_relationships_are_declared_with_the_create_fields() {
+        let c = load_toml(
+            "[[federation.relationships]]\ntrust_domain = \"partner.example\"\n\
+             bundle_endpoint_url = \"https://b.partner.example/\"\nprofile = \"https_web\"\n",
+        )
+        .expect("loads");
+        assert_eq!(c.federation.relationships.len(), 1);
+        assert_eq!(c.federation.relationships[0].profile, "https_web");
+        for (toml, want) in [
+            (
+                "[[federation.relationships]]\ntrust_domain = \"example.org\"\n",
+                "own trust domain",
+            ),
+            (
+                "[[federation.relationships]]\ntrust_domain = \"Not A Domain\"\n",
+                "trust_domain",
+            ),
+            (
+                "[[federation.relationships]]\ntrust_domain = \"p.example\"\nurl = \"x\"\n",
+                "url",
+            ),
+            (
+                "[federation]\nfetch_refresh_min = \"2h\"\n",
+                "fetch_refresh_min",
+            ),
+        ] {
+            let err = load_toml(toml).unwrap_err().to_string();
+            assert!(err.contains(want), "{toml}: {err}");
+        }
     }
 
     #[test]

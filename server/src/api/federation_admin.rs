@@ -17,19 +17,16 @@ use signet_proto::admin::{
     GetRelationshipRequest, ListRelationshipsRequest, ListRelationshipsResponse,
     RefreshRelationshipRequest, Relationship as PbRelationship, SetRelationshipBundleRequest,
 };
-use signet_types::{SpiffeId, TrustDomain};
+use signet_types::TrustDomain;
 use tonic::{Request, Response, Status};
 
 use super::ApiError;
 use crate::authn::AuthenticatedCaller;
 use crate::federation::relationships::{
-    Federation, PROFILE_HTTPS_SPIFFE, PROFILE_HTTPS_WEB, PROFILE_STATIC, Refreshed, normalize,
+    Federation, PROFILE_HTTPS_SPIFFE, PROFILE_STATIC, Refreshed, new_relationship, normalize,
     read_bundle_input,
 };
-use crate::store::{BundleReplace, BundleWrite, Relationship, RelationshipDelete, RelationshipRow};
-
-/// Longest URL accepted.
-const MAX_URL: usize = 2048;
+use crate::store::{BundleReplace, BundleWrite, Relationship, RelationshipDelete};
 
 pub struct FederationAdminApi {
     federation: Arc<Federation>,
@@ -100,116 +97,16 @@ impl FederationAdmin for FederationAdminApi {
     ) -> Result<Response<PbRelationship>, Status> {
         let req = request.into_inner();
         let td = self.trust_domain(&req.trust_domain)?;
-        let profile = if req.bundle_endpoint_url.is_empty() {
-            if !req.profile.is_empty() && req.profile != PROFILE_STATIC {
-                return Err(ApiError::InvalidArgument(format!(
-                    "profile {} needs a bundle endpoint URL",
-                    signet_types::untrusted::quoted(&req.profile)
-                ))
-                .into());
-            }
-            PROFILE_STATIC
-        } else {
-            match req.profile.as_str() {
-                PROFILE_HTTPS_SPIFFE => PROFILE_HTTPS_SPIFFE,
-                PROFILE_HTTPS_WEB => PROFILE_HTTPS_WEB,
-                other => {
-                    return Err(ApiError::InvalidArgument(format!(
-                        "profile {} is not https_spiffe or https_web",
-                        signet_types::untrusted::quoted(other)
-                    ))
-                    .into());
-                }
-            }
-        };
-        if !req.bundle_endpoint_url.is_empty() {
-            let url = url::Url::parse(&req.bundle_endpoint_url)
-                .map_err(|e| ApiError::InvalidArgument(format!("bundle_endpoint_url: {e}")))?;
-            if url.scheme() != "https" || url.host_str().is_none_or(str::is_empty) {
-                return Err(ApiError::InvalidArgument(
-                    "bundle_endpoint_url must be an https:// URL with a host".into(),
-                )
-                .into());
-            }
-            if req.bundle_endpoint_url.len() > MAX_URL || !url.username().is_empty() {
-                return Err(ApiError::InvalidArgument(
-                    "bundle_endpoint_url is too long or carries user info".into(),
-                )
-                .into());
-            }
-        }
-        let endpoint_id = if profile == PROFILE_HTTPS_SPIFFE {
-            let id: SpiffeId = req.endpoint_spiffe_id.parse().map_err(|e| {
-                ApiError::InvalidArgument(format!(
-                    "endpoint_spiffe_id {}: {e} (https_spiffe needs the SPIFFE ID the \
-                     endpoint presents)",
-                    signet_types::untrusted::quoted(&req.endpoint_spiffe_id)
-                ))
-            })?;
-            if !id.is_member_of(&td) {
-                return Err(ApiError::InvalidArgument(format!(
-                    "endpoint_spiffe_id {id} is not in trust domain {td}"
-                ))
-                .into());
-            }
-            id.to_string()
-        } else if !req.endpoint_spiffe_id.is_empty() {
-            return Err(ApiError::InvalidArgument(
-                "endpoint_spiffe_id is for profile https_spiffe only".into(),
-            )
-            .into());
-        } else {
-            String::new()
-        };
-        let bundle = if req.bundle.is_empty() {
-            if profile != PROFILE_HTTPS_WEB {
-                return Err(ApiError::InvalidArgument(format!(
-                    "profile {profile} needs a starting bundle (--bundle-file): {}",
-                    if profile == PROFILE_STATIC {
-                        "it is the only bundle a static relationship has"
-                    } else {
-                        "it authenticates the endpoint's first answer"
-                    }
-                ))
-                .into());
-            }
-            None
-        } else {
-            let b = read_bundle_input(&req.bundle).map_err(ApiError::InvalidArgument)?;
-            if profile == PROFILE_HTTPS_SPIFFE && b.x509_authorities.is_empty() {
-                return Err(ApiError::InvalidArgument(
-                    "the starting bundle of an https_spiffe relationship needs an X.509 \
-                     authority to authenticate the endpoint with"
-                        .into(),
-                )
-                .into());
-            }
-            Some(normalize(&b).map_err(ApiError::InvalidArgument)?)
-        };
-        let now = self.federation.now();
-        let row = RelationshipRow {
-            trust_domain: td.as_str().to_owned(),
-            endpoint_url: req.bundle_endpoint_url.clone(),
-            profile: profile.to_owned(),
-            endpoint_spiffe_id: endpoint_id,
-            created_at: now,
-            bundle_document: bundle
-                .as_ref()
-                .map_or(String::new(), |b| b.document.clone()),
-            bundle_sha256: bundle
-                .as_ref()
-                .map_or(String::new(), |b| b.content_sha256.clone()),
-            bundle_sequence: bundle
-                .as_ref()
-                .and_then(|b| b.sequence)
-                .and_then(|s| i64::try_from(s).ok()),
-            bundle_updated_at: if bundle.is_some() { now } else { 0 },
-            last_success_at: 0,
-            last_attempt_at: 0,
-            next_refresh_at: if profile == PROFILE_STATIC { 0 } else { now },
-            last_error: String::new(),
-            consecutive_failures: 0,
-        };
+        let (row, bundle) = new_relationship(
+            &td,
+            &req.bundle_endpoint_url,
+            &req.profile,
+            &req.endpoint_spiffe_id,
+            &req.bundle,
+            self.federation.now(),
+        )
+        .map_err(ApiError::InvalidArgument)?;
+        let profile = row.profile.clone();
         if !self.federation.store().create_relationship(&row).await? {
             return Err(ApiError::AlreadyExists(format!(
                 "a federation relationship with {td} exists (federation show {td}; delete it \

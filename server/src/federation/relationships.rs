@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use signet_pki::SpiffeBundle;
-use signet_types::TrustDomain;
+use signet_types::{SpiffeId, TrustDomain};
 use tokio::sync::Notify;
 
 use crate::audit::AuditLog;
@@ -205,6 +205,119 @@ pub fn read_bundle_input(bytes: &[u8]) -> Result<SpiffeBundle, String> {
     })
 }
 
+/// Longest bundle endpoint URL accepted.
+const MAX_URL: usize = 2048;
+
+/// A new relationship with foreign trust domain `td` as an operator declares it (the admin API
+/// or the configuration file), checked: an `https://` URL with a host (none: static); profile
+/// `https_spiffe` or `https_web` with a URL, absent or `static` without; an `https_spiffe`
+/// endpoint SPIFFE ID in `td`; a starting bundle (PEM or a SPIFFE bundle document) for
+/// `https_spiffe` (with an X.509 authority) and static relationships. The error says what to fix.
+pub fn new_relationship(
+    td: &TrustDomain,
+    url_given: &str,
+    profile_given: &str,
+    endpoint_id_given: &str,
+    bundle_given: &[u8],
+    now: i64,
+) -> Result<(RelationshipRow, Option<Normalized>), String> {
+    let profile = if url_given.is_empty() {
+        if !profile_given.is_empty() && profile_given != PROFILE_STATIC {
+            return Err(format!(
+                "profile {} needs a bundle endpoint URL",
+                signet_types::untrusted::quoted(profile_given)
+            ));
+        }
+        PROFILE_STATIC
+    } else {
+        match profile_given {
+            PROFILE_HTTPS_SPIFFE => PROFILE_HTTPS_SPIFFE,
+            PROFILE_HTTPS_WEB => PROFILE_HTTPS_WEB,
+            other => {
+                return Err(format!(
+                    "profile {} is not https_spiffe or https_web",
+                    signet_types::untrusted::quoted(other)
+                ));
+            }
+        }
+    };
+    if !url_given.is_empty() {
+        let url = url::Url::parse(url_given).map_err(|e| format!("bundle_endpoint_url: {e}"))?;
+        if url.scheme() != "https" || url.host_str().is_none_or(str::is_empty) {
+            return Err("bundle_endpoint_url must be an https:// URL with a host".into());
+        }
+        if url_given.len() > MAX_URL || !url.username().is_empty() {
+            return Err("bundle_endpoint_url is too long or carries user info".into());
+        }
+    }
+    let endpoint_id = if profile == PROFILE_HTTPS_SPIFFE {
+        let id: SpiffeId = endpoint_id_given.parse().map_err(|e| {
+            format!(
+                "endpoint_spiffe_id {}: {e} (https_spiffe needs the SPIFFE ID the \
+                 endpoint presents)",
+                signet_types::untrusted::quoted(endpoint_id_given)
+            )
+        })?;
+        if !id.is_member_of(td) {
+            return Err(format!(
+                "endpoint_spiffe_id {id} is not in trust domain {td}"
+            ));
+        }
+        id.to_string()
+    } else if !endpoint_id_given.is_empty() {
+        return Err("endpoint_spiffe_id is for profile https_spiffe only".into());
+    } else {
+        String::new()
+    };
+    let bundle = if bundle_given.is_empty() {
+        if profile != PROFILE_HTTPS_WEB {
+            return Err(format!(
+                "profile {profile} needs a starting bundle (--bundle-file): {}",
+                if profile == PROFILE_STATIC {
+                    "it is the only bundle a static relationship has"
+                } else {
+                    "it authenticates the endpoint's first answer"
+                }
+            ));
+        }
+        None
+    } else {
+        let b = read_bundle_input(bundle_given)?;
+        if profile == PROFILE_HTTPS_SPIFFE && b.x509_authorities.is_empty() {
+            return Err(
+                "the starting bundle of an https_spiffe relationship needs an X.509 \
+                        authority to authenticate the endpoint with"
+                    .into(),
+            );
+        }
+        Some(normalize(&b)?)
+    };
+    let row = RelationshipRow {
+        trust_domain: td.as_str().to_owned(),
+        endpoint_url: url_given.to_owned(),
+        profile: profile.to_owned(),
+        endpoint_spiffe_id: endpoint_id,
+        created_at: now,
+        bundle_document: bundle
+            .as_ref()
+            .map_or(String::new(), |b| b.document.clone()),
+        bundle_sha256: bundle
+            .as_ref()
+            .map_or(String::new(), |b| b.content_sha256.clone()),
+        bundle_sequence: bundle
+            .as_ref()
+            .and_then(|b| b.sequence)
+            .and_then(|s| i64::try_from(s).ok()),
+        bundle_updated_at: if bundle.is_some() { now } else { 0 },
+        last_success_at: 0,
+        last_attempt_at: 0,
+        next_refresh_at: if profile == PROFILE_STATIC { 0 } else { now },
+        last_error: String::new(),
+        consecutive_failures: 0,
+    };
+    Ok((row, bundle))
+}
+
 /// The held bundle's roots (DER), for authenticating an https_spiffe endpoint.
 pub fn held_roots(row: &RelationshipRow) -> Result<Vec<Vec<u8>>, String> {
     if row.bundle_document.is_empty() {
@@ -318,6 +431,102 @@ impl Federation {
 
     pub fn audit(&self, kind: &str, caller: &str, detail: String) {
         self.audit.record(kind, caller, detail, self.now());
+    }
+
+    /// Creates the relationships of `[[federation.relationships]]` that the database does not
+    /// have (audited `federation.config_create`; the loop fetches them at once). One the
+    /// database has is left as it is, and reported when its endpoint differs from the file's:
+    /// the database is what every replica serves. A declaration that does not check, or whose
+    /// bundle file cannot be read, is an error (the server does not start).
+    pub async fn declare(
+        &self,
+        declared: &[crate::config::RelationshipConfig],
+    ) -> Result<(), String> {
+        for d in declared {
+            let td = TrustDomain::new(&d.trust_domain).map_err(|e| e.to_string())?;
+            let bundle = match &d.bundle_file {
+                Some(path) => std::fs::read(path).map_err(|e| {
+                    format!(
+                        "federation.relationships {td}: bundle_file {}: {e}",
+                        path.display()
+                    )
+                })?,
+                None => Vec::new(),
+            };
+            let (row, _) = new_relationship(
+                &td,
+                &d.bundle_endpoint_url,
+                &d.profile,
+                &d.endpoint_spiffe_id,
+                &bundle,
+                self.now(),
+            )
+            .map_err(|e| format!("federation.relationships {td}: {e}"))?;
+            match self
+                .store
+                .relationship(td.as_str())
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                Some(held) => {
+                    let h = held.row;
+                    if (
+                        h.endpoint_url.as_str(),
+                        h.profile.as_str(),
+                        h.endpoint_spiffe_id.as_str(),
+                    ) != (
+                        row.endpoint_url.as_str(),
+                        row.profile.as_str(),
+                        row.endpoint_spiffe_id.as_str(),
+                    ) {
+                        tracing::warn!(
+                            trust_domain = %td,
+                            database = %format!("{} {} {}", h.profile, h.endpoint_url, h.endpoint_spiffe_id),
+                            configuration = %format!("{} {} {}", row.profile, row.endpoint_url, row.endpoint_spiffe_id),
+                            "the database's federation relationship differs from the configuration file's; the database's is served (signetctl federation delete, then restart, to take the file's)"
+                        );
+                        self.audit(
+                            "federation.config_differs",
+                            SYSTEM_CALLER,
+                            format!(
+                                "{td}: the configuration declares {} {} {}, the database holds \
+                                 {} {} {}; the database's is kept",
+                                row.profile,
+                                row.endpoint_url,
+                                row.endpoint_spiffe_id,
+                                h.profile,
+                                h.endpoint_url,
+                                h.endpoint_spiffe_id
+                            ),
+                        );
+                    }
+                }
+                None => {
+                    if self
+                        .store
+                        .create_relationship(&row)
+                        .await
+                        .map_err(|e| e.to_string())?
+                    {
+                        self.audit(
+                            "federation.config_create",
+                            SYSTEM_CALLER,
+                            format!(
+                                "federation with {td} created from the configuration file: \
+                                 profile {}{}",
+                                row.profile,
+                                if row.endpoint_url.is_empty() {
+                                    String::new()
+                                } else {
+                                    format!(", endpoint {}", row.endpoint_url)
+                                }
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Wakes this replica's loop (a relationship was created or is due now).

@@ -398,3 +398,79 @@ async fn entries_need_a_relationship_and_keep_it_from_deletion() {
         crate::store::RelationshipDelete::NotFound
     );
 }
+
+#[tokio::test]
+async fn the_configuration_file_creates_what_the_database_lacks_and_never_overrides_it() {
+    let r = rig().await;
+    let pem = r._dir.path().join("partner.pem");
+    std::fs::write(&pem, signet_types::pem::cert_to_pem(root("p").der())).unwrap();
+    let declared = crate::config::RelationshipConfig {
+        trust_domain: "spiffe://partner.test".into(),
+        bundle_file: Some(pem.clone()),
+        ..Default::default()
+    };
+    r.federation
+        .declare(std::slice::from_ref(&declared))
+        .await
+        .unwrap();
+    let held = r
+        .store
+        .relationship("partner.test")
+        .await
+        .unwrap()
+        .unwrap()
+        .row;
+    assert_eq!(held.profile, PROFILE_STATIC);
+    assert!(!held.bundle_document.is_empty());
+    // A changed declaration: the database's relationship is kept as it is.
+    let changed = crate::config::RelationshipConfig {
+        bundle_endpoint_url: "https://partner.test/bundle".into(),
+        profile: PROFILE_HTTPS_SPIFFE.into(),
+        endpoint_spiffe_id: "spiffe://partner.test/e".into(),
+        ..declared.clone()
+    };
+    r.federation.declare(&[changed]).await.unwrap();
+    assert_eq!(
+        r.store
+            .relationship("partner.test")
+            .await
+            .unwrap()
+            .unwrap()
+            .row,
+        held
+    );
+    // Declarations that do not check stop the start.
+    for (bad, want) in [
+        (
+            crate::config::RelationshipConfig {
+                trust_domain: "other.test".into(),
+                bundle_endpoint_url: "https://other.test/".into(),
+                profile: PROFILE_HTTPS_SPIFFE.into(),
+                bundle_file: Some(pem.clone()),
+                ..Default::default()
+            },
+            "endpoint_spiffe_id",
+        ),
+        (
+            crate::config::RelationshipConfig {
+                trust_domain: "other.test".into(),
+                bundle_file: Some(r._dir.path().join("missing.pem")),
+                ..Default::default()
+            },
+            "missing.pem",
+        ),
+        (
+            crate::config::RelationshipConfig {
+                trust_domain: "other.test".into(),
+                bundle_endpoint_url: "http://other.test/".into(),
+                profile: PROFILE_HTTPS_WEB.into(),
+                ..Default::default()
+            },
+            "https://",
+        ),
+    ] {
+        let err = r.federation.declare(&[bad]).await.unwrap_err();
+        assert!(err.contains(want), "{err}");
+    }
+    assert!(r.store.relationship("other.test").await.unwrap().is_none());
+}

@@ -127,6 +127,10 @@ pub(super) async fn build(cfg: &Config) -> anyhow::Result<Parts> {
         &server_cert,
     );
     let federation = build_federation(cfg, &store, &clock, &audit, &metrics)?;
+    federation
+        .declare(&cfg.federation.relationships)
+        .await
+        .map_err(|e| anyhow!("{e}"))?;
     Ok(Parts {
         federation,
         clock,
