@@ -589,14 +589,7 @@ impl Federation {
         match outcome {
             Ok((verdict, normalized)) => {
                 let hint = normalized.refresh_hint;
-                let result = match verdict {
-                    Verdict::Replace | Verdict::NewSequence => {
-                        self.write(&row, &normalized, verdict == Verdict::Replace, now)
-                            .await?
-                    }
-                    Verdict::Unchanged => Ok(false),
-                    Verdict::Refuse(why) => Err(("refused", why)),
-                };
+                let result = self.settle(row.clone(), verdict, &normalized, now).await?;
                 match result {
                     Ok(changed) => {
                         let next = now.saturating_add(secs(self.refresh_interval(hint)));
@@ -635,6 +628,44 @@ impl Federation {
                     .await
             }
         }
+    }
+
+    /// Stores what `verdict` says about `n` against `row`. When another writer changed the
+    /// bundle meanwhile (a racing replica, an operator's set-bundle), the document is judged
+    /// again against what is now held, a few times: replicas that fetched the same document
+    /// converge on it without reporting a failure.
+    async fn settle(
+        &self,
+        mut row: RelationshipRow,
+        mut verdict: Verdict,
+        n: &Normalized,
+        now: i64,
+    ) -> Result<Result<bool, (&'static str, String)>, StoreError> {
+        for _ in 0..3 {
+            let written = match verdict {
+                Verdict::Replace | Verdict::NewSequence => {
+                    self.write(&row, n, verdict == Verdict::Replace, now)
+                        .await?
+                }
+                Verdict::Unchanged => return Ok(Ok(false)),
+                Verdict::Refuse(why) => return Ok(Err(("refused", why))),
+            };
+            match written {
+                Err(("conflict", _)) => {
+                    let Some(again) = self.store.relationship(&row.trust_domain).await? else {
+                        return Ok(Err(("gone", "the relationship was deleted".into())));
+                    };
+                    row = again.row;
+                    let held = row.bundle_sequence.and_then(|s| u64::try_from(s).ok());
+                    verdict = decide(&row.bundle_sha256, held, n);
+                }
+                other => return Ok(other),
+            }
+        }
+        Ok(Err((
+            "conflict",
+            "the bundle kept changing under this fetch; judged again at the next one".into(),
+        )))
     }
 
     async fn fetch_and_judge(

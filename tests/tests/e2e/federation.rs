@@ -15,7 +15,7 @@ use signet_tests::{Server, ServerOpts};
 use signet_types::SpiffeId;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-async fn fetch(
+pub(crate) async fn fetch(
     addr: SocketAddr,
     bundle_pem: &[u8],
     expected: SpiffeId,

@@ -790,3 +790,116 @@ async fn an_independent_bundle_endpoint_is_fetched_and_its_bad_documents_refused
     println!("took {:?}", t0.elapsed());
     a.stop().await;
 }
+
+/// `GET /` on `server`'s bundle endpoint: (spiffe_sequence, the x5c roots).
+async fn own_document(server: &Server) -> (u64, Vec<String>) {
+    let id = format!("spiffe://{}/signet/server", server.trust_domain)
+        .parse()
+        .unwrap();
+    let (_, body) = crate::federation::fetch(endpoint_of(server), &server.bundle_pem, id)
+        .await
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let roots = doc["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["use"] == "x509-svid")
+        .map(|k| k["x5c"][0].as_str().unwrap().to_owned())
+        .collect();
+    (doc["spiffe_sequence"].as_u64().unwrap(), roots)
+}
+
+/// Two replicas of one deployment on one PostgreSQL database: racing refreshes of one
+/// relationship converge on one stored bundle with no failure reported, and the replicas'
+/// own bundle endpoints serve one `spiffe_sequence` that never goes down, also while a new
+/// root reaches one replica before the other.
+#[tokio::test]
+async fn two_replicas_on_one_database_converge_on_one_bundle_and_one_sequence() {
+    let tokens = TokenIssuer::new("k1");
+    let Some(url) = signet_testutil::fresh_postgres_database().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let kek_path = dir.path().join("kek");
+    let kek = std::process::Command::new("openssl")
+        .args(["rand", "-base64", "32"])
+        .output()
+        .unwrap();
+    std::fs::write(&kek_path, &kek.stdout).unwrap();
+    let extra = format!(
+        "[ca]\nkek_file = \"{}\"\nrotation_interval = \"200ms\"\nroot_propagation = \"2s\"\n\
+         [federation]\nbundle_endpoint_listen = \"127.0.0.1:0\"\nfetch_retry = \"1s\"\n",
+        kek_path.display()
+    );
+    let start = || {
+        Server::start(ServerOpts {
+            database_url: Some(url.clone()),
+            tokens: Some(tokens.jwks_json()),
+            extra_toml: extra.clone(),
+            ..ServerOpts::default()
+        })
+    };
+    let (a, b) = tokio::join!(start(), start());
+
+    let partner = Partner::new();
+    let (chain, key) = partner.leaf("spiffe://partner.test/bundle-endpoint");
+    let endpoint = PartnerEndpoint::start(&chain, &key).await;
+    endpoint.serve(&partner.document(5));
+    let created = federation_admin(&a)
+        .await
+        .create_relationship(CreateRelationshipRequest {
+            trust_domain: "partner.test".into(),
+            bundle_endpoint_url: endpoint.url(),
+            profile: "https_spiffe".into(),
+            endpoint_spiffe_id: "spiffe://partner.test/bundle-endpoint".into(),
+            bundle: partner.root_cert.pem().into_bytes(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(created.last_error.is_empty(), "{created:?}");
+    // Both replicas see it (one database) and race a refresh of a newer document.
+    endpoint.serve(&partner.document(6));
+    let (ra, rb) = tokio::join!(refresh(&a, "partner.test"), refresh(&b, "partner.test"));
+    for r in [&ra, &rb] {
+        assert!(r.last_error.is_empty(), "a racing replica reported {r:?}");
+        assert_eq!(held_sequence(r), 6, "{r:?}");
+    }
+    assert_eq!(
+        relationship(&a, "partner.test").await.bundle_document,
+        relationship(&b, "partner.test").await.bundle_document
+    );
+
+    // The own bundle endpoints: one sequence for one set of keys.
+    let (sa, roots_a) = own_document(&a).await;
+    let (sb, roots_b) = own_document(&b).await;
+    assert_eq!((sa, &roots_a), (sb, &roots_b));
+    // A new root, prepared through replica a: watch both endpoints until both serve it.
+    let out = a.signetctl(&["ca", "prepare", "--root"]);
+    assert!(out.status.success(), "{out:?}");
+    let mut seen: Vec<(u64, Vec<String>)> = vec![(sa, roots_a.clone())];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let x = own_document(&a).await;
+        let y = own_document(&b).await;
+        let done = x.1.len() == 2 && y.1.len() == 2;
+        seen.push(x);
+        seen.push(y);
+        if done {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new root never reached both: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for w in seen.windows(2) {
+        assert!(w[1].0 >= w[0].0, "the sequence went down: {seen:?}");
+        if w[1].0 == w[0].0 {
+            assert_eq!(w[1].1, w[0].1, "one sequence, two sets of keys: {seen:?}");
+        }
+    }
+    assert!(seen.last().unwrap().0 > sa);
+}
