@@ -903,3 +903,157 @@ async fn two_replicas_on_one_database_converge_on_one_bundle_and_one_sequence() 
     }
     assert!(seen.last().unwrap().0 > sa);
 }
+
+/// The operator's commands against a real server (SQLite): a static relationship from a PEM
+/// file, shown and listed; an entry federating with it (and one naming a domain without a
+/// relationship, refused); the relationship kept from deletion while the entry stands; its
+/// bundle replaced with a SPIFFE bundle document; a refresh of a static one refused; then
+/// deleted. The same refusals for this server's own trust domain and an http:// endpoint.
+#[tokio::test]
+async fn signetctl_federation_manages_a_static_relationship() {
+    let server = Server::start(ServerOpts::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let partner = Partner::new();
+    let pem = dir.path().join("partner.pem");
+    std::fs::write(&pem, partner.root_cert.pem()).unwrap();
+    let ok = |args: &[&str]| {
+        let out = server.signetctl(args);
+        assert!(
+            out.status.success(),
+            "signetctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let refused = |args: &[&str], want: &str| {
+        let out = server.signetctl(args);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!out.status.success(), "signetctl {args:?} succeeded");
+        assert!(err.contains(want), "signetctl {args:?}: {err}");
+    };
+    let pem_arg = pem.to_str().unwrap();
+    ok(&[
+        "federation",
+        "create",
+        "--trust-domain",
+        "partner.test",
+        "--bundle-file",
+        pem_arg,
+    ]);
+    let shown: serde_json::Value =
+        serde_json::from_str(&ok(&["federation", "show", "partner.test", "--json"])).unwrap();
+    assert_eq!(shown["profile"], "static", "{shown}");
+    assert_eq!(
+        shown["bundle_document"]["keys"].as_array().unwrap().len(),
+        1,
+        "{shown}"
+    );
+    let listed = ok(&["federation", "list", "--json"]);
+    assert_eq!(listed.lines().count(), 1, "{listed}");
+    refused(
+        &[
+            "federation",
+            "create",
+            "--trust-domain",
+            "partner.test",
+            "--bundle-file",
+            pem_arg,
+        ],
+        "exists",
+    );
+    refused(
+        &[
+            "federation",
+            "create",
+            "--trust-domain",
+            &server.trust_domain,
+            "--bundle-file",
+            pem_arg,
+        ],
+        "own trust domain",
+    );
+    refused(
+        &[
+            "federation",
+            "create",
+            "--trust-domain",
+            "web.test",
+            "--bundle-endpoint-url",
+            "http://web.test/",
+            "--profile",
+            "https_web",
+        ],
+        "https://",
+    );
+
+    // Entries: only with a relationship, and they keep it from deletion.
+    let token = ok(&["token", "create", "--node-id", "n1"]);
+    assert!(!token.trim().is_empty());
+    let entry = |td: &str| {
+        server.signetctl(&[
+            "entry",
+            "create",
+            "--spiffe-id",
+            &format!("spiffe://{}/fed", server.trust_domain),
+            "--parent",
+            "n1",
+            "--selector",
+            "unix:uid:1000",
+            "--federates-with",
+            td,
+        ])
+    };
+    let out = entry("nowhere.test");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no federation relationship"),
+        "{out:?}"
+    );
+    let out = entry("spiffe://partner.test");
+    assert!(out.status.success(), "{out:?}");
+    let entry_id = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let entries = ok(&["entry", "list", "--json"]);
+    assert!(
+        entries.contains("\"federates_with\":[\"partner.test\"]"),
+        "{entries}"
+    );
+    refused(
+        &["federation", "delete", "partner.test"],
+        "entries federate with",
+    );
+
+    // A static relationship: no refresh, but a new bundle (here a SPIFFE document).
+    refused(&["federation", "refresh", "partner.test"], "static");
+    let doc = dir.path().join("partner.json");
+    std::fs::write(&doc, partner.document(9)).unwrap();
+    ok(&[
+        "federation",
+        "set-bundle",
+        "partner.test",
+        "--bundle-file",
+        doc.to_str().unwrap(),
+    ]);
+    let held: serde_json::Value =
+        serde_json::from_str(&ok(&["federation", "show", "partner.test", "--bundle"])).unwrap();
+    assert_eq!(held["spiffe_sequence"], 9, "{held}");
+    assert_eq!(
+        held["keys"].as_array().unwrap().len(),
+        2,
+        "the root and the JWT key"
+    );
+
+    ok(&["entry", "delete", &entry_id]);
+    ok(&["federation", "delete", "partner.test"]);
+    refused(
+        &["federation", "show", "partner.test"],
+        "no federation relationship",
+    );
+    let audit = ok(&["audit", "list", "--json"]);
+    for kind in [
+        "admin.federation_create",
+        "admin.federation_set_bundle",
+        "admin.federation_delete",
+    ] {
+        assert!(audit.contains(kind), "{kind} not audited: {audit}");
+    }
+}

@@ -46,14 +46,16 @@ const OPERATOR_WALKTHROUGH: &str = "Operator walkthrough: rotation, compromise, 
 const CA_HIERARCHY: &str = "CA hierarchy and rotation";
 const SIGNETCTL: &str = "Operating it: `signetctl`";
 const JWT_LEDGER: &str = "JWT-SVIDs on the ledger";
+const FEDERATION: &str = "Federation: trusting other trust domains";
 
 /// The sections whose `sh` blocks these tests run or check.
-const TESTED: [&str; 5] = [
+const TESTED: [&str; 6] = [
     WALKTHROUGH,
     OPERATOR_WALKTHROUGH,
     CA_HIERARCHY,
     SIGNETCTL,
     JWT_LEDGER,
+    FEDERATION,
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -588,6 +590,11 @@ fn signetctl_reference_matches_signetctl() {
 #[test]
 fn jwt_svids_on_the_ledger_synopsis_matches_signetctl() {
     check_synopsis(JWT_LEDGER);
+}
+
+#[test]
+fn federation_synopsis_matches_signetctl() {
+    check_synopsis(FEDERATION);
 }
 
 /// Every `sh` block is run or checked by a test here, or says why not.
