@@ -29,10 +29,15 @@ CREATE INDEX entry_federates_with_entry ON entry_federates_with (entry_id);
 -- JSON array of trust domain names, sorted.
 ALTER TABLE entries ADD COLUMN federates_with TEXT NOT NULL DEFAULT '[]';
 
--- The own bundle endpoint's spiffe_sequence: one row, the document's content hash beside it.
+-- The own bundle endpoint's spiffe_sequence: one row, beside the hash of the keys it was given
+-- to, the CA slot generation they came from (NULL: a plugged-in CA, whose generations are each
+-- replica's own) and the document itself, which a replica behind that generation serves.
 CREATE TABLE bundle_endpoint_sequence (
     id             INTEGER PRIMARY KEY NOT NULL CHECK (id = 1),
     sequence       INTEGER NOT NULL,
-    content_sha256 TEXT NOT NULL
+    content_sha256 TEXT NOT NULL,
+    generation     INTEGER,
+    document       TEXT NOT NULL
 );
-INSERT INTO bundle_endpoint_sequence (id, sequence, content_sha256) VALUES (1, 0, '');
+INSERT INTO bundle_endpoint_sequence (id, sequence, content_sha256, generation, document)
+    VALUES (1, 0, '', NULL, '');

@@ -808,17 +808,11 @@ impl Config {
             ));
         }
         for r in &f.relationships {
-            let td = signet_types::TrustDomain::new(&r.trust_domain).map_err(|e| {
-                ConfigError::Invalid(format!(
-                    "federation.relationships: trust_domain {:?}: {e}",
-                    r.trust_domain
-                ))
-            })?;
-            if td == self.trust_domain() {
-                return Err(ConfigError::Invalid(format!(
-                    "federation.relationships: {td} is this server's own trust domain"
-                )));
-            }
+            crate::federation::relationships::federated_trust_domain(
+                &r.trust_domain,
+                &self.trust_domain(),
+            )
+            .map_err(|e| ConfigError::Invalid(format!("federation.relationships: {e}")))?;
         }
         let web = f.web_cert_file.is_some() || f.web_key_file.is_some();
         match f.bundle_endpoint_profile {
@@ -1310,7 +1304,7 @@ mod tests {
             ),
             (
                 "[[federation.relationships]]\ntrust_domain = \"Not A Domain\"\n",
-                "trust_domain",
+                "Not A Domain",
             ),
             (
                 "[[federation.relationships]]\ntrust_domain = \"p.example\"\nurl = \"x\"\n",
@@ -1319,6 +1313,10 @@ mod tests {
             (
                 "[federation]\nfetch_refresh_min = \"2h\"\n",
                 "fetch_refresh_min",
+            ),
+            (
+                "[[federation.relationships]]\ntrust_domain = \"example.org.\"\n",
+                "a label is empty",
             ),
         ] {
             let err = load_toml(toml).unwrap_err().to_string();

@@ -185,7 +185,13 @@ impl ValidEntry {
             if &td == own {
                 return Err(EntryError::FederatesWithOwn(td));
             }
-            out.push(td.as_str().to_owned());
+            // No relationship can have such a name (federation::relationships::
+            // federated_trust_domain); say so rather than "no relationship".
+            let name = td.as_str();
+            if name.starts_with('.') || name.ends_with('.') || name.contains("..") {
+                return Err(EntryError::FederatesWithEmptyLabel(quoted(n)));
+            }
+            out.push(name.to_owned());
         }
         out.sort_unstable();
         out.dedup();
@@ -248,6 +254,8 @@ pub enum EntryError {
     },
     #[error("federates_with names {0}, this server's own trust domain; name foreign ones only")]
     FederatesWithOwn(TrustDomain),
+    #[error("federates_with {0}: a label is empty (a leading, trailing or doubled dot)")]
+    FederatesWithEmptyLabel(String),
     #[error("at most {MAX_FEDERATES_WITH} trust domains in federates_with")]
     TooManyFederated,
     /// The name, quoted for display.

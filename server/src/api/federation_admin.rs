@@ -23,8 +23,8 @@ use tonic::{Request, Response, Status};
 use super::ApiError;
 use crate::authn::AuthenticatedCaller;
 use crate::federation::relationships::{
-    Federation, PROFILE_HTTPS_SPIFFE, PROFILE_STATIC, Refreshed, new_relationship, normalize,
-    read_bundle_input,
+    Federation, PROFILE_HTTPS_SPIFFE, PROFILE_STATIC, Refreshed, check_authorities,
+    federated_trust_domain, new_relationship, normalize, read_bundle_input,
 };
 use crate::store::{BundleReplace, BundleWrite, Relationship, RelationshipDelete};
 
@@ -43,18 +43,8 @@ impl FederationAdminApi {
     }
 
     fn trust_domain(&self, given: &str) -> Result<TrustDomain, ApiError> {
-        let td = TrustDomain::new(given).map_err(|e| {
-            ApiError::InvalidArgument(format!(
-                "trust_domain {}: {e}",
-                signet_types::untrusted::quoted(given)
-            ))
-        })?;
-        if &td == self.federation.own_trust_domain() {
-            return Err(ApiError::InvalidArgument(format!(
-                "{td} is this server's own trust domain; federate with foreign ones only"
-            )));
-        }
-        Ok(td)
+        federated_trust_domain(given, self.federation.own_trust_domain())
+            .map_err(ApiError::InvalidArgument)
     }
 
     async fn get(&self, td: &TrustDomain) -> Result<Relationship, ApiError> {
@@ -153,8 +143,15 @@ impl FederationAdmin for FederationAdminApi {
             .list_relationships()
             .await
             .map_err(ApiError::from)?;
+        // Summaries: a few large documents would otherwise outgrow a message (show has them).
         Ok(Response::new(ListRelationshipsResponse {
-            relationships: rows.into_iter().map(to_proto).collect(),
+            relationships: rows
+                .into_iter()
+                .map(|r| PbRelationship {
+                    bundle_document: Vec::new(),
+                    ..to_proto(r)
+                })
+                .collect(),
         }))
     }
 
@@ -241,6 +238,7 @@ impl FederationAdmin for FederationAdminApi {
         let td = self.trust_domain(&req.trust_domain)?;
         let rel = self.get(&td).await?;
         let b = read_bundle_input(&req.bundle).map_err(ApiError::InvalidArgument)?;
+        check_authorities(&b, self.federation.now()).map_err(ApiError::InvalidArgument)?;
         if rel.row.profile == PROFILE_HTTPS_SPIFFE && b.x509_authorities.is_empty() {
             return Err(ApiError::InvalidArgument(
                 "an https_spiffe relationship's bundle needs an X.509 authority to \

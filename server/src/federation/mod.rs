@@ -111,6 +111,9 @@ pub struct BundleEndpoint {
     clock: Arc<dyn Clock>,
     refresh_hint: Duration,
     sequences: Arc<dyn crate::store::FederationStore>,
+    /// When set, the keys served are the CA view's, with the slot generation they came from
+    /// (one read, so the two agree); otherwise `bundle`'s, unordered.
+    ca: Option<Arc<crate::ca::manager::CaManager>>,
 }
 
 impl std::fmt::Debug for BundleEndpoint {
@@ -133,14 +136,33 @@ impl BundleEndpoint {
             clock,
             refresh_hint,
             sequences,
+            ca: None,
         }
+    }
+
+    /// Serves the CA view's keys with its slot generation (the server's endpoint).
+    pub fn following(mut self, ca: Arc<crate::ca::manager::CaManager>) -> Self {
+        self.ca = Some(ca);
+        self
     }
 
     /// The document for the current bundle, with the deployment's sequence for its keys
     /// ([`crate::store::FederationStore::bundle_endpoint_sequence`]: the same as long as the keys
     /// are, a larger one when they change, whichever replica answers).
     pub async fn document(&self) -> Result<serde_json::Value, ServeError> {
-        let current = self.bundle.current();
+        let (current, generation) = match &self.ca {
+            Some(ca) => {
+                let view = ca.view();
+                let generation = (!view.plugged)
+                    .then(|| i64::try_from(view.generation).ok())
+                    .flatten();
+                let mut b = (*self.bundle.current()).clone();
+                b.roots = view.roots.clone();
+                b.jwt_keys = view.jwt_keys.clone();
+                (Arc::new(b), generation)
+            }
+            None => (self.bundle.current(), None),
+        };
         let keys = bundle_document(&current, 0, self.refresh_hint)?;
         let mut keys_only = keys.clone();
         if let Some(o) = keys_only.as_object_mut() {
@@ -151,13 +173,26 @@ impl BundleEndpoint {
             &ring::digest::SHA256,
             keys_only.to_string().as_bytes(),
         ));
-        let sequence = self
-            .sequences
-            .bundle_endpoint_sequence(&sha, unix(self.clock.now()))
-            .await?;
         let mut doc = keys;
         if let Some(o) = doc.as_object_mut() {
-            o.insert("spiffe_sequence".into(), sequence.into());
+            o.remove("spiffe_sequence");
+        }
+        let decided = self
+            .sequences
+            .bundle_endpoint_sequence(&sha, generation, &doc.to_string(), unix(self.clock.now()))
+            .await?;
+        if let Some(newer) = decided.newer_document {
+            // This replica has not caught up with the deployment's keys yet: serve what the
+            // deployment published (written by a replica of the same code, so it reads).
+            match serde_json::from_str::<serde_json::Value>(&newer) {
+                Ok(v) => doc = v,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the stored bundle document does not read; serving this replica's")
+                }
+            }
+        }
+        if let Some(o) = doc.as_object_mut() {
+            o.insert("spiffe_sequence".into(), decided.sequence.into());
         }
         Ok(doc)
     }

@@ -26,7 +26,8 @@
 //!
 //! Each replica wakes when the earliest relationship is due (at most every
 //! [`MAX_IDLE_POLL`]), claims each due one ([`FederationStore::claim_refresh`]: one replica wins
-//! each fetch) and fetches it. The next fetch is due after the document's
+//! each fetch) and fetches it in a task of its own (at most [`MAX_CONCURRENT_FETCHES`] at
+//! once): one slow endpoint delays no other relationship. The next fetch is due after the document's
 //! `spiffe_refresh_hint` (or [`Settings::default_refresh`] without one), bounded by
 //! [`Settings::refresh_min`] and [`Settings::refresh_max`]; after a failure, after a
 //! jittered backoff from [`Settings::retry_base`] doubling up to that same interval. An
@@ -53,6 +54,9 @@ pub const PROFILE_STATIC: &str = "static";
 /// The longest a replica's refresh loop sleeps without looking at the database (relationships
 /// created or refreshed through another replica).
 pub const MAX_IDLE_POLL: Duration = Duration::from_secs(10);
+
+/// The most fetches one replica runs at once.
+pub const MAX_CONCURRENT_FETCHES: usize = 16;
 
 /// The audit caller of what the refresh loop does.
 const SYSTEM_CALLER: &str = "server";
@@ -107,6 +111,54 @@ pub struct Normalized {
 
 fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(ring::digest::digest(&ring::digest::SHA256, bytes))
+}
+
+/// A foreign trust domain as an operator names it (`partner.example` or
+/// `spiffe://partner.example`): a valid trust domain without empty labels (no leading,
+/// trailing or doubled dot: `a.test.` is not a second `a.test`), and not `own`.
+pub fn federated_trust_domain(given: &str, own: &TrustDomain) -> Result<TrustDomain, String> {
+    let td = TrustDomain::new(given).map_err(|e| {
+        format!(
+            "trust domain {}: {e}",
+            signet_types::untrusted::quoted(given)
+        )
+    })?;
+    let name = td.as_str();
+    if name.starts_with('.') || name.ends_with('.') || name.contains("..") {
+        return Err(format!(
+            "trust domain {}: a label is empty (a leading, trailing or doubled dot)",
+            signet_types::untrusted::quoted(given)
+        ));
+    }
+    if &td == own {
+        return Err(format!(
+            "{td} is this server's own trust domain; federate with foreign ones only"
+        ));
+    }
+    Ok(td)
+}
+
+/// Refuses a bundle whose X.509 authorities would break the relationship: one that is not a
+/// CA certificate, or a set of which none is valid at `now` (unix seconds; a bundle of expired
+/// roots would authenticate nothing, not even its own endpoint's next answer).
+pub fn check_authorities(b: &SpiffeBundle, now: i64) -> Result<(), String> {
+    for (i, c) in b.x509_authorities.iter().enumerate() {
+        if !c.is_ca() {
+            return Err(format!(
+                "X.509 authority {i} is not a CA certificate (basicConstraints cA is not set)"
+            ));
+        }
+    }
+    let valid =
+        |c: &signet_pki::ParsedCert| unix(c.not_before()) <= now && now < unix(c.not_after());
+    if !b.x509_authorities.is_empty() && !b.x509_authorities.iter().any(valid) {
+        return Err(
+            "no X.509 authority of the bundle is valid now (all expired or not yet \
+                    valid)"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// The stored form of `b`; refused when it holds no key, or a sequence too large to store.
@@ -246,7 +298,14 @@ pub fn new_relationship(
         if url.scheme() != "https" || url.host_str().is_none_or(str::is_empty) {
             return Err("bundle_endpoint_url must be an https:// URL with a host".into());
         }
-        if url_given.len() > MAX_URL || !url.username().is_empty() {
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(
+                "bundle_endpoint_url carries a query or a fragment: a secret there would \
+                        end up in logs and audit events; give the endpoint's path only"
+                    .into(),
+            );
+        }
+        if url_given.len() > MAX_URL || !url.username().is_empty() || url.password().is_some() {
             return Err("bundle_endpoint_url is too long or carries user info".into());
         }
     }
@@ -283,6 +342,7 @@ pub fn new_relationship(
         None
     } else {
         let b = read_bundle_input(bundle_given)?;
+        check_authorities(&b, now)?;
         if profile == PROFILE_HTTPS_SPIFFE && b.x509_authorities.is_empty() {
             return Err(
                 "the starting bundle of an https_spiffe relationship needs an X.509 \
@@ -443,7 +503,8 @@ impl Federation {
         declared: &[crate::config::RelationshipConfig],
     ) -> Result<(), String> {
         for d in declared {
-            let td = TrustDomain::new(&d.trust_domain).map_err(|e| e.to_string())?;
+            let td = federated_trust_domain(&d.trust_domain, &self.own)
+                .map_err(|e| format!("federation.relationships: {e}"))?;
             let bundle = match &d.bundle_file {
                 Some(path) => std::fs::read(path).map_err(|e| {
                     format!(
@@ -696,8 +757,12 @@ impl Federation {
             trust_anchors,
         };
         let bundle = self.source.fetch(&endpoint).await?;
+        check_authorities(&bundle, self.now()).map_err(|message| FetchFailure {
+            label: "document",
+            message,
+        })?;
         let normalized = normalize(&bundle).map_err(|message| FetchFailure {
-            label: "empty",
+            label: "document",
             message,
         })?;
         let held_sequence = row.bundle_sequence.and_then(|s| u64::try_from(s).ok());
@@ -802,17 +867,36 @@ impl Federation {
         Ok(Refreshed::Failed(message))
     }
 
-    /// The refresh loop of this replica, until `shutdown` resolves.
+    /// The refresh loop of this replica, until `shutdown` resolves. Each due fetch runs as a
+    /// task of its own (at most [`MAX_CONCURRENT_FETCHES`] at once), so a slow or silent
+    /// endpoint holds back only its own relationship, never another's schedule.
     pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
+        let mut fetching: tokio::task::JoinSet<()> = tokio::task::JoinSet::new();
+        let mut running: std::collections::HashSet<String> = std::collections::HashSet::new();
+        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         loop {
+            while let Ok(td) = done_rx.try_recv() {
+                running.remove(&td);
+            }
             let now = self.now();
             let wait = match self.store.due_relationships(now).await {
                 Ok((due, next)) => {
                     for td in due {
-                        if let Err(e) = self.refresh(&td, false).await {
-                            tracing::warn!(trust_domain = %td, error = %e, "federation refresh: store error");
+                        if running.len() >= MAX_CONCURRENT_FETCHES {
+                            break;
                         }
+                        if !running.insert(td.clone()) {
+                            continue;
+                        }
+                        let me = self.clone();
+                        let done = done_tx.clone();
+                        fetching.spawn(async move {
+                            if let Err(e) = me.refresh(&td, false).await {
+                                tracing::warn!(trust_domain = %td, error = %e, "federation refresh: store error");
+                            }
+                            let _ = done.send(td);
+                        });
                     }
                     next.map_or(MAX_IDLE_POLL, |n| {
                         Duration::from_secs(u64::try_from(n.saturating_sub(now)).unwrap_or(0))
@@ -825,8 +909,12 @@ impl Federation {
                 }
             };
             tokio::select! {
-                () = &mut shutdown => return,
+                () = &mut shutdown => {
+                    fetching.abort_all();
+                    return;
+                }
                 () = self.wake.notified() => {}
+                Some(_) = fetching.join_next(), if !fetching.is_empty() => {}
                 () = tokio::time::sleep(wait.max(Duration::from_millis(200))) => {}
             }
         }

@@ -474,3 +474,162 @@ async fn the_configuration_file_creates_what_the_database_lacks_and_never_overri
     }
     assert!(r.store.relationship("other.test").await.unwrap().is_none());
 }
+
+fn leaf_cert(cn: &str) -> ParsedCert {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+    ParsedCert::from_der(p.self_signed(&key).unwrap().der()).unwrap()
+}
+
+fn expired_root(cn: &str) -> ParsedCert {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+    p.not_before = rcgen::date_time_ymd(2000, 1, 1);
+    p.not_after = rcgen::date_time_ymd(2001, 1, 1);
+    ParsedCert::from_der(p.self_signed(&key).unwrap().der()).unwrap()
+}
+
+/// Review finding 4: names that would pass for our own domain, or for no domain.
+#[test]
+fn federated_trust_domains_have_no_empty_label_and_are_not_ours() {
+    let own = TrustDomain::new("a.test").unwrap();
+    for bad in [
+        "a.test.",
+        ".a.test",
+        "x..y",
+        ".",
+        "..",
+        "a.test",
+        "spiffe://A.TEST",
+        "spiffe://a.test/x",
+    ] {
+        assert!(federated_trust_domain(bad, &own).is_err(), "{bad} accepted");
+    }
+    assert_eq!(
+        federated_trust_domain("spiffe://Partner.test", &own)
+            .unwrap()
+            .as_str(),
+        "partner.test"
+    );
+}
+
+/// Review finding 5: authorities that are not CAs, or none valid now.
+#[test]
+fn authorities_must_be_cas_and_one_valid_now() {
+    let now = 1_800_000_000;
+    let ok = bundle(&[&root("r")], Some(1));
+    assert_eq!(check_authorities(&ok, now), Ok(()));
+    let leaf = bundle(&[&root("r"), &leaf_cert("leaf")], Some(1));
+    assert!(
+        check_authorities(&leaf, now)
+            .unwrap_err()
+            .contains("not a CA")
+    );
+    let expired = bundle(&[&expired_root("old")], Some(1));
+    assert!(
+        check_authorities(&expired, now)
+            .unwrap_err()
+            .contains("valid now")
+    );
+    // One valid root beside an expired one is fine (a rotation's tail).
+    let mixed = bundle(&[&expired_root("old"), &root("new")], Some(1));
+    assert_eq!(check_authorities(&mixed, now), Ok(()));
+}
+
+/// Review finding 6: a query (a token) in the endpoint URL would be logged and audited.
+#[test]
+fn endpoint_urls_carry_no_query_fragment_or_user_info() {
+    let td = TrustDomain::new("partner.test").unwrap();
+    for url in [
+        "https://p.test/?token=s3cr3t",
+        "https://p.test/#x",
+        "https://u:p@p.test/",
+        "http://p.test/",
+    ] {
+        let err = new_relationship(&td, url, PROFILE_HTTPS_WEB, "", b"", 1).unwrap_err();
+        assert!(err.contains("bundle_endpoint_url"), "{url}: {err}");
+    }
+    assert!(
+        new_relationship(
+            &td,
+            "https://p.test:8443/bundle",
+            PROFILE_HTTPS_WEB,
+            "",
+            b"",
+            1
+        )
+        .is_ok()
+    );
+}
+
+/// A source whose answer for `slow.test` never comes.
+struct OneHangs;
+
+#[async_trait]
+impl BundleSource for OneHangs {
+    async fn fetch(&self, endpoint: &Endpoint) -> Result<SpiffeBundle, FetchFailure> {
+        if endpoint.trust_domain == "slow.test" {
+            std::future::pending::<()>().await;
+        }
+        Ok(bundle(&[&root("fast")], Some(2)))
+    }
+}
+
+/// Review finding 2: one endpoint that never answers holds back no other relationship.
+#[tokio::test]
+async fn a_silent_endpoint_holds_back_no_other_relationship() {
+    let r = rig().await;
+    let federation = Arc::new(Federation::new(
+        r.store.clone(),
+        Arc::new(OneHangs),
+        Arc::new(r.clock.clone()),
+        AuditLog::spawn(r.store.clone(), 64),
+        Metrics::new(),
+        Settings {
+            refresh_min: Duration::from_secs(30),
+            refresh_max: Duration::from_secs(3600),
+            default_refresh: Duration::from_secs(300),
+            retry_base: Duration::from_secs(5),
+            lease: Duration::from_secs(60),
+        },
+        TrustDomain::new("own.test").unwrap(),
+    ));
+    let held = normalize(&bundle(&[&root("h")], Some(1))).unwrap();
+    let now = federation.now();
+    // The silent one is due first.
+    r.store
+        .create_relationship(&relationship("slow.test", &held, now - 10))
+        .await
+        .unwrap();
+    r.store
+        .create_relationship(&relationship("fast.test", &held, now))
+        .await
+        .unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let loop_ = tokio::spawn(federation.clone().run(async move {
+        let _ = stop_rx.await;
+    }));
+    // At most 10 s (500 polls of 20 ms).
+    for polls in 0.. {
+        let fast = r
+            .store
+            .relationship("fast.test")
+            .await
+            .unwrap()
+            .unwrap()
+            .row;
+        if fast.bundle_sequence == Some(2) {
+            break;
+        }
+        assert!(
+            polls < 500,
+            "fast.test was never refreshed while slow.test hung"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop_tx.send(());
+    loop_.await.unwrap();
+}

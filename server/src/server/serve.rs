@@ -65,12 +65,15 @@ pub(super) async fn serve(
     spawn_admin(&mut tasks, &cfg, &parts, admin, health);
     spawn_http(&mut tasks, &cfg, &parts, http, probes);
     if let Some((listener, tls)) = bundle_endpoint {
-        let endpoint = Arc::new(crate::federation::BundleEndpoint::new(
-            parts.bundle.clone(),
-            parts.clock.clone(),
-            cfg.published_refresh(),
-            parts.store.clone(),
-        ));
+        let endpoint = Arc::new(
+            crate::federation::BundleEndpoint::new(
+                parts.bundle.clone(),
+                parts.clock.clone(),
+                cfg.published_refresh(),
+                parts.store.clone(),
+            )
+            .following(parts.manager.clone()),
+        );
         tasks.spawn_listener(
             "SPIFFE bundle endpoint",
             crate::federation::serve(

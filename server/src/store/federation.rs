@@ -16,8 +16,10 @@
 //!   so the agents that need the bundle fetch their entries again (the entry-change path: pushed
 //!   on every replica's node streams, `pg_notify` on PostgreSQL).
 //! - **The own sequence.** [`FederationStore::bundle_endpoint_sequence`] keeps one row: the
-//!   sequence served with a document whose content hash is stored beside it; a replica serving
-//!   other content moves it to `max(stored + 1, now)`. It never goes down, whichever replica a
+//!   sequence, the hash of the keys it was given to, their CA slot generation and the document.
+//!   A replica whose generation is behind serves that stored document (it has not caught up
+//!   with a rotation yet); one with newer keys moves the sequence to `max(stored + 1, now)`. So
+//!   the sequence never goes down and never comes back with older keys, whichever replica a
 //!   relying party reaches.
 //!
 //! A relationship is deleted only when no entry federates with it, checked in the deleting
@@ -77,6 +79,19 @@ pub enum BundleReplace {
     /// The stored document is no longer the one compared against (another replica wrote
     /// first), or the relationship is gone: nothing written.
     Conflict,
+}
+
+/// What [`FederationStore::bundle_endpoint_sequence`] decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointSequence {
+    pub sequence: u64,
+    /// A newer document than the caller's, to serve instead of its own.
+    pub newer_document: Option<String>,
+}
+
+/// Whether a replica at `mine` is behind the stored `stored` generation.
+pub(super) fn behind(mine: Option<i64>, stored: Option<i64>) -> bool {
+    matches!((mine, stored), (Some(m), Some(s)) if m < s)
 }
 
 /// How [`FederationStore::delete_relationship`] went.
@@ -150,14 +165,19 @@ pub trait FederationStore: Send + Sync + 'static {
         trust_domains: &[&str],
     ) -> Result<Vec<(String, String)>, StoreError>;
 
-    /// The own bundle endpoint's `spiffe_sequence` for a document whose content hash is
-    /// `content_sha256`: the stored one if the stored hash is the same, else `max(stored + 1,
-    /// now)` stored with this hash.
+    /// The own bundle endpoint's `spiffe_sequence` for `document`, whose keys hash to
+    /// `content_sha256` and come from CA slot generation `generation` (None: unordered, a
+    /// plugged-in CA): the stored sequence if the stored hash is the same; the stored sequence
+    /// *and document* if the stored generation is newer than this one (this replica has not
+    /// caught up: it serves what the deployment published, never older keys under a newer
+    /// number); else `max(stored + 1, now)`, stored with this hash, generation and document.
     async fn bundle_endpoint_sequence(
         &self,
         content_sha256: &str,
+        generation: Option<i64>,
+        document: &str,
         now: i64,
-    ) -> Result<u64, StoreError>;
+    ) -> Result<EndpointSequence, StoreError>;
 }
 
 /// The `federation_relationships` columns of a [`RelationshipRow`], in its fields' order.
@@ -503,46 +523,60 @@ macro_rules! impl_federation_store {
             async fn bundle_endpoint_sequence(
                 &self,
                 content_sha256: &str,
+                generation: Option<i64>,
+                document: &str,
                 now: i64,
-            ) -> Result<u64, StoreError> {
-                let read = sqlx::query_as::<_, (i64, String)>(
-                    "SELECT sequence, content_sha256 FROM bundle_endpoint_sequence WHERE id = 1",
-                );
-                // The common case, one read: the content served is the one stored.
-                if let Some((seq, sha)) = read.fetch_optional(&self.pool).await.map_err($map)?
-                    && sha == content_sha256
-                {
-                    return Ok(u64::try_from(seq).unwrap_or(0));
+            ) -> Result<$crate::store::federation::EndpointSequence, StoreError> {
+                use $crate::store::federation::{EndpointSequence, behind};
+                const READ: &str = "SELECT sequence, content_sha256, generation, document \
+                                    FROM bundle_endpoint_sequence WHERE id = 1";
+                let decide = |seq: i64, sha: &str, gen_: Option<i64>, doc: String| {
+                    let sequence = u64::try_from(seq).unwrap_or(0);
+                    if sha == content_sha256 {
+                        Some(EndpointSequence { sequence, newer_document: None })
+                    } else if behind(generation, gen_) && !doc.is_empty() {
+                        Some(EndpointSequence { sequence, newer_document: Some(doc) })
+                    } else {
+                        None
+                    }
+                };
+                // The common cases, one read: the keys served are the ones stored, or this
+                // replica is behind and serves the stored document.
+                let (seq, sha, gen_, doc): (i64, String, Option<i64>, String) =
+                    sqlx::query_as(READ).fetch_one(&self.pool).await.map_err($map)?;
+                if let Some(d) = decide(seq, &sha, gen_, doc) {
+                    return Ok(d);
                 }
                 let mut tx = self.begin_write().await?;
                 // Lock the one row first (PostgreSQL: a row lock; SQLite's write transaction
-                // holds the database), so two replicas serving new content take two sequences.
+                // holds the database), so two replicas serving new keys take two sequences.
                 sqlx::query("UPDATE bundle_endpoint_sequence SET sequence = sequence WHERE id = 1")
                     .execute(&mut *tx)
                     .await
                     .map_err($map)?;
-                let (stored, sha): (i64, String) = sqlx::query_as(
-                    "SELECT sequence, content_sha256 FROM bundle_endpoint_sequence WHERE id = 1",
-                )
-                .fetch_one(&mut *tx)
-                .await
-                .map_err($map)?;
-                let seq = if sha == content_sha256 {
-                    stored
-                } else {
-                    stored.saturating_add(1).max(now)
-                };
+                let (seq, sha, gen_, doc): (i64, String, Option<i64>, String) =
+                    sqlx::query_as(READ).fetch_one(&mut *tx).await.map_err($map)?;
+                if let Some(d) = decide(seq, &sha, gen_, doc) {
+                    tx.rollback().await.map_err($map)?;
+                    return Ok(d);
+                }
+                let next = seq.saturating_add(1).max(now);
                 sqlx::query(
-                    "UPDATE bundle_endpoint_sequence SET sequence = $1, content_sha256 = $2 \
-                     WHERE id = 1",
+                    "UPDATE bundle_endpoint_sequence SET sequence = $1, content_sha256 = $2, \
+                     generation = $3, document = $4 WHERE id = 1",
                 )
-                .bind(seq)
+                .bind(next)
                 .bind(content_sha256)
+                .bind(generation)
+                .bind(document)
                 .execute(&mut *tx)
                 .await
                 .map_err($map)?;
                 tx.commit().await.map_err($map)?;
-                Ok(u64::try_from(seq).unwrap_or(0))
+                Ok(EndpointSequence {
+                    sequence: u64::try_from(next).unwrap_or(0),
+                    newer_document: None,
+                })
             }
         }
     };

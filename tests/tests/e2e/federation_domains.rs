@@ -895,6 +895,13 @@ async fn two_replicas_on_one_database_converge_on_one_bundle_and_one_sequence() 
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Once the new keys were served, the old ones never come back (review finding 1: a
+    // replica behind the rotation served its older keys under a newer sequence).
+    let first_new = seen.iter().position(|x| x.1.len() == 2).unwrap();
+    assert!(
+        seen[first_new..].iter().all(|x| x.1.len() == 2),
+        "older keys served after newer ones: {seen:?}"
+    );
     for w in seen.windows(2) {
         assert!(w[1].0 >= w[0].0, "the sequence went down: {seen:?}");
         if w[1].0 == w[0].0 {
@@ -950,6 +957,33 @@ async fn signetctl_federation_manages_a_static_relationship() {
     );
     let listed = ok(&["federation", "list", "--json"]);
     assert_eq!(listed.lines().count(), 1, "{listed}");
+    // Summaries only (review finding 3: whole documents outgrew the message); show has them.
+    let summary: serde_json::Value = serde_json::from_str(listed.trim()).unwrap();
+    assert!(summary["bundle_document"].is_null(), "{summary}");
+    refused(
+        &[
+            "federation",
+            "create",
+            "--trust-domain",
+            "p.test.",
+            "--bundle-file",
+            pem_arg,
+        ],
+        "a label is empty",
+    );
+    refused(
+        &[
+            "federation",
+            "create",
+            "--trust-domain",
+            "q.test",
+            "--bundle-endpoint-url",
+            "https://q.test/?token=s3cr3t",
+            "--profile",
+            "https_web",
+        ],
+        "query",
+    );
     refused(
         &[
             "federation",

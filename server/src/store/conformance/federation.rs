@@ -1,11 +1,12 @@
 //! The [`FederationStore`] part of the conformance suite: what replicas sharing one database
 //! agree on — one claim per due fetch, one bundle written per compare-and-set, one own
-//! bundle-endpoint sequence that never goes down.
+//! bundle-endpoint sequence that never goes down nor comes back with older keys.
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 
 use super::Db;
+use crate::store::federation::EndpointSequence;
 use crate::store::{BundleReplace, BundleWrite, FederationStore, RelationshipRow};
 
 conformance!(
@@ -35,33 +36,66 @@ fn row(td: &str) -> RelationshipRow {
 async fn replicas_share_one_bundle_endpoint_sequence(db: Db) {
     let a: Arc<dyn FederationStore> = db.store.clone();
     let b: Arc<dyn FederationStore> = db.another().await;
-    // The first content takes the clock's value; the same content keeps it on every replica.
+    let seq = |e: EndpointSequence| {
+        assert_eq!(e.newer_document, None);
+        e.sequence
+    };
+    // The first keys take the clock's value; the same keys keep it on every replica.
     assert_eq!(
-        a.bundle_endpoint_sequence("h1", 1_000).await.unwrap(),
+        seq(a
+            .bundle_endpoint_sequence("h1", Some(1), "d1", 1_000)
+            .await
+            .unwrap()),
         1_000
     );
     assert_eq!(
-        b.bundle_endpoint_sequence("h1", 5_000).await.unwrap(),
+        seq(b
+            .bundle_endpoint_sequence("h1", Some(1), "d1", 5_000)
+            .await
+            .unwrap()),
         1_000
     );
-    // New content: at least previous + 1, even with a clock behind.
-    assert_eq!(b.bundle_endpoint_sequence("h2", 10).await.unwrap(), 1_001);
-    // A replica still serving the old content moves it on again (never down).
-    assert_eq!(a.bundle_endpoint_sequence("h1", 10).await.unwrap(), 1_002);
-    // Racing replicas with new content take distinct sequences, none below the last.
+    // Newer keys (a newer generation): at least previous + 1, even with a clock behind.
+    assert_eq!(
+        seq(b
+            .bundle_endpoint_sequence("h2", Some(2), "d2", 10)
+            .await
+            .unwrap()),
+        1_001
+    );
+    // A replica still at generation 1 serves the stored document and sequence: never its
+    // older keys under a newer number, and nothing written.
+    let behind = a
+        .bundle_endpoint_sequence("h1", Some(1), "d1", 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        behind,
+        EndpointSequence {
+            sequence: 1_001,
+            newer_document: Some("d2".into())
+        }
+    );
+    // Unordered keys (a plugged-in CA) that differ move it on.
+    assert_eq!(
+        seq(a
+            .bundle_endpoint_sequence("h3", None, "d3", 10)
+            .await
+            .unwrap()),
+        1_002
+    );
+    // Racing replicas with new keys of newer generations take distinct sequences.
     let racers = (0..8).map(|i| {
         let s = if i % 2 == 0 { a.clone() } else { b.clone() };
         async move {
-            s.bundle_endpoint_sequence(&format!("r{i}"), 0)
+            s.bundle_endpoint_sequence(&format!("r{i}"), Some(10 + i), "d", 0)
                 .await
                 .unwrap()
+                .sequence
         }
     });
-    let mut got = futures::future::join_all(racers).await;
-    got.sort_unstable();
-    got.dedup();
-    assert_eq!(got.len(), 8, "{got:?}");
-    assert!(got[0] > 1_002);
+    let got = futures::future::join_all(racers).await;
+    assert!(got.iter().all(|s| *s > 1_002), "{got:?}");
 }
 
 async fn racing_replicas_claim_a_fetch_once_and_write_a_bundle_once(db: Db) {
