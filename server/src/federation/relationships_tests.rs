@@ -135,17 +135,15 @@ struct Rig {
     _dir: tempfile::TempDir,
 }
 
-async fn rig() -> Rig {
-    let dir = tempfile::tempdir().unwrap();
-    let url = signet_testutil::sqlite_url(&dir.path().join("db"));
-    let store = crate::store::connect(&url, Duration::from_secs(5))
-        .await
-        .unwrap();
-    let clock = FakeClock::at_unix(1_800_000_000);
-    let source = Arc::new(Scripted::default());
-    let federation = Federation::new(
+/// A federation of `own.test` over `store`, fetching from `source`.
+fn federation_over(
+    store: &Arc<dyn Store>,
+    source: Arc<dyn BundleSource>,
+    clock: &FakeClock,
+) -> Federation {
+    Federation::new(
         store.clone(),
-        source.clone(),
+        source,
         Arc::new(clock.clone()),
         AuditLog::spawn(store.clone(), 64),
         Metrics::new(),
@@ -157,7 +155,18 @@ async fn rig() -> Rig {
             lease: Duration::from_secs(60),
         },
         TrustDomain::new("own.test").unwrap(),
-    );
+    )
+}
+
+async fn rig() -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let url = signet_testutil::sqlite_url(&dir.path().join("db"));
+    let store = crate::store::connect(&url, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let clock = FakeClock::at_unix(1_800_000_000);
+    let source = Arc::new(Scripted::default());
+    let federation = federation_over(&store, source.clone(), &clock);
     Rig {
         store,
         source,
@@ -582,21 +591,7 @@ impl BundleSource for OneHangs {
 #[tokio::test]
 async fn a_silent_endpoint_holds_back_no_other_relationship() {
     let r = rig().await;
-    let federation = Arc::new(Federation::new(
-        r.store.clone(),
-        Arc::new(OneHangs),
-        Arc::new(r.clock.clone()),
-        AuditLog::spawn(r.store.clone(), 64),
-        Metrics::new(),
-        Settings {
-            refresh_min: Duration::from_secs(30),
-            refresh_max: Duration::from_secs(3600),
-            default_refresh: Duration::from_secs(300),
-            retry_base: Duration::from_secs(5),
-            lease: Duration::from_secs(60),
-        },
-        TrustDomain::new("own.test").unwrap(),
-    ));
+    let federation = Arc::new(federation_over(&r.store, Arc::new(OneHangs), &r.clock));
     let held = normalize(&bundle(&[&root("h")], Some(1))).unwrap();
     let now = federation.now();
     // The silent one is due first.

@@ -664,16 +664,14 @@ fn rand_suffix() -> u64 {
         .as_nanos() as u64
 }
 
-/// a.test (server and agent) federating with partner.test served by an independent endpoint
-/// at sequence 5; the entry for this uid federates, the one for `nobody` does not.
-pub(crate) async fn with_partner() -> Option<(Domain, Partner, PartnerEndpoint)> {
-    let tokens = TokenIssuer::new("k1");
-    let server = Domain::server("a.test", &tokens, "").await?;
+/// partner.test (a root, a JWT key) served by an independent endpoint at sequence 5, and
+/// `server`'s https_spiffe relationship with it, its first fetch accepted.
+async fn federate_with_partner(server: &Server) -> (Partner, PartnerEndpoint) {
     let partner = Partner::new();
     let (chain, key) = partner.leaf("spiffe://partner.test/bundle-endpoint");
     let endpoint = PartnerEndpoint::start(&chain, &key).await;
     endpoint.serve(&partner.document(5));
-    let r = federation_admin(&server)
+    let r = federation_admin(server)
         .await
         .create_relationship(CreateRelationshipRequest {
             trust_domain: "partner.test".into(),
@@ -687,6 +685,15 @@ pub(crate) async fn with_partner() -> Option<(Domain, Partner, PartnerEndpoint)>
         .into_inner();
     assert!(r.last_error.is_empty(), "{r:?}");
     assert_eq!(r.sequence, 5, "{r:?}");
+    (partner, endpoint)
+}
+
+/// a.test (server and agent) federating with partner.test served by an independent endpoint
+/// at sequence 5; the entry for this uid federates, the one for `nobody` does not.
+pub(crate) async fn with_partner() -> Option<(Domain, Partner, PartnerEndpoint)> {
+    let tokens = TokenIssuer::new("k1");
+    let server = Domain::server("a.test", &tokens, "").await?;
+    let (partner, endpoint) = federate_with_partner(&server).await;
     let a = Domain::start_agent(server, "partner.test").await;
     Some((a, partner, endpoint))
 }
@@ -842,23 +849,7 @@ async fn two_replicas_on_one_database_converge_on_one_bundle_and_one_sequence() 
     };
     let (a, b) = tokio::join!(start(), start());
 
-    let partner = Partner::new();
-    let (chain, key) = partner.leaf("spiffe://partner.test/bundle-endpoint");
-    let endpoint = PartnerEndpoint::start(&chain, &key).await;
-    endpoint.serve(&partner.document(5));
-    let created = federation_admin(&a)
-        .await
-        .create_relationship(CreateRelationshipRequest {
-            trust_domain: "partner.test".into(),
-            bundle_endpoint_url: endpoint.url(),
-            profile: "https_spiffe".into(),
-            endpoint_spiffe_id: "spiffe://partner.test/bundle-endpoint".into(),
-            bundle: partner.root_cert.pem().into_bytes(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(created.last_error.is_empty(), "{created:?}");
+    let (partner, endpoint) = federate_with_partner(&a).await;
     // Both replicas see it (one database) and race a refresh of a newer document.
     endpoint.serve(&partner.document(6));
     let (ra, rb) = tokio::join!(refresh(&a, "partner.test"), refresh(&b, "partner.test"));
