@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backoff;
+pub mod bundle_configmap;
 pub mod certificate;
 pub mod certmanager;
 pub mod citadel;

@@ -76,6 +76,11 @@ struct RunArgs {
     /// cert-manager's --enable-certificate-owner-ref).
     #[arg(long, env = "SIGNET_K8S_CERTIFICATE_OWNER_REF")]
     certificate_owner_ref: bool,
+    /// Keeps this ConfigMap of the bridge's namespace (key `ca.crt`: what agents bootstrap
+    /// from, e.g. `signet-bundle`) at the server's current roots, rewritten on every change
+    /// (needs --server; the ConfigMap is created at install, deploy/README.md).
+    #[arg(long, env = "SIGNET_K8S_BUNDLE_CONFIGMAP")]
+    bundle_configmap: Option<String>,
     /// Citadel compatibility in namespaces labelled signet.dev/citadel=enabled (needs
     /// --server and --bundle).
     #[arg(long, env = "SIGNET_K8S_CITADEL")]
@@ -196,6 +201,9 @@ fn bridge_config(args: &RunArgs) -> anyhow::Result<BridgeConfig> {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let bridge = Arc::new(bridge_config(&args)?);
+    if args.bundle_configmap.is_some() && bridge.server.is_none() {
+        anyhow::bail!("--bundle-configmap needs --server (the bundle comes from its WatchBundle)");
+    }
     match &bridge.server {
         Some(s) => tracing::info!(
             server = %s.address,
@@ -292,10 +300,28 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             .await;
         }
     };
+    let bundle_configmap = {
+        let client = client.clone();
+        let namespace = args.namespace.clone();
+        let name = args.bundle_configmap.clone();
+        let bundle = operator_bundle(&bridge);
+        async move {
+            if let Some(name) = name {
+                tracing::info!(%namespace, configmap = %name, "keeping the trust bundle ConfigMap current");
+                signet_k8s::bundle_configmap::run(client, namespace, name, bundle).await;
+            }
+        }
+    };
     let citadel = citadel(args.citadel, &bridge, client.clone());
     tracing::info!(namespace = %args.namespace, "signet-k8s running");
-    let (_, _, _, _, citadel) =
-        tokio::join!(requests, issuers, cluster_issuers, standalone, citadel);
+    let (_, _, _, _, _, citadel) = tokio::join!(
+        requests,
+        issuers,
+        cluster_issuers,
+        standalone,
+        bundle_configmap,
+        citadel
+    );
     citadel
 }
 

@@ -270,3 +270,80 @@ async fn k8s_citadel_secret_and_root_configmap_from_the_real_server() {
     openssl_verify(&chain, &server.bundle_pem).unwrap();
     watcher.abort();
 }
+
+/// The trust bundle ConfigMap (`--bundle-configmap`) follows the real server's roots: left
+/// alone while they are the ones installed, rewritten with both roots once a new root is
+/// prepared (published before it signs), byte for byte the server's bundle.
+#[tokio::test]
+async fn k8s_bundle_configmap_follows_a_root_rotation_of_the_real_server() {
+    use signet_k8s::{bundle_configmap, citadel};
+    let tokens = TokenIssuer::new("k1");
+    let Some(server) = pg_server(&tokens, BRIDGE).await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("token"),
+        tokens.token("signet-system", "signet-k8s"),
+    )
+    .unwrap();
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let watcher = tokio::spawn(citadel::watch_bundle(
+        server.channel().await,
+        Some(dir.path().join("token")),
+        tx,
+    ));
+    let installed = |roots: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "signet-bundle", "namespace": "signet-system", "uid": "cm-1",
+                "resourceVersion": "3"},
+            "data": {"ca.crt": roots}})
+    };
+    let first = String::from_utf8(server.bundle_pem.clone()).unwrap();
+    let cm = "/api/v1/namespaces/signet-system/configmaps/signet-bundle";
+    let (client, api) = scripted(vec![
+        // The first bundle: the installed roots, nothing written.
+        Expect::reply("GET", cm, 200, installed(&first)),
+        // After the rotation: rewritten.
+        Expect::reply("GET", cm, 200, installed(&first)),
+        Expect::exchange(
+            "PATCH",
+            format!("{cm}?&force=true&fieldManager=signet-k8s"),
+            applied("cm-1"),
+        ),
+    ]);
+    let mut first_seen = rx.clone();
+    let run = tokio::spawn(bundle_configmap::run(
+        client,
+        "signet-system".into(),
+        "signet-bundle".into(),
+        rx,
+    ));
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        first_seen.wait_for(Option::is_some),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let out = server.signetctl(&["ca", "prepare", "--root"]);
+    assert!(out.status.success(), "{out:?}");
+    let seen = tokio::time::timeout(Duration::from_secs(30), api)
+        .await
+        .expect("the ConfigMap is rewritten after the rotation")
+        .unwrap();
+    let written = seen[2].body["data"]["ca.crt"].as_str().unwrap().to_owned();
+    let now_served = std::fs::read(server.bundle_path()).unwrap();
+    assert_eq!(
+        signet_types::pem::parse_certs(written.as_bytes())
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(
+        signet_types::pem::parse_certs(written.as_bytes()).unwrap(),
+        signet_types::pem::parse_certs(&now_served).unwrap()
+    );
+    run.abort();
+    watcher.abort();
+}
