@@ -173,6 +173,7 @@ async fn planted_links_and_foreign_pids_are_refused_and_clean_sinks_keep_working
     let first_a = next_delivery(30, "data-link delivered", &crt(&data_link), None).await;
     let first_b = next_delivery(10, "gen-link delivered", &crt(&gen_link), None).await;
     next_delivery(10, "shared-ok delivered", &crt(&shared_ok), None).await;
+    let first_clean = next_delivery(10, "clean delivered", &crt(&clean), None).await;
     // The owner's process got its signal.
     eventually(10, "the workload's process signalled", || async {
         (hups(&logs.join("app")) >= 1).then_some(())
@@ -192,10 +193,26 @@ async fn planted_links_and_foreign_pids_are_refused_and_clean_sinks_keep_working
     std::os::unix::fs::symlink(&victim_b, &current).unwrap();
     let named_like_a_generation = gen_link.join("..signet-1-2-3");
     std::os::unix::fs::symlink(&victim_b, &named_like_a_generation).unwrap();
+    // Links named like the federated bundle files the agent removes when a trust domain is no
+    // longer federated (it scans `federated-*` at every delivery): one to a victim, one
+    // pointing into `..data` as the agent's own do.
+    let planted_federated = clean.join("federated-evil.test.pem");
+    std::os::unix::fs::symlink(victim_b.join("precious"), &planted_federated).unwrap();
+    let mimic = clean.join("federated-mimic.test.pem");
+    std::os::unix::fs::symlink("..data/federated-mimic.test.pem", &mimic).unwrap();
 
     // The next rotation goes through both directories.
     next_delivery(20, "data-link rotated", &crt(&data_link), Some(&first_a)).await;
     next_delivery(20, "gen-link rotated", &crt(&gen_link), Some(&first_b)).await;
+    next_delivery(20, "clean rotated", &crt(&clean), Some(&first_clean)).await;
+    // The link to a victim is not the agent's: left as it is, never followed.
+    assert_eq!(
+        std::fs::read_link(&planted_federated).unwrap(),
+        victim_b.join("precious")
+    );
+    // The one shaped like the agent's own (a dangling link in the workload's directory) is
+    // removed as a link.
+    assert!(std::fs::symlink_metadata(&mimic).is_err());
     assert_intact(&victim_a);
     assert_intact(&victim_b);
     assert_intact(&victim_c);
