@@ -6,6 +6,7 @@ use std::path::PathBuf;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/signet/ca/v1/ca.proto",
+        "proto/signet/ca/v1/registration.proto",
         "proto/signet/admin/v1/admin.proto",
         "proto/signet/admin/v1/ledger_admin.proto",
         "proto/signet/admin/v1/revocation_admin.proto",

@@ -485,6 +485,7 @@ mod tests {
             serial: "ab".into(),
             not_after: 2,
             attestation: "join_token".into(),
+            selectors: vec!["signet:attestation:join_token".into()],
         });
         assert_eq!((n.node_id.as_str(), n.banned, n.not_after), ("n1", true, 2));
         let e = RegisteredEntry::from(pb::EntryRecord {
@@ -498,6 +499,8 @@ mod tests {
             created_at: 3,
             jwt_ttl_seconds: 0,
             federates_with: vec!["partner.example".into()],
+            owner: String::new(),
+            owner_scope: String::new(),
         });
         assert_eq!((e.id.as_str(), e.ttl_seconds, e.revision), ("e1", 60, 4));
     }

@@ -15,9 +15,10 @@ use std::sync::Arc;
 
 use signet_proto::admin::{
     BanNodeRequest, BatchCreateEntriesRequest, BatchCreateEntriesResponse, CreateEntryRequest,
-    CreateJoinTokenRequest, CreateJoinTokenResponse, DeleteEntryRequest, DeleteEntryResponse,
-    EntryRecord, ListEntriesRequest, ListEntriesResponse, ListNodesRequest, ListNodesResponse,
-    NodeRecord, node_admin_server::NodeAdmin,
+    CreateJoinTokenRequest, CreateJoinTokenResponse, CreateNodeSetRequest, DeleteEntryRequest,
+    DeleteEntryResponse, DeleteNodeSetRequest, DeleteNodeSetResponse, EntryRecord,
+    ListEntriesRequest, ListEntriesResponse, ListNodeSetsRequest, ListNodeSetsResponse,
+    ListNodesRequest, ListNodesResponse, NodeRecord, NodeSetRecord, node_admin_server::NodeAdmin,
 };
 use tonic::{Request, Response, Status};
 
@@ -97,6 +98,7 @@ fn node_to_proto(n: NodeRow) -> NodeRecord {
         serial: n.last_serial,
         not_after: n.not_after,
         attestation: n.attestation,
+        selectors: Vec::new(),
     }
 }
 
@@ -112,6 +114,8 @@ fn entry_to_record(e: EntryRow) -> EntryRecord {
         created_at: e.created_at,
         jwt_ttl_seconds: e.jwt_ttl_seconds,
         federates_with: e.federates_with,
+        owner: String::new(),
+        owner_scope: String::new(),
     }
 }
 
@@ -338,6 +342,34 @@ impl NodeAdmin for NodeAdminApi {
         Ok(Response::new(ListEntriesResponse {
             entries: rows.into_iter().map(entry_to_record).collect(),
         }))
+    }
+
+    // Node sets land with issue 29's node-set change; until then the admin socket says so.
+    async fn create_node_set(
+        &self,
+        _request: Request<CreateNodeSetRequest>,
+    ) -> Result<Response<NodeSetRecord>, Status> {
+        Err(Status::unimplemented(
+            "node sets are not available in this build",
+        ))
+    }
+
+    async fn list_node_sets(
+        &self,
+        _request: Request<ListNodeSetsRequest>,
+    ) -> Result<Response<ListNodeSetsResponse>, Status> {
+        Err(Status::unimplemented(
+            "node sets are not available in this build",
+        ))
+    }
+
+    async fn delete_node_set(
+        &self,
+        _request: Request<DeleteNodeSetRequest>,
+    ) -> Result<Response<DeleteNodeSetResponse>, Status> {
+        Err(Status::unimplemented(
+            "node sets are not available in this build",
+        ))
     }
 
     async fn delete_entry(
