@@ -26,6 +26,7 @@ pub mod dns;
 pub mod fuzzing;
 pub mod ledger;
 pub mod node;
+pub mod node_set;
 pub mod pem;
 pub mod selector;
 mod spiffe_id;
