@@ -13,6 +13,7 @@
 //! | `audit` | [`AuditStore`] | denials and admin actions |
 //! | `pins` | [`PinStore`] | what every server sharing the database must agree on (trust domain, CA mode) |
 //! | `nodes` | [`NodeStore`] | join tokens, attested nodes, registration entries |
+//! | `registration` | [`RegistrationStore`] | entries a registrar (the Kubernetes bridge) owns, synced per scope |
 //! | `entry_events` | (part of [`NodeStore`]) | entry-change notifications to every replica (LISTEN/NOTIFY) |
 //! | `paging` | (over [`LedgerStore`]) | keyset pages of the ledger and their opaque tokens |
 //!
@@ -72,6 +73,7 @@ pub mod nodes;
 pub mod paging;
 pub mod pins;
 mod postgres;
+pub mod registration;
 pub mod revocations;
 mod rows;
 mod sqlite;
@@ -95,6 +97,7 @@ pub use nodes::{BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, NodeStore
 pub use paging::{CertQuery, Order, certificates_page, jwt_svids_page};
 pub use pins::{Pin, PinEvidence, PinStore};
 pub use postgres::PgStore;
+pub use registration::{RegistrationStore, SyncResult};
 pub use revocations::{CertFilter, EventRow, NewRevocation, RevocationOutcome, RevocationStore};
 pub use sqlite::SqliteStore;
 
@@ -110,6 +113,7 @@ pub trait Store:
     + RevocationStore
     + PinStore
     + FederationStore
+    + RegistrationStore
 {
 }
 
@@ -122,6 +126,7 @@ impl<T> Store for T where
         + RevocationStore
         + PinStore
         + FederationStore
+        + RegistrationStore
         + ?Sized
 {
 }

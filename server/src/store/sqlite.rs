@@ -235,6 +235,7 @@ super::ca_slots::impl_ca_slot_store!(SqliteStore, map_err);
 super::nodes::impl_node_store!(SqliteStore, map_err);
 super::pins::impl_pin_store!(SqliteStore, map_err);
 super::federation::impl_federation_store!(SqliteStore, map_err);
+super::registration::impl_registration_store!(SqliteStore, map_err);
 
 /// The batch inserts: one statement per row (SQLite has no array parameters; inside one
 /// transaction the rows cost no extra fsync).

@@ -83,6 +83,7 @@ mod jwt_svids;
 mod ledger;
 mod nodes;
 mod pins;
+mod registration;
 mod revocations;
 
 conformance!(migrations_are_idempotent);
