@@ -29,6 +29,7 @@ mod node_psat;
 mod nodes;
 mod plugged;
 mod readme;
+mod registration;
 mod revocation;
 mod rotation_handshakes;
 mod sds;
