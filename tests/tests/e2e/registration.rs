@@ -273,6 +273,15 @@ async fn registration_is_off_without_node_sets() {
     else {
         return;
     };
+    // Served (and SERVING) on the TLS port all the same.
+    let st = tonic_health::pb::health_client::HealthClient::new(server.channel().await)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "signet.ca.v1.Registration".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(st.status, 1, "SERVING");
     let err = sync(
         &server,
         &tokens.token("signet-system", "signet-k8s"),
