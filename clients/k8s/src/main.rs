@@ -109,9 +109,12 @@ struct RunArgs {
     /// How often a follower tries to acquire and the leader renews.
     #[arg(long, env = "SIGNET_K8S_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
     retry_period: std::time::Duration,
-    /// Serve `/healthz`, `/readyz` and `/metrics` here (e.g. `0.0.0.0:8081`).
+    /// Serve `/healthz` and `/readyz` here (e.g. `0.0.0.0:8081`).
     #[arg(long, env = "SIGNET_K8S_HEALTH_ADDR")]
     health_addr: Option<SocketAddr>,
+    /// Serve `/metrics` (Prometheus) here (e.g. `0.0.0.0:8080`).
+    #[arg(long, env = "SIGNET_K8S_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "SIGNET_K8S_LOG_JSON")]
     log_json: bool,
@@ -179,32 +182,46 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// `/healthz` and `/readyz` (the process is up: a follower is as ready as the leader) and
-/// `/metrics`, on a probe listener ([`signet_runtime::http::serve_probes`]: connection and
-/// per-source caps, header-read, idle and lifetime timeouts sized for the kubelet).
-async fn health(
-    addr: SocketAddr,
-    metrics: Arc<signet_k8s::metrics::Metrics>,
-) -> anyhow::Result<()> {
+/// `/healthz` and `/readyz` (the process is up: a follower is as ready as the leader), on a
+/// probe listener ([`signet_runtime::http::serve_probes`]: connection and per-source caps,
+/// header-read, idle and lifetime timeouts sized for the kubelet).
+async fn health(addr: SocketAddr) -> anyhow::Result<()> {
     let l = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "health endpoint");
     let router = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok\n" }))
-        .route("/readyz", axum::routing::get(|| async { "ok\n" }))
-        .route(
-            "/metrics",
-            axum::routing::get(move || async move {
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    metrics.encode(),
-                )
-            }),
-        );
+        .route("/readyz", axum::routing::get(|| async { "ok\n" }));
     signet_runtime::http::serve_probes("--health-addr", l, router, |_| {}, std::future::pending())
         .await?;
+    Ok(())
+}
+
+/// `/metrics` (Prometheus text) on a listener of its own, within the default HTTP limits (as
+/// the server's and agent's: a scraper never holds the kubelet's probe slots).
+async fn metrics(
+    addr: SocketAddr,
+    metrics: Arc<signet_k8s::metrics::Metrics>,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "metrics endpoint");
+    let router = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || async move {
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                )],
+                metrics.encode(),
+            )
+        }),
+    );
+    let l = signet_runtime::http::HttpListener {
+        name: "--metrics-addr",
+        listener,
+        limits: signet_runtime::http::HttpLimits::default(),
+    };
+    signet_runtime::http::serve(l, router, |_| {}, std::future::pending()).await?;
     Ok(())
 }
 
@@ -278,10 +295,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         ),
     };
     if let Some(addr) = args.health_addr {
-        let metrics = metrics.clone();
         tokio::spawn(async move {
-            if let Err(e) = health(addr, metrics).await {
+            if let Err(e) = health(addr).await {
                 tracing::error!(error = %e, "health endpoint stopped");
+            }
+        });
+    }
+    if let Some(addr) = args.metrics_addr {
+        let m = metrics.clone();
+        tokio::spawn(async move {
+            if let Err(e) = self::metrics(addr, m).await {
+                tracing::error!(error = %e, "metrics endpoint stopped");
             }
         });
     }
