@@ -379,10 +379,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let client = client.clone();
         let namespace = args.namespace.clone();
         let name = args.bundle_configmap.clone();
-        let bundle = operator_bundle(&bridge);
+        let bridge = bridge.clone();
         async move {
             if let Some(name) = name {
                 tracing::info!(%namespace, configmap = %name, "keeping the trust bundle ConfigMap current");
+                // Opened here, not before: nothing of this task starts on a follower.
+                let bundle = operator_bundle(&bridge);
                 signet_k8s::bundle_configmap::run(client, namespace, name, bundle).await;
             }
         }
