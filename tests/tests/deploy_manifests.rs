@@ -30,6 +30,13 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("Namespace", "", "signet-system"),
     ("CustomResourceDefinition", "", "issuers.signet.dev"),
     ("CustomResourceDefinition", "", "clusterissuers.signet.dev"),
+    (
+        "CustomResourceDefinition",
+        "",
+        "clusteridentities.signet.dev",
+    ),
+    ("CustomResourceDefinition", "", "identities.signet.dev"),
+    ("CustomResourceDefinition", "", "tenants.signet.dev"),
     ("ServiceAccount", "signet-system", "signet-server"),
     ("ConfigMap", "signet-system", "signet-server-config"),
     ("Deployment", "signet-system", "signet-server"),
@@ -51,6 +58,7 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("ClusterRoleBinding", "", "signet-k8s"),
     ("Role", "signet-system", "signet-k8s"),
     ("RoleBinding", "signet-system", "signet-k8s"),
+    ("ClusterRole", "", "signet-identity-editor"),
     ("Deployment", "signet-system", "signet-k8s"),
     (
         "ClusterRole",
@@ -280,8 +288,9 @@ fn examples_and_optional_manifests_pass_their_schemas() {
         custom += 1;
     }
     assert!(
-        custom >= 3,
-        "the examples hold an Issuer, a ClusterIssuer and a Certificate"
+        custom >= 6,
+        "the examples hold an Issuer, a ClusterIssuer, a Certificate, a ClusterIdentity, an \
+         Identity and a Tenant"
     );
     for (kind, name) in [
         ("Issuer", "signet"),
@@ -297,6 +306,15 @@ fn examples_and_optional_manifests_pass_their_schemas() {
         "spiffe://example.org/ns/demo/sa/web"
     );
     assert_eq!(s(cert, "/spec/dnsNames/0"), "web.demo.svc");
+    // The identity objects: each kind once, the namespaced one in its tenant's namespace.
+    let id = find(&objs, "Identity", "web");
+    assert_eq!(s(id, "/apiVersion"), "signet.dev/v1alpha1");
+    assert_eq!(s(id, "/metadata/namespace"), "demo");
+    assert!(!s(id, "/spec/path").starts_with('/'));
+    let tenant = find(&objs, "Tenant", "demo");
+    assert_eq!(s(tenant, "/spec/namespaces/0"), "demo");
+    let ci = find(&objs, "ClusterIdentity", "mesh");
+    assert!(s(ci, "/spec/spiffeIdTemplate").contains("{namespace}"));
 
     let builtin: Vec<&Value> = objs.iter().filter(|o| !is_custom(o)).collect();
     let Some(tool) = kubernetes_validate() else {

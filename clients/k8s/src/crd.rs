@@ -215,11 +215,12 @@ pub struct IssuerStatus {
     pub observed_generation: Option<i64>,
 }
 
-/// The CRD YAML documents for both kinds, in the order `Issuer`, `ClusterIssuer`, as
-/// `(file name, YAML)` — what `signet-k8s crds` prints and `deploy/crds/` holds.
+/// The CRD YAML documents of every signet.dev kind (`Issuer`, `ClusterIssuer`, then the
+/// identity kinds of [`crate::identity::crd`]), as `(file name, YAML)` — what `signet-k8s
+/// crds` prints and `deploy/crds/` holds.
 pub fn crd_files() -> Vec<(&'static str, String)> {
     use kube::CustomResourceExt;
-    vec![
+    let mut files = vec![
         (
             "signet.dev_issuers.yaml",
             crate::yaml::to_yaml(&Issuer::crd()),
@@ -228,7 +229,9 @@ pub fn crd_files() -> Vec<(&'static str, String)> {
             "signet.dev_clusterissuers.yaml",
             crate::yaml::to_yaml(&ClusterIssuer::crd()),
         ),
-    ]
+    ];
+    files.extend(crate::identity::crd::crd_files());
+    files
 }
 
 #[cfg(test)]

@@ -18,6 +18,8 @@
 //! - [`leader`]: leader election on a Lease; every controller runs behind
 //!   `Elector::run_while_leading`.
 //! - [`metrics`]: the bridge's Prometheus metrics.
+//! - [`identity`]: Signet's own identity objects (`ClusterIdentity`, `Identity`, `Tenant`)
+//!   turned into the server's owned registration entries.
 #![forbid(unsafe_code)]
 
 pub mod backoff;
@@ -30,6 +32,7 @@ pub mod context;
 pub mod crd;
 pub mod csr;
 pub mod events;
+pub mod identity;
 pub mod issuer_status;
 pub mod issuers;
 pub mod keys;

@@ -5,6 +5,8 @@
 //!   `--citadel` the Citadel-compatible Secrets and root ConfigMaps). With
 //!   `--leader-election` they all run behind one gate, `Elector::run_while_leading`: only
 //!   while this replica holds the Lease.
+//!   With `--identities`, the identity objects (ClusterIdentity, Identity, Tenant) as the
+//!   server's owned registration entries (behind the same gate).
 //! - `signet-k8s crds [--out-dir DIR]`: the CRDs of `signet.dev`, as YAML.
 
 use std::net::SocketAddr;
@@ -38,9 +40,10 @@ struct Cli {
 enum Cmd {
     /// Run the controllers.
     Run(RunArgs),
-    /// Print the CRDs of signet.dev (Issuer, ClusterIssuer) as YAML, or write one file each.
+    /// Print the CRDs of signet.dev (Issuer, ClusterIssuer, ClusterIdentity, Identity, Tenant)
+    /// as YAML, or write one file each.
     Crds {
-        /// Write `signet.dev_issuers.yaml` and `signet.dev_clusterissuers.yaml` here.
+        /// Write one `signet.dev_<plural>.yaml` per kind here.
         #[arg(long)]
         out_dir: Option<PathBuf>,
     },
@@ -87,6 +90,18 @@ struct RunArgs {
     /// --server and --bundle).
     #[arg(long, env = "SIGNET_K8S_CITADEL")]
     citadel: bool,
+    /// Reconcile Signet's identity objects (ClusterIdentity, Identity, Tenant) into the
+    /// server's registration entries (needs --server, --bundle and --node-set).
+    #[arg(long, env = "SIGNET_K8S_IDENTITIES")]
+    identities: bool,
+    /// The node set the identities' entries are served to (e.g. `k8s`): one listed in the
+    /// server's `[policy.kubernetes_bridge] node_sets`.
+    #[arg(long, env = "SIGNET_K8S_NODE_SET")]
+    node_set: Option<String>,
+    /// Identities of a namespace in no Tenant get the namespace defaults (`/ns/<ns>/`, the
+    /// server's DNS templates) instead of being refused (NoTenant).
+    #[arg(long, env = "SIGNET_K8S_IDENTITIES_WITHOUT_TENANT")]
+    identities_without_tenant: bool,
     /// The bridge's pod name, reported as the instance of its Kubernetes Events.
     #[arg(long, env = "SIGNET_K8S_POD_NAME")]
     pod_name: Option<String>,
@@ -390,17 +405,27 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     };
     let citadel = citadel(args.citadel, &bridge, client.clone());
+    let identities = {
+        let options = identity_options(&args, &bridge)?;
+        let (client, bridge, events) = (client.clone(), bridge.clone(), events.clone());
+        async move {
+            if let Some(options) = options {
+                signet_k8s::identity::run_identities(client, bridge, options, events).await;
+            }
+        }
+    };
     tracing::info!(namespace = %args.namespace, "signet-k8s running");
     // Every controller and writer of the bridge: nothing above has started yet (futures are
     // lazy), and nothing of it starts except through the leader gate below.
     let controllers = async move {
-        let (_, _, _, _, _, citadel) = tokio::join!(
+        let (_, _, _, _, _, citadel, _) = tokio::join!(
             requests,
             issuers,
             cluster_issuers,
             standalone,
             bundle_configmap,
-            citadel
+            citadel,
+            identities
         );
         citadel
     };
@@ -449,6 +474,30 @@ fn lease_config(args: &RunArgs) -> anyhow::Result<Option<signet_k8s::leader::Lea
         .map_err(|e| anyhow::anyhow!("--leader-election: {e}"))?;
     tracing::info!(identity = %cfg.identity, lease = %cfg.name, "leader election on");
     Ok(Some(cfg))
+}
+
+/// `--identities` and its flags; None when off.
+fn identity_options(
+    args: &RunArgs,
+    bridge: &BridgeConfig,
+) -> anyhow::Result<Option<signet_k8s::identity::IdentityOptions>> {
+    if !args.identities {
+        return Ok(None);
+    }
+    if bridge.server.is_none() {
+        anyhow::bail!("--identities needs --server and --bundle (the entries go to that server)");
+    }
+    let Some(name) = &args.node_set else {
+        anyhow::bail!(
+            "--identities needs --node-set (SIGNET_K8S_NODE_SET): the node set the entries are served to, one listed in the server's [policy.kubernetes_bridge] node_sets"
+        );
+    };
+    let node_set = signet_types::node_set::NodeSetName::new(name)
+        .map_err(|e| anyhow::anyhow!("--node-set {name:?}: {e}"))?;
+    Ok(Some(signet_k8s::identity::IdentityOptions {
+        node_set,
+        without_tenant: args.identities_without_tenant,
+    }))
 }
 
 /// The operator's server's bundle stream (`--server`, `--bundle`, `--token`), kept current in

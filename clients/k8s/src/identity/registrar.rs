@@ -1,0 +1,282 @@
+//! The server side of identities: `signet.ca.v1.Registration` behind the small [`Registrar`]
+//! trait (reconcilers are tested with an in-memory fake). [`GrpcRegistrar`] calls the
+//! operator's server (`--server`) over the bridge's authenticated connection (TLS to
+//! `spiffe://<td>/signet/server`, the bridge's token re-read at each call); its errors are
+//! classified as every other call's ([`crate::signer::classify`]: permanent or retryable).
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use signet_proto::signet::ca::v1 as pb;
+use signet_proto::signet::ca::v1::registration_client::RegistrationClient;
+use tonic::transport::Channel;
+
+use super::plan::OwnedEntry;
+use crate::operator::BridgeConfig;
+use crate::signer::{CALL_TIMEOUT, REASON_WRONG_SERVER, SignError, classify};
+
+/// What a sync did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncResult {
+    pub created: u32,
+    pub updated: u32,
+    pub deleted: u32,
+    pub unchanged: u32,
+    /// 0 when nothing changed.
+    pub revision: u64,
+}
+
+/// One of the bridge's entries on the server.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnedRecord {
+    pub id: String,
+    pub scope: String,
+    pub entry: OwnedEntry,
+}
+
+/// The bridge's owned entries on the server.
+pub trait Registrar: Send + Sync {
+    /// Makes the bridge's entries in `scope` exactly `entries` (all or nothing).
+    fn sync<'a>(
+        &'a self,
+        scope: &'a str,
+        entries: &'a [OwnedEntry],
+    ) -> BoxFuture<'a, Result<SyncResult, SignError>>;
+    /// Every entry the bridge owns, sorted by scope then id.
+    fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<OwnedRecord>, SignError>>;
+}
+
+impl From<&OwnedEntry> for pb::OwnedEntry {
+    fn from(e: &OwnedEntry) -> Self {
+        Self {
+            spiffe_id: e.spiffe_id.clone(),
+            node_set: e.node_set.clone(),
+            selectors: e.selectors.clone(),
+            ttl_seconds: e.ttl_seconds,
+            dns_names: e.dns_names.clone(),
+            jwt_ttl_seconds: e.jwt_ttl_seconds,
+            federates_with: e.federates_with.clone(),
+        }
+    }
+}
+
+impl From<pb::OwnedEntry> for OwnedEntry {
+    fn from(e: pb::OwnedEntry) -> Self {
+        Self {
+            spiffe_id: e.spiffe_id,
+            node_set: e.node_set,
+            selectors: e.selectors,
+            ttl_seconds: e.ttl_seconds,
+            dns_names: e.dns_names,
+            jwt_ttl_seconds: e.jwt_ttl_seconds,
+            federates_with: e.federates_with,
+        }
+    }
+}
+
+/// [`Registrar`] over gRPC to the operator's server, connecting on first use (and again
+/// after a failed call).
+pub struct GrpcRegistrar {
+    bridge: Arc<BridgeConfig>,
+    channel: tokio::sync::Mutex<Option<Channel>>,
+}
+
+impl GrpcRegistrar {
+    pub fn new(bridge: Arc<BridgeConfig>) -> Self {
+        Self {
+            bridge,
+            channel: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    async fn client(&self) -> Result<RegistrationClient<Channel>, SignError> {
+        let mut guard = self.channel.lock().await;
+        if let Some(c) = guard.as_ref() {
+            return Ok(RegistrationClient::new(c.clone()));
+        }
+        let target = self.bridge.operator_target().map_err(|e| {
+            SignError::permanent(
+                "NoServer",
+                format!("identities need the bridge's --server and --bundle: {e}"),
+            )
+        })?;
+        let connect = signet_client::connect(&target, None);
+        let channel = match tokio::time::timeout(CALL_TIMEOUT, connect).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(signet_client::ClientError::WrongServer(_, why))) => {
+                return Err(SignError::retryable(REASON_WRONG_SERVER, why));
+            }
+            Ok(Err(e)) => return Err(SignError::retryable("Unreachable", e.to_string())),
+            Err(_) => {
+                return Err(SignError::retryable(
+                    "Unreachable",
+                    format!("no connection to {} within {CALL_TIMEOUT:?}", target.addr),
+                ));
+            }
+        };
+        *guard = Some(channel.clone());
+        Ok(RegistrationClient::new(channel))
+    }
+
+    /// `msg` with the bridge's token (read now: kubelet rotates it).
+    async fn request<T>(&self, msg: T) -> Result<tonic::Request<T>, SignError> {
+        let path = &self.bridge.token_path;
+        let token = tokio::fs::read_to_string(path).await.map_err(|e| {
+            SignError::retryable(
+                "CredentialsNotFound",
+                format!(
+                    "cannot read the service-account token {}: {e}",
+                    path.display()
+                ),
+            )
+        })?;
+        let mut req = signet_client::with_bearer(msg, token.trim()).map_err(|_| {
+            SignError::retryable(
+                "CredentialsNotFound",
+                format!("{}: the token cannot be sent in a header", path.display()),
+            )
+        })?;
+        req.set_timeout(CALL_TIMEOUT);
+        Ok(req)
+    }
+
+    /// Forgets the channel after a failure that may be the connection's.
+    async fn failed(&self, s: tonic::Status) -> SignError {
+        let e = classify(&signet_client::CallError::from(s));
+        if !e.is_permanent() {
+            *self.channel.lock().await = None;
+        }
+        e
+    }
+}
+
+impl Registrar for GrpcRegistrar {
+    fn sync<'a>(
+        &'a self,
+        scope: &'a str,
+        entries: &'a [OwnedEntry],
+    ) -> BoxFuture<'a, Result<SyncResult, SignError>> {
+        Box::pin(async move {
+            let mut client = self.client().await?;
+            let req = self
+                .request(pb::SyncOwnedEntriesRequest {
+                    scope: scope.to_owned(),
+                    entries: entries.iter().map(pb::OwnedEntry::from).collect(),
+                })
+                .await?;
+            match client.sync_owned_entries(req).await {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    Ok(SyncResult {
+                        created: r.created,
+                        updated: r.updated,
+                        deleted: r.deleted,
+                        unchanged: r.unchanged,
+                        revision: r.revision,
+                    })
+                }
+                Err(s) => Err(self.failed(s).await),
+            }
+        })
+    }
+
+    fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<OwnedRecord>, SignError>> {
+        Box::pin(async move {
+            let mut client = self.client().await?;
+            let req = self
+                .request(pb::ListOwnedEntriesRequest {
+                    scope: String::new(),
+                })
+                .await?;
+            match client.list_owned_entries(req).await {
+                Ok(r) => Ok(r
+                    .into_inner()
+                    .entries
+                    .into_iter()
+                    .map(|rec| OwnedRecord {
+                        id: rec.id,
+                        scope: rec.scope,
+                        entry: rec.entry.map(OwnedEntry::from).unwrap_or_default(),
+                    })
+                    .collect()),
+                Err(s) => Err(self.failed(s).await),
+            }
+        })
+    }
+}
+
+/// A [`Registrar`] in memory, for tests: scopes → entries, every sync recorded, and an
+/// optional error answered to the next sync.
+#[cfg(any(test, feature = "testing"))]
+#[derive(Default)]
+pub struct FakeRegistrar {
+    pub scopes: std::sync::Mutex<std::collections::BTreeMap<String, Vec<OwnedEntry>>>,
+    pub syncs: std::sync::Mutex<Vec<(String, Vec<OwnedEntry>)>>,
+    pub fail_next: std::sync::Mutex<Option<SignError>>,
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl FakeRegistrar {
+    pub fn syncs(&self) -> Vec<(String, Vec<OwnedEntry>)> {
+        self.syncs.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    pub fn with_scope(self, scope: &str, entries: Vec<OwnedEntry>) -> Self {
+        self.scopes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(scope.to_owned(), entries);
+        self
+    }
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl Registrar for FakeRegistrar {
+    fn sync<'a>(
+        &'a self,
+        scope: &'a str,
+        entries: &'a [OwnedEntry],
+    ) -> BoxFuture<'a, Result<SyncResult, SignError>> {
+        let r = (|| {
+            if let Some(e) = self
+                .fail_next
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+            {
+                return Err(e);
+            }
+            self.syncs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((scope.to_owned(), entries.to_vec()));
+            let mut m = self.scopes.lock().unwrap_or_else(|e| e.into_inner());
+            let old = m.remove(scope).unwrap_or_default();
+            let res = SyncResult {
+                created: entries.iter().filter(|e| !old.contains(e)).count() as u32,
+                deleted: old.iter().filter(|e| !entries.contains(e)).count() as u32,
+                unchanged: entries.iter().filter(|e| old.contains(e)).count() as u32,
+                ..Default::default()
+            };
+            if !entries.is_empty() {
+                m.insert(scope.to_owned(), entries.to_vec());
+            }
+            Ok(res)
+        })();
+        Box::pin(async move { r })
+    }
+
+    fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<OwnedRecord>, SignError>> {
+        let m = self.scopes.lock().unwrap_or_else(|e| e.into_inner());
+        let out = m
+            .iter()
+            .flat_map(|(scope, es)| {
+                es.iter().enumerate().map(move |(i, e)| OwnedRecord {
+                    id: format!("{scope}#{i}"),
+                    scope: scope.clone(),
+                    entry: e.clone(),
+                })
+            })
+            .collect();
+        Box::pin(async move { Ok(out) })
+    }
+}
