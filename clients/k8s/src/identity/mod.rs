@@ -256,8 +256,9 @@ fn in_namespace(
         .collect()
 }
 
-/// After a reconcile: an object no longer in the store was deleted, so its scope is emptied
-/// now (the periodic garbage collection catches what this misses).
+/// After a reconcile: an object no longer in the controller's store may have been deleted; its
+/// scope is emptied now if the API server confirms it is gone (the periodic garbage
+/// collection catches what this misses).
 async fn after<K, E: std::fmt::Display, Q: std::fmt::Display>(
     r: Result<(ObjectRef<K>, kube::runtime::controller::Action), controller::Error<E, Q>>,
     ctx: &IdentityContext,
@@ -271,11 +272,8 @@ async fn after<K, E: std::fmt::Display, Q: std::fmt::Display>(
             ("Identity", Some(ns)) => reconcile::identity_scope(ns, &obj.name),
             _ => return,
         };
-        match ctx.registrar.sync(&scope, &[]).await {
-            Ok(_) => tracing::info!(%scope, "entries of a deleted identity object removed"),
-            Err(e) => {
-                tracing::warn!(%scope, error = %e, "cannot remove a deleted object's entries yet; the garbage collection will")
-            }
+        if let Err(e) = reconcile::empty_if_gone(ctx, &scope).await {
+            tracing::warn!(%scope, error = %e, "cannot remove a deleted object's entries yet; the garbage collection will");
         }
         return;
     }

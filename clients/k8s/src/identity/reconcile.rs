@@ -326,11 +326,18 @@ pub async fn reconcile_cluster_identity(
         return Ok(Action::await_change());
     }
     let nss = namespaces(&ctx.client).await?;
-    let pods = Api::<Pod>::all(ctx.client.clone())
-        .list(&label_query(&ci.spec.pod_selector.match_labels))
-        .await?
-        .items;
-    let plan = plan::plan_cluster_identity(&ci.spec, &ctx.env, &nss, &workloads(pods));
+    // A spec refused as a whole is refused without listing pods (its podSelector may not
+    // even be a valid label query).
+    let refused = plan::plan_cluster_identity(&ci.spec, &ctx.env, &nss, &[]);
+    let plan = if refused.refusals.is_empty() {
+        let pods = Api::<Pod>::all(ctx.client.clone())
+            .list(&label_query(&ci.spec.pod_selector.match_labels))
+            .await?
+            .items;
+        plan::plan_cluster_identity(&ci.spec, &ctx.env, &nss, &workloads(pods))
+    } else {
+        refused
+    };
     let api = Api::<ClusterIdentity>::all(ctx.client.clone());
     sync_and_report(&*ci, &scope, plan, &ctx, api, ci.status.as_ref()).await
 }
@@ -558,24 +565,32 @@ pub async fn collect_garbage(ctx: &IdentityContext) -> Result<Vec<String>, Error
     scopes.dedup();
     let mut emptied = Vec::new();
     for scope in scopes {
-        let gone = match parse_scope(scope) {
-            None => continue,
-            Some(Scope::Cluster(n)) => Api::<ClusterIdentity>::all(ctx.client.clone())
-                .get_opt(&n)
-                .await?
-                .is_none_or(|o| o.meta().deletion_timestamp.is_some()),
-            Some(Scope::Namespaced(ns, n)) => Api::<Identity>::namespaced(ctx.client.clone(), &ns)
-                .get_opt(&n)
-                .await?
-                .is_none_or(|o| o.meta().deletion_timestamp.is_some()),
-        };
-        if gone {
-            ctx.registrar.sync(scope, &[]).await?;
-            tracing::info!(scope, "entries of a deleted identity object removed");
+        if empty_if_gone(ctx, scope).await? {
             emptied.push(scope.to_owned());
         }
     }
     Ok(emptied)
+}
+
+/// Empties `scope` if it is one of the bridge's two shapes and its object is gone (or being
+/// deleted), as the API server says now; returns whether it did.
+pub async fn empty_if_gone(ctx: &IdentityContext, scope: &str) -> Result<bool, Error> {
+    let gone = match parse_scope(scope) {
+        None => return Ok(false),
+        Some(Scope::Cluster(n)) => Api::<ClusterIdentity>::all(ctx.client.clone())
+            .get_opt(&n)
+            .await?
+            .is_none_or(|o| o.meta().deletion_timestamp.is_some()),
+        Some(Scope::Namespaced(ns, n)) => Api::<Identity>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&n)
+            .await?
+            .is_none_or(|o| o.meta().deletion_timestamp.is_some()),
+    };
+    if gone {
+        ctx.registrar.sync(scope, &[]).await?;
+        tracing::info!(scope, "entries of a deleted identity object removed");
+    }
+    Ok(gone)
 }
 
 /// A failed reconcile of a ClusterIdentity: retried with the crate's backoff.

@@ -118,7 +118,17 @@ impl GrpcRegistrar {
         Ok(RegistrationClient::new(channel))
     }
 
-    /// `msg` with the bridge's token (read now: kubelet rotates it).
+    /// A registrar over an open channel (tests use a plain in-process server).
+    #[cfg(test)]
+    pub(crate) fn over(channel: Channel, bridge: Arc<BridgeConfig>) -> Self {
+        Self {
+            bridge,
+            channel: tokio::sync::Mutex::new(Some(channel)),
+        }
+    }
+
+    /// `msg` with the bridge's token (read now: kubelet rotates it) and the current span's
+    /// trace context.
     async fn request<T>(&self, msg: T) -> Result<tonic::Request<T>, SignError> {
         let path = &self.bridge.token_path;
         let token = tokio::fs::read_to_string(path).await.map_err(|e| {
@@ -137,6 +147,7 @@ impl GrpcRegistrar {
             )
         })?;
         req.set_timeout(CALL_TIMEOUT);
+        signet_runtime::telemetry::inject_context(req.metadata_mut());
         Ok(req)
     }
 
@@ -278,5 +289,154 @@ impl Registrar for FakeRegistrar {
             })
             .collect();
         Box::pin(async move { Ok(out) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use signet_proto::signet::ca::v1::registration_server::{Registration, RegistrationServer};
+    use tonic::{Code, Status};
+
+    use super::*;
+    use crate::testing::{TempFile, TestBridge};
+
+    /// Records each request (method, bearer, body) and answers from a script.
+    #[derive(Clone, Default)]
+    struct Recorder {
+        seen: Arc<Mutex<Vec<(String, String, String)>>>,
+        fail: Arc<Mutex<Option<Status>>>,
+    }
+
+    #[tonic::async_trait]
+    impl Registration for Recorder {
+        async fn sync_owned_entries(
+            &self,
+            req: tonic::Request<pb::SyncOwnedEntriesRequest>,
+        ) -> Result<tonic::Response<pb::SyncOwnedEntriesResponse>, Status> {
+            let bearer = req
+                .metadata()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            self.seen
+                .lock()
+                .unwrap()
+                .push(("Sync".into(), bearer, format!("{:?}", req.get_ref())));
+            if let Some(s) = self.fail.lock().unwrap().take() {
+                return Err(s);
+            }
+            Ok(tonic::Response::new(pb::SyncOwnedEntriesResponse {
+                entry_ids: vec!["e1".into()],
+                created: 1,
+                revision: 7,
+                ..Default::default()
+            }))
+        }
+        async fn list_owned_entries(
+            &self,
+            req: tonic::Request<pb::ListOwnedEntriesRequest>,
+        ) -> Result<tonic::Response<pb::ListOwnedEntriesResponse>, Status> {
+            self.seen.lock().unwrap().push((
+                "List".into(),
+                String::new(),
+                format!("{:?}", req.get_ref()),
+            ));
+            Ok(tonic::Response::new(pb::ListOwnedEntriesResponse {
+                entries: vec![pb::OwnedEntryRecord {
+                    id: "e1".into(),
+                    scope: "Identity/a/web".into(),
+                    entry: Some(pb::OwnedEntry {
+                        spiffe_id: "spiffe://example.org/ns/a/web".into(),
+                        node_set: "k8s".into(),
+                        selectors: vec!["k8s:ns:a".into()],
+                        ..Default::default()
+                    }),
+                    revision: 7,
+                    created_at: 1,
+                }],
+            }))
+        }
+    }
+
+    async fn serve(r: Recorder) -> Channel {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RegistrationServer::new(r))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn syncs_and_lists_with_the_bridges_token_and_classifies_errors() {
+        let r = Recorder::default();
+        let bridge = TestBridge::new("https://signet:8443", b"", "example.org", "tok-1\n");
+        let reg = GrpcRegistrar::over(serve(r.clone()).await, bridge.config.clone());
+        let e = OwnedEntry {
+            spiffe_id: "spiffe://example.org/ns/a/web".into(),
+            node_set: "k8s".into(),
+            selectors: vec!["k8s:ns:a".into(), "k8s:sa:web".into()],
+            ttl_seconds: 3600,
+            dns_names: vec!["web.a.svc".into()],
+            jwt_ttl_seconds: 300,
+            federates_with: vec!["partner.example".into()],
+        };
+        let res = reg
+            .sync("Identity/a/web", std::slice::from_ref(&e))
+            .await
+            .unwrap();
+        assert_eq!((res.created, res.revision), (1, 7));
+        {
+            let seen = r.seen.lock().unwrap();
+            assert_eq!(seen[0].0, "Sync");
+            assert_eq!(seen[0].1, "Bearer tok-1");
+            assert!(
+                seen[0].2.contains("scope: \"Identity/a/web\""),
+                "{}",
+                seen[0].2
+            );
+            assert!(seen[0].2.contains("federates_with: [\"partner.example\"]"));
+            assert!(seen[0].2.contains("jwt_ttl_seconds: 300"));
+        }
+        let listed = reg.list().await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].scope, "Identity/a/web");
+        assert_eq!(listed[0].entry.selectors, ["k8s:ns:a"]);
+
+        // A refusal is permanent; an unavailable server retryable.
+        *r.fail.lock().unwrap() = Some(Status::permission_denied("entries[0]: not allowed"));
+        let err = reg.sync("Identity/a/web", &[]).await.unwrap_err();
+        assert!(err.is_permanent(), "{err:?}");
+        assert_eq!(err.reason(), "PermissionDenied");
+        assert!(err.message().contains("entries[0]"));
+        *r.fail.lock().unwrap() = Some(Status::new(Code::Unavailable, "database down"));
+        let err = reg.sync("Identity/a/web", &[]).await.unwrap_err();
+        assert!(!err.is_permanent(), "{err:?}");
+        // The channel is dropped after a retryable failure: the next call reconnects (here:
+        // the test bridge's bundle is no PEM, so it cannot, and says so).
+        let err = reg.list().await.unwrap_err();
+        assert_eq!(err.reason(), "NoServer");
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_token_is_retryable_and_named() {
+        let r = Recorder::default();
+        let bridge = TestBridge::new("https://signet:8443", b"", "example.org", "t");
+        let mut cfg = (*bridge.config).clone();
+        cfg.token_path = TempFile::with("gone", b"").0.clone();
+        let missing = cfg.token_path.clone();
+        let reg = GrpcRegistrar::over(serve(r).await, Arc::new(cfg));
+        let err = reg.sync("Identity/a/web", &[]).await.unwrap_err();
+        assert_eq!(err.reason(), "CredentialsNotFound");
+        assert!(err.message().contains(&missing.display().to_string()));
     }
 }
