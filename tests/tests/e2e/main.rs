@@ -16,6 +16,7 @@ mod entries;
 mod fake_kube;
 mod federation;
 mod federation_domains;
+mod identities;
 mod independent;
 mod issuance;
 mod jwt_end_to_end;
