@@ -182,12 +182,19 @@ pub async fn run_identities(
         )
         .with_config(config);
         let store = c.store();
-        let (s1, s2) = (store.clone(), store.clone());
-        let c = c.watches(
-            Api::<Namespace>::all(client.clone()),
-            watcher::Config::default(),
-            move |_ns| refs(&s1),
-        );
+        let (s1, s2, s3) = (store.clone(), store.clone(), store.clone());
+        // Another Tenant's change can make or end a conflict: every Tenant looks again.
+        let c = c
+            .watches(
+                Api::<Namespace>::all(client.clone()),
+                watcher::Config::default(),
+                move |_ns| refs(&s1),
+            )
+            .watches(
+                Api::<Tenant>::all(client.clone()),
+                watcher::Config::default(),
+                move |_t| refs(&s3),
+            );
         let c = if capsule {
             c.watches_with(
                 Api::<kube::api::DynamicObject>::all_with(
