@@ -714,3 +714,49 @@ fn crds_are_served_with_their_rules() {
     assert_eq!(c["spec"]["group"], "signet.dev");
     assert_eq!(c["spec"]["versions"][0]["name"], "v1alpha1");
 }
+
+#[tokio::test]
+async fn an_object_the_controller_no_longer_finds_is_emptied_once_confirmed_gone() {
+    use kube::runtime::controller;
+    use kube::runtime::reflector::ObjectRef;
+    let e = entry(
+        "spiffe://example.org/ns/dev/web",
+        &["k8s:ns:dev", "k8s:sa:web"],
+        &[],
+        0,
+    );
+    let registrar = Arc::new(
+        FakeRegistrar::default()
+            .with_scope("Identity/dev/web", vec![e.clone()])
+            .with_scope("ClusterIdentity/mesh", vec![e]),
+    );
+    let gone = |r: ObjectRef<kube::api::DynamicObject>| {
+        Err::<(ObjectRef<Identity>, Action), _>(controller::Error::<
+            Error,
+            kube::runtime::watcher::Error,
+        >::ObjectNotFound(Box::new(r)))
+    };
+    // Really gone: emptied. Still there (a store that lags): left alone.
+    let (client, server) = scripted(vec![
+        Expect::get("/apis/signet.dev/v1alpha1/namespaces/dev/identities/web")
+            .not_found("identities", "web"),
+        Expect::get("/apis/signet.dev/v1alpha1/clusteridentities/mesh")
+            .respond(cluster_identity().1),
+    ]);
+    let (ctx, _) = context(client, registrar.clone(), false);
+    super::after(
+        gone(ObjectRef::<Identity>::new("web").within("dev").erase()),
+        &ctx,
+    )
+    .await;
+    super::after(
+        gone(ObjectRef::<ClusterIdentity>::new("mesh").erase()),
+        &ctx,
+    )
+    .await;
+    drop(ctx);
+    server.await.unwrap();
+    assert_eq!(registrar.syncs(), [("Identity/dev/web".to_owned(), vec![])]);
+    let left: Vec<String> = registrar.scopes.lock().unwrap().keys().cloned().collect();
+    assert_eq!(left, ["ClusterIdentity/mesh"]);
+}
