@@ -286,9 +286,13 @@ pub fn assess(
                     )));
                 }
                 Some(n) if n.banned_at.is_some() => {
+                    let role = match &set {
+                        Some(name) => format!("the member of node set {name} that delivered"),
+                        None => "the parent of".to_owned(),
+                    };
                     return Err(refused(format!(
-                        "node {node_id}, the parent of entry {entry_id}, is banned; its \
-                         workloads' certificates cannot be renewed"
+                        "node {node_id}, {role} entry {entry_id}, is banned; its workloads' \
+                         certificates cannot be renewed"
                     )));
                 }
                 Some(n) => {
