@@ -542,3 +542,77 @@ impl NodeAdmin for NodeAdminApi {
         Ok(Response::new(DeleteEntryResponse {}))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_node_sets_selectors_are_one_to_sixteen_node_selectors_sorted_once() {
+        assert_eq!(
+            node_set_selectors(&strings(&[
+                "k8s_psat:cluster:prod",
+                "k8s_psat:agent_ns:signet-system",
+                "k8s_psat:cluster:prod",
+            ]))
+            .expect("valid"),
+            ["k8s_psat:agent_ns:signet-system", "k8s_psat:cluster:prod"]
+        );
+        for (given, want) in [
+            (Vec::new(), "at least one node selector"),
+            (
+                (0..17)
+                    .map(|i| format!("join_token:node_id:n{i}"))
+                    .collect(),
+                "at most 16",
+            ),
+            (strings(&["unix:uid:0"]), "is not one of"),
+        ] {
+            let e = node_set_selectors(&given).expect_err("refused");
+            assert!(
+                matches!(&e, ApiError::InvalidArgument(m) if m.contains(want)),
+                "{e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_node_set_record_lists_its_members_now() {
+        let node = |id: &str, sel: &[&str], banned: bool| NodeRow {
+            node_id: id.into(),
+            spiffe_id: format!("spiffe://example.org/signet/node/{id}"),
+            attested_at: 0,
+            banned_at: banned.then_some(1),
+            last_serial: "01".into(),
+            not_after: 1,
+            attestation: "k8s_psat".into(),
+            selectors: strings(sel),
+        };
+        let nodes = [
+            node("a", &["k8s_psat:cluster:prod"], false),
+            node("b", &["k8s_psat:cluster:dev"], false),
+            node("c", &["k8s_psat:cluster:prod"], true),
+            node(
+                "d",
+                &["k8s_psat:cluster:prod", "k8s_psat:node_name:d"],
+                false,
+            ),
+        ];
+        let set = NodeSetRow {
+            name: "prod".into(),
+            selectors: strings(&["k8s_psat:cluster:prod"]),
+            created_at: 5,
+        };
+        let id: SpiffeId = "spiffe://example.org/signet/nodeset/prod"
+            .parse()
+            .expect("id");
+        let r = node_set_record(set, &id, &nodes, 3);
+        assert_eq!(r.members, ["a", "d"]);
+        assert_eq!((r.entries, r.created_at), (3, 5));
+        assert_eq!(r.spiffe_id, id.to_string());
+    }
+}
