@@ -15,6 +15,7 @@ conformance!(
     a_racing_delete_and_entry_create_never_leave_an_orphan,
     a_nodes_revision_is_the_highest_of_its_parents,
     a_reattestation_with_other_selectors_moves_the_nodes_revision,
+    a_node_sets_entry_change_wakes_every_nodes_watcher_on_every_replica,
 );
 
 const SET: &str = "spiffe://example.org/signet/nodeset/k8s";
@@ -256,4 +257,39 @@ async fn a_reattestation_with_other_selectors_moves_the_nodes_revision(db: Db) {
     tokio::time::timeout(Duration::from_secs(10), sub.changed())
         .await
         .unwrap();
+}
+
+/// A node's watcher subscribes to its own parent only; a change to a node set's entries made
+/// through another replica (PostgreSQL: LISTEN/NOTIFY) still wakes it, since any node may be a
+/// member (the stream then re-reads the node's effective revision).
+async fn a_node_sets_entry_change_wakes_every_nodes_watcher_on_every_replica(db: Db) {
+    use std::time::Duration;
+    let postgres = !db.url.starts_with("sqlite");
+    let writer = if postgres {
+        db.another().await
+    } else {
+        db.store.clone()
+    };
+    writer
+        .create_node_set(&set("k8s", &["k8s_psat:cluster:prod"]))
+        .await
+        .unwrap();
+    let mut n1 = db.store.entry_events().subscribe(N1, 4).unwrap();
+    let mut n2 = db
+        .store
+        .entry_events()
+        .subscribe("spiffe://example.org/signet/node/n2", 4)
+        .unwrap();
+    let wait = Duration::from_secs(10);
+    if postgres {
+        // The listener wakes every subscriber once it listens (n2 perhaps subscribed after:
+        // forget whatever it saw until then).
+        tokio::time::timeout(wait, n1.changed()).await.unwrap();
+        n2.mark_seen();
+    }
+    created(writer.create_entry(&entry("shared", SET)).await.unwrap());
+    tokio::time::timeout(wait, n1.changed()).await.unwrap();
+    tokio::time::timeout(wait, n2.changed()).await.unwrap();
+    assert!(writer.delete_entry("shared").await.unwrap());
+    tokio::time::timeout(wait, n1.changed()).await.unwrap();
 }
