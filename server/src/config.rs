@@ -175,6 +175,14 @@ pub struct KubernetesBridgeConfig {
     /// with `{namespace}`; a leading `*.` matches one or more labels in front of the rest, a
     /// template without `*` is one exact name.
     pub dns_templates: Vec<String>,
+    /// The node sets the bridge may name as the parent of the entries it keeps through the
+    /// Registration service (`signet.ca.v1.Registration`). Empty: that service is off.
+    pub node_sets: Vec<String>,
+    /// SPIFFE ID path prefixes the bridge's entries may use besides `/ns/<namespace>/`, e.g.
+    /// `"/platform/"`: each starts and ends with '/', never under `/signet/`.
+    pub entry_path_prefixes: Vec<String>,
+    /// Most entries one registrar may keep (all its scopes together).
+    pub max_owned_entries: u32,
 }
 
 impl Default for KubernetesBridgeConfig {
@@ -185,8 +193,61 @@ impl Default for KubernetesBridgeConfig {
                 "*.{namespace}.svc".into(),
                 "*.{namespace}.svc.cluster.local".into(),
             ],
+            node_sets: Vec::new(),
+            entry_path_prefixes: Vec::new(),
+            max_owned_entries: 10_000,
         }
     }
+}
+
+impl KubernetesBridgeConfig {
+    /// The Registration service's keys: node set names, path prefixes, the cap.
+    fn validate(&self) -> Result<(), ConfigError> {
+        const KEY: &str = "policy.kubernetes_bridge";
+        for n in &self.node_sets {
+            signet_types::node_set::NodeSetName::new(n)
+                .map_err(|e| ConfigError::Invalid(format!("{KEY}.node_sets: {n:?}: {e}")))?;
+        }
+        for p in &self.entry_path_prefixes {
+            if let Err(why) = check_entry_path_prefix(p) {
+                return Err(ConfigError::Invalid(format!(
+                    "{KEY}.entry_path_prefixes: {p:?} {why}"
+                )));
+            }
+        }
+        if self.max_owned_entries == 0 {
+            return Err(ConfigError::Invalid(format!(
+                "{KEY}.max_owned_entries must be positive (the default is 10000)"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Why an `entry_path_prefixes` value is refused: it must be a SPIFFE ID path that starts and
+/// ends with '/', with at least one segment, outside `/signet/`.
+fn check_entry_path_prefix(p: &str) -> Result<(), &'static str> {
+    if !(p.len() > 1 && p.starts_with('/') && p.ends_with('/')) {
+        return Err(
+            "must start and end with '/' and name at least one segment, e.g. \"/platform/\"",
+        );
+    }
+    let segments = p[1..p.len() - 1].split('/');
+    for seg in segments {
+        if seg.is_empty() || seg == "." || seg == ".." {
+            return Err("has an empty, '.' or '..' segment");
+        }
+        if !seg
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            return Err("may hold only letters, digits, '.', '_', '-' and '/'");
+        }
+    }
+    if p == "/signet/" || p.starts_with("/signet/") {
+        return Err("is under /signet/, which is reserved for Signet's own identities");
+    }
+    Ok(())
 }
 
 /// `[nodes]`: how node agents may attest besides one-time join tokens.
@@ -649,6 +710,7 @@ impl Config {
             .validate(self.ca.rotation_jitter)
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.validate_nodes()?;
+        self.policy.kubernetes_bridge.validate()?;
         self.nodes.watch.validate()?;
         if self.ledger.max_batch == 0 || self.ledger.queue_depth == 0 {
             return Err(ConfigError::Invalid(
@@ -1047,6 +1109,60 @@ mod tests {
         assert_eq!(c.policy.kubernetes_bridge.dns_templates.len(), 2);
         let err = load_toml("[policy.kubernetes_bridge]\ncaller = []\n").expect_err("refused");
         assert!(err.to_string().contains("caller"), "{err}");
+    }
+
+    #[test]
+    fn registration_keys_are_validated_at_load() {
+        let d = load_toml("").expect("defaults").policy.kubernetes_bridge;
+        assert!(d.node_sets.is_empty() && d.entry_path_prefixes.is_empty());
+        assert_eq!(d.max_owned_entries, 10_000);
+        let c = load_toml(
+            r#"
+            [policy.kubernetes_bridge]
+            node_sets = ["k8s", "prod-nodes"]
+            entry_path_prefixes = ["/platform/", "/a/b/"]
+            max_owned_entries = 50
+            "#,
+        )
+        .expect("loads")
+        .policy
+        .kubernetes_bridge;
+        assert_eq!(c.node_sets, ["k8s", "prod-nodes"]);
+        assert_eq!(c.max_owned_entries, 50);
+        for (toml, want) in [
+            (
+                r#"node_sets = ["a b"]"#,
+                "policy.kubernetes_bridge.node_sets: \"a b\"",
+            ),
+            (
+                r#"entry_path_prefixes = ["platform/"]"#,
+                "must start and end with '/'",
+            ),
+            (
+                r#"entry_path_prefixes = ["/platform"]"#,
+                "must start and end with '/'",
+            ),
+            (
+                r#"entry_path_prefixes = ["/"]"#,
+                "must start and end with '/'",
+            ),
+            (r#"entry_path_prefixes = ["/a//b/"]"#, "empty"),
+            (r#"entry_path_prefixes = ["/a/../"]"#, "'..'"),
+            (r#"entry_path_prefixes = ["/signet/"]"#, "reserved"),
+            (r#"entry_path_prefixes = ["/signet/x/"]"#, "reserved"),
+            (
+                "max_owned_entries = 0",
+                "max_owned_entries must be positive",
+            ),
+        ] {
+            let err = load_toml(&format!("[policy.kubernetes_bridge]\n{toml}\n"))
+                .expect_err(toml)
+                .to_string();
+            assert!(err.contains(want), "{toml}: {err}");
+        }
+        // /signetx/ is not /signet/.
+        load_toml("[policy.kubernetes_bridge]\nentry_path_prefixes = [\"/signetx/\"]\n")
+            .expect("loads");
     }
 
     const AUTH: &str = r#"

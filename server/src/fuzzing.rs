@@ -672,6 +672,8 @@ pub fn renewal(data: &[u8]) {
         created_at: 0,
         jwt_ttl_seconds: 0,
         federates_with: Vec::new(),
+        owner: String::new(),
+        owner_scope: String::new(),
     };
     let node = NodeRow {
         node_id: "n1".into(),
@@ -774,6 +776,7 @@ pub fn dns_templates(data: &[u8]) {
         kubernetes_bridge: KubernetesBridgeConfig {
             callers: vec![BRIDGE.into()],
             dns_templates: bridge,
+            ..KubernetesBridgeConfig::default()
         },
         ..PolicyConfig::default()
     };

@@ -345,6 +345,23 @@ impl Issuer {
         })
     }
 
+    /// Who is calling, for an API that acts for the caller without issuing to it (the
+    /// Registration service): authenticated as `SignCsr` authenticates; an mTLS caller's
+    /// presented certificate is re-checked as for a renewal (in the ledger, this very
+    /// certificate, not revoked, its source still valid), and a refusal is audited.
+    pub async fn authenticate_acting(
+        &self,
+        creds: &Credentials,
+    ) -> Result<AuthenticatedCaller, IssuerError> {
+        let caller = self.authenticate(creds)?;
+        if matches!(caller.kind(), CallerKind::Mtls { .. }) {
+            self.renewal_basis(&caller, unix(self.clock.now()))
+                .await
+                .map_err(|e| self.denial(&caller, e))?;
+        }
+        Ok(caller)
+    }
+
     /// Authenticates and issues, recording metrics for the outcome.
     pub async fn authenticate_and_issue(
         &self,

@@ -42,6 +42,7 @@ pub(crate) mod nodes;
 pub(crate) mod oidc;
 pub(crate) mod policy;
 pub(crate) mod provenance;
+pub(crate) mod registration;
 pub(crate) mod revocation;
 pub(crate) mod revoked;
 pub mod server;

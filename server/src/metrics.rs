@@ -34,6 +34,23 @@ pub struct FederationFetchLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RegistrationLabels {
+    /// `changed`, `unchanged`, or the refusal (`invalid_argument`, `permission_denied`,
+    /// `failed_precondition`, `unauthenticated`, `unavailable`, `internal`, …).
+    pub outcome: &'static str,
+}
+
+/// The outcomes of `signet_registration_syncs_total` shown at zero before the first sync.
+const REGISTRATION_OUTCOMES: [&str; 6] = [
+    "changed",
+    "unchanged",
+    "invalid_argument",
+    "permission_denied",
+    "failed_precondition",
+    "unauthenticated",
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TrustDomainLabels {
     pub trust_domain: String,
 }
@@ -67,6 +84,8 @@ pub struct Metrics {
     /// 1 while the ledger's head does not extend the last signed checkpoint (a rollback:
     /// `checkpoint.rs`), else 0.
     pub ledger_rollback: Gauge,
+    /// Registration syncs (`signet.ca.v1.Registration/SyncOwnedEntries`) by outcome.
+    pub registration_syncs: Family<RegistrationLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -176,8 +195,19 @@ impl Metrics {
              accepted, changed or not (unix seconds); alert when it falls behind",
             federation_last_success.clone(),
         );
+        let registration_syncs = Family::<RegistrationLabels, Counter>::default();
+        registry.register(
+            "registration_syncs",
+            "Syncs of registrar-owned entries (the Kubernetes bridge's), by outcome: changed, \
+             unchanged, or why it was refused",
+            registration_syncs.clone(),
+        );
+        for outcome in REGISTRATION_OUTCOMES {
+            let _ = registration_syncs.get_or_create(&RegistrationLabels { outcome });
+        }
         Arc::new(Self {
             registry,
+            registration_syncs,
             federation_fetches,
             federation_bundle_updated,
             federation_last_success,
@@ -211,6 +241,13 @@ impl Metrics {
         if outcome == "issued" {
             self.issuance_seconds.observe(took.as_secs_f64());
         }
+    }
+
+    /// Counts one registration sync by its outcome.
+    pub fn registration_sync(&self, outcome: &'static str) {
+        self.registration_syncs
+            .get_or_create(&RegistrationLabels { outcome })
+            .inc();
     }
 
     /// Counts one refusal by `limit`.

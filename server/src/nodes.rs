@@ -362,6 +362,29 @@ pub fn validate_entry(
     ttl_seconds: i64,
     dns_names: &[String],
 ) -> Result<ValidEntry, EntryError> {
+    let parent_id = parse_parent(policy.trust_domain(), parent)?
+        .spiffe_id()
+        .clone();
+    validate_entry_under(
+        policy,
+        spiffe_id,
+        parent_id,
+        selectors,
+        ttl_seconds,
+        dns_names,
+    )
+}
+
+/// [`validate_entry`] for a parent already resolved to its SPIFFE ID (a node's, or a node
+/// set's for the Registration service, `crate::registration`): the same rules for the rest.
+pub fn validate_entry_under(
+    policy: &Policy,
+    spiffe_id: &str,
+    parent_id: SpiffeId,
+    selectors: &[String],
+    ttl_seconds: i64,
+    dns_names: &[String],
+) -> Result<ValidEntry, EntryError> {
     let td = policy.trust_domain();
     let id: SpiffeId = spiffe_id
         .parse()
@@ -378,7 +401,6 @@ pub fn validate_entry(
     if Policy::is_reserved_id(&id) {
         return Err(EntryError::Reserved(id));
     }
-    let parent_id = parse_parent(td, parent)?.spiffe_id().clone();
     if selectors.is_empty() {
         return Err(EntryError::NoSelectors);
     }

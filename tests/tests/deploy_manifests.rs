@@ -43,9 +43,14 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("ClusterRoleBinding", "", "signet-agent"),
     ("ConfigMap", "signet-system", "signet-agent-config"),
     ("DaemonSet", "signet-system", "signet-agent"),
+    ("CSIDriver", "", "csi.spiffe.io"),
+    ("ServiceAccount", "signet-system", "spiffe-csi-driver"),
+    ("DaemonSet", "signet-system", "spiffe-csi-driver"),
     ("ServiceAccount", "signet-system", "signet-k8s"),
     ("ClusterRole", "", "signet-k8s"),
     ("ClusterRoleBinding", "", "signet-k8s"),
+    ("Role", "signet-system", "signet-k8s"),
+    ("RoleBinding", "signet-system", "signet-k8s"),
     ("Deployment", "signet-system", "signet-k8s"),
     (
         "ClusterRole",
@@ -800,11 +805,146 @@ fn configs_load_and_the_pieces_agree() {
             );
         }
     }
-    assert!(
-        !objs
-            .iter()
-            .any(|o| s(o, "/kind") == "Role" && s(o, "/metadata/name").starts_with("signet-k8s")),
-        "the bridge needs no namespaced Role (no leader election yet)"
+    // Secrets: the default mode only reads one by name (Issuers' tlsSecretRef, ClusterIssuers'
+    // refs); it writes none and no ConfigMap outside its namespace, holds no Lease rule
+    // cluster-wide. Writing Secrets is deploy/optional's (standalone, Citadel).
+    for rule in role["rules"].as_array().expect("rules") {
+        let resources = rule["resources"].to_string();
+        if resources.contains("\"secrets\"") {
+            assert_eq!(rule["verbs"], serde_json::json!(["get"]), "{rule}");
+        }
+        for never in ["\"configmaps\"", "\"leases\""] {
+            assert!(
+                !resources.contains(never),
+                "the bridge's ClusterRole names {never}: {rule}"
+            );
+        }
+    }
+    // In its own namespace: the one Lease (get/update by name; create cannot be limited by
+    // name) and the one bundle ConfigMap it writes (patch by name, create), ConfigMaps read.
+    let ns_role = find(&objs, "Role", "signet-k8s");
+    assert_eq!(s(ns_role, "/metadata/namespace"), "signet-system");
+    assert_eq!(
+        ns_role["rules"],
+        serde_json::json!([
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "resourceNames": ["signet-k8s-leader"], "verbs": ["get", "update"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["configmaps"],
+             "resourceNames": ["signet-bundle"], "verbs": ["patch"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+        ]),
+        "the bridge's namespaced Role"
+    );
+    let binding = find(&objs, "RoleBinding", "signet-k8s");
+    assert_eq!(s(binding, "/roleRef/kind"), "Role");
+    assert_eq!(s(binding, "/roleRef/name"), "signet-k8s");
+    assert_eq!(
+        s(binding, "/subjects/0/name"),
+        s(pod, "/serviceAccountName")
+    );
+    // Two replicas, one leader: leader election on, the Lease the Role names, the identity
+    // from the downward API.
+    let bridge = find(&objs, "Deployment", "signet-k8s");
+    assert_eq!(bridge["spec"]["replicas"].as_i64(), Some(2));
+    let bridge_env = |name: &str| {
+        pod["containers"][0]["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("signet-k8s: no env {name}"))
+    };
+    assert_eq!(bridge_env("SIGNET_K8S_LEADER_ELECTION")["value"], "true");
+    assert_eq!(
+        bridge_env("SIGNET_K8S_LEASE_NAME")["value"],
+        "signet-k8s-leader"
+    );
+    assert_eq!(
+        s(&bridge_env("POD_NAME"), "/valueFrom/fieldRef/fieldPath"),
+        "metadata.name"
+    );
+    // The modes whose write access is optional are off by default.
+    assert_eq!(bridge_env("SIGNET_K8S_CITADEL")["value"], "false");
+    assert_eq!(
+        bridge_env("SIGNET_K8S_STANDALONE_CERTIFICATES")["value"],
+        "false"
+    );
+    for (file, role) in [
+        (
+            "bridge-standalone-certificates-rbac.yaml",
+            "signet-k8s-standalone-certificates",
+        ),
+        ("bridge-citadel-rbac.yaml", "signet-k8s-citadel"),
+    ] {
+        let docs = read_yaml_file(&repo().join("deploy/optional").join(file));
+        let r = find(&docs, "ClusterRole", role);
+        for rule in r["rules"].as_array().expect("rules") {
+            let verbs = rule["verbs"].to_string();
+            assert!(
+                !verbs.contains("delete") && !verbs.contains("update") && !verbs.contains('*'),
+                "{file}: {rule}"
+            );
+        }
+        let b = find(&docs, "ClusterRoleBinding", role);
+        assert_eq!(s(b, "/subjects/0/name"), "signet-k8s", "{file}");
+        assert_eq!(s(b, "/subjects/0/namespace"), "signet-system", "{file}");
+    }
+
+    // The SPIFFE CSI driver reads the agent's socket directory from the host, and is the
+    // upstream driver with pinned images.
+    let csi = find(&objs, "CSIDriver", "csi.spiffe.io");
+    assert_eq!(
+        csi["spec"],
+        serde_json::json!({
+            "attachRequired": false, "podInfoOnMount": true, "fsGroupPolicy": "None",
+            "volumeLifecycleModes": ["Ephemeral"]
+        })
+    );
+    let driver = pod_spec(&objs, "DaemonSet", "spiffe-csi-driver");
+    let c = &driver["containers"][0];
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let socket_dir_arg = args[args
+        .iter()
+        .position(|a| *a == "-workload-api-socket-dir")
+        .expect("-workload-api-socket-dir")
+        + 1];
+    assert_eq!(
+        s(
+            volume_for_file(driver, &format!("{socket_dir_arg}/agent.sock")),
+            "/hostPath/path"
+        ),
+        socket_dir.to_str().expect("path"),
+        "the driver hands pods the agent's socket directory"
+    );
+    let pods_mount = c["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["mountPath"] == "/var/lib/kubelet/pods")
+        .expect("the kubelet's pods directory");
+    assert_eq!(pods_mount["mountPropagation"], "Bidirectional");
+    for c in driver["containers"].as_array().expect("containers") {
+        let image = s(c, "/image");
+        let tag = image.rsplit_once(':').map_or("", |(_, t)| t);
+        assert!(
+            (image.starts_with("ghcr.io/spiffe/spiffe-csi-driver:")
+                || image.starts_with("registry.k8s.io/sig-storage/csi-node-driver-registrar:"))
+                && !tag.is_empty()
+                && tag != "latest",
+            "{image}: the upstream images, pinned"
+        );
+    }
+    assert_eq!(
+        find(&objs, "DaemonSet", "spiffe-csi-driver")["spec"]["updateStrategy"]["type"],
+        "RollingUpdate"
     );
 
     // The clients expect the server's SPIFFE ID in the server's trust domain: the agent's
@@ -925,6 +1065,274 @@ fn configs_load_and_the_pieces_agree() {
             readme.contains(name),
             "deploy/README.md does not say how to create {kind} {name}"
         );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pod Security: the examples run under "baseline", only signet-system is privileged
+
+/// The capabilities Pod Security "baseline" lets a container add.
+const BASELINE_CAPABILITIES: &[&str] = &[
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+];
+
+/// The pod spec of a workload object (a Pod, or the template of a Deployment, DaemonSet,
+/// StatefulSet, ReplicaSet, Job; a CronJob's job template).
+fn workload_pod(o: &Value) -> Option<&Value> {
+    match s(o, "/kind") {
+        "Pod" => o.get("spec"),
+        "CronJob" => o.pointer("/spec/jobTemplate/spec/template/spec"),
+        _ => o.pointer("/spec/template/spec"),
+    }
+}
+
+/// Where `pod` breaks the Pod Security "baseline" rules that matter for reaching the agent:
+/// host namespaces, hostPath volumes (also in Istio's injected userVolume annotation),
+/// privileged containers, capabilities beyond baseline's list, host ports, and the rest of
+/// baseline's container rules (procMount, seccomp Unconfined, Windows hostProcess).
+fn baseline_violations(what: &str, pod: &Value, annotations: &Value) -> Vec<String> {
+    let mut v = Vec::new();
+    for host in ["hostNetwork", "hostPID", "hostIPC"] {
+        if pod[host] == Value::Bool(true) {
+            v.push(format!("{what}: {host}"));
+        }
+    }
+    let mut volumes: Vec<Value> = pod["volumes"].as_array().cloned().unwrap_or_default();
+    if let Some(extra) = annotations
+        .get("sidecar.istio.io/userVolume")
+        .and_then(Value::as_str)
+    {
+        let extra: Vec<Value> = serde_json::from_str(extra)
+            .unwrap_or_else(|e| panic!("{what}: sidecar.istio.io/userVolume is not JSON: {e}"));
+        volumes.extend(extra);
+    }
+    for vol in &volumes {
+        if vol.get("hostPath").is_some() {
+            v.push(format!("{what}: hostPath volume {}", vol["name"]));
+        }
+    }
+    if pod.pointer("/securityContext/seccompProfile/type") == Some(&Value::from("Unconfined")) {
+        v.push(format!("{what}: seccomp Unconfined"));
+    }
+    if pod.pointer("/securityContext/windowsOptions/hostProcess") == Some(&Value::Bool(true)) {
+        v.push(format!("{what}: hostProcess"));
+    }
+    let containers = ["containers", "initContainers", "ephemeralContainers"]
+        .iter()
+        .flat_map(|k| pod[*k].as_array().cloned().unwrap_or_default());
+    for c in containers {
+        let name = format!("{what} container {}", s(&c, "/name"));
+        let sc = &c["securityContext"];
+        if sc["privileged"] == Value::Bool(true) {
+            v.push(format!("{name}: privileged"));
+        }
+        for cap in sc
+            .pointer("/capabilities/add")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let cap = cap.as_str().unwrap_or("");
+            if !BASELINE_CAPABILITIES.contains(&cap) {
+                v.push(format!("{name}: adds capability {cap}"));
+            }
+        }
+        if sc.get("procMount").is_some_and(|p| p != "Default") {
+            v.push(format!("{name}: procMount {}", sc["procMount"]));
+        }
+        if sc.pointer("/seccompProfile/type") == Some(&Value::from("Unconfined")) {
+            v.push(format!("{name}: seccomp Unconfined"));
+        }
+        if sc.pointer("/windowsOptions/hostProcess") == Some(&Value::Bool(true)) {
+            v.push(format!("{name}: hostProcess"));
+        }
+        for p in c["ports"].as_array().into_iter().flatten() {
+            if p.get("hostPort").and_then(Value::as_u64).unwrap_or(0) != 0 {
+                v.push(format!("{name}: hostPort {}", p["hostPort"]));
+            }
+        }
+    }
+    v
+}
+
+/// The volumes through which `pod` reaches the Workload API: the one mounted at the directory
+/// of `SPIFFE_ENDPOINT_SOCKET`, and Istio's `workload-socket` user volume.
+fn workload_api_volumes(pod: &Value, annotations: &Value) -> Vec<(Value, bool)> {
+    let mut found = Vec::new();
+    let volumes = pod["volumes"].as_array().cloned().unwrap_or_default();
+    for c in pod["containers"].as_array().into_iter().flatten() {
+        let Some(socket) = c["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == "SPIFFE_ENDPOINT_SOCKET")
+            .and_then(|e| e["value"].as_str())
+        else {
+            continue;
+        };
+        let path = socket.strip_prefix("unix://").unwrap_or(socket);
+        let dir = Path::new(path).parent().expect("socket dir");
+        let mount = c["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| Path::new(s(m, "/mountPath")) == dir)
+            .unwrap_or_else(|| panic!("no volume mounted at {}", dir.display()));
+        let vol = volumes
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .cloned()
+            .unwrap_or(Value::Null);
+        found.push((vol, mount["readOnly"] == Value::Bool(true)));
+    }
+    if let (Some(vols), Some(mounts)) = (
+        annotations
+            .get("sidecar.istio.io/userVolume")
+            .and_then(Value::as_str),
+        annotations
+            .get("sidecar.istio.io/userVolumeMount")
+            .and_then(Value::as_str),
+    ) {
+        let vols: Vec<Value> = serde_json::from_str(vols).expect("userVolume JSON");
+        let mounts: Vec<Value> = serde_json::from_str(mounts).expect("userVolumeMount JSON");
+        for m in mounts
+            .iter()
+            .filter(|m| m["mountPath"] == "/var/run/secrets/workload-spiffe-uds")
+        {
+            let vol = vols
+                .iter()
+                .find(|v| v["name"] == m["name"])
+                .cloned()
+                .unwrap_or(Value::Null);
+            found.push((vol, m["readOnly"] == Value::Bool(true)));
+        }
+    }
+    found
+}
+
+fn pod_security(ns: &Value) -> &str {
+    s(ns, "/metadata/labels/pod-security.kubernetes.io~1enforce")
+}
+
+#[test]
+fn example_workloads_run_under_pod_security_baseline_through_the_csi_driver() {
+    let deploy = repo().join("deploy");
+    let mut examples = Vec::new();
+    for f in yaml_files(&deploy.join("examples")) {
+        examples.extend(read_yaml_file(&f));
+    }
+    let namespaces: Vec<&Value> = examples
+        .iter()
+        .filter(|o| s(o, "/kind") == "Namespace")
+        .collect();
+    assert!(!namespaces.is_empty(), "the examples ship their namespace");
+    for ns in &namespaces {
+        assert_eq!(pod_security(ns), "baseline", "{}", id(ns));
+    }
+    let mut workloads = 0;
+    let mut through_csi = 0;
+    for o in &examples {
+        let Some(pod) = workload_pod(o) else { continue };
+        if !pod.is_object() || pod.get("containers").is_none() {
+            continue;
+        }
+        workloads += 1;
+        let ns = s(o, "/metadata/namespace");
+        let ns_obj = namespaces
+            .iter()
+            .find(|n| s(n, "/metadata/name") == ns)
+            .unwrap_or_else(|| panic!("{}: its namespace {ns:?} is not an example's", id(o)));
+        assert_eq!(pod_security(ns_obj), "baseline");
+        let annotations = o
+            .pointer("/spec/template/metadata/annotations")
+            .or_else(|| o.pointer("/metadata/annotations"))
+            .cloned()
+            .unwrap_or(Value::Null);
+        let v = baseline_violations(&id(o), pod, &annotations);
+        assert!(v.is_empty(), "Pod Security baseline:\n  {}", v.join("\n  "));
+        for (vol, read_only) in workload_api_volumes(pod, &annotations) {
+            assert_eq!(
+                vol["csi"],
+                serde_json::json!({"driver": "csi.spiffe.io", "readOnly": true}),
+                "{}: the Workload API comes through the SPIFFE CSI driver, read-only",
+                id(o)
+            );
+            assert!(read_only, "{}: mounted read-only", id(o));
+            through_csi += 1;
+        }
+    }
+    assert!(workloads >= 2, "the examples hold workloads");
+    assert!(
+        through_csi >= 2,
+        "workload.yaml and istio-sds.yaml reach the agent"
+    );
+
+    // Across deploy/, signet-system is the only privileged namespace.
+    let mut privileged = BTreeSet::new();
+    for dir in [
+        deploy.clone(),
+        deploy.join("examples"),
+        deploy.join("optional"),
+    ] {
+        for f in yaml_files(&dir) {
+            for o in read_yaml_file(&f) {
+                if s(&o, "/kind") == "Namespace" && pod_security(&o) == "privileged" {
+                    privileged.insert(s(&o, "/metadata/name").to_owned());
+                }
+            }
+        }
+    }
+    assert_eq!(
+        privileged,
+        BTreeSet::from(["signet-system".to_owned()]),
+        "privileged namespaces"
+    );
+}
+
+#[test]
+fn the_baseline_check_catches_what_baseline_forbids() {
+    let ok = serde_json::json!({
+        "containers": [{"name": "app", "securityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"]}}}],
+        "volumes": [{"name": "w", "csi": {"driver": "csi.spiffe.io", "readOnly": true}}]
+    });
+    assert_eq!(
+        baseline_violations("ok", &ok, &Value::Null),
+        Vec::<String>::new()
+    );
+    let bad = serde_json::json!({
+        "hostPID": true, "hostNetwork": true, "hostIPC": true,
+        "containers": [{"name": "app", "ports": [{"containerPort": 80, "hostPort": 80}],
+            "securityContext": {"privileged": true, "capabilities": {"add": ["SYS_ADMIN"]},
+                                "procMount": "Unmasked"}}],
+        "volumes": [{"name": "w", "hostPath": {"path": "/run/spiffe"}}]
+    });
+    let ann = serde_json::json!({"sidecar.istio.io/userVolume":
+        "[{\"name\": \"s\", \"hostPath\": {\"path\": \"/run/spiffe\"}}]"});
+    let found = baseline_violations("bad", &bad, &ann).join("\n");
+    for want in [
+        "hostPID",
+        "hostNetwork",
+        "hostIPC",
+        "hostPath volume \"w\"",
+        "hostPath volume \"s\"",
+        "privileged",
+        "adds capability SYS_ADMIN",
+        "hostPort 80",
+        "procMount",
+    ] {
+        assert!(found.contains(want), "{want:?} not in:\n{found}");
     }
 }
 

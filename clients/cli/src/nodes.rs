@@ -321,7 +321,18 @@ fn entry_json(e: &RegisteredEntry) -> serde_json::Value {
         "federates_with": e.federates_with,
         "revision": e.revision,
         "created_at": rfc3339(e.created_at),
+        "owner": e.owner,
+        "owner_scope": e.owner_scope,
     })
+}
+
+/// The OWNER column: `-` for the operator's entries, else the registrar and its scope.
+fn owner_column(e: &RegisteredEntry) -> String {
+    if e.owner.is_empty() {
+        "-".to_owned()
+    } else {
+        format!("{} ({})", e.owner, e.owner_scope)
+    }
 }
 
 pub async fn entry(socket: &Path, cmd: EntryCmd) -> anyhow::Result<ExitCode> {
@@ -397,12 +408,12 @@ pub async fn entry(socket: &Path, cmd: EntryCmd) -> anyhow::Result<ExitCode> {
                 }
             } else {
                 println!(
-                    "{:<32}  {:<40}  {:<40}  {:>8}  {:>8}  SELECTORS  FEDERATES WITH",
+                    "{:<32}  {:<40}  {:<40}  {:>8}  {:>8}  SELECTORS  FEDERATES WITH  OWNER",
                     "ID", "SPIFFE ID", "PARENT", "TTL", "JWT TTL"
                 );
                 for e in &entries {
                     println!(
-                        "{:<32}  {:<40}  {:<40}  {:>8}  {:>8}  {}  {}",
+                        "{:<32}  {:<40}  {:<40}  {:>8}  {:>8}  {}  {}  {}",
                         e.id,
                         e.spiffe_id,
                         e.parent_id,
@@ -413,7 +424,8 @@ pub async fn entry(socket: &Path, cmd: EntryCmd) -> anyhow::Result<ExitCode> {
                             "-".to_owned()
                         } else {
                             e.federates_with.join(",")
-                        }
+                        },
+                        owner_column(e)
                     );
                 }
             }

@@ -6,8 +6,9 @@
 //! - It is the bridge's own namespace's ConfigMap, named by the operator. The operator creates
 //!   it at install (deploy/README.md, step 3: the bridge needs it to reach the server at all);
 //!   from then on the bridge owns `data.ca.crt` (server-side apply, field manager `signet-k8s`,
-//!   forced: the install's `kubectl create` owned the field first). Its RBAC is `get` and
-//!   `patch` of that one name (deploy/bridge.yaml).
+//!   forced: the install's `kubectl create` owned the field first). Its RBAC is the Role
+//!   `signet-k8s` of the bridge's namespace: `patch` of that one name, `get`, and `create`
+//!   (which Kubernetes cannot limit by name; deploy/bridge.yaml).
 //! - Written only when the roots differ from what the ConfigMap holds, and never empty (a
 //!   bundle without roots is not one the stream delivers; it is refused here too).
 //! - The stream is the server's, over TLS authenticated with the bundle itself: the ConfigMap

@@ -15,6 +15,9 @@
 //! - [`certificate`]: standalone mode, `Certificate` reconcilers (trigger, issuing, readiness).
 //! - [`keys`]: private keys for Certificates (ECDSA, Ed25519, RSA; PKCS#1/SEC1/PKCS#8) and CSRs.
 //! - [`citadel`]: Citadel compatibility (`istio.<sa>` Secrets, `istio-ca-root-cert`).
+//! - [`leader`]: leader election on a Lease; every controller runs behind
+//!   `Elector::run_while_leading`.
+//! - [`metrics`]: the bridge's Prometheus metrics.
 #![forbid(unsafe_code)]
 
 pub mod backoff;
@@ -30,6 +33,8 @@ pub mod events;
 pub mod issuer_status;
 pub mod issuers;
 pub mod keys;
+pub mod leader;
+pub mod metrics;
 pub mod operator;
 pub mod request;
 pub mod revocation;

@@ -2,7 +2,9 @@
 //!
 //! - `signet-k8s run`: the controllers (Issuer/ClusterIssuer status, CertificateRequest
 //!   external issuer; with `--standalone-certificates` the Certificate reconcilers, with
-//!   `--citadel` the Citadel-compatible Secrets and root ConfigMaps).
+//!   `--citadel` the Citadel-compatible Secrets and root ConfigMaps). With
+//!   `--leader-election` they all run behind one gate, `Elector::run_while_leading`: only
+//!   while this replica holds the Lease.
 //! - `signet-k8s crds [--out-dir DIR]`: the CRDs of `signet.dev`, as YAML.
 
 use std::net::SocketAddr;
@@ -88,9 +90,31 @@ struct RunArgs {
     /// The bridge's pod name, reported as the instance of its Kubernetes Events.
     #[arg(long, env = "SIGNET_K8S_POD_NAME")]
     pod_name: Option<String>,
+    /// Run the controllers only while this replica holds the Lease `--lease-name` of
+    /// `--namespace` (coordination.k8s.io/v1), so several replicas run with one acting. A
+    /// leader that cannot renew within `--renew-deadline` stops every controller and exits
+    /// non-zero; on SIGTERM it releases the Lease.
+    #[arg(long, env = "SIGNET_K8S_LEADER_ELECTION")]
+    leader_election: bool,
+    /// The leader election Lease's name.
+    #[arg(long, env = "SIGNET_K8S_LEASE_NAME", default_value = signet_k8s::leader::DEFAULT_LEASE_NAME)]
+    lease_name: String,
+    /// How long a follower waits, after it last saw the Lease change, before taking over.
+    #[arg(long, env = "SIGNET_K8S_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    lease_duration: std::time::Duration,
+    /// How long the leader keeps acting without a successful renewal (less than
+    /// --lease-duration).
+    #[arg(long, env = "SIGNET_K8S_RENEW_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
+    renew_deadline: std::time::Duration,
+    /// How often a follower tries to acquire and the leader renews.
+    #[arg(long, env = "SIGNET_K8S_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
+    retry_period: std::time::Duration,
     /// Serve `/healthz` and `/readyz` here (e.g. `0.0.0.0:8081`).
     #[arg(long, env = "SIGNET_K8S_HEALTH_ADDR")]
     health_addr: Option<SocketAddr>,
+    /// Serve `/metrics` (Prometheus) here (e.g. `0.0.0.0:8080`).
+    #[arg(long, env = "SIGNET_K8S_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "SIGNET_K8S_LOG_JSON")]
     log_json: bool,
@@ -158,9 +182,9 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// `/healthz` and `/readyz` (the process is up), on a probe listener
-/// ([`signet_runtime::http::serve_probes`]: connection and per-source caps, header-read, idle
-/// and lifetime timeouts sized for the kubelet).
+/// `/healthz` and `/readyz` (the process is up: a follower is as ready as the leader), on a
+/// probe listener ([`signet_runtime::http::serve_probes`]: connection and per-source caps,
+/// header-read, idle and lifetime timeouts sized for the kubelet).
 async fn health(addr: SocketAddr) -> anyhow::Result<()> {
     let l = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "health endpoint");
@@ -169,6 +193,35 @@ async fn health(addr: SocketAddr) -> anyhow::Result<()> {
         .route("/readyz", axum::routing::get(|| async { "ok\n" }));
     signet_runtime::http::serve_probes("--health-addr", l, router, |_| {}, std::future::pending())
         .await?;
+    Ok(())
+}
+
+/// `/metrics` (Prometheus text) on a listener of its own, within the default HTTP limits (as
+/// the server's and agent's: a scraper never holds the kubelet's probe slots).
+async fn metrics(
+    addr: SocketAddr,
+    metrics: Arc<signet_k8s::metrics::Metrics>,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "metrics endpoint");
+    let router = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || async move {
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                )],
+                metrics.encode(),
+            )
+        }),
+    );
+    let l = signet_runtime::http::HttpListener {
+        name: "--metrics-addr",
+        listener,
+        limits: signet_runtime::http::HttpLimits::default(),
+    };
+    signet_runtime::http::serve(l, router, |_| {}, std::future::pending()).await?;
     Ok(())
 }
 
@@ -201,6 +254,7 @@ fn bridge_config(args: &RunArgs) -> anyhow::Result<BridgeConfig> {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let bridge = Arc::new(bridge_config(&args)?);
+    let lease = lease_config(&args)?;
     if args.bundle_configmap.is_some() && bridge.server.is_none() {
         anyhow::bail!("--bundle-configmap needs --server (the bundle comes from its WatchBundle)");
     }
@@ -227,10 +281,31 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         bridge.clone(),
         events.clone(),
     ));
+    let metrics = Arc::new(signet_k8s::metrics::Metrics::new());
+    let elector = match lease {
+        None => None,
+        Some(cfg) => Some(
+            signet_k8s::leader::Elector::new(
+                client.clone(),
+                cfg,
+                Arc::new(signet_runtime::clock::SystemClock),
+                metrics.leader.clone(),
+            )
+            .map_err(|e| anyhow::anyhow!("--leader-election: {e}"))?,
+        ),
+    };
     if let Some(addr) = args.health_addr {
         tokio::spawn(async move {
             if let Err(e) = health(addr).await {
                 tracing::error!(error = %e, "health endpoint stopped");
+            }
+        });
+    }
+    if let Some(addr) = args.metrics_addr {
+        let m = metrics.clone();
+        tokio::spawn(async move {
+            if let Err(e) = self::metrics(addr, m).await {
+                tracing::error!(error = %e, "metrics endpoint stopped");
             }
         });
     }
@@ -304,25 +379,76 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let client = client.clone();
         let namespace = args.namespace.clone();
         let name = args.bundle_configmap.clone();
-        let bundle = operator_bundle(&bridge);
+        let bridge = bridge.clone();
         async move {
             if let Some(name) = name {
                 tracing::info!(%namespace, configmap = %name, "keeping the trust bundle ConfigMap current");
+                // Opened here, not before: nothing of this task starts on a follower.
+                let bundle = operator_bundle(&bridge);
                 signet_k8s::bundle_configmap::run(client, namespace, name, bundle).await;
             }
         }
     };
     let citadel = citadel(args.citadel, &bridge, client.clone());
     tracing::info!(namespace = %args.namespace, "signet-k8s running");
-    let (_, _, _, _, _, citadel) = tokio::join!(
-        requests,
-        issuers,
-        cluster_issuers,
-        standalone,
-        bundle_configmap,
+    // Every controller and writer of the bridge: nothing above has started yet (futures are
+    // lazy), and nothing of it starts except through the leader gate below.
+    let controllers = async move {
+        let (_, _, _, _, _, citadel) = tokio::join!(
+            requests,
+            issuers,
+            cluster_issuers,
+            standalone,
+            bundle_configmap,
+            citadel
+        );
         citadel
-    );
-    citadel
+    };
+    // THE gate: with --leader-election the controllers run only while this replica holds
+    // the Lease (a lost Lease is an error: exit non-zero, restart as a follower).
+    match elector {
+        None => controllers.await,
+        Some(elector) => {
+            use signet_k8s::leader::Outcome;
+            match elector
+                .run_while_leading(signet_runtime::shutdown::signal(), controllers)
+                .await?
+            {
+                Outcome::Finished(r) => r,
+                Outcome::ShutdownWhileLeading | Outcome::ShutdownWhileFollowing => Ok(()),
+            }
+        }
+    }
+}
+
+/// The leader election of `--leader-election` (checked), its identity the pod's name
+/// (`POD_NAME` from the downward API, else `--pod-name`, else the host name).
+fn lease_config(args: &RunArgs) -> anyhow::Result<Option<signet_k8s::leader::LeaseConfig>> {
+    if !args.leader_election {
+        return Ok(None);
+    }
+    let identity = std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .or_else(|| args.pod_name.clone())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .unwrap_or_default();
+    let cfg = signet_k8s::leader::LeaseConfig {
+        namespace: args.namespace.clone(),
+        name: args.lease_name.clone(),
+        identity,
+        lease_duration: args.lease_duration,
+        renew_deadline: args.renew_deadline,
+        retry_period: args.retry_period,
+    };
+    cfg.validate()
+        .map_err(|e| anyhow::anyhow!("--leader-election: {e}"))?;
+    tracing::info!(identity = %cfg.identity, lease = %cfg.name, "leader election on");
+    Ok(Some(cfg))
 }
 
 /// The operator's server's bundle stream (`--server`, `--bundle`, `--token`), kept current in

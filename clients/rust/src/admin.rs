@@ -252,6 +252,11 @@ pub struct RegisteredEntry {
     pub jwt_ttl_seconds: i64,
     /// Foreign trust domain names whose bundles its workloads receive, sorted.
     pub federates_with: Vec<String>,
+    /// Who keeps it: empty for the operator's entries, else the SPIFFE ID of the registrar
+    /// (the Kubernetes bridge) that owns it.
+    pub owner: String,
+    /// The registrar's name for the object the entry comes from; empty for the operator's.
+    pub owner_scope: String,
 }
 
 /// A registration entry to create.
@@ -313,6 +318,8 @@ impl From<pb::EntryRecord> for RegisteredEntry {
             created_at: e.created_at,
             jwt_ttl_seconds: e.jwt_ttl_seconds,
             federates_with: e.federates_with,
+            owner: e.owner,
+            owner_scope: e.owner_scope,
         }
     }
 }
@@ -574,10 +581,12 @@ mod tests {
             created_at: 3,
             jwt_ttl_seconds: 0,
             federates_with: vec!["partner.example".into()],
-            owner: String::new(),
-            owner_scope: String::new(),
+            owner: "spiffe://example.org/ns/signet-system/sa/signet-k8s".into(),
+            owner_scope: "Identity/team-a/web".into(),
         });
         assert_eq!((e.id.as_str(), e.ttl_seconds, e.revision), ("e1", 60, 4));
+        assert_eq!(e.owner_scope, "Identity/team-a/web");
+        assert!(e.owner.ends_with("/sa/signet-k8s"));
     }
 
     #[test]

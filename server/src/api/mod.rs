@@ -14,6 +14,7 @@ pub mod native;
 pub mod node;
 pub mod node_admin;
 pub(crate) mod node_watch;
+pub(crate) mod registration;
 pub mod revocation_admin;
 
 use std::future::Future;

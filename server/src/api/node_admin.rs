@@ -89,10 +89,15 @@ fn random_hex(bytes: usize) -> Result<String, ApiError> {
     Ok(hex::encode(b))
 }
 
+/// A fresh entry id (16 random bytes, hex), for every way an entry is made.
+pub(crate) fn new_entry_id() -> Result<String, ApiError> {
+    random_hex(16)
+}
+
 /// A validated entry, with a fresh id, as the store takes it.
 fn new_entry(v: ValidEntry, created_at: i64) -> Result<NewEntry, ApiError> {
     Ok(NewEntry {
-        id: random_hex(16)?,
+        id: new_entry_id()?,
         spiffe_id: v.spiffe_id.to_string(),
         parent_id: v.parent_id.to_string(),
         selectors: v.selectors,
@@ -184,8 +189,8 @@ fn entry_to_record(e: EntryRow) -> EntryRecord {
         created_at: e.created_at,
         jwt_ttl_seconds: e.jwt_ttl_seconds,
         federates_with: e.federates_with,
-        owner: String::new(),
-        owner_scope: String::new(),
+        owner: e.owner,
+        owner_scope: e.owner_scope,
     }
 }
 
@@ -531,6 +536,14 @@ impl NodeAdmin for NodeAdminApi {
         if req.id.is_empty() {
             return Err(ApiError::InvalidArgument("id is required".into()).into());
         }
+        // The operator is above any registrar: an owned entry may be deleted too, and the
+        // audit event names its owner (who will re-create it at its next sync unless the
+        // object it came from is changed).
+        let owned = self
+            .store
+            .entry(&req.id)
+            .await?
+            .filter(|e| !e.owner.is_empty());
         if !self.store.delete_entry(&req.id).await? {
             return Err(ApiError::NotFound(format!(
                 "no entry {:?}",
@@ -538,7 +551,15 @@ impl NodeAdmin for NodeAdminApi {
             ))
             .into());
         }
-        self.audit("admin.entry_delete", format!("entry {} deleted", req.id));
+        let detail = match owned {
+            Some(e) => format!(
+                "entry {} deleted (owned by registrar {}, scope {}; it re-creates the entry at \
+                 its next sync unless its object changes)",
+                req.id, e.owner, e.owner_scope
+            ),
+            None => format!("entry {} deleted", req.id),
+        };
+        self.audit("admin.entry_delete", detail);
         Ok(Response::new(DeleteEntryResponse {}))
     }
 }

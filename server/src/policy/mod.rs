@@ -80,6 +80,7 @@ mod source;
 mod tests;
 
 pub use grant::Grant;
+pub(crate) use source::bridge::{check_namespace, is_under_namespace};
 
 use checks::{CHAIN, Step};
 use dns_template::DnsTemplate;

@@ -97,6 +97,8 @@ fn entry_row(ttl: i64, dns: &[&str]) -> EntryRow {
         created_at: NOW - 1000,
         jwt_ttl_seconds: 0,
         federates_with: Vec::new(),
+        owner: String::new(),
+        owner_scope: String::new(),
     }
 }
 

@@ -14,6 +14,7 @@ use signet_proto::admin::node_admin_server::NodeAdminServer;
 use signet_proto::admin::revocation_admin_server::RevocationAdminServer;
 use signet_proto::agent::node_server::NodeServer;
 use signet_proto::ca::certificate_authority_server::CertificateAuthorityServer;
+use signet_proto::ca::registration_server::RegistrationServer;
 use signet_proto::istio_ca::istio_certificate_service_server::IstioCertificateServiceServer;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
@@ -32,6 +33,7 @@ use crate::api::ledger_admin::LedgerAdminApi;
 use crate::api::native::NativeApi;
 use crate::api::node::NodeApi;
 use crate::api::node_admin::NodeAdminApi;
+use crate::api::registration::RegistrationApi;
 use crate::api::revocation_admin::RevocationAdminApi;
 use crate::authn::psat::PsatAttestor;
 use crate::config::Config;
@@ -187,6 +189,9 @@ async fn health_service() -> (
         .await;
     reporter.set_serving::<NodeServer<NodeApi>>().await;
     reporter
+        .set_serving::<RegistrationServer<RegistrationApi>>()
+        .await;
+    reporter
         .set_serving::<NodeAdminServer<NodeAdminApi>>()
         .await;
     reporter
@@ -201,8 +206,8 @@ fn transport_limit(cfg: &Config) -> usize {
     cfg.max_message_bytes.saturating_mul(4).max(4 * 1024 * 1024)
 }
 
-/// The public gRPC listener (TLS, connection and call limits): the native CA API, Istio's CSR
-/// API, the node API, health and reflection.
+/// The public gRPC listener (TLS, connection and call limits): the native CA API, the
+/// Registration service, Istio's CSR API, the node API, health and reflection.
 fn spawn_grpc(
     tasks: &mut Supervisor,
     cfg: &Config,
@@ -232,6 +237,15 @@ fn spawn_grpc(
         )
         .with_shutdown(tasks.stop_signal()),
     )
+    .max_decoding_message_size(limit);
+    let registration = RegistrationServer::new(RegistrationApi::new(
+        parts.issuer.clone(),
+        parts.store.clone(),
+        parts.entry_policy.clone(),
+        crate::registration::Registrar::from_config(&cfg.policy.kubernetes_bridge),
+        parts.metrics.clone(),
+        cfg.max_message_bytes,
+    ))
     .max_decoding_message_size(limit);
     let istio = IstioCertificateServiceServer::new(IstioApi::new(
         parts.issuer.clone(),
@@ -286,6 +300,7 @@ fn spawn_grpc(
         .add_service(reflection)
         .add_service(reflection_alpha)
         .add_service(native)
+        .add_service(registration)
         .add_service(istio)
         .add_service(node)
         .serve_with_incoming_shutdown(incoming, tasks.stopped());

@@ -14,6 +14,7 @@
 //! | `pins` | [`PinStore`] | what every server sharing the database must agree on (trust domain, CA mode) |
 //! | `nodes` | [`NodeStore`] | join tokens, attested nodes, registration entries |
 //! | `node_sets` | [`NodeSetStore`](node_sets::NodeSetStore) (under [`NodeStore`]) | node sets, an entry's parent for many nodes |
+//! | `registration` | [`RegistrationStore`] | entries a registrar (the Kubernetes bridge) owns, synced per scope |
 //! | `entry_events` | (part of [`NodeStore`]) | entry-change notifications to every replica (LISTEN/NOTIFY) |
 //! | `paging` | (over [`LedgerStore`]) | keyset pages of the ledger and their opaque tokens |
 //!
@@ -74,6 +75,7 @@ pub mod nodes;
 pub mod paging;
 pub mod pins;
 mod postgres;
+pub mod registration;
 pub mod revocations;
 mod rows;
 mod sqlite;
@@ -100,6 +102,7 @@ pub use nodes::{BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, NodeStore
 pub use paging::{CertQuery, Order, certificates_page, jwt_svids_page};
 pub use pins::{Pin, PinEvidence, PinStore};
 pub use postgres::PgStore;
+pub use registration::{RegistrationStore, SyncResult};
 pub use revocations::{CertFilter, EventRow, NewRevocation, RevocationOutcome, RevocationStore};
 pub use sqlite::SqliteStore;
 
@@ -115,6 +118,7 @@ pub trait Store:
     + RevocationStore
     + PinStore
     + FederationStore
+    + RegistrationStore
 {
 }
 
@@ -127,6 +131,7 @@ impl<T> Store for T where
         + RevocationStore
         + PinStore
         + FederationStore
+        + RegistrationStore
         + ?Sized
 {
 }

@@ -128,6 +128,11 @@ pub struct EntryRow {
     /// Foreign trust domain names (sorted, without duplicates) whose bundles the entry's
     /// workloads receive; each must have a federation relationship.
     pub federates_with: Vec<String>,
+    /// Who keeps the entry: '' (the operator, on the admin socket) or the SPIFFE ID of the
+    /// registrar that owns it (`store::registration`).
+    pub owner: String,
+    /// The registrar's name for the object the entry comes from; '' for the operator's.
+    pub owner_scope: String,
 }
 
 /// How [`NodeStore::create_entry`] went.
@@ -335,11 +340,13 @@ super::db_row! {
         created_at: i64,
         jwt_ttl_seconds: i64,
         federates_with: String,
+        owner: String,
+        owner_scope: String,
     }
 }
 
 pub(super) const ENTRY_COLUMNS: &str = "id, spiffe_id, parent_id, selectors, ttl_seconds, \
-     dns_names, revision, created_at, jwt_ttl_seconds, federates_with";
+     dns_names, revision, created_at, jwt_ttl_seconds, federates_with, owner, owner_scope";
 
 impl TryFrom<DbEntry> for EntryRow {
     type Error = StoreError;
@@ -361,6 +368,8 @@ impl TryFrom<DbEntry> for EntryRow {
             ttl_seconds: r.ttl_seconds,
             created_at: r.created_at,
             jwt_ttl_seconds: r.jwt_ttl_seconds,
+            owner: r.owner,
+            owner_scope: r.owner_scope,
         })
     }
 }
@@ -719,6 +728,8 @@ macro_rules! impl_node_store {
                     created_at: e.created_at,
                     jwt_ttl_seconds: e.jwt_ttl_seconds,
                     federates_with: e.federates_with.clone(),
+                    owner: String::new(),
+                    owner_scope: String::new(),
                 }))
             }
 
@@ -875,6 +886,8 @@ macro_rules! impl_node_store {
                             created_at: e.created_at,
                             jwt_ttl_seconds: e.jwt_ttl_seconds,
                             federates_with: e.federates_with.clone(),
+                            owner: String::new(),
+                            owner_scope: String::new(),
                         })
                         .collect(),
                 })

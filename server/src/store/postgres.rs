@@ -196,6 +196,7 @@ super::nodes::impl_node_store!(PgStore, map_err);
 super::node_sets::impl_node_set_store!(PgStore, map_err, LOCK_READ);
 super::pins::impl_pin_store!(PgStore, map_err);
 super::federation::impl_federation_store!(PgStore, map_err);
+super::registration::impl_registration_store!(PgStore, map_err);
 
 /// The ledger's columns an append writes, in the order of [`Columns`]' arrays.
 const INSERT_COLUMNS: &str = "seq, serial, spiffe_id, dns_names, ip_addresses, not_before, \

@@ -236,6 +236,7 @@ super::nodes::impl_node_store!(SqliteStore, map_err);
 super::node_sets::impl_node_set_store!(SqliteStore, map_err, LOCK_READ);
 super::pins::impl_pin_store!(SqliteStore, map_err);
 super::federation::impl_federation_store!(SqliteStore, map_err);
+super::registration::impl_registration_store!(SqliteStore, map_err);
 
 /// The batch inserts: one statement per row (SQLite has no array parameters; inside one
 /// transaction the rows cost no extra fsync).

@@ -55,6 +55,7 @@ async fn grpcurl_reflection_health_and_istio_csr() {
     for svc in [
         "istio.v1.auth.IstioCertificateService",
         "signet.ca.v1.CertificateAuthority",
+        "signet.ca.v1.Registration",
         "grpc.health.v1.Health",
     ] {
         assert!(out.contains(svc), "{svc} missing from {out}");

@@ -30,6 +30,7 @@ mod node_sets;
 mod nodes;
 mod plugged;
 mod readme;
+mod registration;
 mod revocation;
 mod rotation_handshakes;
 mod sds;

@@ -23,6 +23,7 @@ use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
 
+pub mod leases;
 mod objects;
 pub use objects::{Stored, applied, merge, not_found, object, status_failure};
 

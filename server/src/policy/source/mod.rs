@@ -32,7 +32,7 @@ use super::{Denial, GrantSource, IssueRequest, Policy};
 use crate::authn::{AuthenticatedCaller, CallerKind};
 use crate::provenance::Provenance;
 
-mod bridge;
+pub(crate) mod bridge;
 mod caller;
 mod impersonation;
 mod node;

@@ -246,6 +246,7 @@ fn bridge_feature_is_off_by_default_and_templates_are_checked() {
         kubernetes_bridge: KubernetesBridgeConfig {
             callers: vec!["spiffe://example.org/ns/signet-system/sa/signet-k8s".into()],
             dns_templates: vec!["gw.{namespace}.example.com".into()],
+            ..KubernetesBridgeConfig::default()
         },
         ..PolicyConfig::default()
     };
@@ -279,6 +280,7 @@ fn bridge_feature_is_off_by_default_and_templates_are_checked() {
             kubernetes_bridge: KubernetesBridgeConfig {
                 callers: vec![],
                 dns_templates: vec![t.into()],
+                ..KubernetesBridgeConfig::default()
             },
             ..PolicyConfig::default()
         };

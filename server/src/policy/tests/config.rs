@@ -86,6 +86,7 @@ fn ambiguous_dns_templates_are_refused_at_start_up() {
             kubernetes_bridge: KubernetesBridgeConfig {
                 callers: vec![],
                 dns_templates: vec![t.into()],
+                ..KubernetesBridgeConfig::default()
             },
             ..PolicyConfig::default()
         };

@@ -84,6 +84,7 @@ mod ledger;
 mod node_sets;
 mod nodes;
 mod pins;
+mod registration;
 mod revocations;
 
 conformance!(migrations_are_idempotent);
