@@ -201,6 +201,7 @@ impl Attestation {
                 request_id,
                 "a join token",
                 ATTESTATION_JOIN_TOKEN,
+                crate::node_sets::join_token_selectors(&node_id),
             )
             .await
         {
@@ -259,13 +260,21 @@ impl Attestation {
             node.node_name
         );
         let cert = self
-            .attest_node(&node.node_id, csr, request_id, &how, ATTESTATION_K8S_PSAT)
+            .attest_node(
+                &node.node_id,
+                csr,
+                request_id,
+                &how,
+                ATTESTATION_K8S_PSAT,
+                node.selectors,
+            )
             .await?;
         Ok((node.node_id, cert))
     }
 
     /// After the credential was checked (a join token consumed): refuses a banned node,
-    /// issues the node identity through the issuer (policy, CA, ledger) and records the node.
+    /// issues the node identity through the issuer (policy, CA, ledger) and records the node
+    /// with the node `selectors` its attestation proved (replacing any earlier ones).
     async fn attest_node(
         &self,
         node_id: &str,
@@ -273,6 +282,7 @@ impl Attestation {
         request_id: String,
         how: &str,
         attestation: &str,
+        selectors: Vec<String>,
     ) -> Result<IssuedCert, IssuerError> {
         let caller = AuthenticatedCaller::attested_node(self.issuer.trust_domain(), node_id)?;
         let existing = self.store.node(node_id).await?;
@@ -306,6 +316,7 @@ impl Attestation {
                 last_serial: cert.serial.clone(),
                 not_after: unix(cert.not_after),
                 attestation: attestation.to_owned(),
+                selectors,
             })
             .await?;
         self.record(
@@ -380,6 +391,7 @@ mod tests {
             last_serial: "01".into(),
             not_after: 2,
             attestation: ATTESTATION_JOIN_TOKEN.into(),
+            selectors: Vec::new(),
         };
         assert_eq!(node_refusal("n1", Some(&row), true), None);
         assert_eq!(node_refusal("n1", None, false), None);

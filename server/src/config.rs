@@ -332,6 +332,10 @@ pub struct NodesKubernetesConfig {
     /// so that a workload's token can never attest a node.
     #[serde(default = "default_node_audiences")]
     pub audiences: Vec<String>,
+    /// The cluster's name (a DNS-1123 subdomain): every node attested here proves
+    /// `k8s_psat:cluster:<name>`, which node sets select on. Optional.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
 }
 
 fn default_node_audiences() -> Vec<String> {
@@ -934,6 +938,15 @@ impl Config {
                 "nodes.kubernetes.audiences must list at least one non-empty audience".into(),
             ));
         }
+        if let Some(c) = &n.cluster
+            && !Dns1123Subdomain::is_valid(c)
+        {
+            return Err(ConfigError::Invalid(format!(
+                "nodes.kubernetes.cluster {c:?} is not a cluster name: lowercase letters, \
+                 digits, '-' and '.', at most 253 characters (a DNS-1123 subdomain), e.g. \
+                 \"prod-eu\""
+            )));
+        }
         if let Some(a) = n.audiences.iter().find(|a| auth.audiences.contains(a)) {
             return Err(ConfigError::Invalid(format!(
                 "nodes.kubernetes.audiences and auth.kubernetes.audiences share {a:?}: a \
@@ -1167,6 +1180,19 @@ mod tests {
         let n = c.nodes.kubernetes.expect("nodes.kubernetes");
         assert_eq!(n.audiences, ["signet-node"]);
         assert_eq!(n.allowed_service_accounts, ["signet-system:signet-agent"]);
+        assert_eq!(n.cluster, None);
+        let c = load_toml(&format!(
+            "{AUTH}\n[nodes.kubernetes]\nallowed_service_accounts = [\"a:b\"]\ncluster = \"prod.eu\"\n"
+        ))
+        .expect("loads");
+        assert_eq!(
+            c.nodes
+                .kubernetes
+                .expect("nodes.kubernetes")
+                .cluster
+                .as_deref(),
+            Some("prod.eu")
+        );
         assert!(load_toml("").expect("defaults").nodes.kubernetes.is_none());
         for (toml, want) in [
             (
@@ -1197,6 +1223,12 @@ mod tests {
             (
                 format!("{AUTH}\n[nodes.kubernetes]\nallowed_service_account = [\"a:b\"]\n"),
                 "allowed_service_account",
+            ),
+            (
+                format!(
+                    "{AUTH}\n[nodes.kubernetes]\nallowed_service_accounts = [\"a:b\"]\ncluster = \"Prod EU\"\n"
+                ),
+                "nodes.kubernetes.cluster \"Prod EU\" is not a cluster name",
             ),
         ] {
             let err = load_toml(&toml).expect_err(&toml);

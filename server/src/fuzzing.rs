@@ -251,6 +251,7 @@ fn psat() -> &'static PsatAttestor {
         PsatAttestor::new(&NodesKubernetesConfig {
             allowed_service_accounts: vec!["signet-system:signet-agent".into()],
             audiences: NODE_AUDIENCES.iter().map(|s| (*s).to_owned()).collect(),
+            cluster: None,
         })
     })
 }
@@ -682,10 +683,12 @@ pub fn renewal(data: &[u8]) {
         last_serial: String::new(),
         not_after,
         attestation: "join_token".into(),
+        selectors: vec!["signet:attestation:join_token".into()],
     };
     let facts = EntryFacts {
         entry: (flags & 2 != 0).then_some(&entry),
         node: (flags & 4 != 0).then_some(&node),
+        node_set: None,
     };
     let policy = istio_policy();
     let _ = renewal::entry_to_check(&row);
@@ -889,13 +892,33 @@ pub fn nodes(data: &[u8]) {
                 "node ID round trip"
             );
             assert_eq!(
-                nodes::parse_parent(&td, &node.to_string()).as_ref(),
+                nodes::parse_node(&td, &node.to_string()).as_ref(),
                 Ok(&node)
             );
-            assert_eq!(nodes::parse_parent(&td, line).as_ref(), Ok(&node));
+            assert_eq!(nodes::parse_node(&td, line).as_ref(), Ok(&node));
+            assert_eq!(
+                nodes::parse_parent(&td, line),
+                Ok(nodes::Parent::Node(node))
+            );
         }
-        if let Ok(p) = nodes::parse_parent(&td, line) {
-            assert!(nodes::node_id_of(&p, &td).is_some(), "a parent is a node");
+        if let Ok(p) = nodes::parse_node(&td, line) {
+            assert!(nodes::node_id_of(&p, &td).is_some(), "a node is a node");
+        }
+        match nodes::parse_parent(&td, line) {
+            Ok(nodes::Parent::Node(p)) => {
+                assert!(
+                    nodes::node_id_of(&p, &td).is_some(),
+                    "a parent node is a node"
+                );
+            }
+            Ok(nodes::Parent::NodeSet { name, id }) => {
+                assert_eq!(
+                    signet_types::node_set::node_set_of(&id, &td),
+                    Some(name),
+                    "a parent set is a set"
+                );
+            }
+            Err(_) => {}
         }
         let _ = nodes::validate_selector(line);
         if let Ok(t) = JoinToken::parse(line) {

@@ -722,9 +722,18 @@ impl Issuer {
             ),
             None => (None, None),
         };
+        // A node set's entry: the set too, for the membership re-check.
+        let node_set = match entry
+            .as_ref()
+            .and_then(|e| crate::store::node_sets::node_set_name_of_parent(&e.parent_id))
+        {
+            Some(name) => self.store.node_set(name).await?,
+            None => None,
+        };
         let facts = EntryFacts {
             entry: entry.as_ref(),
             node: node.as_ref(),
+            node_set: node_set.as_ref(),
         };
         renewal::assess(&self.policy, caller, row, facts, now).map_err(Refusal::Policy)
     }

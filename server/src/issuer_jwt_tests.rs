@@ -210,6 +210,7 @@ async fn refusals_keep_signcsr_codes_and_record_nothing() {
         parent_id: testutil::id("/signet/node/n2"),
         dns_names: vec![],
         ttl_seconds: 0,
+        node_set: None,
     };
     let err = r
         .issuer
@@ -292,6 +293,7 @@ async fn a_nodes_mints_for_one_identity_are_held_to_that_identitys_rate() {
         parent_id: testutil::id("/signet/node/n1"),
         dns_names: vec![],
         ttl_seconds: 0,
+        node_set: None,
     };
     let (hostile, neighbour) = (grant("/mallory"), grant("/web"));
     for i in 0..3 {

@@ -37,6 +37,7 @@ pub(crate) mod ledger;
 pub mod ledger_fill;
 pub(crate) mod limits;
 pub(crate) mod metrics;
+pub(crate) mod node_sets;
 pub(crate) mod nodes;
 pub(crate) mod oidc;
 pub(crate) mod policy;

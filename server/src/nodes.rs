@@ -14,6 +14,9 @@
 
 use signet_types::dns::DnsName;
 use signet_types::node::NodeIdError;
+use signet_types::node_set::{
+    NODE_SET_PARENT_PREFIX, NODE_SET_PATH_PREFIX, NodeSetError, NodeSetName, node_set_of,
+};
 use signet_types::selector::{Selector, SelectorError};
 use signet_types::untrusted::quoted;
 use signet_types::{SpiffeId, SpiffeIdError, TrustDomain};
@@ -42,7 +45,7 @@ pub fn node_spiffe_id(td: &TrustDomain, node_id: &str) -> Result<SpiffeId, NodeI
     signet_types::node::node_spiffe_id(td, node_id)
 }
 
-/// Why a parent (a node ID or a node SPIFFE ID) is refused.
+/// Why a parent (a node ID, a node SPIFFE ID, or a node set) is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParentError {
     /// It starts like a SPIFFE ID but is not one (`given` is quoted for display).
@@ -51,30 +54,109 @@ pub enum ParentError {
         given: String,
         source: SpiffeIdError,
     },
-    /// A SPIFFE ID, but not a node's in this trust domain.
+    /// A SPIFFE ID, but not a node's (or, where one may be, a node set's) in this trust domain.
     #[error(
         "parent {id} is not a node ID of this trust domain \
-         (spiffe://{td}{NODE_PATH_PREFIX}<node-id>)"
+         (spiffe://{td}{NODE_PATH_PREFIX}<node-id>){}",
+        nor_a_set(.td, .sets)
     )]
-    NotANode { id: SpiffeId, td: TrustDomain },
+    NotANode {
+        id: SpiffeId,
+        td: TrustDomain,
+        /// Whether a node set would have done.
+        sets: bool,
+    },
     /// A bare node ID that is not valid.
     #[error("parent: {0}")]
     NodeId(#[source] NodeIdError),
+    /// `nodeset:<name>` with a name that is not valid.
+    #[error("parent: {0}")]
+    NodeSet(#[source] NodeSetError),
 }
 
-/// A parent as the operator names it: a node ID, or a node SPIFFE ID of `td`.
-pub fn parse_parent(td: &TrustDomain, parent: &str) -> Result<SpiffeId, ParentError> {
+fn nor_a_set(td: &TrustDomain, sets: &bool) -> String {
+    if *sets {
+        format!(" nor a node set (nodeset:<name> or spiffe://{td}{NODE_SET_PATH_PREFIX}<name>)")
+    } else {
+        String::new()
+    }
+}
+
+/// An entry's parent: a node, or a node set (whose member nodes all receive the entry).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Parent {
+    Node(SpiffeId),
+    /// The set's name and SPIFFE ID (`spiffe://<td>/signet/nodeset/<name>`).
+    NodeSet {
+        name: NodeSetName,
+        id: SpiffeId,
+    },
+}
+
+impl Parent {
+    /// What the entry's `parent_id` holds.
+    pub fn spiffe_id(&self) -> &SpiffeId {
+        match self {
+            Parent::Node(id) | Parent::NodeSet { id, .. } => id,
+        }
+    }
+}
+
+/// A parent as the operator names it: a node ID, a node SPIFFE ID of `td`, `nodeset:<name>`,
+/// or a node set's SPIFFE ID of `td`.
+pub fn parse_parent(td: &TrustDomain, parent: &str) -> Result<Parent, ParentError> {
+    if let Some(name) = parent.strip_prefix(NODE_SET_PARENT_PREFIX) {
+        let name = NodeSetName::new(name).map_err(ParentError::NodeSet)?;
+        let id = name
+            .spiffe_id(td)
+            .map_err(|source| ParentError::NotSpiffeId {
+                given: quoted(parent),
+                source,
+            })?;
+        return Ok(Parent::NodeSet { name, id });
+    }
     if parent.starts_with("spiffe://") {
-        let id: SpiffeId = parent.parse().map_err(|source| ParentError::NotSpiffeId {
-            given: quoted(parent),
-            source,
-        })?;
+        let id = spiffe_id(parent)?;
+        if let Some(name) = node_set_of(&id, td) {
+            return Ok(Parent::NodeSet { name, id });
+        }
         if node_id_of(&id, td).is_none() {
-            return Err(ParentError::NotANode { id, td: td.clone() });
+            return Err(ParentError::NotANode {
+                id,
+                td: td.clone(),
+                sets: true,
+            });
+        }
+        Ok(Parent::Node(id))
+    } else {
+        node_spiffe_id(td, parent)
+            .map(Parent::Node)
+            .map_err(ParentError::NodeId)
+    }
+}
+
+fn spiffe_id(given: &str) -> Result<SpiffeId, ParentError> {
+    given.parse().map_err(|source| ParentError::NotSpiffeId {
+        given: quoted(given),
+        source,
+    })
+}
+
+/// A node as the operator names it (banning it, selecting its certificates): a node ID, or a
+/// node SPIFFE ID of `td`; never a node set.
+pub fn parse_node(td: &TrustDomain, node: &str) -> Result<SpiffeId, ParentError> {
+    if node.starts_with("spiffe://") {
+        let id = spiffe_id(node)?;
+        if node_id_of(&id, td).is_none() {
+            return Err(ParentError::NotANode {
+                id,
+                td: td.clone(),
+                sets: false,
+            });
         }
         Ok(id)
     } else {
-        node_spiffe_id(td, parent).map_err(ParentError::NodeId)
+        node_spiffe_id(td, node).map_err(ParentError::NodeId)
     }
 }
 
@@ -149,6 +231,8 @@ pub fn validate_selector(s: &str) -> Result<Selector, SelectorError> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ValidEntry {
     pub spiffe_id: SpiffeId,
+    /// A node's or a node set's SPIFFE ID ([`parse_parent`]); whether the set exists is checked
+    /// by the store, in the transaction that writes the entry.
     pub parent_id: SpiffeId,
     pub selectors: Vec<String>,
     pub ttl_seconds: i64,
@@ -278,7 +362,9 @@ pub fn validate_entry(
     ttl_seconds: i64,
     dns_names: &[String],
 ) -> Result<ValidEntry, EntryError> {
-    let parent_id = parse_parent(policy.trust_domain(), parent)?;
+    let parent_id = parse_parent(policy.trust_domain(), parent)?
+        .spiffe_id()
+        .clone();
     validate_entry_under(
         policy,
         spiffe_id,
@@ -563,11 +649,35 @@ mod tests {
         assert_eq!(node_id_of(&id, &other), None);
         let app: SpiffeId = "spiffe://example.org/app".parse().expect("id");
         assert_eq!(node_id_of(&app, &td()), None);
-        assert_eq!(parse_parent(&td(), "n1"), Ok(id.clone()));
-        assert_eq!(parse_parent(&td(), &id.to_string()), Ok(id));
+        assert_eq!(parse_parent(&td(), "n1"), Ok(Parent::Node(id.clone())));
+        assert_eq!(
+            parse_parent(&td(), &id.to_string()),
+            Ok(Parent::Node(id.clone()))
+        );
+        assert_eq!(parse_node(&td(), "n1"), Ok(id.clone()));
+        assert_eq!(parse_node(&td(), &id.to_string()), Ok(id));
         assert!(parse_parent(&td(), "spiffe://example.org/app").is_err());
         assert!(parse_parent(&td(), "spiffe://other.org/signet/node/n1").is_err());
         assert!(parse_parent(&td(), "a/b").is_err());
+        // Node sets: by name or by SPIFFE ID, never where a node is meant.
+        let set: SpiffeId = "spiffe://example.org/signet/nodeset/k8s"
+            .parse()
+            .expect("id");
+        let want = Parent::NodeSet {
+            name: NodeSetName::new("k8s").expect("name"),
+            id: set.clone(),
+        };
+        assert_eq!(parse_parent(&td(), "nodeset:k8s"), Ok(want.clone()));
+        assert_eq!(parse_parent(&td(), &set.to_string()), Ok(want.clone()));
+        assert_eq!(want.spiffe_id(), &set);
+        let e = parse_parent(&td(), "nodeset:K8s").expect_err("bad name");
+        assert!(e.to_string().contains("node set name"), "{e}");
+        assert!(parse_parent(&td(), "spiffe://other.org/signet/nodeset/k8s").is_err());
+        let e = parse_parent(&td(), "spiffe://example.org/app").expect_err("not a parent");
+        assert!(e.to_string().contains("nor a node set"), "{e}");
+        let e = parse_node(&td(), &set.to_string()).expect_err("a set is not a node");
+        assert!(!e.to_string().contains("node set"), "{e}");
+        assert!(parse_node(&td(), "nodeset:k8s").is_err());
     }
 
     #[test]

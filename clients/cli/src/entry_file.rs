@@ -8,7 +8,7 @@
 //!
 //! ```yaml
 //! - spiffe_id: spiffe://example.org/web
-//!   parent: node-1            # node ID or node SPIFFE ID
+//!   parent: node-1            # node ID or node SPIFFE ID, or nodeset:NAME
 //!   selectors: [unix:uid:1000]
 //!   ttl: 1h                   # optional: a duration ("10m") or seconds (600)
 //!   dns_names: [web.example.org]

@@ -96,6 +96,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: nodes::NodeCmd,
     },
+    /// Node sets: named sets of nodes (by attested node selectors) an entry can name as parent.
+    Nodeset {
+        #[command(subcommand)]
+        cmd: nodes::NodeSetCmd,
+    },
     /// Registration entries: the workload identities a node may obtain.
     Entry {
         #[command(subcommand)]
@@ -355,6 +360,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Ca { cmd } => ca::ca(&cli.socket, cmd).await,
         Cmd::Token { cmd } => nodes::token(&cli.socket, cmd).await,
         Cmd::Node { cmd } => nodes::node(&cli.socket, cmd).await,
+        Cmd::Nodeset { cmd } => nodes::node_set(&cli.socket, cmd).await,
         Cmd::Entry { cmd } => nodes::entry(&cli.socket, cmd).await,
         Cmd::Bench(args) => bench::run(&cli.socket, args).await,
         Cmd::Crl { cmd } => revoke::crl(&cli.socket, cmd).await,

@@ -1,6 +1,6 @@
-//! `signetctl token|node|entry`: join tokens, attested nodes and registration entries
-//! (the `signet.admin.v1.NodeAdmin` service on the admin socket, through the typed
-//! `signet_client::admin::NodeAdminClient`).
+//! `signetctl token|node|nodeset|entry`: join tokens, attested nodes, node sets and
+//! registration entries (the `signet.admin.v1.NodeAdmin` service on the admin socket, through
+//! the typed `signet_client::admin::NodeAdminClient`).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use clap::Subcommand;
-use signet_client::admin::{NewEntry, Node, NodeAdminClient, RegisteredEntry};
+use signet_client::admin::{NewEntry, Node, NodeAdminClient, NodeSet, RegisteredEntry};
 
 use crate::{call_err, rfc3339};
 
@@ -49,12 +49,38 @@ pub enum NodeCmd {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum NodeSetCmd {
+    /// Create a node set: every node whose attestation proved all of its selectors. An entry
+    /// with `--parent nodeset:NAME` serves its workload on every member node. Immutable.
+    Create {
+        /// 1-64 of a-z, 0-9 and '-'.
+        name: String,
+        /// A node selector every member proved (repeatable, at least one):
+        /// signet:attestation:<join_token|k8s_psat>, k8s_psat:cluster:<name>,
+        /// k8s_psat:agent_ns:<ns>, k8s_psat:agent_sa:<ns>:<sa>, k8s_psat:node_name:<node>,
+        /// join_token:node_id:<id>.
+        #[arg(long = "node-selector", required = true)]
+        node_selectors: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List node sets with their current members and how many entries name each.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a node set; refused while entries name it as parent.
+    Delete { name: String },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum EntryCmd {
     /// Register a workload identity under a node, or (--file) many in one all-or-nothing call.
     Create {
         #[arg(long, required_unless_present = "file")]
         spiffe_id: Option<String>,
-        /// The parent node's ID (or SPIFFE ID).
+        /// The parent: a node's ID (or SPIFFE ID), or a node set, nodeset:NAME (every member
+        /// node serves the entry).
         #[arg(long, required_unless_present = "file")]
         parent: Option<String>,
         /// e.g. unix:uid:1000, unix:path:/usr/bin/app (repeatable; all must match).
@@ -83,7 +109,7 @@ pub enum EntryCmd {
     },
     /// List entries.
     List {
-        /// Only the entries of this node (ID or SPIFFE ID).
+        /// Only the entries of this node (ID or SPIFFE ID) or node set (nodeset:NAME).
         #[arg(long)]
         parent: Option<String>,
         #[arg(long)]
@@ -139,7 +165,88 @@ fn node_json(n: &Node) -> serde_json::Value {
         "serial": n.serial,
         "not_after": rfc3339(n.not_after),
         "attestation": n.attestation,
+        "selectors": n.selectors,
     })
+}
+
+fn node_set_json(s: &NodeSet) -> serde_json::Value {
+    serde_json::json!({
+        "name": s.name,
+        "spiffe_id": s.spiffe_id,
+        "node_selectors": s.node_selectors,
+        "created_at": rfc3339(s.created_at),
+        "members": s.members,
+        "entries": s.entries,
+    })
+}
+
+fn print_node_sets(sets: &[NodeSet], json: bool) {
+    if json {
+        for s in sets {
+            println!("{}", node_set_json(s));
+        }
+        return;
+    }
+    println!(
+        "{:<24}  {:>7}  {:>7}  {:<48}  MEMBERS",
+        "NAME", "MEMBERS", "ENTRIES", "NODE SELECTORS"
+    );
+    for s in sets {
+        println!(
+            "{:<24}  {:>7}  {:>7}  {:<48}  {}",
+            s.name,
+            s.members.len(),
+            s.entries,
+            s.node_selectors.join(","),
+            if s.members.is_empty() {
+                "-".to_owned()
+            } else {
+                s.members.join(",")
+            }
+        );
+    }
+}
+
+pub async fn node_set(socket: &Path, cmd: NodeSetCmd) -> anyhow::Result<ExitCode> {
+    let c = client(socket).await?;
+    match cmd {
+        NodeSetCmd::Create {
+            name,
+            node_selectors,
+            json,
+        } => {
+            let s = c
+                .create_node_set(&name, &node_selectors)
+                .await
+                .map_err(|e| call_err("nodeset create", &e))?;
+            if json {
+                println!("{}", node_set_json(&s));
+            } else {
+                println!(
+                    "created node set {} ({}), {} member(s) now; name it as an entry's parent \
+                     with --parent nodeset:{}",
+                    s.name,
+                    s.spiffe_id,
+                    s.members.len(),
+                    s.name
+                );
+            }
+        }
+        NodeSetCmd::List { json } => {
+            let sets = c
+                .node_sets()
+                .await
+                .map_err(|e| call_err("nodeset list", &e))?;
+            print_node_sets(&sets, json);
+        }
+        NodeSetCmd::Delete { name } => {
+            c.delete_node_set(&name)
+                .await
+                .map_err(|e| call_err("nodeset delete", &e))?;
+            println!("deleted node set {name}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn node(socket: &Path, cmd: NodeCmd) -> anyhow::Result<ExitCode> {
@@ -153,18 +260,19 @@ pub async fn node(socket: &Path, cmd: NodeCmd) -> anyhow::Result<ExitCode> {
                 }
             } else {
                 println!(
-                    "{:<24}  {:<10}  {:<7}  {:<20}  {:<34}  SPIFFE ID",
-                    "NODE", "ATTESTED", "BANNED", "NOT AFTER", "SERIAL"
+                    "{:<24}  {:<10}  {:<7}  {:<20}  {:<34}  {:<48}  SELECTORS",
+                    "NODE", "ATTESTED", "BANNED", "NOT AFTER", "SERIAL", "SPIFFE ID"
                 );
                 for n in &nodes {
                     println!(
-                        "{:<24}  {:<10}  {:<7}  {:<20}  {:<34}  {}",
+                        "{:<24}  {:<10}  {:<7}  {:<20}  {:<34}  {:<48}  {}",
                         n.node_id,
                         n.attestation,
                         if n.banned { "yes" } else { "no" },
                         rfc3339(n.not_after),
                         n.serial,
-                        n.spiffe_id
+                        n.spiffe_id,
+                        n.selectors.join(",")
                     );
                 }
             }

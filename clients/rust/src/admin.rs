@@ -201,6 +201,38 @@ pub struct Node {
     pub not_after: i64,
     /// How it attested (`join_token`, `k8s_psat`, ...).
     pub attestation: String,
+    /// The node selectors its (last) attestation proved, sorted: what node sets select on.
+    pub selectors: Vec<String>,
+}
+
+/// A node set: every node whose attested selectors include all of the set's. An entry whose
+/// parent is `nodeset:<name>` serves a workload on any member node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSet {
+    pub name: String,
+    /// `spiffe://<td>/signet/nodeset/<name>`: what its entries name as parent.
+    pub spiffe_id: String,
+    /// Sorted.
+    pub node_selectors: Vec<String>,
+    /// Unix seconds.
+    pub created_at: i64,
+    /// Node IDs of the current members (banned nodes left out), sorted.
+    pub members: Vec<String>,
+    /// How many entries name it as parent.
+    pub entries: u32,
+}
+
+impl From<pb::NodeSetRecord> for NodeSet {
+    fn from(s: pb::NodeSetRecord) -> Self {
+        NodeSet {
+            name: s.name,
+            spiffe_id: s.spiffe_id,
+            node_selectors: s.node_selectors,
+            created_at: s.created_at,
+            members: s.members,
+            entries: s.entries,
+        }
+    }
 }
 
 /// A registration entry, as the server records it.
@@ -268,6 +300,7 @@ impl From<pb::NodeRecord> for Node {
             serial: n.serial,
             not_after: n.not_after,
             attestation: n.attestation,
+            selectors: n.selectors,
         }
     }
 }
@@ -407,6 +440,48 @@ impl NodeAdminClient {
     pub async fn delete_entry(&self, id: &str) -> Result<(), CallError> {
         let msg = pb::DeleteEntryRequest { id: id.to_owned() };
         self.nodes.clone().delete_entry(request(msg, None)?).await?;
+        Ok(())
+    }
+
+    /// `CreateNodeSet`: AlreadyExists for a taken name (sets are immutable).
+    pub async fn create_node_set(
+        &self,
+        name: &str,
+        node_selectors: &[String],
+    ) -> Result<NodeSet, CallError> {
+        let msg = pb::CreateNodeSetRequest {
+            name: name.to_owned(),
+            node_selectors: node_selectors.to_vec(),
+        };
+        Ok(self
+            .nodes
+            .clone()
+            .create_node_set(request(msg, None)?)
+            .await?
+            .into_inner()
+            .into())
+    }
+
+    /// `ListNodeSets`, by name.
+    pub async fn node_sets(&self) -> Result<Vec<NodeSet>, CallError> {
+        let r = self
+            .nodes
+            .clone()
+            .list_node_sets(request(pb::ListNodeSetsRequest {}, None)?)
+            .await?
+            .into_inner();
+        Ok(r.node_sets.into_iter().map(NodeSet::from).collect())
+    }
+
+    /// `DeleteNodeSet`: FailedPrecondition while entries name it.
+    pub async fn delete_node_set(&self, name: &str) -> Result<(), CallError> {
+        let msg = pb::DeleteNodeSetRequest {
+            name: name.to_owned(),
+        };
+        self.nodes
+            .clone()
+            .delete_node_set(request(msg, None)?)
+            .await?;
         Ok(())
     }
 }

@@ -16,6 +16,13 @@
 //!
 //! Every certificate goes through [`Issuer::issue`] (policy, CA core, ledger commit) with a
 //! node grant source, so policy is where "own ID only" and "only entries parented to me" live.
+//!
+//! Node sets: a node's entries are its own and those of every node set it is a member of at
+//! that request (`crate::node_sets`: its stored attestation selectors include all of the
+//! set's, and it is not banned). `SyncEntries` reads the sets once per call and answers with
+//! the highest revision of those parents; `SignWorkloads` and `MintWorkloadJwts` decide the
+//! membership of each node-set entry for the call (one read of the sets, only if one of its
+//! entries names a set) and policy refuses a non-member, naming the set.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -40,8 +47,9 @@ use crate::ca::RequestedNames;
 use crate::clock::unix;
 use crate::issuer::{Credentials, IssueInput, Issuer, JwtInput};
 use crate::jwt_svid::MintedJwtSvid;
+use crate::node_sets::NodeSetMembership;
 use crate::policy::{EntryGrant, GrantSource};
-use crate::store::{EntryRow, FederationStore, NodeRow, NodeStore};
+use crate::store::{EntryRow, FederationStore, NodeRow, NodeSetRow, NodeStore};
 
 /// Most CSRs in one `SignWorkloads` call.
 pub const MAX_WORKLOADS_PER_CALL: usize = 256;
@@ -115,8 +123,12 @@ impl NodeApi {
         self.issuer.audit().record(kind, caller, detail, self.now());
     }
 
-    /// The calling node, over mTLS with its node SVID, if it is known and not banned.
-    async fn node_caller(&self, creds: &Credentials) -> Result<AuthenticatedCaller, ApiError> {
+    /// The calling node, over mTLS with its node SVID, if it is known and not banned, with its
+    /// row as read now (its node selectors decide its node-set memberships).
+    async fn node_caller(
+        &self,
+        creds: &Credentials,
+    ) -> Result<(AuthenticatedCaller, NodeRow), ApiError> {
         if creds.authorization.is_some() {
             // A bearer token would take precedence in `authenticate`; the node API is mTLS only.
             let e = AuthnError::BadCertificate(
@@ -140,8 +152,23 @@ impl NodeApi {
         };
         let node = self.store.node(node_id).await?;
         self.check_not_banned(&caller, node_id, node.as_ref())?;
+        let Some(node) = node else {
+            // check_not_banned refuses an unknown node.
+            return Err(ApiError::Internal(format!("node {node_id}")));
+        };
         self.issuer.check_node_certificate(&caller).await?;
-        Ok(caller)
+        Ok((caller, node))
+    }
+
+    /// The parents whose entries `node` receives now: its own SPIFFE ID and the node sets it
+    /// is a member of (the sets read once for this request).
+    async fn parents_of(&self, node: &NodeRow) -> Result<Vec<String>, ApiError> {
+        let sets = self.store.list_node_sets().await?;
+        Ok(crate::node_sets::parents_of(
+            self.issuer.trust_domain(),
+            node,
+            &sets,
+        ))
     }
 
     /// Refuses a banned (or unknown) node, with an audit event.
@@ -251,6 +278,13 @@ async fn federated_bundles(
         .collect())
 }
 
+/// One entry of a batch call as stored, with the caller's membership of its node set (for a
+/// node set's entry), decided for this call.
+struct EntryGrantInput {
+    row: EntryRow,
+    node_set: Option<NodeSetMembership>,
+}
+
 pub(crate) fn entry_to_proto(e: EntryRow) -> PbEntry {
     PbEntry {
         id: e.id,
@@ -331,7 +365,7 @@ impl Node for NodeApi {
         let request_id = request_id(&request);
         let req = request.into_inner();
         check_size(&req, self.max_message_bytes)?;
-        let caller = self.node_caller(&creds).await?;
+        let (caller, _) = self.node_caller(&creds).await?;
         let cert = self
             .issuer
             .issue(
@@ -361,10 +395,14 @@ impl Node for NodeApi {
     ) -> Result<Response<SyncEntriesResponse>, Status> {
         let creds = super::credentials(&request)?;
         let req = request.into_inner();
-        let caller = self.node_caller(&creds).await?;
+        let (_, node) = self.node_caller(&creds).await?;
+        // Its own entries and those of every node set it is a member of now; the revision is
+        // the highest of theirs (`NodeStore::entries_for_parents_since`).
+        let parents = self.parents_of(&node).await?;
+        let parents: Vec<&str> = parents.iter().map(String::as_str).collect();
         let sync = self
             .store
-            .entries_for_parent_since(&caller.spiffe_id().to_string(), req.known_revision)
+            .entries_for_parents_since(&parents, req.known_revision)
             .await?;
         let federated_bundles = match &self.federation {
             Some(store) if !sync.unchanged => {
@@ -387,7 +425,7 @@ impl Node for NodeApi {
         request: Request<WatchEntriesRequest>,
     ) -> Result<Response<Self::WatchEntriesStream>, Status> {
         let creds = super::credentials(&request)?;
-        let caller = self.node_caller(&creds).await?;
+        let (caller, _) = self.node_caller(&creds).await?;
         let CallerKind::Node { node_id, .. } = caller.kind() else {
             // node_caller admits nodes only.
             return Err(ApiError::Internal(request_id(&request)).into());
@@ -445,7 +483,7 @@ impl NodeApi {
         creds: &Credentials,
         what: &str,
         ids: Vec<&str>,
-    ) -> Result<(AuthenticatedCaller, HashMap<String, EntryRow>), Status> {
+    ) -> Result<(AuthenticatedCaller, HashMap<String, EntryGrantInput>), Status> {
         if ids.len() > MAX_WORKLOADS_PER_CALL {
             return Err(ApiError::InvalidArgument(format!(
                 "{} {what} in one call; send at most {MAX_WORKLOADS_PER_CALL}",
@@ -453,14 +491,39 @@ impl NodeApi {
             ))
             .into());
         }
-        let caller = self.node_caller(creds).await?;
+        let (caller, node) = self.node_caller(creds).await?;
         let entries = self
             .store
             .entries_by_id(&ids)
             .await
-            .map_err(ApiError::from)?
+            .map_err(ApiError::from)?;
+        // The node sets once for the call, only if one of its entries names a set.
+        let td = self.issuer.trust_domain();
+        let sets: HashMap<String, NodeSetRow> = if entries
+            .iter()
+            .any(|e| crate::store::node_sets::node_set_name_of_parent(&e.parent_id).is_some())
+        {
+            self.store
+                .list_node_sets()
+                .await
+                .map_err(ApiError::from)?
+                .into_iter()
+                .map(|s| (s.name.clone(), s))
+                .collect()
+        } else {
+            HashMap::new()
+        };
+        let entries = entries
             .into_iter()
-            .map(|e| (e.id.clone(), e))
+            .map(|e| {
+                // Decided now, for this call: membership is re-checked at every signing.
+                let node_set = e.parent_id.parse().ok().and_then(|parent| {
+                    let set = crate::store::node_sets::node_set_name_of_parent(&e.parent_id)
+                        .and_then(|name| sets.get(name));
+                    NodeSetMembership::decide(td, &parent, set, &node)
+                });
+                (e.id.clone(), EntryGrantInput { row: e, node_set })
+            })
             .collect();
         Ok((caller, entries))
     }
@@ -471,7 +534,7 @@ impl NodeApi {
         &self,
         caller: &AuthenticatedCaller,
         entry_id: &str,
-        entry: Option<&EntryRow>,
+        entry: Option<&EntryGrantInput>,
         request_id: &str,
     ) -> Result<EntryGrant, ApiError> {
         let not_yours = || {
@@ -487,7 +550,11 @@ impl NodeApi {
             );
             ApiError::PermissionDenied(msg)
         };
-        let Some(entry) = entry else {
+        let Some(EntryGrantInput {
+            row: entry,
+            node_set,
+        }) = entry
+        else {
             return Err(not_yours());
         };
         let (Ok(spiffe_id), Ok(parent_id)) = (entry.spiffe_id.parse(), entry.parent_id.parse())
@@ -501,6 +568,7 @@ impl NodeApi {
             parent_id,
             dns_names: entry.dns_names.clone(),
             ttl_seconds: entry.ttl_seconds,
+            node_set: node_set.clone(),
         })
     }
 
@@ -508,7 +576,7 @@ impl NodeApi {
         &self,
         caller: &AuthenticatedCaller,
         entry_id: &str,
-        entry: Option<&EntryRow>,
+        entry: Option<&EntryGrantInput>,
         audience: &[String],
         request_id: String,
     ) -> Result<MintedJwtSvid, ApiError> {
@@ -520,7 +588,7 @@ impl NodeApi {
                     source: GrantSource::Entry(&grant),
                     audience,
                     ttl_seconds: 0,
-                    entry_ttl_seconds: entry.map_or(0, |e| e.jwt_ttl_seconds),
+                    entry_ttl_seconds: entry.map_or(0, |e| e.row.jwt_ttl_seconds),
                     request_id,
                     api: "node_jwt",
                 },
@@ -533,12 +601,12 @@ impl NodeApi {
         &self,
         caller: &AuthenticatedCaller,
         entry_id: &str,
-        entry: Option<&EntryRow>,
+        entry: Option<&EntryGrantInput>,
         csr: &[u8],
         request_id: String,
     ) -> Result<IssuedCert, ApiError> {
         let grant = self.entry_grant(caller, entry_id, entry, &request_id)?;
-        let Some(entry) = entry else {
+        let Some(EntryGrantInput { row: entry, .. }) = entry else {
             return Err(ApiError::Internal(request_id));
         };
         self.issuer

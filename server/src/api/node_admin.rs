@@ -10,6 +10,11 @@
 //! selectors; the store decides, `store::nodes`) is refused: `CreateEntry` answers
 //! AlreadyExists, `BatchCreateEntries` InvalidArgument naming its index (the batch's other
 //! refusals are InvalidArgument too); both name the existing entry's id and write nothing.
+//!
+//! Node sets (`CreateNodeSet`, `ListNodeSets`, `DeleteNodeSet`): only the operator makes them;
+//! immutable (delete and create again); an entry may name one as parent only while it exists
+//! (FailedPrecondition otherwise), and one is deleted only while no entry names it (the store
+//! orders both under the entry revision counter's lock, `store::node_sets`).
 
 use std::sync::Arc;
 
@@ -20,6 +25,8 @@ use signet_proto::admin::{
     ListEntriesRequest, ListEntriesResponse, ListNodeSetsRequest, ListNodeSetsResponse,
     ListNodesRequest, ListNodesResponse, NodeRecord, NodeSetRecord, node_admin_server::NodeAdmin,
 };
+use signet_types::SpiffeId;
+use signet_types::node_set::{MAX_NODE_SET_SELECTORS, NodeSelector, NodeSetName};
 use tonic::{Request, Response, Status};
 
 use super::ApiError;
@@ -27,11 +34,13 @@ use crate::authn::AuthenticatedCaller;
 use crate::clock::unix;
 use crate::issuer::Issuer;
 use crate::nodes::{
-    EntryInput, JoinToken, ValidEntry, parse_parent, validate_batch, validate_entry,
+    EntryInput, JoinToken, ValidEntry, parse_node, parse_parent, validate_batch, validate_entry,
     validate_node_id,
 };
 use crate::policy::Policy;
-use crate::store::{BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, NodeStore};
+use crate::store::{
+    BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, NodeSetDelete, NodeSetRow, NodeStore,
+};
 
 /// A join token's default and longest lifetime.
 const DEFAULT_TOKEN_TTL: i64 = 3600;
@@ -57,6 +66,12 @@ impl NodeAdminApi {
 
     fn now(&self) -> i64 {
         unix(self.issuer.now())
+    }
+
+    /// The SPIFFE ID entries name node set `name` by.
+    fn set_id(&self, name: &NodeSetName) -> Result<SpiffeId, ApiError> {
+        name.spiffe_id(self.issuer.trust_domain())
+            .map_err(|e| ApiError::InvalidArgument(format!("node set {name}: {e}")))
     }
 
     fn audit(&self, kind: &str, detail: String) {
@@ -94,6 +109,61 @@ fn new_entry(v: ValidEntry, created_at: i64) -> Result<NewEntry, ApiError> {
     })
 }
 
+/// Why an entry naming node set `name` as parent was refused: no such set.
+fn no_node_set(name: &str) -> String {
+    format!(
+        "parent nodeset:{name} does not exist; create it first (signetctl nodeset create {name} \
+         --node-selector …); nothing was created"
+    )
+}
+
+/// A node set's selectors as the operator gave them: 1 to 16, each a node selector
+/// (`signet_types::node_set::NodeSelector`), sorted and without repeats.
+fn node_set_selectors(given: &[String]) -> Result<Vec<String>, ApiError> {
+    if given.is_empty() {
+        return Err(ApiError::InvalidArgument(
+            "a node set needs at least one node selector (--node-selector), e.g. \
+             k8s_psat:cluster:prod"
+                .into(),
+        ));
+    }
+    if given.len() > MAX_NODE_SET_SELECTORS {
+        return Err(ApiError::InvalidArgument(format!(
+            "{} node selectors; a node set takes at most {MAX_NODE_SET_SELECTORS}",
+            given.len()
+        )));
+    }
+    let mut out = given
+        .iter()
+        .map(|s| {
+            NodeSelector::parse(s)
+                .map(|sel| sel.as_str().to_owned())
+                .map_err(|e| ApiError::InvalidArgument(e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// A node set as the admin API shows it: its members now (banned nodes left out) and how many
+/// entries name it.
+fn node_set_record(s: NodeSetRow, id: &SpiffeId, nodes: &[NodeRow], entries: u64) -> NodeSetRecord {
+    let members = nodes
+        .iter()
+        .filter(|n| crate::node_sets::is_member_now(n, &s))
+        .map(|n| n.node_id.clone())
+        .collect();
+    NodeSetRecord {
+        name: s.name,
+        spiffe_id: id.to_string(),
+        node_selectors: s.selectors,
+        created_at: s.created_at,
+        members,
+        entries: u32::try_from(entries).unwrap_or(u32::MAX),
+    }
+}
+
 fn node_to_proto(n: NodeRow) -> NodeRecord {
     NodeRecord {
         node_id: n.node_id,
@@ -103,7 +173,7 @@ fn node_to_proto(n: NodeRow) -> NodeRecord {
         serial: n.last_serial,
         not_after: n.not_after,
         attestation: n.attestation,
-        selectors: Vec::new(),
+        selectors: n.selectors,
     }
 }
 
@@ -181,7 +251,7 @@ impl NodeAdmin for NodeAdminApi {
         let req = request.into_inner();
         // Accept a node SPIFFE ID as well as a bare node ID.
         let parent =
-            parse_parent(self.issuer.trust_domain(), &req.node_id).map_err(ApiError::from)?;
+            parse_node(self.issuer.trust_domain(), &req.node_id).map_err(ApiError::from)?;
         let node_id = crate::nodes::node_id_of(&parent, self.issuer.trust_domain())
             .ok_or_else(|| ApiError::InvalidArgument("not a node ID".into()))?;
         let node = self
@@ -236,6 +306,9 @@ impl NodeAdmin for NodeAdminApi {
                      created"
                 ))
                 .into());
+            }
+            EntryCreate::NoNodeSet { name } => {
+                return Err(ApiError::FailedPrecondition(no_node_set(&name)).into());
             }
         };
         self.audit(
@@ -301,6 +374,13 @@ impl NodeAdmin for NodeAdminApi {
                 ))
                 .into());
             }
+            BatchCreate::NoNodeSet { index, name } => {
+                return Err(ApiError::FailedPrecondition(format!(
+                    "entry {index}: {}",
+                    no_node_set(&name)
+                ))
+                .into());
+            }
         };
         let mut parents: Vec<&str> = rows.iter().map(|r| r.parent_id.as_str()).collect();
         parents.sort_unstable();
@@ -340,6 +420,7 @@ impl NodeAdmin for NodeAdminApi {
             Some(
                 parse_parent(self.issuer.trust_domain(), &req.parent)
                     .map_err(ApiError::from)?
+                    .spiffe_id()
                     .to_string(),
             )
         };
@@ -349,32 +430,102 @@ impl NodeAdmin for NodeAdminApi {
         }))
     }
 
-    // Node sets land with issue 29's node-set change; until then the admin socket says so.
     async fn create_node_set(
         &self,
-        _request: Request<CreateNodeSetRequest>,
+        request: Request<CreateNodeSetRequest>,
     ) -> Result<Response<NodeSetRecord>, Status> {
-        Err(Status::unimplemented(
-            "node sets are not available in this build",
-        ))
+        let req = request.into_inner();
+        let name =
+            NodeSetName::new(&req.name).map_err(|e| ApiError::InvalidArgument(e.to_string()))?;
+        let selectors = node_set_selectors(&req.node_selectors)?;
+        let id = self.set_id(&name)?;
+        let row = NodeSetRow {
+            name: name.as_str().to_owned(),
+            selectors,
+            created_at: self.now(),
+        };
+        if !self.store.create_node_set(&row).await? {
+            return Err(ApiError::AlreadyExists(format!(
+                "node set {name} already exists; node sets are immutable: delete it \
+                 (signetctl nodeset delete {name}) and create it again to change it"
+            ))
+            .into());
+        }
+        self.audit(
+            "admin.nodeset_create",
+            format!(
+                "node set {name} ({id}) created, selecting nodes that proved {}",
+                row.selectors.join(", ")
+            ),
+        );
+        let nodes = self.store.list_nodes().await?;
+        Ok(Response::new(node_set_record(row, &id, &nodes, 0)))
     }
 
     async fn list_node_sets(
         &self,
         _request: Request<ListNodeSetsRequest>,
     ) -> Result<Response<ListNodeSetsResponse>, Status> {
-        Err(Status::unimplemented(
-            "node sets are not available in this build",
-        ))
+        let sets = self.store.list_node_sets().await?;
+        let nodes = self.store.list_nodes().await?;
+        let ids = sets
+            .iter()
+            .map(|s| {
+                NodeSetName::new(&s.name)
+                    .map_err(|e| ApiError::Internal(format!("stored node set: {e}")))
+                    .and_then(|n| self.set_id(&n))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let parents: Vec<String> = ids.iter().map(ToString::to_string).collect();
+        let refs: Vec<&str> = parents.iter().map(String::as_str).collect();
+        let counts = self.store.entry_counts(&refs).await?;
+        let node_sets = sets
+            .into_iter()
+            .zip(&ids)
+            .map(|(s, id)| {
+                let n = counts.get(&id.to_string()).copied().unwrap_or(0);
+                node_set_record(s, id, &nodes, n)
+            })
+            .collect();
+        Ok(Response::new(ListNodeSetsResponse { node_sets }))
     }
 
     async fn delete_node_set(
         &self,
-        _request: Request<DeleteNodeSetRequest>,
+        request: Request<DeleteNodeSetRequest>,
     ) -> Result<Response<DeleteNodeSetResponse>, Status> {
-        Err(Status::unimplemented(
-            "node sets are not available in this build",
-        ))
+        let req = request.into_inner();
+        let name =
+            NodeSetName::new(&req.name).map_err(|e| ApiError::InvalidArgument(e.to_string()))?;
+        let id = self.set_id(&name)?;
+        match self
+            .store
+            .delete_node_set(name.as_str(), &id.to_string())
+            .await?
+        {
+            NodeSetDelete::Deleted => {}
+            NodeSetDelete::NotFound => {
+                return Err(ApiError::NotFound(format!(
+                    "no node set {name} (signetctl nodeset list shows them)"
+                ))
+                .into());
+            }
+            NodeSetDelete::InUse { entries } => {
+                return Err(ApiError::FailedPrecondition(format!(
+                    "node set {name} is the parent of {entries} entr{}; delete {} first \
+                     (signetctl entry list --parent nodeset:{name} shows them); nothing was \
+                     deleted",
+                    if entries == 1 { "y" } else { "ies" },
+                    if entries == 1 { "it" } else { "them" }
+                ))
+                .into());
+            }
+        }
+        self.audit(
+            "admin.nodeset_delete",
+            format!("node set {name} ({id}) deleted"),
+        );
+        Ok(Response::new(DeleteNodeSetResponse {}))
     }
 
     async fn delete_entry(
@@ -410,5 +561,79 @@ impl NodeAdmin for NodeAdminApi {
         };
         self.audit("admin.entry_delete", detail);
         Ok(Response::new(DeleteEntryResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_node_sets_selectors_are_one_to_sixteen_node_selectors_sorted_once() {
+        assert_eq!(
+            node_set_selectors(&strings(&[
+                "k8s_psat:cluster:prod",
+                "k8s_psat:agent_ns:signet-system",
+                "k8s_psat:cluster:prod",
+            ]))
+            .expect("valid"),
+            ["k8s_psat:agent_ns:signet-system", "k8s_psat:cluster:prod"]
+        );
+        for (given, want) in [
+            (Vec::new(), "at least one node selector"),
+            (
+                (0..17)
+                    .map(|i| format!("join_token:node_id:n{i}"))
+                    .collect(),
+                "at most 16",
+            ),
+            (strings(&["unix:uid:0"]), "is not one of"),
+        ] {
+            let e = node_set_selectors(&given).expect_err("refused");
+            assert!(
+                matches!(&e, ApiError::InvalidArgument(m) if m.contains(want)),
+                "{e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_node_set_record_lists_its_members_now() {
+        let node = |id: &str, sel: &[&str], banned: bool| NodeRow {
+            node_id: id.into(),
+            spiffe_id: format!("spiffe://example.org/signet/node/{id}"),
+            attested_at: 0,
+            banned_at: banned.then_some(1),
+            last_serial: "01".into(),
+            not_after: 1,
+            attestation: "k8s_psat".into(),
+            selectors: strings(sel),
+        };
+        let nodes = [
+            node("a", &["k8s_psat:cluster:prod"], false),
+            node("b", &["k8s_psat:cluster:dev"], false),
+            node("c", &["k8s_psat:cluster:prod"], true),
+            node(
+                "d",
+                &["k8s_psat:cluster:prod", "k8s_psat:node_name:d"],
+                false,
+            ),
+        ];
+        let set = NodeSetRow {
+            name: "prod".into(),
+            selectors: strings(&["k8s_psat:cluster:prod"]),
+            created_at: 5,
+        };
+        let id: SpiffeId = "spiffe://example.org/signet/nodeset/prod"
+            .parse()
+            .expect("id");
+        let r = node_set_record(set, &id, &nodes, 3);
+        assert_eq!(r.members, ["a", "d"]);
+        assert_eq!((r.entries, r.created_at), (3, 5));
+        assert_eq!(r.spiffe_id, id.to_string());
     }
 }

@@ -3,16 +3,20 @@
 //!
 //! The handler (`api::node`) authenticates and authorizes exactly as `SyncEntries` (mTLS node
 //! SVID, node known and not banned) and hands the node's own parent ID to [`watch`]; the stream
-//! can only ever speak of that parent. What it sends, and when:
-//! - the parent's revision at once;
-//! - the revision again after a change notification ([`crate::store::entry_events`]), read
+//! can only ever speak of that node. What it sends, and when:
+//! - the node's effective revision at once: the highest of its own parent's and those of the
+//!   node sets it is a member of as the store's rows say at that read (the node row, the sets
+//!   once, then one revision read: `crate::node_sets::parents_of`); a node banned meanwhile
+//!   gets PermissionDenied at that read;
+//! - the revision again after a change notification of its own parent or of any node set
+//!   ([`crate::store::entry_events`]), read
 //!   back from the store after a short coalescing pause (a burst of writes gives one message),
 //!   and only if it differs from the last one sent;
 //! - the revision every `keepalive` (`nodes.watch.keepalive`, 15 s), changed or not: it keeps
 //!   idle connections and proxies alive, lets the node notice a dead stream, and is the server
 //!   side's safety net for a notification that never came (the agent's slow poll is the other);
-//! - before each keep-alive the node is looked up again: a node banned meanwhile gets
-//!   PermissionDenied and the stream ends.
+//! - the node is looked up again at every read: a node banned meanwhile gets
+//!   PermissionDenied (at the latest at the next keep-alive) and the stream ends.
 //!
 //! The stream ends with OK after `max_lifetime` (`nodes.watch.max_lifetime`, 10 min: the node
 //! reconnects, and is authenticated again, so an expired or revoked node SVID cannot keep a
@@ -35,6 +39,8 @@ use futures::Stream;
 use signet_proto::agent::EntriesChanged;
 use tokio::time::{Instant, MissedTickBehavior};
 use tonic::Status;
+
+use signet_types::{SpiffeId, TrustDomain};
 
 use super::ApiError;
 use crate::attestation::node_refusal;
@@ -80,7 +86,8 @@ pub type EntryStream = Pin<Box<dyn Stream<Item = Result<EntriesChanged, Status>>
 
 struct State {
     store: Arc<dyn NodeStore>,
-    parent: String,
+    /// The trust domain node set IDs are made in (the node's own).
+    td: TrustDomain,
     node_id: String,
     sub: EntrySubscription,
     limits: WatchLimits,
@@ -119,11 +126,16 @@ pub fn watch(
             ),
             retry_after: limits.keepalive,
         })?;
+    let td = parent
+        .parse::<SpiffeId>()
+        .map_err(|_| ApiError::Internal(format!("node {node_id}: unreadable SPIFFE ID")))?
+        .trust_domain()
+        .clone();
     let mut keepalive = tokio::time::interval_at(now + limits.keepalive, limits.keepalive);
     keepalive.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let state = State {
         store,
-        parent,
+        td,
         node_id,
         sub,
         limits,
@@ -173,31 +185,38 @@ impl State {
                     tokio::time::sleep(self.limits.coalesce).await;
                     // Whatever was notified until now is covered by the read below.
                     self.sub.mark_seen();
-                    match self.store.entry_revision(&self.parent).await {
+                    match self.effective_revision().await {
                         Ok(rev) if Some(rev) == self.last => continue,
                         Ok(rev) => return Some(Ok(self.sent(rev))),
-                        Err(e) => return Some(Err(self.fail(e.into()))),
+                        Err(e) => return Some(Err(self.fail(e))),
                     }
                 }
-                Wake::Keepalive => {
-                    let node = match self.store.node(&self.node_id).await {
-                        Ok(n) => n,
-                        Err(e) => return Some(Err(self.fail(e.into()))),
-                    };
-                    if let Some(msg) = node_refusal(&self.node_id, node.as_ref(), true) {
-                        return Some(Err(self.fail(ApiError::PermissionDenied(msg))));
-                    }
-                    return Some(self.send_current().await);
-                }
+                Wake::Keepalive => return Some(self.send_current().await),
             }
         }
     }
 
     async fn send_current(&mut self) -> Result<EntriesChanged, Status> {
-        match self.store.entry_revision(&self.parent).await {
+        match self.effective_revision().await {
             Ok(rev) => Ok(self.sent(rev)),
-            Err(e) => Err(self.fail(e.into())),
+            Err(e) => Err(self.fail(e)),
         }
+    }
+
+    /// The node's effective revision now: its row (refused if banned or gone), the node sets
+    /// (one read), the highest revision of its parents (one read).
+    async fn effective_revision(&self) -> Result<u64, ApiError> {
+        let node = self.store.node(&self.node_id).await?;
+        if let Some(msg) = node_refusal(&self.node_id, node.as_ref(), true) {
+            return Err(ApiError::PermissionDenied(msg));
+        }
+        let Some(node) = node else {
+            return Err(ApiError::Internal(self.node_id.clone()));
+        };
+        let sets = self.store.list_node_sets().await?;
+        let parents = crate::node_sets::parents_of(&self.td, &node, &sets);
+        let parents: Vec<&str> = parents.iter().map(String::as_str).collect();
+        Ok(self.store.entry_revision_of(&parents).await?)
     }
 
     fn sent(&mut self, revision: u64) -> EntriesChanged {
@@ -226,16 +245,21 @@ mod tests {
     use crate::store::entry_events::EntryEvents;
     use crate::store::nodes::EntrySync;
     use crate::store::{
-        BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, StoreError, TokenUse,
+        BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, NodeSetRow, StoreError, TokenUse,
     };
 
     const PARENT: &str = "spiffe://example.org/signet/node/n1";
+    const SET: &str = "spiffe://example.org/signet/nodeset/vms";
 
-    /// What a stream reads: one node ("n1"), its parent's revision and whether it is banned.
+    /// What a stream reads: one node ("n1", attested with a join token), its parent's
+    /// revision, whether it is banned, and the node sets (their entries' revision is
+    /// `set_revision`).
     struct Fake {
         events: EntryEvents,
         revision: Mutex<u64>,
         banned: Mutex<bool>,
+        sets: Mutex<Vec<NodeSetRow>>,
+        set_revision: Mutex<u64>,
     }
 
     impl Fake {
@@ -244,12 +268,46 @@ mod tests {
                 events: EntryEvents::local(),
                 revision: Mutex::new(revision),
                 banned: Mutex::new(false),
+                sets: Mutex::new(Vec::new()),
+                set_revision: Mutex::new(0),
             })
         }
 
         fn change(&self, revision: u64) {
             *self.revision.lock().unwrap() = revision;
             self.events.notify(PARENT);
+        }
+
+        /// A change to the entries of node set `vms`.
+        fn change_set(&self, revision: u64) {
+            *self.set_revision.lock().unwrap() = revision;
+            self.events.notify(SET);
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl crate::store::NodeSetStore for Fake {
+        async fn create_node_set(&self, _: &NodeSetRow) -> Result<bool, StoreError> {
+            Err(not_here())
+        }
+        async fn list_node_sets(&self) -> Result<Vec<NodeSetRow>, StoreError> {
+            Ok(self.sets.lock().unwrap().clone())
+        }
+        async fn node_set(&self, _: &str) -> Result<Option<NodeSetRow>, StoreError> {
+            Err(not_here())
+        }
+        async fn delete_node_set(
+            &self,
+            _: &str,
+            _: &str,
+        ) -> Result<crate::store::NodeSetDelete, StoreError> {
+            Err(not_here())
+        }
+        async fn entry_counts(
+            &self,
+            _: &[&str],
+        ) -> Result<std::collections::HashMap<String, u64>, StoreError> {
+            Err(not_here())
         }
     }
 
@@ -294,6 +352,7 @@ mod tests {
                 last_serial: "01".into(),
                 not_after: i64::MAX,
                 attestation: "join_token".into(),
+                selectors: crate::node_sets::join_token_selectors("n1"),
             }))
         }
         async fn list_nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
@@ -328,14 +387,25 @@ mod tests {
         ) -> Result<bool, StoreError> {
             Err(not_here())
         }
-        async fn entry_revision(&self, parent_id: &str) -> Result<u64, StoreError> {
-            assert_eq!(parent_id, PARENT, "a stream reads only its own parent");
-            Ok(*self.revision.lock().unwrap())
-        }
         fn entry_events(&self) -> EntryEvents {
             self.events.clone()
         }
-        async fn entries_for_parent_since(&self, _: &str, _: u64) -> Result<EntrySync, StoreError> {
+        async fn entry_revision_of(&self, parents: &[&str]) -> Result<u64, StoreError> {
+            let mut max = 0;
+            for p in parents {
+                max = max.max(match *p {
+                    PARENT => *self.revision.lock().unwrap(),
+                    SET => *self.set_revision.lock().unwrap(),
+                    other => panic!("a stream reads only its own parents, not {other}"),
+                });
+            }
+            Ok(max)
+        }
+        async fn entries_for_parents_since(
+            &self,
+            _: &[&str],
+            _: u64,
+        ) -> Result<EntrySync, StoreError> {
             Err(not_here())
         }
     }
@@ -380,6 +450,31 @@ mod tests {
         store.change(8);
         assert_eq!(revision(&mut s).await, 8);
         assert_eq!(t0.elapsed(), Duration::from_secs(45));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_to_a_node_set_reaches_its_member_nodes_stream_at_once() {
+        let store = Fake::new(5);
+        let mut s = open(&store, WatchLimits::default()).unwrap();
+        let t0 = crate::clock::monotonic();
+        assert_eq!(revision(&mut s).await, 5);
+        // A set the node is not a member of: its change is read, and nothing is sent.
+        store.sets.lock().unwrap().push(NodeSetRow {
+            name: "vms".into(),
+            selectors: vec!["join_token:node_id:n2".into()],
+            created_at: 0,
+        });
+        store.change_set(9);
+        assert_eq!(revision(&mut s).await, 5);
+        assert_eq!(t0.elapsed(), Duration::from_secs(15));
+        // Now a member (the set matches its attestation): the set's change is pushed at once.
+        store.sets.lock().unwrap()[0].selectors = vec!["signet:attestation:join_token".into()];
+        store.change_set(10);
+        assert_eq!(revision(&mut s).await, 10);
+        assert_eq!(t0.elapsed(), Duration::from_secs(15) + COALESCE);
+        // Its own later change is higher than the set's: the effective revision is the max.
+        store.change(11);
+        assert_eq!(revision(&mut s).await, 11);
     }
 
     #[tokio::test(start_paused = true)]

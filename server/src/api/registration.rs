@@ -168,6 +168,15 @@ impl RegistrationApi {
                 self.audit_refusal(&caller, "registration.federates_with", &message);
                 return Err(ApiError::FailedPrecondition(message));
             }
+            SyncResult::NoNodeSet { index, name } => {
+                let message = format!(
+                    "entry {index}: node set {name} does not exist (it was deleted; the \
+                     operator creates it: signetctl nodeset create {name} --node-selector …); \
+                     nothing was written"
+                );
+                self.audit_refusal(&caller, "registration.node_set", &message);
+                return Err(ApiError::FailedPrecondition(message));
+            }
         };
         if outcome.changed() {
             self.issuer.audit().record(

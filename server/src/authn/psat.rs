@@ -69,6 +69,8 @@ pub struct PsatNode {
     /// `<namespace>:<serviceaccount>` of the token.
     pub service_account: String,
     pub pod: Option<String>,
+    /// The node selectors the token proved, sorted (`crate::node_sets::psat_selectors`).
+    pub selectors: Vec<String>,
 }
 
 /// `[nodes.kubernetes]`, ready to check tokens.
@@ -76,6 +78,8 @@ pub struct PsatNode {
 pub struct PsatAttestor {
     allowed: Vec<String>,
     audiences: Vec<String>,
+    /// `nodes.kubernetes.cluster`: proved as `k8s_psat:cluster:<name>` when set.
+    cluster: Option<String>,
 }
 
 impl PsatAttestor {
@@ -83,6 +87,7 @@ impl PsatAttestor {
         Self {
             allowed: cfg.allowed_service_accounts.clone(),
             audiences: cfg.audiences.clone(),
+            cluster: cfg.cluster.clone(),
         }
     }
 
@@ -140,6 +145,12 @@ impl PsatAttestor {
         Ok(PsatNode {
             node_id,
             node_name: node_name.to_owned(),
+            selectors: crate::node_sets::psat_selectors(
+                namespace,
+                service_account,
+                node_name,
+                self.cluster.as_deref(),
+            ),
             service_account: sa,
             pod: pod.clone(),
         })
@@ -155,6 +166,7 @@ mod tests {
         PsatAttestor::new(&NodesKubernetesConfig {
             allowed_service_accounts: vec!["signet-system:signet-agent".into()],
             audiences: vec!["signet-node".into()],
+            cluster: Some("prod".into()),
         })
     }
 
@@ -184,6 +196,16 @@ mod tests {
         assert_eq!(n.node_name, "worker-1");
         assert_eq!(n.service_account, "signet-system:signet-agent");
         assert_eq!(n.pod.as_deref(), Some("signet-agent-x2k4q"));
+        assert_eq!(
+            n.selectors,
+            [
+                "k8s_psat:agent_ns:signet-system",
+                "k8s_psat:agent_sa:signet-system:signet-agent",
+                "k8s_psat:cluster:prod",
+                "k8s_psat:node_name:worker-1",
+                "signet:attestation:k8s_psat",
+            ]
+        );
         // Dotted node names (FQDNs) are fine.
         let n = attestor()
             .node_for(&token(

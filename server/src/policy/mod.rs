@@ -152,11 +152,14 @@ pub enum GrantSource<'a> {
 pub struct EntryGrant {
     pub entry_id: String,
     pub spiffe_id: SpiffeId,
-    /// The parent node's SPIFFE ID.
+    /// The parent's SPIFFE ID: a node's, or a node set's.
     pub parent_id: SpiffeId,
     pub dns_names: Vec<String>,
     /// 0: the default; clamped to the maximum like any request.
     pub ttl_seconds: i64,
+    /// When the parent is a node set: whether the calling node is a member of it now
+    /// (decided from the stored rows at this request). None for a node parent.
+    pub node_set: Option<crate::node_sets::NodeSetMembership>,
 }
 
 /// What is being asked for.

@@ -8,7 +8,8 @@
 //! 1. the presented certificate's ledger row (by serial): it must be there, be this very
 //!    certificate (same SHA-256), name the caller's identity, and not be revoked;
 //! 2. the row's provenance, re-checked by source ([`crate::provenance`] has the table): an
-//!    `entry` still exists with that identity under a node that is not banned, and (like a
+//!    `entry` still exists with that identity under a node that is not banned (for a node
+//!    set's entry: that node is still a member of the set, now), and (like a
 //!    `service_account` or `admin` authorization) was delivered through the node API less than
 //!    `policy.mtls_renewal_max_age` ago (carried forward through renewals, so every chain
 //!    ends); any other source (the bridge, an
@@ -28,7 +29,7 @@ use super::{Denial, Policy};
 use crate::authn::{AuthenticatedCaller, CallerKind};
 use crate::issuance::BACKDATE;
 use crate::provenance::{Provenance, ProvenanceError, Source};
-use crate::store::{EntryRow, LedgerRecord, NodeRow};
+use crate::store::{EntryRow, LedgerRecord, NodeRow, NodeSetRow};
 
 /// What a presented certificate may be renewed into. Only [`assess`] makes one.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,6 +114,9 @@ pub fn entry_to_check(row: &LedgerRecord) -> Option<(String, String)> {
 pub struct EntryFacts<'a> {
     pub entry: Option<&'a EntryRow>,
     pub node: Option<&'a NodeRow>,
+    /// When the entry's parent is a node set: that set as found now (`None` when gone, or
+    /// when the parent is a node).
+    pub node_set: Option<&'a NodeSetRow>,
 }
 
 fn refused(message: String) -> Denial {
@@ -257,11 +261,24 @@ pub fn assess(
             }
             let node_spiffe_id = signet_types::node::node_spiffe_id(policy.trust_domain(), node_id)
                 .map_err(|e| refused(format!("entry {entry_id}: {e}")))?;
-            if entry.parent_id != node_spiffe_id.to_string() {
-                return Err(refused(format!(
-                    "registration entry {entry_id} is no longer parented to node {node_id}"
-                )));
-            }
+            let own = entry.parent_id == node_spiffe_id.to_string();
+            let set = if own {
+                None
+            } else {
+                let parent: Option<SpiffeId> = entry.parent_id.parse().ok();
+                let name = parent
+                    .as_ref()
+                    .and_then(|p| signet_types::node_set::node_set_of(p, policy.trust_domain()));
+                match name {
+                    Some(name) => Some(name),
+                    None => {
+                        return Err(refused(format!(
+                            "registration entry {entry_id} is no longer parented to node \
+                             {node_id}"
+                        )));
+                    }
+                }
+            };
             match facts.node {
                 None => {
                     return Err(refused(format!(
@@ -269,12 +286,31 @@ pub fn assess(
                     )));
                 }
                 Some(n) if n.banned_at.is_some() => {
+                    let role = match &set {
+                        Some(name) => format!("the member of node set {name} that delivered"),
+                        None => "the parent of".to_owned(),
+                    };
                     return Err(refused(format!(
-                        "node {node_id}, the parent of entry {entry_id}, is banned; its \
-                         workloads' certificates cannot be renewed"
+                        "node {node_id}, {role} entry {entry_id}, is banned; its workloads' \
+                         certificates cannot be renewed"
                     )));
                 }
-                Some(_) => {}
+                Some(n) => {
+                    // A node set's entry: the node that got it delivered must still be a
+                    // member of the set, now.
+                    if let Some(name) = &set {
+                        let member = facts.node_set.is_some_and(|s| {
+                            s.name == name.as_str() && crate::node_sets::is_member_now(n, s)
+                        });
+                        if !member {
+                            return Err(refused(format!(
+                                "node {node_id} is no longer a member of node set {name}, the \
+                                 parent of entry {entry_id} (or the set is gone); its \
+                                 workloads' certificates for that entry cannot be renewed"
+                            )));
+                        }
+                    }
+                }
             }
             let names = presented_dns
                 .iter()

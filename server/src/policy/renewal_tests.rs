@@ -111,6 +111,10 @@ fn node_row(banned: bool) -> NodeRow {
         last_serial: "aa".into(),
         not_after: NOW + 1000,
         attestation: "join_token".into(),
+        selectors: vec![
+            "join_token:node_id:vm1".into(),
+            "signet:attestation:join_token".into(),
+        ],
     }
 }
 
@@ -199,6 +203,7 @@ fn an_entry_certificate_renews_only_while_its_entry_and_node_stand() {
     let facts = EntryFacts {
         entry: Some(&e),
         node: Some(&n),
+        node_set: None,
     };
     let b = assess(&p, &c, Some(&r), facts, NOW).expect("renewable");
     // The entry as it is now bounds the result, not the presented certificate.
@@ -226,6 +231,7 @@ fn an_entry_certificate_renews_only_while_its_entry_and_node_stand() {
         EntryFacts {
             entry: Some(&e),
             node: Some(&n),
+            node_set: None,
         },
         NOW,
     )
@@ -243,6 +249,7 @@ fn an_entry_certificate_renews_only_while_its_entry_and_node_stand() {
         EntryFacts {
             entry: Some(&e0),
             node: Some(&n),
+            node_set: None,
         },
         NOW,
     )
@@ -257,6 +264,7 @@ fn an_entry_certificate_renews_only_while_its_entry_and_node_stand() {
         EntryFacts {
             entry: None,
             node: Some(&n),
+            node_set: None,
         },
         NOW,
     ));
@@ -270,6 +278,7 @@ fn an_entry_certificate_renews_only_while_its_entry_and_node_stand() {
         EntryFacts {
             entry: Some(&e),
             node: Some(&banned),
+            node_set: None,
         },
         NOW,
     ));
@@ -281,6 +290,7 @@ fn an_entry_certificate_renews_only_while_its_entry_and_node_stand() {
         EntryFacts {
             entry: Some(&e),
             node: None,
+            node_set: None,
         },
         NOW,
     ));
@@ -295,6 +305,7 @@ fn an_entry_certificate_renews_only_while_its_entry_and_node_stand() {
         EntryFacts {
             entry: Some(&moved),
             node: Some(&n),
+            node_set: None,
         },
         NOW,
     ));
@@ -307,10 +318,61 @@ fn an_entry_certificate_renews_only_while_its_entry_and_node_stand() {
         EntryFacts {
             entry: Some(&reparented),
             node: Some(&n),
+            node_set: None,
         },
         NOW,
     ));
     assert!(m.contains("no longer parented"), "{m}");
+}
+
+#[test]
+fn a_node_set_entry_certificate_renews_only_while_its_node_is_a_member() {
+    use crate::store::NodeSetRow;
+    let c = caller("/app");
+    let p = policy();
+    let r = row("/app", &[], 86400, &entry_provenance());
+    let mut e = entry_row(600, &[]);
+    e.parent_id = "spiffe://example.org/signet/nodeset/vms".into();
+    let set = NodeSetRow {
+        name: "vms".into(),
+        selectors: vec!["signet:attestation:join_token".into()],
+        created_at: 0,
+    };
+    let n = node_row(false);
+    let facts = |node, node_set| EntryFacts {
+        entry: Some(&e),
+        node,
+        node_set,
+    };
+    assess(&p, &c, Some(&r), facts(Some(&n), Some(&set)), NOW).expect("a member renews");
+    // The set is gone, the node no longer proves the set's selectors, or it is banned.
+    let m = refused(assess(&p, &c, Some(&r), facts(Some(&n), None), NOW));
+    assert!(m.contains("no longer a member of node set vms"), "{m}");
+    let mut moved = node_row(false);
+    moved.selectors = vec!["signet:attestation:k8s_psat".into()];
+    let m = refused(assess(
+        &p,
+        &c,
+        Some(&r),
+        facts(Some(&moved), Some(&set)),
+        NOW,
+    ));
+    assert!(m.contains("no longer a member of node set vms"), "{m}");
+    let banned = node_row(true);
+    let m = refused(assess(
+        &p,
+        &c,
+        Some(&r),
+        facts(Some(&banned), Some(&set)),
+        NOW,
+    ));
+    assert!(m.contains("is banned"), "{m}");
+    // Another set's row does not count.
+    let other = NodeSetRow {
+        name: "other".into(),
+        ..set.clone()
+    };
+    refused(assess(&p, &c, Some(&r), facts(Some(&n), Some(&other)), NOW));
 }
 
 #[test]

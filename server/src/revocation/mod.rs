@@ -149,7 +149,7 @@ pub fn parse_selector(td: &TrustDomain, by: &str, value: &str) -> Result<Selecto
             Ok(Selector::SpiffeId(id))
         }
         "node" => {
-            let parent = crate::nodes::parse_parent(td, value)?;
+            let parent = crate::nodes::parse_node(td, value)?;
             crate::nodes::node_id_of(&parent, td)
                 .map(|n| Selector::Node(n.to_owned()))
                 .ok_or_else(|| BadSelector::NotANode {

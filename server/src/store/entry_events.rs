@@ -12,6 +12,15 @@
 //!   does not keep notifications for an absent listener.
 //! - SQLite is one process: the in-process call is the whole story.
 //!
+//! - A node set's parent (`spiffe://<td>/signet/nodeset/<name>`, see `store::node_sets`) is
+//!   watched by nobody directly: its entries reach every member node, and membership is the
+//!   store's rows as they are when a stream reads them. So a notification for a node set wakes
+//!   every subscription of this replica (one shared counter), and each woken stream re-reads
+//!   its node's effective revision; a non-member finds it unchanged and sends nothing. Node
+//!   set entries change seldom (an operator, the bridge), so this costs one read per open
+//!   stream per coalesced burst of such changes, and never a per-set table of subscribers
+//!   that a membership change could leave stale.
+//!
 //! Invariant: a notification only wakes; it never carries a revision. The woken stream re-reads
 //! the parent's revision from the store, so a duplicate, late, spurious or lost notification
 //! costs at most one indexed read or one safety-net interval, and can never put a wrong
@@ -53,6 +62,8 @@ impl std::fmt::Debug for EntryEvents {
 pub struct Hub {
     /// Parent SPIFFE ID -> a wake counter, only while someone watches that parent.
     parents: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// The wake counter of every node set's parent: each subscription holds a receiver.
+    node_sets: watch::Sender<u64>,
     start: Option<Starter>,
     started: Once,
 }
@@ -63,6 +74,10 @@ impl Hub {
     }
 
     fn wake(&self, parent: &str) {
+        if is_node_set_parent(parent) {
+            self.node_sets.send_modify(|n| *n = n.wrapping_add(1));
+            return;
+        }
         if let Ok(p) = self.parents.lock()
             && let Some(tx) = p.get(parent)
         {
@@ -71,12 +86,19 @@ impl Hub {
     }
 
     fn wake_all(&self) {
+        self.node_sets.send_modify(|n| *n = n.wrapping_add(1));
         if let Ok(p) = self.parents.lock() {
             for tx in p.values() {
                 tx.send_modify(|n| *n = n.wrapping_add(1));
             }
         }
     }
+}
+
+/// Whether `parent` is a node set's SPIFFE ID (`…/signet/nodeset/<name>`, any trust domain:
+/// only the own one is ever stored).
+fn is_node_set_parent(parent: &str) -> bool {
+    super::node_sets::node_set_name_of_parent(parent).is_some()
 }
 
 /// Refused: the parent already has as many subscriptions as allowed here.
@@ -95,6 +117,7 @@ impl EntryEvents {
         Self {
             hub: Arc::new(Hub {
                 parents: Mutex::new(HashMap::new()),
+                node_sets: watch::channel(0).0,
                 start,
                 started: Once::new(),
             }),
@@ -139,6 +162,7 @@ impl EntryEvents {
         let rx = tx.subscribe();
         Ok(EntrySubscription {
             rx: Some(rx),
+            node_sets: self.hub.node_sets.subscribe(),
             hub: self.hub.clone(),
             parent: parent.to_owned(),
         })
@@ -148,6 +172,8 @@ impl EntryEvents {
 /// One stream's view of its parent's changes. Dropping it unsubscribes.
 pub struct EntrySubscription {
     rx: Option<watch::Receiver<u64>>,
+    /// Any node set's changes (see the module doc).
+    node_sets: watch::Receiver<u64>,
     hub: Arc<Hub>,
     parent: String,
 }
@@ -155,16 +181,30 @@ pub struct EntrySubscription {
 impl EntrySubscription {
     /// Resolves once a change of the parent (or a gap in the feed) was notified since the last
     /// call (or since subscribing); notifications meanwhile collapse into one.
+    /// A node set's change wakes every subscription (module doc).
     pub async fn changed(&mut self) {
-        match self.rx.as_mut() {
-            Some(rx) => {
-                if rx.changed().await.is_err() {
-                    // The hub dropped the slot (cannot happen while we hold a receiver):
-                    // never wake again rather than spin.
-                    std::future::pending::<()>().await;
+        let own = async {
+            match self.rx.as_mut() {
+                Some(rx) => {
+                    if rx.changed().await.is_err() {
+                        // The hub dropped the slot (cannot happen while we hold a receiver):
+                        // never wake again rather than spin.
+                        std::future::pending::<()>().await;
+                    }
                 }
+                None => std::future::pending::<()>().await,
             }
-            None => std::future::pending::<()>().await,
+        };
+        let sets = async {
+            if self.node_sets.changed().await.is_err() {
+                // The hub holds the sender as long as we hold it: cannot happen.
+                std::future::pending::<()>().await;
+            }
+        };
+        // Both are cancel-safe (`watch::Receiver::changed`).
+        tokio::select! {
+            () = own => {}
+            () = sets => {}
         }
     }
 
@@ -173,6 +213,7 @@ impl EntrySubscription {
         if let Some(rx) = self.rx.as_mut() {
             rx.mark_unchanged();
         }
+        self.node_sets.mark_unchanged();
     }
 }
 
@@ -279,6 +320,26 @@ mod tests {
         assert!(!woken(&mut a));
         ev.hub.wake_all();
         assert!(woken(&mut a) && woken(&mut b));
+    }
+
+    #[tokio::test]
+    async fn a_node_sets_notification_wakes_every_subscription() {
+        let ev = EntryEvents::local();
+        let node = |n: &str| format!("spiffe://example.org/signet/node/{n}");
+        let mut a = ev.subscribe(&node("a"), 4).unwrap();
+        let mut b = ev.subscribe(&node("b"), 4).unwrap();
+        ev.notify("spiffe://example.org/signet/nodeset/k8s");
+        assert!(woken(&mut a) && woken(&mut b));
+        assert!(!woken(&mut a) && !woken(&mut b));
+        // A node's own notification stays its own.
+        ev.notify(&node("a"));
+        assert!(woken(&mut a) && !woken(&mut b));
+        // Seen: a set's earlier notification does not wake again.
+        ev.notify("spiffe://example.org/signet/nodeset/k8s");
+        a.mark_seen();
+        assert!(!woken(&mut a) && woken(&mut b));
+        // No table entry is kept for a node set.
+        assert_eq!(ev.hub.watched(), 2);
     }
 
     #[tokio::test]

@@ -13,6 +13,7 @@
 //! | `audit` | [`AuditStore`] | denials and admin actions |
 //! | `pins` | [`PinStore`] | what every server sharing the database must agree on (trust domain, CA mode) |
 //! | `nodes` | [`NodeStore`] | join tokens, attested nodes, registration entries |
+//! | `node_sets` | [`NodeSetStore`](node_sets::NodeSetStore) (under [`NodeStore`]) | node sets, an entry's parent for many nodes |
 //! | `registration` | [`RegistrationStore`] | entries a registrar (the Kubernetes bridge) owns, synced per scope |
 //! | `entry_events` | (part of [`NodeStore`]) | entry-change notifications to every replica (LISTEN/NOTIFY) |
 //! | `paging` | (over [`LedgerStore`]) | keyset pages of the ledger and their opaque tokens |
@@ -69,6 +70,7 @@ mod error;
 pub mod federation;
 pub mod ledger;
 mod migrations;
+pub mod node_sets;
 pub mod nodes;
 pub mod paging;
 pub mod pins;
@@ -93,6 +95,9 @@ pub use federation::{
     BundleReplace, BundleWrite, FederationStore, Relationship, RelationshipDelete, RelationshipRow,
 };
 pub use ledger::{LedgerHead, LedgerRecord, LedgerStore, NewCertificate, NewJwtSvid, NewLedgerRow};
+#[cfg(test)]
+pub use node_sets::NodeSetStore;
+pub use node_sets::{NodeSetDelete, NodeSetRow};
 pub use nodes::{BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, NodeStore, TokenUse};
 pub use paging::{CertQuery, Order, certificates_page, jwt_svids_page};
 pub use pins::{Pin, PinEvidence, PinStore};

@@ -35,19 +35,57 @@ pub enum TokenUse {
     Unknown,
 }
 
+/// An attested node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRow {
+    pub node_id: String,
+    pub spiffe_id: String,
+    pub attested_at: i64,
+    pub banned_at: Option<i64>,
+    /// The latest node certificate's serial and expiry.
+    pub last_serial: String,
+    pub not_after: i64,
+    /// How it (last) attested: [`ATTESTATION_JOIN_TOKEN`] or [`ATTESTATION_K8S_PSAT`].
+    pub attestation: String,
+    /// The node selectors its (last) attestation proved, sorted
+    /// ([`signet_types::node_set::NodeSelector`]): what node sets select on.
+    pub selectors: Vec<String>,
+}
+
 super::db_row! {
-    /// An attested node.
-    #[derive(Debug, Clone, PartialEq, Eq)]
-    pub struct NodeRow {
-        pub node_id: String,
-        pub spiffe_id: String,
-        pub attested_at: i64,
-        pub banned_at: Option<i64>,
-        /// The latest node certificate's serial and expiry.
-        pub last_serial: String,
-        pub not_after: i64,
-        /// How it (last) attested: [`ATTESTATION_JOIN_TOKEN`] or [`ATTESTATION_K8S_PSAT`].
-        pub attestation: String,
+    /// A `nodes` row as both drivers decode it.
+    pub(super) struct DbNode {
+        node_id: String,
+        spiffe_id: String,
+        attested_at: i64,
+        banned_at: Option<i64>,
+        last_serial: String,
+        not_after: i64,
+        attestation: String,
+        selectors: String,
+    }
+}
+
+impl TryFrom<DbNode> for NodeRow {
+    type Error = StoreError;
+
+    fn try_from(r: DbNode) -> Result<Self, StoreError> {
+        let selectors = serde_json::from_str(&r.selectors).map_err(|e| {
+            StoreError::Corrupt(format!(
+                "node {}: selectors is not a JSON list: {e}",
+                r.node_id
+            ))
+        })?;
+        Ok(NodeRow {
+            node_id: r.node_id,
+            spiffe_id: r.spiffe_id,
+            attested_at: r.attested_at,
+            banned_at: r.banned_at,
+            last_serial: r.last_serial,
+            not_after: r.not_after,
+            attestation: r.attestation,
+            selectors,
+        })
     }
 }
 
@@ -108,6 +146,8 @@ pub enum EntryCreate {
     /// It federates with `trust_domain`, which has no federation relationship; nothing was
     /// written.
     NoRelationship { trust_domain: String },
+    /// Its parent is node set `name`, which does not exist; nothing was written.
+    NoNodeSet { name: String },
 }
 
 /// The selectors as a registration is compared: a set (sorted, without repeats), so two
@@ -145,6 +185,9 @@ pub enum BatchCreate {
     /// Entry `index` (the first such) federates with `trust_domain`, which has no federation
     /// relationship; nothing was written.
     NoRelationship { index: usize, trust_domain: String },
+    /// Entry `index` (the first such) names node set `name` as parent, which does not exist;
+    /// nothing was written.
+    NoNodeSet { index: usize, name: String },
 }
 
 /// The answer to a node's poll.
@@ -157,8 +200,11 @@ pub struct EntrySync {
     pub entries: Vec<EntryRow>,
 }
 
+/// A node's registration entries are those of its own SPIFFE ID and of every node set it is
+/// a member of: the node's parents, as [`NodeStore::entries_for_parents_since`] takes them.
+/// Node sets are the [`super::node_sets::NodeSetStore`] part of the store.
 #[async_trait]
-pub trait NodeStore: Send + Sync + 'static {
+pub trait NodeStore: super::node_sets::NodeSetStore + Send + Sync + 'static {
     /// Stores a join token by its hash. Never sees the token itself.
     async fn create_join_token(
         &self,
@@ -230,20 +276,55 @@ pub trait NodeStore: Send + Sync + 'static {
         new: &[String],
     ) -> Result<bool, StoreError>;
 
-    /// The parent's current entry revision (0: none was ever created for it): one indexed
-    /// read, for the node streams.
-    async fn entry_revision(&self, parent_id: &str) -> Result<u64, StoreError>;
-
     /// This replica's feed of entry changes (every replica's, on PostgreSQL): see
     /// [`super::entry_events`].
     fn entry_events(&self) -> super::entry_events::EntryEvents;
 
-    /// The parent's entries, unless it already holds the current revision.
+    /// A node's effective entry revision: the highest of its `parents`' (its own SPIFFE ID and
+    /// the node sets it is a member of; 0 if none has one). One query per 256 parents.
+    async fn entry_revision_of(&self, parents: &[&str]) -> Result<u64, StoreError>;
+
+    /// The entries of all of `parents` (by id), unless the caller already holds their
+    /// effective revision ([`Self::entry_revision_of`]).
+    async fn entries_for_parents_since(
+        &self,
+        parents: &[&str],
+        known_revision: u64,
+    ) -> Result<EntrySync, StoreError>;
+
+    /// One parent's revision (tests; the node API reads a node's parents together).
+    #[cfg(test)]
+    async fn entry_revision(&self, parent_id: &str) -> Result<u64, StoreError> {
+        self.entry_revision_of(&[parent_id]).await
+    }
+
+    /// One parent's entries, unless it already holds the current revision (tests).
+    #[cfg(test)]
     async fn entries_for_parent_since(
         &self,
         parent_id: &str,
         known_revision: u64,
-    ) -> Result<EntrySync, StoreError>;
+    ) -> Result<EntrySync, StoreError> {
+        self.entries_for_parents_since(&[parent_id], known_revision)
+            .await
+    }
+}
+
+/// Parents per statement in the multi-parent reads (bounded statement shapes).
+pub(crate) const PARENTS_PER_QUERY: usize = 256;
+
+/// The first entry of `batch` whose parent is a node set, with the set's name, for the
+/// existence check inside the writing transaction.
+pub(crate) fn node_set_parents(batch: &[NewEntry]) -> Vec<(usize, &str)> {
+    let mut out: Vec<(usize, &str)> = Vec::new();
+    for (i, e) in batch.iter().enumerate() {
+        if let Some(name) = super::node_sets::node_set_name_of_parent(&e.parent_id)
+            && !out.iter().any(|(_, n)| *n == name)
+        {
+            out.push((i, name));
+        }
+    }
+    out
 }
 
 super::db_row! {
@@ -293,9 +374,9 @@ impl TryFrom<DbEntry> for EntryRow {
     }
 }
 
-/// The `nodes` columns of a [`NodeRow`], in its fields' order.
+/// The `nodes` columns of a [`DbNode`], in its fields' order.
 pub(super) const NODE_COLUMNS: &str =
-    "node_id, spiffe_id, attested_at, banned_at, last_serial, not_after, attestation";
+    "node_id, spiffe_id, attested_at, banned_at, last_serial, not_after, attestation, selectors";
 
 pub(super) fn revision(v: i64) -> Result<u64, StoreError> {
     u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("negative revision {v}")))
@@ -415,13 +496,20 @@ macro_rules! impl_node_store {
                 &self,
                 node: &$crate::store::nodes::NodeRow,
             ) -> Result<(), StoreError> {
+                let selectors = $crate::store::nodes::json(&node.selectors)?;
                 let mut tx = self.begin_write().await?;
+                let before: Option<(String,)> =
+                    sqlx::query_as("SELECT selectors FROM nodes WHERE node_id = $1")
+                        .bind(&node.node_id)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err($map)?;
                 sqlx::query(
                     "INSERT INTO nodes (node_id, spiffe_id, attested_at, banned_at, last_serial, \
-                     not_after, attestation) VALUES ($1, $2, $3, NULL, $4, $5, $6) \
+                     not_after, attestation, selectors) VALUES ($1, $2, $3, NULL, $4, $5, $6, $7) \
                      ON CONFLICT (node_id) DO UPDATE SET attested_at = excluded.attested_at, \
                      last_serial = excluded.last_serial, not_after = excluded.not_after, \
-                     attestation = excluded.attestation",
+                     attestation = excluded.attestation, selectors = excluded.selectors",
                 )
                 .bind(&node.node_id)
                 .bind(&node.spiffe_id)
@@ -429,10 +517,32 @@ macro_rules! impl_node_store {
                 .bind(&node.last_serial)
                 .bind(node.not_after)
                 .bind(&node.attestation)
+                .bind(&selectors)
                 .execute(&mut *tx)
                 .await
                 .map_err($map)?;
-                tx.commit().await.map_err($map)
+                // A re-attestation that proved other selectors may change the node's node-set
+                // memberships: move its own entry revision past every set's, so its agent
+                // syncs (a new node syncs from revision 0 anyway).
+                let moved = before.is_some_and(|(b,)| b != selectors);
+                if moved {
+                    let (rev,): (i64,) = sqlx::query_as($crate::store::nodes::NEXT_REVISION)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err($map)?;
+                    sqlx::query($crate::store::nodes::TOUCH_PARENT)
+                        .bind(&node.spiffe_id)
+                        .bind(rev)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err($map)?;
+                    Self::notify_entries_in_tx(&mut tx, &node.spiffe_id).await?;
+                }
+                tx.commit().await.map_err($map)?;
+                if moved {
+                    self.events.notify(&node.spiffe_id);
+                }
+                Ok(())
             }
 
             async fn update_node_certificate(
@@ -456,26 +566,28 @@ macro_rules! impl_node_store {
                 &self,
                 node_id: &str,
             ) -> Result<Option<$crate::store::nodes::NodeRow>, StoreError> {
-                sqlx::query_as::<_, $crate::store::nodes::NodeRow>(&format!(
+                let row: Option<$crate::store::nodes::DbNode> = sqlx::query_as(&format!(
                     "SELECT {} FROM nodes WHERE node_id = $1",
                     $crate::store::nodes::NODE_COLUMNS
                 ))
                 .bind(node_id)
                 .fetch_optional(&self.pool)
                 .await
-                .map_err($map)
+                .map_err($map)?;
+                row.map(TryInto::try_into).transpose()
             }
 
             async fn list_nodes(
                 &self,
             ) -> Result<Vec<$crate::store::nodes::NodeRow>, StoreError> {
-                sqlx::query_as(&format!(
+                let rows: Vec<$crate::store::nodes::DbNode> = sqlx::query_as(&format!(
                     "SELECT {} FROM nodes ORDER BY node_id",
                     $crate::store::nodes::NODE_COLUMNS
                 ))
                 .fetch_all(&self.pool)
                 .await
-                .map_err($map)
+                .map_err($map)?;
+                rows.into_iter().map(TryInto::try_into).collect()
             }
 
             async fn ban_node(
@@ -484,7 +596,7 @@ macro_rules! impl_node_store {
                 now: i64,
             ) -> Result<Option<$crate::store::nodes::NodeRow>, StoreError> {
                 let mut tx = self.begin_write().await?;
-                let row: Option<$crate::store::nodes::NodeRow> = sqlx::query_as(&format!(
+                let row: Option<$crate::store::nodes::DbNode> = sqlx::query_as(&format!(
                     "UPDATE nodes SET banned_at = COALESCE(banned_at, $2) WHERE node_id = $1 \
                      RETURNING {}",
                     $crate::store::nodes::NODE_COLUMNS
@@ -495,7 +607,7 @@ macro_rules! impl_node_store {
                 .await
                 .map_err($map)?;
                 tx.commit().await.map_err($map)?;
-                Ok(row)
+                row.map(TryInto::try_into).transpose()
             }
 
             async fn create_entry(
@@ -547,6 +659,24 @@ macro_rules! impl_node_store {
                         tx.rollback().await.map_err($map)?;
                         return Ok(EntryCreate::NoRelationship {
                             trust_domain: td.clone(),
+                        });
+                    }
+                }
+                // Under the counter's lock, as `delete_node_set` counts a set's entries: a
+                // set cannot go away between this check and the insert.
+                if let Some(name) =
+                    $crate::store::node_sets::node_set_name_of_parent(&e.parent_id)
+                {
+                    let known: Option<(String,)> =
+                        sqlx::query_as($crate::store::node_sets::NODE_SET_EXISTS)
+                            .bind(name)
+                            .fetch_optional(&mut *tx)
+                            .await
+                            .map_err($map)?;
+                    if known.is_none() {
+                        tx.rollback().await.map_err($map)?;
+                        return Ok(EntryCreate::NoNodeSet {
+                            name: name.to_owned(),
                         });
                     }
                 }
@@ -679,6 +809,21 @@ macro_rules! impl_node_store {
                         return Ok(BatchCreate::NoRelationship {
                             index,
                             trust_domain: td.to_owned(),
+                        });
+                    }
+                }
+                for (index, name) in $crate::store::nodes::node_set_parents(batch) {
+                    let known: Option<(String,)> =
+                        sqlx::query_as($crate::store::node_sets::NODE_SET_EXISTS)
+                            .bind(name)
+                            .fetch_optional(&mut *tx)
+                            .await
+                            .map_err($map)?;
+                    if known.is_none() {
+                        tx.rollback().await.map_err($map)?;
+                        return Ok(BatchCreate::NoNodeSet {
+                            index,
+                            name: name.to_owned(),
                         });
                     }
                 }
@@ -893,40 +1038,37 @@ macro_rules! impl_node_store {
                 Ok(true)
             }
 
-            async fn entry_revision(&self, parent_id: &str) -> Result<u64, StoreError> {
-                let found: Option<(i64,)> =
-                    sqlx::query_as("SELECT revision FROM node_revisions WHERE parent_id = $1")
-                        .bind(parent_id)
-                        .fetch_optional(&self.pool)
-                        .await
-                        .map_err($map)?;
-                match found {
-                    Some((r,)) => $crate::store::nodes::revision(r),
-                    None => Ok(0),
-                }
-            }
-
             fn entry_events(&self) -> $crate::store::entry_events::EntryEvents {
                 self.events.clone()
             }
 
-            async fn entries_for_parent_since(
+            async fn entry_revision_of(&self, parents: &[&str]) -> Result<u64, StoreError> {
+                let mut max = 0;
+                for chunk in parents.chunks($crate::store::nodes::PARENTS_PER_QUERY) {
+                    let sql = format!(
+                        "SELECT MAX(revision) FROM node_revisions WHERE parent_id IN ({})",
+                        $crate::store::ca_slots::placeholders(1, chunk.len())
+                    );
+                    let mut q = sqlx::query_as::<_, (Option<i64>,)>(&sql);
+                    for p in chunk {
+                        q = q.bind(*p);
+                    }
+                    let (found,) = q.fetch_one(&self.pool).await.map_err($map)?;
+                    if let Some(r) = found {
+                        max = max.max($crate::store::nodes::revision(r)?);
+                    }
+                }
+                Ok(max)
+            }
+
+            async fn entries_for_parents_since(
                 &self,
-                parent_id: &str,
+                parents: &[&str],
                 known_revision: u64,
             ) -> Result<$crate::store::nodes::EntrySync, StoreError> {
                 // The revision first, then the entries: entries newer than the revision only
                 // make the next poll fetch again; the reverse order could hide a change.
-                let found: Option<(i64,)> =
-                    sqlx::query_as("SELECT revision FROM node_revisions WHERE parent_id = $1")
-                        .bind(parent_id)
-                        .fetch_optional(&self.pool)
-                        .await
-                        .map_err($map)?;
-                let rev = match found {
-                    Some((r,)) => $crate::store::nodes::revision(r)?,
-                    None => 0,
-                };
+                let rev = self.entry_revision_of(parents).await?;
                 if rev == known_revision {
                     return Ok($crate::store::nodes::EntrySync {
                         revision: rev,
@@ -934,7 +1076,22 @@ macro_rules! impl_node_store {
                         entries: Vec::new(),
                     });
                 }
-                let entries = self.list_entries(Some(parent_id)).await?;
+                let mut entries: Vec<$crate::store::nodes::EntryRow> = Vec::new();
+                for chunk in parents.chunks($crate::store::nodes::PARENTS_PER_QUERY) {
+                    let sql = format!(
+                        "SELECT {} FROM entries WHERE parent_id IN ({})",
+                        $crate::store::nodes::ENTRY_COLUMNS,
+                        $crate::store::ca_slots::placeholders(1, chunk.len())
+                    );
+                    let mut q = sqlx::query_as::<_, $crate::store::nodes::DbEntry>(&sql);
+                    for p in chunk {
+                        q = q.bind(*p);
+                    }
+                    for row in q.fetch_all(&self.pool).await.map_err($map)? {
+                        entries.push(row.try_into()?);
+                    }
+                }
+                entries.sort_by(|a, b| a.id.cmp(&b.id));
                 Ok($crate::store::nodes::EntrySync {
                     revision: rev,
                     unchanged: false,

@@ -57,6 +57,13 @@ pub enum SyncResult {
         index: usize,
         trust_domain: String,
     },
+    /// Desired entry `index` (the first such written) names node set `name`, which does not
+    /// exist (checked inside the sync's transaction, under the lock `delete_node_set` takes:
+    /// `store::node_sets`).
+    NoNodeSet {
+        index: usize,
+        name: String,
+    },
 }
 
 #[async_trait]
@@ -209,6 +216,28 @@ macro_rules! impl_registration_store {
                     .copied()
                     .chain(updates.iter().map(|(i, _)| *i))
                     .collect();
+                // A node set deleted since the caller looked must not get entries (a set
+                // created again under its name would serve them to other nodes).
+                for i in &written {
+                    let Some(name) =
+                        $crate::store::node_sets::node_set_name_of_parent(&desired[*i].parent_id)
+                    else {
+                        continue;
+                    };
+                    let known: Option<(String,)> =
+                        sqlx::query_as($crate::store::node_sets::NODE_SET_EXISTS)
+                            .bind(name)
+                            .fetch_optional(&mut *tx)
+                            .await
+                            .map_err($map)?;
+                    if known.is_none() {
+                        tx.rollback().await.map_err($map)?;
+                        return Ok(SyncResult::NoNodeSet {
+                            index: *i,
+                            name: name.to_owned(),
+                        });
+                    }
+                }
                 let mut named: Vec<&str> = written
                     .iter()
                     .flat_map(|i| desired[*i].federates_with.iter().map(String::as_str))

@@ -27,6 +27,7 @@ mod k8s;
 mod k8s_certificate;
 mod lifecycle;
 mod node_psat;
+mod node_sets;
 mod nodes;
 mod plugged;
 mod readme;

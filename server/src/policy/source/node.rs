@@ -44,7 +44,8 @@ impl Resolver for NodeIdentity<'_> {
 }
 
 /// A node asking for a workload identity of one of its registration entries: the entry's
-/// identity, DNS names and TTL, only if the entry is parented to that node.
+/// identity, DNS names and TTL, only if the entry is parented to that node, or to a node set
+/// the node is a member of now.
 pub(super) struct Entry<'a> {
     pub(super) entry: &'a EntryGrant,
     /// The caller's node ID; `None` if the caller is not a node (refused).
@@ -55,15 +56,34 @@ impl Resolver for Entry<'_> {
     fn admit(&self, cx: &Ctx<'_>) -> Result<(), Denial> {
         admit_node(cx, self.node_id)?;
         let e = self.entry;
-        if &e.parent_id != cx.caller_id() {
-            return Err(Denial::denied(
-                "policy.entry",
-                format!(
-                    "entry {} is not parented to node {}",
-                    shown(&e.entry_id),
-                    cx.caller_id()
-                ),
-            ));
+        match &e.node_set {
+            // A node set's entry: the caller must be a member now (the proof says, for this
+            // very parent).
+            Some(m) if m.set_id() == &e.parent_id && !m.is_member() => {
+                return Err(Denial::denied(
+                    "policy.entry",
+                    format!(
+                        "node {} is not a member of node set {} (the parent of entry {}): its \
+                         attested node selectors do not include all of the set's, it is banned, \
+                         or the set is gone",
+                        cx.caller_id(),
+                        m.name(),
+                        shown(&e.entry_id)
+                    ),
+                ));
+            }
+            Some(m) if m.set_id() == &e.parent_id => {}
+            _ if &e.parent_id != cx.caller_id() => {
+                return Err(Denial::denied(
+                    "policy.entry",
+                    format!(
+                        "entry {} is not parented to node {}",
+                        shown(&e.entry_id),
+                        cx.caller_id()
+                    ),
+                ));
+            }
+            _ => {}
         }
         if is_reserved(&e.spiffe_id) {
             return Err(Denial::denied(

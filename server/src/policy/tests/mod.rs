@@ -160,6 +160,7 @@ fn entry(parent: &str, ttl: i64) -> EntryGrant {
         parent_id: id(&format!("/signet/node/{parent}")),
         dns_names: vec!["app.example.org".into()],
         ttl_seconds: ttl,
+        node_set: None,
     }
 }
 

@@ -104,6 +104,94 @@ fn a_node_gets_its_entries_with_their_names_and_ttl() {
     denied(r, DenialKind::PermissionDenied, "policy.entry");
 }
 
+/// An entry of node set `k8s` (`k8s_psat:cluster:prod`), and its grant as the node API builds
+/// it for a caller whose attestation proved `selectors`.
+fn set_entry(selectors: &[&str], banned: bool) -> EntryGrant {
+    use crate::node_sets::NodeSetMembership;
+    use crate::store::{NodeRow, NodeSetRow};
+    let td = signet_types::TrustDomain::new("example.org").expect("td");
+    let parent = id("/signet/nodeset/k8s");
+    let set = NodeSetRow {
+        name: "k8s".into(),
+        selectors: vec!["k8s_psat:cluster:prod".into()],
+        created_at: 0,
+    };
+    let caller = NodeRow {
+        node_id: "n1".into(),
+        spiffe_id: "spiffe://example.org/signet/node/n1".into(),
+        attested_at: 0,
+        banned_at: banned.then_some(1),
+        last_serial: "01".into(),
+        not_after: 1,
+        attestation: "k8s_psat".into(),
+        selectors: selectors.iter().map(|s| (*s).to_owned()).collect(),
+    };
+    EntryGrant {
+        parent_id: parent.clone(),
+        node_set: NodeSetMembership::decide(&td, &parent, Some(&set), &caller),
+        ..entry("n1", 0)
+    }
+}
+
+#[test]
+fn a_member_node_gets_its_node_sets_entries_and_no_other_node_does() {
+    let member = set_entry(
+        &["k8s_psat:cluster:prod", "signet:attestation:k8s_psat"],
+        false,
+    );
+    let g = decide_src(
+        &node("n1"),
+        &names(&[], &[]),
+        GrantSource::Entry(&member),
+        None,
+    )
+    .expect("a member signs");
+    assert_eq!(g.spiffe_id, id("/app"));
+    for outsider in [
+        set_entry(
+            &["k8s_psat:cluster:dev", "signet:attestation:k8s_psat"],
+            false,
+        ),
+        set_entry(
+            &["k8s_psat:cluster:prod", "signet:attestation:k8s_psat"],
+            true,
+        ),
+    ] {
+        let r = decide_src(
+            &node("n1"),
+            &names(&[], &[]),
+            GrantSource::Entry(&outsider),
+            None,
+        );
+        let msg = denied(r, DenialKind::PermissionDenied, "policy.entry");
+        assert!(msg.contains("not a member of node set k8s"), "{msg}");
+    }
+    // A set's entry without the membership proof is another parent's entry.
+    let unproved = EntryGrant {
+        node_set: None,
+        ..member.clone()
+    };
+    let r = decide_src(
+        &node("n1"),
+        &names(&[], &[]),
+        GrantSource::Entry(&unproved),
+        None,
+    );
+    denied(r, DenialKind::PermissionDenied, "policy.entry");
+    // A proof for another set does not admit this one.
+    let other = EntryGrant {
+        parent_id: id("/signet/nodeset/other"),
+        ..member
+    };
+    let r = decide_src(
+        &node("n1"),
+        &names(&[], &[]),
+        GrantSource::Entry(&other),
+        None,
+    );
+    denied(r, DenialKind::PermissionDenied, "policy.entry");
+}
+
 // ---- TTL ----
 
 #[test]

@@ -6,13 +6,14 @@ use super::Db;
 use crate::store::{EntryCreate, EntryRow};
 
 /// The row of a create that must succeed.
-fn created(c: EntryCreate) -> EntryRow {
+pub(super) fn created(c: EntryCreate) -> EntryRow {
     match c {
         EntryCreate::Created(row) => row,
         EntryCreate::Duplicate { existing_id } => panic!("refused as a duplicate of {existing_id}"),
         EntryCreate::NoRelationship { trust_domain } => {
             panic!("refused: no relationship with {trust_domain}")
         }
+        EntryCreate::NoNodeSet { name } => panic!("refused: no node set {name}"),
     }
 }
 
@@ -120,6 +121,7 @@ async fn nodes_are_upserted_renewed_and_banned(db: Db) {
         last_serial: "aa".into(),
         not_after: 100,
         attestation: crate::store::nodes::ATTESTATION_JOIN_TOKEN.into(),
+        selectors: vec!["signet:attestation:join_token".into()],
     };
     s.upsert_attested_node(&n1).await.unwrap();
     assert_eq!(s.node("n1").await.unwrap(), Some(n1.clone()));
@@ -133,6 +135,10 @@ async fn nodes_are_upserted_renewed_and_banned(db: Db) {
         last_serial: "cc".into(),
         not_after: 300,
         attestation: crate::store::nodes::ATTESTATION_K8S_PSAT.into(),
+        selectors: vec![
+            "k8s_psat:node_name:w1".into(),
+            "signet:attestation:k8s_psat".into(),
+        ],
         ..n1.clone()
     };
     s.upsert_attested_node(&again).await.unwrap();

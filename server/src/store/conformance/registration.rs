@@ -14,6 +14,7 @@ conformance!(
     the_cap_counts_every_scope_of_the_owner,
     racing_syncs_of_one_scope_converge,
     node_sets_that_exist_are_found,
+    a_sync_under_a_deleted_node_set_writes_nothing,
 );
 
 const BRIDGE: &str = "spiffe://example.org/ns/signet-system/sa/signet-k8s";
@@ -34,6 +35,21 @@ fn entry(id: &str, path: &str, ttl: i64) -> NewEntry {
     }
 }
 
+/// Node set k8s, which the entries name as parent: entries (the operator's or a registrar's)
+/// are written only under a set that exists (`store::node_sets`).
+async fn k8s_set(db: &Db) {
+    assert!(
+        db.store
+            .create_node_set(&crate::store::NodeSetRow {
+                name: "k8s".into(),
+                selectors: vec!["k8s_psat:cluster:prod".into()],
+                created_at: 1,
+            })
+            .await
+            .unwrap()
+    );
+}
+
 fn synced(r: SyncResult) -> SyncOutcome {
     match r {
         SyncResult::Synced(o) => o,
@@ -42,6 +58,7 @@ fn synced(r: SyncResult) -> SyncOutcome {
 }
 
 async fn a_sync_creates_updates_deletes_and_keeps(db: Db) {
+    k8s_set(&db).await;
     let s = &db.store;
     let before = s.entry_revision(K8S).await.unwrap();
     let first = synced(
@@ -163,6 +180,7 @@ async fn a_sync_creates_updates_deletes_and_keeps(db: Db) {
 }
 
 async fn only_the_owners_scope_is_touched(db: Db) {
+    k8s_set(&db).await;
     let s = &db.store;
     // The operator's entry with the very same registration, and another registrar's.
     let op = entry("op", "/ns/team-a/web", 0);
@@ -231,6 +249,7 @@ async fn only_the_owners_scope_is_touched(db: Db) {
 }
 
 async fn the_cap_counts_every_scope_of_the_owner(db: Db) {
+    k8s_set(&db).await;
     let s = &db.store;
     synced(
         s.sync_owned_entries(
@@ -305,6 +324,7 @@ async fn the_cap_counts_every_scope_of_the_owner(db: Db) {
 }
 
 async fn racing_syncs_of_one_scope_converge(db: Db) {
+    k8s_set(&db).await;
     let other = db.another().await;
     let lists: Vec<Vec<NewEntry>> = (0..8)
         .map(|i| {
@@ -382,4 +402,33 @@ async fn node_sets_that_exist_are_found(db: Db) {
     );
     assert!(s.existing_node_sets(&[]).await.unwrap().is_empty());
     assert!(s.existing_node_sets(&["gpu"]).await.unwrap().is_empty());
+}
+
+/// The API checks that a node set exists before it syncs; the store checks again inside the
+/// sync's transaction, so a set deleted in between gets no entries.
+async fn a_sync_under_a_deleted_node_set_writes_nothing(db: Db) {
+    let s = &db.store;
+    k8s_set(&db).await;
+    assert_eq!(
+        s.delete_node_set("k8s", K8S).await.unwrap(),
+        crate::store::NodeSetDelete::Deleted
+    );
+    let r = s
+        .sync_owned_entries(
+            BRIDGE,
+            "Identity/team-a/web",
+            &[entry("e1", "/ns/team-a/web", 0)],
+            100,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        r,
+        SyncResult::NoNodeSet {
+            index: 0,
+            name: "k8s".into()
+        }
+    );
+    assert!(s.list_owned_entries(BRIDGE, None).await.unwrap().is_empty());
+    assert_eq!(s.entry_revision(K8S).await.unwrap(), 0);
 }
