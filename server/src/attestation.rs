@@ -290,6 +290,10 @@ impl Attestation {
             self.record("node.denied", &caller.label(), msg.clone());
             return Err(IssuerError::Denied(msg));
         }
+        if let Some(msg) = method_refusal(node_id, existing.as_ref(), attestation, how) {
+            self.record("node.denied", &caller.label(), msg.clone());
+            return Err(IssuerError::Denied(msg));
+        }
         let cert = self
             .issuer
             .issue(
@@ -328,9 +332,51 @@ impl Attestation {
     }
 }
 
+/// A node ID keeps the attestation method it was first attested with: another method taking
+/// it over would inherit the node's row, and with it the node sets its own attestation never
+/// proved (review finding F2 of issue 29).
+fn method_refusal(
+    node_id: &str,
+    existing: Option<&NodeRow>,
+    attestation: &str,
+    how: &str,
+) -> Option<String> {
+    let prev = existing.filter(|n| n.attestation != attestation)?;
+    Some(format!(
+        "node {node_id} was attested by {}; it cannot attest by {how}: a node ID keeps its \
+         attestation method (use another node ID)",
+        prev.attestation
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_id_keeps_its_attestation_method() {
+        let row = NodeRow {
+            node_id: "k8s-n1".into(),
+            spiffe_id: "spiffe://example.org/signet/node/k8s-n1".into(),
+            attested_at: 1,
+            banned_at: None,
+            last_serial: "01".into(),
+            not_after: 2,
+            attestation: "k8s_psat".into(),
+            selectors: Vec::new(),
+        };
+        assert_eq!(
+            method_refusal("k8s-n1", Some(&row), "k8s_psat", "a token"),
+            None
+        );
+        assert_eq!(
+            method_refusal("k8s-n1", None, ATTESTATION_JOIN_TOKEN, "a join token"),
+            None
+        );
+        let msg = method_refusal("k8s-n1", Some(&row), ATTESTATION_JOIN_TOKEN, "a join token")
+            .expect("refused");
+        assert!(msg.contains("was attested by k8s_psat"), "{msg}");
+    }
 
     fn input<'a>(join_token: &'a str, authorization: Option<&'a Bearer>) -> AttestInput<'a> {
         AttestInput {

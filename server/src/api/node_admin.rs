@@ -27,6 +27,7 @@ use signet_proto::admin::{
 };
 use signet_types::SpiffeId;
 use signet_types::node_set::{MAX_NODE_SET_SELECTORS, NodeSelector, NodeSetName};
+use signet_types::untrusted::quoted;
 use tonic::{Request, Response, Status};
 
 use super::ApiError;
@@ -194,6 +195,23 @@ fn entry_to_record(e: EntryRow) -> EntryRecord {
     }
 }
 
+/// A node ID an operator may give a join token: a valid one, not `k8s-…`. Node IDs of
+/// Kubernetes-attested nodes are `k8s-<node name>`: a join token for one would let another
+/// machine take over that node's name (review finding F2 of issue 29; attestation also keeps
+/// a node ID to its first method).
+fn check_join_token_node_id(id: &str) -> Result<(), ApiError> {
+    validate_node_id(id).map_err(ApiError::from)?;
+    if id.starts_with(crate::authn::psat::NODE_ID_PREFIX) {
+        return Err(ApiError::InvalidArgument(format!(
+            "node ID {} starts with {}, which is kept for nodes attested by a Kubernetes \
+             service-account token; choose another node ID",
+            quoted(id),
+            crate::authn::psat::NODE_ID_PREFIX
+        )));
+    }
+    Ok(())
+}
+
 #[tonic::async_trait]
 impl NodeAdmin for NodeAdminApi {
     async fn create_join_token(
@@ -214,7 +232,7 @@ impl NodeAdmin for NodeAdminApi {
         let node_id = if req.node_id.is_empty() {
             format!("node-{}", random_hex(8)?)
         } else {
-            validate_node_id(&req.node_id).map_err(ApiError::from)?;
+            check_join_token_node_id(&req.node_id)?;
             req.node_id
         };
         let token = JoinToken::generate().map_err(|e| ApiError::Internal(e.to_string()))?;
@@ -567,6 +585,18 @@ impl NodeAdmin for NodeAdminApi {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn join_tokens_never_name_a_kubernetes_nodes_id() {
+        assert!(check_join_token_node_id("vm-7").is_ok());
+        let err = check_join_token_node_id("k8s-worker-1").expect_err("refused");
+        assert!(
+            err.to_string()
+                .contains("kept for nodes attested by a Kubernetes"),
+            "{err}"
+        );
+        assert!(check_join_token_node_id("..").is_err());
+    }
 
     fn strings(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| (*s).to_owned()).collect()

@@ -212,6 +212,19 @@ impl Policy {
         self.mtls_renewal_max_age
     }
 
+    /// Whether `id` is itself privileged here, and as what: an impersonator's or a Kubernetes
+    /// bridge's identity. Neither impersonation nor a registrar's entry may ever yield one
+    /// (a certificate for it would act as that privileged caller over mTLS).
+    pub(crate) fn privileged_role(&self, id: &SpiffeId) -> Option<&'static str> {
+        if self.impersonators.contains(id) {
+            Some("an impersonator's identity")
+        } else if self.bridge_callers.contains(id) {
+            Some("a Kubernetes bridge's identity")
+        } else {
+            None
+        }
+    }
+
     pub(crate) fn trust_domain(&self) -> &TrustDomain {
         &self.td
     }

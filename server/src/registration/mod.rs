@@ -247,6 +247,16 @@ fn authorize_entry(
     .and_then(|v| v.with_jwt_ttl(e.jwt_ttl_seconds))
     .and_then(|v| v.with_federates_with(e.federates_with, td))
     .map_err(entry_denial)?;
+    if let Some(role) = policy.privileged_role(&v.spiffe_id) {
+        // A workload holding such an entry's SVID would act as that caller over mTLS.
+        return Err(Denial::denied(
+            "registration.identity",
+            format!(
+                "{} is {role}: an entry kept by the bridge never yields a privileged identity                  (the operator registers one on the admin socket if it must)",
+                v.spiffe_id
+            ),
+        ));
+    }
     let namespace = one_namespace(&v.selectors)?;
     check_namespace(&namespace)?;
     let under_namespace = is_under_namespace(&v.spiffe_id, &namespace);

@@ -422,3 +422,57 @@ fn registration_is_off_without_node_sets() {
     assert_eq!(registrar().node_sets().collect::<Vec<_>>(), ["k8s", "gpu"]);
     assert_eq!(registrar().max_owned_entries(), 10_000);
 }
+
+/// Review finding F1: an entry for the bridge's own ID (or an impersonator's) would give a
+/// workload on a member node a certificate that acts as that caller over mTLS.
+#[test]
+fn an_entry_never_yields_a_privileged_identity() {
+    let impersonator = "spiffe://example.org/ns/istio-system/sa/ztunnel";
+    let policy = Policy::new(
+        td(),
+        HOUR,
+        24 * HOUR,
+        &PolicyConfig {
+            kubernetes_bridge: bridge_config(),
+            impersonators: vec![impersonator.into()],
+            ..PolicyConfig::default()
+        },
+    )
+    .expect("policy");
+    for (id, ns, role) in [
+        (BRIDGE, "signet-system", "a Kubernetes bridge's identity"),
+        (impersonator, "istio-system", "an impersonator's identity"),
+    ] {
+        let o = Owned {
+            selectors: vec![format!("k8s:ns:{ns}"), "k8s:sa:default".into()],
+            dns_names: Vec::new(),
+            ..owned(id)
+        };
+        let d = authorize(
+            &policy,
+            &registrar(),
+            &bridge(),
+            "Identity/x/y",
+            &[request(&o)],
+            &existing(),
+        )
+        .expect_err("a privileged identity");
+        assert_eq!(d.kind, DenialKind::PermissionDenied, "{}", d.message);
+        assert!(d.message.contains(role), "{}", d.message);
+    }
+    // The control: an ordinary workload of the same namespace.
+    let o = Owned {
+        selectors: vec!["k8s:ns:signet-system".into(), "k8s:sa:default".into()],
+        dns_names: Vec::new(),
+        ..owned("spiffe://example.org/ns/signet-system/sa/default")
+    };
+    authorize(
+        &policy,
+        &registrar(),
+        &bridge(),
+        "Identity/x/y",
+        &[request(&o)],
+        &existing(),
+    )
+    .expect("an ordinary workload");
+}

@@ -81,10 +81,25 @@ pub trait RegistrationStore: Send + Sync + 'static {
     ) -> Result<SyncResult, StoreError>;
 
     /// `owner`'s entries, of one scope or all, by scope then id.
+    /// Every one of the owner's entries (in `scope`, if given): for tests.
+    #[cfg(test)]
     async fn list_owned_entries(
         &self,
         owner: &str,
         scope: Option<&str>,
+    ) -> Result<Vec<EntryRow>, StoreError> {
+        self.list_owned_entries_page(owner, scope, None, i64::MAX)
+            .await
+    }
+
+    /// At most `limit` of the owner's entries (in `scope`, if given) after `after` (a
+    /// `(scope, id)` already seen), sorted by scope then id.
+    async fn list_owned_entries_page(
+        &self,
+        owner: &str,
+        scope: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: i64,
     ) -> Result<Vec<EntryRow>, StoreError>;
 
     /// Those of `names` that are node sets in the database (a row of `node_sets`).
@@ -364,34 +379,35 @@ macro_rules! impl_registration_store {
                 Ok(SyncResult::Synced(out))
             }
 
-            async fn list_owned_entries(
+            async fn list_owned_entries_page(
                 &self,
                 owner: &str,
                 scope: Option<&str>,
+                after: Option<(&str, &str)>,
+                limit: i64,
             ) -> Result<Vec<$crate::store::nodes::EntryRow>, StoreError> {
                 use $crate::store::nodes::{DbEntry, ENTRY_COLUMNS};
                 if owner.is_empty() {
                     return Err($crate::store::registration::empty_owner());
                 }
-                let rows: Vec<DbEntry> = match scope {
-                    Some(scope) => sqlx::query_as(&format!(
-                        "SELECT {ENTRY_COLUMNS} FROM entries WHERE owner = $1 AND \
-                         owner_scope = $2 ORDER BY owner_scope, id"
-                    ))
-                    .bind(owner)
-                    .bind(scope)
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err($map)?,
-                    None => sqlx::query_as(&format!(
-                        "SELECT {ENTRY_COLUMNS} FROM entries WHERE owner = $1 \
-                         ORDER BY owner_scope, id"
-                    ))
-                    .bind(owner)
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err($map)?,
-                };
+                // A scope is never empty, so '' means "no filter" and "from the start".
+                let (after_scope, after_id) = after.unwrap_or(("", ""));
+                let rows: Vec<DbEntry> = sqlx::query_as(&format!(
+                    "SELECT {ENTRY_COLUMNS} FROM entries WHERE owner = $1 \
+                     AND ($2 = '' OR owner_scope = $3) \
+                     AND (owner_scope > $4 OR (owner_scope = $5 AND id > $6)) \
+                     ORDER BY owner_scope, id LIMIT $7"
+                ))
+                .bind(owner)
+                .bind(scope.unwrap_or(""))
+                .bind(scope.unwrap_or(""))
+                .bind(after_scope)
+                .bind(after_scope)
+                .bind(after_id)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await
+                .map_err($map)?;
                 rows.into_iter().map(TryInto::try_into).collect()
             }
 

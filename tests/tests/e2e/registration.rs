@@ -155,6 +155,52 @@ async fn the_bridge_keeps_its_own_entries_under_a_node_set() {
     assert_eq!((again.unchanged, again.revision), (2, 0));
     assert_eq!(again.entry_ids, first.entry_ids);
 
+    // Listed a page at a time, following the server's tokens (review finding F4): one entry
+    // per page, both seen once; a token the server never gave is refused.
+    let mut pager = RegistrationClient::new(server.channel().await);
+    let (mut seen, mut token) = (Vec::new(), String::new());
+    for _ in 0..4 {
+        let page = pager
+            .list_owned_entries(
+                signet_client::with_bearer(
+                    ListOwnedEntriesRequest {
+                        page_token: token.clone(),
+                        page_size: 1,
+                        ..Default::default()
+                    },
+                    &bridge,
+                )
+                .unwrap(),
+            )
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(page.entries.len() <= 1, "{page:?}");
+        seen.extend(page.entries.into_iter().map(|e| e.id));
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert!(token.is_empty(), "the listing did not end");
+    let mut want = first.entry_ids.clone();
+    want.sort();
+    assert_eq!(seen, want);
+    let err = pager
+        .list_owned_entries(
+            signet_client::with_bearer(
+                ListOwnedEntriesRequest {
+                    page_token: "no such token".into(),
+                    ..Default::default()
+                },
+                &bridge,
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+
     // Updated in place (same id), the other one deleted.
     let second = sync(
         &server,
@@ -194,6 +240,7 @@ async fn the_bridge_keeps_its_own_entries_under_a_node_set() {
             signet_client::with_bearer(
                 ListOwnedEntriesRequest {
                     scope: "Identity/team-a/web".into(),
+                    ..Default::default()
                 },
                 &bridge,
             )

@@ -343,6 +343,36 @@ fn cluster_identity_common<'a>(
         render(t, env.trust_domain.as_str(), "ns", "sa")
             .map_err(|e| invalid(format!("spec.dnsNameTemplates: {e}")))?;
     }
+    // `{namespace}` and `{serviceAccount}` each fill a whole path segment (DNS label): in
+    // `/platform/{namespace}-{serviceAccount}`, namespace x with account y-z and namespace x-y
+    // with account z would share one ID (review finding F3 of issue 29).
+    let segments = template
+        .strip_prefix("spiffe://")
+        .unwrap_or(template)
+        .split('/')
+        .skip(1);
+    let labels = spec
+        .dns_name_templates
+        .iter()
+        .flat_map(|t| t.split('.').map(move |l| (t.as_str(), l)));
+    for (field, t, part) in segments
+        .map(|p| ("spiffeIdTemplate", template, p))
+        .chain(labels.map(|(t, l)| ("dnsNameTemplates", t, l)))
+    {
+        let placeholder = part.contains("{namespace}") || part.contains("{serviceAccount}");
+        if placeholder && part != "{namespace}" && part != "{serviceAccount}" {
+            return Err(invalid(format!(
+                "spec.{field} {t:?}: {part:?} mixes a variable with other text; {{namespace}} \
+                 and {{serviceAccount}} must each be a whole {} (else two namespaces' workloads \
+                 could render the same name)",
+                if field == "spiffeIdTemplate" {
+                    "path segment"
+                } else {
+                    "DNS label"
+                }
+            )));
+        }
+    }
     if single_namespace(&spec.namespace_selector).is_none() {
         for (field, t) in std::iter::once(("spiffeIdTemplate", template)).chain(
             spec.dns_name_templates

@@ -163,6 +163,43 @@ fn a_cluster_identity_defaults() {
     assert_eq!(reasons(&p), [REASON_INVALID_SPEC]);
 }
 
+/// Review finding F3: `/platform/{namespace}-{serviceAccount}` gave namespace x (account
+/// y-z) and namespace x-y (account z) the same ID. Variables fill whole segments and labels.
+#[test]
+fn variables_fill_whole_segments_so_two_namespaces_never_share_a_name() {
+    let nss = [ns("x", &[("mesh", "on")]), ns("x-y", &[("mesh", "on")])];
+    let pods = [pod("x", "y-z", &[]), pod("x-y", "z", &[])];
+    for fields in [
+        json!({"spiffeIdTemplate": "spiffe://{trustDomain}/platform/{namespace}-{serviceAccount}"}),
+        json!({"spiffeIdTemplate": "spiffe://{trustDomain}/ns/{namespace}/sa-{serviceAccount}"}),
+        json!({"dnsNameTemplates": ["{namespace}-{serviceAccount}.svc"]}),
+    ] {
+        let mut spec = fields.clone();
+        spec["namespaceSelector"] = json!({"matchLabels": {"mesh": "on"}});
+        let p = plan_cluster_identity(&cluster(spec), &env(), &nss, &pods);
+        assert_eq!(reasons(&p), [REASON_INVALID_SPEC], "{fields}");
+        assert!(p.entries.is_empty(), "{fields}");
+        assert!(
+            p.refusals[0].message.contains("must each be a whole"),
+            "{}",
+            p.refusals[0].message
+        );
+    }
+    // The control: whole segments give two distinct IDs.
+    let spec = cluster(json!({
+        "spiffeIdTemplate": "spiffe://{trustDomain}/platform/{namespace}/{serviceAccount}",
+        "namespaceSelector": {"matchLabels": {"mesh": "on"}}
+    }));
+    let p = plan_cluster_identity(&spec, &env(), &nss, &pods);
+    assert_eq!(
+        ids(&p),
+        [
+            "spiffe://example.org/platform/x-y/z",
+            "spiffe://example.org/platform/x/y-z"
+        ]
+    );
+}
+
 #[test]
 fn a_template_without_namespace_over_several_namespaces_is_refused() {
     let spec = cluster(json!({

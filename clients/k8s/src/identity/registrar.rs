@@ -194,27 +194,46 @@ impl Registrar for GrpcRegistrar {
     fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<OwnedRecord>, SignError>> {
         Box::pin(async move {
             let mut client = self.client().await?;
-            let req = self
-                .request(pb::ListOwnedEntriesRequest {
-                    scope: String::new(),
-                })
-                .await?;
-            match client.list_owned_entries(req).await {
-                Ok(r) => Ok(r
-                    .into_inner()
-                    .entries
-                    .into_iter()
-                    .map(|rec| OwnedRecord {
-                        id: rec.id,
-                        scope: rec.scope,
-                        entry: rec.entry.map(OwnedEntry::from).unwrap_or_default(),
+            let mut all = Vec::new();
+            let mut page_token = String::new();
+            // Pages of up to 1,000: the server's cap on one owner's entries (10,000 by
+            // default) is far inside this bound, which only stops a server that never ends.
+            for _ in 0..MAX_LIST_PAGES {
+                let req = self
+                    .request(pb::ListOwnedEntriesRequest {
+                        scope: String::new(),
+                        page_token: std::mem::take(&mut page_token),
+                        page_size: LIST_PAGE_SIZE,
                     })
-                    .collect()),
-                Err(s) => Err(self.failed(s).await),
+                    .await?;
+                let page = match client.list_owned_entries(req).await {
+                    Ok(r) => r.into_inner(),
+                    Err(s) => return Err(self.failed(s).await),
+                };
+                all.extend(page.entries.into_iter().map(|rec| OwnedRecord {
+                    id: rec.id,
+                    scope: rec.scope,
+                    entry: rec.entry.map(OwnedEntry::from).unwrap_or_default(),
+                }));
+                if page.next_page_token.is_empty() {
+                    return Ok(all);
+                }
+                page_token = page.next_page_token;
             }
+            Err(SignError::retryable(
+                "ListTooLong",
+                format!(
+                    "the server's list of this bridge's entries did not end after \
+                     {MAX_LIST_PAGES} pages"
+                ),
+            ))
         })
     }
 }
+
+/// Entries asked for per ListOwnedEntries page, and the most pages one listing reads.
+const LIST_PAGE_SIZE: u32 = 500;
+const MAX_LIST_PAGES: usize = 1000;
 
 /// A [`Registrar`] in memory, for tests: scopes → entries, every sync recorded, and an
 /// optional error answered to the next sync.
@@ -344,19 +363,26 @@ mod tests {
                 String::new(),
                 format!("{:?}", req.get_ref()),
             ));
+            // Two pages: the second only for the first page's token.
+            let (id, ns, next) = match req.get_ref().page_token.as_str() {
+                "" => ("e1", "a", "Identity/a/web|e1"),
+                "Identity/a/web|e1" => ("e2", "b", ""),
+                other => return Err(Status::invalid_argument(format!("token {other}"))),
+            };
             Ok(tonic::Response::new(pb::ListOwnedEntriesResponse {
                 entries: vec![pb::OwnedEntryRecord {
-                    id: "e1".into(),
-                    scope: "Identity/a/web".into(),
+                    id: id.into(),
+                    scope: format!("Identity/{ns}/web"),
                     entry: Some(pb::OwnedEntry {
-                        spiffe_id: "spiffe://example.org/ns/a/web".into(),
+                        spiffe_id: format!("spiffe://example.org/ns/{ns}/web"),
                         node_set: "k8s".into(),
-                        selectors: vec!["k8s:ns:a".into()],
+                        selectors: vec![format!("k8s:ns:{ns}")],
                         ..Default::default()
                     }),
                     revision: 7,
                     created_at: 1,
                 }],
+                next_page_token: next.into(),
             }))
         }
     }
@@ -407,10 +433,12 @@ mod tests {
             assert!(seen[0].2.contains("federates_with: [\"partner.example\"]"));
             assert!(seen[0].2.contains("jwt_ttl_seconds: 300"));
         }
+        // Every page, following the server's tokens (review finding F4 of issue 29).
         let listed = reg.list().await.unwrap();
-        assert_eq!(listed.len(), 1);
+        assert_eq!(listed.len(), 2);
         assert_eq!(listed[0].scope, "Identity/a/web");
         assert_eq!(listed[0].entry.selectors, ["k8s:ns:a"]);
+        assert_eq!(listed[1].scope, "Identity/b/web");
 
         // A refusal is permanent; an unavailable server retryable.
         *r.fail.lock().unwrap() = Some(Status::permission_denied("entries[0]: not allowed"));

@@ -65,13 +65,10 @@ impl Resolver for Impersonation<'_> {
                  (spiffe://<trust domain>/ns/<namespace>/sa/<service account>)",
             ));
         }
-        if cx.policy.impersonators.contains(id) {
-            return Err(refuse("it is an impersonator's identity"));
+        match cx.policy.privileged_role(id) {
+            Some(role) => Err(refuse(&format!("it is {role}"))),
+            None => Ok(()),
         }
-        if cx.policy.bridge_callers.contains(id) {
-            return Err(refuse("it is a Kubernetes bridge's identity"));
-        }
-        Ok(())
     }
 
     fn check_dns_name(&self, cx: &Ctx<'_>, name: &str) -> Result<(), Denial> {

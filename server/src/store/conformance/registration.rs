@@ -15,6 +15,7 @@ conformance!(
     racing_syncs_of_one_scope_converge,
     node_sets_that_exist_are_found,
     a_sync_under_a_deleted_node_set_writes_nothing,
+    owned_entries_are_listed_a_page_at_a_time,
 );
 
 const BRIDGE: &str = "spiffe://example.org/ns/signet-system/sa/signet-k8s";
@@ -431,4 +432,50 @@ async fn a_sync_under_a_deleted_node_set_writes_nothing(db: Db) {
     );
     assert!(s.list_owned_entries(BRIDGE, None).await.unwrap().is_empty());
     assert_eq!(s.entry_revision(K8S).await.unwrap(), 0);
+}
+
+/// Pages walk the owner's entries by (scope, id), within a scope filter or across scopes,
+/// each entry once; another owner's never (review finding F4 of issue 29).
+async fn owned_entries_are_listed_a_page_at_a_time(db: Db) {
+    k8s_set(&db).await;
+    let s = &db.store;
+    for (scope, ids) in [("a", ["a1", "a2"]), ("b", ["b1", "b2"])] {
+        let batch: Vec<NewEntry> = ids
+            .iter()
+            .map(|id| entry(id, &format!("/ns/team-a/{id}"), 0))
+            .collect();
+        synced(
+            s.sync_owned_entries(BRIDGE, scope, &batch, 100)
+                .await
+                .unwrap(),
+        );
+    }
+    synced(
+        s.sync_owned_entries(OTHER, "a", &[entry("o1", "/ns/team-a/o1", 0)], 100)
+            .await
+            .unwrap(),
+    );
+    for (scope, want) in [
+        (None, vec!["a1", "a2", "b1", "b2"]),
+        (Some("b"), vec!["b1", "b2"]),
+    ] {
+        let mut seen: Vec<String> = Vec::new();
+        let mut after: Option<(String, String)> = None;
+        loop {
+            let page = s
+                .list_owned_entries_page(
+                    BRIDGE,
+                    scope,
+                    after.as_ref().map(|(a, b)| (a.as_str(), b.as_str())),
+                    1,
+                )
+                .await
+                .unwrap();
+            let Some(last) = page.last() else { break };
+            assert_eq!(page.len(), 1);
+            after = Some((last.owner_scope.clone(), last.id.clone()));
+            seen.push(last.id.clone());
+        }
+        assert_eq!(seen, want, "{scope:?}");
+    }
 }
