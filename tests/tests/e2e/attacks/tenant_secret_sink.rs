@@ -38,8 +38,8 @@ async fn a_secret_the_agent_does_not_own_is_never_overwritten_or_deleted() {
     let Some(server) = pg_server(&tokens, "").await else {
         return;
     };
-    let token = create_token(&server, "k8s-node");
-    let entry = create_entry(&server, ID, "k8s-node", &["--ttl", "4s"]);
+    let token = create_token(&server, "kube-node");
+    let entry = create_entry(&server, ID, "kube-node", &["--ttl", "4s"]);
     let kube = FakeKube::start(false).await;
     // The tenant's Secrets: one plainly theirs, one wearing Signet's label.
     let theirs = secret_object("prod", "theirs", json!({"app": "web"}), &["kubectl-create"]);
