@@ -29,6 +29,21 @@
 //! error type. Nothing in the store imports this module: it only assembles and re-exports
 //! (and defines [`db_row!`], the row decoding both drivers share).
 
+/// Whether `$query` (a `SELECT <one text column> … WHERE … = $1`) finds a row for `$key`
+/// inside the write transaction `$tx`: the existence checks entry writers make under the
+/// revision counter's lock (a node set, a federation relationship). `$map` maps the driver's
+/// error, as in the `impl_*_store!` macros.
+macro_rules! exists_in_tx {
+    ($tx:expr, $query:expr, $key:expr, $map:expr) => {{
+        let found: Option<(String,)> = sqlx::query_as($query)
+            .bind($key)
+            .fetch_optional(&mut *$tx)
+            .await
+            .map_err($map)?;
+        found.is_some()
+    }};
+}
+
 /// A row struct and its [`sqlx::FromRow`] for any driver whose columns decode to the field
 /// types, each field read from the column of its name: what `#[derive(sqlx::FromRow)]` writes,
 /// without sqlx's `macros` feature (server/build.rs says why it stays off).

@@ -649,13 +649,7 @@ macro_rules! impl_node_store {
                     }
                 }
                 for td in &e.federates_with {
-                    let known: Option<(String,)> =
-                        sqlx::query_as($crate::store::nodes::RELATIONSHIP_EXISTS)
-                            .bind(td)
-                            .fetch_optional(&mut *tx)
-                            .await
-                            .map_err($map)?;
-                    if known.is_none() {
+                    if !exists_in_tx!(tx, $crate::store::nodes::RELATIONSHIP_EXISTS, td, $map) {
                         tx.rollback().await.map_err($map)?;
                         return Ok(EntryCreate::NoRelationship {
                             trust_domain: td.clone(),
@@ -667,13 +661,7 @@ macro_rules! impl_node_store {
                 if let Some(name) =
                     $crate::store::node_sets::node_set_name_of_parent(&e.parent_id)
                 {
-                    let known: Option<(String,)> =
-                        sqlx::query_as($crate::store::node_sets::NODE_SET_EXISTS)
-                            .bind(name)
-                            .fetch_optional(&mut *tx)
-                            .await
-                            .map_err($map)?;
-                    if known.is_none() {
+                    if !exists_in_tx!(tx, $crate::store::node_sets::NODE_SET_EXISTS, name, $map) {
                         tx.rollback().await.map_err($map)?;
                         return Ok(EntryCreate::NoNodeSet {
                             name: name.to_owned(),
@@ -794,13 +782,7 @@ macro_rules! impl_node_store {
                 named.sort_unstable();
                 named.dedup();
                 for td in named {
-                    let known: Option<(String,)> =
-                        sqlx::query_as($crate::store::nodes::RELATIONSHIP_EXISTS)
-                            .bind(td)
-                            .fetch_optional(&mut *tx)
-                            .await
-                            .map_err($map)?;
-                    if known.is_none() {
+                    if !exists_in_tx!(tx, $crate::store::nodes::RELATIONSHIP_EXISTS, td, $map) {
                         tx.rollback().await.map_err($map)?;
                         let index = batch
                             .iter()
@@ -813,13 +795,7 @@ macro_rules! impl_node_store {
                     }
                 }
                 for (index, name) in $crate::store::nodes::node_set_parents(batch) {
-                    let known: Option<(String,)> =
-                        sqlx::query_as($crate::store::node_sets::NODE_SET_EXISTS)
-                            .bind(name)
-                            .fetch_optional(&mut *tx)
-                            .await
-                            .map_err($map)?;
-                    if known.is_none() {
+                    if !exists_in_tx!(tx, $crate::store::node_sets::NODE_SET_EXISTS, name, $map) {
                         tx.rollback().await.map_err($map)?;
                         return Ok(BatchCreate::NoNodeSet {
                             index,

@@ -239,13 +239,7 @@ macro_rules! impl_registration_store {
                     else {
                         continue;
                     };
-                    let known: Option<(String,)> =
-                        sqlx::query_as($crate::store::node_sets::NODE_SET_EXISTS)
-                            .bind(name)
-                            .fetch_optional(&mut *tx)
-                            .await
-                            .map_err($map)?;
-                    if known.is_none() {
+                    if !exists_in_tx!(tx, $crate::store::node_sets::NODE_SET_EXISTS, name, $map) {
                         tx.rollback().await.map_err($map)?;
                         return Ok(SyncResult::NoNodeSet {
                             index: *i,
@@ -260,13 +254,7 @@ macro_rules! impl_registration_store {
                 named.sort_unstable();
                 named.dedup();
                 for td in named {
-                    let known: Option<(String,)> =
-                        sqlx::query_as($crate::store::nodes::RELATIONSHIP_EXISTS)
-                            .bind(td)
-                            .fetch_optional(&mut *tx)
-                            .await
-                            .map_err($map)?;
-                    if known.is_none() {
+                    if !exists_in_tx!(tx, $crate::store::nodes::RELATIONSHIP_EXISTS, td, $map) {
                         tx.rollback().await.map_err($map)?;
                         let index = written
                             .iter()
