@@ -36,6 +36,9 @@ pub enum SvidError {
     KeyMismatch,
     #[error("the private key is not valid: {0}")]
     Key(String),
+    /// The chain does not lead to the given roots ([`SvidCertificate::verify_to`]).
+    #[error("the chain does not verify against the trust bundle: {0}")]
+    Untrusted(String),
 }
 
 /// An issued X509-SVID certificate chain (leaf first; intermediates may follow), with the
@@ -131,6 +134,60 @@ impl SvidCertificate {
     }
     pub fn into_chain_der(self) -> Vec<Vec<u8>> {
         self.chain_der
+    }
+
+    /// Checks that the chain leads to one of `roots_der` (DER): each certificate's issuer is
+    /// the next one's subject and its signature verifies with that one's key, every issuer is
+    /// a CA certificate, and the last one is a root of `roots_der` or is signed by one.
+    /// Names, CA flags and signatures only: validity periods, name constraints and revocation
+    /// are the caller's to check (the agent checks the expiry of what it serves itself).
+    pub fn verify_to(&self, roots_der: &[Vec<u8>]) -> Result<(), SvidError> {
+        let untrusted = |s: String| SvidError::Untrusted(s);
+        let parse = |der: &'_ [u8]| -> Result<(), SvidError> {
+            X509Certificate::from_der(der)
+                .map(|_| ())
+                .map_err(|e| untrusted(format!("a certificate does not parse: {e}")))
+        };
+        let signed_by = |child: &X509Certificate<'_>, parent: &X509Certificate<'_>| {
+            parent.is_ca()
+                && child.issuer().as_raw() == parent.subject().as_raw()
+                && child.verify_signature(Some(parent.public_key())).is_ok()
+        };
+        for der in roots_der {
+            parse(der)?;
+        }
+        let mut certs = Vec::with_capacity(self.chain_der.len());
+        for der in &self.chain_der {
+            let (_, c) = X509Certificate::from_der(der)
+                .map_err(|e| untrusted(format!("a certificate does not parse: {e}")))?;
+            certs.push(c);
+        }
+        for (index, pair) in certs.windows(2).enumerate() {
+            if !signed_by(&pair[0], &pair[1]) {
+                return Err(untrusted(format!(
+                    "certificate {index} of the chain is not signed by certificate {}",
+                    index + 1
+                )));
+            }
+        }
+        let (last_index, last) = match certs.len() {
+            0 => return Err(SvidError::Empty),
+            n => (n - 1, &certs[n - 1]),
+        };
+        if last_index > 0 && roots_der.contains(&self.chain_der[last_index]) {
+            return Ok(());
+        }
+        let anchored = roots_der.iter().any(|der| {
+            X509Certificate::from_der(der).is_ok_and(|(_, root)| signed_by(last, &root))
+        });
+        if anchored {
+            Ok(())
+        } else {
+            Err(untrusted(format!(
+                "certificate {last_index} of the chain is signed by none of the {} roots",
+                roots_der.len()
+            )))
+        }
     }
 
     /// The same certificate with every certificate after the leaf that `certs` holds removed
@@ -272,6 +329,66 @@ mod tests {
             .to_vec();
         let svid = SvidCertificate::from_chain_der(vec![der]).unwrap();
         assert_eq!(svid.serial_hex(), "8f01");
+    }
+
+    /// A CA (self-signed, or signed by `parent`) and its key.
+    fn ca(
+        name: &str,
+        parent: Option<&(rcgen::Issuer<'static, rcgen::KeyPair>, Vec<u8>)>,
+    ) -> (rcgen::Issuer<'static, rcgen::KeyPair>, Vec<u8>) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name.push(rcgen::DnType::CommonName, name);
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let der = match parent {
+            None => p.self_signed(&key).unwrap(),
+            Some((issuer, _)) => p.signed_by(&key, issuer).unwrap(),
+        }
+        .der()
+        .to_vec();
+        (rcgen::Issuer::new(p, key), der)
+    }
+
+    fn leaf_of(issuer: &rcgen::Issuer<'static, rcgen::KeyPair>) -> Vec<u8> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::default();
+        p.subject_alt_names = vec![rcgen::SanType::URI(
+            "spiffe://example.org/w".try_into().unwrap(),
+        )];
+        p.signed_by(&key, issuer).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn a_chain_verifies_to_its_roots_only() {
+        let root = ca("root", None);
+        let mid = ca("mid", Some(&root));
+        let other = ca("other", None);
+        let direct = SvidCertificate::from_chain_der(vec![leaf_of(&root.0)]).unwrap();
+        assert_eq!(direct.verify_to(std::slice::from_ref(&root.1)), Ok(()));
+        let via = SvidCertificate::from_chain_der(vec![leaf_of(&mid.0), mid.1.clone()]).unwrap();
+        assert_eq!(via.verify_to(&[other.1.clone(), root.1.clone()]), Ok(()));
+        // The root itself at the end of the chain.
+        let full =
+            SvidCertificate::from_chain_der(vec![leaf_of(&mid.0), mid.1.clone(), root.1.clone()])
+                .unwrap();
+        assert_eq!(full.verify_to(std::slice::from_ref(&root.1)), Ok(()));
+        // Another trust bundle, none, or a chain whose links do not hold.
+        for (c, roots) in [
+            (&direct, vec![other.1.clone()]),
+            (&via, vec![]),
+            (&full, vec![other.1.clone()]),
+        ] {
+            assert!(
+                matches!(c.verify_to(&roots), Err(SvidError::Untrusted(_))),
+                "{c:?}"
+            );
+        }
+        let broken =
+            SvidCertificate::from_chain_der(vec![leaf_of(&other.0), mid.1.clone()]).unwrap();
+        match broken.verify_to(std::slice::from_ref(&root.1)) {
+            Err(SvidError::Untrusted(why)) => assert!(why.contains("certificate 0"), "{why}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
