@@ -199,11 +199,13 @@ impl Inner {
             return Err(SinkError::refused(
                 &self.name,
                 format!(
-                    "directory {} is writable by its group or by other users (mode {:o}); \
-                     nothing was written. Make it writable by its owner only (chmod go-w), or \
-                     set allow_shared_directory = true on the sink if that is intended",
-                    path.display(),
-                    dir.mode()
+                    "directory {dir} is writable by its group or by other users (mode \
+                     {mode:o}: made under umask 002?), so they could swap the files it serves; \
+                     nothing was written. Fix: `chmod {who}-w {dir}` (or `chmod 0750 {dir}`), \
+                     or set allow_shared_directory = true on the sink if that is intended",
+                    dir = path.display(),
+                    mode = dir.mode(),
+                    who = if dir.mode() & 0o002 == 0 { "g" } else { "go" },
                 ),
             ));
         }

@@ -130,6 +130,37 @@ async fn a_shared_directory_is_refused_unless_allowed() {
     assert_eq!(read_pem(&dir.path().join("tls.key")), key_of(1));
 }
 
+/// A directory made under the common umask 002 (mode 0775) is refused, and the refusal names
+/// the directory, its mode, why it matters and the command that fixes it.
+#[tokio::test]
+async fn a_group_writable_directory_is_refused_with_its_fix() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("certs");
+    std::fs::create_dir(&dir).expect("mkdir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o775)).expect("chmod");
+    let err = FilesSink::new("web", cfg(&dir, FileLayout::Tls))
+        .deliver(&svid(1))
+        .await
+        .expect_err("refused");
+    assert_eq!(err.kind, SinkErrorKind::Refused);
+    for want in [
+        format!("directory {} is writable by its group", dir.display()),
+        "mode 775".to_owned(),
+        "swap the files".to_owned(),
+        format!("`chmod g-w {}`", dir.display()),
+        format!("`chmod 0750 {}`", dir.display()),
+    ] {
+        assert!(err.reason.contains(&want), "{want}: {err}");
+    }
+    assert_eq!(std::fs::read_dir(&dir).expect("ls").count(), 0);
+    // Fixed as told: delivered.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    FilesSink::new("web", cfg(&dir, FileLayout::Tls))
+        .deliver(&svid(1))
+        .await
+        .expect("delivered");
+}
+
 /// The `n`th delivery (the same for the same `n`): chain of two, key, bundle of one.
 fn svid(n: u8) -> Delivered {
     crate::testing::delivered("spiffe://example.org/web", n)

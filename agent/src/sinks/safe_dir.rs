@@ -123,6 +123,25 @@ fn trusted_dir(st: &rfs::Stat, me: u32) -> (bool, bool) {
     (owner_ok && (closed || sticky), owner_ok && closed)
 }
 
+/// Why the directory `shown` (owner `uid`, `mode`) on a sink's path is not trusted, with the
+/// command that fixes it: a directory made under the common umask 002 is group-writable, and
+/// any member of its group could swap what it leads to.
+fn untrusted_dir(shown: &Path, uid: u32, mode: u32, me: u32) -> String {
+    let dir = shown.display();
+    let fix = if uid != 0 && uid != me {
+        format!("`chown root {dir}` (or the agent's user) and `chmod go-w {dir}`")
+    } else if mode & 0o020 != 0 && mode & 0o002 == 0 {
+        format!("`chmod g-w {dir}` (or `chmod 0755 {dir}`)")
+    } else {
+        format!("`chmod go-w {dir}` (or `chmod 0755 {dir}`), or make it sticky (`chmod +t {dir}`)")
+    };
+    format!(
+        "{dir} (owner uid {uid}, mode {:o}) can be changed by a user other than root or the \
+         agent; fix: {fix}",
+        mode & 0o7777
+    )
+}
+
 /// Opens the directory `path` so that nobody but root and the agent can have decided where it
 /// leads: walking from `/`, every directory looked into must be owned by root or the agent
 /// and not writable by its group or others (or sticky, like `/tmp`, with the entry owned by
@@ -159,12 +178,11 @@ pub fn open_trusted_dir(path: &Path) -> Result<OwnedFd, OpenError> {
         let st_cur = rfs::fstat(&cur).map_err(errno)?;
         let (trusted, closed) = trusted_dir(&st_cur, me);
         if !trusted {
-            return Err(OpenError::Untrusted(format!(
-                "{} (owner uid {}, mode {:o}) can be changed by a user other than root or the \
-                 agent",
-                shown.display(),
+            return Err(OpenError::Untrusted(untrusted_dir(
+                &shown,
                 st_cur.st_uid,
-                st_cur.st_mode & 0o7777
+                st_cur.st_mode,
+                me,
             )));
         }
         let st = rfs::statat(&cur, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW).map_err(errno)?;

@@ -161,6 +161,37 @@ fn trusted_paths_follow_only_links_nobody_else_could_plant() {
     assert!(open_trusted_dir(&r.join("missing")).is_err());
 }
 
+/// A parent made under umask 002 (0775): refused, naming it and the `chmod` that fixes it.
+#[test]
+fn an_untrusted_parent_is_named_with_its_fix() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().expect("tempdir");
+    let r = root.path();
+    std::fs::set_permissions(r, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::create_dir_all(r.join("srv/app")).expect("mkdir");
+    std::fs::set_permissions(r.join("srv"), std::fs::Permissions::from_mode(0o775)).expect("chmod");
+    let why = match open_trusted_dir(&r.join("srv/app")) {
+        Err(OpenError::Untrusted(why)) => why,
+        other => panic!("unexpected {other:?}"),
+    };
+    let srv = r.join("srv");
+    assert!(why.contains("mode 775"), "{why}");
+    assert!(
+        why.contains(&format!("fix: `chmod g-w {}`", srv.display())),
+        "{why}"
+    );
+    std::fs::set_permissions(&srv, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let Err(OpenError::Untrusted(why)) = open_trusted_dir(&r.join("srv/app")) else {
+        panic!("refused");
+    };
+    assert!(
+        why.contains(&format!("`chmod go-w {}`", srv.display())),
+        "{why}"
+    );
+    std::fs::set_permissions(&srv, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    open_trusted_dir(&r.join("srv/app")).expect("fixed");
+}
+
 #[test]
 fn shared_directories_are_detected() {
     use std::os::unix::fs::PermissionsExt;
