@@ -57,7 +57,7 @@ impl Watch<TrustBundle> {
         }
         match ca.watch_bundle().await {
             Ok(s) => self.opened(s),
-            Err(e) => self.failed(now, rnd, &e),
+            Err(e) => self.failed_with(now, rnd, &e),
         }
     }
 }

@@ -129,17 +129,52 @@ impl From<CallError> for CaError {
     }
 }
 
+/// How long the agent waits between two attempts while the server refuses its node as
+/// banned (attestation, node renewal, entry sync, signing, the streams): an operator's
+/// `signetctl node unban` is picked up within this, and a banned node's agents do not hammer
+/// the server.
+pub const BANNED_RETRY: Duration = Duration::from_secs(300);
+
 impl CaError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, CaError::Unavailable(_) | CaError::Busy { .. })
     }
 
-    /// The wait the server asked for before the next attempt, if it said.
+    /// The wait the server asked for before the next attempt, if it said; a refusal of a
+    /// banned node waits [`BANNED_RETRY`].
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         match self {
             CaError::Busy { retry_after, .. } => Some(*retry_after),
+            _ if self.is_banned() => Some(BANNED_RETRY),
             _ => None,
         }
+    }
+
+    /// Whether the server refused the node as banned: PermissionDenied saying so (the server
+    /// answers "node N is banned; …" on every node call, and refuses a banned node's
+    /// attestation alike).
+    pub fn is_banned(&self) -> bool {
+        matches!(self, CaError::Refused { code: tonic::Code::PermissionDenied, message } if message.contains("banned"))
+    }
+
+    /// The node ID a ban refusal names ("node N is banned…"), if it names one.
+    pub fn banned_node_id(&self) -> Option<&str> {
+        let CaError::Refused { message, .. } = self else {
+            return None;
+        };
+        if !self.is_banned() {
+            return None;
+        }
+        let at = message.find("node ")? + "node ".len();
+        let id = message[at..].split_whitespace().next()?;
+        let id = id.trim_matches(|c: char| matches!(c, '"' | '\'' | '`' | ',' | ';' | ':'));
+        (!id.is_empty() && id != "is").then_some(id)
+    }
+
+    /// Whether the server could not be reached (or did not answer): not a refusal, not a
+    /// pushback.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, CaError::Unavailable(_))
     }
 }
 
@@ -342,6 +377,45 @@ mod tests {
 
     // The proto conversions (certificates, bundles, per-CSR results) are signet-client's and
     // tested there (`signet_client::node` and `::ca` tests); here: what the adapter adds.
+
+    #[test]
+    fn a_ban_refusal_is_recognised_and_waits_long() {
+        let refused = |code, message: &str| CaError::Refused {
+            code,
+            message: message.into(),
+        };
+        let sync = refused(
+            tonic::Code::PermissionDenied,
+            "node n1 is banned; it can renew nothing and sign nothing",
+        );
+        assert!(sync.is_banned());
+        assert_eq!(sync.banned_node_id(), Some("n1"));
+        assert_eq!(sync.retry_after(), Some(BANNED_RETRY));
+        let attest = refused(
+            tonic::Code::PermissionDenied,
+            "attestation refused: node \"web-1\" is banned",
+        );
+        assert_eq!(attest.banned_node_id(), Some("web-1"));
+        assert_eq!(
+            refused(tonic::Code::PermissionDenied, "this node is banned").banned_node_id(),
+            None,
+            "the caller falls back to its own ID only when none is named"
+        );
+        // Other refusals and errors are not bans.
+        for e in [
+            refused(
+                tonic::Code::PermissionDenied,
+                "not a member of node set k8s",
+            ),
+            refused(tonic::Code::InvalidArgument, "banned word in a selector"),
+            CaError::Unavailable("node n1 is banned".into()),
+        ] {
+            assert!(!e.is_banned(), "{e}");
+            assert_eq!(e.banned_node_id(), None);
+        }
+        assert!(CaError::Unavailable("down".into()).is_unreachable());
+        assert!(!sync.is_unreachable());
+    }
 
     /// A node SVID valid from 1000 s to 2000 s after the epoch, chain leaf then root.
     fn node_svid() -> SvidCertificate {

@@ -1,8 +1,9 @@
-//! The HTTP listener: `/healthz` (the process is up), `/readyz` (the node is attested and its
-//! entries synced: the Workload API serves what it should), `/metrics` (Prometheus text).
+//! The HTTP listener: `/healthz` (liveness: the process answers; nothing else), `/readyz`
+//! (readiness: whether the Workload API serves what it should, and why not, as
+//! [`crate::readiness`] decides and words it, plus one line per sink in trouble), `/metrics`
+//! (Prometheus text).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::extract::State;
@@ -12,18 +13,7 @@ use axum::routing::get;
 
 use crate::metrics::Metrics;
 
-/// Set once the Workload API listens.
-#[derive(Debug, Clone, Default)]
-pub struct Readiness(Arc<AtomicBool>);
-
-impl Readiness {
-    pub fn set_ready(&self) {
-        self.0.store(true, Ordering::Release);
-    }
-    pub fn is_ready(&self) -> bool {
-        self.0.load(Ordering::Acquire)
-    }
-}
+pub use crate::readiness::Readiness;
 
 #[derive(Clone)]
 struct HttpState {
@@ -39,23 +29,18 @@ pub fn router(metrics: Arc<Metrics>, ready: Readiness) -> Router {
         .with_state(HttpState { metrics, ready })
 }
 
-/// Ready or not, the body lists every sink that fails, is stuck, or refused something (a
-/// sink never makes the agent unready: the Workload API does not depend on it).
+/// 200 when ready, 503 when not; the body ([`crate::readiness`]'s format) says why either
+/// way and lists every sink that fails, is stuck, or refused something (a sink never makes the
+/// agent unready: the Workload API does not depend on it).
 async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
-    let detail: String = s
-        .metrics
-        .sink_problems()
-        .iter()
-        .map(|p| format!("{p}\n"))
-        .collect();
-    if s.ready.is_ready() {
-        (StatusCode::OK, format!("ready\n{detail}"))
+    let report = s.ready.report();
+    let body = report.body(&s.metrics.sink_problems());
+    let code = if report.ready {
+        StatusCode::OK
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: no node identity or no entries synced yet\n{detail}"),
-        )
-    }
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, body)
 }
 
 async fn metrics_text(State(s): State<HttpState>) -> impl IntoResponse {
@@ -71,7 +56,7 @@ async fn metrics_text(State(s): State<HttpState>) -> impl IntoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use signet_runtime::clock::SystemClock;
+    use signet_runtime::clock::{Clock, SystemClock};
     use tower::ServiceExt;
 
     async fn get_status(app: &Router, path: &str) -> (StatusCode, String) {
@@ -100,12 +85,27 @@ mod tests {
             ready.clone(),
         );
         assert_eq!(get_status(&app, "/healthz").await.0, StatusCode::OK);
-        assert_eq!(
-            get_status(&app, "/readyz").await.0,
-            StatusCode::SERVICE_UNAVAILABLE
+        let (code, body) = get_status(&app, "/readyz").await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            body.starts_with("not ready: no node identity yet\n"),
+            "{body}"
         );
+        ready.node_obtained("spiffe://example.org/signet/node/n1");
+        ready.server_reached();
         ready.set_ready();
-        assert_eq!(get_status(&app, "/readyz").await.0, StatusCode::OK);
+        let (code, body) = get_status(&app, "/readyz").await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        assert!(body.starts_with("ready\nnode: spiffe://"), "{body}");
+        // Banned: not ready, and the fix in the body; liveness is untouched.
+        ready.banned("n1", SystemClock.now());
+        let (code, body) = get_status(&app, "/readyz").await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.contains("`signetctl node unban n1`"), "{body}");
+        assert_eq!(
+            get_status(&app, "/healthz").await,
+            (StatusCode::OK, "ok\n".into())
+        );
         let (status, body) = get_status(&app, "/metrics").await;
         assert_eq!(status, StatusCode::OK);
         assert!(body.contains("signet_agent_certificates"), "{body}");

@@ -18,9 +18,11 @@
 //! - [`sinks`]: delivery of SVIDs to files and Kubernetes Secrets.
 //! - [`ca`]: the seam to the Signet server (trait [`ca::Ca`], gRPC implementation [`ca::GrpcCa`]).
 //! - [`node`]: the node identity and bundle persisted in `data_dir`.
+//! - [`cache`]: the entries, bundles and workload SVIDs kept in `data_dir`, sealed under the
+//!   node key, so a restart while the server is down keeps serving.
 //! - [`driver`]: the main loop (attestation, node renewal, entry sync, bundle stream, rotation):
 //!   a pure schedule decides what is due, a thin `select!` loop executes it.
-//! - [`http`]: `/healthz`, `/readyz`, `/metrics`.
+//! - [`http`]: `/healthz`, `/readyz`, `/metrics`; [`readiness`]: what `/readyz` says.
 //!
 //! Every certificate the agent holds is a `signet_pki` type, checked when it is made: what
 //! the CA answers is a [`signet_pki::SvidCertificate`], the node identity and each workload
@@ -31,6 +33,7 @@
 pub mod attest;
 pub mod bundle;
 pub mod ca;
+pub mod cache;
 pub mod config;
 pub mod driver;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -40,6 +43,7 @@ pub mod jwt_cache;
 pub mod kube_https;
 pub mod metrics;
 pub mod node;
+pub mod readiness;
 pub mod revocation;
 pub mod rotation;
 pub mod rotator;

@@ -36,6 +36,8 @@ pub struct Metrics {
     /// CRLs from the server that were not accepted, by reason (`bad_signature`,
     /// `unknown_issuer`, `mismatch`, `malformed`, `not_newer`).
     pub crl_rejections: Family<Labels, Counter>,
+    /// 1 while the server refuses this node as banned (set by the driver).
+    pub node_banned: Gauge,
     /// The sinks' deliveries, failures, warnings and health (`signet_agent_sink_*`), and what
     /// each sink is doing, for `/readyz` and the logs.
     pub sinks: Arc<SinkMetrics>,
@@ -90,6 +92,12 @@ impl Metrics {
             "CRLs from the server not accepted (reason: bad_signature, unknown_issuer, mismatch, malformed, not_newer)",
             crl_rejections.clone(),
         );
+        let node_banned = Gauge::default();
+        registry.register(
+            "node_banned",
+            "1 while the server refuses this node as banned (`signetctl node unban` lifts it)",
+            node_banned.clone(),
+        );
         let sinks = Arc::new(SinkMetrics::register(&mut registry));
         let workload = Arc::new(crate::workload::WorkloadMetrics::register(&mut registry));
         Self {
@@ -102,6 +110,7 @@ impl Metrics {
             renewal_failures,
             compromised_replacements,
             crl_rejections,
+            node_banned,
             sinks,
             state,
             clock,

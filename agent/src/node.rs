@@ -163,7 +163,8 @@ pub fn save_crls(dir: &Path, crls_der: &[Vec<u8>]) -> std::io::Result<()> {
     write_atomic(&dir.join(CRLS_FILE), pem.as_bytes(), 0o644)
 }
 
-fn ensure_dir(dir: &Path) -> std::io::Result<()> {
+/// Creates `dir` (mode 0700) when absent.
+pub(crate) fn ensure_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)

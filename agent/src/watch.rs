@@ -77,6 +77,23 @@ impl<T> Watch<T> {
         tracing::warn!(stream = self.what, error = %why, retry_in = ?wait, "server stream interrupted");
     }
 
+    /// Opening or reading the stream failed with `e`: as [`Self::failed`], but never reopened
+    /// sooner than the server's pushback (a banned node's [`crate::ca::BANNED_RETRY`]); a ban
+    /// is logged at debug (the driver reports it once).
+    pub fn failed_with(&mut self, now: SystemTime, rnd: f64, e: &CaError) {
+        let Some(pushback) = e.retry_after() else {
+            return self.failed(now, rnd, e);
+        };
+        self.stream = None;
+        let wait = REOPEN.delay(self.open.failures(), rnd).max(pushback);
+        self.open.failed_after(now, wait);
+        if e.is_banned() {
+            tracing::debug!(stream = self.what, error = %e, retry_in = ?wait, "server stream refused");
+        } else {
+            tracing::warn!(stream = self.what, error = %e, retry_in = ?wait, "server stream interrupted");
+        }
+    }
+
     /// An item arrived: the stream works.
     pub fn succeeded(&mut self) {
         let due = self.open.due();

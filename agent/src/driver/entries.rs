@@ -43,7 +43,7 @@ impl Watch<u64> {
                 code: tonic::Code::Unimplemented,
                 ..
             }) => self.unsupported(now),
-            Err(e) => self.failed(now, rnd, &e),
+            Err(e) => self.failed_with(now, rnd, &e),
         }
     }
 }

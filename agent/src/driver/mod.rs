@@ -15,13 +15,23 @@
 //! stop signal).
 //!
 //! Nothing here exits on a server error: every failure is logged and retried with backoff
-//! until the stop signal.
+//! until the stop signal. A node the server refuses as banned is reported once (an error
+//! naming `signetctl node unban`, `/readyz`, the `signet_agent_node_banned` gauge) and retried
+//! only every [`crate::ca::BANNED_RETRY`] ([`status`]).
+//!
+//! Outages ([`cached`]): what the loop serves is saved, sealed under the node key, in
+//! `data_dir` ([`crate::cache`]) after it changes (at most every [`CACHE_MIN_INTERVAL`], at
+//! once when the node key changes), and restored at the start, before the server is asked
+//! anything: a restart while the server is down serves the unexpired certificates at once,
+//! and renews them when the server is back. Every pass withdraws what expired, at its expiry.
 
+mod cached;
 mod connector;
 mod entries;
 mod node;
 mod roots;
 mod schedule;
+mod status;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -41,6 +51,7 @@ use crate::trust::Trust;
 use schedule::{NodeCert, Schedule, Step};
 use signet_runtime::clock::Clock;
 
+pub use cached::CACHE_MIN_INTERVAL;
 pub use connector::{CONNECT_TIMEOUT, Connector, GrpcConnector, RPC_TIMEOUT, SwapCa};
 pub use node::{NodeError, RenewFailed};
 pub use schedule::{RETRY_BASE, RETRY_CAP};
@@ -73,6 +84,10 @@ pub struct Driver {
     ready: Option<crate::http::Readiness>,
     entries: Vec<EntrySpec>,
     revision: u64,
+    /// The cache: restored once, saved after changes ([`cached`]).
+    cache: cached::CacheState,
+    /// The node ID the server refuses as banned, while it does ([`status`]).
+    banned: Option<String>,
 }
 
 /// The loop's state for one node identity.
@@ -150,6 +165,8 @@ impl Driver {
             ready: None,
             entries: Vec::new(),
             revision: 0,
+            cache: cached::CacheState::default(),
+            banned: None,
         }
     }
 
@@ -171,6 +188,7 @@ impl Driver {
     /// Marks `ready` once the node is connected and its entries have been synced and signed
     /// for the first time.
     pub fn with_readiness(mut self, ready: crate::http::Readiness) -> Self {
+        ready.attach(self.outlets.subscribe(), self.clock.clone());
         self.ready = Some(ready);
         self
     }
@@ -192,6 +210,9 @@ impl Driver {
             let Some(node) = self.obtain_node(&mut stop).await else {
                 return;
             };
+            if let Some(r) = &self.ready {
+                r.node_obtained(&node.spiffe_id().to_string());
+            }
             match self.serve(node, &mut stop).await {
                 Outcome::Stopped => return,
                 Outcome::NodeExpired => {
@@ -214,6 +235,7 @@ impl Driver {
     ) -> Outcome {
         let now = self.clock.now();
         let mut s = self.start_serving(node, now);
+        self.restore_cache(&mut s);
         loop {
             let now = self.clock.now();
             if !crate::node::is_valid_at(&s.node, now) {
@@ -236,6 +258,7 @@ impl Driver {
             if restarted {
                 continue;
             }
+            self.save_cache_if_due(&s);
             let now = self.clock.now();
             let connected = s.schedule.is_connected();
             if connected {
@@ -251,20 +274,27 @@ impl Driver {
             if let Some(at) = s.entry_watch.reopen_at().filter(|_| connected) {
                 wait = wait.min(at.duration_since(now).unwrap_or(Duration::ZERO));
             }
+            if let Some(at) = self.cache.save_pending_at() {
+                wait = wait.min(at.duration_since(now).unwrap_or(Duration::ZERO));
+            }
             if *stop.borrow() {
+                self.save_cache_at_stop(&s);
                 return Outcome::Stopped;
             }
             // Sleep, but wake for a bundle or an entry change from the server.
             let woke = tokio::select! {
                 _ = tokio::time::sleep(wait) => continue,
-                _ = stop.wait_for(|s| *s) => return Outcome::Stopped,
+                _ = stop.wait_for(|s| *s) => {
+                    self.save_cache_at_stop(&s);
+                    return Outcome::Stopped;
+                }
                 item = s.watch.next() => Woke::Bundle(item),
                 item = s.entry_watch.next() => Woke::Entries(item),
             };
             let now = self.clock.now();
             match woke {
                 Woke::Bundle(Some(Ok(b))) => self.bundle_received(&mut s, b, now),
-                Woke::Bundle(Some(Err(e))) => s.watch.failed(now, self.random.unit(), &e),
+                Woke::Bundle(Some(Err(e))) => s.watch.failed_with(now, self.random.unit(), &e),
                 Woke::Bundle(None) => {
                     s.watch
                         .failed(now, self.random.unit(), &"the server ended the stream")
@@ -276,7 +306,9 @@ impl Driver {
                         s.schedule.sync_now(now);
                     }
                 }
-                Woke::Entries(Some(Err(e))) => s.entry_watch.failed(now, self.random.unit(), &e),
+                Woke::Entries(Some(Err(e))) => {
+                    s.entry_watch.failed_with(now, self.random.unit(), &e)
+                }
                 // The server ends a stream after its lifetime, or at shutdown: reopen.
                 Woke::Entries(None) => {
                     s.entry_watch
@@ -326,6 +358,9 @@ impl Driver {
                 }
                 Err(e) => {
                     let wait = s.schedule.connect_failed(now, self.random.unit());
+                    if let NodeError::Connect(ca) = &e {
+                        self.server_failed(ca, Some(&s.node));
+                    }
                     tracing::warn!(error = %e, retry_in = ?wait, "cannot reach the server");
                 }
             },
@@ -336,6 +371,7 @@ impl Driver {
                 }
                 match self.renew_node().await {
                     Ok(n) => {
+                        self.server_answered();
                         tracing::info!(node = %n.spiffe_id(), not_after = ?n.certificate().not_after(), "node certificate renewed");
                         self.trust.learn_issuers(n.certificate().chain_der());
                         if let Some(m) = &self.metrics
@@ -353,6 +389,8 @@ impl Driver {
                             tracing::warn!(reason = %why, "the new node certificate is compromised too; retrying after a backoff");
                         }
                         s.node = n;
+                        // The cache is sealed under the node key: seal it under the new one.
+                        self.save_cache_now(s);
                         s.watch.reset(now);
                         s.entry_watch.reset(now);
                         return Flow::Restart;
@@ -363,12 +401,24 @@ impl Driver {
                             self.random.unit(),
                             e.retry_after(),
                         );
-                        tracing::warn!(error = %e, retry_in = ?wait, "node renewal failed");
+                        let banned = match &e {
+                            RenewFailed::Server(ca) => self.server_failed(ca, Some(&s.node)),
+                            _ => false,
+                        };
+                        if banned {
+                            tracing::debug!(error = %e, retry_in = ?wait, "node renewal refused");
+                        } else {
+                            tracing::warn!(error = %e, retry_in = ?wait, "node renewal failed");
+                        }
                     }
                 }
             }
             Step::SyncEntries => {
-                match self.ca.sync_entries(self.revision).await {
+                let result = self.ca.sync_entries(self.revision).await;
+                if result.is_ok() {
+                    self.server_answered();
+                }
+                match result {
                     Ok(EntriesUpdate::Unchanged) => s.schedule.sync_succeeded(now, false),
                     Ok(EntriesUpdate::Changed {
                         revision,
@@ -383,6 +433,9 @@ impl Driver {
                         );
                         self.revision = revision;
                         self.entries = entries;
+                        if let Some(r) = &self.ready {
+                            r.entries(self.entries.len());
+                        }
                         // Published by the pass a changed sync runs.
                         self.trust.set_federated(&s.trust_domain, federated_bundles);
                         s.schedule.sync_succeeded(now, true);
@@ -392,7 +445,11 @@ impl Driver {
                             .schedule
                             .sync_failed(now, self.random.unit(), e.retry_after());
                         let failures = s.schedule.sync_failures();
-                        tracing::warn!(error = %e, failures, retry_in = ?wait, "entry sync failed; keeping the known entries");
+                        if self.server_failed(&e, Some(&s.node)) {
+                            tracing::debug!(error = %e, failures, retry_in = ?wait, "entry sync refused; keeping the known entries");
+                        } else {
+                            tracing::warn!(error = %e, failures, retry_in = ?wait, "entry sync failed; keeping the known entries");
+                        }
                     }
                 }
                 if self.refresh_served_bundle(s) {

@@ -61,8 +61,10 @@ pub enum NodeError {
 
 impl Driver {
     /// Retries [`Self::try_obtain_node`] with backoff until it succeeds or the agent stops.
+    /// A refusal of the node as banned is reported once ([`Driver::server_failed`]) and
+    /// retried only after [`crate::ca::BANNED_RETRY`].
     pub(super) async fn obtain_node(
-        &self,
+        &mut self,
         stop: &mut tokio::sync::watch::Receiver<bool>,
     ) -> Option<NodeIdentity> {
         let mut retry = Retry::new(RETRY, self.clock.now());
@@ -70,8 +72,25 @@ impl Driver {
             match self.try_obtain_node().await {
                 Ok(n) => return Some(n),
                 Err(e) => {
-                    let wait = retry.failed(self.clock.now(), self.random.unit());
-                    tracing::warn!(error = %e, retry_in = ?wait, "no node identity yet");
+                    let now = self.clock.now();
+                    let server = match &e {
+                        NodeError::Attestation(ca) | NodeError::Connect(ca) => Some(ca),
+                        _ => None,
+                    };
+                    let banned = server.is_some_and(|ca| self.server_failed(ca, None));
+                    let pushback = server.and_then(CaError::retry_after);
+                    let wait = RETRY
+                        .delay(retry.failures(), self.random.unit())
+                        .max(pushback.unwrap_or_default());
+                    retry.failed_after(now, wait);
+                    if banned {
+                        tracing::debug!(error = %e, retry_in = ?wait, "no node identity yet");
+                    } else {
+                        if let Some(r) = &self.ready {
+                            r.node_missing(&e.to_string());
+                        }
+                        tracing::warn!(error = %e, retry_in = ?wait, "no node identity yet");
+                    }
                     if !sleep(wait, stop).await {
                         return None;
                     }
@@ -80,8 +99,9 @@ impl Driver {
         }
     }
 
-    async fn try_obtain_node(&self) -> Result<NodeIdentity, NodeError> {
-        let dir = &self.settings.data_dir;
+    async fn try_obtain_node(&mut self) -> Result<NodeIdentity, NodeError> {
+        let dir = self.settings.data_dir.clone();
+        let dir = &dir;
         let now = self.clock.now();
         match node::load(dir) {
             Stored::Found(n) if node::is_valid_at(&n, now) => {
@@ -109,6 +129,7 @@ impl Driver {
             .await
             .map_err(|_| NodeError::AttestationTimeout)?
             .map_err(NodeError::Attestation)?;
+        self.server_answered();
         let n = node::from_issued(attested.svid, &kc.key_pkcs8_der).map_err(NodeError::Answer)?;
         // The token is spent: keep the identity in memory even if it cannot be persisted.
         if let Err(e) = node::save_bundle(dir, &attested.bundle_der) {

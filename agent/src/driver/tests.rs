@@ -40,6 +40,11 @@ struct Fake {
     /// `WatchEntries` streams it (now, then each change).
     entry_revision: tokio::sync::watch::Sender<u64>,
     syncs: Mutex<u32>,
+    /// Refuse every call of the node as banned (as the server does).
+    banned: Mutex<bool>,
+    /// The lifetime of the workload certificates it signs.
+    workload_ttl: Mutex<Duration>,
+    signs: Mutex<u32>,
 }
 
 impl Fake {
@@ -72,6 +77,9 @@ impl Fake {
             renewals: Mutex::new(Vec::new()),
             entry_revision: tokio::sync::watch::channel(1).0,
             syncs: Mutex::new(0),
+            banned: Mutex::new(false),
+            workload_ttl: Mutex::new(Duration::from_secs(3600)),
+            signs: Mutex::new(0),
         })
     }
 
@@ -94,6 +102,23 @@ impl Fake {
     fn count(m: &Mutex<u32>) -> u32 {
         m.lock().map(|g| *g).unwrap_or(0)
     }
+
+    fn set<T>(m: &Mutex<T>, v: T) {
+        if let Ok(mut g) = m.lock() {
+            *g = v;
+        }
+    }
+
+    /// The server's refusal of a banned node.
+    fn refuse_if_banned(&self) -> Result<(), CaError> {
+        if self.banned.lock().map(|b| *b).unwrap_or(false) {
+            return Err(tonic::Status::permission_denied(
+                "node n1 is banned; it can renew nothing and sign nothing",
+            )
+            .into());
+        }
+        Ok(())
+    }
 }
 
 #[async_trait::async_trait]
@@ -102,6 +127,7 @@ impl Ca for Fake {
         if let Ok(mut n) = self.attests.lock() {
             *n += 1;
         }
+        self.refuse_if_banned()?;
         Ok(Attested {
             node_id: "n1".into(),
             svid: self.issue(csr, "/signet/node/n1", self.node_ttl)?,
@@ -122,12 +148,14 @@ impl Ca for Fake {
         if let Some(code) = refusal {
             return Err(tonic::Status::new(code, "refused by the test").into());
         }
+        self.refuse_if_banned()?;
         self.issue(csr, "/signet/node/n1", self.node_ttl)
     }
     async fn sync_entries(&self, known: u64) -> Result<EntriesUpdate, CaError> {
         if let Ok(mut n) = self.syncs.lock() {
             *n += 1;
         }
+        self.refuse_if_banned()?;
         let revision = *self.entry_revision.borrow();
         if known == revision {
             return Ok(EntriesUpdate::Unchanged);
@@ -155,6 +183,7 @@ impl Ca for Fake {
         })
     }
     async fn watch_entries(&self) -> Result<EntryRevisionStream, CaError> {
+        self.refuse_if_banned()?;
         let rx = self.entry_revision.subscribe();
         let s = futures::stream::unfold((rx, true), |(mut rx, first)| async move {
             if !first {
@@ -169,10 +198,19 @@ impl Ca for Fake {
         &self,
         csrs: Vec<WorkloadCsr>,
     ) -> Result<Vec<(String, Result<SvidCertificate, CaError>)>, CaError> {
+        if let Ok(mut n) = self.signs.lock() {
+            *n += 1;
+        }
+        self.refuse_if_banned()?;
+        let ttl = self
+            .workload_ttl
+            .lock()
+            .map(|t| *t)
+            .unwrap_or(Duration::from_secs(3600));
         Ok(csrs
             .into_iter()
             .map(|c| {
-                let r = self.issue(&c.csr_der, "/app", Duration::from_secs(3600));
+                let r = self.issue(&c.csr_der, "/app", ttl);
                 (c.entry_id, r)
             })
             .collect())
@@ -181,6 +219,7 @@ impl Ca for Fake {
         if let Ok(mut n) = self.watches.lock() {
             *n += 1;
         }
+        self.refuse_if_banned()?;
         let rx = self.bundle.subscribe();
         let s = futures::stream::unfold((rx, true), |(mut rx, first)| async move {
             if !first {
@@ -723,5 +762,228 @@ async fn a_refused_node_renewal_is_retried_with_backoff_whatever_the_status() {
     }
     assert_eq!(Fake::count(&fake.attests), 1);
     assert_eq!(state.borrow().identities.len(), 1, "served throughout");
+    stop(r).await;
+}
+
+// --- outages and bans ------------------------------------------------------------------------
+
+/// The leaf DER of each identity served, by entry.
+fn served_leaves(state: &StateReceiver) -> Vec<(String, Vec<u8>)> {
+    state
+        .borrow()
+        .identities
+        .iter()
+        .map(|i| (i.entry_id.clone(), i.svid.certificate().leaf_der().to_vec()))
+        .collect()
+}
+
+/// A restart while the server is down serves the cached certificates at once (the same ones,
+/// before any connection succeeds), says so on `/readyz`, and renews them when the server is
+/// back.
+#[tokio::test(start_paused = true)]
+async fn a_restart_during_an_outage_serves_the_cache_then_renews() {
+    use std::os::unix::fs::PermissionsExt;
+    let fake = Fake::new(Duration::from_secs(24 * 3600), 0);
+    let dir = tempfile::tempdir().expect("tmp");
+    let r = start(&fake, dir.path(), Some("tok"));
+    let state = r.state.clone();
+    wait_for(10, || state.borrow().identities.len() == 1).await;
+    wait_for(10, || r.ready.is_ready()).await;
+    let before = served_leaves(&state);
+    stop(r).await;
+    let cache = dir.path().join(crate::cache::CACHE_FILE);
+    let mode = std::fs::metadata(&cache)
+        .expect("cache written")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    // The server goes down; the agent restarts.
+    Fake::set(&fake.failing_connects, u32::MAX);
+    let signs = Fake::count(&fake.signs);
+    let r = start(&fake, dir.path(), None);
+    let state = r.state.clone();
+    wait_for(10, || !state.borrow().identities.is_empty()).await;
+    assert_eq!(served_leaves(&state), before, "the same certificate");
+    assert_eq!(*state.borrow().bundle_der, *std::slice::from_ref(&fake.root_der));
+    wait_for(10, || {
+        matches!(
+            r.ready.status().server,
+            crate::readiness::Server::Unreachable { .. }
+        )
+    })
+    .await;
+    let report = r.ready.report();
+    assert!(report.ready, "{report:?}");
+    let body = report.body(&[]);
+    assert!(body.contains("server: unreachable since "), "{body}");
+    assert!(
+        body.contains("restored from the cache written at"),
+        "{body}"
+    );
+    assert!(body.contains("certificates: 1 served"), "{body}");
+
+    // Past its renewal time (half its hour) it is still served: renewals fail meanwhile.
+    tokio::time::sleep(Duration::from_secs(2000)).await;
+    assert_eq!(served_leaves(&state), before);
+    assert_eq!(
+        Fake::count(&fake.signs),
+        signs,
+        "nothing reached the server"
+    );
+
+    // The server is back: the agent reconnects and renews.
+    Fake::set(&fake.failing_connects, 0);
+    wait_for(10, || {
+        let now = served_leaves(&state);
+        now.len() == 1 && now != before
+    })
+    .await;
+    assert!(Fake::count(&fake.signs) > signs);
+    let status = r.ready.status();
+    assert_eq!(status.server, crate::readiness::Server::Connected);
+    assert!(status.synced);
+    stop(r).await;
+}
+
+/// A certificate that expires during the outage is withdrawn at its expiry, and `/readyz`
+/// turns not ready once nothing valid is left.
+#[tokio::test(start_paused = true)]
+async fn a_cached_certificate_stops_being_served_at_its_expiry() {
+    let fake = Fake::new(Duration::from_secs(24 * 3600), 0);
+    Fake::set(&fake.workload_ttl, Duration::from_secs(300));
+    let dir = tempfile::tempdir().expect("tmp");
+    let r = start(&fake, dir.path(), Some("tok"));
+    let state = r.state.clone();
+    wait_for(10, || state.borrow().identities.len() == 1).await;
+    let not_after = state.borrow().identities[0].svid.certificate().not_after();
+    stop(r).await;
+
+    Fake::set(&fake.failing_connects, u32::MAX);
+    let r = start(&fake, dir.path(), None);
+    let state = r.state.clone();
+    wait_for(10, || state.borrow().identities.len() == 1).await;
+    assert!(r.ready.is_ready());
+    let mut watch = state.clone();
+    watch.borrow_and_update();
+    // The next change of the served state is its withdrawal, at its expiry.
+    watch.changed().await.expect("changed");
+    assert!(state.borrow().identities.is_empty());
+    let at = fake.clock.now();
+    assert!(at >= not_after, "not before its expiry");
+    assert!(
+        at.duration_since(not_after).unwrap_or_default() < Duration::from_secs(1),
+        "at its expiry, not a pass later"
+    );
+    let report = r.ready.report();
+    assert!(!report.ready);
+    assert!(
+        report
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("no valid certificate is left")),
+        "{report:?}"
+    );
+    stop(r).await;
+}
+
+/// A cache that was tampered with is refused whole: nothing served until the server answers.
+#[tokio::test(start_paused = true)]
+async fn a_tampered_cache_is_refused_and_nothing_is_served_from_it() {
+    let fake = Fake::new(Duration::from_secs(24 * 3600), 0);
+    let dir = tempfile::tempdir().expect("tmp");
+    let r = start(&fake, dir.path(), Some("tok"));
+    let state = r.state.clone();
+    wait_for(10, || state.borrow().identities.len() == 1).await;
+    stop(r).await;
+    let cache = dir.path().join(crate::cache::CACHE_FILE);
+    let mut bytes = std::fs::read(&cache).expect("read");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x80;
+    std::fs::write(&cache, &bytes).expect("write");
+
+    Fake::set(&fake.failing_connects, 3);
+    let r = start(&fake, dir.path(), None);
+    let state = r.state.clone();
+    // Not served while the server cannot be reached; served once it answers.
+    wait_for(10, || {
+        matches!(
+            r.ready.status().server,
+            crate::readiness::Server::Unreachable { .. }
+        )
+    })
+    .await;
+    assert!(state.borrow().identities.is_empty());
+    assert!(r.ready.status().restored.is_none());
+    let report = r.ready.report();
+    assert!(!report.ready, "{report:?}");
+    wait_for(10, || state.borrow().identities.len() == 1).await;
+    // And the cache is written again, readable.
+    stop(r).await;
+    let node = match node::load(dir.path()) {
+        Stored::Found(n) => n,
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(
+        crate::cache::load(dir.path(), &node, fake.clock.now()),
+        crate::cache::Loaded::Found(_)
+    ));
+}
+
+/// A banned node: not ready, saying why and how to lift it; retried every
+/// [`crate::ca::BANNED_RETRY`], not in a loop; served again once unbanned.
+#[tokio::test(start_paused = true)]
+async fn a_banned_node_is_reported_and_retried_slowly() {
+    let fake = Fake::new(Duration::from_secs(24 * 3600), 0);
+    let dir = tempfile::tempdir().expect("tmp");
+    let r = start(&fake, dir.path(), Some("tok"));
+    wait_for(10, || r.ready.is_ready()).await;
+
+    Fake::set(&fake.banned, true);
+    // The next poll (every 100 ms in these tests) is refused.
+    wait_for(10, || r.ready.status().banned.is_some()).await;
+    let report = r.ready.report();
+    assert!(!report.ready);
+    assert_eq!(
+        report.reason.as_deref(),
+        Some("node n1 is banned by the server; ask an operator to run `signetctl node unban n1`")
+    );
+    // Twenty minutes: a handful of attempts (one per BANNED_RETRY, per call), not thousands.
+    let syncs = Fake::count(&fake.syncs);
+    tokio::time::sleep(Duration::from_secs(1200)).await;
+    let retried = Fake::count(&fake.syncs) - syncs;
+    assert!((1..=5).contains(&retried), "{retried} syncs in 20 minutes");
+
+    // Unbanned: within one BANNED_RETRY the agent is ready again.
+    Fake::set(&fake.banned, false);
+    tokio::time::sleep(crate::ca::BANNED_RETRY + Duration::from_secs(31)).await;
+    wait_for(10, || r.ready.is_ready()).await;
+    assert!(r.ready.status().banned.is_none());
+    stop(r).await;
+}
+
+/// A banned node attesting: refused (the token is the server's to keep), reported, retried
+/// slowly.
+#[tokio::test(start_paused = true)]
+async fn a_banned_node_s_attestation_is_retried_slowly() {
+    let fake = Fake::new(Duration::from_secs(24 * 3600), 0);
+    Fake::set(&fake.banned, true);
+    let dir = tempfile::tempdir().expect("tmp");
+    let r = start(&fake, dir.path(), Some("tok"));
+    wait_for(10, || r.ready.status().banned.is_some()).await;
+    let report = r.ready.report();
+    assert!(
+        report
+            .reason
+            .as_deref()
+            .is_some_and(|x| x.contains("`signetctl node unban n1`")),
+        "{report:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(1200)).await;
+    let attests = Fake::count(&fake.attests);
+    assert!(
+        (2..=6).contains(&attests),
+        "{attests} attestations in 20 minutes"
+    );
     stop(r).await;
 }

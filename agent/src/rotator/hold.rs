@@ -102,6 +102,16 @@ impl Holdings {
             .min()
     }
 
+    /// The earliest expiry after `now` of what is held: a pass then withdraws it, so an
+    /// expired certificate stops being served at its expiry even while the server is down.
+    pub(super) fn next_expiry_after(&self, now: SystemTime) -> Option<SystemTime> {
+        self.0
+            .values()
+            .map(|h| h.svid.certificate().not_after())
+            .filter(|t| *t > now)
+            .min()
+    }
+
     /// Whether a renewal is overdue at `now` (its signing failed).
     pub(super) fn any_overdue(&self, rev: &Revocations, now: SystemTime) -> bool {
         self.0.values().any(|h| h.due_at(rev) <= now)

@@ -146,6 +146,12 @@ impl Rotator {
                     pushback = shed;
                     failed = true;
                 }
+                Err(e) if e.is_banned() => {
+                    // The loop reports the ban once; retried after the ban's wait.
+                    tracing::debug!(error = %e, "workload signing refused; serving the last good certificates");
+                    pushback = e.retry_after();
+                    failed = true;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "workload signing failed; serving the last good certificates");
                     pushback = e.retry_after();
@@ -178,7 +184,56 @@ impl Rotator {
                 overdue: self.held.any_overdue(rev, now),
             }
         };
-        next_pass(now, self.held.next_due_after(rev, now), ended)
+        let next = next_pass(now, self.held.next_due_after(rev, now), ended);
+        match self.held.next_expiry_after(now) {
+            Some(expiry) => next.min(expiry),
+            None => next,
+        }
+    }
+
+    /// Installs SVIDs restored from the cache ([`crate::cache`], checked there) for
+    /// `entries`, at `now`, and publishes them through `out` at once (before the server
+    /// answers). Each keeps its place in its lifetime: renewed at its usual time counted from
+    /// its `not_before`, so one past it is due at the first pass. An SVID whose entry is not
+    /// in `entries`, or whose SPIFFE ID is not its entry's, is skipped. Returns how many
+    /// were installed.
+    pub fn restore(
+        &mut self,
+        entries: &[EntrySpec],
+        svids: Vec<(String, signet_pki::X509Svid)>,
+        trust: &mut Trust,
+        out: &mut Outlets,
+    ) -> usize {
+        let now = self.clock.now();
+        let mut n = 0;
+        for (entry_id, svid) in svids {
+            let Some(spec) = entries.iter().find(|e| e.id == entry_id) else {
+                continue;
+            };
+            if *svid.spiffe_id() != spec.spiffe_id {
+                continue;
+            }
+            let c = svid.certificate();
+            trust.learn_issuers(c.chain_der());
+            let held = hold::Held {
+                spec: spec.clone(),
+                renew_at: crate::rotation::renew_at(
+                    c.not_before(),
+                    c.not_after(),
+                    self.fraction,
+                    self.random.unit(),
+                ),
+                obtained: now,
+                jitter: self.random.unit(),
+                reissues: 0,
+                cert: crate::revocation::CertRef::parse_chain(c.chain_der()),
+                svid: Arc::new(svid),
+            };
+            self.held.insert(entry_id, held);
+            n += 1;
+        }
+        out.publish(&self.held, trust, now);
+        n
     }
 }
 

@@ -34,6 +34,16 @@ impl Outlets {
         }
     }
 
+    /// What the Workload API is served now (what the cache saves).
+    pub fn current(&self) -> crate::state::SharedState {
+        self.state.borrow().clone()
+    }
+
+    /// A receiver of the published state (what `/readyz` judges).
+    pub fn subscribe(&self) -> crate::state::StateReceiver {
+        self.state.subscribe()
+    }
+
     /// The sinks to start with [`Self::start_sinks`].
     pub fn with_sinks(mut self, sinks: Vec<SinkBinding>) -> Self {
         self.pending = sinks;

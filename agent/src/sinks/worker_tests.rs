@@ -179,6 +179,66 @@ async fn failures_reach_readyz_and_the_metrics() {
     assert!(body.contains("sink \"refusing\": failing"), "{body}");
 }
 
+/// A files sink whose directory was made under umask 002: `/readyz` names the sink, the
+/// reason and the fix (the agent stays ready: the Workload API does not depend on a sink).
+#[tokio::test]
+async fn a_group_writable_sink_directory_is_explained_on_readyz() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("certs");
+    std::fs::create_dir(&dir).expect("mkdir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o775)).expect("chmod");
+    let (_tx, rx) = crate::state::channel();
+    let metrics = Arc::new(Metrics::new(rx, Arc::new(SystemClock)));
+    let sink =
+        crate::sinks::files::FilesSink::new("web-certs", crate::config::FilesSinkConfig::new(&dir));
+    let mut set = SinkSet::start(
+        vec![SinkBinding {
+            spiffe_id: "spiffe://example.org/web".parse().expect("id"),
+            deletion_policy: DeletionPolicy::Delete,
+            timeout: Duration::from_secs(5),
+            sink: Arc::new(sink),
+        }],
+        Telemetry::new(Some(metrics.sinks.clone())),
+        Arc::new(SystemClock),
+        Arc::new(|| 0.5),
+    );
+    set.update(|_| Some(delivered("web")));
+    let ready = crate::http::Readiness::default();
+    ready.node_obtained("spiffe://example.org/signet/node/n1");
+    ready.set_ready();
+    let app = crate::http::router(metrics.clone(), ready);
+    let mut body = String::new();
+    for _ in 0..500 {
+        let resp = tower::ServiceExt::oneshot(
+            app.clone(),
+            axum::http::Request::get("/readyz")
+                .body(axum::body::Body::empty())
+                .expect("request"),
+        )
+        .await
+        .expect("response");
+        assert_eq!(resp.status(), axum::http::StatusCode::OK);
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        body = String::from_utf8_lossy(&bytes).into_owned();
+        if body.contains("sink \"web-certs\"") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let line = body
+        .lines()
+        .find(|l| l.starts_with("sink \"web-certs\": failing"))
+        .unwrap_or_else(|| panic!("{body}"));
+    assert!(line.contains("writable by its group"), "{line}");
+    assert!(
+        line.contains(&format!("`chmod g-w {}`", dir.display())),
+        "{line}"
+    );
+}
+
 /// Counts deliveries under way; each takes `takes`.
 struct Slow {
     name: String,
