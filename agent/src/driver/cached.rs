@@ -42,10 +42,14 @@ impl CacheState {
 }
 
 impl Driver {
-    /// Restores the cache for `s`'s node (once): its entries, bundles, CRLs and JWT keys, and
-    /// its SVIDs, served at once.
+    /// Restores the cache for `s`'s node (once per process): its entries, bundles, CRLs and
+    /// JWT keys, and its SVIDs, served at once.
     pub(super) fn restore_cache(&mut self, s: &mut Serving) {
         if std::mem::replace(&mut self.cache.tried, true) {
+            // A new node identity (re-attested): the cache is sealed under the old key, so
+            // it is written again under the new one at the first chance.
+            self.cache.saved = None;
+            self.cache.saved_at = None;
             return;
         }
         let dir = self.settings.data_dir.clone();

@@ -185,8 +185,9 @@ impl Driver {
         self
     }
 
-    /// Marks `ready` once the node is connected and its entries have been synced and signed
-    /// for the first time.
+    /// Records in `ready` what `/readyz` reports ([`crate::readiness`]): the node identity,
+    /// the server's answers (unreachable, banned), entries synced and signed for the first
+    /// time, or restored from the cache; `ready` judges with what the loop publishes.
     pub fn with_readiness(mut self, ready: crate::http::Readiness) -> Self {
         ready.attach(self.outlets.subscribe(), self.clock.clone());
         self.ready = Some(ready);

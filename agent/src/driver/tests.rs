@@ -805,7 +805,10 @@ async fn a_restart_during_an_outage_serves_the_cache_then_renews() {
     let state = r.state.clone();
     wait_for(10, || !state.borrow().identities.is_empty()).await;
     assert_eq!(served_leaves(&state), before, "the same certificate");
-    assert_eq!(*state.borrow().bundle_der, *std::slice::from_ref(&fake.root_der));
+    assert_eq!(
+        *state.borrow().bundle_der,
+        *std::slice::from_ref(&fake.root_der)
+    );
     wait_for(10, || {
         matches!(
             r.ready.status().server,

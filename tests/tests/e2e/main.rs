@@ -6,6 +6,7 @@
 #![allow(clippy::disallowed_methods)]
 
 mod agent;
+mod agent_outage;
 mod agent_revocation;
 mod attacks;
 mod bad_input;

@@ -73,6 +73,16 @@ impl RunningAgent {
         self.logs.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 
+    /// How many log lines contain `needle`.
+    pub(crate) fn count_logged(&self, needle: &str) -> usize {
+        self.logs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
     pub(crate) async fn readyz(&self) -> (u16, String) {
         http_get(self.http, "/readyz").await
     }
