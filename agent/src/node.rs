@@ -5,7 +5,9 @@
 //! fsync of the directory). A file that cannot be read back is reported as corrupt, never
 //! trusted: the identity is a [`signet_pki::X509Svid`] ([`NodeIdentity`]), so what loads is an
 //! X509-SVID whose leaf the key matches. The on-disk format is the one earlier agents wrote
-//! (PKCS#8 `PRIVATE KEY` and the chain, PEM with LF line endings).
+//! (PKCS#8 `PRIVATE KEY` and the chain, PEM with LF line endings). The workloads' certificates
+//! and entries are kept beside them in `cache.sealed`, sealed under the node key
+//! ([`crate::cache`]).
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;

@@ -2,12 +2,12 @@
 //! selectors, current SVID: a [`signet_pki::X509Svid`], checked when it was made) and the
 //! trust bundle, and the federated bundles (foreign trust domains' roots and JWT keys) that
 //! the identities whose entries federate with them receive. Published through a
-//! `tokio::sync::watch`. Nothing here is persisted: the node identity's files are
-//! [`crate::node`]'s.
-//!
-//! Federated bundles are not persisted either: they are served only to identities, which come
-//! from the same `SyncEntries` answer as the bundles and are not persisted (a restarted agent
-//! serves no workload before the server answers, and that answer carries the bundles again).
+//! `tokio::sync::watch`. This module does no I/O: the node identity's files are
+//! [`crate::node`]'s, and what this state holds (identities with their keys, bundle, CRLs, JWT
+//! keys, federated bundles) is saved with the entries of the last `SyncEntries` answer by the
+//! driver in the sealed cache ([`crate::cache`]), and restored from it at the start, so a
+//! restarted agent serves its unexpired identities (and their federated bundles) before the
+//! server answers.
 //!
 //! Invariant: [`AgentState::federated`] never holds the agent's own trust domain
 //! ([`crate::trust::Trust::set_federated`] drops one), and holds at most one bundle per trust
