@@ -27,7 +27,7 @@ impl Driver {
                             .map(str::to_owned)
                     })
                 })
-                .unwrap_or_else(|| "(this node)".to_owned());
+                .unwrap_or_else(|| "<node id>".to_owned());
             if self.banned.as_deref() != Some(id.as_str()) {
                 tracing::error!(node_id = %id, error = %e, retry_every = ?crate::ca::BANNED_RETRY, "{}", ban_message(&id));
                 self.banned = Some(id.clone());
