@@ -6,7 +6,10 @@
 //!   is consumed atomically before anything is issued, so two agents racing with one token
 //!   cannot both attest; the node ID comes from the token. A malformed CSR is refused before the
 //!   token is spent, and a retryable failure after it ([`IssuerError::is_retryable`]) gives the
-//!   token back so the agent can retry with it; any other refusal keeps it spent. The token is
+//!   token back so the agent can retry with it; any other refusal keeps it spent. A token that
+//!   names a banned node is refused (PermissionDenied, [`banned_token_refusal`]) before it is
+//!   spent, in the store's consuming transaction, so it attests once the node is unbanned.
+//!   The token is
 //!   never logged, returned or stored: only its hash (a prefix of it identifies it in the audit
 //!   log).
 //! - **Kubernetes** (`[nodes.kubernetes]`): the agent's projected service-account token in
@@ -76,10 +79,23 @@ pub fn credential<'a>(input: &AttestInput<'a>) -> Result<Credential<'a>, IssuerE
     }
 }
 
+/// Why a join token naming a banned node was refused (PermissionDenied): the node, that the
+/// token was not spent, and the command that lifts the ban. Agents show it as it is.
+pub fn banned_token_refusal(node_id: &str) -> String {
+    format!(
+        "node {node_id} is banned: attestation refused; the join token was not used and stays \
+         valid until it expires. To let the node attest, an operator runs `signetctl node \
+         unban {node_id}`"
+    )
+}
+
 /// The node a consumed join token attests, or why the token was refused.
 pub fn token_outcome(used: TokenUse) -> Result<String, AuthnError> {
     let why = match used {
         TokenUse::Consumed { node_id } => return Ok(node_id),
+        TokenUse::NodeBanned { node_id } => {
+            return Err(AuthnError::BadJoinToken(banned_token_refusal(&node_id)));
+        }
         TokenUse::AlreadyUsed => "it has already been used (a join token attests once)",
         TokenUse::Expired => "it has expired",
         TokenUse::Unknown => "it is not known to this CA",
@@ -185,6 +201,20 @@ impl Attestation {
         let hash = token.hash();
         let used_at = unix(self.issuer.now());
         let used = self.store.consume_join_token(&hash, used_at).await?;
+        if let TokenUse::NodeBanned { node_id } = &used {
+            // Refused before the token was spent (in the store's transaction): it still
+            // attests once the operator lifts the ban.
+            let msg = banned_token_refusal(node_id);
+            let caller = AuthenticatedCaller::attested_node(self.issuer.trust_domain(), node_id)
+                .map(|c| c.label())
+                .unwrap_or_else(|_| "anonymous".to_owned());
+            self.record(
+                "node.denied",
+                &caller,
+                format!("{msg} (token hash {}…)", hash.get(..12).unwrap_or_default()),
+            );
+            return Err(IssuerError::Denied(msg));
+        }
         let node_id = token_outcome(used).map_err(|e| {
             // The hash prefix identifies the token in the audit log without revealing it.
             self.record(
@@ -405,6 +435,14 @@ mod tests {
             credential(&input("", None)),
             Err(IssuerError::Unauthenticated(AuthnError::BadJoinToken(m))) if m.contains("signetctl token create")
         ));
+    }
+
+    #[test]
+    fn a_banned_nodes_token_refusal_names_the_node_the_unspent_token_and_the_unban() {
+        let msg = banned_token_refusal("vm-7");
+        assert!(msg.starts_with("node vm-7 is banned"), "{msg}");
+        assert!(msg.contains("join token was not used"), "{msg}");
+        assert!(msg.contains("signetctl node unban vm-7"), "{msg}");
     }
 
     #[test]

@@ -32,6 +32,11 @@ pub enum CaCmd {
     Activate {
         #[arg(allow_hyphen_values = true)]
         key_id: String,
+        /// Activate a root that has been in the trust bundle for less than
+        /// ca.root_propagation (the server refuses it otherwise, naming the time left):
+        /// relying parties that have not fetched the bundle since will refuse what it signs.
+        #[arg(long)]
+        force: bool,
     },
     /// Taint a key: holders of certificates issued under it replace them.
     Taint {
@@ -187,9 +192,9 @@ pub async fn ca(socket: &Path, cmd: CaCmd) -> anyhow::Result<ExitCode> {
                 .map_err(|e| call_err("ca prepare", &e))?;
             print_action("prepared", &r);
         }
-        CaCmd::Activate { key_id } => {
+        CaCmd::Activate { key_id, force } => {
             let r = c
-                .activate(&key_id)
+                .activate(&key_id, force)
                 .await
                 .map_err(|e| call_err("ca activate", &e))?;
             print_action("activated", &r);
@@ -230,7 +235,11 @@ mod tests {
                 panic!("ca {verb}")
             };
             let got = match cmd {
-                CaCmd::Activate { key_id } | CaCmd::Taint { key_id } => key_id,
+                CaCmd::Activate { key_id, force } => {
+                    assert!(!force);
+                    key_id
+                }
+                CaCmd::Taint { key_id } => key_id,
                 CaCmd::Revoke { key_id, force } => {
                     assert!(!force);
                     key_id
@@ -239,6 +248,13 @@ mod tests {
             };
             assert_eq!(got, kid);
         }
+        let cli = Cli::try_parse_from(["signetctl", "ca", "activate", kid, "--force"]).unwrap();
+        assert!(matches!(
+            cli.cmd,
+            Cmd::Ca {
+                cmd: CaCmd::Activate { force: true, .. }
+            }
+        ));
         let cli = Cli::try_parse_from(["signetctl", "ca", "revoke", kid, "--force"]).unwrap();
         assert!(matches!(
             cli.cmd,

@@ -46,6 +46,27 @@ pub(crate) fn rfc3339(unix: i64) -> String {
         .unwrap_or_else(|| unix.to_string())
 }
 
+/// `v` with every integer under a key ending in `_at` (unix seconds, as the ledger's
+/// provenance records them) shown as RFC 3339, as every time signetctl prints.
+pub(crate) fn times_as_rfc3339(mut v: serde_json::Value) -> serde_json::Value {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m.iter_mut() {
+                    match x.as_i64() {
+                        Some(t) if k.ends_with("_at") => *x = rfc3339(t).into(),
+                        _ => walk(x),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    walk(&mut v);
+    v
+}
+
 fn to_json(r: &LedgerRecord) -> CertJson {
     let e = &r.entry;
     CertJson {
@@ -64,9 +85,31 @@ fn to_json(r: &LedgerRecord) -> CertJson {
         hash: hex::encode(r.hash),
         provenance: e
             .recorded_provenance()
-            .and_then(|p| serde_json::from_str(p).ok()),
+            .and_then(|p| serde_json::from_str(p).ok())
+            .map(times_as_rfc3339),
         revoked_at: r.revocation.as_ref().map(|v| rfc3339(v.at)),
         revocation_reason: r.revocation.as_ref().map(|v| v.reason.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provenance_times_are_shown_as_rfc3339() {
+        let v = times_as_rfc3339(serde_json::json!({
+            "source": {"kind": "node", "attested_at": 0},
+            "authorized_at": 1_769_860_800,
+            "renewed_from": "ab",
+            "count": 3,
+        }));
+        assert_eq!(v["authorized_at"], "2026-01-31T12:00:00Z");
+        assert_eq!(v["source"]["attested_at"], "1970-01-01T00:00:00Z");
+        assert_eq!(
+            (v["count"].as_i64(), v["renewed_from"].as_str()),
+            (Some(3), Some("ab"))
+        );
     }
 }
 
@@ -256,7 +299,7 @@ pub(crate) async fn certs(socket: &Path, cmd: CertsCmd) -> anyhow::Result<ExitCo
             if pem {
                 print!("{}", signet_types::pem::cert_to_pem(&r.cert_der));
             } else if json {
-                println!("{}", serde_json::to_string_pretty(&to_json(&r))?);
+                println!("{}", serde_json::to_string(&to_json(&r))?);
             } else {
                 let j = to_json(&r);
                 println!("seq:         {}", j.seq);

@@ -136,13 +136,16 @@ fn row_json(r: &JwtSvidRecord) -> serde_json::Value {
         "seq": e.seq,
         "spiffe_id": e.spiffe_id,
         "audience": e.audience,
-        "issued_at": e.issued_at,
-        "expires_at": e.expires_at,
+        "issued_at": rfc3339(e.issued_at),
+        "expires_at": rfc3339(e.expires_at),
         "key_id": e.key_id,
         "token_sha256": hex::encode(e.token_sha256),
         "caller": e.caller,
         "request_id": e.request_id,
-        "provenance": e.provenance,
+        // As `certs list` shows it: the recorded object (null if none), times as RFC 3339.
+        "provenance": serde_json::from_str::<serde_json::Value>(&e.provenance)
+            .ok()
+            .map(crate::certs::times_as_rfc3339),
         "prev_hash": hex::encode(r.prev_hash),
         "hash": hex::encode(r.hash),
     })

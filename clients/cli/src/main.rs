@@ -1,7 +1,20 @@
 //! `signetctl`: the operator CLI. Talks to `signet-server`'s admin API on its Unix socket
 //! (`--socket`, default `./signet-data/admin.sock`); `bench` also drives the CA listener.
+//!
+//! Output, the same for every command:
+//! - **Times** are RFC 3339 in UTC to the second (`2026-01-31T12:00:00Z`), in tables and in
+//!   JSON alike ([`rfc3339`], the one formatter); a time that is not set is `null` in JSON.
+//! - **`--json`** prints JSON lines: a listing (`certs list`, `jwt list`, `audit list`,
+//!   `node list`, `nodeset list`, `entry list`, `token list`, `crl list`, `federation list`,
+//!   `ledger checkpoint list`) one object per line, one line per item, so `| jq` and
+//!   `| grep` see each item whole; any other command one object on one line. Keys are
+//!   snake_case; hashes and fingerprints lowercase hex. Tables and messages go to stdout,
+//!   continuation hints (`more: … --page-token …`) and warnings to stderr. The one exception:
+//!   `ledger checkpoint list --json` prints each signed checkpoint document verbatim (one per
+//!   line), whose fields and their encoding the signature covers.
 #![forbid(unsafe_code)]
 
+mod audit;
 mod bench;
 mod ca;
 mod certs;
@@ -137,14 +150,8 @@ enum BundleCmd {
 
 #[derive(Debug, Subcommand)]
 enum AuditCmd {
-    List {
-        #[arg(long, default_value_t = 0)]
-        after: u64,
-        #[arg(long, default_value_t = 100)]
-        limit: u32,
-        #[arg(long)]
-        json: bool,
-    },
+    /// List audit events, newest first, filtered and paged by the server.
+    List(audit::AuditListArgs),
 }
 
 /// Why the admin socket could not be reached, with what to check.
@@ -318,32 +325,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             cmd: LedgerCmd::Checkpoint { cmd },
         } => checkpoint::run(&cli.socket, cmd).await,
         Cmd::Audit {
-            cmd: AuditCmd::List { after, limit, json },
-        } => {
-            let events = typed_admin(&cli.socket)
-                .await?
-                .audit_events(after, limit)
-                .await
-                .map_err(|e| call_err("audit", &e))?;
-            for e in events {
-                if json {
-                    println!(
-                        "{}",
-                        serde_json::json!({"id": e.id, "at": rfc3339(e.at), "kind": e.kind, "caller": e.caller, "detail": e.detail})
-                    );
-                } else {
-                    println!(
-                        "{:>6}  {}  {:<18} {:<40} {}",
-                        e.id,
-                        rfc3339(e.at),
-                        e.kind,
-                        e.caller,
-                        e.detail
-                    );
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+            cmd: AuditCmd::List(args),
+        } => audit::list(&cli.socket, args).await,
         Cmd::Mint {
             spiffe_id,
             dns_names,

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use clap::Subcommand;
-use signet_client::admin::{NewEntry, Node, NodeAdminClient, NodeSet, RegisteredEntry};
+use signet_client::admin::{
+    EntryChange, JoinTokenInfo, NewEntry, Node, NodeAdminClient, NodeSet, RegisteredEntry,
+};
 
 use crate::{call_err, rfc3339};
 
@@ -22,6 +24,22 @@ pub enum TokenCmd {
         /// The node ID the token attests (default: a random one).
         #[arg(long)]
         node_id: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List join tokens, newest first: id (a prefix of the token's hash; the token itself is
+    /// never kept), node, created, expires, used.
+    List {
+        /// Only the tokens of this node.
+        #[arg(long)]
+        node_id: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke an unused join token by its id (from `token list`; a unique prefix of at least 8
+    /// characters will do).
+    Revoke {
+        id: String,
         #[arg(long)]
         json: bool,
     },
@@ -45,6 +63,32 @@ pub enum NodeCmd {
         /// The RFC 5280 reason for `--revoke`.
         #[arg(long, default_value = "keyCompromise", requires = "revoke")]
         reason: String,
+    },
+    /// Lift a node's ban: it may renew, sync and sign again with its current certificate.
+    Unban {
+        /// Node ID (or node SPIFFE ID).
+        node: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Forget a node: its record and its unused join tokens are deleted, and its certificates
+    /// are refused everything (as a banned node's) until it attests again with a new token.
+    /// Refused while entries name it as parent, unless --cascade.
+    Delete {
+        /// Node ID (or node SPIFFE ID).
+        node: String,
+        /// Also delete the entries whose parent is this node.
+        #[arg(long)]
+        cascade: bool,
+        /// First revoke what the node holds (its node SVIDs and the certificates issued for
+        /// its entries), as `node ban --revoke` does.
+        #[arg(long)]
+        revoke: bool,
+        /// The RFC 5280 reason for `--revoke`.
+        #[arg(long, default_value = "cessationOfOperation", requires = "revoke")]
+        reason: String,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -115,6 +159,43 @@ pub enum EntryCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Change an entry in place: each option given replaces that field (a repeatable option
+    /// replaces the whole list); the result is validated as a new entry. Entries kept by a
+    /// registrar (OWNER set) are refused: change the object they come from.
+    Update {
+        id: String,
+        #[arg(long)]
+        spiffe_id: Option<String>,
+        /// A node's ID (or SPIFFE ID), or nodeset:NAME.
+        #[arg(long)]
+        parent: Option<String>,
+        /// Replaces every selector (repeatable).
+        #[arg(long = "selector")]
+        selectors: Vec<String>,
+        /// Certificate lifetime; 0s: the server's default.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Option<Duration>,
+        /// Replaces every DNS name (repeatable).
+        #[arg(long = "dns", conflicts_with = "no_dns")]
+        dns_names: Vec<String>,
+        /// Remove every DNS name.
+        #[arg(long)]
+        no_dns: bool,
+        /// JWT-SVID lifetime; 0s: the server's [jwt_svid] ttl.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        jwt_ttl: Option<Duration>,
+        /// Replaces every federated trust domain (repeatable).
+        #[arg(long = "federates-with", conflicts_with = "no_federates_with")]
+        federates_with: Vec<String>,
+        /// Federate with no trust domain.
+        #[arg(long)]
+        no_federates_with: bool,
+        /// Refuse unless the entry is still at this revision (from `entry list`).
+        #[arg(long)]
+        revision: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete an entry by ID.
     Delete { id: String },
 }
@@ -129,8 +210,62 @@ fn secs(d: Duration) -> i64 {
     i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
 }
 
+fn token_json(t: &JoinTokenInfo) -> serde_json::Value {
+    serde_json::json!({
+        "id": t.id,
+        "node_id": t.node_id,
+        "created_at": rfc3339(t.created_at),
+        "expires_at": rfc3339(t.expires_at),
+        "used": t.used_at.is_some(),
+        "used_at": t.used_at.map(rfc3339),
+    })
+}
+
 pub async fn token(socket: &Path, cmd: TokenCmd) -> anyhow::Result<ExitCode> {
-    let TokenCmd::Create { ttl, node_id, json } = cmd;
+    let (ttl, node_id, json) = match cmd {
+        TokenCmd::Create { ttl, node_id, json } => (ttl, node_id, json),
+        TokenCmd::List { node_id, json } => {
+            let tokens = client(socket)
+                .await?
+                .join_tokens(node_id)
+                .await
+                .map_err(|e| call_err("token list", &e))?;
+            if json {
+                for t in &tokens {
+                    println!("{}", token_json(t));
+                }
+            } else {
+                println!(
+                    "{:<16}  {:<24}  {:<20}  {:<20}  USED",
+                    "ID", "NODE", "CREATED", "EXPIRES"
+                );
+                for t in &tokens {
+                    println!(
+                        "{:<16}  {:<24}  {:<20}  {:<20}  {}",
+                        t.id,
+                        t.node_id,
+                        rfc3339(t.created_at),
+                        rfc3339(t.expires_at),
+                        t.used_at.map_or_else(|| "no".to_owned(), rfc3339)
+                    );
+                }
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        TokenCmd::Revoke { id, json } => {
+            let t = client(socket)
+                .await?
+                .revoke_join_token(&id)
+                .await
+                .map_err(|e| call_err("token revoke", &e))?;
+            if json {
+                println!("{}", token_json(&t));
+            } else {
+                println!("revoked join token {} for node {}", t.id, t.node_id);
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
     if ttl.as_secs() == 0 {
         return Err(anyhow!("--ttl must be at least one second"));
     }
@@ -305,6 +440,63 @@ pub async fn node(socket: &Path, cmd: NodeCmd) -> anyhow::Result<ExitCode> {
                 crate::revoke::print_report(&r, false);
             }
         }
+        NodeCmd::Unban { node, json } => {
+            let n = c
+                .unban(&node)
+                .await
+                .map_err(|e| call_err("node unban", &e))?;
+            if json {
+                println!("{}", node_json(&n));
+            } else {
+                println!("unbanned node {} ({})", n.node_id, n.spiffe_id);
+            }
+        }
+        NodeCmd::Delete {
+            node,
+            cascade,
+            revoke,
+            reason,
+            json,
+        } => {
+            let report = if revoke {
+                Some(
+                    crate::revoke::revoke_request(
+                        socket,
+                        signet_client::admin::RevokeSelector::Node(node.clone()),
+                        &reason,
+                        false,
+                    )
+                    .await?,
+                )
+            } else {
+                None
+            };
+            let d = c
+                .delete_node(&node, cascade)
+                .await
+                .map_err(|e| call_err("node delete", &e))?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "node": node,
+                        "entries_deleted": d.entries,
+                        "tokens_deleted": d.tokens,
+                        "revoked_count": report.as_ref().map(|r| r.revoked_count),
+                    })
+                );
+            } else {
+                if let Some(r) = &report {
+                    crate::revoke::print_report(r, false);
+                }
+                println!(
+                    "deleted node {node} with {} entr{} and {} unused join token(s)",
+                    d.entries,
+                    if d.entries == 1 { "y" } else { "ies" },
+                    d.tokens
+                );
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -428,6 +620,56 @@ pub async fn entry(socket: &Path, cmd: EntryCmd) -> anyhow::Result<ExitCode> {
                         owner_column(e)
                     );
                 }
+            }
+        }
+        EntryCmd::Update {
+            id,
+            spiffe_id,
+            parent,
+            selectors,
+            ttl,
+            dns_names,
+            no_dns,
+            jwt_ttl,
+            federates_with,
+            no_federates_with,
+            revision,
+            json,
+        } => {
+            let list =
+                |given: Vec<String>, clear: bool| (clear || !given.is_empty()).then_some(given);
+            let change = EntryChange {
+                spiffe_id,
+                parent,
+                selectors: list(selectors, false),
+                ttl_seconds: ttl.map(secs),
+                dns_names: list(dns_names, no_dns),
+                jwt_ttl_seconds: jwt_ttl.map(secs),
+                federates_with: list(federates_with, no_federates_with),
+                expected_revision: revision,
+            };
+            if change
+                == (EntryChange {
+                    expected_revision: revision,
+                    ..EntryChange::default()
+                })
+            {
+                return Err(anyhow!(
+                    "nothing to change: give at least one of --spiffe-id, --parent, --selector, \
+                     --ttl, --dns/--no-dns, --jwt-ttl, --federates-with/--no-federates-with"
+                ));
+            }
+            let e = c
+                .update_entry(&id, &change)
+                .await
+                .map_err(|e| call_err("entry update", &e))?;
+            if json {
+                println!("{}", entry_json(&e));
+            } else {
+                println!(
+                    "updated entry {} for {} under {} (revision {})",
+                    e.id, e.spiffe_id, e.parent_id, e.revision
+                );
             }
         }
         EntryCmd::Delete { id } => {

@@ -80,6 +80,31 @@ pub struct AuditEvent {
     pub detail: String,
 }
 
+/// Which audit events [`AdminClient::audit_page`] asks for; every filter is optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditQuery {
+    /// Newest first (the server's default is oldest first).
+    pub newest_first: bool,
+    /// A kind, exactly; one ending in `.` or `*` (`ca.`, `admin.node_*`) is a prefix.
+    pub kind: Option<String>,
+    /// Events at or after this time (unix seconds).
+    pub since: Option<i64>,
+    /// Events of exactly this caller.
+    pub caller: Option<String>,
+    /// At most this many (0: the server's default, 100; at most 1000).
+    pub limit: u32,
+    /// The previous page's token, unchanged.
+    pub page_token: Option<String>,
+}
+
+/// One page of audit events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditPage {
+    pub events: Vec<AuditEvent>,
+    /// Set when more events follow: the next query's `page_token`.
+    pub next_page_token: Option<String>,
+}
+
 /// An X509-SVID to mint as the operator.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MintRequest {
@@ -121,11 +146,12 @@ impl AdminClient {
         server_bundle(b)
     }
 
-    /// `ListAuditEvents`: at most `limit` events after the ID `after`.
+    /// `ListAuditEvents`: at most `limit` events after the ID `after`, oldest first.
     pub async fn audit_events(&self, after: u64, limit: u32) -> Result<Vec<AuditEvent>, CallError> {
         let msg = pb::ListAuditEventsRequest {
             after_id: after,
             limit,
+            ..Default::default()
         };
         let events = self
             .admin
@@ -134,16 +160,30 @@ impl AdminClient {
             .await?
             .into_inner()
             .events;
-        Ok(events
-            .into_iter()
-            .map(|e| AuditEvent {
-                id: e.id,
-                at: e.at,
-                kind: e.kind,
-                caller: e.caller,
-                detail: e.detail,
-            })
-            .collect())
+        Ok(events.into_iter().map(audit_event).collect())
+    }
+
+    /// `ListAuditEvents`: one page of `q`, filtered by the server.
+    pub async fn audit_page(&self, q: &AuditQuery) -> Result<AuditPage, CallError> {
+        let msg = pb::ListAuditEventsRequest {
+            after_id: 0,
+            limit: q.limit,
+            newest_first: q.newest_first,
+            kind: q.kind.clone().unwrap_or_default(),
+            since: q.since.unwrap_or(0),
+            caller: q.caller.clone().unwrap_or_default(),
+            page_token: q.page_token.clone().unwrap_or_default(),
+        };
+        let r = self
+            .admin
+            .clone()
+            .list_audit_events(request(msg, None)?)
+            .await?
+            .into_inner();
+        Ok(AuditPage {
+            events: r.events.into_iter().map(audit_event).collect(),
+            next_page_token: (!r.next_page_token.is_empty()).then_some(r.next_page_token),
+        })
     }
 
     /// `MintX509Svid`: the certificate (leaf and intermediates) and the root the server sent
@@ -165,7 +205,65 @@ impl AdminClient {
     }
 }
 
+fn audit_event(e: pb::AuditEvent) -> AuditEvent {
+    AuditEvent {
+        id: e.id,
+        at: e.at,
+        kind: e.kind,
+        caller: e.caller,
+        detail: e.detail,
+    }
+}
+
 // --- node admin ----------------------------------------------------------------------------
+
+/// A stored join token, by its id (a prefix of its hash): never the token itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinTokenInfo {
+    pub id: String,
+    pub node_id: String,
+    /// Unix seconds.
+    pub created_at: i64,
+    pub expires_at: i64,
+    /// When it attested; None while unused.
+    pub used_at: Option<i64>,
+}
+
+impl From<pb::JoinTokenRecord> for JoinTokenInfo {
+    fn from(t: pb::JoinTokenRecord) -> Self {
+        Self {
+            id: t.id,
+            node_id: t.node_id,
+            created_at: t.created_at,
+            expires_at: t.expires_at,
+            used_at: (t.used_at != 0).then_some(t.used_at),
+        }
+    }
+}
+
+/// What [`NodeAdminClient::delete_node`] deleted besides the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeDeleted {
+    pub entries: u32,
+    pub tokens: u32,
+}
+
+/// The fields [`NodeAdminClient::update_entry`] changes: each `Some` replaces the stored
+/// value; `None` keeps it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EntryChange {
+    pub spiffe_id: Option<String>,
+    pub parent: Option<String>,
+    pub selectors: Option<Vec<String>>,
+    /// 0: the server's default.
+    pub ttl_seconds: Option<i64>,
+    pub dns_names: Option<Vec<String>>,
+    /// 0: the server's `[jwt_svid] ttl`.
+    pub jwt_ttl_seconds: Option<i64>,
+    pub federates_with: Option<Vec<String>>,
+    /// Refuse (Aborted) unless the entry is still at this revision.
+    pub expected_revision: Option<u64>,
+}
 
 /// A one-time join token. `Debug` hides the token.
 #[derive(Clone, PartialEq, Eq)]
@@ -388,6 +486,102 @@ impl NodeAdminClient {
             .nodes
             .clone()
             .ban_node(request(msg, None)?)
+            .await?
+            .into_inner()
+            .into())
+    }
+
+    /// `UnbanNode`: the node, no longer banned.
+    pub async fn unban(&self, node_id: &str) -> Result<Node, CallError> {
+        let msg = pb::UnbanNodeRequest {
+            node_id: node_id.to_owned(),
+        };
+        Ok(self
+            .nodes
+            .clone()
+            .unban_node(request(msg, None)?)
+            .await?
+            .into_inner()
+            .into())
+    }
+
+    /// `DeleteNode` (`cascade`: with the entries it is the parent of).
+    pub async fn delete_node(
+        &self,
+        node_id: &str,
+        cascade: bool,
+    ) -> Result<NodeDeleted, CallError> {
+        let msg = pb::DeleteNodeRequest {
+            node_id: node_id.to_owned(),
+            cascade,
+        };
+        let r = self
+            .nodes
+            .clone()
+            .delete_node(request(msg, None)?)
+            .await?
+            .into_inner();
+        Ok(NodeDeleted {
+            entries: r.entries_deleted,
+            tokens: r.tokens_deleted,
+        })
+    }
+
+    /// `ListJoinTokens`, newest first (all, or those of one node).
+    pub async fn join_tokens(
+        &self,
+        node_id: Option<String>,
+    ) -> Result<Vec<JoinTokenInfo>, CallError> {
+        let msg = pb::ListJoinTokensRequest {
+            node_id: node_id.unwrap_or_default(),
+        };
+        let r = self
+            .nodes
+            .clone()
+            .list_join_tokens(request(msg, None)?)
+            .await?
+            .into_inner();
+        Ok(r.tokens.into_iter().map(Into::into).collect())
+    }
+
+    /// `RevokeJoinToken`: the unused token `id` (or a unique prefix of it), deleted.
+    pub async fn revoke_join_token(&self, id: &str) -> Result<JoinTokenInfo, CallError> {
+        let msg = pb::RevokeJoinTokenRequest { id: id.to_owned() };
+        Ok(self
+            .nodes
+            .clone()
+            .revoke_join_token(request(msg, None)?)
+            .await?
+            .into_inner()
+            .into())
+    }
+
+    /// `UpdateEntry`: entry `id` with `change` applied, validated as a new entry.
+    pub async fn update_entry(
+        &self,
+        id: &str,
+        change: &EntryChange,
+    ) -> Result<RegisteredEntry, CallError> {
+        let list = |v: &Option<Vec<String>>| {
+            v.as_ref().map(|values| pb::StringList {
+                values: values.clone(),
+            })
+        };
+        let msg = pb::UpdateEntryRequest {
+            id: id.to_owned(),
+            spiffe_id: change.spiffe_id.clone(),
+            parent: change.parent.clone(),
+            selectors: list(&change.selectors),
+            ttl_seconds: change.ttl_seconds,
+            dns_names: list(&change.dns_names),
+            jwt_ttl_seconds: change.jwt_ttl_seconds,
+            federates_with: list(&change.federates_with),
+            expected_revision: change.expected_revision.unwrap_or(0),
+        };
+        Ok(self
+            .nodes
+            .clone()
+            .update_entry(request(msg, None)?)
             .await?
             .into_inner()
             .into())

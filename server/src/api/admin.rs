@@ -19,6 +19,7 @@ use crate::authn::{AdminSocket, AuthenticatedCaller};
 use crate::bundle::BundleHandle;
 use crate::ca::RequestedNames;
 use crate::issuer::{IssueInput, Issuer};
+use crate::store::audit::{AuditFilter, AuditQuery, KindFilter, audit_page, page_after};
 use crate::store::paging::PageToken;
 use crate::store::{
     CertQuery, LedgerRecord, Order, Store, StoreError, certificates_page, jwt_svids_page,
@@ -325,13 +326,56 @@ impl Admin for AdminApi {
         request: Request<ListAuditEventsRequest>,
     ) -> Result<Response<ListAuditEventsResponse>, Status> {
         let req = request.into_inner();
-        let events = self
-            .store
-            .audit_events(req.after_id, page(req.limit))
-            .await
-            .map_err(ApiError::from)?;
+        if req.after_id != 0 && (!req.page_token.is_empty() || req.newest_first) {
+            return Err(ApiError::InvalidArgument(
+                "after_id goes with neither page_token nor newest_first: use page_token".into(),
+            )
+            .into());
+        }
+        for (name, value) in [("kind", &req.kind), ("caller", &req.caller)] {
+            if value.len() > 512 {
+                return Err(ApiError::InvalidArgument(format!(
+                    "{name} is {} bytes; at most 512",
+                    value.len()
+                ))
+                .into());
+            }
+        }
+        if req.since < 0 {
+            return Err(ApiError::InvalidArgument(format!(
+                "since {} is before 1970; give unix seconds (0: no bound)",
+                req.since
+            ))
+            .into());
+        }
+        let filter = AuditFilter {
+            kind: KindFilter::parse(&req.kind),
+            since: (req.since != 0).then_some(req.since),
+            caller: (!req.caller.is_empty()).then_some(req.caller.as_str()),
+        };
+        let token = if req.after_id != 0 {
+            page_after(&filter, req.after_id)
+        } else {
+            req.page_token.clone()
+        };
+        let page = audit_page(
+            &*self.store,
+            &AuditQuery {
+                filter,
+                order: if req.newest_first {
+                    Order::NewestFirst
+                } else {
+                    Order::OldestFirst
+                },
+                limit: page(req.limit),
+                page_token: Some(&token),
+            },
+        )
+        .await
+        .map_err(ApiError::from)?;
         Ok(Response::new(ListAuditEventsResponse {
-            events: events
+            events: page
+                .events
                 .into_iter()
                 .map(|e| PbAuditEvent {
                     id: e.id,
@@ -341,6 +385,7 @@ impl Admin for AdminApi {
                     detail: e.detail,
                 })
                 .collect(),
+            next_page_token: page.next.unwrap_or_default(),
         }))
     }
 }

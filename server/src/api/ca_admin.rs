@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use signet_proto::admin::ca_admin_server::CaAdmin;
 use signet_proto::admin::{
-    CaActionResponse, CaKeyRequest, CaPrepareRequest, CaRevokeRequest, CaSlot, CaStatusRequest,
-    CaStatusResponse,
+    CaActionResponse, CaActivateRequest, CaKeyRequest, CaPrepareRequest, CaRevokeRequest, CaSlot,
+    CaStatusRequest, CaStatusResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -171,11 +171,12 @@ impl CaAdmin for CaAdminApi {
 
     async fn activate(
         &self,
-        request: Request<CaKeyRequest>,
+        request: Request<CaActivateRequest>,
     ) -> Result<Response<CaActionResponse>, Status> {
-        let id = key_id(&request.into_inner().key_id, &self.manager.view())?;
+        let req = request.into_inner();
+        let id = key_id(&req.key_id, &self.manager.view())?;
         self.manager
-            .activate(&id, &self.actor(), self.issuer.now())
+            .activate(&id, req.force, &self.actor(), self.issuer.now())
             .await
             .map(action)
             .map_err(|e| self.refused(&format!("activate {id}"), e))

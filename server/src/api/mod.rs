@@ -112,6 +112,10 @@ pub enum ApiError {
     /// The system is not in a state that allows it; the message says what to do first.
     #[error("{0}")]
     FailedPrecondition(String),
+    /// A concurrent change got there first (e.g. an entry changed since it was read): read
+    /// again and retry.
+    #[error("{0}")]
+    Aborted(String),
     /// Retry later (database down, queue full, CA not valid now).
     #[error("{0}")]
     Unavailable(String),
@@ -136,6 +140,7 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::AlreadyExists(_) => "already_exists",
             ApiError::FailedPrecondition(_) => "failed_precondition",
+            ApiError::Aborted(_) => "aborted",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::ResourceExhausted { .. } => "resource_exhausted",
             ApiError::Internal(_) => "internal",
@@ -159,6 +164,7 @@ impl From<ApiError> for Status {
             ApiError::NotFound(_) => Code::NotFound,
             ApiError::AlreadyExists(_) => Code::AlreadyExists,
             ApiError::FailedPrecondition(_) => Code::FailedPrecondition,
+            ApiError::Aborted(_) => Code::Aborted,
             ApiError::Unavailable(_) => Code::Unavailable,
             ApiError::ResourceExhausted { .. } => Code::ResourceExhausted,
             ApiError::Internal(_) => Code::Internal,

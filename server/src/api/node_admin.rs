@@ -11,6 +11,19 @@
 //! AlreadyExists, `BatchCreateEntries` InvalidArgument naming its index (the batch's other
 //! refusals are InvalidArgument too); both name the existing entry's id and write nothing.
 //!
+//! `UpdateEntry` changes an operator's entry in place: the request's set fields replace the
+//! stored ones and the result goes through the very validation `CreateEntry` uses
+//! ([`NodeAdminApi::validate`]), then the store writes it under one new revision (waking the
+//! old and new parents' agents). An entry a registrar keeps is refused (FailedPrecondition):
+//! its registrar would overwrite the change at its next sync; the operator changes the object
+//! it comes from, or deletes the entry.
+//!
+//! Node lifecycle: `UnbanNode` lifts a ban; `DeleteNode` forgets a node (refused while entries
+//! name it as parent, unless `cascade`), with its unused join tokens; its certificates are then
+//! refused everything, as a banned node's are (the node API refuses an unknown node, renewal
+//! refuses a workload whose parent is not attested). Join tokens are listed and revoked by id
+//! (a prefix of their hash; the token itself is never kept).
+//!
 //! Node sets (`CreateNodeSet`, `ListNodeSets`, `DeleteNodeSet`): only the operator makes them;
 //! immutable (delete and create again); an entry may name one as parent only while it exists
 //! (FailedPrecondition otherwise), and one is deleted only while no entry names it (the store
@@ -21,9 +34,11 @@ use std::sync::Arc;
 use signet_proto::admin::{
     BanNodeRequest, BatchCreateEntriesRequest, BatchCreateEntriesResponse, CreateEntryRequest,
     CreateJoinTokenRequest, CreateJoinTokenResponse, CreateNodeSetRequest, DeleteEntryRequest,
-    DeleteEntryResponse, DeleteNodeSetRequest, DeleteNodeSetResponse, EntryRecord,
-    ListEntriesRequest, ListEntriesResponse, ListNodeSetsRequest, ListNodeSetsResponse,
-    ListNodesRequest, ListNodesResponse, NodeRecord, NodeSetRecord, node_admin_server::NodeAdmin,
+    DeleteEntryResponse, DeleteNodeRequest, DeleteNodeResponse, DeleteNodeSetRequest,
+    DeleteNodeSetResponse, EntryRecord, JoinTokenRecord, ListEntriesRequest, ListEntriesResponse,
+    ListJoinTokensRequest, ListJoinTokensResponse, ListNodeSetsRequest, ListNodeSetsResponse,
+    ListNodesRequest, ListNodesResponse, NodeRecord, NodeSetRecord, RevokeJoinTokenRequest,
+    UnbanNodeRequest, UpdateEntryRequest, node_admin_server::NodeAdmin,
 };
 use signet_types::SpiffeId;
 use signet_types::node_set::{MAX_NODE_SET_SELECTORS, NodeSelector, NodeSetName};
@@ -39,8 +54,10 @@ use crate::nodes::{
     validate_node_id,
 };
 use crate::policy::Policy;
+use crate::store::node_admin::{MIN_TOKEN_ID_PREFIX, token_id};
 use crate::store::{
-    BatchCreate, EntryCreate, EntryRow, NewEntry, NodeRow, NodeSetDelete, NodeSetRow, NodeStore,
+    BatchCreate, EntryCreate, EntryRow, EntryUpdate, JoinTokenRow, NewEntry, NodeDelete, NodeRow,
+    NodeSetDelete, NodeSetRow, NodeStore, TokenRevoke,
 };
 
 /// A join token's default and longest lifetime.
@@ -73,6 +90,41 @@ impl NodeAdminApi {
     fn set_id(&self, name: &NodeSetName) -> Result<SpiffeId, ApiError> {
         name.spiffe_id(self.issuer.trust_domain())
             .map_err(|e| ApiError::InvalidArgument(format!("node set {name}: {e}")))
+    }
+
+    /// An entry as CreateEntry, BatchCreateEntries' items (through `validate_batch`, the same
+    /// functions) and UpdateEntry's result are validated: the signing policy's rules, the JWT
+    /// TTL, the federated trust domains.
+    #[allow(clippy::too_many_arguments)]
+    fn validate(
+        &self,
+        spiffe_id: &str,
+        parent: &str,
+        selectors: &[String],
+        ttl_seconds: i64,
+        dns_names: &[String],
+        jwt_ttl_seconds: i64,
+        federates_with: &[String],
+    ) -> Result<ValidEntry, ApiError> {
+        validate_entry(
+            &self.policy,
+            spiffe_id,
+            parent,
+            selectors,
+            ttl_seconds,
+            dns_names,
+        )
+        .and_then(|v| v.with_jwt_ttl(jwt_ttl_seconds))
+        .and_then(|v| v.with_federates_with(federates_with, self.issuer.trust_domain()))
+        .map_err(ApiError::from)
+    }
+
+    /// The bare node ID of a node ID or node SPIFFE ID.
+    fn node_id(&self, given: &str) -> Result<String, ApiError> {
+        let parent = parse_node(self.issuer.trust_domain(), given).map_err(ApiError::from)?;
+        crate::nodes::node_id_of(&parent, self.issuer.trust_domain())
+            .map(str::to_owned)
+            .ok_or_else(|| ApiError::InvalidArgument("not a node ID".into()))
     }
 
     fn audit(&self, kind: &str, detail: String) {
@@ -195,6 +247,113 @@ fn entry_to_record(e: EntryRow) -> EntryRecord {
     }
 }
 
+fn token_to_record(t: &JoinTokenRow) -> JoinTokenRecord {
+    JoinTokenRecord {
+        id: token_id(&t.token_hash).to_owned(),
+        node_id: t.node_id.clone(),
+        created_at: t.created_at,
+        expires_at: t.expires_at,
+        used_at: t.used_at.unwrap_or(0),
+    }
+}
+
+/// A join token id as the operator gave it: lowercase hex, from [`MIN_TOKEN_ID_PREFIX`] to 64
+/// characters (a prefix of the token's SHA-256).
+fn token_id_prefix(given: &str) -> Result<String, ApiError> {
+    let id = given.trim().to_ascii_lowercase();
+    if !(MIN_TOKEN_ID_PREFIX..=64).contains(&id.len()) || !id.bytes().all(|b| b.is_ascii_hexdigit())
+    {
+        return Err(ApiError::InvalidArgument(format!(
+            "join token id {} is not {MIN_TOKEN_ID_PREFIX} to 64 hex characters; \
+             `signetctl token list` shows the ids",
+            quoted(given)
+        )));
+    }
+    Ok(id)
+}
+
+/// An UpdateEntry request's fields over the stored entry: each set field replaces the stored
+/// one. The result is validated as a new entry would be.
+struct MergedEntry {
+    spiffe_id: String,
+    parent: String,
+    selectors: Vec<String>,
+    ttl_seconds: i64,
+    dns_names: Vec<String>,
+    jwt_ttl_seconds: i64,
+    federates_with: Vec<String>,
+}
+
+fn merge_update(req: UpdateEntryRequest, cur: &EntryRow) -> MergedEntry {
+    MergedEntry {
+        spiffe_id: req.spiffe_id.unwrap_or_else(|| cur.spiffe_id.clone()),
+        parent: req.parent.unwrap_or_else(|| cur.parent_id.clone()),
+        selectors: req
+            .selectors
+            .map_or_else(|| cur.selectors.clone(), |l| l.values),
+        ttl_seconds: req.ttl_seconds.unwrap_or(cur.ttl_seconds),
+        dns_names: req
+            .dns_names
+            .map_or_else(|| cur.dns_names.clone(), |l| l.values),
+        jwt_ttl_seconds: req.jwt_ttl_seconds.unwrap_or(cur.jwt_ttl_seconds),
+        federates_with: req
+            .federates_with
+            .map_or_else(|| cur.federates_with.clone(), |l| l.values),
+    }
+}
+
+/// What an update changed, field by field, for the audit event ("no field changed" when the
+/// update rewrote the entry as it was).
+fn entry_changes(old: &EntryRow, new: &EntryRow) -> String {
+    let mut out = Vec::new();
+    let mut field = |name: &str, a: String, b: String| {
+        if a != b {
+            out.push(format!("{name} {a} -> {b}"));
+        }
+    };
+    field("spiffe_id", old.spiffe_id.clone(), new.spiffe_id.clone());
+    field("parent", old.parent_id.clone(), new.parent_id.clone());
+    field(
+        "selectors",
+        old.selectors.join(","),
+        new.selectors.join(","),
+    );
+    field(
+        "ttl_seconds",
+        old.ttl_seconds.to_string(),
+        new.ttl_seconds.to_string(),
+    );
+    field(
+        "dns_names",
+        old.dns_names.join(","),
+        new.dns_names.join(","),
+    );
+    field(
+        "jwt_ttl_seconds",
+        old.jwt_ttl_seconds.to_string(),
+        new.jwt_ttl_seconds.to_string(),
+    );
+    field(
+        "federates_with",
+        old.federates_with.join(","),
+        new.federates_with.join(","),
+    );
+    if out.is_empty() {
+        "no field changed".to_owned()
+    } else {
+        out.join("; ")
+    }
+}
+
+/// Why an entry a registrar keeps is not changed from the admin API.
+fn owned_refusal(id: &str, owner: &str, scope: &str) -> ApiError {
+    ApiError::FailedPrecondition(format!(
+        "entry {id} is kept by registrar {owner} (scope {scope}), which would overwrite an \
+         operator's change at its next sync; change the object it comes from, or delete the \
+         entry (signetctl entry delete {id}); nothing was changed"
+    ))
+}
+
 /// A node ID an operator may give a join token: a valid one, not `k8s-…`. Node IDs of
 /// Kubernetes-attested nodes are `k8s-<node name>`: a join token for one would let another
 /// machine take over that node's name (review finding F2 of issue 29; attestation also keeps
@@ -288,22 +447,254 @@ impl NodeAdmin for NodeAdminApi {
         Ok(Response::new(node_to_proto(node)))
     }
 
+    async fn unban_node(
+        &self,
+        request: Request<UnbanNodeRequest>,
+    ) -> Result<Response<NodeRecord>, Status> {
+        let node_id = self.node_id(&request.into_inner().node_id)?;
+        let was_banned = self
+            .store
+            .node(&node_id)
+            .await?
+            .is_some_and(|n| n.banned_at.is_some());
+        let node = self.store.unban_node(&node_id).await?.ok_or_else(|| {
+            ApiError::NotFound(format!(
+                "no attested node {node_id} (signetctl node list shows them)"
+            ))
+        })?;
+        self.audit(
+            "admin.node_unban",
+            if was_banned {
+                format!(
+                    "node {node_id} unbanned; its certificate serial {} (valid until {}) may \
+                     renew, sync and sign again",
+                    node.last_serial, node.not_after
+                )
+            } else {
+                format!("node {node_id} unban asked; it was not banned (unchanged)")
+            },
+        );
+        Ok(Response::new(node_to_proto(node)))
+    }
+
+    async fn delete_node(
+        &self,
+        request: Request<DeleteNodeRequest>,
+    ) -> Result<Response<DeleteNodeResponse>, Status> {
+        let req = request.into_inner();
+        let node_id = self.node_id(&req.node_id)?;
+        let (node, entries, tokens) = match self.store.delete_node(&node_id, req.cascade).await? {
+            NodeDelete::Deleted {
+                node,
+                entries,
+                tokens,
+            } => (node, entries, tokens),
+            NodeDelete::NotFound => {
+                return Err(ApiError::NotFound(format!(
+                    "no attested node {node_id} (signetctl node list shows them)"
+                ))
+                .into());
+            }
+            NodeDelete::HasEntries { entries } => {
+                return Err(ApiError::FailedPrecondition(format!(
+                    "node {node_id} is the parent of {entries} entr{}; delete {} first \
+                     (signetctl entry list --parent {node_id} shows them) or delete the node \
+                     with them (signetctl node delete {node_id} --cascade); nothing was deleted",
+                    if entries == 1 { "y" } else { "ies" },
+                    if entries == 1 { "it" } else { "them" }
+                ))
+                .into());
+            }
+        };
+        self.audit(
+            "admin.node_delete",
+            format!(
+                "node {node_id} ({}) deleted{}, with {entries} entr{} and {tokens} unused join \
+                 token(s); its certificate serial {} (valid until {}) is refused everything \
+                 until the node attests again with a new token",
+                node.spiffe_id,
+                if node.banned_at.is_some() {
+                    " (it was banned)"
+                } else {
+                    ""
+                },
+                if entries == 1 { "y" } else { "ies" },
+                node.last_serial,
+                node.not_after
+            ),
+        );
+        Ok(Response::new(DeleteNodeResponse {
+            entries_deleted: u32::try_from(entries).unwrap_or(u32::MAX),
+            tokens_deleted: u32::try_from(tokens).unwrap_or(u32::MAX),
+        }))
+    }
+
+    async fn list_join_tokens(
+        &self,
+        request: Request<ListJoinTokensRequest>,
+    ) -> Result<Response<ListJoinTokensResponse>, Status> {
+        let req = request.into_inner();
+        let node_id = if req.node_id.is_empty() {
+            None
+        } else {
+            Some(self.node_id(&req.node_id)?)
+        };
+        let rows = self.store.join_tokens(node_id.as_deref()).await?;
+        Ok(Response::new(ListJoinTokensResponse {
+            tokens: rows.iter().map(token_to_record).collect(),
+        }))
+    }
+
+    async fn revoke_join_token(
+        &self,
+        request: Request<RevokeJoinTokenRequest>,
+    ) -> Result<Response<JoinTokenRecord>, Status> {
+        let id = token_id_prefix(&request.into_inner().id)?;
+        let row = match self.store.revoke_join_token(&id).await? {
+            TokenRevoke::Revoked(row) => row,
+            TokenRevoke::NotFound => {
+                return Err(ApiError::NotFound(format!(
+                    "no join token {id} (signetctl token list shows them)"
+                ))
+                .into());
+            }
+            TokenRevoke::Ambiguous { matches } => {
+                return Err(ApiError::InvalidArgument(format!(
+                    "{matches} join tokens start with {id}; give more of the id"
+                ))
+                .into());
+            }
+            TokenRevoke::Used(row) => {
+                return Err(ApiError::FailedPrecondition(format!(
+                    "join token {} was already used: it attested node {}; ban or delete the node \
+                     instead (signetctl node ban|delete {})",
+                    token_id(&row.token_hash),
+                    row.node_id,
+                    row.node_id
+                ))
+                .into());
+            }
+        };
+        self.audit(
+            "admin.join_token_revoke",
+            format!(
+                "unused join token {} for node {} (expiring at {}) revoked",
+                token_id(&row.token_hash),
+                row.node_id,
+                row.expires_at
+            ),
+        );
+        Ok(Response::new(token_to_record(&row)))
+    }
+
+    async fn update_entry(
+        &self,
+        request: Request<UpdateEntryRequest>,
+    ) -> Result<Response<EntryRecord>, Status> {
+        let req = request.into_inner();
+        if req.id.is_empty() {
+            return Err(ApiError::InvalidArgument("id is required".into()).into());
+        }
+        let id = req.id.clone();
+        let shown = || quoted(&id);
+        let cur = self.store.entry(&id).await?.ok_or_else(|| {
+            ApiError::NotFound(format!(
+                "no entry {} (signetctl entry list shows them)",
+                shown()
+            ))
+        })?;
+        if !cur.owner.is_empty() {
+            return Err(owned_refusal(&cur.id, &cur.owner, &cur.owner_scope).into());
+        }
+        if req.expected_revision != 0 && req.expected_revision != cur.revision {
+            return Err(ApiError::Aborted(format!(
+                "entry {id} is at revision {}, not {}: it changed since it was read; read it \
+                 again (signetctl entry list) and retry; nothing was changed",
+                cur.revision, req.expected_revision
+            ))
+            .into());
+        }
+        let m = merge_update(req, &cur);
+        let v = self.validate(
+            &m.spiffe_id,
+            &m.parent,
+            &m.selectors,
+            m.ttl_seconds,
+            &m.dns_names,
+            m.jwt_ttl_seconds,
+            &m.federates_with,
+        )?;
+        let mut entry = new_entry(v, cur.created_at)?;
+        entry.id = cur.id.clone();
+        let row = match self.store.update_entry(&entry, cur.revision).await? {
+            EntryUpdate::Updated(row) => row,
+            EntryUpdate::NotFound => {
+                return Err(ApiError::NotFound(format!(
+                    "entry {id} was deleted meanwhile; nothing was changed"
+                ))
+                .into());
+            }
+            EntryUpdate::Owned { owner, owner_scope } => {
+                return Err(owned_refusal(&id, &owner, &owner_scope).into());
+            }
+            EntryUpdate::Changed { revision } => {
+                return Err(ApiError::Aborted(format!(
+                    "entry {id} changed meanwhile (now at revision {revision}); read it again \
+                     and retry; nothing was changed"
+                ))
+                .into());
+            }
+            EntryUpdate::Duplicate { existing_id } => {
+                return Err(ApiError::AlreadyExists(format!(
+                    "{} under {} with these selectors is already registered (entry \
+                     {existing_id}); nothing was changed",
+                    entry.spiffe_id, entry.parent_id
+                ))
+                .into());
+            }
+            EntryUpdate::NoRelationship { trust_domain } => {
+                return Err(ApiError::FailedPrecondition(format!(
+                    "federates_with names {trust_domain}, which has no federation relationship \
+                     (signetctl federation create --trust-domain {trust_domain} …); nothing was \
+                     changed"
+                ))
+                .into());
+            }
+            EntryUpdate::NoNodeSet { name } => {
+                return Err(ApiError::FailedPrecondition(format!(
+                    "parent nodeset:{name} does not exist; create it first (signetctl nodeset \
+                     create {name} --node-selector …); nothing was changed"
+                ))
+                .into());
+            }
+        };
+        self.audit(
+            "admin.entry_update",
+            format!(
+                "entry {} updated (revision {} -> {}): {}",
+                row.id,
+                cur.revision,
+                row.revision,
+                entry_changes(&cur, &row)
+            ),
+        );
+        Ok(Response::new(entry_to_record(row)))
+    }
+
     async fn create_entry(
         &self,
         request: Request<CreateEntryRequest>,
     ) -> Result<Response<EntryRecord>, Status> {
         let req = request.into_inner();
-        let v = validate_entry(
-            &self.policy,
+        let v = self.validate(
             &req.spiffe_id,
             &req.parent,
             &req.selectors,
             req.ttl_seconds,
             &req.dns_names,
-        )
-        .and_then(|v| v.with_jwt_ttl(req.jwt_ttl_seconds))
-        .and_then(|v| v.with_federates_with(&req.federates_with, self.issuer.trust_domain()))
-        .map_err(ApiError::from)?;
+            req.jwt_ttl_seconds,
+            &req.federates_with,
+        )?;
         let entry = new_entry(v, self.now())?;
         // The same duplicate rule as the batch (`store::nodes::registration_selectors`), but
         // AlreadyExists: one entry has nothing else wrong with it.
@@ -585,6 +976,98 @@ impl NodeAdmin for NodeAdminApi {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_id_is_8_to_64_hex_characters_lowercased() {
+        assert_eq!(token_id_prefix(" ABCDEF01 ").unwrap(), "abcdef01");
+        for bad in ["abc", "abcdefg1", "", &"a".repeat(65), "abcd%ef01"] {
+            let e = token_id_prefix(bad).expect_err(bad);
+            assert!(
+                matches!(&e, ApiError::InvalidArgument(m) if m.contains("token list")),
+                "{e:?}"
+            );
+        }
+    }
+
+    fn stored() -> EntryRow {
+        EntryRow {
+            id: "e1".into(),
+            spiffe_id: "spiffe://example.org/app".into(),
+            parent_id: "spiffe://example.org/signet/node/n1".into(),
+            selectors: strings(&["unix:uid:1000"]),
+            ttl_seconds: 600,
+            dns_names: strings(&["app.example.org"]),
+            revision: 7,
+            created_at: 1,
+            jwt_ttl_seconds: 0,
+            federates_with: strings(&["partner.example"]),
+            owner: String::new(),
+            owner_scope: String::new(),
+        }
+    }
+
+    #[test]
+    fn an_update_replaces_only_the_fields_it_sets() {
+        use signet_proto::admin::StringList;
+        let cur = stored();
+        // Nothing set: the stored entry as it is.
+        let m = merge_update(
+            UpdateEntryRequest {
+                id: "e1".into(),
+                ..UpdateEntryRequest::default()
+            },
+            &cur,
+        );
+        assert_eq!(
+            (
+                m.spiffe_id.as_str(),
+                m.parent.as_str(),
+                &m.selectors,
+                m.ttl_seconds,
+                &m.dns_names,
+                &m.federates_with
+            ),
+            (
+                cur.spiffe_id.as_str(),
+                cur.parent_id.as_str(),
+                &cur.selectors,
+                600,
+                &cur.dns_names,
+                &cur.federates_with
+            )
+        );
+        // Set fields replace, an empty list clears, a zero TTL is the server default.
+        let m = merge_update(
+            UpdateEntryRequest {
+                id: "e1".into(),
+                selectors: Some(StringList {
+                    values: strings(&["unix:uid:2000", "unix:gid:5"]),
+                }),
+                ttl_seconds: Some(0),
+                dns_names: Some(StringList::default()),
+                jwt_ttl_seconds: Some(60),
+                ..UpdateEntryRequest::default()
+            },
+            &cur,
+        );
+        assert_eq!(m.selectors, ["unix:uid:2000", "unix:gid:5"]);
+        assert_eq!((m.ttl_seconds, m.jwt_ttl_seconds), (0, 60));
+        assert!(m.dns_names.is_empty());
+        assert_eq!(m.federates_with, ["partner.example"]);
+    }
+
+    #[test]
+    fn an_updates_audit_detail_names_each_changed_field() {
+        let old = stored();
+        let mut new = stored();
+        assert_eq!(entry_changes(&old, &new), "no field changed");
+        new.ttl_seconds = 60;
+        new.dns_names.clear();
+        assert_eq!(
+            entry_changes(&old, &new),
+            "ttl_seconds 600 -> 60; dns_names app.example.org -> "
+        );
+    }
 
     #[test]
     fn join_tokens_never_name_a_kubernetes_nodes_id() {

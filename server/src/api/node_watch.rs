@@ -316,6 +316,39 @@ mod tests {
     }
 
     #[async_trait::async_trait]
+    impl crate::store::node_admin::NodeAdminStore for Fake {
+        async fn join_tokens(
+            &self,
+            _: Option<&str>,
+        ) -> Result<Vec<crate::store::JoinTokenRow>, StoreError> {
+            Err(not_here())
+        }
+        async fn revoke_join_token(
+            &self,
+            _: &str,
+        ) -> Result<crate::store::TokenRevoke, StoreError> {
+            Err(not_here())
+        }
+        async fn unban_node(&self, _: &str) -> Result<Option<NodeRow>, StoreError> {
+            Err(not_here())
+        }
+        async fn delete_node(
+            &self,
+            _: &str,
+            _: bool,
+        ) -> Result<crate::store::NodeDelete, StoreError> {
+            Err(not_here())
+        }
+        async fn update_entry(
+            &self,
+            _: &crate::store::NewEntry,
+            _: u64,
+        ) -> Result<crate::store::EntryUpdate, StoreError> {
+            Err(not_here())
+        }
+    }
+
+    #[async_trait::async_trait]
     impl NodeStore for Fake {
         async fn create_join_token(
             &self,

@@ -13,6 +13,7 @@
 //! | `audit` | [`AuditStore`] | denials and admin actions |
 //! | `pins` | [`PinStore`] | what every server sharing the database must agree on (trust domain, CA mode) |
 //! | `nodes` | [`NodeStore`] | join tokens, attested nodes, registration entries |
+//! | `node_admin` | [`NodeAdminStore`](node_admin::NodeAdminStore) (under [`NodeStore`]) | join tokens listed and revoked, nodes unbanned and deleted, entries updated |
 //! | `node_sets` | [`NodeSetStore`](node_sets::NodeSetStore) (under [`NodeStore`]) | node sets, an entry's parent for many nodes |
 //! | `registration` | [`RegistrationStore`] | entries a registrar (the Kubernetes bridge) owns, synced per scope |
 //! | `entry_events` | (part of [`NodeStore`]) | entry-change notifications to every replica (LISTEN/NOTIFY) |
@@ -85,6 +86,7 @@ mod error;
 pub mod federation;
 pub mod ledger;
 mod migrations;
+pub mod node_admin;
 pub mod node_sets;
 pub mod nodes;
 pub mod paging;
@@ -110,6 +112,7 @@ pub use federation::{
     BundleReplace, BundleWrite, FederationStore, Relationship, RelationshipDelete, RelationshipRow,
 };
 pub use ledger::{LedgerHead, LedgerRecord, LedgerStore, NewCertificate, NewJwtSvid, NewLedgerRow};
+pub use node_admin::{EntryUpdate, JoinTokenRow, NodeDelete, TokenRevoke};
 #[cfg(test)]
 pub use node_sets::NodeSetStore;
 pub use node_sets::{NodeSetDelete, NodeSetRow};

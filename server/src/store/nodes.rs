@@ -29,6 +29,11 @@ pub enum TokenUse {
     Consumed {
         node_id: String,
     },
+    /// Valid, but it names a banned node: refused, and left unused (it may attest once the
+    /// node is unbanned).
+    NodeBanned {
+        node_id: String,
+    },
     /// Already used (by another agent, or an earlier attempt).
     AlreadyUsed,
     Expired,
@@ -204,7 +209,9 @@ pub struct EntrySync {
 /// a member of: the node's parents, as [`NodeStore::entries_for_parents_since`] takes them.
 /// Node sets are the [`super::node_sets::NodeSetStore`] part of the store.
 #[async_trait]
-pub trait NodeStore: super::node_sets::NodeSetStore + Send + Sync + 'static {
+pub trait NodeStore:
+    super::node_sets::NodeSetStore + super::node_admin::NodeAdminStore + Send + Sync + 'static
+{
     /// Stores a join token by its hash. Never sees the token itself.
     async fn create_join_token(
         &self,
@@ -214,8 +221,10 @@ pub trait NodeStore: super::node_sets::NodeSetStore + Send + Sync + 'static {
         expires_at: i64,
     ) -> Result<(), StoreError>;
 
-    /// Atomically marks the token used if it is unused and unexpired at `now`: of any number
-    /// of concurrent callers with the same token, at most one gets `Consumed`.
+    /// Atomically marks the token used if it is unused and unexpired at `now` and its node is
+    /// not banned: of any number of concurrent callers with the same token, at most one gets
+    /// `Consumed`. A banned node's token is refused in the same transaction and stays unused
+    /// (`NodeBanned`).
     async fn consume_join_token(&self, token_hash: &str, now: i64) -> Result<TokenUse, StoreError>;
 
     /// Undoes [`Self::consume_join_token`] at `used_at` after a retryable failure (the CA could
@@ -455,6 +464,18 @@ macro_rules! impl_node_store {
                 .await
                 .map_err($map)?;
                 if let Some((node_id,)) = won {
+                    // A banned node is refused before the token is spent: rolled back, the
+                    // token stays good for after an unban.
+                    let banned: Option<(Option<i64>,)> =
+                        sqlx::query_as("SELECT banned_at FROM nodes WHERE node_id = $1")
+                            .bind(&node_id)
+                            .fetch_optional(&mut *tx)
+                            .await
+                            .map_err($map)?;
+                    if banned.is_some_and(|(at,)| at.is_some()) {
+                        tx.rollback().await.map_err($map)?;
+                        return Ok(TokenUse::NodeBanned { node_id });
+                    }
                     tx.commit().await.map_err($map)?;
                     return Ok(TokenUse::Consumed { node_id });
                 }

@@ -59,10 +59,16 @@ fn fingerprint(spiffe_id: Option<&str>) -> [u8; 8] {
 
 impl PageToken {
     fn new(q: &CertQuery<'_>, seq: u64) -> Self {
+        Self::keyed(q.order, q.spiffe_id.unwrap_or(""), seq)
+    }
+
+    /// The token of any keyset listing: its order, a fingerprint of its filters' text (the
+    /// listing's own canonical spelling of them) and the last key it showed.
+    pub fn keyed(order: Order, filter: &str, key: u64) -> Self {
         Self {
-            order: q.order,
-            filter: fingerprint(q.spiffe_id),
-            seq,
+            order,
+            filter: fingerprint(Some(filter)),
+            seq: key,
         }
     }
 
@@ -91,9 +97,28 @@ impl PageToken {
 
     /// Reads `text` as a token of the listing `q`; the seq to continue from.
     pub fn decode_for(text: &str, q: &CertQuery<'_>) -> Result<u64, StoreError> {
+        Self::decode_keyed(
+            text,
+            "ListCertificates",
+            q.order,
+            q.spiffe_id.unwrap_or(""),
+            "a different SPIFFE ID filter or order",
+        )
+    }
+
+    /// Reads `text` as a token of the listing `listing` with this order and filter text
+    /// ([`Self::keyed`]); the key to continue from. `differs` says what another listing of
+    /// the same call would differ in.
+    pub fn decode_keyed(
+        text: &str,
+        listing: &str,
+        order: Order,
+        filter: &str,
+        differs: &str,
+    ) -> Result<u64, StoreError> {
         let bad = |why: &str| {
             StoreError::InvalidArgument(format!(
-                "page_token {:?} is not a page token from ListCertificates ({why}); \
+                "page_token {:?} is not a page token from {listing} ({why}); \
                  pass the next_page_token of the previous page unchanged, or none to start",
                 text.chars().take(40).collect::<String>()
             ))
@@ -108,7 +133,7 @@ impl PageToken {
         if b[0] != VERSION {
             return Err(bad("unknown version"));
         }
-        let order = match b[1] {
+        let token_order = match b[1] {
             0 => Order::OldestFirst,
             1 => Order::NewestFirst,
             _ => return Err(bad("unknown order")),
@@ -116,17 +141,15 @@ impl PageToken {
         let mut seq = [0u8; 8];
         seq.copy_from_slice(&b[2..10]);
         let token = PageToken {
-            order,
+            order: token_order,
             filter: b[10..].try_into().map_err(|_| bad("wrong length"))?,
             seq: u64::from_be_bytes(seq),
         };
-        let expected = PageToken::new(q, token.seq);
+        let expected = PageToken::keyed(order, filter, token.seq);
         if token != expected {
-            return Err(StoreError::InvalidArgument(
-                "page_token belongs to another listing (a different SPIFFE ID filter or order): \
-                 list again without it"
-                    .into(),
-            ));
+            return Err(StoreError::InvalidArgument(format!(
+                "page_token belongs to another listing ({differs}): list again without it"
+            )));
         }
         Ok(token.seq)
     }

@@ -233,6 +233,7 @@ super::revocations::impl_revocation_store!(SqliteStore, map_err, LOCK_READ);
 super::crls::impl_crl_store!(SqliteStore, map_err, LOCK_READ);
 super::ca_slots::impl_ca_slot_store!(SqliteStore, map_err);
 super::nodes::impl_node_store!(SqliteStore, map_err);
+super::node_admin::impl_node_admin_store!(SqliteStore, map_err);
 super::node_sets::impl_node_set_store!(SqliteStore, map_err, LOCK_READ);
 super::pins::impl_pin_store!(SqliteStore, map_err);
 super::federation::impl_federation_store!(SqliteStore, map_err);

@@ -378,8 +378,9 @@ async fn taint_phase(
         .expect("ca prepare")
         .into_inner()
         .key_id;
-    ca.activate(CaKeyRequest {
+    ca.activate(signet_proto::admin::CaActivateRequest {
         key_id: new.clone(),
+        force: false,
     })
     .await
     .expect("ca activate");

@@ -178,9 +178,21 @@ async fn ca_root_rotation_by_the_operator_keeps_both_roots_during_the_overlap() 
         "both roots in the last element"
     );
 
-    // Activate: a new intermediate under the new root signs at once.
-    let out = server.signetctl(&["ca", "activate", &new_root]);
-    assert!(out.status.success(), "{out:?}");
+    // Activate: a new intermediate under the new root signs at once. Not before the root has
+    // been in the bundle for root_propagation (2 s here): until then the server refuses it
+    // without --force.
+    eventually(10, "the new root's activation", || async {
+        let out = server.signetctl(&["ca", "activate", &new_root]);
+        if out.status.success() {
+            return Some(());
+        }
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--force"),
+            "{out:?}"
+        );
+        None
+    })
+    .await;
     eventually(10, "an intermediate under the new root", || async {
         let st = status(&server);
         slots(&st, "intermediate", "active")

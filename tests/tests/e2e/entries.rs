@@ -138,6 +138,7 @@ async fn batch_rpc_cases(server: &Server) {
             .list_audit_events(ListAuditEventsRequest {
                 after_id: 0,
                 limit: 1000,
+                ..Default::default()
             })
             .await
             .unwrap()

@@ -5,6 +5,7 @@
 // rule of clippy.toml is for the code they test.
 #![allow(clippy::disallowed_methods)]
 
+mod admin_cli;
 mod agent;
 mod agent_outage;
 mod agent_revocation;

@@ -86,6 +86,7 @@ async fn audit_kinds(server: &Server) -> Vec<(String, String, String)> {
             .list_audit_events(ListAuditEventsRequest {
                 after_id: 0,
                 limit: 1000,
+                ..Default::default()
             })
             .await
             .unwrap()

@@ -165,6 +165,7 @@ async fn audit_events(server: &Server, kind: &str, min: usize) -> Vec<(String, S
             .list_audit_events(ListAuditEventsRequest {
                 after_id: 0,
                 limit: 1000,
+                ..Default::default()
             })
             .await
             .unwrap()

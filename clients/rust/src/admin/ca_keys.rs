@@ -144,10 +144,12 @@ impl CaAdminClient {
         )
     }
 
-    /// `Activate` a prepared key.
-    pub async fn activate(&self, key_id: &str) -> Result<CaAction, CallError> {
-        let msg = pb::CaKeyRequest {
+    /// `Activate` a prepared key (`force`: a root even before its propagation window is over;
+    /// without it the server refuses such a root with FailedPrecondition).
+    pub async fn activate(&self, key_id: &str, force: bool) -> Result<CaAction, CallError> {
+        let msg = pb::CaActivateRequest {
             key_id: key_id.to_owned(),
+            force,
         };
         ca_action(
             self.ca

@@ -102,10 +102,13 @@ impl CaManager {
         })
     }
 
-    /// Activates the prepared key `id`, retiring the active key of its kind.
+    /// Activates the prepared key `id`, retiring the active key of its kind. A root that has
+    /// been in the trust bundle for less than `ca.root_propagation` is refused unless `force`
+    /// (then activated with a warning).
     pub async fn activate(
         &self,
         id: &str,
+        force: bool,
         actor: &str,
         now: SystemTime,
     ) -> Result<Outcome, ManagerError> {
@@ -167,11 +170,22 @@ impl CaManager {
                         .duration_since(s.slot.prepared_at)
                         .unwrap_or_default();
                     if since < policy.root_propagation {
-                        outcome.warnings.push(format!(
+                        let young = format!(
                             "root {id} has been in the trust bundle for {} only, less than ca.root_propagation ({}): relying parties that have not received it yet will refuse certificates issued from now on",
                             humantime::format_duration(Duration::from_secs(since.as_secs())),
                             humantime::format_duration(policy.root_propagation)
-                        ));
+                        );
+                        if !force {
+                            let ready = s.slot.prepared_at + policy.root_propagation;
+                            return Err(ManagerError::FailedPrecondition(format!(
+                                "{young}. It may be activated from {} (in {}); to activate it now anyway, pass --force (signetctl ca activate {id} --force)",
+                                humantime::format_rfc3339_seconds(ready),
+                                humantime::format_duration(Duration::from_secs(
+                                    ready.duration_since(now).unwrap_or_default().as_secs()
+                                ))
+                            )));
+                        }
+                        outcome.warnings.push(format!("{young} (activated with --force)"));
                     }
                 }
             }

@@ -186,7 +186,10 @@ async fn the_jwt_key_rotates_after_propagation_and_the_retired_one_goes_after_ma
     assert_eq!(published(&v), vec![first.clone(), next.clone()]);
     assert_eq!(active_kid(&m), first);
     // The operator may not activate it before its propagation window is over.
-    let refused = m.activate(&next, "op", after(2100)).await.unwrap_err();
+    let refused = m
+        .activate(&next, false, "op", after(2100))
+        .await
+        .unwrap_err();
     let msg = refused.to_string();
     assert!(
         matches!(refused, ManagerError::FailedPrecondition(_))
@@ -290,7 +293,10 @@ async fn operator_prepare_and_activate_of_a_jwt_key() {
     let e = m.prepare(Kind::Jwt, "op", after(11)).await.unwrap_err();
     assert!(e.to_string().contains("already prepared"), "{e}");
     // Once published for the propagation window, it may be activated.
-    let o2 = m.activate(&o.key_id, "op", after(10 + 300)).await.unwrap();
+    let o2 = m
+        .activate(&o.key_id, false, "op", after(10 + 300))
+        .await
+        .unwrap();
     assert_eq!(o2.key_id, o.key_id);
     assert_eq!(active_kid(&m), o.key_id);
 }
@@ -489,7 +495,9 @@ async fn plugged_ca_has_jwt_keys_of_its_own_that_rotate_and_taint() {
         m.prepare(Kind::Root, "op", after(3500)).await.unwrap_err(),
         m.taint(&ca_id, "op", after(3500)).await.unwrap_err(),
         m.revoke(&ca_id, true, "op", after(3500)).await.unwrap_err(),
-        m.activate(&ca_id, "op", after(3500)).await.unwrap_err(),
+        m.activate(&ca_id, false, "op", after(3500))
+            .await
+            .unwrap_err(),
     ] {
         assert!(
             matches!(e, ManagerError::FailedPrecondition(_))

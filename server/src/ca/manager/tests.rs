@@ -452,11 +452,11 @@ async fn operator_actions_are_checked_against_the_slots() {
     let root_id = rotator_id(&m.view().active_root);
     // Activating the active key, or an unknown one, is refused.
     assert!(matches!(
-        m.activate(&first, "op", at).await,
+        m.activate(&first, false, "op", at).await,
         Err(ManagerError::FailedPrecondition(_))
     ));
     assert!(matches!(
-        m.activate("nope", "op", at).await,
+        m.activate("nope", false, "op", at).await,
         Err(ManagerError::NotFound(_))
     ));
     // Revoking the active key is refused.
@@ -472,7 +472,7 @@ async fn operator_actions_are_checked_against_the_slots() {
         Err(ManagerError::FailedPrecondition(_))
     ));
     record_leaf(store.as_ref(), &m, 7, at).await;
-    m.activate(&p.key_id, "op", at).await.unwrap();
+    m.activate(&p.key_id, false, "op", at).await.unwrap();
     assert_eq!(m.view().active.key_id(), p.key_id);
     // The retired first intermediate still has a live leaf: revoke refused, names the holder.
     let Err(ManagerError::FailedPrecondition(msg)) = m.revoke(&first, false, "op", at).await else {
@@ -765,6 +765,46 @@ async fn a_key_sealed_before_the_binding_is_checked_and_sealed_again() {
 }
 
 #[tokio::test]
+async fn a_root_younger_than_its_propagation_window_is_activated_only_with_force() {
+    let (store, _dir) = sqlite().await;
+    let m = manager(store.clone(), Kek::generate(), now()).await;
+    let p = m.prepare(Kind::Root, "op", now()).await.unwrap();
+    let old_root = rotator_id(&m.view().active_root);
+    // 100 s of the 300 s window: refused, naming the time left and --force; nothing changes.
+    let at = after(Duration::from_secs(100));
+    let Err(ManagerError::FailedPrecondition(msg)) = m.activate(&p.key_id, false, "op", at).await
+    else {
+        panic!("a young root must need --force");
+    };
+    assert!(
+        msg.contains("less than ca.root_propagation")
+            && msg.contains("in 3m 20s")
+            && msg.contains("--force"),
+        "{msg}"
+    );
+    assert_eq!(rotator_id(&m.view().active_root), old_root);
+    // With force: activated, with the warning.
+    let o = m.activate(&p.key_id, true, "op", at).await.unwrap();
+    assert!(
+        o.warnings
+            .iter()
+            .any(|w| w.contains("activated with --force")),
+        "{:?}",
+        o.warnings
+    );
+    assert_eq!(rotator_id(&m.view().active_root), p.key_id);
+    // After the window, no force is needed.
+    let (store, _dir) = sqlite().await;
+    let m = manager(store, Kek::generate(), now()).await;
+    let p = m.prepare(Kind::Root, "op", now()).await.unwrap();
+    let o = m
+        .activate(&p.key_id, false, "op", after(Duration::from_secs(300)))
+        .await
+        .unwrap();
+    assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+}
+
+#[tokio::test]
 async fn a_removed_root_put_back_by_the_database_does_not_come_back() {
     let (store, _dir) = sqlite().await;
     let m = manager(store.clone(), Kek::generate(), now()).await;
@@ -832,7 +872,7 @@ async fn a_tainted_intermediate_is_listed_by_its_root_until_the_root_stops_publi
         .and_then(|s| s.slot.parent.clone())
         .unwrap();
     let p = m.prepare(Kind::Intermediate, "op", now()).await.unwrap();
-    m.activate(&p.key_id, "op", now()).await.unwrap();
+    m.activate(&p.key_id, false, "op", now()).await.unwrap();
     assert!(m.view().revoked_intermediates(&root_id).is_empty());
     m.taint(&old, "op", now()).await.unwrap();
     let listed = m.view().revoked_intermediates(&root_id);
@@ -938,7 +978,7 @@ async fn a_roots_crl_keeps_listing_an_intermediate_whose_taint_the_database_clea
     let m = manager(store.clone(), Kek::generate(), now()).await;
     let old = m.view().active.key_id().to_owned();
     let p = m.prepare(Kind::Intermediate, "op", now()).await.unwrap();
-    m.activate(&p.key_id, "op", now()).await.unwrap();
+    m.activate(&p.key_id, false, "op", now()).await.unwrap();
     m.taint(&old, "op", now()).await.unwrap();
     m.revoke(&old, true, "op", now()).await.unwrap();
     let bundle = crate::bundle::BundleHandle::new(

@@ -81,6 +81,7 @@ mod crls;
 mod federation;
 mod jwt_svids;
 mod ledger;
+mod node_admin;
 mod node_sets;
 mod nodes;
 mod pins;

@@ -90,6 +90,7 @@ async fn a_replica_with_another_trust_domain_is_refused_and_the_same_configurati
         .list_audit_events(ListAuditEventsRequest {
             after_id: 0,
             limit: 1000,
+            ..Default::default()
         })
         .await
         .unwrap()

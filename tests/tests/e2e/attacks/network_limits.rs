@@ -772,6 +772,7 @@ async fn an_audit_flood_is_aggregated_and_pushes_out_no_real_event() {
             .list_audit_events(ListAuditEventsRequest {
                 after_id: 0,
                 limit: 10_000,
+                ..Default::default()
             })
             .await
             .unwrap()
