@@ -1,5 +1,6 @@
 //! Compiles the `.proto` files with protox (a protobuf compiler in Rust, so no `protoc` is
-//! needed) and generates tonic/prost code, plus a file descriptor set for gRPC reflection.
+//! needed) and generates tonic/prost code, plus file descriptor sets for gRPC reflection (ours, Istio's and the
+//! Workload API's in one; Envoy's SDS in another).
 
 use std::path::PathBuf;
 
@@ -36,11 +37,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .file_descriptor_set_path(&descriptor_path)
         .skip_protoc_run()
         .compile_fds(fds)?;
+    let envoy_fds = protox::compile(envoy, ["proto"])?;
+    std::fs::write(
+        out.join("envoy_descriptor.bin"),
+        prost::Message::encode_to_vec(&envoy_fds),
+    )?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
         .codec_path("crate::SmallBufferCodec")
         .skip_protoc_run()
-        .compile_fds(protox::compile(envoy, ["proto"])?)?;
+        .compile_fds(envoy_fds)?;
     Ok(())
 }

@@ -122,5 +122,75 @@ where
 }
 
 /// The encoded `FileDescriptorSet` of Signet's, Istio's and the Workload API's protocols, for gRPC
-/// reflection (Envoy's SDS is not listed).
+/// reflection (Envoy's SDS is in [`ENVOY_FILE_DESCRIPTOR_SET`]). A listener's reflection should
+/// describe only what it serves: see [`descriptors_for`].
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("signet_descriptor");
+
+/// The encoded `FileDescriptorSet` of the Envoy SDS subset (and the files it imports).
+pub const ENVOY_FILE_DESCRIPTOR_SET: &[u8] =
+    tonic::include_file_descriptor_set!("envoy_descriptor");
+
+/// A service name [`descriptors_for`] was asked for that no compiled file defines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownService(pub String);
+
+impl std::fmt::Display for UnknownService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "no compiled proto file defines the gRPC service {:?}",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownService {}
+
+/// The file descriptors gRPC reflection needs to list and describe exactly `services` (their
+/// fully-qualified names, e.g. `signet.ca.v1.CertificateAuthority`, or `SpiffeWorkloadAPI` for
+/// the package-less Workload API): the files that define them and every file those import,
+/// from [`FILE_DESCRIPTOR_SET`] and [`ENVOY_FILE_DESCRIPTOR_SET`], and nothing else. So a
+/// listener's reflection never names or describes a service served on another listener.
+pub fn descriptors_for(
+    services: &[&str],
+) -> Result<prost_types::FileDescriptorSet, UnknownService> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut files: BTreeMap<String, prost_types::FileDescriptorProto> = BTreeMap::new();
+    for encoded in [FILE_DESCRIPTOR_SET, ENVOY_FILE_DESCRIPTOR_SET] {
+        // Both sets are written by build.rs from protox's output: they always decode.
+        let set =
+            <prost_types::FileDescriptorSet as prost::Message>::decode(encoded).unwrap_or_default();
+        for f in set.file {
+            files.entry(f.name().to_owned()).or_insert(f);
+        }
+    }
+    let full_name = |f: &prost_types::FileDescriptorProto,
+                     s: &prost_types::ServiceDescriptorProto| {
+        match f.package() {
+            "" => s.name().to_owned(),
+            p => format!("{p}.{}", s.name()),
+        }
+    };
+    let mut wanted: Vec<String> = Vec::new();
+    for name in services {
+        let file = files
+            .values()
+            .find(|f| f.service.iter().any(|s| full_name(f, s) == *name))
+            .ok_or_else(|| UnknownService((*name).to_owned()))?;
+        wanted.push(file.name().to_owned());
+    }
+    let mut keep: BTreeSet<String> = BTreeSet::new();
+    while let Some(name) = wanted.pop() {
+        if let Some(f) = files.get(&name)
+            && keep.insert(name)
+        {
+            wanted.extend(f.dependency.iter().cloned());
+        }
+    }
+    Ok(prost_types::FileDescriptorSet {
+        file: files
+            .into_values()
+            .filter(|f| keep.contains(f.name()))
+            .collect(),
+    })
+}

@@ -5,7 +5,8 @@
 //! - **Logs** on standard error, text or JSON lines, filtered by `RUST_LOG` (or the binary's
 //!   default filter), exactly as each binary logged before this module existed.
 //! - **Traces** exported over OTLP/gRPC when `[telemetry] otlp_endpoint` is set (off when it
-//!   is absent). Only spans of the target [`TARGET`] become OpenTelemetry spans, and logs
+//!   is absent): plain `http://`, or `https://` verified against the system's roots or
+//!   `otlp_ca_file`, with an optional client certificate for mTLS (rustls, ring). Only spans of the target [`TARGET`] become OpenTelemetry spans, and logs
 //!   never see those spans: so traces add no fields to log lines, log events never travel to
 //!   the collector, and with tracing off every traced call site is disabled at its first use
 //!   (one atomic load per span afterwards: nothing measurable on the issuance benchmark).
@@ -23,6 +24,7 @@
 //! outcomes and counts — never a key, CSR, token or certificate body.
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -48,9 +50,18 @@ pub const TARGET: &str = "signet_trace";
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
-    /// The OTLP/gRPC collector, `http://host:port` (e.g. `http://127.0.0.1:4317`, a local
-    /// collector or mesh sidecar). No TLS to the collector yet: `https://` is refused.
+    /// The OTLP/gRPC collector: `http://host:port` (e.g. `http://127.0.0.1:4317`, a local
+    /// collector or mesh sidecar), or `https://host:port`, whose certificate must be valid for
+    /// `host` and chain to `otlp_ca_file` (or, without it, to the system's roots).
     pub otlp_endpoint: Option<String>,
+    /// PEM CA certificates the `https://` collector's certificate must chain to, instead of the
+    /// system's roots.
+    pub otlp_ca_file: Option<PathBuf>,
+    /// A PEM client certificate (chain) to present to an `https://` collector that asks for
+    /// one (mTLS); with `otlp_client_key_file`.
+    pub otlp_client_cert_file: Option<PathBuf>,
+    /// The PEM private key of `otlp_client_cert_file`.
+    pub otlp_client_key_file: Option<PathBuf>,
     /// The `service.name` resource attribute. Default: the binary's name.
     pub service_name: Option<String>,
     /// The share of new traces kept, from 0 to 1 (a caller's sampled trace is always
@@ -70,6 +81,9 @@ impl Default for TelemetryConfig {
     fn default() -> Self {
         Self {
             otlp_endpoint: None,
+            otlp_ca_file: None,
+            otlp_client_cert_file: None,
+            otlp_client_key_file: None,
             service_name: None,
             sampling: 1.0,
             max_queue_size: 2048,
@@ -102,6 +116,7 @@ impl TelemetryConfig {
                 message: message.into(),
             })
         };
+        let mut https = false;
         if let Some(ep) = &self.otlp_endpoint {
             let uri: http::Uri = match ep.parse() {
                 Ok(u) => u,
@@ -109,14 +124,44 @@ impl TelemetryConfig {
             };
             match uri.scheme_str() {
                 Some("http") if uri.authority().is_some() => {}
-                Some("https") => {
+                Some("https") if uri.authority().is_some() => https = true,
+                _ => {
                     return bad(
                         "otlp_endpoint",
-                        "https:// is not supported: send to a local collector over http://",
+                        "must be http://host:port or https://host:port",
                     );
                 }
-                _ => return bad("otlp_endpoint", "must be http://host:port"),
             }
+        }
+        for (field, set) in [
+            ("otlp_ca_file", self.otlp_ca_file.is_some()),
+            (
+                "otlp_client_cert_file",
+                self.otlp_client_cert_file.is_some(),
+            ),
+            ("otlp_client_key_file", self.otlp_client_key_file.is_some()),
+        ] {
+            if set && !https {
+                return bad(
+                    field,
+                    "is used only with an https:// otlp_endpoint (set one, or remove this key)",
+                );
+            }
+        }
+        match (&self.otlp_client_cert_file, &self.otlp_client_key_file) {
+            (Some(_), None) => {
+                return bad(
+                    "otlp_client_key_file",
+                    "is missing: otlp_client_cert_file needs its private key",
+                );
+            }
+            (None, Some(_)) => {
+                return bad(
+                    "otlp_client_cert_file",
+                    "is missing: otlp_client_key_file needs its certificate",
+                );
+            }
+            _ => {}
         }
         if self.service_name.as_deref().is_some_and(str::is_empty) {
             return bad("service_name", "must not be empty");
@@ -269,11 +314,15 @@ fn provider(
     endpoint: &str,
     cfg: &TelemetryConfig,
 ) -> Result<SdkTracerProvider, TelemetryError> {
-    use opentelemetry_otlp::WithExportConfig as _;
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
+    use opentelemetry_otlp::{WithExportConfig as _, WithTonicConfig as _};
+    let mut exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_tonic()
         .with_endpoint(endpoint)
-        .with_timeout(cfg.export_timeout)
+        .with_timeout(cfg.export_timeout);
+    if endpoint.starts_with("https:") {
+        exporter = exporter.with_tls_config(collector_tls(cfg)?);
+    }
+    let exporter = exporter
         .build()
         .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
     let batch = BatchConfigBuilder::default()
@@ -299,6 +348,59 @@ fn provider(
                 .build(),
         )
         .build())
+}
+
+/// The TLS of an `https://` collector: its certificate checked against `otlp_ca_file` or the
+/// system's roots (`SSL_CERT_FILE` / `SSL_CERT_DIR` are honoured), and the client certificate
+/// when configured. The files are read once, here: a file that cannot be read or holds no PEM
+/// stops the start with the key's name.
+// The collector is not a Signet server (no SPIFFE ID to check): a Web PKI server name check is
+// what it has, as any OTLP exporter does.
+#[allow(clippy::disallowed_methods)]
+fn collector_tls(
+    cfg: &TelemetryConfig,
+) -> Result<tonic::transport::ClientTlsConfig, TelemetryError> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let mut tls = ClientTlsConfig::new();
+    tls = match &cfg.otlp_ca_file {
+        Some(path) => tls.ca_certificate(Certificate::from_pem(read_pem(
+            "otlp_ca_file",
+            path,
+            "CERTIFICATE",
+        )?)),
+        None => tls.with_native_roots(),
+    };
+    if let (Some(cert), Some(key)) = (&cfg.otlp_client_cert_file, &cfg.otlp_client_key_file) {
+        tls = tls.identity(Identity::from_pem(
+            read_pem("otlp_client_cert_file", cert, "CERTIFICATE")?,
+            read_pem("otlp_client_key_file", key, "PRIVATE KEY")?,
+        ));
+    }
+    Ok(tls)
+}
+
+/// The PEM file `path` of `field`, which must hold a block whose label ends with `label`
+/// (`CERTIFICATE`; `PRIVATE KEY` also matches `EC PRIVATE KEY` and `RSA PRIVATE KEY`). The
+/// error names the key and the file, never the contents.
+fn read_pem(field: &'static str, path: &Path, label: &str) -> Result<Vec<u8>, TelemetryError> {
+    let pem = std::fs::read(path).map_err(|e| TelemetryError::Invalid {
+        field,
+        message: format!("cannot read {}: {e}", path.display()),
+    })?;
+    let text = String::from_utf8_lossy(&pem);
+    let found = text.lines().any(|l| {
+        l.trim()
+            .strip_prefix("-----BEGIN ")
+            .and_then(|l| l.strip_suffix("-----"))
+            .is_some_and(|l| l.ends_with(label))
+    });
+    if !found {
+        return Err(TelemetryError::Invalid {
+            field,
+            message: format!("{} holds no PEM {label}", path.display()),
+        });
+    }
+    Ok(pem)
 }
 
 // --- propagation ----------------------------------------------------------------------------
@@ -505,9 +607,9 @@ mod tests {
             f(&mut c);
             c.validate().unwrap_err().to_string()
         };
-        let e = with(|c| c.otlp_endpoint = Some("https://collector:4317".into()));
+        let e = with(|c| c.otlp_endpoint = Some("ftp://collector:4317".into()));
         assert!(
-            e.contains("telemetry.otlp_endpoint") && e.contains("https"),
+            e.contains("telemetry.otlp_endpoint") && e.contains("https://"),
             "{e}"
         );
         let e = with(|c| c.otlp_endpoint = Some("collector:4317".into()));
@@ -527,6 +629,94 @@ mod tests {
         ok.validate().unwrap();
         ok.sampling = 0.0;
         ok.validate().unwrap();
+    }
+
+    #[test]
+    fn tls_settings_need_an_https_endpoint_and_come_in_pairs() {
+        let https = || TelemetryConfig {
+            otlp_endpoint: Some("https://collector.example:4317".into()),
+            ..TelemetryConfig::default()
+        };
+        https().validate().unwrap();
+        let e = TelemetryConfig {
+            otlp_endpoint: Some("http://127.0.0.1:4317".into()),
+            otlp_ca_file: Some("/etc/ca.pem".into()),
+            ..TelemetryConfig::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("telemetry.otlp_ca_file") && e.contains("https://"),
+            "{e}"
+        );
+        let e = TelemetryConfig {
+            otlp_client_cert_file: Some("/etc/c.pem".into()),
+            ..https()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("telemetry.otlp_client_key_file"), "{e}");
+        let e = TelemetryConfig {
+            otlp_client_key_file: Some("/etc/k.pem".into()),
+            ..https()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("telemetry.otlp_client_cert_file"), "{e}");
+        TelemetryConfig {
+            otlp_ca_file: Some("/etc/ca.pem".into()),
+            otlp_client_cert_file: Some("/etc/c.pem".into()),
+            otlp_client_key_file: Some("/etc/k.pem".into()),
+            ..https()
+        }
+        .validate()
+        .unwrap();
+    }
+
+    #[test]
+    fn tls_files_are_read_once_and_refused_by_name() {
+        let dir = std::env::temp_dir().join(format!("signet-otlp-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let junk = dir.join("junk.pem");
+        std::fs::write(&junk, "not a certificate\n").unwrap();
+        let key = dir.join("key.pem");
+        std::fs::write(
+            &key,
+            "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIA==\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
+        let with = |ca: &Path| TelemetryConfig {
+            otlp_endpoint: Some("https://collector.example:4317".into()),
+            otlp_ca_file: Some(ca.to_owned()),
+            ..TelemetryConfig::default()
+        };
+        let e = collector_tls(&with(&dir.join("missing.pem")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("telemetry.otlp_ca_file") && e.contains("missing.pem"),
+            "{e}"
+        );
+        let e = collector_tls(&with(&junk)).unwrap_err().to_string();
+        assert!(
+            e.contains("telemetry.otlp_ca_file") && e.contains("no PEM CERTIFICATE"),
+            "{e}"
+        );
+        // The key file's contents never appear in the error.
+        let e = collector_tls(&TelemetryConfig {
+            otlp_ca_file: None,
+            otlp_client_cert_file: Some(key.clone()),
+            otlp_client_key_file: Some(key.clone()),
+            ..with(&junk)
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("telemetry.otlp_client_cert_file"), "{e}");
+        assert!(!e.contains("MC4CAQ"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

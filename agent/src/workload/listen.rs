@@ -259,17 +259,69 @@ pub async fn serve_with(
             .into_server()
             .max_decoding_message_size(opts.max_request_bytes)
     });
+    let workload = api
+        .into_server()
+        .max_decoding_message_size(opts.max_request_bytes);
+    let mut served = vec![service_name(&workload)];
+    served.extend(sds.as_ref().map(service_name));
+    let (reflection, reflection_alpha) = match reflection(&served) {
+        Ok((v1, v1alpha)) => (Some(v1), Some(v1alpha)),
+        Err(e) => {
+            tracing::error!(error = %e, "Workload API: serving without gRPC reflection");
+            (None, None)
+        }
+    };
     tonic::transport::Server::builder()
         .max_concurrent_streams(opts.max_concurrent_streams)
         .http2_max_header_list_size(opts.max_header_list_size)
-        .add_service(
-            api.into_server()
-                .max_decoding_message_size(opts.max_request_bytes),
-        )
+        .add_service(workload)
         .add_optional_service(sds)
+        .add_optional_service(reflection)
+        .add_optional_service(reflection_alpha)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(ListenError::Serve)
+}
+
+/// The gRPC name of a generated server (`SpiffeWorkloadAPI`).
+fn service_name<S: tonic::server::NamedService>(_: &S) -> &'static str {
+    S::NAME
+}
+
+/// gRPC reflection on the socket, as the SPIFFE Workload Endpoint standard recommends, in
+/// both versions (grpcurl and many tools still speak only v1alpha): it lists and describes
+/// exactly `services` (the Workload API, and SDS when served) and itself.
+///
+/// Reflection calls need no `workload.spiffe.io` header: the standard asks it of Workload API
+/// calls, and SPIRE's agent checks it only for `/SpiffeWorkloadAPI/` methods, so tools that
+/// do not send it (grpcurl, grpcui) can list and describe. Reflection reveals only the
+/// published protocol definitions; it returns no identity, and its connections are held to
+/// the same caps and timeouts as every other on the socket.
+fn reflection(
+    services: &[&'static str],
+) -> Result<
+    (
+        tonic_reflection::server::v1::ServerReflectionServer<
+            impl tonic_reflection::server::v1::ServerReflection,
+        >,
+        tonic_reflection::server::v1alpha::ServerReflectionServer<
+            impl tonic_reflection::server::v1alpha::ServerReflection,
+        >,
+    ),
+    Box<dyn std::error::Error + Send + Sync>,
+> {
+    let descriptors = signet_proto::descriptors_for(services)?;
+    let builder = || {
+        let mut b = tonic_reflection::server::Builder::configure()
+            .register_file_descriptor_set(descriptors.clone())
+            .with_service_name("grpc.reflection.v1.ServerReflection")
+            .with_service_name("grpc.reflection.v1alpha.ServerReflection");
+        for s in services {
+            b = b.with_service_name(*s);
+        }
+        b
+    };
+    Ok((builder().build_v1()?, builder().build_v1alpha()?))
 }
 
 /// The gid of a `socket_group` value: a number, or a name in `group_file` (`/etc/group`).

@@ -468,9 +468,10 @@ pub(crate) mod tests {
             assert!(bc.critical && bc.value.ca);
             let ku = cert.key_usage().expect("ok").expect("KU");
             assert!(ku.critical);
-            assert!(
-                ku.value.key_cert_sign() && ku.value.crl_sign() && ku.value.digital_signature()
-            );
+            // keyCertSign and cRLSign only, as X509-SVID appendix A and SPIRE have it.
+            assert!(ku.value.key_cert_sign() && ku.value.crl_sign());
+            assert!(!ku.value.digital_signature(), "{:?}", ku.value);
+            assert_eq!(ku.value.flags, 0b110_0000, "{:?}", ku.value);
             let ski = subject_key_id(&cert).expect("SKI");
             assert_eq!(ca.key_id(), hex::encode(ski));
             assert_eq!(ca.not_before(), now() - BACKDATE);
@@ -489,6 +490,29 @@ pub(crate) mod tests {
             let dbg = format!("{ca:?}");
             assert!(dbg.contains("redacted") && dbg.contains(ca.key_id()));
             assert!(!dbg.contains(&format!("{:?}", &pkcs8[..8])));
+        }
+    }
+
+    /// Every CA certificate Signet makes, root and intermediate, has keyCertSign and cRLSign
+    /// and nothing else (X509-SVID appendix A: digitalSignature only on a leaf; SPIRE alike).
+    #[test]
+    fn ca_certificates_carry_key_cert_sign_and_crl_sign_only() {
+        let (root, _) = testutil::root(KeyType::EcdsaP256, 24 * HOUR);
+        let (int, _) = root
+            .sign_intermediate(
+                &testutil::td(),
+                KeyType::EcdsaP256,
+                now(),
+                HOUR,
+                &crate::ca::RandomSerials::default(),
+            )
+            .expect("intermediate");
+        for (what, der) in [("root", root.cert_der()), ("intermediate", int.cert_der())] {
+            let cert = parse_cert(der).expect("parses");
+            let ku = cert.key_usage().expect("ok").expect("KU");
+            assert!(ku.critical, "{what}");
+            assert_eq!(ku.value.flags, 0b110_0000, "{what}: {:?}", ku.value);
+            crate::ca::validate::check_ca(der).expect("CA profile");
         }
     }
 

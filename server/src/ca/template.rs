@@ -188,7 +188,10 @@ pub struct TrustDomainUri(#[source] rcgen::Error);
 /// What every CA certificate Signet generates has: the name `O=Signet, OU=<generation>,
 /// CN=Signet <kind> CA for <td>` (CAs of one trust domain differ by name too: a rotation has two
 /// at once; X.520 caps commonName at 64 characters), the trust domain's SPIFFE ID, and
-/// keyCertSign + cRLSign + digitalSignature. The error says what could not be encoded.
+/// keyCertSign + cRLSign only: the X509-SVID standard (appendix A) sets digitalSignature if and
+/// only if the SVID is a leaf, and SPIRE's CA certificates carry exactly these two. (A CA key
+/// signs certificates and CRLs, nothing else; CA certificates made before this rule carried
+/// digitalSignature too, which no verifier refuses.) The error says what could not be encoded.
 pub(crate) fn ca_params(
     td: &TrustDomain,
     kind: &str,
@@ -210,11 +213,7 @@ pub(crate) fn ca_params(
     params.distinguished_name = dn;
     let uri = td.id_string().try_into().map_err(TrustDomainUri)?;
     params.subject_alt_names = vec![SanType::URI(uri)];
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     Ok(params)
 }
 

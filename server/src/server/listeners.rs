@@ -1,5 +1,7 @@
 //! Binding every listener before anything is served, so that a taken address stops the start
-//! and the operator (and tests) learn every bound address at once ([`super::Started`]).
+//! and the operator (and tests) learn every bound address at once ([`super::Started`]). The
+//! HTTP listeners ([`HttpListeners`]) are bound first of all, before the database is reached:
+//! they answer health probes while the server starts (`starting.rs`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -29,14 +31,16 @@ pub(super) struct Listeners {
     pub(super) oidc: Option<(TcpListener, Arc<rustls::ServerConfig>)>,
 }
 
-impl Listeners {
-    pub(super) async fn bind(
-        cfg: &Config,
-        resolver: &Arc<ServerCertResolver>,
-    ) -> anyhow::Result<Self> {
-        let grpc = TcpListener::bind(cfg.listen)
-            .await
-            .with_context(|| format!("binding listen address {}", cfg.listen))?;
+/// The HTTP listeners, bound before anything else (see the module doc).
+pub(super) struct HttpListeners {
+    /// `http_listen`.
+    pub(super) http: TcpListener,
+    /// `probe_listen`, when on.
+    pub(super) probes: Option<TcpListener>,
+}
+
+impl HttpListeners {
+    pub(super) async fn bind(cfg: &Config) -> anyhow::Result<Self> {
         let http = TcpListener::bind(cfg.http_listen)
             .await
             .with_context(|| format!("binding http_listen address {}", cfg.http_listen))?;
@@ -48,6 +52,20 @@ impl Listeners {
             ),
             None => None,
         };
+        Ok(Self { http, probes })
+    }
+}
+
+impl Listeners {
+    /// Binds the rest, beside the HTTP listeners bound at the start.
+    pub(super) async fn bind(
+        cfg: &Config,
+        resolver: &Arc<ServerCertResolver>,
+        HttpListeners { http, probes }: HttpListeners,
+    ) -> anyhow::Result<Self> {
+        let grpc = TcpListener::bind(cfg.listen)
+            .await
+            .with_context(|| format!("binding listen address {}", cfg.listen))?;
         let admin_path = cfg.admin_socket_path();
         let admin = bind_admin_socket(&admin_path)?;
         let bundle_endpoint = match cfg.federation.bundle_endpoint_listen {

@@ -1,4 +1,5 @@
-//! Start-up and wiring, top-down in [`run`]: build the parts (`parts.rs`: data directory,
+//! Start-up and wiring, top-down in [`run`]: bind the HTTP listeners and answer health
+//! probes on them while starting (`starting.rs`), build the parts (`parts.rs`: data directory,
 //! store, the deployment's pinned values (`pins.rs`: a server configured for another
 //! deployment stops here), CA key manager, bundle, ledger, issuer, checkpoints, CRLs), bind
 //! every listener (`listeners.rs`), then serve them (`serve.rs`: gRPC over TLS, the admin
@@ -15,6 +16,7 @@ mod parts;
 pub(crate) mod pins;
 mod serve;
 mod setup;
+mod starting;
 mod supervisor;
 mod tasks;
 
@@ -45,8 +47,14 @@ pub async fn run(
     on_started: impl FnOnce(&Started),
 ) -> anyhow::Result<()> {
     crate::federation::check_web_tls_files(&cfg)?;
-    let parts = parts::build(&cfg).await?;
-    let listeners = listeners::Listeners::bind(&cfg, &parts.server_cert.resolver).await?;
+    // Health answers from the start: the database may keep the server waiting.
+    let status = std::sync::Arc::new(starting::StartupStatus::default());
+    status.set("opening the data directory");
+    let http = listeners::HttpListeners::bind(&cfg).await?;
+    let starting = starting::serve(&cfg, http, status.clone())?;
+    let parts = parts::build(&cfg, &status).await?;
+    let http = starting.finish().await;
+    let listeners = listeners::Listeners::bind(&cfg, &parts.server_cert.resolver, http).await?;
     serve::serve(cfg, parts, listeners, shutdown, on_started).await
 }
 

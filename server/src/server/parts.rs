@@ -12,6 +12,7 @@ use anyhow::{Context, anyhow};
 
 use super::pins;
 use super::setup::{connect_store, create_private_dir, redact_url};
+use super::starting::StartupStatus;
 use super::tasks::{issue_server_cert, server_names};
 use crate::audit::AuditLog;
 use crate::authn::jwt::JwtAuthenticator;
@@ -64,11 +65,12 @@ pub(super) struct ServerCert {
     pub(super) revoked: Arc<tokio::sync::Notify>,
 }
 
-/// Builds every part, top-down.
-pub(super) async fn build(cfg: &Config) -> anyhow::Result<Parts> {
+/// Builds every part, top-down, telling `status` (what `/readyz` says meanwhile) where it is.
+pub(super) async fn build(cfg: &Config, status: &StartupStatus) -> anyhow::Result<Parts> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let serials: Arc<dyn SerialSource> = Arc::new(RandomSerials::default());
-    let store = open_store(cfg, clock.as_ref()).await?;
+    let store = open_store(cfg, clock.as_ref(), status).await?;
+    status.set("loading the CA keys, the ledger and the server certificate");
     let manager = crate::ca::manager::start(
         cfg.trust_domain(),
         &cfg.ca,
@@ -194,10 +196,14 @@ fn build_federation(
 /// The data directory and the store, checked against the deployment's pins before anything
 /// is created, signed, recorded or served: this server's configuration must be the
 /// deployment's the database belongs to.
-async fn open_store(cfg: &Config, clock: &dyn Clock) -> anyhow::Result<Arc<dyn Store>> {
+async fn open_store(
+    cfg: &Config,
+    clock: &dyn Clock,
+    status: &StartupStatus,
+) -> anyhow::Result<Arc<dyn Store>> {
     create_private_dir(&cfg.data_dir)?;
     let db_url = cfg.database_url();
-    let store = connect_store(&db_url, &cfg.database).await?;
+    let store = connect_store(&db_url, &cfg.database, status).await?;
     pins::pin_and_check(&store, cfg, &redact_url(&db_url), clock.now()).await?;
     Ok(store)
 }

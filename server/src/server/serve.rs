@@ -64,7 +64,7 @@ pub(super) async fn serve(
     spawn_background(&mut tasks, &cfg, &parts, &conns);
     let (health_reporter, health) = health_service().await;
     spawn_grpc(&mut tasks, &cfg, &parts, grpc, &conns, health.clone())?;
-    spawn_admin(&mut tasks, &cfg, &parts, admin, health);
+    spawn_admin(&mut tasks, &cfg, &parts, admin, health)?;
     spawn_http(&mut tasks, &cfg, &parts, http, probes);
     if let Some((listener, tls)) = bundle_endpoint {
         let endpoint = Arc::new(
@@ -217,18 +217,12 @@ fn spawn_grpc(
     health: HealthServer<impl Health>,
 ) -> anyhow::Result<()> {
     let limit = transport_limit(cfg);
-    // Both reflection versions: grpcurl and many tools still speak only v1alpha.
-    let reflection_builder = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(signet_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let reflection = reflection_builder()
-        .build_v1()
-        .map_err(|e| anyhow!("reflection: {e}"))?;
-    let reflection_alpha = reflection_builder()
-        .build_v1alpha()
-        .map_err(|e| anyhow!("reflection: {e}"))?;
+    let (reflection, reflection_alpha) = reflection(&[
+        service_name::<CertificateAuthorityServer<NativeApi>>(),
+        service_name::<RegistrationServer<RegistrationApi>>(),
+        service_name::<IstioCertificateServiceServer<IstioApi>>(),
+        service_name::<NodeServer<NodeApi>>(),
+    ])?;
     let native = CertificateAuthorityServer::new(
         NativeApi::new(
             parts.issuer.clone(),
@@ -308,15 +302,24 @@ fn spawn_grpc(
     Ok(())
 }
 
-/// The admin socket: entries, tokens, nodes, the ledger, revocation, the CA's keys.
+/// The admin socket: entries, tokens, nodes, the ledger, revocation, the CA's keys; health
+/// and reflection.
 fn spawn_admin(
     tasks: &mut Supervisor,
     cfg: &Config,
     parts: &Parts,
     listener: UnixListener,
     health: HealthServer<impl Health>,
-) {
+) -> anyhow::Result<()> {
     let limit = transport_limit(cfg);
+    let (reflection, reflection_alpha) = reflection(&[
+        service_name::<AdminServer<AdminApi>>(),
+        service_name::<NodeAdminServer<NodeAdminApi>>(),
+        service_name::<LedgerAdminServer<LedgerAdminApi>>(),
+        service_name::<RevocationAdminServer<RevocationAdminApi>>(),
+        service_name::<CaAdminServer<CaAdminApi>>(),
+        service_name::<FederationAdminServer<FederationAdminApi>>(),
+    ])?;
     let admin = AdminServer::new(AdminApi::new(
         parts.issuer.clone(),
         parts.store.clone(),
@@ -349,6 +352,8 @@ fn spawn_admin(
             .max_decoding_message_size(limit);
     let server = tonic::transport::Server::builder()
         .add_service(health)
+        .add_service(reflection)
+        .add_service(reflection_alpha)
         .add_service(admin)
         .add_service(node_admin)
         .add_service(ledger_admin)
@@ -357,6 +362,49 @@ fn spawn_admin(
         .add_service(federation_admin)
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), tasks.stopped());
     tasks.spawn_listener("admin server", server);
+    Ok(())
+}
+
+/// The gRPC name of a generated server type (`signet.ca.v1.CertificateAuthority`).
+fn service_name<S: tonic::server::NamedService>() -> &'static str {
+    S::NAME
+}
+
+/// gRPC reflection for one listener, both versions (grpcurl and many tools still speak only
+/// v1alpha): it lists and describes exactly `services`, gRPC health and itself, never a
+/// service of another listener (the TLS port says nothing of the admin API).
+fn reflection(
+    services: &[&'static str],
+) -> anyhow::Result<(
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
+    tonic_reflection::server::v1alpha::ServerReflectionServer<
+        impl tonic_reflection::server::v1alpha::ServerReflection,
+    >,
+)> {
+    let descriptors = signet_proto::descriptors_for(services)?;
+    let builder = || {
+        let mut b = tonic_reflection::server::Builder::configure()
+            .register_file_descriptor_set(descriptors.clone())
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .with_service_name(service_name::<
+                HealthServer<tonic_health::server::HealthService>,
+            >())
+            .with_service_name("grpc.reflection.v1.ServerReflection")
+            .with_service_name("grpc.reflection.v1alpha.ServerReflection");
+        for s in services {
+            b = b.with_service_name(*s);
+        }
+        b
+    };
+    let v1 = builder()
+        .build_v1()
+        .map_err(|e| anyhow!("reflection: {e}"))?;
+    let v1alpha = builder()
+        .build_v1alpha()
+        .map_err(|e| anyhow!("reflection: {e}"))?;
+    Ok((v1, v1alpha))
 }
 
 /// HTTP (`http_listen`: metrics, health and readiness, checkpoints, CRLs) and the probe

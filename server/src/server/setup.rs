@@ -60,21 +60,30 @@ pub(super) fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
 /// at most 10 s. No jitter: one server waits for its database.
 const CONNECT_RETRY: Backoff = Backoff::exact(Duration::from_millis(250), Duration::from_secs(10));
 
+/// Connects to the database, retrying while it is unavailable (each failure logged and told to
+/// `status`, for `/readyz`, with its real cause: see `store::postgres`); any other failure
+/// (authentication, no such database, a bad URL) stops the start.
 pub(super) async fn connect_store(
     url: &str,
     db: &crate::config::DatabaseConfig,
+    status: &super::starting::StartupStatus,
 ) -> anyhow::Result<Arc<dyn Store>> {
     let mut failures = 0;
+    let database = redact_url(url);
+    status.set(format!("connecting to the database {database}"));
     loop {
         match crate::store::connect_with(url, db).await {
             Ok(s) => return Ok(s),
             Err(StoreError::Unavailable(e)) => {
                 let delay = CONNECT_RETRY.delay(failures, 0.0);
                 failures = failures.saturating_add(1);
-                tracing::warn!(database = %redact_url(url), error = %e, retry_in = ?delay, "database unavailable; retrying");
+                tracing::warn!(%database, error = %e, retry_in = ?delay, attempts = failures, "database unavailable; retrying");
+                status.set(format!(
+                    "waiting for the database {database} ({failures} attempts): {e}"
+                ));
                 tokio::time::sleep(delay).await;
             }
-            Err(e) => bail!("database {}: {e}", redact_url(url)),
+            Err(e) => bail!("database {database}: {e}"),
         }
     }
 }

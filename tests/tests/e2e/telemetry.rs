@@ -3,13 +3,14 @@
 //! trace continuing the caller's (handler span, then authn, policy, sign and the ledger commit
 //! as its children), with the SPIFFE ID, serial and outcome as attributes and never the token,
 //! the CSR or a key, and the spans still queued at shutdown are flushed; an agent's renewal is
-//! one trace across the agent and the server; and a dead collector neither blocks issuance
-//! nor the shutdown.
+//! one trace across the agent and the server; a dead collector neither blocks issuance
+//! nor the shutdown; and a collector over mutual TLS gets the spans, while one whose
+//! certificate the configured CA did not sign gets none and issuance goes on.
 
 use std::time::{Duration, Instant};
 
 use signet_proto::istio_ca::IstioCertificateRequest;
-use signet_tests::otlp::{OtlpReceiver, ReceivedSpan};
+use signet_tests::otlp::{OtlpReceiver, ReceivedSpan, TestPki};
 use signet_tests::*;
 
 use crate::agent::{Agent, create_entry, create_token, eventually, fetch_svid, write_config};
@@ -242,4 +243,92 @@ async fn a_dead_collector_blocks_neither_issuance_nor_shutdown() {
         started.elapsed()
     );
     assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
+}
+
+/// One Istio issuance with a fresh token and CSR, which must answer within 5 s.
+async fn issue_once(server: &Server, tokens: &TokenIssuer) {
+    let (csr, _key) = csr_with(&[], &[]);
+    let req = signet_client::with_bearer(
+        IstioCertificateRequest {
+            csr,
+            validity_duration: 600,
+            metadata: None,
+        },
+        &tokens.token("payments", "api"),
+    )
+    .unwrap();
+    let started = Instant::now();
+    server.istio().await.create_certificate(req).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn traces_reach_a_collector_over_mutual_tls() {
+    let pki = TestPki::new("collector");
+    let collector_cert = pki.issue("collector");
+    let client = pki.issue("signet-server");
+    // Only clients with a certificate of this CA are served.
+    let receiver = OtlpReceiver::start_tls(&collector_cert, Some(&pki)).await;
+    assert!(receiver.endpoint().starts_with("https://127.0.0.1:"));
+    let tokens = TokenIssuer::new("k1");
+    let extra = format!(
+        "{}otlp_ca_file = \"{}\"\notlp_client_cert_file = \"{}\"\notlp_client_key_file = \"{}\"\n",
+        telemetry_toml(&receiver.endpoint(), "50ms"),
+        pki.ca_file.display(),
+        client.cert_file.display(),
+        client.key_file.display(),
+    );
+    let Some(server) = pg_server(&tokens, &extra).await else {
+        return;
+    };
+    issue_once(&server, &tokens).await;
+    let spans = receiver
+        .wait_for(
+            Duration::from_secs(20),
+            "the issuance's spans over TLS",
+            |spans| {
+                spans
+                    .iter()
+                    .any(|s| s.service == "signet-server" && s.name == ISTIO)
+            },
+        )
+        .await;
+    let handler = named(&spans, ISTIO).unwrap();
+    assert_eq!(handler.attr("outcome"), Some("ok"), "{handler:#?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_collector_the_configured_ca_did_not_sign_gets_nothing_and_issuance_goes_on() {
+    let trusted = TestPki::new("trusted");
+    let other = TestPki::new("other");
+    // The collector's certificate is from another CA than the one the server is told to trust.
+    let receiver = OtlpReceiver::start_tls(&other.issue("collector"), None).await;
+    let tokens = TokenIssuer::new("k1");
+    let extra = format!(
+        "{}export_timeout = \"1s\"\notlp_ca_file = \"{}\"\n",
+        telemetry_toml(&receiver.endpoint(), "50ms"),
+        trusted.ca_file.display(),
+    );
+    let Some(server) = pg_server(&tokens, &extra).await else {
+        return;
+    };
+    for _ in 0..5 {
+        issue_once(&server, &tokens).await;
+    }
+    assert_eq!(server.http_get("/readyz").await.0, 200);
+    let started = Instant::now();
+    // The stop flushes what is queued (bounded by export_timeout): every export has been tried
+    // once it returns.
+    server.stop().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        receiver.spans().is_empty(),
+        "spans crossed an unverified TLS connection: {:#?}",
+        receiver.spans()
+    );
 }
