@@ -134,6 +134,16 @@ impl CaError {
         matches!(self, CaError::Unavailable(_) | CaError::Busy { .. })
     }
 
+    /// The bounded reason label of `signet_agent_server_errors_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            CaError::Unavailable(_) => "unavailable",
+            CaError::Busy { .. } => "busy",
+            CaError::Refused { .. } => "refused",
+            CaError::Invalid(_) => "invalid_answer",
+        }
+    }
+
     /// The wait the server asked for before the next attempt, if it said.
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         match self {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 
@@ -58,14 +58,13 @@ async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
     }
 }
 
-async fn metrics_text(State(s): State<HttpState>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        s.metrics.encode(),
-    )
+/// OpenMetrics or the text format 0.0.4, as the scraper's `Accept` asks.
+async fn metrics_text(
+    State(s): State<HttpState>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    let format = signet_runtime::metrics::negotiate(&headers);
+    signet_runtime::metrics::response(format, s.metrics.encode(format))
 }
 
 #[cfg(test)]
