@@ -579,3 +579,80 @@ impl Collector for Watched {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::authn::AuthnError;
+    use crate::issuer::IssuerError;
+    use crate::store::StoreError;
+
+    #[test]
+    fn bounded_families_are_present_at_zero_and_every_reason_is_listed() {
+        let m = Metrics::new();
+        let text = m.encode(Format::Text);
+        for api in ISSUANCE_APIS {
+            for reason in IssuerError::REASONS {
+                let line = format!(
+                    "signet_issuance_refusals_total{{api=\"{api}\",reason=\"{reason}\"}} 0"
+                );
+                assert!(text.contains(&line), "{line}");
+            }
+            let line = format!("signet_issuances_total{{api=\"{api}\",outcome=\"issued\"}} 0");
+            assert!(text.contains(&line), "{line}");
+        }
+        for line in [
+            "signet_audit_events_dropped_total 0",
+            "signet_audit_events_aggregated_total 0",
+            "signet_node_attestations_total{outcome=\"attested\"} 0",
+            "signet_limited_total{limit=\"http_connections\"} 0",
+            "signet_ledger_last_commit_timestamp_seconds 0",
+            "signet_server_build_info{version=\"",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
+        // Nothing watched yet (the server calls `watch` before it serves): no expiry to report.
+        assert!(
+            !text.contains("signet_ca_key_expiry_timestamp_seconds"),
+            "{text}"
+        );
+        let errors = [
+            IssuerError::Unauthenticated(AuthnError::Missing),
+            IssuerError::Invalid("csr".into()),
+            IssuerError::Denied("no".into()),
+            IssuerError::RateLimited {
+                message: "slow down".into(),
+                retry_after: Duration::from_secs(1),
+            },
+            IssuerError::CaNotValid("expired".into()),
+            IssuerError::JwtKeyUnavailable("none".into()),
+            IssuerError::LedgerOverloaded,
+            IssuerError::Store(StoreError::Unavailable("down".into())),
+            IssuerError::Store(StoreError::Database("x".into())),
+            IssuerError::Internal {
+                request_id: "r".into(),
+            },
+        ];
+        for e in &errors {
+            assert!(IssuerError::REASONS.contains(&e.reason()), "{e:?}");
+        }
+        m.refusal("istio", errors[0].reason());
+        m.observe_batch(
+            2,
+            Duration::from_millis(1),
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+        );
+        let text = m.encode(Format::OpenMetrics);
+        assert!(
+            text.contains(
+                "signet_issuance_refusals_total{api=\"istio\",reason=\"authn_failed\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("signet_ledger_last_commit_timestamp_seconds 1800000000"),
+            "{text}"
+        );
+        assert!(text.contains("signet_ledger_rows_total 2"), "{text}");
+    }
+}
