@@ -140,6 +140,18 @@ impl CaError {
         matches!(self, CaError::Unavailable(_) | CaError::Busy { .. })
     }
 
+    /// The bounded reason label of `signet_agent_server_errors_total` (`banned` for a refusal
+    /// of a banned node).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            _ if self.is_banned() => "banned",
+            CaError::Unavailable(_) => "unavailable",
+            CaError::Busy { .. } => "busy",
+            CaError::Refused { .. } => "refused",
+            CaError::Invalid(_) => "invalid_answer",
+        }
+    }
+
     /// The wait the server asked for before the next attempt, if it said; a refusal of a
     /// banned node waits [`BANNED_RETRY`].
     pub fn retry_after(&self) -> Option<std::time::Duration> {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 
@@ -43,14 +43,13 @@ async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
     (code, body)
 }
 
-async fn metrics_text(State(s): State<HttpState>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        s.metrics.encode(),
-    )
+/// OpenMetrics or the text format 0.0.4, as the scraper's `Accept` asks.
+async fn metrics_text(
+    State(s): State<HttpState>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    let format = signet_runtime::metrics::negotiate(&headers);
+    signet_runtime::metrics::response(format, s.metrics.encode(format))
 }
 
 #[cfg(test)]

@@ -1,5 +1,8 @@
-//! The agent's Prometheus metrics. Gauges about held certificates are computed from the
-//! state at scrape time, so they can never drift from what the Workload API serves.
+//! The agent's Prometheus metrics, served in the format the scraper asks for
+//! ([`signet_runtime::metrics`]), with the process metrics and `signet_agent_build_info`.
+//! Gauges about held certificates are computed from the state at scrape time, so they can
+//! never drift from what the Workload API serves. Counters with a bounded label set are
+//! present at zero from start-up.
 //!
 //! The sinks' and the Workload API's metrics are defined beside them
 //! ([`crate::sinks::telemetry::SinkMetrics`], [`crate::workload::WorkloadMetrics`]) and
@@ -7,11 +10,13 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::time::SystemTime;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use signet_runtime::metrics::Format;
 
 use crate::sinks::telemetry::SinkMetrics;
 use crate::state::{AgentState, StateReceiver};
@@ -24,6 +29,15 @@ pub struct Metrics {
     registry: Registry,
     certificates: Gauge,
     earliest_expiry_seconds: Gauge<f64, AtomicU64>,
+    /// notAfter and notBefore of the held workload certificate that expires first (unix
+    /// seconds; 0 while none is held).
+    earliest_expiry_timestamp: Gauge,
+    earliest_not_before_timestamp: Gauge,
+    /// notAfter and notBefore of the node certificate (unix seconds; 0 before the first).
+    node_expiry_timestamp: Gauge,
+    node_not_before_timestamp: Gauge,
+    /// Failed calls to the server, by `operation` and `reason` ([`ServerErrorLabels`]).
+    pub server_errors: Family<Labels, Counter>,
     /// Foreign trust domains' bundles held (`federated_bundles`).
     federated_bundles: Gauge,
     /// Successful certificate renewals (node and workloads).
@@ -49,7 +63,9 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new(state: StateReceiver, clock: Arc<dyn Clock>) -> Self {
-        let mut registry = Registry::with_prefix("signet_agent");
+        let mut root =
+            signet_runtime::metrics::standard_registry("agent", env!("CARGO_PKG_VERSION"));
+        let registry = root.sub_registry_with_prefix("signet_agent");
         let certificates = Gauge::default();
         registry.register(
             "certificates",
@@ -62,6 +78,46 @@ impl Metrics {
             "Seconds until the earliest held certificate expires (0 when none or expired)",
             earliest_expiry_seconds.clone(),
         );
+        let earliest_expiry_timestamp = Gauge::default();
+        registry.register(
+            "workload_certificate_earliest_expiry_timestamp_seconds",
+            "notAfter of the held workload certificate that expires first: the oldest \
+             unrenewed one (unix seconds; 0 while none is held)",
+            earliest_expiry_timestamp.clone(),
+        );
+        let earliest_not_before_timestamp = Gauge::default();
+        registry.register(
+            "workload_certificate_earliest_not_before_timestamp_seconds",
+            "notBefore of that same certificate (unix seconds; 0 while none is held): with \
+             its expiry, the fraction of its lifetime left",
+            earliest_not_before_timestamp.clone(),
+        );
+        let node_expiry_timestamp = Gauge::default();
+        registry.register(
+            "node_certificate_expiry_timestamp_seconds",
+            "notAfter of the agent's node certificate (unix seconds; 0 before it has one)",
+            node_expiry_timestamp.clone(),
+        );
+        let node_not_before_timestamp = Gauge::default();
+        registry.register(
+            "node_certificate_not_before_timestamp_seconds",
+            "notBefore of the agent's node certificate (unix seconds; 0 before it has one)",
+            node_not_before_timestamp.clone(),
+        );
+        let server_errors = Family::<Labels, Counter>::default();
+        registry.register(
+            "server_errors",
+            "Failed calls to the server by operation (connect, renew_node, sync, sign) and \
+             reason (unavailable: unreachable or a transient error; busy: shed with a retry \
+             pushback; refused: the server said no, e.g. a banned node; invalid_answer; local: \
+             a fault on this node)",
+            server_errors.clone(),
+        );
+        for operation in SERVER_OPERATIONS {
+            for reason in SERVER_ERROR_REASONS {
+                let _ = server_errors.get_or_create(&server_error_labels(operation, reason));
+            }
+        }
         let federated_bundles = Gauge::default();
         registry.register(
             "federated_bundles",
@@ -92,16 +148,24 @@ impl Metrics {
             "CRLs from the server not accepted (reason: bad_signature, unknown_issuer, mismatch, malformed, not_newer)",
             crl_rejections.clone(),
         );
+        for reason in CRL_REJECTIONS {
+            let _ = crl_rejections.get_or_create(&vec![("reason", reason.to_owned())]);
+        }
         let node_banned = Gauge::default();
         registry.register(
             "node_banned",
             "1 while the server refuses this node as banned (`signetctl node unban` lifts it)",
             node_banned.clone(),
         );
-        let sinks = Arc::new(SinkMetrics::register(&mut registry));
-        let workload = Arc::new(crate::workload::WorkloadMetrics::register(&mut registry));
+        let sinks = Arc::new(SinkMetrics::register(registry));
+        let workload = Arc::new(crate::workload::WorkloadMetrics::register(registry));
         Self {
-            registry,
+            registry: root,
+            earliest_expiry_timestamp,
+            earliest_not_before_timestamp,
+            node_expiry_timestamp,
+            node_not_before_timestamp,
+            server_errors,
             workload,
             certificates,
             earliest_expiry_seconds,
@@ -122,11 +186,17 @@ impl Metrics {
         let now = self.clock.now();
         self.certificates
             .set(i64::try_from(state.identities.len()).unwrap_or(i64::MAX));
-        let earliest = state
+        let first = state
             .identities
             .iter()
-            .map(|i| i.svid.certificate().not_after())
-            .min()
+            .map(|i| i.svid.certificate())
+            .min_by_key(|c| c.not_after());
+        self.earliest_expiry_timestamp
+            .set(first.map_or(0, |c| unix(c.not_after())));
+        self.earliest_not_before_timestamp
+            .set(first.map_or(0, |c| unix(c.not_before())));
+        let earliest = first
+            .map(|c| c.not_after())
             .and_then(|t| t.duration_since(now).ok())
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
@@ -135,21 +205,69 @@ impl Metrics {
             .set(i64::try_from(state.federated.len()).unwrap_or(i64::MAX));
     }
 
+    /// The node certificate served now (its validity, for the expiry gauges).
+    pub fn node_certificate(&self, not_before: SystemTime, not_after: SystemTime) {
+        self.node_not_before_timestamp.set(unix(not_before));
+        self.node_expiry_timestamp.set(unix(not_after));
+    }
+
+    /// Counts one failed call to the server (`operation`: one of [`SERVER_OPERATIONS`]).
+    pub fn server_error(&self, operation: &'static str, e: &crate::ca::CaError) {
+        self.server_errors
+            .get_or_create(&server_error_labels(operation, e.reason()))
+            .inc();
+    }
+
+    /// Counts one failed call to the server that failed on this node (a key, a bad answer).
+    pub fn local_error(&self, operation: &'static str) {
+        self.server_errors
+            .get_or_create(&server_error_labels(operation, "local"))
+            .inc();
+    }
+
     /// One line per sink that fails, is stuck or refused something (see
     /// [`crate::sinks::health::SinkHealth`]).
     pub fn sink_problems(&self) -> Vec<String> {
         self.sinks.health.problems(self.clock.now())
     }
 
-    /// The OpenMetrics text exposition.
-    pub fn encode(&self) -> String {
+    /// The exposition in `format`, the scrape-time gauges refreshed first.
+    pub fn encode(&self, format: Format) -> String {
         self.refresh();
-        let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
-            out.clear();
-        }
-        out
+        signet_runtime::metrics::encode(&self.registry, format)
     }
+}
+
+/// The operations of `signet_agent_server_errors_total`.
+pub const SERVER_OPERATIONS: [&str; 4] = ["connect", "renew_node", "sync", "sign"];
+/// Its reasons ([`crate::ca::CaError::reason`], and `local`).
+pub const SERVER_ERROR_REASONS: [&str; 6] = [
+    "unavailable",
+    "busy",
+    "refused",
+    "banned",
+    "invalid_answer",
+    "local",
+];
+/// The reasons of `signet_agent_crl_rejections_total`.
+const CRL_REJECTIONS: [&str; 5] = [
+    "bad_signature",
+    "unknown_issuer",
+    "mismatch",
+    "malformed",
+    "not_newer",
+];
+
+fn server_error_labels(operation: &'static str, reason: &'static str) -> Labels {
+    vec![
+        ("operation", operation.to_owned()),
+        ("reason", reason.to_owned()),
+    ]
+}
+
+fn unix(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 #[cfg(test)]
@@ -164,7 +282,10 @@ mod tests {
         let (tx, rx) = channel();
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let m = Metrics::new(rx, Arc::new(FakeClock::at(t0)));
-        assert!(m.encode().contains("signet_agent_certificates 0"));
+        assert!(
+            m.encode(Format::Text)
+                .contains("signet_agent_certificates 0")
+        );
         let id = |secs| Identity {
             entry_id: "e".into(),
             selectors: vec![Selector::Uid(1)],
@@ -180,7 +301,7 @@ mod tests {
             ..AgentState::default()
         }));
         m.renewals.inc();
-        let text = m.encode();
+        let text = m.encode(Format::OpenMetrics);
         assert!(text.contains("signet_agent_certificates 2"), "{text}");
         assert!(
             text.contains("signet_agent_earliest_expiry_seconds 120.0"),
@@ -192,5 +313,43 @@ mod tests {
             text.contains("signet_agent_renewal_failures_total 0"),
             "{text}"
         );
+        let expires = t0 + Duration::from_secs(120);
+        assert!(
+            text.contains(&format!(
+                "signet_agent_workload_certificate_earliest_expiry_timestamp_seconds {}",
+                unix(expires)
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains("signet_agent_node_certificate_expiry_timestamp_seconds 0"),
+            "{text}"
+        );
+        m.node_certificate(t0, expires);
+        m.server_error(
+            "sync",
+            &crate::ca::CaError::Unavailable("connection refused".into()),
+        );
+        let text = m.encode(Format::Text);
+        assert!(
+            text.contains(&format!(
+                "signet_agent_node_certificate_expiry_timestamp_seconds {}",
+                unix(expires)
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "signet_agent_server_errors_total{operation=\"sync\",reason=\"unavailable\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "signet_agent_server_errors_total{operation=\"sign\",reason=\"refused\"} 0"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("signet_agent_build_info{"), "{text}");
     }
 }

@@ -24,6 +24,7 @@ pub mod backoff;
 pub mod clock;
 pub mod config;
 pub mod http;
+pub mod metrics;
 pub mod random;
 pub mod shutdown;
 pub mod source;

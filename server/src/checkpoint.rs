@@ -483,6 +483,9 @@ impl Checkpointer {
         let mut floors: Vec<Floor> = self.lock().floor.iter().cloned().collect();
         floors.extend(self.database_floor().await);
         let head = self.store.ledger_head().await?;
+        self.metrics
+            .ledger_head_sequence
+            .set(i64::try_from(head.seq).unwrap_or(i64::MAX));
         let head_mark = Mark {
             seq: head.seq,
             hash: head.hash,

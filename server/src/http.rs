@@ -1,6 +1,6 @@
 //! The HTTP listener: `/healthz` (the process is up), `/readyz` (it can issue: the database
 //! answers, the ledger is making progress, and every named [`ReadinessCheck`] passes),
-//! `/metrics` (Prometheus text), and
+//! `/metrics` (OpenMetrics or the Prometheus text format, as the scraper asks), and
 //! `/crl/<key id>.crl` (the current CRL of that CA key, DER, `application/pkix-crl`; see
 //! [`crl_router`]).
 //!
@@ -145,14 +145,14 @@ async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
     }
 }
 
-async fn metrics_text(State(s): State<HttpState>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        s.metrics.encode(),
-    )
+/// OpenMetrics or the text format 0.0.4, as the scraper's `Accept` asks
+/// ([`signet_runtime::metrics::negotiate`]).
+async fn metrics_text(
+    State(s): State<HttpState>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    let format = signet_runtime::metrics::negotiate(&headers);
+    signet_runtime::metrics::response(format, s.metrics.encode(format))
 }
 
 /// Serves `router` on `listener` with the connection limits of `limits` until `shutdown`

@@ -106,6 +106,37 @@ impl IssuerError {
         }
     }
 
+    /// Every value of [`IssuerError::reason`].
+    pub const REASONS: [&'static str; 10] = [
+        "authn_failed",
+        "invalid_request",
+        "not_authorized",
+        "rate_limited",
+        "ca_unavailable",
+        "ledger_overloaded",
+        "ledger_not_recorded",
+        "store_unavailable",
+        "store_error",
+        "internal",
+    ];
+
+    /// The bounded reason label of `signet_issuance_refusals_total` (finer than
+    /// [`Self::outcome`] for the faults an operator acts on differently).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            IssuerError::Unauthenticated(_) => "authn_failed",
+            IssuerError::Invalid(_) => "invalid_request",
+            IssuerError::Denied(_) => "not_authorized",
+            IssuerError::RateLimited { .. } => "rate_limited",
+            IssuerError::CaNotValid(_) | IssuerError::JwtKeyUnavailable(_) => "ca_unavailable",
+            IssuerError::LedgerOverloaded => "ledger_overloaded",
+            IssuerError::NotRecorded(_) => "ledger_not_recorded",
+            IssuerError::Store(StoreError::Unavailable(_)) => "store_unavailable",
+            IssuerError::Store(_) => "store_error",
+            IssuerError::Internal { .. } => "internal",
+        }
+    }
+
     /// A fault that may go away on retry (database or ledger unavailable, CA not valid now),
     /// as opposed to a refusal of this request.
     pub fn is_retryable(&self) -> bool {
@@ -431,6 +462,15 @@ impl Issuer {
         Ok(caller)
     }
 
+    /// Counts a node attestation's outcome (`signet_node_attestations_total`).
+    pub fn observe_attestation<T>(&self, result: &Result<T, IssuerError>) {
+        self.metrics.attestation(
+            result
+                .as_ref()
+                .map_or_else(IssuerError::reason, |_| "attested"),
+        );
+    }
+
     /// Runs `work`, recording its outcome and duration for `api`.
     async fn observed<T>(
         &self,
@@ -446,7 +486,10 @@ impl Issuer {
     fn observe<T>(&self, api: &'static str, result: &Result<T, IssuerError>, started: Instant) {
         let outcome = match result {
             Ok(_) => "issued",
-            Err(e) => e.outcome(),
+            Err(e) => {
+                self.metrics.refusal(api, e.reason());
+                e.outcome()
+            }
         };
         // Measured on the injected clock `started` was read from (not `Instant::elapsed`).
         let took = self

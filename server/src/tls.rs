@@ -48,6 +48,13 @@ impl ServerCertResolver {
         self.current.store(Arc::new(key));
     }
 
+    /// The validity (notBefore, notAfter) of the leaf certificate served now.
+    pub fn leaf_validity(&self) -> Option<(std::time::SystemTime, std::time::SystemTime)> {
+        let key = self.current.load();
+        let leaf = signet_pki::cert::ParsedCert::from_der(key.cert.first()?.as_ref()).ok()?;
+        Some((leaf.not_before(), leaf.not_after()))
+    }
+
     /// The SHA-256 of the leaf certificate served now.
     pub fn leaf_sha256(&self) -> Option<[u8; 32]> {
         self.current

@@ -360,10 +360,26 @@ impl Server {
 
 /// A minimal HTTP/1.1 GET on loopback.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let (code, _, body) = http_get_with(addr, path, &[]).await;
+    (code, body)
+}
+
+/// [`http_get`] with extra request headers; also returns the response's headers (one
+/// `name: value` line each, as sent).
+pub async fn http_get_with(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{extra}Connection: close\r\n\r\n")
+            .as_bytes(),
     )
     .await
     .unwrap();
@@ -375,11 +391,11 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let body = text
+    let (head, body) = text
         .split_once("\r\n\r\n")
-        .map(|x| x.1.to_owned())
+        .map(|(h, b)| (h.to_owned(), b.to_owned()))
         .unwrap_or_default();
-    (code, body)
+    (code, head, body)
 }
 
 /// A fresh key and a CSR with the given URI/DNS SANs (none: the server fills in the identity).

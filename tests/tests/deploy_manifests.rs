@@ -16,8 +16,14 @@
 //! - The pieces agree: token audiences, service-account names in the server's policy, mount
 //!   paths of the files the configs name, Service and PodDisruptionBudget selectors.
 //!
-//! With CI=true a missing kubectl or kubernetes-validate fails the test; elsewhere it is
-//! skipped with a message.
+//! - `deploy/monitoring/` (applied apart: it needs the Prometheus Operator's CRDs, which
+//!   kubernetes-validate does not know) builds, its objects pass the operator's CRD schemas
+//!   (`tests/fixtures/monitoring.coreos.com_*.yaml`), its monitors find the Service, pods and
+//!   ports of `deploy/`, its PrometheusRule holds exactly the groups of `alerts.yaml`, and
+//!   `promtool check rules` and `promtool test rules` (every alert fired) pass.
+//!
+//! With CI=true a missing kubectl, kubernetes-validate or promtool fails the test; elsewhere it
+//! is skipped with a message.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -154,19 +160,27 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn kustomize() -> Option<Vec<Value>> {
+    kustomize_dir("deploy")
+}
+
+/// `kubectl kustomize <dir>` (relative to the repository), or `None` (skip) without kubectl.
+fn kustomize_dir(dir: &str) -> Option<Vec<Value>> {
     let kubectl = kubectl()?;
     let out = Command::new(kubectl)
         .arg("kustomize")
-        .arg(repo().join("deploy"))
+        .arg(repo().join(dir))
         .output()
         .expect("running kubectl kustomize");
     assert!(
         out.status.success(),
-        "kubectl kustomize deploy/ failed:\n{}",
+        "kubectl kustomize {dir}/ failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).expect("UTF-8");
-    Some(parse_yaml_stream(&text, "kubectl kustomize deploy/"))
+    Some(parse_yaml_stream(
+        &text,
+        &format!("kubectl kustomize {dir}/"),
+    ))
 }
 
 fn s<'a>(v: &'a Value, pointer: &str) -> &'a str {
@@ -191,7 +205,7 @@ fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
 
 fn is_custom(o: &Value) -> bool {
     let group = s(o, "/apiVersion").rsplit_once('/').map_or("", |(g, _)| g);
-    group == "signet.dev" || group == "cert-manager.io"
+    group == "signet.dev" || group == "cert-manager.io" || group == "monitoring.coreos.com"
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1404,4 +1418,223 @@ fn the_image_holds_every_binary_the_manifests_run() {
     }
     assert_eq!(ran.len(), 3, "server, agent and bridge each run: {ran:?}");
     assert!(dockerfile.contains("COPY --from=build /out/ /usr/local/bin/"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// deploy/monitoring: the Prometheus Operator's objects and the alerts
+
+fn promtool() -> Option<PathBuf> {
+    tool(
+        "SIGNET_PROMTOOL",
+        "promtool",
+        "scripts/test installs it (Debian's prometheus package)",
+    )
+}
+
+/// The objects of `deploy/monitoring/`, as the files hold them.
+fn monitoring_objects() -> Vec<Value> {
+    let dir = repo().join("deploy/monitoring");
+    ["monitors.yaml", "prometheusrule.yaml"]
+        .iter()
+        .flat_map(|f| read_yaml_file(&dir.join(f)))
+        .collect()
+}
+
+fn alert_groups() -> Value {
+    let rules = read_yaml_file(&repo().join("deploy/monitoring/alerts.yaml"));
+    rules[0]
+        .pointer("/groups")
+        .expect("alerts.yaml: groups")
+        .clone()
+}
+
+#[test]
+fn monitoring_manifests_pass_the_operator_schemas_and_carry_the_alerts() {
+    let objs = monitoring_objects();
+    let mut crds = Vec::new();
+    for kind in ["servicemonitors", "podmonitors", "prometheusrules"] {
+        crds.extend(read_yaml_file(
+            &repo().join(format!("tests/fixtures/monitoring.coreos.com_{kind}.yaml")),
+        ));
+    }
+    for o in &objs {
+        let errors = validate_custom(o, &crds);
+        assert!(errors.is_empty(), "{}:\n  {}", id(o), errors.join("\n  "));
+        assert_eq!(s(o, "/metadata/namespace"), "signet-system", "{}", id(o));
+    }
+    let rule = find(&objs, "PrometheusRule", "signet");
+    assert_eq!(
+        rule.pointer("/spec/groups"),
+        Some(&alert_groups()),
+        "prometheusrule.yaml's groups differ from alerts.yaml's: copy them over"
+    );
+    // kustomize yields exactly these objects.
+    let Some(built) = kustomize_dir("deploy/monitoring") else {
+        return;
+    };
+    let got: BTreeSet<String> = built.iter().map(id).collect();
+    let want: BTreeSet<String> = objs.iter().map(id).collect();
+    assert_eq!(got, want, "objects of kubectl kustomize deploy/monitoring/");
+}
+
+#[test]
+fn monitors_find_the_metrics_ports_of_deploy() {
+    let Some(deploy) = kustomize() else { return };
+    let objs = monitoring_objects();
+    let labels_match = |selector: &Value, labels: &Value| {
+        let want = selector
+            .pointer("/matchLabels")
+            .and_then(Value::as_object)
+            .expect("matchLabels");
+        !want.is_empty() && want.iter().all(|(k, v)| labels.get(k) == Some(v))
+    };
+    // The server: its Service, by the port's name.
+    let sm = find(&objs, "ServiceMonitor", "signet-server");
+    let service = find(&deploy, "Service", "signet-server");
+    assert!(labels_match(
+        sm.pointer("/spec/selector").expect("selector"),
+        service.pointer("/metadata/labels").expect("labels")
+    ));
+    let port = s(sm, "/spec/endpoints/0/port");
+    let ports = service
+        .pointer("/spec/ports")
+        .and_then(Value::as_array)
+        .expect("ports");
+    assert!(
+        ports.iter().any(|p| s(p, "/name") == port),
+        "the signet-server Service has no port {port}"
+    );
+    let label = s(sm, "/spec/jobLabel");
+    assert_eq!(
+        s(
+            service,
+            &format!("/metadata/labels/{}", label.replace('/', "~1"))
+        ),
+        "signet-server"
+    );
+    // The agent and the bridge: their pods, by container port name; the job label their pods
+    // carry is the job alerts.yaml names.
+    for (kind, name, job) in [
+        ("DaemonSet", "signet-agent", "signet-agent"),
+        ("Deployment", "signet-k8s", "signet-k8s"),
+    ] {
+        let pm = find(&objs, "PodMonitor", name);
+        let workload = find(&deploy, kind, name);
+        let pod_labels = workload
+            .pointer("/spec/template/metadata/labels")
+            .expect("pod labels");
+        assert!(
+            labels_match(pm.pointer("/spec/selector").expect("selector"), pod_labels),
+            "PodMonitor {name} selects no pod of {kind} {name}"
+        );
+        let label = s(pm, "/spec/jobLabel");
+        assert_eq!(pod_labels.get(label).and_then(Value::as_str), Some(job));
+        let port = s(pm, "/spec/podMetricsEndpoints/0/port");
+        let containers = workload
+            .pointer("/spec/template/spec/containers")
+            .and_then(Value::as_array)
+            .expect("containers");
+        assert!(
+            containers.iter().any(|c| c
+                .pointer("/ports")
+                .and_then(Value::as_array)
+                .is_some_and(|ps| ps.iter().any(|p| s(p, "/name") == port))),
+            "{kind} {name} has no container port {port}"
+        );
+        // Its NetworkPolicy admits the scraper to that port.
+        let policy = find(&deploy, "NetworkPolicy", name);
+        let admitted = policy
+            .pointer("/spec/ingress")
+            .and_then(Value::as_array)
+            .expect("ingress")
+            .iter()
+            .flat_map(|rule| {
+                rule.pointer("/ports")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .any(|p| s(&p, "/port") == port);
+        assert!(admitted, "NetworkPolicy {name} does not admit port {port}");
+    }
+    let alerts = serde_json::to_string(&alert_groups()).expect("json");
+    for job in ["signet-server", "signet-agent", "signet-k8s"] {
+        assert!(
+            alerts.contains(job),
+            "alerts.yaml never names the job {job}"
+        );
+    }
+}
+
+#[test]
+fn every_alert_has_a_runbook_and_a_test_that_fires_it() {
+    let groups = alert_groups();
+    let tests = read_yaml_file(&repo().join("deploy/monitoring/alerts_test.yaml"));
+    let fired: BTreeSet<String> = tests[0]
+        .pointer("/tests")
+        .and_then(Value::as_array)
+        .expect("tests")
+        .iter()
+        .flat_map(|t| {
+            t.pointer("/alert_rule_test")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|c| {
+            c.pointer("/exp_alerts")
+                .and_then(Value::as_array)
+                .is_some_and(|a| !a.is_empty())
+        })
+        .map(|c| s(&c, "/alertname").to_owned())
+        .collect();
+    let mut alerts = 0;
+    for rule in groups.as_array().expect("groups").iter().flat_map(|g| {
+        g.pointer("/rules")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    }) {
+        let name = s(&rule, "/alert");
+        alerts += 1;
+        assert!(fired.contains(name), "alerts_test.yaml never fires {name}");
+        for key in ["summary", "description"] {
+            assert!(
+                !s(&rule, &format!("/annotations/{key}")).is_empty(),
+                "{name}: no {key}"
+            );
+        }
+        assert!(
+            s(&rule, "/annotations/runbook_url").starts_with("docs/operations.md#signet"),
+            "{name}: runbook_url must point into docs/operations.md"
+        );
+        assert!(
+            ["warning", "critical"].contains(&s(&rule, "/labels/severity")),
+            "{name}: severity"
+        );
+    }
+    assert!(alerts >= 20, "{alerts} alerts");
+}
+
+#[test]
+fn alerts_load_and_their_unit_tests_pass_in_promtool() {
+    let Some(promtool) = promtool() else { return };
+    let dir = repo().join("deploy/monitoring");
+    for args in [
+        ["check", "rules", "alerts.yaml"],
+        ["test", "rules", "alerts_test.yaml"],
+    ] {
+        let out = Command::new(&promtool)
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("running promtool");
+        assert!(
+            out.status.success(),
+            "promtool {}:\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

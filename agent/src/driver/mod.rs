@@ -319,9 +319,25 @@ impl Driver {
         }
     }
 
+    /// Counts a failed call to the server: `e` the server's answer, `None` a local fault.
+    fn count_error(&self, operation: &'static str, e: Option<&crate::ca::CaError>) {
+        if let Some(m) = &self.metrics {
+            match e {
+                Some(e) => m.server_error(operation, e),
+                None => m.local_error(operation),
+            }
+        }
+    }
+
     /// Installs `node` at `now`: its chain is learnt as CRL issuers, and the known bundle and
     /// the CRLs kept from before a restart are served before the server answers.
     fn start_serving(&mut self, node: NodeIdentity, now: SystemTime) -> Serving {
+        if let Some(m) = &self.metrics {
+            m.node_certificate(
+                node.certificate().not_before(),
+                node.certificate().not_after(),
+            );
+        }
         let bundle = self.served_bundle();
         let trust_domain = node.spiffe_id().trust_domain().clone();
         let td = trust_domain.id_string();
@@ -358,6 +374,7 @@ impl Driver {
                     tracing::info!(node = %s.node.spiffe_id(), "connected to the server");
                 }
                 Err(e) => {
+                    self.count_error("connect", e.ca_error());
                     let wait = s.schedule.connect_failed(now, self.random.unit());
                     if let NodeError::Connect(ca) = &e {
                         self.server_failed(ca, Some(&s.node));
@@ -389,6 +406,12 @@ impl Driver {
                         if let Some(why) = again {
                             tracing::warn!(reason = %why, "the new node certificate is compromised too; retrying after a backoff");
                         }
+                        if let Some(m) = &self.metrics {
+                            m.node_certificate(
+                                n.certificate().not_before(),
+                                n.certificate().not_after(),
+                            );
+                        }
                         s.node = n;
                         // The cache is sealed under the node key: seal it under the new one.
                         self.save_cache_now(s);
@@ -397,6 +420,7 @@ impl Driver {
                         return Flow::Restart;
                     }
                     Err(e) => {
+                        self.count_error("renew_node", e.ca_error());
                         let wait = s.schedule.node_renewal_failed(
                             now,
                             self.random.unit(),
@@ -442,6 +466,7 @@ impl Driver {
                         s.schedule.sync_succeeded(now, true);
                     }
                     Err(e) => {
+                        self.count_error("sync", Some(&e));
                         let wait = s
                             .schedule
                             .sync_failed(now, self.random.unit(), e.retry_after());

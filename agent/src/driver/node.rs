@@ -186,7 +186,25 @@ pub enum RenewFailed {
     Answer(#[from] IdentityError),
 }
 
+impl NodeError {
+    /// The server's answer, when the server failed or refused.
+    pub(super) fn ca_error(&self) -> Option<&CaError> {
+        match self {
+            NodeError::Connect(e) | NodeError::Attestation(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 impl RenewFailed {
+    /// The server's answer, when the server failed or refused.
+    pub(super) fn ca_error(&self) -> Option<&CaError> {
+        match self {
+            RenewFailed::Server(e) => Some(e),
+            _ => None,
+        }
+    }
+
     /// The wait the server asked for (its pushback), if it did.
     pub(super) fn retry_after(&self) -> Option<std::time::Duration> {
         match self {

@@ -153,6 +153,9 @@ impl Rotator {
                     failed = true;
                 }
                 Err(e) => {
+                    if let Some(m) = &self.metrics {
+                        m.server_error("sign", &e);
+                    }
                     tracing::warn!(error = %e, "workload signing failed; serving the last good certificates");
                     pushback = e.retry_after();
                     failed = true;

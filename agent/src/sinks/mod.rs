@@ -121,6 +121,12 @@ pub enum SinkErrorKind {
 }
 
 impl SinkErrorKind {
+    pub const ALL: [SinkErrorKind; 3] = [
+        SinkErrorKind::Failed,
+        SinkErrorKind::Refused,
+        SinkErrorKind::Timeout,
+    ];
+
     /// The `reason` label of the failure metric.
     pub fn label(self) -> &'static str {
         match self {

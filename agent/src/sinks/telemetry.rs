@@ -113,6 +113,16 @@ impl Telemetry {
             );
         });
         self.set_healthy(name, true);
+        // The sink's counters, at zero until they move.
+        if let Some(m) = &self.metrics {
+            let _ = m.deliveries.get_or_create(&Self::labels(name));
+            let _ = m.warnings.get_or_create(&Self::labels(name));
+            for kind in SinkErrorKind::ALL {
+                let mut l = Self::labels(name);
+                l.push(("reason", kind.label().to_owned()));
+                let _ = m.failures.get_or_create(&l);
+            }
+        }
     }
 
     fn update(&self, name: &str, f: impl FnOnce(&mut SinkReport)) {

@@ -137,7 +137,7 @@ async fn failures_reach_readyz_and_the_metrics() {
         Arc::new(SystemClock),
         Arc::new(|| 0.5),
     );
-    let text = metrics.encode();
+    let text = metrics.encode(signet_runtime::metrics::Format::OpenMetrics);
     assert!(
         text.contains("signet_agent_sink_healthy{sink=\"refusing\"} 1"),
         "{text}"
@@ -154,7 +154,7 @@ async fn failures_reach_readyz_and_the_metrics() {
         problems[0].contains("refused): directory is shared"),
         "{problems:?}"
     );
-    let text = metrics.encode();
+    let text = metrics.encode(signet_runtime::metrics::Format::OpenMetrics);
     assert!(
         text.contains("signet_agent_sink_failures_total{sink=\"refusing\",reason=\"refused\"} 1"),
         "{text}"

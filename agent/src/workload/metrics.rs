@@ -115,6 +115,57 @@ impl WorkloadMetrics {
             "SDS validation contexts sent without the CRLs the agent holds (incomplete or stale)",
             m.sds_crls_withheld.clone(),
         );
+        m.preregister();
         m
+    }
+
+    /// Every label of the bounded families at zero, so they are present from start-up.
+    fn preregister(&self) {
+        let families: [(&Family<Labels, Counter>, &'static str, &[&str]); 4] = [
+            (&self.jwt_svids, "source", &["cache", "minted", "stale"]),
+            (
+                &self.jwt_validations,
+                "result",
+                &[
+                    "valid",
+                    "expired",
+                    "audience",
+                    "unknown_key",
+                    "signature",
+                    "alg",
+                    "claims",
+                    "malformed",
+                    "trust_domain",
+                    "refused",
+                ],
+            ),
+            (
+                &self.sds_requests,
+                "kind",
+                &["subscribe", "ack", "nack", "stale"],
+            ),
+            (
+                &self.sds_refused,
+                "reason",
+                &[
+                    "no_identity",
+                    "not_served",
+                    "no_node",
+                    "type_url",
+                    "too_many_names",
+                    "all_needs_spiffe_validator",
+                    "no_first_request",
+                    "stream_cap",
+                    "not_attested",
+                    "unreadable",
+                    "other",
+                ],
+            ),
+        ];
+        for (family, key, values) in families {
+            for v in values {
+                let _ = family.get_or_create(&vec![(key, (*v).to_owned())]);
+            }
+        }
     }
 }

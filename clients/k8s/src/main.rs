@@ -211,7 +211,7 @@ async fn health(addr: SocketAddr) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `/metrics` (Prometheus text) on a listener of its own, within the default HTTP limits (as
+/// `/metrics` (OpenMetrics or the Prometheus text format, as the scraper asks) on a listener of its own, within the default HTTP limits (as
 /// the server's and agent's: a scraper never holds the kubelet's probe slots).
 async fn metrics(
     addr: SocketAddr,
@@ -221,14 +221,9 @@ async fn metrics(
     tracing::info!(%addr, "metrics endpoint");
     let router = axum::Router::new().route(
         "/metrics",
-        axum::routing::get(move || async move {
-            (
-                [(
-                    axum::http::header::CONTENT_TYPE,
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                )],
-                metrics.encode(),
-            )
+        axum::routing::get(move |headers: axum::http::HeaderMap| async move {
+            let format = signet_runtime::metrics::negotiate(&headers);
+            signet_runtime::metrics::response(format, metrics.encode(format))
         }),
     );
     let l = signet_runtime::http::HttpListener {
@@ -339,6 +334,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         ctx.clone(),
     )
     .for_each(|r| async move {
+        signet_k8s::metrics::reconciled("issuer", &r);
         if let Err(e) = r {
             tracing::debug!(error = %e, "Issuer controller");
         }
@@ -354,6 +350,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         ctx.clone(),
     )
     .for_each(|r| async move {
+        signet_k8s::metrics::reconciled("cluster_issuer", &r);
         if let Err(e) = r {
             tracing::debug!(error = %e, "ClusterIssuer controller");
         }

@@ -444,6 +444,7 @@ pub async fn run_controller(client: kube::Client, ctx: Arc<Context>) {
     .shutdown_on_signal()
     .run(reconcile, error_policy, ctx)
     .for_each(|r| async move {
+        crate::metrics::reconciled("certificate_request", &r);
         if let Err(e) = r {
             tracing::debug!(error = %e, "CertificateRequest controller");
         }

@@ -349,7 +349,9 @@ impl Node for NodeApi {
             authorization: creds.authorization.as_ref(),
             csr: &req.csr,
         };
-        let (node_id, cert) = self.attestation.attest(input, request_id).await?;
+        let attested = self.attestation.attest(input, request_id).await;
+        self.issuer.observe_attestation(&attested);
+        let (node_id, cert) = attested?;
         Ok(Response::new(AttestResponse {
             node_id,
             svid: Some(svid(&cert)),

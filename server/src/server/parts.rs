@@ -120,6 +120,12 @@ pub(super) async fn build(cfg: &Config, status: &StartupStatus) -> anyhow::Resul
     let checkpoints = build_checkpoints(cfg, &store, &audit, &metrics)?;
     let tls_config = follow_the_ca(&manager, &view, &issuer, &bundle, &metrics, &server_cert)?;
     let crl_publisher = start_crls(cfg, &store, &manager, &bundle, &clock, &audit).await;
+    metrics.watch(crate::metrics::Sources {
+        ca: manager.clone(),
+        bundle: bundle.clone(),
+        server_cert: server_cert.resolver.clone(),
+        checkpoints: checkpoints.clone(),
+    });
     let revoker = build_revoker(
         &store,
         &clock,
@@ -231,14 +237,14 @@ async fn start_ledger(
     metrics: &Arc<Metrics>,
     clock: &Arc<dyn Clock>,
 ) -> anyhow::Result<LedgerWriter> {
-    let batch_metrics = metrics.clone();
+    let (batch_metrics, batch_clock) = (metrics.clone(), clock.clone());
     let (writer_url, writer_db, shared) = (cfg.database_url(), cfg.database.clone(), store.clone());
     LedgerWriter::spawn_on_own_thread(
         move || async move {
             crate::store::connect_ledger_writer(&writer_url, &writer_db, shared).await
         },
         &cfg.ledger,
-        Arc::new(move |size, took| batch_metrics.observe_batch(size, took)),
+        Arc::new(move |size, took| batch_metrics.observe_batch(size, took, batch_clock.now())),
         clock.clone(),
     )
     .await

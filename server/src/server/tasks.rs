@@ -148,14 +148,17 @@ pub(super) async fn publish_metrics(
     progress: Arc<crate::ledger::LedgerProgress>,
     conns: Arc<ConnRegistry>,
 ) {
-    let mut failures = 0;
+    // The counters' totals so far (the audit log and the ledger count on their own).
+    let (mut failures, mut dropped, mut aggregated) = (0, 0, 0);
     loop {
-        metrics
-            .audit_dropped
-            .set(i64::try_from(audit.dropped()).unwrap_or(i64::MAX));
+        let now = audit.dropped();
+        metrics.audit_dropped.inc_by(now.saturating_sub(dropped));
+        dropped = now;
+        let now = audit.aggregated();
         metrics
             .audit_aggregated
-            .set(i64::try_from(audit.aggregated()).unwrap_or(i64::MAX));
+            .inc_by(now.saturating_sub(aggregated));
+        aggregated = now;
         metrics
             .ledger_pending
             .set(i64::try_from(progress.pending()).unwrap_or(i64::MAX));

@@ -29,6 +29,7 @@ mod jwt_workload;
 mod k8s;
 mod k8s_certificate;
 mod lifecycle;
+mod metrics;
 mod node_psat;
 mod node_sets;
 mod nodes;

@@ -493,6 +493,7 @@ pub async fn run(
     });
     c.run(reconcile, error_policy, ctx)
         .for_each(|r| async move {
+            crate::metrics::reconciled("certificate", &r);
             if let Err(e) = r {
                 tracing::debug!(error = %e, "certificate controller");
             }

@@ -120,6 +120,7 @@ pub async fn run_identities(
             ctx.clone(),
         )
         .for_each(|r| {
+            crate::metrics::reconciled("cluster_identity", &r);
             let ctx = ctx.clone();
             async move { after(r, &ctx).await }
         })
@@ -170,6 +171,7 @@ pub async fn run_identities(
                 ctx.clone(),
             )
             .for_each(|r| {
+                crate::metrics::reconciled("identity", &r);
                 let ctx = ctx.clone();
                 async move { after(r, &ctx).await }
             })
@@ -215,6 +217,7 @@ pub async fn run_identities(
                 ctx.clone(),
             )
             .for_each(|r| async move {
+                crate::metrics::reconciled("tenant", &r);
                 if let Err(e) = r {
                     tracing::debug!(error = %e, "Tenant controller");
                 }
