@@ -32,6 +32,7 @@ mod lifecycle;
 mod node_psat;
 mod node_sets;
 mod nodes;
+mod operations;
 mod plugged;
 mod readme;
 mod registration;
