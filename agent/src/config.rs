@@ -7,8 +7,11 @@
 //! are found in one file.
 //!
 //! Nested keys use a double underscore in the environment: `SIGNET_AGENT_RENEW_FRACTION=0.6`,
-//! `SIGNET_AGENT_HTTP_LISTEN=127.0.0.1:9090`. Only variables naming a known top-level key are
-//! read, so other tools' `SIGNET_AGENT_*` variables do not break the agent.
+//! `SIGNET_AGENT_HTTP_LISTEN=127.0.0.1:9090`. Any other `SIGNET_AGENT_*` variable stops
+//! start-up, naming the closest key (`SIGNET_AGENT_SERVER_ADRESS`: did you mean
+//! `SIGNET_AGENT_SERVER_ADDRESS`?), except Kubernetes' service links for a Service named
+//! `signet-agent…` (see [`signet_runtime::config::check_env`]). Other `SIGNET_*` variables are
+//! the server's, the bridge's or tools': the agent does not read them.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -69,6 +72,11 @@ pub struct Config {
     pub workload_api: WorkloadApiConfig,
     /// Traces over OTLP (`[telemetry]`, see [`signet_runtime::telemetry`]); off by default.
     pub telemetry: signet_runtime::telemetry::TelemetryConfig,
+    /// The log filter: a level (`error`, `warn`, `info`, `debug`, `trace`, `off`) or
+    /// `RUST_LOG`'s directives (`info,signet_agent=debug`). Set (here, as
+    /// `SIGNET_AGENT_LOG_LEVEL` or `--log-level`) it wins over `RUST_LOG`; unset, `RUST_LOG`
+    /// is used, else `info`. Reloaded on SIGHUP.
+    pub log_level: Option<signet_runtime::telemetry::LogLevel>,
 }
 
 impl std::fmt::Debug for Config {
@@ -90,6 +98,7 @@ impl std::fmt::Debug for Config {
             .field("kubernetes_api", &self.kubernetes_api)
             .field("workload_api", &self.workload_api)
             .field("telemetry", &self.telemetry)
+            .field("log_level", &self.log_level)
             .finish()
     }
 }
@@ -115,6 +124,7 @@ impl Default for Config {
             kubernetes_api: KubernetesApiConfig::default(),
             workload_api: WorkloadApiConfig::default(),
             telemetry: Default::default(),
+            log_level: None,
         }
     }
 }
@@ -641,7 +651,17 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "kubernetes_api",
     "workload_api",
     "telemetry",
+    "log_level",
 ];
+
+/// How the agent's configuration is named in the environment: `SIGNET_AGENT_<KEY>`; any
+/// other variable under that prefix is refused.
+pub const ENV: signet_runtime::config::EnvSpec = signet_runtime::config::EnvSpec {
+    binary: "signet-agent",
+    prefix: "SIGNET_AGENT_",
+    keys: TOP_LEVEL_KEYS,
+    others: &[],
+};
 
 /// `[http]`: the bounds of the `http_listen` listener (`/healthz`, `/readyz`, `/metrics`), so
 /// a port scanner, a half-sent request or one source's idle connections cannot hold it.
@@ -700,13 +720,27 @@ impl Config {
     /// Layers defaults, the optional TOML file and the environment (`SIGNET_AGENT_*`), then
     /// validates.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        Self::load_with_env(file, "SIGNET_AGENT_")
+        Self::load_with_flags(file, serde_json::json!({}))
     }
 
-    fn load_with_env(file: Option<&Path>, env_prefix: &str) -> Result<Self, ConfigError> {
+    /// [`Self::load`], with `flags` (already serialized, absent flags skipped) over the
+    /// environment: `--log-level`.
+    pub fn load_with_flags(
+        file: Option<&Path>,
+        flags: impl Serialize,
+    ) -> Result<Self, ConfigError> {
+        Self::load_with_env(file, &ENV, flags)
+    }
+
+    fn load_with_env(
+        file: Option<&Path>,
+        env: &signet_runtime::config::EnvSpec,
+        flags: impl Serialize,
+    ) -> Result<Self, ConfigError> {
         let cfg: Config = Layers::new(Config::default())
             .file(file)?
-            .env(env_prefix, TOP_LEVEL_KEYS)
+            .env(env)?
+            .flags(flags)
             .extract()?;
         cfg.validate()?;
         Ok(cfg)
@@ -875,7 +909,14 @@ mod tests {
     fn load_toml(s: &str) -> Result<Config, ConfigError> {
         let mut f = tempfile::NamedTempFile::new().expect("temp file");
         f.write_all(s.as_bytes()).expect("write");
-        Config::load_with_env(Some(f.path()), "SIGNET_AGENT_TEST_NONE_")
+        Config::load_with_env(
+            Some(f.path()),
+            &signet_runtime::config::EnvSpec {
+                prefix: "SIGNET_AGENT_TEST_NONE_",
+                ..ENV
+            },
+            serde_json::json!({}),
+        )
     }
 
     #[test]
@@ -1164,14 +1205,32 @@ mod tests {
 
     #[test]
     #[allow(clippy::result_large_err)] // figment's Jail API
-    fn environment_overrides_file_and_ignores_foreign_keys() {
+    fn environment_overrides_file_and_unknown_variables_are_refused() {
         figment::Jail::expect_with(|jail| {
             jail.create_file("agent.toml", "renew_fraction = 0.3\n")?;
             jail.set_env("SIGNET_AGENT_RENEW_FRACTION", "0.7");
-            jail.set_env("SIGNET_AGENT_SOMETHING_ELSE", "x");
+            // The server's and the bridge's variables, and Kubernetes' service links.
+            jail.set_env("SIGNET_DATABASE_URL", "postgres://db/signet");
+            jail.set_env("SIGNET_K8S_SERVER", "x");
+            jail.set_env("SIGNET_AGENT_SERVICE_HOST", "10.0.0.1");
+            jail.set_env("SIGNET_AGENT_PORT_8081_TCP_ADDR", "10.0.0.1");
             let c = Config::load(Some(Path::new("agent.toml")))
                 .map_err(|e| figment::Error::from(e.to_string()))?;
             assert_eq!(c.renew_fraction, 0.7);
+            let c = Config::load_with_flags(
+                Some(Path::new("agent.toml")),
+                serde_json::json!({"log_level": "debug"}),
+            )
+            .map_err(|e| figment::Error::from(e.to_string()))?;
+            assert_eq!(c.log_level.map(|l| l.to_string()).as_deref(), Some("debug"));
+            jail.set_env("SIGNET_AGENT_RENEW_FRACTON", "0.6");
+            let e = Config::load(Some(Path::new("agent.toml"))).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "configuration: environment variable SIGNET_AGENT_RENEW_FRACTON is not a \
+                 setting of signet-agent: did you mean SIGNET_AGENT_RENEW_FRACTION? Rename or \
+                 unset it"
+            );
             Ok(())
         });
     }

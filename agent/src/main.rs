@@ -4,6 +4,13 @@
 //! The node attests with its join token (or reuses the identity kept in `data_dir`), then
 //! syncs its registration entries and has their certificates signed through
 //! `signet.agent.v1.Node` over mTLS (see [`signet_agent::driver`]).
+//!
+//! SIGHUP never stops the agent: it loads the configuration again and applies the log level
+//! (`log_level`, `--log-level`), logging one line per thing; other keys that changed are named
+//! as taking effect at the next restart. The files the agent reads while running
+//! (`trust_bundle_file`, `join_token_file`, `kubernetes_token_file`) are read at each use and
+//! need no signal. (The `reload_signal` of a files sink is a signal the agent *sends* to a
+//! workload, see `signal.rs`.)
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
@@ -25,21 +32,30 @@ use signet_agent::state;
 use signet_agent::workload::{self, ListenError, ServeOptions, WorkloadApi};
 use signet_runtime::clock::SystemClock;
 use signet_runtime::random::SystemRandom;
-use signet_runtime::shutdown;
-use signet_runtime::telemetry::{self, LogOptions};
+use signet_runtime::reload::{KeyDigests, Outcome, changed_keys};
+use signet_runtime::shutdown::{self, Hangups};
+use signet_runtime::telemetry::{self, LogChange, LogControl, LogOptions, log_early_error};
 use signet_types::SpiffeIdError;
 
 /// Signet node agent: SPIFFE Workload API, certificate rotation, file and Secret sinks.
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser, serde::Serialize)]
 #[command(version, about)]
 struct Args {
     /// TOML configuration file. Every top-level key can also be set as SIGNET_AGENT_<KEY>
-    /// (nested keys with '__'); the environment wins over the file.
+    /// (nested keys with '__'); the environment wins over the file, flags over both.
     #[arg(long, short)]
+    #[serde(skip)]
     config: Option<PathBuf>,
-    /// Log as JSON lines instead of text.
+    /// Log as JSON lines instead of text; then every line on standard output and error is
+    /// JSON.
     #[arg(long)]
+    #[serde(skip)]
     log_json: bool,
+    /// The log filter: error, warn, info, debug, trace, off, or RUST_LOG's directives
+    /// (info,signet_agent=debug). Wins over the log_level key and over RUST_LOG.
+    #[arg(long, value_name = "LEVEL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    log_level: Option<String>,
 }
 
 /// Why the agent cannot start, or stopped with an error.
@@ -105,48 +121,115 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let cfg = match Config::load(args.config.as_deref()) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("signet-agent: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let json = args.log_json;
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("signet-agent: cannot start the runtime: {e}");
+            log_early_error(
+                "signet-agent",
+                json,
+                &format!("cannot start the runtime: {e}"),
+            );
             return ExitCode::FAILURE;
+        }
+    };
+    // First of all: from here on a SIGHUP is a reload, never the end of the process.
+    let hangups = {
+        let _in_runtime = rt.enter();
+        Hangups::watch()
+    };
+    let cfg = match Config::load_with_flags(args.config.as_deref(), &args) {
+        Ok(c) => c,
+        Err(e) => {
+            log_early_error("signet-agent", json, &e.to_string());
+            return ExitCode::from(2);
         }
     };
     // Inside the runtime: the trace exporter's connection lives on it.
     let logs = LogOptions {
-        json: args.log_json,
+        json,
         default_filter: "info,h2=warn",
+        level: cfg.log_level.clone(),
     };
     let telemetry =
         match rt.block_on(async { telemetry::init("signet-agent", logs, &cfg.telemetry) }) {
             Ok(t) => t,
             Err(e) => {
-                eprintln!("signet-agent: {e}");
+                log_early_error("signet-agent", json, &e.to_string());
                 return ExitCode::from(2);
             }
         };
+    let reloads = rt.spawn(reload_on_hangup(
+        hangups,
+        args,
+        KeyDigests::of(&cfg),
+        telemetry.log_control(),
+    ));
     let result = rt.block_on(run(cfg));
+    reloads.abort();
     // The exporter's final flush needs its connection, which runs on the runtime: the
     // runtime's thread drives it while a blocking thread waits for the flush.
     rt.block_on(async {
         if let Err(e) = tokio::task::spawn_blocking(move || telemetry.shutdown()).await {
-            eprintln!("signet-agent: telemetry shutdown: {e}");
+            tracing::warn!("telemetry shutdown: {e}");
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
-            eprintln!("signet-agent: {e}");
+            if !json {
+                eprintln!("signet-agent: {e}");
+            }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// At each SIGHUP: the configuration loaded again as at start-up, its log level applied, and
+/// the other keys that changed named (they need a restart); one log line each.
+async fn reload_on_hangup(mut hangups: Hangups, args: Args, running: KeyDigests, logs: LogControl) {
+    loop {
+        hangups.recv().await;
+        tracing::info!("SIGHUP: reloading");
+        for (what, outcome) in reload_once(&args, &running, &logs) {
+            signet_runtime::reload::log(what, &outcome);
+        }
+    }
+}
+
+fn reload_once(
+    args: &Args,
+    running: &KeyDigests,
+    logs: &LogControl,
+) -> Vec<(&'static str, Outcome)> {
+    match Config::load_with_flags(args.config.as_deref(), args) {
+        Ok(new) => {
+            let level = match logs.set(new.log_level.as_ref()) {
+                Ok(LogChange::Changed { from, to }) => {
+                    Outcome::Reloaded(format!("{to}, was {from}"))
+                }
+                Ok(LogChange::Unchanged(now)) => Outcome::Unchanged(now),
+                Err(e) => Outcome::Failed(e.to_string()),
+            };
+            vec![
+                ("configuration", changed_keys(running, &new, &["log_level"])),
+                ("log level", level),
+            ]
+        }
+        Err(e) => vec![
+            (
+                "configuration",
+                Outcome::Failed(format!("{e}; the running configuration is kept")),
+            ),
+            (
+                "log level",
+                Outcome::Unchanged(format!(
+                    "{} (the configuration did not load)",
+                    logs.current()
+                )),
+            ),
+        ],
     }
 }
 

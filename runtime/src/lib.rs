@@ -3,7 +3,9 @@
 //! - [`telemetry`]: logs (text or JSON) and OpenTelemetry traces exported over OTLP/gRPC when
 //!   `[telemetry] otlp_endpoint` is set; the gRPC server layer that opens one span per call
 //!   and continues the caller's W3C trace; trace-context injection for outgoing calls.
-//! - [`shutdown`]: the SIGTERM / ctrl-c future.
+//! - [`shutdown`]: the SIGTERM / ctrl-c future, and SIGHUP watched as a reload request.
+//! - [`reload`]: what a SIGHUP reload reports (one log line per thing) and which configuration
+//!   keys changed.
 //! - [`config`]: layered configuration (defaults, TOML file, environment, flags), unknown
 //!   keys refused by name.
 //! - [`http`]: the small HTTP listeners each binary runs for `/healthz`, `/readyz` and
@@ -26,6 +28,7 @@ pub mod config;
 pub mod http;
 pub mod metrics;
 pub mod random;
+pub mod reload;
 pub mod shutdown;
 pub mod source;
 pub mod telemetry;

@@ -2,8 +2,12 @@
 //!
 //! [`init`] installs one `tracing` subscriber with two independent outputs:
 //!
-//! - **Logs** on standard error, text or JSON lines, filtered by `RUST_LOG` (or the binary's
-//!   default filter), exactly as each binary logged before this module existed.
+//! - **Logs** on standard error, text or JSON lines, filtered by the binary's `log_level`
+//!   ([`LogLevel`]: `--log-level`, or the configuration) when set, else by `RUST_LOG`, else by
+//!   the binary's default filter. The filter can be replaced while the binary runs
+//!   ([`LogControl`], on SIGHUP). In JSON mode every line a binary writes on its standard
+//!   output and error is one JSON object: errors before the subscriber exists go through
+//!   [`log_early_error`].
 //! - **Traces** exported over OTLP/gRPC when `[telemetry] otlp_endpoint` is set (off when it
 //!   is absent): plain `http://`, or `https://` verified against the system's roots or
 //!   `otlp_ca_file`, with an optional client certificate for mTLS (rustls, ring). Only spans of the target [`TARGET`] become OpenTelemetry spans, and logs
@@ -26,6 +30,7 @@
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -105,6 +110,8 @@ pub enum TelemetryError {
     Exporter(String),
     #[error("telemetry: a tracing subscriber is already installed")]
     AlreadyInstalled,
+    #[error("logs: cannot replace the filter: {0}")]
+    Reload(String),
 }
 
 impl TelemetryConfig {
@@ -183,12 +190,217 @@ impl TelemetryConfig {
 }
 
 /// How logs are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogOptions {
     /// JSON lines instead of text.
     pub json: bool,
-    /// The filter used when `RUST_LOG` is unset or invalid, e.g. `info,h2=warn`.
+    /// The filter used when neither `level` nor `RUST_LOG` is set (or `RUST_LOG` is invalid),
+    /// e.g. `info,h2=warn`: a level, then the noisy crates held back.
     pub default_filter: &'static str,
+    /// The binary's `log_level` (`--log-level`, the configuration): wins over `RUST_LOG`.
+    pub level: Option<LogLevel>,
+}
+
+/// The levels a `log_level` may name.
+const LEVELS: &[&str] = &["off", "error", "warn", "info", "debug", "trace"];
+
+/// A log filter as `--log-level` and `log_level` take it: a level (`error`, `warn`, `info`,
+/// `debug`, `trace`, `off`), which keeps the binary's noisy dependencies (`h2`, `sqlx`) at
+/// `warn` or quieter, or `RUST_LOG`'s directives (`info,signet_server=debug`, used as
+/// written). A bare word that is not a level is refused: `RUST_LOG` would read it as a target
+/// name and log nearly nothing, silently.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct LogLevel(String);
+
+impl LogLevel {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// A bare level (`debug`), as opposed to directives.
+    fn bare(&self) -> Option<tracing::level_filters::LevelFilter> {
+        if LEVELS.iter().any(|l| l.eq_ignore_ascii_case(&self.0)) {
+            self.0.parse().ok()
+        } else {
+            None
+        }
+    }
+
+    /// The filter: directives as written, or a bare level with `default_filter`'s
+    /// per-target directives each kept at its level or quieter.
+    fn filter_directives(&self, default_filter: &str) -> String {
+        let Some(level) = self.bare() else {
+            return self.0.clone();
+        };
+        let mut out = vec![level.to_string().to_ascii_lowercase()];
+        for d in default_filter.split(',').filter(|d| d.contains('=')) {
+            let Some((target, l)) = d.rsplit_once('=') else {
+                continue;
+            };
+            let l: tracing::level_filters::LevelFilter = l
+                .parse()
+                .unwrap_or(tracing::level_filters::LevelFilter::WARN);
+            out.push(format!(
+                "{target}={}",
+                l.min(level).to_string().to_ascii_lowercase()
+            ));
+        }
+        out.join(",")
+    }
+}
+
+impl std::fmt::Display for LogLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<LogLevel> for String {
+    fn from(l: LogLevel) -> String {
+        l.0
+    }
+}
+
+impl TryFrom<String> for LogLevel {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl std::str::FromStr for LogLevel {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let hint = "use a level (error, warn, info, debug, trace, off) or RUST_LOG's \
+                    directives, e.g. \"info,signet_server=debug\"";
+        if s.is_empty() {
+            return Err(format!("log level is empty: {hint}"));
+        }
+        for d in s.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+            let level = match d.rsplit_once('=') {
+                Some((target, level)) if !target.is_empty() => level,
+                Some(_) => return Err(format!("log level {s:?}: {d:?} names no target: {hint}")),
+                None => d,
+            };
+            if !LEVELS.iter().any(|l| l.eq_ignore_ascii_case(level)) {
+                return Err(format!("log level {s:?}: {level:?} is not a level: {hint}"));
+            }
+            d.parse::<tracing_subscriber::filter::Directive>()
+                .map_err(|e| format!("log level {s:?}: {d:?}: {e}: {hint}"))?;
+        }
+        Ok(LogLevel(s.to_owned()))
+    }
+}
+
+/// The filter logs are written through, and where it came from.
+fn log_filter(
+    level: Option<&LogLevel>,
+    default_filter: &str,
+) -> (tracing_subscriber::EnvFilter, String) {
+    use tracing_subscriber::EnvFilter;
+    if let Some(l) = level {
+        let d = l.filter_directives(default_filter);
+        if let Ok(f) = EnvFilter::try_new(&d) {
+            return (f, format!("{d} (log_level)"));
+        }
+    }
+    if let Ok(env) = std::env::var("RUST_LOG")
+        && let Ok(f) = EnvFilter::try_new(&env)
+    {
+        return (f, format!("{env} (RUST_LOG)"));
+    }
+    (
+        EnvFilter::new(default_filter),
+        format!("{default_filter} (default)"),
+    )
+}
+
+type FilterHandle =
+    tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>;
+
+/// Replaces the log filter of a running binary (SIGHUP).
+#[derive(Clone)]
+pub struct LogControl {
+    handle: FilterHandle,
+    default_filter: &'static str,
+    /// The filter in force and its source, as [`Self::set`] reports it.
+    current: Arc<Mutex<String>>,
+}
+
+impl std::fmt::Debug for LogControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogControl")
+            .field("current", &self.current())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`LogControl::set`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogChange {
+    /// The filter in force, with its source (`info (RUST_LOG)`).
+    Unchanged(String),
+    Changed {
+        from: String,
+        to: String,
+    },
+}
+
+impl LogControl {
+    /// The filter in force, with its source: `debug (log_level)`, `info (RUST_LOG)`,
+    /// `info,h2=warn (default)`.
+    pub fn current(&self) -> String {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Filters logs by `level` from now on (`None`: `RUST_LOG`, else the default).
+    pub fn set(&self, level: Option<&LogLevel>) -> Result<LogChange, TelemetryError> {
+        let (filter, described) = log_filter(level, self.default_filter);
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if *current == described {
+            return Ok(LogChange::Unchanged(described));
+        }
+        self.handle
+            .reload(without_trace_spans(filter))
+            .map_err(|e| TelemetryError::Reload(e.to_string()))?;
+        let from = std::mem::replace(&mut *current, described.clone());
+        Ok(LogChange::Changed {
+            from,
+            to: described,
+        })
+    }
+}
+
+/// Writes `message` as an error log line before [`init`] has run (a configuration that does
+/// not load): one JSON line when `json`, else `<binary>: <message>` on standard error, as
+/// before logs existed.
+pub fn log_early_error(binary: &str, json: bool, message: &str) {
+    if !json {
+        eprintln!("{binary}: {message}");
+        return;
+    }
+    let logs = LogOptions {
+        json,
+        default_filter: "info",
+        level: None,
+    };
+    let (layer, _) = log_layer(
+        &logs,
+        std::io::stderr,
+        false,
+        tracing_subscriber::EnvFilter::new("info"),
+    );
+    let subscriber = tracing_subscriber::registry().with(layer);
+    tracing::subscriber::with_default(subscriber, || {
+        tracing::error!(binary, "{message}");
+    });
 }
 
 /// The installed telemetry; [`Telemetry::shutdown`] (or dropping it) flushes the spans still
@@ -197,6 +409,7 @@ pub struct LogOptions {
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
     timeout: Duration,
+    logs: LogControl,
 }
 
 impl std::fmt::Debug for Telemetry {
@@ -211,6 +424,11 @@ impl Telemetry {
     /// Whether spans are exported.
     pub fn traces_enabled(&self) -> bool {
         self.provider.is_some()
+    }
+
+    /// The log filter's control, for a reload.
+    pub fn log_control(&self) -> LogControl {
+        self.logs.clone()
     }
 
     /// Exports what is queued and stops the exporter (bounded by the export timeout). Call
@@ -243,10 +461,9 @@ pub fn init(
     cfg: &TelemetryConfig,
 ) -> Result<Telemetry, TelemetryError> {
     cfg.validate()?;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(logs.default_filter));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let fmt = log_layer(logs, std::io::stderr, ansi, filter);
+    let (filter, described) = log_filter(logs.level.as_ref(), logs.default_filter);
+    let ansi = !logs.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let (fmt, handle) = log_layer(&logs, std::io::stderr, ansi, filter);
     let provider = match &cfg.otlp_endpoint {
         None => None,
         Some(endpoint) => Some(provider(binary, endpoint, cfg)?),
@@ -269,20 +486,34 @@ pub fn init(
     if let Some(ep) = &cfg.otlp_endpoint {
         tracing::info!(endpoint = %ep, sampling = cfg.sampling, "exporting traces over OTLP/gRPC");
     }
+    if logs.level.is_none()
+        && let Ok(env) = std::env::var("RUST_LOG")
+        && tracing_subscriber::EnvFilter::try_new(&env).is_err()
+    {
+        tracing::warn!(rust_log = %env, filter = %described, "RUST_LOG is not a valid filter; ignored");
+    }
     Ok(Telemetry {
         provider,
         timeout: cfg.export_timeout,
+        logs: LogControl {
+            handle,
+            default_filter: logs.default_filter,
+            current: Arc::new(Mutex::new(described)),
+        },
     })
 }
 
-/// The log output: text or JSON lines to `writer`, filtered by `filter`, never seeing the
-/// trace spans of [`TARGET`] (see the module doc).
+/// The log output: text or JSON lines to `writer`, filtered by `filter` (replaceable through
+/// the handle), never seeing the trace spans of [`TARGET`] (see the module doc).
 fn log_layer<W>(
-    logs: LogOptions,
+    logs: &LogOptions,
     writer: W,
     ansi: bool,
     filter: tracing_subscriber::EnvFilter,
-) -> impl tracing_subscriber::Layer<tracing_subscriber::Registry>
+) -> (
+    impl tracing_subscriber::Layer<tracing_subscriber::Registry>,
+    FilterHandle,
+)
 where
     W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
 {
@@ -296,7 +527,8 @@ where
     };
     // One filter (nested per-layer filters would leave the span enabled for the outer one):
     // with traces off, the trace spans' call sites are then disabled for good.
-    fmt.with_filter(without_trace_spans(filter))
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(without_trace_spans(filter));
+    (fmt.with_filter(filter), handle)
 }
 
 /// `filter` plus `signet_trace=off`, which replaces any directive for [`TARGET`] that
@@ -771,9 +1003,10 @@ mod tests {
         let logs = LogOptions {
             json: false,
             default_filter: "info",
+            level: None,
         };
-        let layer = log_layer(
-            logs,
+        let (layer, _) = log_layer(
+            &logs,
             move || out.clone(),
             false,
             tracing_subscriber::EnvFilter::new("info"),
@@ -789,12 +1022,15 @@ mod tests {
             tracing::debug!("not at info");
         });
         // RUST_LOG naming the target does not bring the spans into the logs.
-        let subscriber = tracing_subscriber::registry().with(log_layer(
-            logs,
-            std::io::sink,
-            false,
-            tracing_subscriber::EnvFilter::new("info,signet_trace=trace"),
-        ));
+        let subscriber = tracing_subscriber::registry().with(
+            log_layer(
+                &logs,
+                std::io::sink,
+                false,
+                tracing_subscriber::EnvFilter::new("info,signet_trace=trace"),
+            )
+            .0,
+        );
         tracing::subscriber::with_default(subscriber, || {
             assert!(tracing::info_span!(target: TARGET, "sign").is_disabled());
         });
@@ -813,5 +1049,95 @@ mod tests {
         inject_context(&mut md);
         assert!(md.is_empty());
         assert_eq!(grpc_code_name(7), "PERMISSION_DENIED");
+    }
+
+    #[test]
+    fn log_levels_are_levels_or_directives() {
+        for ok in [
+            "debug",
+            "WARN",
+            "off",
+            "info,signet_server=debug",
+            "h2=trace",
+        ] {
+            ok.parse::<LogLevel>().unwrap();
+        }
+        for (bad, why) in [
+            ("verbose", "\"verbose\" is not a level"),
+            ("", "empty"),
+            ("signet_server", "is not a level"),
+            ("info,h2=loud", "\"loud\" is not a level"),
+            ("=debug", "names no target"),
+        ] {
+            let e = bad.parse::<LogLevel>().unwrap_err();
+            assert!(e.contains(why) && e.contains("use a level"), "{bad}: {e}");
+        }
+        let l: LogLevel = "debug".parse().unwrap();
+        assert_eq!(
+            l.filter_directives("info,sqlx=warn,h2=warn"),
+            "debug,sqlx=warn,h2=warn"
+        );
+        let l: LogLevel = "error".parse().unwrap();
+        assert_eq!(l.filter_directives("info,h2=warn"), "error,h2=error");
+        let l: LogLevel = "info,h2=debug".parse().unwrap();
+        assert_eq!(l.filter_directives("info,h2=warn"), "info,h2=debug");
+        let e = serde_json::from_str::<LogLevel>("\"loud\"").unwrap_err();
+        assert!(e.to_string().contains("is not a level"), "{e}");
+    }
+
+    /// The filter is replaced while logging: a debug line appears only after the change, and
+    /// setting the same filter again says so.
+    #[test]
+    fn the_log_filter_is_replaced_in_place() {
+        #[derive(Clone, Default)]
+        struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let out = buf.clone();
+        let info: LogLevel = "info".parse().unwrap();
+        let logs = LogOptions {
+            json: true,
+            default_filter: "info",
+            level: Some(info.clone()),
+        };
+        let (filter, described) = log_filter(logs.level.as_ref(), logs.default_filter);
+        let (layer, handle) = log_layer(&logs, move || out.clone(), false, filter);
+        let control = LogControl {
+            handle,
+            default_filter: "info",
+            current: Arc::new(Mutex::new(described)),
+        };
+        let subscriber = tracing_subscriber::registry().with(layer);
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::debug!("hidden");
+            let debug: LogLevel = "debug".parse().unwrap();
+            assert_eq!(
+                control.set(Some(&debug)).unwrap(),
+                LogChange::Changed {
+                    from: "info (log_level)".into(),
+                    to: "debug (log_level)".into()
+                }
+            );
+            tracing::debug!("shown");
+            assert_eq!(
+                control.set(Some(&debug)).unwrap(),
+                LogChange::Unchanged("debug (log_level)".into())
+            );
+            control.set(Some(&info)).unwrap();
+            tracing::debug!("hidden again");
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("shown") && !text.contains("hidden"), "{text}");
+        for line in text.lines() {
+            serde_json::from_str::<serde_json::Value>(line).unwrap();
+        }
     }
 }

@@ -34,8 +34,19 @@ pub struct Config {
     /// of `http_listen` can crowd the kubelet's probes out (see [`signet_runtime::http`]). Off
     /// when absent; deploy/ sets it and points the probes at it.
     pub probe_listen: Option<SocketAddr>,
-    /// `sqlite://PATH` or `postgres://…`. Empty means `sqlite://<data_dir>/signet.db`.
+    /// `sqlite://PATH` or `postgres://…`. Empty means `sqlite://<data_dir>/signet.db`, except
+    /// where a database is expected: with `require_database_url`, or in Kubernetes (see
+    /// [`check_database_choice`]).
     pub database_url: String,
+    /// Refuse to start without an explicit `database_url` (no embedded SQLite default): set it
+    /// where the database URL comes from elsewhere (a Secret, `SIGNET_DATABASE_URL`), so that a
+    /// missing or misspelt variable stops the server instead of starting a private CA.
+    pub require_database_url: bool,
+    /// The log filter: a level (`error`, `warn`, `info`, `debug`, `trace`, `off`) or
+    /// `RUST_LOG`'s directives (`info,signet_server=debug`). Set (here, as
+    /// `SIGNET_LOG_LEVEL` or `--log-level`) it wins over `RUST_LOG`; unset, `RUST_LOG` is
+    /// used, else `info`. Reloaded on SIGHUP.
+    pub log_level: Option<signet_runtime::telemetry::LogLevel>,
     /// Where the bundle, admin socket, key-encryption key and (by default) the database live.
     pub data_dir: PathBuf,
     /// Extra DNS names for the server's own TLS certificate (besides `localhost`).
@@ -68,6 +79,8 @@ impl Default for Config {
             http_listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             probe_listen: None,
             database_url: String::new(),
+            require_database_url: false,
+            log_level: None,
             data_dir: PathBuf::from("signet-data"),
             server_names: Vec::new(),
             max_message_bytes: 256 * 1024,
@@ -638,6 +651,8 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "http_listen",
     "probe_listen",
     "database_url",
+    "require_database_url",
+    "log_level",
     "data_dir",
     "server_names",
     "max_message_bytes",
@@ -655,6 +670,75 @@ const TOP_LEVEL_KEYS: &[&str] = &[
     "telemetry",
 ];
 
+/// How the server's configuration is named in the environment: `SIGNET_<KEY>`, and the
+/// `SIGNET_` variables that are not its configuration (an unknown one stops start-up, see
+/// [`signet_runtime::config::check_env`]).
+pub const ENV: signet_runtime::config::EnvSpec = signet_runtime::config::EnvSpec {
+    binary: "signet-server",
+    prefix: "SIGNET_",
+    keys: TOP_LEVEL_KEYS,
+    others: NOT_CONFIGURATION,
+};
+
+/// `SIGNET_` variables that other programs read. The other binaries' own namespaces, and the
+/// development tools' variables: a developer's shell and the test suite carry them, and every
+/// server the tests and scripts start inherits them. README "Configuration" lists them.
+const NOT_CONFIGURATION: &[(&str, &str)] = &[
+    // Set in deploy/server.yaml so that `kubectl exec … -- signetctl` finds the socket.
+    ("SIGNET_ADMIN_SOCKET", "signetctl"),
+    ("SIGNET_AGENT_*", "signet-agent"),
+    ("SIGNET_K8S_*", "signet-k8s"),
+    ("SIGNET_TEST_*", "the test suite"),
+    ("SIGNET_PYTHON", "the test suite"),
+    ("SIGNET_XDS_PYTHON", "the test suite"),
+    ("SIGNET_GRPCURL", "the test suite"),
+    (
+        "SIGNET_GRPC_DEFAULT_AUTHORITY",
+        "the test suite's Python clients",
+    ),
+    ("SIGNET_KUBECTL", "the test suite"),
+    ("SIGNET_KUBERNETES_VALIDATE", "the test suite"),
+    (
+        "SIGNET_BIN_DIR",
+        "the test suite, scripts/bench and scripts/profile",
+    ),
+    ("SIGNET_PG_*", "scripts/pg"),
+    ("SIGNET_BENCH_*", "scripts/bench"),
+    ("SIGNET_CFSSL", "scripts/bench"),
+    ("SIGNET_PROFILE_DIR", "scripts/profile"),
+    ("SIGNET_STORM_AGENT_LOG", "bench-storm"),
+];
+
+/// Where the database may be the embedded default: an empty `database_url` is refused when
+/// the configuration requires one (`require_database_url`) and in Kubernetes (`in_kubernetes`:
+/// `KUBERNETES_SERVICE_HOST` is set), where each replica would otherwise be a CA of its own on
+/// a file of its own. An explicit `sqlite:` URL is a choice, and accepted everywhere (one
+/// replica).
+pub fn check_database_choice(cfg: &Config, in_kubernetes: bool) -> Result<(), ConfigError> {
+    if !cfg.database_url.is_empty() {
+        return Ok(());
+    }
+    let embedded = format!("sqlite://{}", cfg.data_dir.join("signet.db").display());
+    if cfg.require_database_url {
+        return Err(ConfigError::Invalid(format!(
+            "database_url is not set and require_database_url = true: set SIGNET_DATABASE_URL \
+             (or database_url, or --database-url) to postgres://…; is the variable misspelt or \
+             its Secret missing? To run on the embedded database, set database_url = \
+             \"{embedded}\" (one replica only)"
+        )));
+    }
+    if in_kubernetes {
+        return Err(ConfigError::Invalid(format!(
+            "database_url is not set and this server runs in Kubernetes \
+             (KUBERNETES_SERVICE_HOST is set): every replica would be a CA of its own on its own \
+             SQLite file. Set SIGNET_DATABASE_URL to postgres://… (from a Secret, as \
+             deploy/server.yaml does), or choose the embedded database explicitly for a single \
+             replica: database_url = \"{embedded}\" on a persistent volume"
+        )));
+    }
+    Ok(())
+}
+
 impl Config {
     /// The refresh interval published to relying parties: the SPIFFE bundle endpoint's
     /// `spiffe_refresh_hint` and the OIDC documents' `max-age`. It is `federation.refresh_hint`,
@@ -671,16 +755,20 @@ impl Config {
 
     /// Layers defaults, the optional TOML file, the environment (`SIGNET_*`) and `overrides`
     /// (already-serialized flag values, highest priority), then validates.
+    ///
+    /// An unknown `SIGNET_*` variable is refused by name, with the closest key ([`ENV`]); so
+    /// is a missing `database_url` where one is expected ([`check_database_choice`]).
     pub fn load(file: Option<&Path>, overrides: impl Serialize) -> Result<Self, ConfigError> {
-        // Only variables naming one of our top-level keys are configuration: other tools'
-        // SIGNET_* variables (SIGNET_ADMIN_SOCKET for signetctl, test settings) are not ours.
-        // Below a known key, unknown names are still refused (SIGNET_CA__MAX_TLL).
         let cfg: Config = Layers::new(Config::default())
             .file(file)?
-            .env("SIGNET_", TOP_LEVEL_KEYS)
+            .env(&ENV)?
             .flags(overrides)
             .extract()?;
         cfg.validate()?;
+        check_database_choice(
+            &cfg,
+            std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty()),
+        )?;
         Ok(cfg)
     }
 
@@ -1532,5 +1620,98 @@ mod tests {
         )
         .expect("loads");
         assert_eq!(c.trust_domain, "b.example");
+    }
+
+    #[test]
+    fn the_embedded_database_is_refused_where_one_is_expected() {
+        let c = Config::default();
+        check_database_choice(&c, false).expect("the README's no-setup server");
+        let e = check_database_choice(&c, true).unwrap_err().to_string();
+        assert!(
+            e.contains("runs in Kubernetes (KUBERNETES_SERVICE_HOST is set)")
+                && e.contains("Set SIGNET_DATABASE_URL to postgres://")
+                && e.contains("database_url = \"sqlite://signet-data/signet.db\""),
+            "{e}"
+        );
+        let required = Config {
+            require_database_url: true,
+            ..Config::default()
+        };
+        let e = check_database_choice(&required, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("require_database_url = true: set SIGNET_DATABASE_URL"),
+            "{e}"
+        );
+        // An explicit URL, SQLite included, is a choice.
+        for url in ["sqlite:///var/lib/signet/signet.db", "postgres://db/signet"] {
+            let c = Config {
+                database_url: url.into(),
+                require_database_url: true,
+                ..Config::default()
+            };
+            check_database_choice(&c, true).expect(url);
+        }
+        let c = load_toml("require_database_url = true\n").expect_err("refused");
+        assert!(c.to_string().contains("require_database_url"), "{c}");
+    }
+
+    #[test]
+    fn log_level_is_a_key_and_is_checked() {
+        let c = load_toml("log_level = \"debug\"\n").expect("loads");
+        assert_eq!(c.log_level.expect("set").as_str(), "debug");
+        let e = load_toml("log_level = \"verbose\"\n").expect_err("refused");
+        assert!(e.to_string().contains("verbose"), "{e}");
+        let c = Config::load(
+            None,
+            serde_json::json!({"log_level": "warn,signet_server=debug"}),
+        )
+        .expect("a flag");
+        assert_eq!(
+            c.log_level.expect("set").as_str(),
+            "warn,signet_server=debug"
+        );
+    }
+
+    #[test]
+    fn the_environment_check_knows_the_repository_s_variables() {
+        // Every SIGNET_ variable this repository sets or reads (scripts, tests, deploy/,
+        // README) passes the server's check, or is a configuration key.
+        let names = [
+            "SIGNET_ADMIN_SOCKET",
+            "SIGNET_AGENT_JOIN_TOKEN",
+            "SIGNET_K8S_SERVER",
+            "SIGNET_TEST_DATABASE_URL",
+            "SIGNET_PYTHON",
+            "SIGNET_XDS_PYTHON",
+            "SIGNET_GRPCURL",
+            "SIGNET_GRPC_DEFAULT_AUTHORITY",
+            "SIGNET_KUBECTL",
+            "SIGNET_KUBERNETES_VALIDATE",
+            "SIGNET_BIN_DIR",
+            "SIGNET_PG_FSYNC",
+            "SIGNET_PG_OPTS",
+            "SIGNET_BENCH_ROUNDS",
+            "SIGNET_BENCH_DIR",
+            "SIGNET_CFSSL",
+            "SIGNET_PROFILE_DIR",
+            "SIGNET_STORM_AGENT_LOG",
+            "SIGNET_DATABASE_URL",
+            "SIGNET_REQUIRE_DATABASE_URL",
+            "SIGNET_LOG_LEVEL",
+            "SIGNET_CA__DEFAULT_TTL",
+            "SIGNET_LIMITS__ISSUANCE_PER_CALLER__PER_SECOND",
+            "SIGNET_SERVER_PORT_8443_TCP_ADDR",
+        ];
+        signet_runtime::config::check_env(names.iter().map(std::ffi::OsString::from), &ENV)
+            .expect("known");
+        let e = signet_runtime::config::check_env(
+            [std::ffi::OsString::from("SIGNET_DATABASE_UR")],
+            &ENV,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("did you mean SIGNET_DATABASE_URL?"), "{e}");
     }
 }

@@ -43,6 +43,7 @@ pub(crate) mod oidc;
 pub(crate) mod policy;
 pub(crate) mod provenance;
 pub(crate) mod registration;
+pub mod reload;
 pub(crate) mod revocation;
 pub(crate) mod revoked;
 pub mod server;

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use serde::Serialize;
-use signet_runtime::shutdown;
-use signet_runtime::telemetry::{self, LogOptions};
+use signet_runtime::shutdown::{self, Hangups};
+use signet_runtime::telemetry::{self, LogOptions, log_early_error};
 use signet_server::config::Config;
 
 /// jemalloc instead of glibc's malloc, as linkerd2-proxy does. A request's memory is allocated
@@ -28,10 +28,16 @@ struct Args {
     #[arg(long, short)]
     #[serde(skip)]
     config: Option<PathBuf>,
-    /// Log as JSON lines instead of text.
+    /// Log as JSON lines instead of text; then every line on standard output and error is
+    /// JSON (the start-up summary is one "ready" line).
     #[arg(long)]
     #[serde(skip)]
     log_json: bool,
+    /// The log filter: error, warn, info, debug, trace, off, or RUST_LOG's directives
+    /// (info,signet_server=debug). Wins over the log_level key and over RUST_LOG.
+    #[arg(long, value_name = "LEVEL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    log_level: Option<String>,
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     trust_domain: Option<String>,
@@ -54,60 +60,101 @@ struct Args {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let cfg = match Config::load(args.config.as_deref(), &args) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("signet-server: {e}");
-            return std::process::ExitCode::from(2);
-        }
-    };
+    let json = args.log_json;
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("signet-server: cannot start the runtime: {e}");
+            log_early_error(
+                "signet-server",
+                json,
+                &format!("cannot start the runtime: {e}"),
+            );
             return std::process::ExitCode::FAILURE;
+        }
+    };
+    // First of all: from here on a SIGHUP is a reload, never the end of the process.
+    let hangups = {
+        let _in_runtime = rt.enter();
+        Hangups::watch()
+    };
+    let cfg = match Config::load(args.config.as_deref(), &args) {
+        Ok(c) => c,
+        Err(e) => {
+            log_early_error("signet-server", json, &e.to_string());
+            return std::process::ExitCode::from(2);
         }
     };
     // Inside the runtime: the trace exporter's connection lives on it.
     let logs = LogOptions {
-        json: args.log_json,
+        json,
         default_filter: "info,sqlx=warn,h2=warn",
+        level: cfg.log_level.clone(),
     };
     let telemetry =
         match rt.block_on(async { telemetry::init("signet-server", logs, &cfg.telemetry) }) {
             Ok(t) => t,
             Err(e) => {
-                eprintln!("signet-server: {e}");
+                log_early_error("signet-server", json, &e.to_string());
                 return std::process::ExitCode::from(2);
             }
         };
+    let reload = signet_server::reload::Reload {
+        hangups,
+        load: Box::new(move || Config::load(args.config.as_deref(), &args)),
+        logs: Some(telemetry.log_control()),
+    };
     let db = signet_server::server::redact_url(&cfg.database_url());
     let td = cfg.trust_domain.clone();
-    let result = rt.block_on(signet_server::server::run(cfg, shutdown::signal(), |s| {
-        println!("signet-server: CA for trust domain {td}");
-        println!("  gRPC (TLS):    {}", s.grpc);
-        println!("  HTTP:          {}", s.http);
-        if let Some(a) = s.probes {
-            println!("  probes:        {a}");
-        }
-        println!("  root SHA-256:  {}", s.root_sha256);
-        println!("  trust bundle:  {}", s.bundle_path.display());
-        println!("  admin socket:  {}", s.admin_socket.display());
-        if let Some(a) = s.bundle_endpoint {
-            println!("  SPIFFE bundle endpoint: https://{a}/");
-        }
-        if let Some(a) = s.oidc {
-            println!("  OIDC discovery (TLS): https://{a}/");
-        }
-        println!("  database:      {db}");
-        println!("ready");
-    }));
+    let result = rt.block_on(signet_server::server::run(
+        cfg,
+        Some(reload),
+        shutdown::signal(),
+        |s| {
+            if json {
+                tracing::info!(
+                    trust_domain = %td,
+                    grpc = %s.grpc,
+                    http = %s.http,
+                    probes = s.probes.map(|a| a.to_string()),
+                    root_sha256 = %s.root_sha256,
+                    trust_bundle = %s.bundle_path.display(),
+                    admin_socket = %s.admin_socket.display(),
+                    bundle_endpoint = s.bundle_endpoint.map(|a| format!("https://{a}/")),
+                    oidc = s.oidc.map(|a| format!("https://{a}/")),
+                    database = %db,
+                    "ready"
+                );
+                return;
+            }
+            println!("signet-server: CA for trust domain {td}");
+            println!("  gRPC (TLS):    {}", s.grpc);
+            println!("  HTTP:          {}", s.http);
+            if let Some(a) = s.probes {
+                println!("  probes:        {a}");
+            }
+            println!("  root SHA-256:  {}", s.root_sha256);
+            println!("  trust bundle:  {}", s.bundle_path.display());
+            println!("  admin socket:  {}", s.admin_socket.display());
+            if let Some(a) = s.bundle_endpoint {
+                println!("  SPIFFE bundle endpoint: https://{a}/");
+            }
+            if let Some(a) = s.oidc {
+                println!("  OIDC discovery (TLS): https://{a}/");
+            }
+            println!("  database:      {db}");
+            println!("ready");
+        },
+    ));
     telemetry.shutdown();
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if json => {
+            tracing::error!("signet-server: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("signet-server: {e:#}");
             std::process::ExitCode::FAILURE

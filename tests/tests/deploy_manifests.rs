@@ -578,8 +578,16 @@ fn configs_load_and_the_pieces_agree() {
     let server_toml = config_map_file(&objs, "signet-server-config", "server.toml");
     let path = dir.path().join("server.toml");
     std::fs::write(&path, &server_toml).expect("write");
-    let server = signet_server::config::Config::load(Some(&path), serde_json::json!({}))
-        .unwrap_or_else(|e| panic!("deploy/server.yaml server.toml: {e}"));
+    // The database URL comes from the Secret (SIGNET_DATABASE_URL); without it the server
+    // refuses to start (require_database_url).
+    let e = signet_server::config::Config::load(Some(&path), serde_json::json!({}))
+        .expect_err("no database URL");
+    assert!(e.to_string().contains("require_database_url"), "{e}");
+    let server = signet_server::config::Config::load(
+        Some(&path),
+        serde_json::json!({"database_url": "postgres://signet@db.example/signet"}),
+    )
+    .unwrap_or_else(|e| panic!("deploy/server.yaml server.toml: {e}"));
     assert!(
         server.listen.ip().is_unspecified(),
         "gRPC must listen on the pod IP"

@@ -130,9 +130,14 @@ struct RunArgs {
     /// Serve `/metrics` (Prometheus) here (e.g. `0.0.0.0:8080`).
     #[arg(long, env = "SIGNET_K8S_METRICS_ADDR")]
     metrics_addr: Option<SocketAddr>,
-    /// Log as JSON lines instead of text.
+    /// Log as JSON lines instead of text; then every line on standard error is JSON (an error
+    /// that stops the bridge included).
     #[arg(long, env = "SIGNET_K8S_LOG_JSON")]
     log_json: bool,
+    /// The log filter: error, warn, info, debug, trace, off, or RUST_LOG's directives
+    /// (info,signet_k8s=debug). Wins over RUST_LOG.
+    #[arg(long, env = "SIGNET_K8S_LOG_LEVEL", value_name = "LEVEL")]
+    log_level: Option<String>,
     /// Export traces (a span per reconcile) over OTLP/gRPC to this collector,
     /// `http://host:port`; no traces when unset.
     #[arg(long, env = "SIGNET_K8S_OTLP_ENDPOINT")]
@@ -157,7 +162,7 @@ impl RunArgs {
     }
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<std::process::ExitCode> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     match cli.cmd {
@@ -176,23 +181,70 @@ fn main() -> anyhow::Result<()> {
                     print!("---\n{}", docs.join("---\n"));
                 }
             }
-            Ok(())
+            Ok(std::process::ExitCode::SUCCESS)
         }
-        Cmd::Run(args) => {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
-            // Inside the runtime: the trace exporter's connection lives on it.
-            let logs = signet_runtime::telemetry::LogOptions {
-                json: args.log_json,
-                default_filter: "info,kube=warn",
-            };
-            let cfg = args.telemetry();
-            let telemetry =
-                rt.block_on(async { signet_runtime::telemetry::init("signet-k8s", logs, &cfg) })?;
-            let result = rt.block_on(run(args));
-            telemetry.shutdown();
-            result
+        Cmd::Run(args) => Ok(run_logged(args)),
+    }
+}
+
+/// `signet-k8s run` with its logs: a SIGHUP is logged (nothing to reload: the bridge is
+/// configured by flags and the environment) and never stops it, and in JSON mode the error
+/// that stops it is a JSON line too.
+fn run_logged(args: RunArgs) -> std::process::ExitCode {
+    use signet_runtime::telemetry::log_early_error;
+    let json = args.log_json;
+    let fail = |message: String| {
+        log_early_error("signet-k8s", json, &message);
+        std::process::ExitCode::from(2)
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(format!("cannot start the runtime: {e}")),
+    };
+    let mut hangups = {
+        let _in_runtime = rt.enter();
+        signet_runtime::shutdown::Hangups::watch()
+    };
+    let level = match args.log_level.as_deref().map(str::parse).transpose() {
+        Ok(l) => l,
+        Err(e) => return fail(format!("--log-level: {e}")),
+    };
+    // Inside the runtime: the trace exporter's connection lives on it.
+    let logs = signet_runtime::telemetry::LogOptions {
+        json,
+        default_filter: "info,kube=warn",
+        level,
+    };
+    let cfg = args.telemetry();
+    let telemetry =
+        match rt.block_on(async { signet_runtime::telemetry::init("signet-k8s", logs, &cfg) }) {
+            Ok(t) => t,
+            Err(e) => return fail(e.to_string()),
+        };
+    let hups = rt.spawn(async move {
+        loop {
+            hangups.recv().await;
+            tracing::info!(
+                "SIGHUP: nothing to reload (signet-k8s is configured by its flags and \
+                 environment; restart it to change them)"
+            );
+        }
+    });
+    let result = rt.block_on(run(args));
+    hups.abort();
+    telemetry.shutdown();
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if json => {
+            tracing::error!("signet-k8s: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            std::process::ExitCode::FAILURE
         }
     }
 }

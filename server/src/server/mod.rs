@@ -41,8 +41,11 @@ pub struct Started {
 /// Runs the server until `shutdown` resolves (or one of its tasks fails). `on_started` is
 /// called once every listener is bound. Every task the server spawned has ended when this
 /// returns.
+///
+/// With `reload`, each SIGHUP reloads what can be reloaded (see [`crate::reload`]).
 pub async fn run(
     cfg: Config,
+    reload: Option<crate::reload::Reload>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     on_started: impl FnOnce(&Started),
 ) -> anyhow::Result<()> {
@@ -55,7 +58,7 @@ pub async fn run(
     let parts = parts::build(&cfg, &status).await?;
     let http = starting.finish().await;
     let listeners = listeners::Listeners::bind(&cfg, &parts.server_cert.resolver, http).await?;
-    serve::serve(cfg, parts, listeners, shutdown, on_started).await
+    serve::serve(cfg, parts, listeners, reload, shutdown, on_started).await
 }
 
 /// SHA-256 fingerprint in the usual `AB:CD:…` spelling.

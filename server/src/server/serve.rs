@@ -46,6 +46,7 @@ pub(super) async fn serve(
     cfg: Config,
     parts: Parts,
     listeners: Listeners,
+    reload: Option<crate::reload::Reload>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     on_started: impl FnOnce(&Started),
 ) -> anyhow::Result<()> {
@@ -62,6 +63,17 @@ pub(super) async fn serve(
     let mut tasks = Supervisor::new();
     let conns = ConnRegistry::new();
     spawn_background(&mut tasks, &cfg, &parts, &conns);
+    if let Some(reload) = reload {
+        let reachable = crate::reload::Reloadable {
+            issuer: parts.issuer.clone(),
+            manager: parts.manager.clone(),
+            clock: parts.clock.clone(),
+        };
+        tasks.spawn_loop(
+            "SIGHUP reload",
+            crate::reload::run(reload, crate::reload::KeyDigests::of(&cfg), reachable),
+        );
+    }
     let (health_reporter, health) = health_service().await;
     spawn_grpc(&mut tasks, &cfg, &parts, grpc, &conns, health.clone())?;
     spawn_admin(&mut tasks, &cfg, &parts, admin, health)?;

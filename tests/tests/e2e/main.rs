@@ -33,6 +33,7 @@ mod metrics;
 mod node_psat;
 mod node_sets;
 mod nodes;
+mod operations;
 mod plugged;
 mod readme;
 mod registration;

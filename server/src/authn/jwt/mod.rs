@@ -228,6 +228,7 @@ impl JwtAuthenticator {
                     .map(|k| k.unwrap_or("(no kid)").to_owned())
                     .collect();
                 *self.current.write().unwrap_or_else(|e| e.into_inner()) = Generation::new(keys);
+                source.installed(&text);
                 tracing::info!(
                     jwks_file = %source.path().display(),
                     kids = ?kids,
@@ -242,6 +243,43 @@ impl JwtAuthenticator {
                 ));
                 false
             }
+        }
+    }
+
+    /// Re-reads the JWKS file now (SIGHUP), whatever `jwks_refresh` says, and installs its
+    /// keys when they changed; a file that cannot be read or parsed leaves the keys in force.
+    /// What happened, for the reload's log line. An authenticator built without a file says
+    /// `Unchanged`.
+    pub fn reload_now(&self) -> crate::reload::Outcome {
+        use crate::reload::Outcome;
+        let Some(source) = &self.source else {
+            return Outcome::Unchanged(String::new());
+        };
+        let path = source.path().display().to_string();
+        let text = match source.read_now() {
+            Ok(None) => return Outcome::Unchanged(path),
+            Ok(Some(text)) => text,
+            Err(e) => {
+                return Outcome::Failed(format!(
+                    "{path} cannot be read ({e}); still verifying tokens with the keys last read"
+                ));
+            }
+        };
+        match KeySet::parse(&text) {
+            Ok(keys) => {
+                let kids: Vec<String> = keys
+                    .kids()
+                    .into_iter()
+                    .map(|k| k.unwrap_or("(no kid)").to_owned())
+                    .collect();
+                *self.current.write().unwrap_or_else(|e| e.into_inner()) = Generation::new(keys);
+                source.installed(&text);
+                Outcome::Reloaded(format!("{path}: keys {}", kids.join(", ")))
+            }
+            Err(e) => Outcome::Failed(format!(
+                "{path}: the new contents are refused ({e}); still verifying tokens with the \
+                 keys last read. Fix the file (kubectl get --raw /openid/v1/jwks)"
+            )),
         }
     }
 

@@ -32,6 +32,8 @@ struct State {
     last_seen: [u8; 32],
     /// The last problem reported, so each is logged once.
     last_problem: Option<String>,
+    /// SHA-256 of the contents whose keys are in force.
+    installed: [u8; 32],
 }
 
 /// `[auth.kubernetes] jwks_file` and when it was last read (on `clock`'s monotonic reading).
@@ -86,6 +88,7 @@ impl JwksFile {
                 last_read: clock.monotonic().into_std(),
                 last_seen: digest(text.as_bytes()),
                 last_problem: None,
+                installed: digest(text.as_bytes()),
             }),
             clock,
         };
@@ -133,6 +136,29 @@ impl JwksFile {
                 None
             }
         }
+    }
+
+    /// Reads the file now, whatever the interval (SIGHUP): its contents, or `None` when they
+    /// are the ones whose keys are in force.
+    pub(super) fn read_now(&self) -> Result<Option<String>, ReadError> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.last_read = self.clock.monotonic().into_std();
+        let text = read(&self.path)?;
+        let d = digest(text.as_bytes());
+        state.last_seen = d;
+        if d == state.installed {
+            state.last_problem = None;
+            return Ok(None);
+        }
+        Ok(Some(text))
+    }
+
+    /// Records that the keys of `text` are now in force.
+    pub(super) fn installed(&self, text: &str) {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .installed = digest(text.as_bytes());
     }
 
     /// Logs `problem` with the file unless it is the one reported last.

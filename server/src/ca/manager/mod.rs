@@ -499,8 +499,10 @@ impl CaManager {
     /// transitions this replica applied.
     pub async fn tick(&self, now: SystemTime) -> Result<Vec<Transition>, ManagerError> {
         let _op = self.op.lock().await;
-        if self.is_plugged() {
-            self.reload_plugged(now).await;
+        if self.is_plugged()
+            && let crate::reload::Outcome::Failed(why) = self.reload_plugged(now).await
+        {
+            tracing::warn!("plugged-in CA files: {why}");
         }
         self.settle(now).await
     }
@@ -602,27 +604,52 @@ impl CaManager {
         }
     }
 
-    async fn reload_plugged(&self, now: SystemTime) {
+    /// Re-reads a plugged-in CA's files now (SIGHUP) and loads them when they changed, as the
+    /// tick does; `None` without a plugged-in CA. A change that does not load leaves the loaded
+    /// CA in force.
+    pub async fn reload_plugged_now(&self, now: SystemTime) -> Option<crate::reload::Outcome> {
+        if !self.is_plugged() {
+            return None;
+        }
+        let _op = self.op.lock().await;
+        let outcome = self.reload_plugged(now).await;
+        if let crate::reload::Outcome::Reloaded(_) = outcome
+            && let Err(e) = self.settle(now).await
+        {
+            tracing::warn!(error = %e, "after reloading the plugged-in CA");
+        }
+        Some(outcome)
+    }
+
+    async fn reload_plugged(&self, now: SystemTime) -> crate::reload::Outcome {
+        use crate::reload::Outcome;
         let (files, changed) = {
             let guard = self
                 .plugged
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let Some(p) = guard.as_ref() else { return };
+            let Some(p) = guard.as_ref() else {
+                return Outcome::Unchanged(String::new());
+            };
             match p.files.read() {
                 Ok(bytes) if bytes != p.loaded => (p.files.clone(), bytes),
-                Ok(_) => return,
+                Ok(_) => {
+                    return Outcome::Unchanged(format!(
+                        "signing key {}",
+                        self.view().active.key_id()
+                    ));
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "plugged-in CA files unreadable; keeping the loaded CA");
-                    return;
+                    return Outcome::Failed(format!("unreadable ({e}); keeping the loaded CA"));
                 }
             }
         };
         let authority = match files.load(&changed) {
             Ok(a) => Arc::new(a),
             Err(e) => {
-                tracing::warn!(error = %e, "plugged-in CA files changed but do not load; keeping the loaded CA");
-                return;
+                return Outcome::Failed(format!(
+                    "the files changed but do not load ({e}); keeping the loaded CA"
+                ));
             }
         };
         let old = self.view();
@@ -631,7 +658,9 @@ impl CaManager {
                 .plugged
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let Some(p) = guard.as_mut() else { return };
+            let Some(p) = guard.as_mut() else {
+                return Outcome::Unchanged(String::new());
+            };
             p.loaded = changed;
             if old.active.key_id() != authority.key_id() {
                 p.previous.push(old.active.clone());
@@ -662,6 +691,11 @@ impl CaManager {
             tracing::warn!(error = %e, "could not record the plugged-in CA reload");
         }
         self.publish(view);
+        Outcome::Reloaded(format!(
+            "signing key {} (was {})",
+            authority.key_id(),
+            old.active.key_id()
+        ))
     }
 }
 
