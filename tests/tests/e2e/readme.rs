@@ -123,7 +123,8 @@ fn documents() -> Vec<(String, String)> {
         .into_iter()
         .map(|n| {
             let p = repo.join(&n);
-            let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let text =
+                std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
             (n, text)
         })
         .collect()
@@ -691,4 +692,81 @@ fn daily_checks_and_a_restore_drill() {
             ),
         }
     }
+}
+
+/// GitHub's anchor for a heading: lower case, spaces to `-`, punctuation dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors of `md`'s headings (outside code fences).
+fn anchors(md: &str) -> Vec<String> {
+    let mut in_fence = false;
+    let mut out = Vec::new();
+    for line in md.lines() {
+        if line.starts_with("```") {
+            in_fence = !in_fence;
+        } else if !in_fence && let Some((_, text)) = heading(line) {
+            out.push(anchor(text));
+        }
+    }
+    out
+}
+
+/// Every relative link of README.md and docs/*.md names a file of the repository, and an anchor
+/// its target has (a moved section leaves no dead link behind).
+#[test]
+fn every_relative_link_resolves() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let docs = documents();
+    let mut dead = Vec::new();
+    let mut checked = 0;
+    for (file, md) in &docs {
+        let dir = Path::new(file).parent().unwrap_or(Path::new(""));
+        let mut in_fence = false;
+        for (i, line) in md.lines().enumerate() {
+            if line.starts_with("```") {
+                in_fence = !in_fence;
+            }
+            if in_fence {
+                continue;
+            }
+            for (at, _) in line.match_indices("](") {
+                let rest = &line[at + 2..];
+                let Some(end) = rest.find(')') else { continue };
+                let target = &rest[..end];
+                if target.contains("://") || target.starts_with("mailto:") {
+                    continue;
+                }
+                let (path, frag) = target.split_once('#').unwrap_or((target, ""));
+                let resolved = if path.is_empty() {
+                    PathBuf::from(file)
+                } else {
+                    dir.join(path)
+                };
+                let full = repo.join(&resolved);
+                checked += 1;
+                if !full.exists() {
+                    dead.push(format!("{file}:{}: {target}: no such file", i + 1));
+                    continue;
+                }
+                if !frag.is_empty() && full.extension().is_some_and(|e| e == "md") {
+                    let text = std::fs::read_to_string(&full).unwrap();
+                    if !anchors(&text).iter().any(|a| a == frag) {
+                        dead.push(format!("{file}:{}: {target}: no such heading", i + 1));
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 10, "checked {checked} links");
+    assert!(dead.is_empty(), "dead links:\n{}", dead.join("\n"));
 }
