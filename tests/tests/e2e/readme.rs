@@ -767,6 +767,20 @@ fn every_relative_link_resolves() {
             }
         }
     }
+    // The alerts' runbook links (deploy/monitoring/alerts.yaml) point into docs/ as well.
+    let alerts = std::fs::read_to_string(repo.join("deploy/monitoring/alerts.yaml")).unwrap();
+    for (i, line) in alerts.lines().enumerate() {
+        let Some(url) = line.trim().strip_prefix("runbook_url:") else {
+            continue;
+        };
+        let url = url.trim().trim_matches('"');
+        let (path, frag) = url.split_once('#').unwrap_or((url, ""));
+        checked += 1;
+        let text = std::fs::read_to_string(repo.join(path)).unwrap_or_default();
+        if !anchors(&text).iter().any(|a| a == frag) {
+            dead.push(format!("deploy/monitoring/alerts.yaml:{}: {url}: no such heading", i + 1));
+        }
+    }
     assert!(checked > 10, "checked {checked} links");
     assert!(dead.is_empty(), "dead links:\n{}", dead.join("\n"));
 }
