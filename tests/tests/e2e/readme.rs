@@ -1,10 +1,12 @@
-//! The README's command blocks, run as written (issue 25, item 6), so the front door cannot
-//! drift from the code again.
+//! The command blocks of README.md and docs/*.md, run as written (issue 25, item 6; the
+//! operator guide, issue 30), so the documentation cannot drift from the code again.
 //!
-//! Every fenced block of README.md whose info string starts with `sh` is one of:
+//! A section is found by its heading in whichever document holds it (exactly one may). Every
+//! fenced block of those documents whose info string starts with `sh` is one of:
 //! - ```` ```sh ```` — commands an operator types: run by [`walkthrough_from_an_empty_machine`]
-//!   or [`operator_walkthrough_rotation_compromise_revocation`], each finding its section by
-//!   heading (never by line number);
+//!   [`operator_walkthrough_rotation_compromise_revocation`] or
+//!   [`daily_checks_and_a_restore_drill`], each finding its section by heading (never by line
+//!   number);
 //! - ```` ```sh title="synopsis" ```` — a reference of `signetctl` usage lines (`[--json]`,
 //!   `KEY_ID`, `a|b`): every subcommand path and every flag on a line must exist in
 //!   `signetctl … --help`;
@@ -47,15 +49,19 @@ const CA_HIERARCHY: &str = "CA hierarchy and rotation";
 const SIGNETCTL: &str = "Operating it: `signetctl`";
 const JWT_LEDGER: &str = "JWT-SVIDs on the ledger";
 const FEDERATION: &str = "Federation: trusting other trust domains";
+const DAILY_CHECKS: &str = "Daily checks";
+const RESTORE_DRILL: &str = "A restore drill";
 
 /// The sections whose `sh` blocks these tests run or check.
-const TESTED: [&str; 6] = [
+const TESTED: [&str; 8] = [
     WALKTHROUGH,
     OPERATOR_WALKTHROUGH,
     CA_HIERARCHY,
     SIGNETCTL,
     JWT_LEDGER,
     FEDERATION,
+    DAILY_CHECKS,
+    RESTORE_DRILL,
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +73,8 @@ enum Kind {
 
 #[derive(Debug, Clone)]
 struct Block {
+    /// The document, relative to the repository (`README.md`, `docs/operations.md`).
+    file: String,
     /// 1-based line of the opening fence.
     line: usize,
     info: String,
@@ -90,17 +98,36 @@ impl Block {
             Some(Kind::NotRun)
         } else {
             panic!(
-                "README.md:{}: unknown fence marker {info:?} (sh, sh title=\"synopsis\" or sh \
+                "{}:{}: unknown fence marker {info:?} (sh, sh title=\"synopsis\" or sh \
                  title=\"not run: why\")",
-                self.line
+                self.file, self.line
             )
         }
     }
 }
 
-fn readme() -> String {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
-    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+/// The documents whose blocks these tests know: README.md, then docs/*.md by name, as
+/// (path relative to the repository, text).
+fn documents() -> Vec<(String, String)> {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut names = vec!["README.md".to_owned()];
+    let mut docs: Vec<String> = std::fs::read_dir(repo.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| format!("docs/{n}"))
+        .collect();
+    docs.sort();
+    names.extend(docs);
+    names
+        .into_iter()
+        .map(|n| {
+            let p = repo.join(&n);
+            let text =
+                std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            (n, text)
+        })
+        .collect()
 }
 
 /// A markdown heading's level and text (`## Title` -> (2, "Title")), outside code fences.
@@ -110,8 +137,8 @@ fn heading(line: &str) -> Option<(usize, &str)> {
     (level > 0).then_some((level, text.trim()))
 }
 
-/// Every fenced block of `md`, in order.
-fn blocks(md: &str) -> Vec<Block> {
+/// Every fenced block of `md` (the document `file`), in order.
+fn blocks(file: &str, md: &str) -> Vec<Block> {
     let mut out = Vec::new();
     let mut open: Option<Block> = None;
     for (i, line) in md.lines().enumerate() {
@@ -124,6 +151,7 @@ fn blocks(md: &str) -> Vec<Block> {
             }
             None => {
                 open = line.strip_prefix("```").map(|info| Block {
+                    file: file.to_owned(),
                     line: i + 1,
                     info: info.to_owned(),
                     body: String::new(),
@@ -131,13 +159,28 @@ fn blocks(md: &str) -> Vec<Block> {
             }
         }
     }
-    assert!(open.is_none(), "README.md: a code fence is never closed");
+    assert!(open.is_none(), "{file}: a code fence is never closed");
     out
 }
 
+/// The `sh` blocks of the section titled `title` in the one document that has it.
+fn section(title: &str) -> Vec<Block> {
+    let found: Vec<Vec<Block>> = documents()
+        .iter()
+        .filter_map(|(file, md)| section_in(file, md, title))
+        .collect();
+    match <[Vec<Block>; 1]>::try_from(found) {
+        Ok([blocks]) => blocks,
+        Err(found) => panic!(
+            "the section {title:?} must be in exactly one of README.md and docs/*.md; found in {}",
+            found.len()
+        ),
+    }
+}
+
 /// The `sh` blocks of the section titled `title` (a `#` heading and its sub-headings, or a
-/// bold paragraph lead), in order.
-fn section(md: &str, title: &str) -> Vec<Block> {
+/// bold paragraph lead) of `md`, in order; `None` when `md` has no such section.
+fn section_in(file: &str, md: &str, title: &str) -> Option<Vec<Block>> {
     let lines: Vec<&str> = md.lines().collect();
     let mut in_fence = false;
     let mut level = None;
@@ -170,16 +213,17 @@ fn section(md: &str, title: &str) -> Vec<Block> {
             _ => {}
         }
     }
-    let start = start.unwrap_or_else(|| panic!("README.md has no section {title:?}"));
+    let start = start?;
     let text: String = lines[start..end].iter().map(|l| format!("{l}\n")).collect();
-    blocks(&text)
+    let found = blocks(file, &text)
         .into_iter()
         .map(|mut b| {
             b.line += start;
             b
         })
         .filter(|b| b.kind().is_some())
-        .collect()
+        .collect();
+    Some(found)
 }
 
 /// A fresh directory to run in (the "empty machine"), beside one for the logs, and the
@@ -351,8 +395,8 @@ impl Drop for Machine {
 
 /// The walkthrough's block with its first line (the build) replaced by a PATH to the binaries
 /// this test suite built ([`Machine::run`] puts them first on PATH).
-fn walkthrough_script(md: &str) -> String {
-    let blocks = section(md, WALKTHROUGH);
+fn walkthrough_script() -> String {
+    let blocks = section(WALKTHROUGH);
     let [block] = blocks.as_slice() else {
         panic!("the walkthrough has one sh block: {blocks:?}")
     };
@@ -360,7 +404,8 @@ fn walkthrough_script(md: &str) -> String {
     let (first, rest) = block.body.split_once('\n').unwrap();
     assert!(
         first.starts_with("cargo build --release --bins && export PATH="),
-        "README.md:{}: the walkthrough's first line is the build (the test replaces it): {first}",
+        "{}:{}: the walkthrough's first line is the build (the test replaces it): {first}",
+        block.file,
         block.line + 1
     );
     rest.to_owned()
@@ -368,7 +413,7 @@ fn walkthrough_script(md: &str) -> String {
 
 /// Runs the walkthrough in `m` and checks what it leaves: openssl's OK and the files.
 fn run_walkthrough(m: &mut Machine) {
-    let (out, _) = m.run(WALKTHROUGH, &walkthrough_script(&readme()));
+    let (out, _) = m.run(WALKTHROUGH, &walkthrough_script());
     assert!(
         out.lines().any(|l| l == "web-tls/tls.crt: OK"),
         "openssl verify did not print OK: {out}"
@@ -407,8 +452,7 @@ fn intermediate_in(status: &serde_json::Value, state: &str) -> Option<String> {
 /// line run as written but for the placeholders (see the module doc).
 #[test]
 fn operator_walkthrough_rotation_compromise_revocation() {
-    let md = readme();
-    let blocks = section(&md, OPERATOR_WALKTHROUGH);
+    let blocks = section(OPERATOR_WALKTHROUGH);
     let runs: Vec<&Block> = blocks
         .iter()
         .filter(|b| b.kind() == Some(Kind::Run))
@@ -463,10 +507,11 @@ fn operator_walkthrough_rotation_compromise_revocation() {
                 .collect();
             assert!(
                 unknown.is_empty(),
-                "README.md:{}: placeholders this test cannot fill: {unknown:?}",
+                "{}:{}: placeholders this test cannot fill: {unknown:?}",
+                b.file,
                 b.line + 1 + i
             );
-            m.run(&format!("README.md:{}", b.line + 1 + i), &filled);
+            m.run(&format!("{}:{}", b.file, b.line + 1 + i), &filled);
         }
     }
 }
@@ -493,7 +538,8 @@ fn synopsis_lines(b: &Block) -> Vec<(Vec<String>, Vec<String>)> {
         assert_eq!(
             words[0],
             "signetctl",
-            "README.md:{}: a synopsis line is a signetctl command",
+            "{}:{}: a synopsis line is a signetctl command",
+            b.file,
             b.line + 1 + i
         );
         let mut paths: Vec<Vec<String>> = vec![Vec::new()];
@@ -531,8 +577,7 @@ fn synopsis_lines(b: &Block) -> Vec<(Vec<String>, Vec<String>)> {
 
 /// Checks every line of the section's synopsis blocks against `signetctl … --help`.
 fn check_synopsis(title: &str) {
-    let md = readme();
-    let blocks = section(&md, title);
+    let blocks = section(title);
     let synopses: Vec<&Block> = blocks
         .iter()
         .filter(|b| b.kind() == Some(Kind::Synopsis))
@@ -572,7 +617,7 @@ fn check_synopsis(title: &str) {
     assert!(checked > 0);
     assert!(
         failures.is_empty(),
-        "{title}: the README names what signetctl does not have:\n{}",
+        "{title}: the documentation names what signetctl does not have:\n{}",
         failures.join("\n")
     );
 }
@@ -597,26 +642,145 @@ fn federation_synopsis_matches_signetctl() {
     check_synopsis(FEDERATION);
 }
 
-/// Every `sh` block is run or checked by a test here, or says why not.
+/// Every `sh` block of README.md and docs/*.md is run or checked by a test here, or says why
+/// not.
 #[test]
 fn every_sh_block_is_run_checked_or_marked() {
-    let md = readme();
-    let tested: Vec<usize> = TESTED
+    let tested: Vec<(String, usize)> = TESTED
         .iter()
-        .flat_map(|t| section(&md, t))
+        .flat_map(|t| section(t))
         .filter(|b| b.kind() != Some(Kind::NotRun))
-        .map(|b| b.line)
+        .map(|b| (b.file, b.line))
         .collect();
     let mut seen = 0;
-    for b in blocks(&md) {
-        let Some(kind) = b.kind() else { continue };
-        seen += 1;
-        assert!(
-            kind == Kind::NotRun || tested.contains(&b.line),
-            "README.md:{}: a sh block that no test in readme.rs runs: run it there or mark it \
-             ```sh title=\"not run: why\"",
-            b.line
-        );
+    for (file, md) in documents() {
+        for b in blocks(&file, &md) {
+            let Some(kind) = b.kind() else { continue };
+            seen += 1;
+            assert!(
+                kind == Kind::NotRun || tested.contains(&(b.file.clone(), b.line)),
+                "{}:{}: a sh block that no test in readme.rs runs: run it there or mark it \
+                 ```sh title=\"not run: why\"",
+                b.file,
+                b.line
+            );
+        }
     }
     assert!(seen >= 5, "found {seen} sh blocks");
+}
+
+/// The operator guide's daily checks, then its restore drill (a second server on a copy of the
+/// first one's database and keys), after the walkthrough: each block run as written.
+#[test]
+fn daily_checks_and_a_restore_drill() {
+    let mut m = Machine::new().with_default_ports();
+    run_walkthrough(&mut m);
+    for title in [DAILY_CHECKS, RESTORE_DRILL] {
+        let blocks = section(title);
+        let runs: Vec<&Block> = blocks
+            .iter()
+            .filter(|b| b.kind() == Some(Kind::Run))
+            .collect();
+        assert_eq!(runs.len(), 1, "{title}: one block to run: {blocks:?}");
+        let b = runs[0];
+        let (out, err) = m.run(&format!("{}:{}", b.file, b.line), &b.body);
+        match title {
+            DAILY_CHECKS => assert!(out.starts_with("ready"), "readyz: {out}\n{err}"),
+            _ => assert!(
+                out.contains("same roots: relying parties trust the restored CA"),
+                "{out}\n{err}"
+            ),
+        }
+    }
+}
+
+/// GitHub's anchor for a heading: lower case, spaces to `-`, punctuation dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors of `md`'s headings (outside code fences).
+fn anchors(md: &str) -> Vec<String> {
+    let mut in_fence = false;
+    let mut out = Vec::new();
+    for line in md.lines() {
+        if line.starts_with("```") {
+            in_fence = !in_fence;
+        } else if !in_fence && let Some((_, text)) = heading(line) {
+            out.push(anchor(text));
+        }
+    }
+    out
+}
+
+/// Every relative link of README.md and docs/*.md names a file of the repository, and an anchor
+/// its target has (a moved section leaves no dead link behind).
+#[test]
+fn every_relative_link_resolves() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let docs = documents();
+    let mut dead = Vec::new();
+    let mut checked = 0;
+    for (file, md) in &docs {
+        let dir = Path::new(file).parent().unwrap_or(Path::new(""));
+        let mut in_fence = false;
+        for (i, line) in md.lines().enumerate() {
+            if line.starts_with("```") {
+                in_fence = !in_fence;
+            }
+            if in_fence {
+                continue;
+            }
+            for (at, _) in line.match_indices("](") {
+                let rest = &line[at + 2..];
+                let Some(end) = rest.find(')') else { continue };
+                let target = &rest[..end];
+                if target.contains("://") || target.starts_with("mailto:") {
+                    continue;
+                }
+                let (path, frag) = target.split_once('#').unwrap_or((target, ""));
+                let resolved = if path.is_empty() {
+                    PathBuf::from(file)
+                } else {
+                    dir.join(path)
+                };
+                let full = repo.join(&resolved);
+                checked += 1;
+                if !full.exists() {
+                    dead.push(format!("{file}:{}: {target}: no such file", i + 1));
+                    continue;
+                }
+                if !frag.is_empty() && full.extension().is_some_and(|e| e == "md") {
+                    let text = std::fs::read_to_string(&full).unwrap();
+                    if !anchors(&text).iter().any(|a| a == frag) {
+                        dead.push(format!("{file}:{}: {target}: no such heading", i + 1));
+                    }
+                }
+            }
+        }
+    }
+    // The alerts' runbook links (deploy/monitoring/alerts.yaml) point into docs/ as well.
+    let alerts = std::fs::read_to_string(repo.join("deploy/monitoring/alerts.yaml")).unwrap();
+    for (i, line) in alerts.lines().enumerate() {
+        let Some(url) = line.trim().strip_prefix("runbook_url:") else {
+            continue;
+        };
+        let url = url.trim().trim_matches('"');
+        let (path, frag) = url.split_once('#').unwrap_or((url, ""));
+        checked += 1;
+        let text = std::fs::read_to_string(repo.join(path)).unwrap_or_default();
+        if !anchors(&text).iter().any(|a| a == frag) {
+            dead.push(format!("deploy/monitoring/alerts.yaml:{}: {url}: no such heading", i + 1));
+        }
+    }
+    assert!(checked > 10, "checked {checked} links");
+    assert!(dead.is_empty(), "dead links:\n{}", dead.join("\n"));
 }
