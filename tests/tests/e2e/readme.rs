@@ -778,7 +778,10 @@ fn every_relative_link_resolves() {
         checked += 1;
         let text = std::fs::read_to_string(repo.join(path)).unwrap_or_default();
         if !anchors(&text).iter().any(|a| a == frag) {
-            dead.push(format!("deploy/monitoring/alerts.yaml:{}: {url}: no such heading", i + 1));
+            dead.push(format!(
+                "deploy/monitoring/alerts.yaml:{}: {url}: no such heading",
+                i + 1
+            ));
         }
     }
     assert!(checked > 10, "checked {checked} links");
