@@ -74,9 +74,12 @@ pub(super) async fn serve(
             crate::reload::run(reload, crate::reload::KeyDigests::of(&cfg), reachable),
         );
     }
-    let (health_reporter, health) = health_service().await;
-    spawn_grpc(&mut tasks, &cfg, &parts, grpc, &conns, health.clone())?;
-    spawn_admin(&mut tasks, &cfg, &parts, admin, health)?;
+    // Health, like reflection, per listener: each answers SERVING only for its own services
+    // (and NotFound for another listener's).
+    let (grpc_health_reporter, grpc_health) = health_service(&grpc_services()).await;
+    let (admin_health_reporter, admin_health) = health_service(&admin_services()).await;
+    spawn_grpc(&mut tasks, &cfg, &parts, grpc, &conns, grpc_health)?;
+    spawn_admin(&mut tasks, &cfg, &parts, admin, admin_health)?;
     spawn_http(&mut tasks, &cfg, &parts, http, probes);
     if let Some((listener, tls)) = bundle_endpoint {
         let endpoint = Arc::new(
@@ -123,7 +126,7 @@ pub(super) async fn serve(
 
     on_started(&started);
     let result = tasks.run(shutdown).await;
-    drop(health_reporter);
+    drop((grpc_health_reporter, admin_health_reporter));
     let _ = std::fs::remove_file(&admin_path);
     result
 }
@@ -187,28 +190,42 @@ fn spawn_background(
     );
 }
 
-/// gRPC health (every service SERVING) for both gRPC listeners.
-async fn health_service() -> (
+/// The services of the public gRPC listener (TLS).
+fn grpc_services() -> [&'static str; 4] {
+    [
+        service_name::<CertificateAuthorityServer<NativeApi>>(),
+        service_name::<RegistrationServer<RegistrationApi>>(),
+        service_name::<IstioCertificateServiceServer<IstioApi>>(),
+        service_name::<NodeServer<NodeApi>>(),
+    ]
+}
+
+/// The services of the admin socket.
+fn admin_services() -> [&'static str; 6] {
+    [
+        service_name::<AdminServer<AdminApi>>(),
+        service_name::<NodeAdminServer<NodeAdminApi>>(),
+        service_name::<LedgerAdminServer<LedgerAdminApi>>(),
+        service_name::<RevocationAdminServer<RevocationAdminApi>>(),
+        service_name::<CaAdminServer<CaAdminApi>>(),
+        service_name::<FederationAdminServer<FederationAdminApi>>(),
+    ]
+}
+
+/// gRPC health for one listener: `services` SERVING, and the server as a whole (`""`); any
+/// other name, another listener's services included, is NotFound.
+async fn health_service(
+    services: &[&'static str],
+) -> (
     tonic_health::server::HealthReporter,
     HealthServer<impl Health>,
 ) {
     let (reporter, service) = tonic_health::server::health_reporter();
-    reporter
-        .set_serving::<CertificateAuthorityServer<NativeApi>>()
-        .await;
-    reporter
-        .set_serving::<IstioCertificateServiceServer<IstioApi>>()
-        .await;
-    reporter.set_serving::<NodeServer<NodeApi>>().await;
-    reporter
-        .set_serving::<RegistrationServer<RegistrationApi>>()
-        .await;
-    reporter
-        .set_serving::<NodeAdminServer<NodeAdminApi>>()
-        .await;
-    reporter
-        .set_serving::<RevocationAdminServer<RevocationAdminApi>>()
-        .await;
+    for s in services {
+        reporter
+            .set_service_status(*s, tonic_health::ServingStatus::Serving)
+            .await;
+    }
     (reporter, service)
 }
 
@@ -229,12 +246,7 @@ fn spawn_grpc(
     health: HealthServer<impl Health>,
 ) -> anyhow::Result<()> {
     let limit = transport_limit(cfg);
-    let (reflection, reflection_alpha) = reflection(&[
-        service_name::<CertificateAuthorityServer<NativeApi>>(),
-        service_name::<RegistrationServer<RegistrationApi>>(),
-        service_name::<IstioCertificateServiceServer<IstioApi>>(),
-        service_name::<NodeServer<NodeApi>>(),
-    ])?;
+    let (reflection, reflection_alpha) = reflection(&grpc_services())?;
     let native = CertificateAuthorityServer::new(
         NativeApi::new(
             parts.issuer.clone(),
@@ -324,14 +336,7 @@ fn spawn_admin(
     health: HealthServer<impl Health>,
 ) -> anyhow::Result<()> {
     let limit = transport_limit(cfg);
-    let (reflection, reflection_alpha) = reflection(&[
-        service_name::<AdminServer<AdminApi>>(),
-        service_name::<NodeAdminServer<NodeAdminApi>>(),
-        service_name::<LedgerAdminServer<LedgerAdminApi>>(),
-        service_name::<RevocationAdminServer<RevocationAdminApi>>(),
-        service_name::<CaAdminServer<CaAdminApi>>(),
-        service_name::<FederationAdminServer<FederationAdminApi>>(),
-    ])?;
+    let (reflection, reflection_alpha) = reflection(&admin_services())?;
     let admin = AdminServer::new(AdminApi::new(
         parts.issuer.clone(),
         parts.store.clone(),

@@ -242,6 +242,34 @@ async fn reflection_lists_each_listeners_own_services() {
         ],
     );
     assert!(!ok && out.contains("not found"), "{out}");
+
+    // Health too is per listener: SERVING for its own services, NotFound for the other's.
+    let check = |tls: bool, service: &str| {
+        let body = format!("{{\"service\":\"{service}\"}}");
+        let method = "grpc.health.v1.Health/Check";
+        if tls {
+            run(&grpcurl, &server, &["-d", &body, &addr, method])
+        } else {
+            grpcurl_out(
+                &grpcurl,
+                &["-plaintext", "-unix", "-d", &body, socket, method],
+            )
+        }
+    };
+    let (ok, out) = check(true, TLS_SERVICES[0]);
+    assert!(ok && out.contains("SERVING"), "{out}");
+    let (ok, out) = check(true, ADMIN_SERVICES[0]);
+    assert!(
+        !ok && out.contains("NotFound"),
+        "an admin service's health on the TLS port: {out}"
+    );
+    let (ok, out) = check(false, ADMIN_SERVICES[0]);
+    assert!(ok && out.contains("SERVING"), "{out}");
+    let (ok, out) = check(false, TLS_SERVICES[0]);
+    assert!(
+        !ok && out.contains("NotFound"),
+        "a TLS service's health on the admin socket: {out}"
+    );
     server.stop().await;
 }
 
