@@ -29,10 +29,33 @@ pub struct LoadError(String);
 
 impl From<figment::Error> for LoadError {
     fn from(e: figment::Error) -> Self {
-        let msgs: Vec<String> = e.into_iter().map(|e| e.to_string()).collect();
+        let msgs: Vec<String> = e
+            .into_iter()
+            .map(|e| without_source_lines(&e.to_string()))
+            .collect();
         LoadError(msgs.join("; "))
     }
 }
+
+/// A parse error's message without the lines of the file it quotes (`9 | database_url =
+/// "postgres://app:secret@…`, and the caret line under it): the file may hold secrets, and the
+/// line and column the message keeps are enough to find the mistake.
+fn without_source_lines(msg: &str) -> String {
+    msg.lines()
+        .filter(|l| {
+            let t = l.trim_start();
+            let t = t
+                .trim_start_matches(|c: char| c.is_ascii_digit())
+                .trim_start();
+            !t.starts_with('|')
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The largest configuration file read: far above any real one, and a bound on what a
+/// misplaced path (a device, a log) can make the process read.
+pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
 
 /// The layers, lowest first: `Layers::new(defaults).file(…)?.env(…).flags(…).extract()`.
 pub struct Layers {
@@ -55,11 +78,28 @@ impl Layers {
     }
 
     /// Merges the TOML file, when one is named; a named file that does not exist is an error.
+    ///
+    /// The file must be a regular file (after links) of at most [`MAX_CONFIG_BYTES`]: a FIFO
+    /// would block start-up or a SIGHUP reload for ever, a device would be read without end.
     pub fn file(mut self, file: Option<&Path>) -> Result<Self, LoadError> {
         if let Some(f) = file {
-            if !f.exists() {
+            let meta = std::fs::metadata(f).map_err(|e| {
+                LoadError(if e.kind() == std::io::ErrorKind::NotFound {
+                    format!("config file {} does not exist", f.display())
+                } else {
+                    format!("config file {}: {e}", f.display())
+                })
+            })?;
+            if !meta.is_file() {
                 return Err(LoadError(format!(
-                    "config file {} does not exist",
+                    "config file {} is not a regular file (a FIFO, device or directory is \
+                     never read as configuration)",
+                    f.display()
+                )));
+            }
+            if meta.len() > MAX_CONFIG_BYTES {
+                return Err(LoadError(format!(
+                    "config file {} is larger than {MAX_CONFIG_BYTES} bytes",
                     f.display()
                 )));
             }
@@ -292,6 +332,62 @@ mod tests {
                 let _ = std::fs::remove_file(&self.0);
             }
         }
+    }
+
+    #[test]
+    fn a_parse_error_never_quotes_the_file() {
+        let f = toml("name = 'x'\nport = \"postgres://app:S3cret@db/x\n");
+        let err = Layers::new(Cfg::default())
+            .file(Some(&f.0))
+            .unwrap()
+            .extract::<Cfg>()
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("S3cret"), "{err}");
+        assert!(err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn only_a_bounded_regular_file_is_read() {
+        let load = |p: &Path| Layers::new(Cfg::default()).file(Some(p)).map(|_| ());
+        let err = load(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(err.contains("not a regular file"), "{err}");
+        let link = toml("");
+        std::fs::remove_file(&link.0).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &link.0).unwrap();
+        assert!(
+            load(&link.0)
+                .unwrap_err()
+                .to_string()
+                .contains("not a regular file")
+        );
+        let fifo = toml("");
+        std::fs::remove_file(&fifo.0).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo.0)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        assert!(
+            load(&fifo.0)
+                .unwrap_err()
+                .to_string()
+                .contains("not a regular file")
+        );
+        let big = toml(&"#".repeat(MAX_CONFIG_BYTES as usize + 1));
+        assert!(
+            load(&big.0)
+                .unwrap_err()
+                .to_string()
+                .contains("larger than")
+        );
+        let dir = std::env::temp_dir();
+        assert!(
+            load(&dir)
+                .unwrap_err()
+                .to_string()
+                .contains("not a regular file")
+        );
     }
 
     #[test]
