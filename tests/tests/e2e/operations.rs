@@ -551,3 +551,53 @@ async fn the_bridge_logs_only_json_even_when_it_fails() {
     all_json("signet-k8s --log-level loud", &lines);
     assert!(out.contains("--log-level"), "{out}");
 }
+
+/// A server whose database URL went missing (here: another, empty database) beside a data
+/// directory that holds signed checkpoints of its ledger stops, rather than generating a second
+/// root and overwriting `bundle.pem` with it (review of issue 30, F3).
+#[tokio::test]
+async fn a_lost_database_url_does_not_make_a_new_root_beside_the_old_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(ServerOpts {
+        database_url: Some(format!(
+            "sqlite://{}",
+            dir.path().join("first.db").display()
+        )),
+        data_dir: Some(data.clone()),
+        ..ServerOpts::default()
+    })
+    .await;
+    let bundle = std::fs::read(data.join("bundle.pem")).unwrap();
+    server.stop().await;
+    assert!(
+        std::fs::read_dir(data.join("checkpoints")).unwrap().count() > 0,
+        "the first server signed a checkpoint"
+    );
+    let other = format!("sqlite://{}", dir.path().join("empty.db").display());
+    let data_arg = data.display().to_string();
+    let (code, out) = run(
+        "signet-server",
+        &[
+            "--data-dir",
+            &data_arg,
+            "--database-url",
+            &other,
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        out.contains("holds no CA keys") && out.contains("SIGNET_DATABASE_URL"),
+        "{out}"
+    );
+    assert_eq!(
+        std::fs::read(data.join("bundle.pem")).unwrap(),
+        bundle,
+        "bundle.pem kept"
+    );
+}

@@ -485,12 +485,48 @@ pub async fn start(
             .await
             .map_err(|e| ManagerError::Key(format!("plugged-in CA: {e}")));
     }
+    let (_, slots) = store
+        .ca_slots()
+        .await
+        .map_err(|e| ManagerError::Key(format!("CA keys: {e}")))?;
+    if slots.is_empty() {
+        refuse_a_new_root_beside_an_old_ledger(data_dir)?;
+    }
     let kek = load_kek(ca, data_dir)?;
     let manager = CaManager::generated(store, kek, mcfg, serials, jitter, now)
         .await
         .map_err(|e| ManagerError::Key(format!("CA keys: {e}")))?;
     tracing::info!(key_id = manager.view().active.key_id(), "CA keys loaded");
     Ok(manager)
+}
+
+/// A database without CA keys is a new deployment, and gets a new root: unless `data_dir`
+/// holds signed checkpoints of a ledger, which says this server ran on another database before
+/// (a database URL that went missing, an `EnvironmentFile` not read, a Secret not mounted).
+/// Going on would make a second CA that overwrites `bundle.pem` with a root no relying party
+/// trusts, so it stops, naming both ways out.
+fn refuse_a_new_root_beside_an_old_ledger(data_dir: &Path) -> Result<(), ManagerError> {
+    let dir = data_dir.join("checkpoints");
+    let held = std::fs::read_dir(&dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+                .count()
+        })
+        .unwrap_or(0);
+    if held == 0 {
+        return Ok(());
+    }
+    Err(ManagerError::Key(format!(
+        "the database holds no CA keys, but {} holds {held} signed checkpoints of a ledger: this \
+         server ran on another database before. Is its database URL missing (SIGNET_DATABASE_URL \
+         unset, an EnvironmentFile or Secret not read)? Point it at that database; to start a \
+         new deployment here on purpose, move {} aside first (keep it: it records the old \
+         ledger's heads)",
+        dir.display(),
+        dir.display()
+    )))
 }
 
 /// The key-encryption key: `ca.kek_file`, or `<data_dir>/kek`, generated (mode 0600) when it
