@@ -12,21 +12,28 @@
 //! What decrypts is still checked, as what the server sends is ([`load`]): the trust domain is
 //! the node's, every entry parses, and every SVID is an X509-SVID for its key, names its
 //! entry's SPIFFE ID, chains to the cached bundle and is valid now; an expired one is dropped,
-//! any other failure drops that SVID and is reported.
+//! any other failure drops that SVID and is reported. (One a CRL the agent holds lists is
+//! dropped by the rotator: [`crate::rotator::Rotator::restore`].)
+//!
+//! Replay: each write seals a sequence number one above the floor in [`FLOOR_FILE`], then
+//! raises the floor; a cache below the floor is refused ([`CacheError::Replayed`]). A writer
+//! who puts back the floor too is not detected (SECURITY.md). The ban state is sealed too.
 //!
 //! What this protects against, and what not (SECURITY.md, "The agent's data directory"): a
 //! writer of the directory who does not hold the node key cannot make the agent serve an
 //! identity it was not given; whoever can replace `node.key` itself (the agent's uid, root)
 //! already controls the agent. The directory must be owned by the agent's uid and closed to
 //! group and others (0700; created so when absent): in one others can write, the cache is
-//! refused and the reason logged with the `chmod` that fixes it.
+//! refused and the reason logged with the `chmod` that fixes it. So is a cache file owned by
+//! another uid (root aside) or writable by group or others; it is opened with `O_NOFOLLOW`.
 //!
 //! Format (version 1): `MAGIC` (8 bytes) ‖ key ID (16 bytes, HKDF of the node key under
 //! another label: tells "another node key" apart from "tampered") ‖ nonce (12 bytes) ‖
 //! ciphertext and tag. The plaintext is a protobuf message ([`CacheDoc`], prost-derived, this
 //! module's only reader and writer). Written atomically, mode 0600 ([`crate::node::write_atomic`]).
 
-use std::os::unix::fs::MetadataExt;
+use std::io::Read as _;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -43,6 +50,9 @@ use crate::state::{AgentState, Selector};
 
 /// The cache file in `data_dir`.
 pub const CACHE_FILE: &str = "cache.sealed";
+/// The replay floor in `data_dir`: the sequence number of the last cache written, in decimal
+/// (not secret, not sealed). A cache sealed with a lower sequence is a replay and is refused.
+pub const FLOOR_FILE: &str = "cache.floor";
 /// Format version 1.
 const MAGIC: &[u8; 8] = b"SGNTAC\x00\x01";
 const KEY_ID_LEN: usize = 16;
@@ -86,6 +96,25 @@ pub enum CacheError {
     /// Authentic but not usable (another trust domain, an entry that does not parse).
     #[error("{}: {why}; ignoring it", path.display())]
     Content { path: PathBuf, why: String },
+    /// The file may be changed by another user (its owner or mode).
+    #[error(
+        "{} is {why}: another user could replace it, so it is not used. Fix: `chown <agent \
+         user> {0}` and `chmod 0600 {0}`",
+        path.display(),
+        why = why
+    )]
+    UnsafeFile { path: PathBuf, why: String },
+    /// Authentic, but older than the last cache the agent wrote ([`FLOOR_FILE`]).
+    #[error(
+        "{} is an older cache (sequence {sequence}) than the last one the agent wrote \
+         (sequence {floor}, {FLOOR_FILE}): it was replayed; ignoring it",
+        path.display()
+    )]
+    Replayed {
+        path: PathBuf,
+        sequence: u64,
+        floor: u64,
+    },
     /// The sealing key cannot be derived, or a nonce drawn (a local fault).
     #[error("cannot seal the cache: {0}")]
     Crypto(&'static str),
@@ -97,6 +126,8 @@ pub struct Snapshot<'a> {
     pub entries: &'a [EntrySpec],
     pub trust_domain: &'a TrustDomain,
     pub state: &'a AgentState,
+    /// The node ID the server refuses as banned, and since when (restored as banned).
+    pub banned: Option<(&'a str, SystemTime)>,
 }
 
 /// What [`load`] found usable.
@@ -116,6 +147,8 @@ pub struct Restored {
     pub expired: usize,
     /// SVIDs dropped for another reason: entry ID and why.
     pub dropped: Vec<(String, String)>,
+    /// The node was banned when the cache was written: its node ID, since when.
+    pub banned: Option<(String, SystemTime)>,
 }
 
 /// What `data_dir` holds.
@@ -151,6 +184,14 @@ struct CacheDoc {
     federated: Vec<FederatedDoc>,
     #[prost(message, repeated, tag = "10")]
     svids: Vec<SvidDoc>,
+    /// One more than the floor at the write ([`FLOOR_FILE`]); 0 in caches written before.
+    #[prost(uint64, tag = "11")]
+    sequence: u64,
+    /// Empty: not banned.
+    #[prost(string, tag = "12")]
+    banned_node_id: String,
+    #[prost(uint64, tag = "13")]
+    banned_since_unix: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -229,9 +270,12 @@ fn jwt_key(d: &JwtKeyDoc) -> Result<JwtPublicKey, String> {
 }
 
 impl CacheDoc {
-    fn of(s: &Snapshot<'_>, now: SystemTime) -> Self {
+    fn of(s: &Snapshot<'_>, now: SystemTime, sequence: u64) -> Self {
         let st = s.state;
         CacheDoc {
+            sequence,
+            banned_node_id: s.banned.map(|(id, _)| id.to_owned()).unwrap_or_default(),
+            banned_since_unix: s.banned.map_or(0, |(_, t)| unix_secs(t)),
             written_at_unix: unix_secs(now),
             trust_domain: s.trust_domain.as_str().to_owned(),
             revision: s.revision,
@@ -409,11 +453,28 @@ pub fn save(
     };
     crate::node::ensure_dir(dir).map_err(io)?;
     check_dir(dir)?;
-    let plaintext = prost::Message::encode_to_vec(&CacheDoc::of(snapshot, now));
+    let sequence = read_floor(dir).saturating_add(1);
+    let plaintext = prost::Message::encode_to_vec(&CacheDoc::of(snapshot, now, sequence));
     let sealed = seal(&SealKey::of(node)?, plaintext)?;
     let path = dir.join(CACHE_FILE);
     crate::node::write_atomic(&path, &sealed, 0o600)
-        .map_err(|source| CacheError::Io { path, source })
+        .map_err(|source| CacheError::Io { path, source })?;
+    let floor = dir.join(FLOOR_FILE);
+    crate::node::write_atomic(&floor, format!("{sequence}\n").as_bytes(), 0o600).map_err(|source| {
+        CacheError::Io {
+            path: floor,
+            source,
+        }
+    })
+}
+
+/// The replay floor in `dir` ([`FLOOR_FILE`]); 0 when absent or unreadable (the first write,
+/// or a floor removed: then a replay is not detected, see SECURITY.md).
+fn read_floor(dir: &Path) -> u64 {
+    std::fs::read_to_string(dir.join(FLOOR_FILE))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Reads the cache in `dir` sealed under `node`'s key, and checks what it holds at `now` (see
@@ -445,16 +506,29 @@ fn read_checked(
             why: "not a regular file".into(),
         });
     }
+    let io = |source| CacheError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    // Not through a symbolic link swapped in since; the checks are of what was opened.
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+        .map_err(io)?;
+    let meta = f.metadata().map_err(io)?;
+    check_file(path, &meta)?;
     if meta.len() > MAX_FILE_BYTES {
         return Err(CacheError::TooLarge {
             path: path.to_owned(),
             size: meta.len(),
         });
     }
-    let file = std::fs::read(path).map_err(|source| CacheError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
+    let mut file = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    (&mut f)
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut file)
+        .map_err(io)?;
     let plaintext = open(&SealKey::of(node)?, path, file)?;
     let content = |why: String| CacheError::Content {
         path: path.to_owned(),
@@ -462,7 +536,43 @@ fn read_checked(
     };
     let doc: CacheDoc = prost::Message::decode(plaintext.as_slice())
         .map_err(|e| content(format!("does not decode: {e}")))?;
+    let floor = read_floor(dir);
+    if doc.sequence < floor {
+        return Err(CacheError::Replayed {
+            path: path.to_owned(),
+            sequence: doc.sequence,
+            floor,
+        });
+    }
     restore(doc, node, now).map_err(content)
+}
+
+/// Refuses a cache file another user could have written: a regular file, owned by the agent's
+/// uid or root, not writable by its group or others.
+fn check_file(path: &Path, meta: &std::fs::Metadata) -> Result<(), CacheError> {
+    let me = rustix::process::geteuid().as_raw();
+    let why = if !meta.file_type().is_file() {
+        Some("not a regular file".to_owned())
+    } else if meta.uid() != me && meta.uid() != 0 {
+        Some(format!(
+            "owned by uid {}, not the agent's uid {me}",
+            meta.uid()
+        ))
+    } else if meta.mode() & 0o022 != 0 {
+        Some(format!(
+            "writable by its group or others (mode {:o})",
+            meta.mode() & 0o7777
+        ))
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(CacheError::UnsafeFile {
+            path: path.to_owned(),
+            why,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// The checks of what decrypted (see the module docs).
@@ -528,7 +638,14 @@ fn restore(doc: CacheDoc, node: &NodeIdentity, now: SystemTime) -> Result<Restor
             Err(Some(why)) => dropped.push((s.entry_id, why)),
         }
     }
+    let banned = (!doc.banned_node_id.is_empty()).then(|| {
+        (
+            doc.banned_node_id,
+            SystemTime::UNIX_EPOCH + Duration::from_secs(doc.banned_since_unix),
+        )
+    });
     Ok(Restored {
+        banned,
         written_at: SystemTime::UNIX_EPOCH + Duration::from_secs(doc.written_at_unix),
         revision: doc.revision,
         entries,

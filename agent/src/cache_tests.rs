@@ -87,6 +87,7 @@ fn save_fixture(dir: &Path, node: &NodeIdentity, f: &Fixture) {
         entries: &f.entries,
         trust_domain: &td,
         state: &f.state,
+        banned: None,
     };
     save(dir, node, &snap, SystemClock.now()).expect("save");
 }
@@ -153,11 +154,12 @@ fn what_is_saved_loads_back_checked() {
     assert_eq!((r.expired, r.dropped.len()), (0, 0));
     // Saved again, no temporary file is left behind.
     save_fixture(&dir, &n, &f);
-    let names: Vec<_> = std::fs::read_dir(&dir)
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
         .expect("ls")
         .map(|e| e.expect("entry").file_name())
         .collect();
-    assert_eq!(names, [CACHE_FILE]);
+    names.sort();
+    assert_eq!(names, [FLOOR_FILE, CACHE_FILE]);
 }
 
 #[test]
@@ -309,8 +311,102 @@ fn another_trust_domain_is_refused() {
         entries: &f.entries,
         trust_domain: &td,
         state: &f.state,
+        banned: None,
     };
     save(tmp.path(), &n, &snap, SystemClock.now()).expect("save");
     let e = refused(load(tmp.path(), &n, SystemClock.now()));
     assert!(e.to_string().contains("other.org"), "{e}");
+}
+
+#[test]
+fn a_replayed_older_cache_is_refused() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("data");
+    let n = node();
+    let f = fixture(Duration::from_secs(3600));
+    save_fixture(&dir, &n, &f);
+    let old = std::fs::read(dir.join(CACHE_FILE)).expect("read");
+    save_fixture(&dir, &n, &f);
+    assert_eq!(
+        std::fs::read_to_string(dir.join(FLOOR_FILE)).expect("floor"),
+        "2\n"
+    );
+    found(load(&dir, &n, SystemClock.now()));
+    // The attacker writes the older, genuinely sealed file back (not the floor).
+    std::fs::write(dir.join(CACHE_FILE), &old).expect("replay");
+    let e = refused(load(&dir, &n, SystemClock.now()));
+    assert!(
+        matches!(
+            e,
+            CacheError::Replayed {
+                sequence: 1,
+                floor: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("replayed"), "{e}");
+    // Replaying the floor too is not detected (documented in SECURITY.md).
+    std::fs::write(dir.join(FLOOR_FILE), "1\n").expect("floor");
+    found(load(&dir, &n, SystemClock.now()));
+}
+
+#[test]
+fn a_cache_file_others_can_write_or_a_link_is_not_trusted() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("data");
+    let n = node();
+    save_fixture(&dir, &n, &fixture(Duration::from_secs(3600)));
+    let path = dir.join(CACHE_FILE);
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    found(load(&dir, &n, SystemClock.now()));
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let e = refused(load(&dir, &n, SystemClock.now()));
+    assert!(matches!(e, CacheError::UnsafeFile { .. }), "{e}");
+    assert!(e.to_string().contains("chmod 0600"), "{e}");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o620)).expect("chmod");
+    assert!(matches!(
+        refused(load(&dir, &n, SystemClock.now())),
+        CacheError::UnsafeFile { .. }
+    ));
+    // A symbolic link to a genuine cache elsewhere is not followed.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let elsewhere = tmp.path().join("elsewhere");
+    std::fs::rename(&path, &elsewhere).expect("move");
+    std::os::unix::fs::symlink(&elsewhere, &path).expect("symlink");
+    assert!(matches!(
+        load(&dir, &n, SystemClock.now()),
+        Loaded::Refused(_)
+    ));
+}
+
+#[test]
+fn the_ban_is_saved_and_restored() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let n = node();
+    let f = fixture(Duration::from_secs(3600));
+    let td: TrustDomain = "example.org".parse().expect("td");
+    let since = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let snap = Snapshot {
+        revision: 1,
+        entries: &f.entries,
+        trust_domain: &td,
+        state: &f.state,
+        banned: Some(("n1", since)),
+    };
+    save(tmp.path(), &n, &snap, SystemClock.now()).expect("save");
+    let r = found(load(tmp.path(), &n, SystemClock.now()));
+    assert_eq!(r.banned, Some(("n1".to_owned(), since)));
+    save(
+        tmp.path(),
+        &n,
+        &Snapshot {
+            banned: None,
+            ..snap
+        },
+        SystemClock.now(),
+    )
+    .expect("save");
+    assert_eq!(found(load(tmp.path(), &n, SystemClock.now())).banned, None);
 }

@@ -1,8 +1,10 @@
 //! The loop's use of the cache ([`crate::cache`]): restored once, at the start of the first
 //! node identity's loop, before the server is asked anything; saved after what is served
 //! changes (the published state, or the entries' revision), at most every
-//! [`CACHE_MIN_INTERVAL`] (a burst of renewals is one write), at once when the bundle or the
-//! node key changes (the cache is sealed under the key), and at stop.
+//! [`CACHE_MIN_INTERVAL`] (a burst of renewals is one write), at once when the bundle, the
+//! node key (the cache is sealed under the key) or the ban state changes, and at stop. A ban
+//! restored from the cache is reported (`/readyz`, `signet_agent_node_banned`) until the
+//! server answers otherwise.
 //!
 //! Invariant: a cache that cannot be read is logged (why, and that nothing in it is served) and
 //! ignored; one that cannot be written is logged once per distinct error; neither stops the
@@ -30,6 +32,10 @@ pub(super) struct CacheState {
     pending: bool,
     /// The last write error logged.
     last_error: Option<String>,
+    /// Since when the server refuses the node as banned (with the driver's `banned`).
+    pub(super) banned_since: Option<SystemTime>,
+    /// The ban state the last write (or the restore) held.
+    saved_ban: Option<String>,
 }
 
 impl CacheState {
@@ -81,6 +87,18 @@ impl Driver {
             self.trust.set_bundle(s.td.clone(), r.bundle);
         }
         self.trust.restore_crls(&r.crls);
+        if let Some((id, since)) = r.banned {
+            tracing::error!(node_id = %id, "{} (as when the cache was written; until the server answers)", crate::readiness::ban_message(&id));
+            if let Some(ready) = &self.ready {
+                ready.banned(&id, since);
+            }
+            if let Some(m) = &self.metrics {
+                m.node_banned.set(1);
+            }
+            self.cache.banned_since = Some(since);
+            self.cache.saved_ban = Some(id.clone());
+            self.banned = Some(id);
+        }
         self.trust.set_jwt_keys(&r.jwt_keys, &r.jwt_tainted);
         self.trust.set_federated(&s.trust_domain, r.federated);
         let served =
@@ -110,12 +128,13 @@ impl Driver {
             return;
         }
         // A new bundle is written at once (rare, and what the cached SVIDs are checked
-        // against); certificate churn waits for the interval.
+        // against), as is a ban starting or ending; certificate churn waits for the interval.
         let bundle_changed = self
             .cache
             .saved
             .as_ref()
-            .is_some_and(|(st, _)| !Arc::ptr_eq(&st.bundle_der, &state.bundle_der));
+            .is_some_and(|(st, _)| !Arc::ptr_eq(&st.bundle_der, &state.bundle_der))
+            || self.cache.saved_ban != self.banned;
         if !bundle_changed
             && self
                 .cache
@@ -149,12 +168,17 @@ impl Driver {
             .saved
             .as_ref()
             .is_some_and(|(st, rev)| Arc::ptr_eq(st, state) && *rev == self.revision)
+            && self.cache.saved_ban == self.banned
     }
 
     fn write_cache(&mut self, s: &Serving, state: SharedState, now: SystemTime) {
         // Nothing synced or restored yet: nothing worth keeping (and a cache that failed to
         // load is left for the operator to look at until there is).
-        if self.cache.saved.is_none() && self.revision == 0 && state.identities.is_empty() {
+        if self.cache.saved.is_none()
+            && self.revision == 0
+            && state.identities.is_empty()
+            && self.banned.is_none()
+        {
             return;
         }
         let snapshot = Snapshot {
@@ -162,6 +186,10 @@ impl Driver {
             entries: &self.entries,
             trust_domain: &s.trust_domain,
             state: &state,
+            banned: self
+                .banned
+                .as_deref()
+                .map(|id| (id, self.cache.banned_since.unwrap_or(now))),
         };
         self.cache.pending = false;
         self.cache.saved_at = Some(now);
@@ -176,6 +204,7 @@ impl Driver {
                     "cache written"
                 );
                 self.cache.saved = Some((state, self.revision));
+                self.cache.saved_ban = self.banned.clone();
             }
             Err(e) => {
                 let shown = e.to_string();

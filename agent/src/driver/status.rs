@@ -31,9 +31,10 @@ impl Driver {
             if self.banned.as_deref() != Some(id.as_str()) {
                 tracing::error!(node_id = %id, error = %e, retry_every = ?crate::ca::BANNED_RETRY, "{}", ban_message(&id));
                 self.banned = Some(id.clone());
+                self.cache.banned_since = Some(now);
             }
             if let Some(r) = &self.ready {
-                r.banned(&id, now);
+                r.banned(&id, self.cache.banned_since.unwrap_or(now));
                 r.server_reached();
             }
             if let Some(m) = &self.metrics {
@@ -56,6 +57,7 @@ impl Driver {
             r.not_banned();
         }
         if let Some(id) = self.banned.take() {
+            self.cache.banned_since = None;
             tracing::info!(node_id = %id, "the server no longer refuses node {id} as banned");
             if let Some(m) = &self.metrics {
                 m.node_banned.set(0);

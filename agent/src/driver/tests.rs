@@ -965,6 +965,45 @@ async fn a_banned_node_is_reported_and_retried_slowly() {
     stop(r).await;
 }
 
+/// A ban is kept in the cache: a node banned while connected and restarted during an outage
+/// is still reported banned (not ready) until the server answers otherwise.
+#[tokio::test(start_paused = true)]
+async fn a_ban_survives_a_restart_during_an_outage() {
+    let fake = Fake::new(Duration::from_secs(24 * 3600), 0);
+    let dir = tempfile::tempdir().expect("tmp");
+    let r = start(&fake, dir.path(), Some("tok"));
+    wait_for(10, || r.ready.is_ready()).await;
+    Fake::set(&fake.banned, true);
+    wait_for(10, || r.ready.status().banned.is_some()).await;
+    stop(r).await;
+
+    Fake::set(&fake.failing_connects, u32::MAX);
+    let r = start(&fake, dir.path(), None);
+    wait_for(10, || r.ready.status().banned.is_some()).await;
+    let report = r.ready.report();
+    assert!(!report.ready, "{report:?}");
+    assert!(
+        report
+            .reason
+            .as_deref()
+            .is_some_and(|x| x.contains("`signetctl node unban n1`")),
+        "{report:?}"
+    );
+
+    // The server is back and no longer refuses the node: ready again, the ban forgotten.
+    Fake::set(&fake.banned, false);
+    Fake::set(&fake.failing_connects, 0);
+    tokio::time::sleep(crate::ca::BANNED_RETRY + Duration::from_secs(31)).await;
+    wait_for(10, || r.ready.is_ready()).await;
+    assert!(r.ready.status().banned.is_none());
+    stop(r).await;
+    Fake::set(&fake.failing_connects, u32::MAX);
+    let r = start(&fake, dir.path(), None);
+    wait_for(10, || r.ready.is_ready()).await;
+    assert!(r.ready.status().banned.is_none());
+    stop(r).await;
+}
+
 /// A banned node attesting: refused (the token is the server's to keep), reported, retried
 /// slowly.
 #[tokio::test(start_paused = true)]

@@ -2,8 +2,11 @@
 //! ([`Held`]); and the views of them a pass publishes (the Workload API's identities, the
 //! sinks' certificate per SPIFFE ID).
 //!
-//! Invariant: only certificates valid at `now` are ever in a view; an entry that went away or
-//! changed is dropped at once ([`Holdings::keep_only`]).
+//! Invariant: only certificates valid at `now` and not revoked by a CRL the agent holds
+//! ([`Held::revoked`]) are ever in a view; an entry that went away or changed is dropped at
+//! once ([`Holdings::keep_only`]). A revoked certificate stays held (its entry is due at once,
+//! and backs off like any sign failure) but its entry goes without a certificate until it is
+//! re-signed; a sink keeps what it has on disk meanwhile.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,6 +34,8 @@ pub(super) struct Held {
     /// The leaf's issuing key and serial (`None` if the leaf does not parse: then no taint or
     /// CRL can name it).
     pub(super) cert: Option<CertRef>,
+    /// Its replacement as compromised was logged (once per certificate, not per attempt).
+    pub(super) replacing: bool,
 }
 
 impl Held {
@@ -40,6 +45,16 @@ impl Held {
 
     pub(super) fn compromise(&self, rev: &Revocations) -> Option<Compromise> {
         self.cert.as_ref().and_then(|c| rev.check(c))
+    }
+
+    /// Whether a verified CRL the agent holds lists it, or a CA certificate of its chain: then
+    /// it is never served nor delivered (a tainted issuing key alone still serves until the
+    /// replacement arrives).
+    pub(super) fn revoked(&self, rev: &Revocations) -> bool {
+        matches!(
+            self.compromise(rev),
+            Some(Compromise::Revoked { .. } | Compromise::CaRevoked { .. })
+        )
     }
 
     /// When this certificate is due, given the revocations in force.
@@ -62,6 +77,10 @@ pub struct Holdings(HashMap<String, Box<Held>>);
 impl Holdings {
     pub(super) fn get(&self, entry_id: &str) -> Option<&Held> {
         self.0.get(entry_id).map(Box::as_ref)
+    }
+
+    pub(super) fn get_mut(&mut self, entry_id: &str) -> Option<&mut Held> {
+        self.0.get_mut(entry_id).map(Box::as_mut)
     }
 
     pub(super) fn insert(&mut self, entry_id: String, held: Held) {
@@ -117,12 +136,12 @@ impl Holdings {
         self.0.values().any(|h| h.due_at(rev) <= now)
     }
 
-    /// The identities served at `now`, by entry ID.
-    pub fn identities(&self, now: SystemTime) -> Vec<Identity> {
+    /// The identities served at `now`, by entry ID (none revoked per `rev`).
+    pub fn identities(&self, rev: &Revocations, now: SystemTime) -> Vec<Identity> {
         let mut identities: Vec<Identity> = self
             .0
             .iter()
-            .filter(|(_, h)| h.serves(now))
+            .filter(|(_, h)| h.serves(now) && !h.revoked(rev))
             .map(|(id, h)| Identity {
                 entry_id: id.clone(),
                 selectors: h.spec.selectors.clone(),
@@ -134,10 +153,15 @@ impl Holdings {
         identities
     }
 
-    /// Per SPIFFE ID, the certificate served at `now` that lasts longest (what a sink holds).
-    pub fn current(&self, now: SystemTime) -> HashMap<&SpiffeId, &Arc<X509Svid>> {
+    /// Per SPIFFE ID, the certificate served at `now` that lasts longest (what a sink holds;
+    /// none revoked per `rev`).
+    pub fn current(
+        &self,
+        rev: &Revocations,
+        now: SystemTime,
+    ) -> HashMap<&SpiffeId, &Arc<X509Svid>> {
         let mut current: HashMap<&SpiffeId, &Arc<X509Svid>> = HashMap::new();
-        for h in self.0.values().filter(|h| h.serves(now)) {
+        for h in self.0.values().filter(|h| h.serves(now) && !h.revoked(rev)) {
             let id = h.svid.spiffe_id();
             if current
                 .get(id)

@@ -121,13 +121,14 @@ impl Rotator {
                 .collect(),
         };
         for e in &want {
-            if let Some(h) = self.held.get(&e.id)
+            // Logged once per certificate; counted when its replacement is installed
+            // ([`Self::sign`]), not per attempt.
+            if let Some(h) = self.held.get_mut(&e.id)
+                && !h.replacing
                 && let Some(why) = h.compromise(trust.revocations())
             {
+                h.replacing = true;
                 tracing::info!(entry = %e.id, spiffe_id = %e.spiffe_id, serial = ?h.cert.as_ref().map(|c| &c.serial_hex), reason = %why, "replacing a compromised certificate now");
-                if let Some(m) = &self.metrics {
-                    m.compromised_replacements.inc();
-                }
             }
         }
         let mut failed = false;
@@ -198,8 +199,9 @@ impl Rotator {
     /// `entries`, at `now`, and publishes them through `out` at once (before the server
     /// answers). Each keeps its place in its lifetime: renewed at its usual time counted from
     /// its `not_before`, so one past it is due at the first pass. An SVID whose entry is not
-    /// in `entries`, or whose SPIFFE ID is not its entry's, is skipped. Returns how many
-    /// were installed.
+    /// in `entries`, or whose SPIFFE ID is not its entry's, is skipped, as is one a verified
+    /// CRL in `trust` lists (itself or a CA certificate of its chain: a replayed cache, say;
+    /// its entry is signed anew when the server answers). Returns how many were installed.
     pub fn restore(
         &mut self,
         entries: &[EntrySpec],
@@ -218,6 +220,15 @@ impl Rotator {
             }
             let c = svid.certificate();
             trust.learn_issuers(c.chain_der());
+            let cert = crate::revocation::CertRef::parse_chain(c.chain_der());
+            if let Some(why) = cert.as_ref().and_then(|c| trust.revocations().check(c))
+                && !matches!(why, crate::revocation::Compromise::Tainted { .. })
+            {
+                // A verified CRL the agent holds lists it (a replayed cache, say): never
+                // served; the entry waits for the server to sign it again.
+                tracing::warn!(entry = %entry_id, reason = %why, "not serving a cached certificate");
+                continue;
+            }
             let held = hold::Held {
                 spec: spec.clone(),
                 renew_at: crate::rotation::renew_at(
@@ -229,7 +240,8 @@ impl Rotator {
                 obtained: now,
                 jitter: self.random.unit(),
                 reissues: 0,
-                cert: crate::revocation::CertRef::parse_chain(c.chain_der()),
+                cert,
+                replacing: false,
                 svid: Arc::new(svid),
             };
             self.held.insert(entry_id, held);

@@ -69,7 +69,7 @@ impl Outlets {
     /// its removal per the deletion policy when there is none; see [`SinkSet::update`]).
     pub fn publish(&mut self, held: &Holdings, trust: &Trust, now: SystemTime) {
         let next = AgentState {
-            identities: held.identities(now),
+            identities: held.identities(trust.revocations(), now),
             bundle_der: trust.bundle_der().clone(),
             trust_domain_id: trust.trust_domain_id().to_owned(),
             crls_der: trust.crls_der().clone(),
@@ -86,7 +86,7 @@ impl Outlets {
             }
         });
         if let Some(set) = &mut self.sinks {
-            let current = held.current(now);
+            let current = held.current(trust.revocations(), now);
             let (bundle, crls) = (trust.bundle_der(), trust.crls_der());
             let state = self.state.borrow().clone();
             set.update(|spiffe_id| {

@@ -136,10 +136,20 @@ impl Rotator {
                         jitter: self.random.unit(),
                         reissues: 0,
                         cert,
+                        replacing: false,
                     };
+                    if let Some(m) = &self.metrics
+                        && self
+                            .held
+                            .get(&entry_id)
+                            .is_some_and(|h| h.compromise(trust.revocations()).is_some())
+                    {
+                        m.compromised_replacements.inc();
+                    }
                     if let Some(why) = held.compromise(trust.revocations()) {
-                        // The server signed under the tainted key again (or listed this
-                        // serial): serve it, and try again after a backoff.
+                        // The server signed under the tainted key again (served), or listed
+                        // this serial (never served: [`Held::revoked`]): try again after a
+                        // backoff.
                         held.reissues = self
                             .held
                             .get(&entry_id)

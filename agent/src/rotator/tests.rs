@@ -836,6 +836,8 @@ struct PkiCa {
     clock: Arc<FakeClock>,
     ca: Mutex<Arc<TestCa>>,
     serial: Mutex<u64>,
+    /// The server is down: every call fails as unavailable.
+    down: Mutex<bool>,
 }
 
 impl PkiCa {
@@ -860,6 +862,9 @@ impl Ca for PkiCa {
         csrs: Vec<WorkloadCsr>,
     ) -> Result<Vec<(String, Result<SvidCertificate, CaError>)>, CaError> {
         let bad = |e: String| CaError::Invalid(e);
+        if *self.down.lock().map_err(|e| bad(e.to_string()))? {
+            return Err(CaError::Unavailable("down".into()));
+        }
         let ca = self.ca.lock().map_err(|e| bad(e.to_string()))?.clone();
         let now = self.clock.now();
         let mut out = Vec::new();
@@ -909,6 +914,7 @@ fn pki_setup_with(
         clock: clock.clone(),
         ca: Mutex::new(ca.clone()),
         serial: Mutex::new(0),
+        down: Mutex::new(false),
     });
     let (tx, rx) = channel();
     let (_mtx, mrx) = channel();
@@ -1187,4 +1193,129 @@ async fn a_crl_of_an_issuer_learnt_from_a_chain_verifies_once_the_chain_arrives(
     r.tick(&[entry("web")]).await;
     assert_eq!(pki.signed(), 2);
     assert_eq!(served(&rx), (root.key_id.clone(), "02".into()));
+}
+
+/// A restart during an outage with a cache holding a certificate a verified CRL the agent
+/// holds lists (a replayed cache): never served, never delivered, and the failing
+/// replacement backs off without counting or logging each attempt.
+#[tokio::test(start_paused = true)]
+async fn a_restored_revoked_certificate_is_never_served_nor_delivered() {
+    let a = Arc::new(TestCa::new("a"));
+    let (mut r, _clock, _pki, rx, _m) = pki_setup(&a);
+    let entries = [entry("web")];
+    r.tick(&entries).await;
+    let old = rx.borrow().identities[0].svid.clone();
+    let serial = u64::from_str_radix(
+        &CertRef::parse(old.certificate().leaf_der())
+            .expect("leaf")
+            .serial_hex,
+        16,
+    )
+    .expect("hex");
+
+    // The restarted agent: the server is down, the CRL listing the old serial is known.
+    let (r, clock, pki, rx, metrics) = pki_setup(&a);
+    *pki.down.lock().expect("lock") = true;
+    *pki.serial.lock().expect("lock") = 100;
+    let sink = Arc::new(LogSink::default());
+    let mut r = r.with_sinks(vec![SinkBinding {
+        spiffe_id: "spiffe://example.org/web".parse().expect("id"),
+        deletion_policy: DeletionPolicy::Delete,
+        timeout: Duration::from_secs(30),
+        sink: sink.clone(),
+    }]);
+    assert!(r.set_revocations(&[], &[a.crl_msg(3, &[serial])]));
+    r.outlets.start_sinks(
+        Telemetry::new(Some(metrics.sinks.clone())),
+        r.clock.clone(),
+        r.random.clone(),
+    );
+    let restored = r.rotator.restore(
+        &entries,
+        vec![("web".into(), (*old).clone())],
+        &mut r.trust,
+        &mut r.outlets,
+    );
+    assert_eq!(restored, 0);
+    assert!(rx.borrow().identities.is_empty(), "not served");
+    let mut waits = Vec::new();
+    for _ in 0..5 {
+        let next = r.tick(&entries).await;
+        waits.push(next.duration_since(clock.now()).unwrap_or_default());
+        advance(&clock, next);
+        assert!(rx.borrow().identities.is_empty(), "not served");
+    }
+    settle(Duration::from_millis(10)).await;
+    assert!(sink.0.lock().expect("lock").is_empty(), "never delivered");
+    // The failing sign backs off like any other (full jitter at 0.5: 0.5, 1, 2, 4, 8 s).
+    assert!(waits.windows(2).all(|w| w[1] > w[0]), "{waits:?}");
+    let text = metrics.encode(signet_runtime::metrics::Format::OpenMetrics);
+    assert!(
+        text.contains("signet_agent_compromised_replacements_total 0"),
+        "{text}"
+    );
+
+    // The server is back: a new certificate is served and delivered.
+    *pki.down.lock().expect("lock") = false;
+    r.tick(&entries).await;
+    settle(Duration::from_millis(10)).await;
+    let served = rx.borrow().identities[0].svid.clone();
+    assert_ne!(served, old);
+    let d = sink.0.lock().expect("lock").clone();
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].svid, served);
+}
+
+/// A held certificate a new CRL lists, while the server is down: withdrawn at once (the sink
+/// keeps what it has: Retain is not asked for, nothing is delivered), the replacement retried
+/// with backoff, and counted once, when it is installed.
+#[tokio::test(start_paused = true)]
+async fn a_revoked_held_certificate_is_withdrawn_and_its_replacement_counted_once() {
+    let a = Arc::new(TestCa::new("a"));
+    let (r, clock, pki, rx, metrics) = pki_setup(&a);
+    let sink = Arc::new(LogSink::default());
+    let mut r = r.with_sinks(vec![SinkBinding {
+        spiffe_id: "spiffe://example.org/web".parse().expect("id"),
+        deletion_policy: DeletionPolicy::Retain,
+        timeout: Duration::from_secs(30),
+        sink: sink.clone(),
+    }]);
+    let entries = [entry("web")];
+    r.tick(&entries).await;
+    settle(Duration::from_millis(10)).await;
+    assert_eq!(sink.0.lock().expect("lock").len(), 1);
+    *pki.down.lock().expect("lock") = true;
+    assert!(r.set_revocations(&[], &[a.crl_msg(2, &[1])]));
+    let mut waits = Vec::new();
+    for _ in 0..4 {
+        let next = r.tick(&entries).await;
+        assert!(rx.borrow().identities.is_empty(), "withdrawn");
+        waits.push(next.duration_since(clock.now()).unwrap_or_default());
+        advance(&clock, next);
+    }
+    assert!(waits.windows(2).all(|w| w[1] > w[0]), "{waits:?}");
+    let count = || {
+        metrics
+            .encode(signet_runtime::metrics::Format::OpenMetrics)
+            .lines()
+            .find(|l| l.starts_with("signet_agent_compromised_replacements_total "))
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        count().as_deref(),
+        Some("signet_agent_compromised_replacements_total 0")
+    );
+    *pki.down.lock().expect("lock") = false;
+    r.tick(&entries).await;
+    settle(Duration::from_millis(10)).await;
+    assert_eq!(rx.borrow().identities.len(), 1);
+    assert_eq!(
+        count().as_deref(),
+        Some("signet_agent_compromised_replacements_total 1")
+    );
+    assert_eq!(
+        sink.0.lock().expect("lock").len(),
+        2,
+        "only the replacement delivered"
+    );
 }
