@@ -174,6 +174,9 @@ impl Rotator {
             self.clock.now()
         };
         out.publish(&self.held, trust, now);
+        if let Some(m) = &self.metrics {
+            m.entries(entries.len());
+        }
         let rev = trust.revocations();
         let ended = if failed {
             let wait = retry_wait(self.failures, self.random.unit(), pushback);
@@ -236,6 +239,9 @@ impl Rotator {
             n += 1;
         }
         out.publish(&self.held, trust, now);
+        if let Some(m) = &self.metrics {
+            m.entries(entries.len());
+        }
         n
     }
 }
