@@ -4,6 +4,12 @@
 //! never drift from what the Workload API serves. Counters with a bounded label set are
 //! present at zero from start-up.
 //!
+//! `signet_agent_identities_without_certificate` is what the expiry gauges cannot say: when a
+//! certificate expires and is withdrawn, the earliest expiry jumps to the next one, so a
+//! workload that lost its identity shows only there. It is the entries the rotator was last
+//! given ([`Metrics::entries`]) less the identities the state serves with a certificate valid
+//! at the scrape.
+//!
 //! The sinks' and the Workload API's metrics are defined beside them
 //! ([`crate::sinks::telemetry::SinkMetrics`], [`crate::workload::WorkloadMetrics`]) and
 //! registered here: this module depends on them, never the other way round.
@@ -28,6 +34,10 @@ pub type Labels = Vec<(&'static str, String)>;
 pub struct Metrics {
     registry: Registry,
     certificates: Gauge,
+    /// Registration entries the agent should serve (set by the rotator at each pass).
+    entries: Gauge,
+    /// Of those, how many have no certificate valid now (computed at scrape time).
+    identities_without_certificate: Gauge,
     earliest_expiry_seconds: Gauge<f64, AtomicU64>,
     /// notAfter and notBefore of the held workload certificate that expires first (unix
     /// seconds; 0 while none is held).
@@ -71,6 +81,20 @@ impl Metrics {
             "certificates",
             "Workload certificates the agent holds",
             certificates.clone(),
+        );
+        let entries = Gauge::default();
+        registry.register(
+            "entries",
+            "Registration entries the agent should serve: the server's last answer, or the \
+             cache's until it answers",
+            entries.clone(),
+        );
+        let identities_without_certificate = Gauge::default();
+        registry.register(
+            "identities_without_certificate",
+            "Entries the agent should serve that have no certificate valid now (never signed, \
+             or expired without renewal): their workloads get no identity",
+            identities_without_certificate.clone(),
         );
         let earliest_expiry_seconds = Gauge::<f64, AtomicU64>::default();
         registry.register(
@@ -168,6 +192,8 @@ impl Metrics {
             server_errors,
             workload,
             certificates,
+            entries,
+            identities_without_certificate,
             earliest_expiry_seconds,
             federated_bundles,
             renewals,
@@ -186,6 +212,17 @@ impl Metrics {
         let now = self.clock.now();
         self.certificates
             .set(i64::try_from(state.identities.len()).unwrap_or(i64::MAX));
+        let valid = state
+            .identities
+            .iter()
+            .filter(|i| crate::rotation::serves(i.svid.certificate(), now))
+            .count();
+        self.identities_without_certificate.set(
+            self.entries
+                .get()
+                .saturating_sub(i64::try_from(valid).unwrap_or(i64::MAX))
+                .max(0),
+        );
         let first = state
             .identities
             .iter()
@@ -203,6 +240,13 @@ impl Metrics {
         self.earliest_expiry_seconds.set(earliest);
         self.federated_bundles
             .set(i64::try_from(state.federated.len()).unwrap_or(i64::MAX));
+    }
+
+    /// The registration entries the agent should serve now (`n`: the rotator's current set;
+    /// each pass reports it, so `signet_agent_identities_without_certificate` counts the
+    /// entries missing from what is served).
+    pub fn entries(&self, n: usize) {
+        self.entries.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// The node certificate served now (its validity, for the expiry gauges).
@@ -351,5 +395,66 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("signet_agent_build_info{"), "{text}");
+    }
+
+    /// The expiry gauges follow the next certificate when the earliest one expires; this one
+    /// counts the entries left without any: expired, and never signed.
+    #[test]
+    fn counts_entries_left_without_a_valid_certificate() {
+        let (tx, rx) = channel();
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let clock = Arc::new(FakeClock::at(t0));
+        let m = Metrics::new(rx, clock.clone());
+        let value = |m: &Metrics| {
+            let text = m.encode(Format::Text);
+            text.lines()
+                .find_map(|l| l.strip_prefix("signet_agent_identities_without_certificate "))
+                .map(str::to_owned)
+                .unwrap_or_else(|| panic!("no gauge in:\n{text}"))
+        };
+        assert_eq!(value(&m), "0", "no entries known yet");
+        let id = |entry: &str, secs| Identity {
+            entry_id: entry.into(),
+            selectors: vec![Selector::Uid(1)],
+            svid: Arc::new(crate::testing::self_signed_svid(
+                "spiffe://example.org/a",
+                t0,
+                Duration::from_secs(secs),
+            )),
+            federates_with: vec![],
+        };
+        tx.send_replace(Arc::new(AgentState {
+            identities: vec![id("a", 180), id("b", 600)],
+            ..AgentState::default()
+        }));
+        m.entries(2);
+        assert_eq!(value(&m), "0");
+        assert!(
+            m.encode(Format::Text)
+                .contains("\nsignet_agent_entries 2\n")
+        );
+        // A third entry, not signed yet.
+        m.entries(3);
+        assert_eq!(value(&m), "1");
+        // The 3-minute certificate expires before the rotator withdraws it: counted at once.
+        clock.advance(Duration::from_secs(180));
+        assert_eq!(value(&m), "2");
+        // Withdrawn: the earliest expiry moves on to the next certificate, the count stays.
+        tx.send_replace(Arc::new(AgentState {
+            identities: vec![id("b", 600)],
+            ..AgentState::default()
+        }));
+        let text = m.encode(Format::Text);
+        assert!(
+            text.contains(&format!(
+                "signet_agent_workload_certificate_earliest_expiry_timestamp_seconds {}",
+                unix(t0 + Duration::from_secs(600))
+            )),
+            "{text}"
+        );
+        assert_eq!(value(&m), "2");
+        // Entries removed: never below zero while the state catches up.
+        m.entries(0);
+        assert_eq!(value(&m), "0");
     }
 }

@@ -175,6 +175,9 @@ impl Rotator {
             self.clock.now()
         };
         out.publish(&self.held, trust, now);
+        if let Some(m) = &self.metrics {
+            m.entries(entries.len());
+        }
         let rev = trust.revocations();
         let ended = if failed {
             let wait = retry_wait(self.failures, self.random.unit(), pushback);
@@ -248,6 +251,9 @@ impl Rotator {
             n += 1;
         }
         out.publish(&self.held, trust, now);
+        if let Some(m) = &self.metrics {
+            m.entries(entries.len());
+        }
         n
     }
 }

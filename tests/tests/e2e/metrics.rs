@@ -19,7 +19,7 @@ use std::time::Duration;
 use signet_proto::istio_ca::IstioCertificateRequest;
 use signet_tests::*;
 
-use crate::agent::{create_token, eventually};
+use crate::agent::{create_entry, create_token, eventually};
 use crate::sink_harness::{RunningAgent, agent_files};
 
 /// Prometheus 2.x's default scrape `Accept`.
@@ -263,11 +263,27 @@ async fn the_agents_metrics_pass_promtool_in_both_formats() {
         "signet_agent_crl_rejections_total{reason=\"not_newer\"} 0",
         "signet_agent_workload_api_sds_requests_total{kind=\"nack\"} 0",
         "\nsignet_agent_renewal_failures_total 0",
+        "\nsignet_agent_entries 0",
+        "\nsignet_agent_identities_without_certificate 0",
     ] {
         assert!(text.contains(needle), "{needle}:\n{text}");
     }
     has_process_metrics("agent", &text);
     check_both_formats("signet-agent", agent.http).await;
+    // An entry for this node: counted by the rotator, signed, none left without a certificate.
+    create_entry(&server, "spiffe://example.org/metrics", "metrics-node", &[]);
+    eventually(30, "the entry's certificate in the metrics", || async {
+        let (_, text) = scrape(agent.http, None).await;
+        (text.contains("\nsignet_agent_entries 1\n")
+            && text.contains("\nsignet_agent_certificates 1\n"))
+        .then_some(text)
+    })
+    .await;
+    let (_, text) = scrape(agent.http, None).await;
+    assert!(
+        text.contains("\nsignet_agent_identities_without_certificate 0\n"),
+        "{text}"
+    );
     agent.stop().await;
 }
 
