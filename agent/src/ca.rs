@@ -298,15 +298,20 @@ impl GrpcCa {
     /// Connects over TLS to the server at `addr`, which must chain to `bundle_pem` and present
     /// `spiffe://<trust_domain>/signet/server` (checked by `signet_client` during the
     /// handshake, before the join token or anything else is sent); with `identity` (the node
-    /// SVID) for mTLS.
+    /// SVID) for mTLS. With `roots`, every handshake of the channel (its reconnections too)
+    /// verifies against the roots they hold then, not `bundle_pem`.
     pub async fn connect(
         addr: &str,
         trust_domain: Option<&TrustDomain>,
         bundle_pem: &[u8],
+        roots: Option<std::sync::Arc<signet_client::ServerRoots>>,
         identity: Option<&ClientIdentity>,
     ) -> Result<Self, CaError> {
         let trust_domain = expected_trust_domain(trust_domain, bundle_pem)?;
-        let target = signet_client::ServerTarget::new(addr, bundle_pem.to_vec(), trust_domain);
+        let mut target = signet_client::ServerTarget::new(addr, bundle_pem.to_vec(), trust_domain);
+        if let Some(r) = roots {
+            target = target.with_shared_roots(r);
+        }
         let node = NodeClient::connect(&target, identity)
             .await
             .map_err(|e| CaError::Unavailable(e.to_string()))?;

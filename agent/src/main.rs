@@ -349,10 +349,7 @@ async fn run(mut cfg: Config) -> Result<(), Fatal> {
         sync_interval: cfg.sync_interval,
         credential: Arc::new(move || token_cfg.attest_credential()),
     };
-    let connector = Arc::new(GrpcConnector {
-        address: cfg.server_address.clone(),
-        trust_domain,
-    });
+    let connector = Arc::new(GrpcConnector::new(cfg.server_address.clone(), trust_domain));
     let driver = Driver::new(
         settings,
         connector,

@@ -339,6 +339,33 @@ impl Server {
         head.seq
     }
 
+    /// Stops the server and starts it again from the same data directory and configuration,
+    /// on the same gRPC address, so clients already pointed at it reconnect to it.
+    pub async fn restart(self) -> Self {
+        let grpc = self.grpc;
+        let data_dir = self.stop().await;
+        let cfg_path = data_dir.join("server.toml");
+        let toml: String = std::fs::read_to_string(&cfg_path)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                if l.starts_with("listen =") {
+                    format!("listen = \"{grpc}\"\n")
+                } else {
+                    format!("{l}\n")
+                }
+            })
+            .collect();
+        std::fs::write(&cfg_path, toml).unwrap();
+        Self::spawn(
+            None,
+            data_dir,
+            &["--config", cfg_path.to_str().unwrap()],
+            &[],
+        )
+        .await
+    }
+
     /// SIGTERM, then wait for the exit.
     pub async fn stop(mut self) -> PathBuf {
         if let Some(pid) = self.child.id() {

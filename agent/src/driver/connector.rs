@@ -3,10 +3,17 @@
 //! [`Ca`] the rotator holds while the loop replaces the connection under it (after the node
 //! SVID is renewed).
 //!
+//! The roots the server's certificate is verified against are the driver's current server
+//! roots (the bundle received over the authenticated bundle stream, persisted in `data_dir`, and
+//! `trust_bundle_file`): given at each [`Connector::connect`] and on each change
+//! ([`Connector::roots_changed`]), and read by every TLS handshake, so a channel that
+//! reconnects after the server restarted under a new root (or renewed its certificate under
+//! it) trusts that root without the agent reconnecting or restarting.
+//!
 //! Invariant: no call to the server waits longer than its bound ([`CONNECT_TIMEOUT`],
 //! [`RPC_TIMEOUT`]): a server that hangs cannot stall the loop; it shows as `Unavailable`.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use crate::ca::{
@@ -14,6 +21,7 @@ use crate::ca::{
     GrpcCa, JwtRequest, MintedJwt, WorkloadCsr,
 };
 use crate::node::NodeIdentity;
+use signet_client::ServerRoots;
 use signet_pki::SvidCertificate;
 
 /// Longest wait for one call to the server.
@@ -29,13 +37,54 @@ pub trait Connector: Send + Sync {
         roots_pem: &[u8],
         identity: Option<&NodeIdentity>,
     ) -> Result<Arc<dyn Ca>, CaError>;
+
+    /// The server roots changed (PEM): the connections already open verify against them at
+    /// their next handshake.
+    fn roots_changed(&self, _roots_pem: &[u8]) {}
 }
 
 /// [`Connector`] over gRPC/TLS to `address`, which must present the SPIFFE ID
 /// `spiffe://<trust_domain>/signet/server` (None: the trust domain the roots name).
 pub struct GrpcConnector {
-    pub address: String,
-    pub trust_domain: Option<signet_types::TrustDomain>,
+    address: String,
+    trust_domain: Option<signet_types::TrustDomain>,
+    /// The current server roots every connection shares, with their PEM (None before the
+    /// first connection).
+    roots: Mutex<Option<(Vec<u8>, Arc<ServerRoots>)>>,
+}
+
+impl GrpcConnector {
+    pub fn new(address: String, trust_domain: Option<signet_types::TrustDomain>) -> Self {
+        Self {
+            address,
+            trust_domain,
+            roots: Mutex::new(None),
+        }
+    }
+
+    /// The shared roots, replaced by `roots_pem`; on a bad bundle, the current ones stay.
+    fn update_roots(&self, roots_pem: &[u8]) -> Result<Arc<ServerRoots>, CaError> {
+        let mut g = match self.roots.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let bad =
+            |e: signet_client::ClientError| CaError::Invalid(format!("the server roots: {e}"));
+        match g.as_mut() {
+            Some((pem, r)) if pem.as_slice() == roots_pem => Ok(r.clone()),
+            Some((pem, r)) => {
+                r.set(roots_pem).map_err(bad)?;
+                *pem = roots_pem.to_vec();
+                tracing::info!("the roots trusted for the server changed");
+                Ok(r.clone())
+            }
+            None => {
+                let r = Arc::new(ServerRoots::new(roots_pem).map_err(bad)?);
+                *g = Some((roots_pem.to_vec(), r.clone()));
+                Ok(r)
+            }
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -49,10 +98,12 @@ impl Connector for GrpcConnector {
             .map(crate::node::client_identity)
             .transpose()
             .map_err(|e| CaError::Invalid(e.to_string()))?;
+        let roots = self.update_roots(roots_pem)?;
         let connect = GrpcCa::connect(
             &self.address,
             self.trust_domain.as_ref(),
             roots_pem,
+            Some(roots),
             id.as_ref(),
         );
         match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
@@ -62,6 +113,19 @@ impl Connector for GrpcConnector {
                 "{}: connection timed out",
                 self.address
             ))),
+        }
+    }
+
+    fn roots_changed(&self, roots_pem: &[u8]) {
+        let open = match self.roots.lock() {
+            Ok(g) => g.is_some(),
+            Err(p) => p.into_inner().is_some(),
+        };
+        if !open {
+            return;
+        }
+        if let Err(e) = self.update_roots(roots_pem) {
+            tracing::warn!(error = %e, "keeping the previous server roots");
         }
     }
 }

@@ -481,6 +481,7 @@ impl Driver {
                 if self.refresh_served_bundle(s) {
                     s.schedule.rotate_now(now);
                 }
+                self.refresh_server_roots();
             }
             Step::OpenBundleStream => {
                 s.watch

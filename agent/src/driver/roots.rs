@@ -3,6 +3,8 @@
 //! serves to workloads (the newest bundle from the server, persisted in `data_dir`; before
 //! there is one, the bootstrap file), and what it does with each bundle the server streams
 //! (roots first, then the taints and CRLs, which may be signed by a root new in that bundle).
+//! The server roots follow each new bundle and each change of the file (checked at each entry
+//! sync) into the open connection ([`super::Connector::roots_changed`]).
 //!
 //! Invariant: a bundle for another trust domain changes nothing ([`crate::bundle::decide`]);
 //! what is accepted is served even when it cannot be persisted.
@@ -41,6 +43,16 @@ impl Driver {
         }
         let pem = signet_types::pem::certs_to_pem(roots.iter().map(Vec::as_slice));
         Ok((roots, pem))
+    }
+
+    /// Hands the current server roots to the connector, so the open connection's next
+    /// handshake (a reconnection after the server restarted or renewed its certificate under
+    /// a new root) verifies against them.
+    pub(super) fn refresh_server_roots(&self) {
+        match self.server_roots() {
+            Ok((_, pem)) => self.connector.roots_changed(pem.as_bytes()),
+            Err(e) => tracing::warn!(error = %e, "keeping the previous server roots"),
+        }
     }
 
     /// The roots served to workloads: the newest bundle from the server (kept in `data_dir`
@@ -85,6 +97,7 @@ impl Driver {
             tracing::error!(error = %e, "cannot persist the new trust bundle; serving it anyway");
         }
         self.trust.set_bundle(td.to_owned(), roots);
+        self.refresh_server_roots();
     }
 
     /// A bundle from the server's stream, received at `now`: new roots are served and

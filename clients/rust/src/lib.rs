@@ -48,7 +48,9 @@ pub mod status;
 pub mod tls;
 pub use error::CallError;
 pub use status::{ErrorClass, retry_pushback};
-pub use tls::{ServerTarget, connect, expected_trust_domain, server_id, trust_domain_of_bundle};
+pub use tls::{
+    ServerRoots, ServerTarget, connect, expected_trust_domain, server_id, trust_domain_of_bundle,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {

@@ -12,7 +12,7 @@
 //! neither a join token, nor a bearer token, nor a CSR reaches it, and it cannot push roots.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use hyper_util::rt::TokioIo;
 use rustls::client::WebPkiServerVerifier;
@@ -53,6 +53,9 @@ pub struct ServerTarget {
     /// Bound on each connection attempt, TCP and TLS handshake (default
     /// [`DEFAULT_CONNECT_TIMEOUT`]).
     pub connect_timeout: std::time::Duration,
+    /// When set, the roots the server is verified against instead of `bundle_pem`: read at
+    /// each handshake, so a long-lived channel follows a root rotation ([`ServerRoots`]).
+    pub shared_roots: Option<Arc<ServerRoots>>,
 }
 
 impl fmt::Debug for ServerTarget {
@@ -75,7 +78,15 @@ impl ServerTarget {
             bundle_pem,
             trust_domain,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            shared_roots: None,
         }
+    }
+
+    /// Verifies the server against `roots` as they are at each handshake (the first and every
+    /// reconnection of the channel), instead of `bundle_pem`.
+    pub fn with_shared_roots(mut self, roots: Arc<ServerRoots>) -> Self {
+        self.shared_roots = Some(roots);
+        self
     }
 
     pub fn with_connect_timeout(mut self, t: std::time::Duration) -> Self {
@@ -137,31 +148,80 @@ pub fn check_server_id(der: &[u8], expected: &SpiffeId) -> Result<(), WrongServe
     }
 }
 
-/// webpki's verifier (chain to the bundle, validity, host name), then the SPIFFE ID check.
+/// The current trust anchors for the server, shared by every connection opened with them:
+/// [`SignetServerVerifier`] reads them at each handshake, so replacing them ([`Self::set`])
+/// reaches the next connection and every reconnection of a channel already open (an agent's
+/// channel outlives a root rotation and the server's restart under the new root).
+pub struct ServerRoots(RwLock<Arc<WebPkiServerVerifier>>);
+
+impl fmt::Debug for ServerRoots {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerRoots").finish_non_exhaustive()
+    }
+}
+
+impl ServerRoots {
+    /// The roots in `bundle_pem` (at least one PEM certificate).
+    pub fn new(bundle_pem: &[u8]) -> Result<Self, ClientError> {
+        Ok(Self(RwLock::new(webpki_verifier(bundle_pem)?)))
+    }
+
+    /// Replaces the roots with those in `bundle_pem`; on error the current ones stay.
+    pub fn set(&self, bundle_pem: &[u8]) -> Result<(), ClientError> {
+        let next = webpki_verifier(bundle_pem)?;
+        match self.0.write() {
+            Ok(mut g) => *g = next,
+            Err(p) => *p.into_inner() = next,
+        }
+        Ok(())
+    }
+
+    fn current(&self) -> Arc<WebPkiServerVerifier> {
+        match self.0.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+}
+
+/// webpki's verifier (chain, validity, host name) for the roots in `bundle_pem`.
+fn webpki_verifier(bundle_pem: &[u8]) -> Result<Arc<WebPkiServerVerifier>, ClientError> {
+    let mut roots = rustls::RootCertStore::empty();
+    let mut n = 0usize;
+    for c in CertificateDer::pem_slice_iter(bundle_pem) {
+        let c = c.map_err(|e| ClientError::Bundle(e.to_string()))?;
+        roots
+            .add(c)
+            .map_err(|e| ClientError::Bundle(e.to_string()))?;
+        n += 1;
+    }
+    if n == 0 {
+        return Err(ClientError::Bundle("no PEM CERTIFICATE in it".into()));
+    }
+    WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .map_err(|e| ClientError::Bundle(e.to_string()))
+}
+
+/// webpki's verifier (chain to the current roots, validity, host name), then the SPIFFE ID
+/// check.
 #[derive(Debug)]
 pub struct SignetServerVerifier {
-    inner: Arc<WebPkiServerVerifier>,
+    roots: Arc<ServerRoots>,
     expected: SpiffeId,
 }
 
 impl SignetServerVerifier {
     pub fn new(bundle_pem: &[u8], expected: SpiffeId) -> Result<Self, ClientError> {
-        let mut roots = rustls::RootCertStore::empty();
-        let mut n = 0usize;
-        for c in CertificateDer::pem_slice_iter(bundle_pem) {
-            let c = c.map_err(|e| ClientError::Bundle(e.to_string()))?;
-            roots
-                .add(c)
-                .map_err(|e| ClientError::Bundle(e.to_string()))?;
-            n += 1;
-        }
-        if n == 0 {
-            return Err(ClientError::Bundle("no PEM CERTIFICATE in it".into()));
-        }
-        let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
-            .build()
-            .map_err(|e| ClientError::Bundle(e.to_string()))?;
-        Ok(Self { inner, expected })
+        Ok(Self::with_roots(
+            Arc::new(ServerRoots::new(bundle_pem)?),
+            expected,
+        ))
+    }
+
+    /// Verifies against `roots` as they are at each handshake.
+    pub fn with_roots(roots: Arc<ServerRoots>, expected: SpiffeId) -> Self {
+        Self { roots, expected }
     }
 }
 
@@ -174,7 +234,7 @@ impl ServerCertVerifier for SignetServerVerifier {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        self.inner.verify_server_cert(
+        self.roots.current().verify_server_cert(
             end_entity,
             intermediates,
             server_name,
@@ -195,7 +255,9 @@ impl ServerCertVerifier for SignetServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
+        self.roots
+            .current()
+            .verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -204,15 +266,18 @@ impl ServerCertVerifier for SignetServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
+        self.roots
+            .current()
+            .verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
+        self.roots.current().supported_verify_schemes()
     }
 
+    // No hints: the roots change under the verifier (webpki's gives none either).
     fn root_hint_subjects(&self) -> Option<&[DistinguishedName]> {
-        self.inner.root_hint_subjects()
+        None
     }
 }
 
@@ -226,7 +291,10 @@ pub fn client_config(
     target: &ServerTarget,
     identity: Option<&ClientIdentity>,
 ) -> Result<rustls::ClientConfig, ClientError> {
-    let verifier = SignetServerVerifier::new(&target.bundle_pem, target.server_id())?;
+    let verifier = match &target.shared_roots {
+        Some(roots) => SignetServerVerifier::with_roots(roots.clone(), target.server_id()),
+        None => SignetServerVerifier::new(&target.bundle_pem, target.server_id())?,
+    };
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| ClientError::Tls(e.to_string()))?

@@ -578,3 +578,69 @@ async fn mtls_between_two_workloads_survives_an_emergency_rotation_and_taint() {
     .await;
     mesh.finish("emergency rotation and taint").await;
 }
+
+/// A running agent follows a root rotation into its own connection to the server: after
+/// `ca prepare --root`, `ca activate --force` and a restart of the server (whose TLS
+/// certificate then chains to the new root, which the agent received over the bundle stream
+/// but did not have at its start), the agent reconnects and keeps renewing its workload's SVID
+/// without being restarted.
+#[tokio::test]
+async fn a_running_agent_trusts_a_new_root_for_the_server_after_a_restart() {
+    let tokens = TokenIssuer::new("k1");
+    let Some(mut server) = pg_server(&tokens, "").await else {
+        return;
+    };
+    let id = "spiffe://example.org/rotation/follow";
+    let token = create_token(&server, "rot-follow");
+    create_entry(&server, id, "rot-follow", &["--ttl", "4s"]);
+    let layout = write_config(&server, &token, id);
+    let agent = Agent::start(&layout.config);
+    let w = Workload::watch(&layout.socket);
+    eventually(30, "an SVID", || async { w.now().map(|_| ()) }).await;
+    let first_root = w.now().unwrap().roots;
+    assert_eq!(first_root.len(), 1);
+
+    let out = server.signetctl(&["ca", "prepare", "--root"]);
+    assert!(out.status.success(), "{out:?}");
+    let new_root = String::from_utf8(out.stdout).unwrap();
+    let new_root = new_root
+        .trim()
+        .strip_prefix("prepared ")
+        .unwrap()
+        .to_owned();
+    eventually(20, "the new root in the workload's bundle", || async {
+        (w.now().unwrap().roots.len() == 2).then_some(())
+    })
+    .await;
+    let out = server.signetctl(&["ca", "activate", &new_root, "--force"]);
+    assert!(out.status.success(), "{out:?}");
+
+    // After the restart the server's TLS certificate chains to the new root only.
+    server = server.restart().await;
+    let old_only = signet_types::pem::certs_to_pem(first_root.iter().map(Vec::as_slice));
+    let target = signet_client::ServerTarget::new(
+        server.grpc.to_string(),
+        old_only.into_bytes(),
+        "example.org".parse().unwrap(),
+    );
+    let refused = signet_client::connect(&target, None).await;
+    assert!(
+        refused.is_err(),
+        "the restarted server's certificate still chains to the first root"
+    );
+
+    // The agent was not restarted: it must reconnect and renew the 4 s SVID, twice.
+    let at_restart = w.now().unwrap().chain[0].clone();
+    let mut seen = std::collections::BTreeSet::new();
+    eventually(30, "two SVIDs renewed after the restart", || {
+        if let Some(m) = w.now()
+            && m.chain[0] != at_restart
+        {
+            seen.insert(m.chain[0].clone());
+        }
+        let n = seen.len();
+        async move { (n >= 2).then_some(()) }
+    })
+    .await;
+    agent.stop().await;
+}
